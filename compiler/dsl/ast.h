@@ -1,0 +1,122 @@
+// The syntax tree of one .fuse file, as written (no name resolution, no shapes).
+// docs/language.md has the grammar each node comes from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "support/source_manager.h"
+
+namespace opfuse::dsl {
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+// An expression: constant arithmetic, names, literals, or a bracketed list (reshape shapes).
+struct Expr {
+  enum class Kind {
+    Int,     // 4096            int_value
+    Float,   // 1e-5, 0.5       float_value
+    Bool,    // true / false    int_value (0/1)
+    String,  // "text"          text (unescaped)
+    Name,    // hidden, tokens, hybrid   text
+    Unary,   // -x              op = '-', operands[0]
+    Binary,  // a + b           op in + - * / %, operands[0..1]
+    List,    // [a, b, -1]      operands
+  };
+  Kind kind = Kind::Int;
+  SourceLoc loc;
+  int64_t int_value = 0;
+  double float_value = 0.0;
+  std::string text;  // Name/String payload; for Int/Float the literal as written
+  char op = 0;
+  std::vector<ExprPtr> operands;
+};
+
+// One call argument: positional (`4096`) or named (`eps = 1e-5`).
+struct Arg {
+  std::optional<std::string> name;
+  SourceLoc name_loc;  // valid only when named
+  ExprPtr value;
+};
+
+// `dtype[dim, dim, ...]`
+struct TensorTypeExpr {
+  std::string dtype;
+  SourceLoc loc;  // of the dtype word
+  std::vector<ExprPtr> dims;
+};
+
+// `name: bf16[tokens, hidden]` in a sequence signature.
+struct Param {
+  std::string name;
+  SourceLoc loc;
+  TensorTypeExpr type;
+};
+
+// `op_name(args) [as instance]` inside a sequence body.
+struct OpStmt {
+  std::string op;
+  SourceLoc loc;  // of the op name
+  std::vector<Arg> args;
+  std::optional<std::string> instance;
+  SourceLoc instance_loc;
+};
+
+// `import "other.fuse"`
+struct ImportDecl {
+  std::string path;  // as written, relative to the importing file's directory
+  SourceLoc loc;
+};
+
+// `const hidden = 4096`
+struct ConstDecl {
+  std::string name;
+  SourceLoc loc;
+  ExprPtr value;
+};
+
+// `recipe fp8 = delayed_scaling(format = hybrid, ...)`
+struct RecipeDecl {
+  std::string name;
+  SourceLoc loc;
+  std::string kind;  // delayed_scaling | current_scaling | bf16 (checked by sema)
+  SourceLoc kind_loc;
+  std::vector<Arg> args;
+};
+
+// A flag after `with` in a sequence header: `with fp8_weights`.
+struct SequenceFlag {
+  std::string name;
+  SourceLoc loc;
+};
+
+// sequence NAME(inputs) -> (outputs) [uses RECIPE] [with FLAG, ...] { ops }
+struct SequenceDecl {
+  std::string name;
+  SourceLoc loc;
+  std::vector<Param> inputs;
+  std::vector<Param> outputs;
+  std::optional<std::string> recipe;
+  SourceLoc recipe_loc;
+  std::vector<SequenceFlag> flags;
+  std::vector<OpStmt> body;
+  SourceLoc close_loc;  // of the closing brace
+};
+
+using Decl = std::variant<ImportDecl, ConstDecl, RecipeDecl, SequenceDecl>;
+
+// One parsed file, declarations in source order.
+struct Module {
+  FileId file = kNoFile;
+  std::vector<Decl> decls;
+};
+
+// Renders a module as an indented tree (golden tests compare it; stable, no pointers).
+std::string dump_ast(const Module& module);
+
+}  // namespace opfuse::dsl
