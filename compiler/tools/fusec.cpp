@@ -1,2 +1,173 @@
-// fusec: placeholder until the front end lands (replaced in the foundation work).
-int main() { return 0; }
+// fusec: the opfuse command-line compiler.
+//
+// Exit codes (also in --help and the README):
+//   0  success
+//   1  user error in a .fuse program (diagnostics printed)
+//   2  usage error (bad command line)
+//   3  internal error (a bug in opfuse; please report it with the input)
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "driver/frontend.h"
+#include "ir/printer.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+#include "support/assert.h"
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitUserError = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInternal = 3;
+
+constexpr const char* kExitCodeHelp =
+    "Exit codes: 0 success, 1 errors in a .fuse program, 2 usage error, 3 internal error "
+    "(a bug in opfuse).";
+
+struct CommonOptions {
+  std::string recipe;
+  bool warnings_as_errors = false;
+};
+
+void add_common(CLI::App* cmd, CommonOptions& common) {
+  cmd->add_option("--recipe", common.recipe,
+                  "use this declared recipe (or bf16) for every sequence instead of its own");
+  cmd->add_flag("--Werror", common.warnings_as_errors, "treat warnings as errors");
+}
+
+// Loads one file; prints its diagnostics. Returns nullopt on user errors.
+std::optional<opfuse::ir::Program> load(const std::string& path, const CommonOptions& common,
+                                        opfuse::SourceManager& sources) {
+  opfuse::DiagnosticEngine diags(sources);
+  diags.set_warnings_as_errors(common.warnings_as_errors);
+  opfuse::ir::BuildOptions build;
+  build.recipe_override = common.recipe;
+  auto program = opfuse::load_program(path, sources, diags, build);
+  std::fputs(diags.format_all().c_str(), stderr);
+  if (diags.has_errors()) {
+    std::fprintf(stderr, "%s: %zu error%s, %zu warning%s\n", path.c_str(), diags.error_count(),
+                 diags.error_count() == 1 ? "" : "s", diags.warning_count(),
+                 diags.warning_count() == 1 ? "" : "s");
+    return std::nullopt;
+  }
+  return program;
+}
+
+int run_check(const std::vector<std::string>& files, const CommonOptions& common) {
+  int status = kExitOk;
+  for (const std::string& f : files) {
+    opfuse::SourceManager sources;
+    if (!load(f, common, sources)) status = kExitUserError;
+  }
+  return status;
+}
+
+struct IrOptions {
+  std::string file;
+  std::string sequence;
+  std::string after;
+  std::vector<std::string> disable;
+  bool timings = false;
+};
+
+int run_ir(const IrOptions& opts, const CommonOptions& common) {
+  opfuse::passes::PassManager manager(opfuse::passes::default_pipeline());
+  opfuse::passes::PassOptions pass_options;
+  pass_options.disabled.insert(opts.disable.begin(), opts.disable.end());
+  if (opts.after == "all") {
+    pass_options.print_after.insert("all");
+  } else if (!opts.after.empty()) {
+    pass_options.stop_after = opts.after;
+  }
+  if (auto unknown = manager.unknown_names(pass_options); !unknown.empty()) {
+    std::string names;
+    for (const auto& p : manager.passes()) names += fmt::format(" {}", p.name);
+    std::fprintf(stderr, "fusec: error: unknown pass '%s'; passes:%s (or 'all' for --after)\n",
+                 unknown[0].c_str(), names.c_str());
+    return kExitUsage;
+  }
+  opfuse::SourceManager sources;
+  auto program = load(opts.file, common, sources);
+  if (!program) return kExitUserError;
+  if (!opts.sequence.empty()) {
+    const opfuse::ir::Sequence* s = program->find_sequence(opts.sequence);
+    if (!s) {
+      std::string names;
+      for (const auto& seq : program->sequences) names += " " + seq.name;
+      std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n", opts.sequence.c_str(),
+                   opts.file.c_str(), names.c_str());
+      return kExitUserError;
+    }
+    opfuse::ir::Program only;
+    only.recipes = program->recipes;
+    only.sequences.push_back(*s);
+    program = std::move(only);
+  }
+  auto print = [&](std::string_view title, const opfuse::ir::Program& p) {
+    std::printf("// ----- IR after %.*s -----\n%s", int(title.size()), title.data(),
+                opfuse::ir::print_program(p, &sources).c_str());
+  };
+  if (opts.after == "all") print("build", *program);
+  const auto timings = manager.run(*program, pass_options, print);
+  // --after all printed each change already; otherwise show the IR where the pipeline stopped.
+  if (opts.after != "all") std::fputs(opfuse::ir::print_program(*program, &sources).c_str(), stdout);
+  if (opts.timings) {
+    std::fprintf(stderr, "%-24s %10s  %s\n", "pass", "ms", "result");
+    for (const auto& t : timings)
+      std::fprintf(stderr, "%-24s %10.3f  %s\n", t.name.c_str(), t.milliseconds,
+                   t.skipped ? "disabled" : t.changed ? "changed" : "no change");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fusec: compile .fuse programs of fused transformer ops into CUDA kernels", "fusec"};
+  app.footer(kExitCodeHelp);
+  app.set_version_flag("--version", std::string("fusec (opfuse) ") + OPFUSE_VERSION);
+  app.require_subcommand(1);
+
+  CommonOptions common;
+  std::vector<std::string> check_files;
+  CLI::App* check = app.add_subcommand("check", "parse and type-check .fuse files; report every error");
+  check->add_option("files", check_files, ".fuse files")->required()->check(CLI::ExistingFile);
+  add_common(check, common);
+  check->footer(kExitCodeHelp);
+
+  IrOptions ir_opts;
+  CLI::App* ir = app.add_subcommand("ir", "print the IR of a .fuse file (after the passes)");
+  ir->add_option("file", ir_opts.file, ".fuse file")->required()->check(CLI::ExistingFile);
+  ir->add_option("--sequence", ir_opts.sequence, "print only this sequence");
+  ir->add_option("--after", ir_opts.after, "print the IR after this pass, or after every pass that changes it (all)");
+  ir->add_option("--disable-pass", ir_opts.disable, "skip this pass (repeatable)");
+  ir->add_flag("--timings", ir_opts.timings, "print the time each pass took (stderr)");
+  add_common(ir, common);
+  ir->footer(kExitCodeHelp);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  try {
+    if (*check) return run_check(check_files, common);
+    if (*ir) return run_ir(ir_opts, common);
+  } catch (const opfuse::InternalError& e) {
+    std::fprintf(stderr, "%s\nfusec: this is a bug in opfuse; please report it with the input.\n", e.what());
+    return kExitInternal;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fusec: internal error: %s\n", e.what());
+    return kExitInternal;
+  }
+  return kExitUsage;
+}

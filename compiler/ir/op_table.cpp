@@ -1,0 +1,331 @@
+#include "ir/op_table.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <limits>
+
+#include "support/assert.h"
+#include "support/spelling.h"
+
+namespace opfuse::ir {
+
+namespace {
+
+constexpr double kMaxDim = double(1ll << 40);  // far past any real tensor, well inside int64
+
+// ---- attribute specs, one array per op -----------------------------------------------------
+
+constexpr AttrSpec kNormAttrs[] = {
+    {"size", AttrType::Int, true, 0, 1, kMaxDim, "the normalized (last) dimension"},
+    {"eps", AttrType::Float, false, 1e-5, 0, 1, "added to the variance before the square root"},
+    {"zero_centered_gamma", AttrType::Bool, false, 0, 0, 1,
+     "weights are stored minus one (y = x_hat * (1 + gamma))"},
+};
+constexpr AttrSpec kLinearAttrs[] = {
+    {"in", AttrType::Int, true, 0, 1, kMaxDim, "input features (the incoming last dimension)"},
+    {"out", AttrType::Int, true, 0, 1, kMaxDim, "output features"},
+    {"bias", AttrType::Bool, false, 1, 0, 1, "add a learned bias of size out"},
+};
+constexpr AttrSpec kBiasAttrs[] = {
+    {"size", AttrType::Int, true, 0, 1, kMaxDim, "the last dimension"},
+};
+constexpr AttrSpec kExtraAttrs[] = {
+    {"name", AttrType::Name, true, 0, 0, 0, "the sequence input (add) or output (make) it refers to"},
+};
+constexpr AttrSpec kQuantizeAttrs[] = {
+    {"forward", AttrType::Bool, false, 1, 0, 1, "quantize the forward activation"},
+    {"backward", AttrType::Bool, false, 0, 0, 1, "quantize the gradient in backward"},
+};
+constexpr AttrSpec kConstantScaleAttrs[] = {
+    {"scale", AttrType::Float, true, 0, -3.4e38, 3.4e38, "the constant factor"},
+};
+constexpr AttrSpec kReshapeAttrs[] = {
+    {"shape", AttrType::Shape, true, 0, 0, 0, "the new shape; one entry may be -1 (inferred)"},
+};
+
+// ---- shape rules ------------------------------------------------------------------------------
+
+bool last_dim_is(const ShapeInput& in, int64_t size, const char* attr, const char* what,
+                 ShapeResult& r) {
+  if (in.in.shape.empty()) {
+    r.errors.push_back({"", fmt::format("{} needs a tensor of rank >= 1, got a scalar", what), ""});
+    return false;
+  }
+  const Dim& last = in.in.shape.back();
+  if (last.is_symbolic()) {
+    r.errors.push_back({attr,
+                        fmt::format("{} needs a known last dimension, but the incoming tensor {} "
+                                    "ends in the symbolic dimension '{}'",
+                                    what, type_string(in.in), last.symbol),
+                        "bind the last dimension to a constant in the sequence signature"});
+    return false;
+  }
+  if (last.size != size) {
+    r.errors.push_back({attr,
+                        fmt::format("{} = {} does not match the incoming last dimension {} of {}",
+                                    attr, size, last.size, type_string(in.in)),
+                        fmt::format("set {} = {} or change the op before it", attr, last.size)});
+    return false;
+  }
+  return true;
+}
+
+ShapeResult same_shape(const ShapeInput& in) { return {in.in, {}, {}}; }
+
+ShapeResult layernorm_shape(const ShapeInput& in) {
+  ShapeResult r{in.in, {}, {}};
+  const int64_t size = attr_int(in.attrs, "size");
+  if (!last_dim_is(in, size, "size", "layernorm", r)) return r;
+  const TensorType vec{in.in.dtype, {Dim::known(size)}};
+  r.params = {{"weight", vec}, {"bias", vec}};
+  return r;
+}
+
+ShapeResult rmsnorm_shape(const ShapeInput& in) {
+  ShapeResult r{in.in, {}, {}};
+  const int64_t size = attr_int(in.attrs, "size");
+  if (!last_dim_is(in, size, "size", "rmsnorm", r)) return r;
+  r.params = {{"weight", TensorType{in.in.dtype, {Dim::known(size)}}}};
+  return r;
+}
+
+ShapeResult linear_shape(const ShapeInput& in) {
+  ShapeResult r{in.in, {}, {}};
+  const int64_t in_features = attr_int(in.attrs, "in");
+  const int64_t out_features = attr_int(in.attrs, "out");
+  if (!last_dim_is(in, in_features, "in", "linear", r)) return r;
+  r.out.shape.back() = Dim::known(out_features);
+  r.params = {{"weight", TensorType{in.in.dtype, {Dim::known(out_features), Dim::known(in_features)}}}};
+  if (attr_bool(in.attrs, "bias"))
+    r.params.push_back({"bias", TensorType{in.in.dtype, {Dim::known(out_features)}}});
+  return r;
+}
+
+ShapeResult bias_shape(const ShapeInput& in) {
+  ShapeResult r{in.in, {}, {}};
+  const int64_t size = attr_int(in.attrs, "size");
+  if (!last_dim_is(in, size, "size", "bias", r)) return r;
+  r.params = {{"bias", TensorType{in.in.dtype, {Dim::known(size)}}}};
+  return r;
+}
+
+// TE's gated activations take [..., 2n] and return [..., n]; the first half is the gate.
+ShapeResult gated_shape(const ShapeInput& in) {
+  ShapeResult r{in.in, {}, {}};
+  if (in.in.shape.empty()) {
+    r.errors.push_back({"", "a gated activation needs a tensor of rank >= 1", ""});
+    return r;
+  }
+  const Dim& last = in.in.shape.back();
+  if (last.is_symbolic()) {
+    r.errors.push_back({"",
+                        fmt::format("a gated activation halves the last dimension, which must be "
+                                    "known; {} ends in the symbolic '{}'",
+                                    type_string(in.in), last.symbol),
+                        ""});
+    return r;
+  }
+  if (last.size % 2 != 0) {
+    r.errors.push_back({"",
+                        fmt::format("a gated activation splits the last dimension in two halves, "
+                                    "but {} has an odd width {}",
+                                    type_string(in.in), last.size),
+                        "make the producing linear's out even (twice the activation's width)"});
+    return r;
+  }
+  r.out.shape.back() = Dim::known(last.size / 2);
+  return r;
+}
+
+ShapeResult extra_shape(const ShapeInput& in, const char* what) {
+  ShapeResult r{in.in, {}, {}};
+  if (in.extra != nullptr && !(*in.extra == in.in)) {
+    r.errors.push_back({"name",
+                        fmt::format("{} '{}' has type {}, but the tensor at this point is {}", what,
+                                    attr_name(in.attrs, "name"), type_string(*in.extra),
+                                    type_string(in.in)),
+                        "declare it with the same dtype and shape in the sequence signature"});
+  }
+  return r;
+}
+ShapeResult add_extra_input_shape(const ShapeInput& in) { return extra_shape(in, "extra input"); }
+ShapeResult make_extra_output_shape(const ShapeInput& in) { return extra_shape(in, "extra output"); }
+
+ShapeResult reshape_shape(const ShapeInput& in) {
+  ShapeResult r{in.in, {}, {}};
+  const Shape& want = attr_shape(in.attrs, "shape");
+  int inferred = -1;
+  Shape out;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const Dim& d = want[i];
+    if (!d.is_symbolic() && d.size == -1) {
+      if (inferred >= 0) {
+        r.errors.push_back({"shape", "reshape may infer at most one dimension (-1)", ""});
+        return r;
+      }
+      inferred = static_cast<int>(i);
+    } else if (!d.is_symbolic() && d.size <= 0) {
+      r.errors.push_back({"shape", fmt::format("reshape dimension {} must be positive, got {}", i, d.size), ""});
+      return r;
+    }
+    out.push_back(d);
+  }
+  const ElementCount have = element_count(in.in.shape);
+  Shape known_part = out;
+  if (inferred >= 0) known_part.erase(known_part.begin() + inferred);
+  ElementCount rest = element_count(known_part);
+  if (have.overflowed || rest.overflowed) {
+    r.errors.push_back({"shape", "reshape: element count overflows int64", ""});
+    return r;
+  }
+  if (rest.symbols != have.symbols) {
+    r.errors.push_back({"shape",
+                        fmt::format("reshape to {} must keep the symbolic dimensions of {}",
+                                    shape_string(want), type_string(in.in)),
+                        "a -1 can only stand for known sizes"});
+    return r;
+  }
+  if (inferred >= 0) {
+    if (rest.known == 0 || have.known % rest.known != 0) {
+      r.errors.push_back({"shape",
+                          fmt::format("reshape cannot infer -1: {} elements do not divide into {}",
+                                      have.known, shape_string(want)),
+                          ""});
+      return r;
+    }
+    out[inferred] = Dim::known(have.known / rest.known);
+  } else if (rest.known != have.known) {
+    r.errors.push_back({"shape",
+                        fmt::format("reshape to {} changes the number of elements of {}",
+                                    shape_string(want), type_string(in.in)),
+                        ""});
+    return r;
+  }
+  r.out.shape = std::move(out);
+  return r;
+}
+
+// ---- the table ----------------------------------------------------------------------------------
+
+constexpr std::span<const AttrSpec> kNoAttrs{};
+
+const std::array<OpInfo, kNumOpKinds> kOps = {{
+    {OpKind::LayerNorm, "layernorm", KernelFamily::Norm, kNormAttrs, layernorm_shape,
+     "[..., size] -> [..., size]", "LayerNorm over the last dimension, learned weight and bias"},
+    {OpKind::RMSNorm, "rmsnorm", KernelFamily::Norm, kNormAttrs, rmsnorm_shape,
+     "[..., size] -> [..., size]", "RMSNorm over the last dimension, learned weight"},
+    {OpKind::Linear, "linear", KernelFamily::Gemm, kLinearAttrs, linear_shape,
+     "[..., in] -> [..., out]", "y = x W^T (+ b); W is [out, in]"},
+    {OpKind::Bias, "bias", KernelFamily::Bias, kBiasAttrs, bias_shape,
+     "[..., size] -> [..., size]", "adds a learned bias over the last dimension"},
+    {OpKind::GELU, "gelu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
+     "GELU, tanh approximation"},
+    {OpKind::QGELU, "qgelu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
+     "quick GELU: x * sigmoid(1.702 x)"},
+    {OpKind::ReLU, "relu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
+     "max(x, 0)"},
+    {OpKind::SiLU, "silu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
+     "x * sigmoid(x)"},
+    {OpKind::SwiGLU, "swiglu", KernelFamily::GatedActivation, kNoAttrs, gated_shape,
+     "[..., 2n] -> [..., n]", "silu(first half) * second half"},
+    {OpKind::GEGLU, "geglu", KernelFamily::GatedActivation, kNoAttrs, gated_shape,
+     "[..., 2n] -> [..., n]", "gelu(first half) * second half"},
+    {OpKind::ReGLU, "reglu", KernelFamily::GatedActivation, kNoAttrs, gated_shape,
+     "[..., 2n] -> [..., n]", "relu(first half) * second half"},
+    {OpKind::AddExtraInput, "add_extra_input", KernelFamily::Residual, kExtraAttrs,
+     add_extra_input_shape, "[...] -> [...]",
+     "adds the named extra sequence input (a residual) to the tensor"},
+    {OpKind::MakeExtraOutput, "make_extra_output", KernelFamily::Alias, kExtraAttrs,
+     make_extra_output_shape, "[...] -> [...]",
+     "exposes the tensor at this point as the named extra sequence output (no copy)"},
+    {OpKind::Quantize, "quantize", KernelFamily::Cast, kQuantizeAttrs, same_shape,
+     "[...] -> [...]", "quantizes the tensor with the sequence's recipe (forward and/or backward)"},
+    {OpKind::ConstantScale, "constant_scale", KernelFamily::Scale, kConstantScaleAttrs, same_shape,
+     "[...] -> [...]", "multiplies by a constant"},
+    {OpKind::Identity, "identity", KernelFamily::Alias, kNoAttrs, same_shape, "[...] -> [...]",
+     "passes the tensor through"},
+    {OpKind::Reshape, "reshape", KernelFamily::Alias, kReshapeAttrs, reshape_shape,
+     "[...] -> shape", "views the tensor with a new shape of the same element count"},
+}};
+
+template <typename T>
+const T& get_attr(const AttrList& attrs, std::string_view name) {
+  for (const Attr& a : attrs) {
+    if (a.name == name) {
+      OPFUSE_ASSERT(std::holds_alternative<T>(a.value), "attribute '{}' has another type", name);
+      return std::get<T>(a.value);
+    }
+  }
+  internal_failure(__FILE__, __LINE__, fmt::format("attribute '{}' is missing", name));
+}
+
+}  // namespace
+
+std::string_view attr_type_name(AttrType t) {
+  switch (t) {
+    case AttrType::Int: return "integer";
+    case AttrType::Float: return "number";
+    case AttrType::Bool: return "bool";
+    case AttrType::Name: return "name";
+    case AttrType::Shape: return "shape";
+  }
+  return "?";
+}
+
+std::string_view kernel_family_name(KernelFamily f) {
+  switch (f) {
+    case KernelFamily::Norm: return "norm";
+    case KernelFamily::Activation: return "activation";
+    case KernelFamily::GatedActivation: return "gated_activation";
+    case KernelFamily::Gemm: return "gemm";
+    case KernelFamily::Bias: return "bias";
+    case KernelFamily::Residual: return "residual";
+    case KernelFamily::Alias: return "alias";
+    case KernelFamily::Cast: return "cast";
+    case KernelFamily::Scale: return "scale";
+  }
+  return "?";
+}
+
+int64_t attr_int(const AttrList& attrs, std::string_view name) { return get_attr<int64_t>(attrs, name); }
+double attr_float(const AttrList& attrs, std::string_view name) { return get_attr<double>(attrs, name); }
+bool attr_bool(const AttrList& attrs, std::string_view name) { return get_attr<bool>(attrs, name); }
+const std::string& attr_name(const AttrList& attrs, std::string_view name) {
+  return get_attr<std::string>(attrs, name);
+}
+const Shape& attr_shape(const AttrList& attrs, std::string_view name) { return get_attr<Shape>(attrs, name); }
+
+std::string attr_value_string(const AttrValue& v) {
+  struct Visitor {
+    std::string operator()(int64_t i) const { return fmt::format("{}", i); }
+    std::string operator()(double d) const { return fmt::format("{}", d); }
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(const std::string& s) const { return s; }
+    std::string operator()(const Shape& s) const { return shape_string(s); }
+  };
+  return std::visit(Visitor{}, v);
+}
+
+const OpInfo& op_info(OpKind kind) {
+  const OpInfo& info = kOps.at(static_cast<size_t>(kind));
+  OPFUSE_ASSERT(info.kind == kind, "op table out of order at {}", static_cast<int>(kind));
+  return info;
+}
+
+const OpInfo* find_op(std::string_view name) {
+  for (const OpInfo& op : kOps)
+    if (op.name == name) return &op;
+  return nullptr;
+}
+
+std::span<const OpInfo> all_ops() { return kOps; }
+
+std::string suggest_op(std::string_view name) {
+  std::vector<std::string> names;
+  for (const OpInfo& op : kOps) names.emplace_back(op.name);
+  return closest_spelling(name, names);
+}
+
+}  // namespace opfuse::ir

@@ -1,0 +1,131 @@
+// The op table: the one place that describes every op a .fuse program can use — its name,
+// attributes with defaults and ranges, shape rule, parameters and kernel family.
+// Adding an op means one entry here (plus its CPU reference and kernel template).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "ir/types.h"
+
+namespace opfuse::ir {
+
+enum class OpKind : uint8_t {
+  LayerNorm,
+  RMSNorm,
+  Linear,
+  Bias,
+  GELU,
+  QGELU,
+  ReLU,
+  SiLU,
+  SwiGLU,
+  GEGLU,
+  ReGLU,
+  AddExtraInput,
+  MakeExtraOutput,
+  Quantize,
+  ConstantScale,
+  Identity,
+  Reshape,
+};
+inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Reshape) + 1;
+
+enum class AttrType : uint8_t {
+  Int,    // integer constant expression
+  Float,  // number
+  Bool,   // true / false
+  Name,   // the name of one of the sequence's inputs or outputs
+  Shape,  // [d0, d1, ...]: integer expressions, symbols, or -1 (inferred; at most one)
+};
+std::string_view attr_type_name(AttrType t);
+
+// How the op is executed once fused (codegen picks templates by family).
+enum class KernelFamily : uint8_t {
+  Norm,             // templates/norm.cuh
+  Activation,       // templates/activation.cuh, elementwise
+  GatedActivation,  // templates/activation.cuh, halves the last dim
+  Gemm,             // cuBLASLt
+  Bias,             // templates/bias.cuh or a GEMM epilogue
+  Residual,         // add_extra_input: GEMM beta=1 accumulation or templates/bias.cuh
+  Alias,            // no data movement (make_extra_output, identity, reshape)
+  Cast,             // templates/cast_transpose.cuh
+  Scale,            // elementwise constant scale
+};
+std::string_view kernel_family_name(KernelFamily f);
+
+struct AttrSpec {
+  std::string_view name;
+  AttrType type;
+  bool required;
+  double default_value;  // Int/Float/Bool (0/1) when not required
+  double min;            // inclusive range for Int/Float
+  double max;
+  std::string_view doc;
+};
+
+using AttrValue = std::variant<int64_t, double, bool, std::string, Shape>;
+struct Attr {
+  std::string name;
+  AttrValue value;
+  friend bool operator==(const Attr&, const Attr&) = default;
+};
+// Attributes of one op, in the order of the op's AttrSpecs, every one present (defaults filled).
+using AttrList = std::vector<Attr>;
+
+int64_t attr_int(const AttrList& attrs, std::string_view name);
+double attr_float(const AttrList& attrs, std::string_view name);
+bool attr_bool(const AttrList& attrs, std::string_view name);
+const std::string& attr_name(const AttrList& attrs, std::string_view name);
+const Shape& attr_shape(const AttrList& attrs, std::string_view name);
+std::string attr_value_string(const AttrValue& v);
+
+// What a shape rule sees.
+struct ShapeInput {
+  const TensorType& in;
+  const AttrList& attrs;
+  // add_extra_input: the named input's type; make_extra_output: the named output's declared type.
+  const TensorType* extra = nullptr;
+};
+
+// A user error found by a shape rule; `attr` names the attribute to point at (empty: the op).
+struct ShapeError {
+  std::string attr;
+  std::string message;
+  std::string hint;
+};
+
+// A trainable parameter the op owns, e.g. {"weight", bf16[28672, 4096]}.
+struct ParamDecl {
+  std::string role;
+  TensorType type;
+};
+
+struct ShapeResult {
+  TensorType out;
+  std::vector<ParamDecl> params;
+  std::vector<ShapeError> errors;
+};
+using ShapeRule = ShapeResult (*)(const ShapeInput&);
+
+struct OpInfo {
+  OpKind kind;
+  std::string_view name;  // as written in .fuse
+  KernelFamily family;
+  std::span<const AttrSpec> attrs;
+  ShapeRule shape_rule;
+  std::string_view shape_doc;  // e.g. "[..., in] -> [..., out]"
+  std::string_view doc;        // one sentence for docs/language.md and `fusec ops`
+};
+
+const OpInfo& op_info(OpKind kind);
+const OpInfo* find_op(std::string_view name);
+std::span<const OpInfo> all_ops();
+// Closest op name within edit distance 2, for "did you mean" hints; empty if none.
+std::string suggest_op(std::string_view name);
+
+}  // namespace opfuse::ir

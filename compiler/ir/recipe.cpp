@@ -1,0 +1,36 @@
+#include "ir/recipe.h"
+
+#include <fmt/format.h>
+
+namespace opfuse::ir {
+
+std::string_view recipe_kind_name(RecipeKind k) {
+  switch (k) {
+    case RecipeKind::BF16: return "bf16";
+    case RecipeKind::DelayedScaling: return "delayed_scaling";
+    case RecipeKind::CurrentScaling: return "current_scaling";
+  }
+  return "?";
+}
+
+std::string_view fp8_format_name(Fp8Format f) { return f == Fp8Format::Hybrid ? "hybrid" : "e4m3"; }
+
+std::string_view amax_compute_name(AmaxCompute a) {
+  return a == AmaxCompute::Max ? "max" : "most_recent";
+}
+
+std::string recipe_string(const Recipe& r) {
+  switch (r.kind) {
+    case RecipeKind::BF16: return "bf16()";
+    case RecipeKind::DelayedScaling:
+      return fmt::format(
+          "delayed_scaling(format = {}, amax_history = {}, amax_compute = {}, margin = {})",
+          fp8_format_name(r.format), r.amax_history, amax_compute_name(r.amax_compute), r.margin);
+    case RecipeKind::CurrentScaling:
+      return fmt::format("current_scaling(format = {}, amax_epsilon = {}, power_of_2_scale = {})",
+                         fp8_format_name(r.format), r.amax_epsilon, r.power_of_2_scale);
+  }
+  return "?";
+}
+
+}  // namespace opfuse::ir

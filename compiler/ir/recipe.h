@@ -1,0 +1,38 @@
+// FP8 recipes as TE defines them (DelayedScaling, Float8CurrentScaling) plus plain bf16.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "support/source_manager.h"
+
+namespace opfuse::ir {
+
+enum class RecipeKind { BF16, DelayedScaling, CurrentScaling };
+// HYBRID: E4M3 forward, E5M2 gradients. E4M3: E4M3 everywhere (TE's Format enum).
+enum class Fp8Format { Hybrid, E4M3 };
+enum class AmaxCompute { Max, MostRecent };
+
+struct Recipe {
+  std::string name;  // as declared ("fp8"); empty for the implicit bf16 recipe
+  SourceLoc loc;
+  RecipeKind kind = RecipeKind::BF16;
+  Fp8Format format = Fp8Format::Hybrid;
+  // Delayed scaling (TE defaults).
+  int amax_history = 1024;
+  AmaxCompute amax_compute = AmaxCompute::Max;
+  int margin = 0;
+  // Current scaling.
+  double amax_epsilon = 0.0;
+  bool power_of_2_scale = false;
+
+  bool is_fp8() const { return kind != RecipeKind::BF16; }
+};
+
+std::string_view recipe_kind_name(RecipeKind k);   // bf16 | delayed_scaling | current_scaling
+std::string_view fp8_format_name(Fp8Format f);     // hybrid | e4m3
+std::string_view amax_compute_name(AmaxCompute a);  // max | most_recent
+// One line, e.g. "delayed_scaling(format = hybrid, amax_history = 1024, amax_compute = max, margin = 0)".
+std::string recipe_string(const Recipe& r);
+
+}  // namespace opfuse::ir

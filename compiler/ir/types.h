@@ -1,0 +1,53 @@
+// Element types and symbolic tensor shapes of the IR.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace opfuse::ir {
+
+enum class DType : uint8_t { BF16, FP16, FP32, E4M3, E5M2 };
+
+std::string_view dtype_name(DType t);  // "bf16", "fp16", "fp32", "e4m3", "e5m2"
+// Parses the dtypes a user may write in a signature (bf16, fp16, fp32).
+std::optional<DType> parse_user_dtype(std::string_view name);
+int dtype_bytes(DType t);
+
+// One dimension: a known size, or a symbol bound at run time (`tokens`).
+struct Dim {
+  int64_t size = 0;    // valid when symbol is empty
+  std::string symbol;  // non-empty for a symbolic dimension
+
+  static Dim known(int64_t n) { return Dim{n, {}}; }
+  static Dim named(std::string s) { return Dim{0, std::move(s)}; }
+  bool is_symbolic() const { return !symbol.empty(); }
+  friend bool operator==(const Dim&, const Dim&) = default;
+};
+
+using Shape = std::vector<Dim>;
+
+std::string dim_string(const Dim& d);
+std::string shape_string(const Shape& s);  // "[tokens, 4096]"
+
+struct TensorType {
+  DType dtype = DType::BF16;
+  Shape shape;
+  friend bool operator==(const TensorType&, const TensorType&) = default;
+};
+
+std::string type_string(const TensorType& t);  // "bf16[tokens, 4096]"
+
+// Product of the known dimensions and the sorted list of symbols: two shapes hold the same
+// number of elements for every binding iff both parts are equal (used by reshape).
+struct ElementCount {
+  int64_t known = 1;  // saturates at INT64_MAX on overflow (overflowed = true)
+  bool overflowed = false;
+  std::vector<std::string> symbols;
+  friend bool operator==(const ElementCount&, const ElementCount&) = default;
+};
+ElementCount element_count(const Shape& s);
+
+}  // namespace opfuse::ir

@@ -1,0 +1,12 @@
+// The one place that owns the pass order (DESIGN.md 6.2). pipeline.cpp explains each constraint.
+#pragma once
+
+#include <vector>
+
+#include "passes/pass_manager.h"
+
+namespace opfuse::passes {
+
+std::vector<Pass> default_pipeline();
+
+}  // namespace opfuse::passes

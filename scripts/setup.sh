@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what opfuse needs from Debian's packages, only what is missing.
+# The CUDA 13 toolkit is expected at /usr/local/cuda (or $CUDA_HOME); it is not an apt package here.
+set -euo pipefail
+
+packages=(
+  cmake g++ clang clang-format libclang-rt-14-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev
+)
+# libclang-16-dev builds the template checker (tools/template_check); optional elsewhere.
+if apt-cache show libclang-16-dev >/dev/null 2>&1; then packages+=(libclang-16-dev llvm-16-dev); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+cuda="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
+if [ ! -x "$cuda/bin/nvcc" ] && [ ! -f "$cuda/include/nvrtc.h" ]; then
+  echo "setup: error: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2
+  exit 1
+fi

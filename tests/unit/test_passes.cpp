@@ -1,0 +1,79 @@
+// Pass manager behaviour and the passes of passes/pipeline.cpp.
+#include <gtest/gtest.h>
+
+#include "driver/frontend.h"
+#include "ir/printer.h"
+#include "passes/eliminate_aliases.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+
+namespace opfuse {
+namespace {
+
+ir::Program build_or_fail(const std::string& text) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  auto p = load_program_from_source("p.fuse", text, sources, diags);
+  EXPECT_TRUE(p) << diags.format_all();
+  return p ? *p : ir::Program{};
+}
+
+const char* kAliases = R"(sequence s(x: bf16[t, 64]) -> (y: bf16[t, 64], e: bf16[t, 64]) {
+  identity()
+  rmsnorm(64)
+  make_extra_output(e)
+  reshape([t, 64])
+  identity()
+  gelu()
+}
+)";
+
+TEST(EliminateAliases, RemovesIdentityAndSameShapeReshapeAndRewires) {
+  ir::Program p = build_or_fail(kAliases);
+  ASSERT_EQ(p.sequences[0].ops.size(), 6u);
+  EXPECT_TRUE(passes::eliminate_aliases(p));
+  const ir::Sequence& s = p.sequences[0];
+  ASSERT_EQ(s.ops.size(), 3u);
+  EXPECT_EQ(s.ops[0].kind, ir::OpKind::RMSNorm);
+  EXPECT_EQ(s.ops[0].operands[0], s.inputs[0]);
+  EXPECT_EQ(s.ops[2].kind, ir::OpKind::GELU);
+  EXPECT_EQ(s.ops[2].operands[0], s.ops[1].results[0]);  // gelu reads the extra output
+  EXPECT_EQ(s.outputs[1].value, s.ops[1].results[0]);
+  EXPECT_FALSE(passes::eliminate_aliases(p));  // nothing left to do
+}
+
+TEST(EliminateAliases, KeepsAReshapeThatChangesTheShape) {
+  ir::Program p = build_or_fail("sequence s(x: bf16[t, 64]) -> (y: bf16[t, 2, 32]) { reshape([t, 2, 32]) }\n");
+  EXPECT_FALSE(passes::eliminate_aliases(p));
+  EXPECT_EQ(p.sequences[0].ops.size(), 1u);
+}
+
+TEST(PassManager, DisablePrintAfterStopAfterAndTimings) {
+  passes::PassManager manager(passes::default_pipeline());
+  ir::Program p = build_or_fail(kAliases);
+  passes::PassOptions options;
+  options.print_after.insert("all");
+  std::vector<std::string> printed;
+  auto timings = manager.run(p, options, [&](std::string_view name, const ir::Program&) { printed.emplace_back(name); });
+  ASSERT_EQ(timings.size(), manager.passes().size());
+  EXPECT_TRUE(timings[0].changed);
+  EXPECT_GE(timings[0].milliseconds, 0.0);
+  EXPECT_EQ(printed, std::vector<std::string>{"eliminate-aliases"});
+
+  // Unchanged passes are not printed; disabled passes do not run.
+  ir::Program q = build_or_fail(kAliases);
+  options.disabled.insert("eliminate-aliases");
+  printed.clear();
+  timings = manager.run(q, options, [&](std::string_view name, const ir::Program&) { printed.emplace_back(name); });
+  EXPECT_TRUE(timings[0].skipped);
+  EXPECT_TRUE(printed.empty());
+  EXPECT_EQ(q.sequences[0].ops.size(), 6u);
+
+  passes::PassOptions unknown;
+  unknown.disabled.insert("no-such-pass");
+  unknown.stop_after = "nor-this";
+  EXPECT_EQ(manager.unknown_names(unknown), (std::vector<std::string>{"no-such-pass", "nor-this"}));
+}
+
+}  // namespace
+}  // namespace opfuse
