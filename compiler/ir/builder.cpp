@@ -106,7 +106,11 @@ class Builder {
 
   void define_const(const dsl::ConstDecl& c) {
     if (!c.value) return;
-    if (auto v = eval(*c.value, /*allow_float=*/true)) consts_[c.name] = *v;
+    if (auto v = eval(*c.value, /*allow_float=*/true)) {
+      consts_[c.name] = *v;
+    } else {
+      failed_consts_.insert(c.name);  // its uses stay quiet: the definition's error says it all
+    }
   }
 
   // ---- constant expressions ---------------------------------------------------------------------
@@ -129,6 +133,7 @@ class Builder {
         diags_.error(e.loc, "a list is not allowed here", "lists are the shape argument of reshape");
         return std::nullopt;
       case Expr::Kind::Name: {
+        if (failed_consts_.count(e.text)) return std::nullopt;
         auto it = consts_.find(e.text);
         if (it != consts_.end()) {
           if (!allow_float && std::holds_alternative<double>(it->second)) {
@@ -270,6 +275,7 @@ class Builder {
 
   // One dimension of a signature type or reshape: a constant expression or a symbol.
   std::optional<Dim> eval_dim(const Expr& e, bool allow_minus_one) {
+    if (e.kind == Expr::Kind::Name && failed_consts_.count(e.text)) return std::nullopt;
     if (e.kind == Expr::Kind::Name && !consts_.count(e.text)) {
       auto g = globals_.find(e.text);
       if (g != globals_.end()) {
@@ -282,15 +288,21 @@ class Builder {
         return std::nullopt;
       }
       const std::string near = closest_spelling(e.text, const_names());
-      if (!near.empty()) {
+      if (!near.empty() && warned_symbols_.insert(e.text).second) {
         diags_.warning(e.loc, fmt::format("'{}' is taken as a symbolic dimension", e.text),
                        fmt::format("did you mean the constant '{}'?", near));
       }
       return Dim::named(e.text);
     }
-    if (contains_symbol(e)) {
-      diags_.error(e.loc, "a symbolic dimension cannot be used in arithmetic",
-                   "write the symbol alone as a dimension; it is bound at run time");
+    if (const Expr* symbol = find_symbol(e)) {
+      // A name near a constant is more likely a typo than a symbol used in arithmetic.
+      if (!closest_spelling(symbol->text, const_names()).empty()) {
+        unknown_name(*symbol);
+      } else {
+        diags_.error(symbol->loc,
+                     fmt::format("the symbolic dimension '{}' cannot be used in arithmetic", symbol->text),
+                     "write the symbol alone as a dimension; it is bound at run time");
+      }
       return std::nullopt;
     }
     auto v = eval_int(e);
@@ -307,11 +319,13 @@ class Builder {
     return Dim::known(*v);
   }
 
-  bool contains_symbol(const Expr& e) const {
-    if (e.kind == Expr::Kind::Name) return !consts_.count(e.text) && !globals_.count(e.text);
+  // The first name in `e` that is neither a constant nor another top-level name: a symbol.
+  const Expr* find_symbol(const Expr& e) const {
+    if (e.kind == Expr::Kind::Name)
+      return consts_.count(e.text) || globals_.count(e.text) ? nullptr : &e;
     for (const auto& o : e.operands)
-      if (o && contains_symbol(*o)) return true;
-    return false;
+      if (const Expr* found = o ? find_symbol(*o) : nullptr) return found;
+    return nullptr;
   }
 
   std::optional<TensorType> eval_type(const dsl::TensorTypeExpr& t) {
@@ -458,21 +472,39 @@ class Builder {
     return false;
   }
 
+  // Recipe names a sequence can use: the declared ones and the built-in bf16 (unless redeclared).
+  std::vector<std::string> recipe_names() const {
+    std::vector<std::string> names;
+    if (!recipes_.count("bf16")) names.push_back("bf16");
+    for (const auto& [n, _] : recipes_) names.push_back(n);
+    return names;
+  }
+
+  // Looks up a recipe by name; nullopt (with an error unless already reported) when unusable.
+  std::optional<Recipe> resolve_recipe(const std::string& name, SourceLoc loc) {
+    auto it = recipes_.find(name);
+    if (it != recipes_.end()) return it->second;  // nullopt: its declaration had errors, reported
+    if (name == "bf16") return Recipe{};
+    auto g = globals_.find(name);
+    if (g != globals_.end()) {
+      diags_.error(loc, fmt::format("'{}' is a {}, not a recipe", name, kind_word(g->second.kind)));
+      return std::nullopt;
+    }
+    std::string hint = did_you_mean(name, recipe_names());
+    if (hint.empty()) hint = "recipes: " + join(recipe_names());
+    diags_.error(loc, fmt::format("unknown recipe '{}'", name), hint);
+    return std::nullopt;
+  }
+
   void resolve_override() {
     if (options_.recipe_override.empty()) return;
-    if (options_.recipe_override == "bf16" && !recipes_.count("bf16")) {
-      override_ = Recipe{};
-      return;
-    }
     auto it = recipes_.find(options_.recipe_override);
-    if (it == recipes_.end()) {
-      std::vector<std::string> names{"bf16"};
-      for (const auto& [n, _] : recipes_) names.push_back(n);
+    if (it == recipes_.end() && options_.recipe_override != "bf16") {
       diags_.error(SourceLoc{}, fmt::format("--recipe '{}' is not a recipe of this program", options_.recipe_override),
-                   "declared recipes: " + join(names));
+                   "recipes: " + join(recipe_names()));
       return;
     }
-    if (it->second) override_ = *it->second;
+    override_ = it == recipes_.end() ? std::optional<Recipe>(Recipe{}) : it->second;
   }
 
   // ---- sequences --------------------------------------------------------------------------------
@@ -542,30 +574,13 @@ class Builder {
     }
     if (!ok || s.inputs.size() != d.inputs.size()) return;
 
-    // Recipe.
-    if (override_) {
-      s.recipe = *override_;
-    } else if (d.recipe) {
-      auto it = recipes_.find(*d.recipe);
-      if (it == recipes_.end()) {
-        auto g = globals_.find(*d.recipe);
-        if (g != globals_.end()) {
-          diags_.error(d.recipe_loc, fmt::format("'{}' is a {}, not a recipe", *d.recipe, kind_word(g->second.kind)));
-        } else {
-          std::vector<std::string> names;
-          for (const auto& [n, _] : recipes_) names.push_back(n);
-          std::string hint = did_you_mean(*d.recipe, names);
-          if (hint.empty()) hint = names.empty() ? "declare one: recipe fp8 = delayed_scaling()"
-                                                 : "declared recipes: " + join(names);
-          diags_.error(d.recipe_loc, fmt::format("unknown recipe '{}'", *d.recipe), hint);
-        }
-        return;
-      }
-      if (!it->second) return;  // the recipe itself had errors, already reported
-      s.recipe = *it->second;
-    } else {
-      s.recipe = Recipe{};  // no `uses`: no quantization, like TE outside fp8_autocast
+    // Recipe: the sequence's own `uses` is checked even when --recipe overrides it.
+    std::optional<Recipe> own = Recipe{};  // no `uses`: no quantization, like TE outside fp8_autocast
+    if (d.recipe) {
+      own = resolve_recipe(*d.recipe, d.recipe_loc);
+      if (!own) return;
     }
+    s.recipe = override_ ? *override_ : *own;
     for (const dsl::SequenceFlag& f : d.flags) {
       if (f.name == "fp8_weights") {
         if (s.fp8_weights) diags_.warning(f.loc, "fp8_weights is given twice");
@@ -944,6 +959,8 @@ class Builder {
   Program program_;
   std::map<std::string, GlobalName> globals_;
   std::map<std::string, ConstValue> consts_;
+  std::set<std::string> failed_consts_;
+  std::set<std::string> warned_symbols_;
   std::map<std::string, std::optional<Recipe>> recipes_;
   std::optional<Recipe> override_;
 };

@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
   ir->add_option("file", ir_opts.file, ".fuse file")->required()->check(CLI::ExistingFile);
   ir->add_option("--sequence", ir_opts.sequence, "print only this sequence");
   ir->add_option("--after", ir_opts.after, "print the IR after this pass, or after every pass that changes it (all)");
-  ir->add_option("--disable-pass", ir_opts.disable, "skip this pass (repeatable)");
+  ir->add_option("--disable-pass", ir_opts.disable, "skip this pass (repeatable)")
+      ->allow_extra_args(false);
   ir->add_flag("--timings", ir_opts.timings, "print the time each pass took (stderr)");
   add_common(ir, common);
   ir->footer(kExitCodeHelp);

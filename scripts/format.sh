@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Formats every C++ source in place with the root .clang-format.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+find compiler runtime tests bench \( -name '*.h' -o -name '*.cpp' \) -print0 | xargs -0 clang-format -i

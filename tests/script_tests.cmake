@@ -1,0 +1,16 @@
+# Tests driven by scripts rather than gtest.
+
+add_test(NAME install_package
+  COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+          -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/install_test
+          -P ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.cmake)
+set_tests_properties(install_package PROPERTIES LABELS "cpu;install" TIMEOUT 600)
+
+# Every C++ source is clang-format clean (.clang-format at the root).
+find_program(CLANG_FORMAT NAMES clang-format clang-format-14 clang-format-16)
+if(CLANG_FORMAT)
+  add_test(NAME format_check
+    COMMAND ${CMAKE_COMMAND} -DCLANG_FORMAT=${CLANG_FORMAT} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+            -P ${CMAKE_CURRENT_SOURCE_DIR}/format_check.cmake)
+  set_tests_properties(format_check PROPERTIES LABELS "cpu;style")
+endif()
