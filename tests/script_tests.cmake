@@ -14,3 +14,11 @@ if(CLANG_FORMAT)
             -P ${CMAKE_CURRENT_SOURCE_DIR}/format_check.cmake)
   set_tests_properties(format_check PROPERTIES LABELS "cpu;style")
 endif()
+
+# clang-tidy with the checks in .clang-tidy, over compiler/ and runtime/ (needs compile_commands.json).
+find_program(CLANG_TIDY NAMES clang-tidy clang-tidy-14 clang-tidy-16)
+if(CLANG_TIDY AND CMAKE_EXPORT_COMPILE_COMMANDS)
+  add_test(NAME clang_tidy
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/clang_tidy.sh ${CLANG_TIDY} ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+  set_tests_properties(clang_tidy PROPERTIES LABELS "cpu;style" TIMEOUT 1800)
+endif()

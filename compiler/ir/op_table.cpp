@@ -324,6 +324,7 @@ std::span<const OpInfo> all_ops() { return kOps; }
 
 std::string suggest_op(std::string_view name) {
   std::vector<std::string> names;
+  names.reserve(kOps.size());
   for (const OpInfo& op : kOps) names.emplace_back(op.name);
   return closest_spelling(name, names);
 }

@@ -228,6 +228,7 @@ CompiledKernel compile_kernel(const CompileRequest& request) {
     options.insert(options.end(), {"--pch", "--pch-messages=false", "--pch-verbose=false"});
   }
   std::vector<const char*> option_pointers;
+  option_pointers.reserve(options.size());
   for (const std::string& option : options) option_pointers.push_back(option.c_str());
 
   Program program(request);

@@ -42,7 +42,7 @@ void Sha256::reset() {
 
 void Sha256::compress_block(const std::uint8_t* block) {
   std::array<std::uint32_t, 64> schedule;
-  for (int t = 0; t < 16; ++t) schedule[t] = load_big_endian(block + 4 * t);
+  for (std::size_t t = 0; t < 16; ++t) schedule[t] = load_big_endian(block + 4 * t);
   for (int t = 16; t < 64; ++t) {
     const std::uint32_t w15 = schedule[t - 15];
     const std::uint32_t w2 = schedule[t - 2];
@@ -110,7 +110,7 @@ Sha256Digest Sha256::finish() {
   update(length_bytes, sizeof length_bytes);
 
   Sha256Digest digest;
-  for (int i = 0; i < 8; ++i) {
+  for (std::size_t i = 0; i < 8; ++i) {
     digest[4 * i] = static_cast<std::uint8_t>(state_[i] >> 24);
     digest[4 * i + 1] = static_cast<std::uint8_t>(state_[i] >> 16);
     digest[4 * i + 2] = static_cast<std::uint8_t>(state_[i] >> 8);
