@@ -8,12 +8,14 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "../../runtime/cpu/run_driver.h"
 #include "driver/frontend.h"
 #include "ir/printer.h"
 #include "passes/pass_manager.h"
@@ -127,6 +129,76 @@ int run_ir(const IrOptions& opts, const CommonOptions& common) {
   return kExitOk;
 }
 
+struct RunCommandOptions {
+  std::string file;
+  std::string sequence;
+  std::string device = "cpu";
+  std::vector<std::string> binds;
+  int steps = 1;
+  uint64_t seed = 0;
+  double lr = 0.01;
+};
+
+int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
+  if (opts.device == "gpu") {
+    std::fprintf(stderr,
+                 "fusec: error: --device gpu: the GPU runtime is not built yet; use --device cpu "
+                 "(the CPU reference executor)\n");
+    return kExitUserError;
+  }
+  opfuse::cpu::RunOptions run;
+  for (const std::string& bind : opts.binds) {
+    const size_t eq = bind.find('=');
+    int64_t size = 0;
+    bool ok = eq != std::string::npos && eq > 0 && eq + 1 < bind.size();
+    if (ok) {
+      try {
+        size_t used = 0;
+        size = std::stoll(bind.substr(eq + 1), &used);
+        ok = used == bind.size() - eq - 1;
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      std::fprintf(stderr, "fusec: error: --bind '%s' is not NAME=SIZE (e.g. --bind tokens=64)\n",
+                   bind.c_str());
+      return kExitUsage;
+    }
+    run.bindings[bind.substr(0, eq)] = size;
+  }
+  run.steps = opts.steps;
+  run.seed = opts.seed;
+  run.lr = opts.lr;
+  opfuse::SourceManager sources;
+  auto program = load(opts.file, common, sources);
+  if (!program) return kExitUserError;
+  const opfuse::ir::Sequence* seq = nullptr;
+  std::string names;
+  for (const auto& s : program->sequences) names += " " + s.name;
+  if (!opts.sequence.empty()) {
+    seq = program->find_sequence(opts.sequence);
+    if (!seq) {
+      std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n",
+                   opts.sequence.c_str(), opts.file.c_str(), names.c_str());
+      return kExitUserError;
+    }
+  } else if (program->sequences.size() == 1) {
+    seq = &program->sequences[0];
+  } else {
+    std::fprintf(stderr, "fusec: error: %s has %zu sequences; pick one with --sequence NAME:%s\n",
+                 opts.file.c_str(), program->sequences.size(), names.c_str());
+    return kExitUserError;
+  }
+  try {
+    std::fputs(opfuse::cpu::run_reference_training(*seq, run).c_str(), stdout);
+  } catch (const opfuse::cpu::ReferenceError& e) {
+    std::fprintf(stderr, "fusec: error: %s\n", e.what());
+    return kExitUserError;
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,6 +225,32 @@ int main(int argc, char** argv) {
   add_common(ir, common);
   ir->footer(kExitCodeHelp);
 
+  RunCommandOptions run_opts;
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "train a sequence for a few steps on the CPU reference executor from seeded random "
+      "inputs and parameters; print the loss, gradient norms and quantizer state per step");
+  run->add_option("file", run_opts.file, ".fuse file")->required()->check(CLI::ExistingFile);
+  run->add_option("--sequence", run_opts.sequence,
+                  "the sequence to run (needed when the file has several)");
+  run->add_option("--device", run_opts.device,
+                  "cpu (the reference executor) or gpu (not built yet)")
+      ->check(CLI::IsMember({"cpu", "gpu"}))
+      ->capture_default_str();
+  run->add_option("--bind", run_opts.binds, "NAME=SIZE for a symbolic dimension (repeatable)")
+      ->allow_extra_args(false);
+  run->add_option("--steps", run_opts.steps, "training steps")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  run->add_option("--seed", run_opts.seed, "seed of the random inputs and parameters")
+      ->capture_default_str();
+  run->add_option("--lr", run_opts.lr, "SGD learning rate")->capture_default_str();
+  add_common(run, common);
+  run->footer(std::string(opfuse::cpu::kRunLossDescription) +
+              ". Parameters: linear weights ~ N(0, 0.02), norm weights 1 (0 if zero-centered), "
+              "biases 0; inputs ~ N(0, 1).\n" +
+              kExitCodeHelp);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -163,6 +261,7 @@ int main(int argc, char** argv) {
   try {
     if (*check) return run_check(check_files, common);
     if (*ir) return run_ir(ir_opts, common);
+    if (*run) return run_run(run_opts, common);
   } catch (const opfuse::InternalError& e) {
     std::fprintf(stderr, "%s\nfusec: this is a bug in opfuse; please report it with the input.\n", e.what());
     return kExitInternal;

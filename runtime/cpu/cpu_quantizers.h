@@ -1,0 +1,37 @@
+// One FP8 quantizer of the CPU reference (an input, weight or grad_output of a linear): its
+// recipe's parameters and its state (amax history, scale, scale_inv), and the fake-quantize cast
+// the reference applies to a GEMM operand: x -> fp8(x * scale) * scale_inv.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "ir/recipe.h"
+#include "quantizer_math.h"
+
+namespace opfuse::cpu {
+
+struct Quantizer {
+  std::string name;  // "<layer>.input", "<layer>.weight", "<layer>.grad_output"
+  Fp8Format format = Fp8Format::E4M3;
+  bool current_scaling = false;   // else delayed scaling
+  DelayedScalingParams delayed;   // fp8_max, amax algorithm, margin
+  float amax_epsilon = 0.0f;      // current scaling
+  bool power_of_2_scale = false;  // current scaling
+  // Delayed scaling: the history ring and the scale in use. Current scaling: a one-slot history
+  // holding the amax of the latest cast, and the scale computed from it.
+  DelayedScalingState state;
+};
+
+// A quantizer for an FP8 recipe; `is_gradient` picks E5M2 under the HYBRID format.
+Quantizer make_quantizer(std::string name, const ir::Recipe& recipe, bool is_gradient);
+
+// In place: values become fp8(x * scale) * scale_inv. Delayed scaling casts with the current scale
+// and max-reduces |x| into history slot 0; current scaling first takes this tensor's amax and
+// computes the scale from it (compute_current_scale), then casts.
+void fake_quantize(Quantizer& quantizer, std::span<float> values);
+
+// Ends a step: the delayed-scaling update (update_delayed); a no-op under current scaling.
+void end_step(Quantizer& quantizer);
+
+}  // namespace opfuse::cpu

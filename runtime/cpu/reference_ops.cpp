@@ -1,0 +1,255 @@
+#include "reference_ops.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <type_traits>
+
+namespace opfuse::cpu::ops {
+
+namespace {
+
+// Row-major BLAS GEMM: C[M, N] = op(A) op(B) with op = transpose when the flag is set.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T* c, int64_t ldc) {
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
+                c, int(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
+                c, int(ldc));
+  }
+}
+
+template <typename T>
+T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+// tanh-approximation GELU constants (TE's gelu and dgelu).
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+constexpr double kQuickGelu = 1.702;
+
+// zero_centered_gamma stores gamma - 1 (TE), so the effective weight adds the one back.
+template <typename T>
+T effective_gamma(const T* gamma, int64_t c, bool zero_centered) {
+  return zero_centered ? gamma[c] + T(1) : gamma[c];
+}
+
+}  // namespace
+
+template <typename T>
+T activation(Activation kind, T x) {
+  switch (kind) {
+    case Activation::GELU: {
+      const T inner = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
+      return T(0.5) * x * (T(1) + std::tanh(inner));
+    }
+    case Activation::QGELU:
+      return x * sigmoid(T(kQuickGelu) * x);
+    case Activation::ReLU:
+      return x > T(0) ? x : T(0);
+    case Activation::SiLU:
+      return x * sigmoid(x);
+  }
+  return x;
+}
+
+template <typename T>
+T activation_derivative(Activation kind, T x) {
+  switch (kind) {
+    case Activation::GELU: {
+      const T inner = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
+      const T t = std::tanh(inner);
+      const T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
+      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
+    }
+    case Activation::QGELU: {
+      const T s = sigmoid(T(kQuickGelu) * x);
+      return s + T(kQuickGelu) * x * s * (T(1) - s);
+    }
+    case Activation::ReLU:
+      return x > T(0) ? T(1) : T(0);
+    case Activation::SiLU: {
+      const T s = sigmoid(x);
+      return s * (T(1) + x * (T(1) - s));
+    }
+  }
+  return T(1);
+}
+
+template <typename T>
+void layernorm_forward(std::span<const T> x, std::span<const T> gamma, std::span<const T> beta,
+                       int64_t cols, double eps, bool zero_centered, std::span<T> y,
+                       std::span<T> mean, std::span<T> rstd) {
+  const int64_t rows = cols == 0 ? 0 : int64_t(x.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * cols;
+    T sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += xr[c];
+    const T mu = sum / T(cols);
+    T sq = 0;
+    for (int64_t c = 0; c < cols; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
+    const T rs = T(1) / std::sqrt(sq / T(cols) + T(eps));
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * cols + c] =
+          (xr[c] - mu) * rs * effective_gamma(gamma.data(), c, zero_centered) + beta[c];
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+template <typename T>
+void layernorm_backward(std::span<const T> x, std::span<const T> gamma, std::span<const T> dy,
+                        std::span<const T> mean, std::span<const T> rstd, int64_t cols,
+                        bool zero_centered, std::span<T> dx, std::span<T> dgamma,
+                        std::span<T> dbeta) {
+  const int64_t rows = cols == 0 ? 0 : int64_t(x.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * cols;
+    const T* dyr = dy.data() + r * cols;
+    T mean_dxhat = 0, mean_dxhat_xhat = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const T xhat = (xr[c] - mean[r]) * rstd[r];
+      const T dxhat = dyr[c] * effective_gamma(gamma.data(), c, zero_centered);
+      mean_dxhat += dxhat;
+      mean_dxhat_xhat += dxhat * xhat;
+      dgamma[c] += dyr[c] * xhat;
+      dbeta[c] += dyr[c];
+    }
+    mean_dxhat /= T(cols);
+    mean_dxhat_xhat /= T(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const T xhat = (xr[c] - mean[r]) * rstd[r];
+      const T dxhat = dyr[c] * effective_gamma(gamma.data(), c, zero_centered);
+      dx[r * cols + c] = rstd[r] * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+}
+
+template <typename T>
+void rmsnorm_forward(std::span<const T> x, std::span<const T> gamma, int64_t cols, double eps,
+                     bool zero_centered, std::span<T> y, std::span<T> rstd) {
+  const int64_t rows = cols == 0 ? 0 : int64_t(x.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * cols;
+    T sq = 0;
+    for (int64_t c = 0; c < cols; ++c) sq += xr[c] * xr[c];
+    const T rs = T(1) / std::sqrt(sq / T(cols) + T(eps));
+    for (int64_t c = 0; c < cols; ++c)
+      y[r * cols + c] = xr[c] * rs * effective_gamma(gamma.data(), c, zero_centered);
+    rstd[r] = rs;
+  }
+}
+
+template <typename T>
+void rmsnorm_backward(std::span<const T> x, std::span<const T> gamma, std::span<const T> dy,
+                      std::span<const T> rstd, int64_t cols, bool zero_centered, std::span<T> dx,
+                      std::span<T> dgamma) {
+  const int64_t rows = cols == 0 ? 0 : int64_t(x.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x.data() + r * cols;
+    const T* dyr = dy.data() + r * cols;
+    T mean_dxhat_xhat = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const T xhat = xr[c] * rstd[r];
+      mean_dxhat_xhat += dyr[c] * effective_gamma(gamma.data(), c, zero_centered) * xhat;
+      dgamma[c] += dyr[c] * xhat;
+    }
+    mean_dxhat_xhat /= T(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const T xhat = xr[c] * rstd[r];
+      const T dxhat = dyr[c] * effective_gamma(gamma.data(), c, zero_centered);
+      dx[r * cols + c] = rstd[r] * (dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+}
+
+template <typename T>
+void linear_forward(std::span<const T> x, std::span<const T> w, int64_t m, int64_t n, int64_t k,
+                    std::span<T> y) {
+  gemm<T>(false, true, m, n, k, x.data(), k, w.data(), k, y.data(), n);
+}
+
+template <typename T>
+void linear_dgrad(std::span<const T> dy, std::span<const T> w, int64_t m, int64_t n, int64_t k,
+                  std::span<T> dx) {
+  gemm<T>(false, false, m, k, n, dy.data(), n, w.data(), k, dx.data(), k);
+}
+
+template <typename T>
+void linear_wgrad(std::span<const T> dy, std::span<const T> x, int64_t m, int64_t n, int64_t k,
+                  std::span<T> dw) {
+  gemm<T>(true, false, n, k, m, dy.data(), n, x.data(), k, dw.data(), k);
+}
+
+template <typename T>
+void add_bias(std::span<T> y, std::span<const T> bias, int64_t cols) {
+  for (size_t i = 0; i < y.size(); ++i) y[i] += bias[i % size_t(cols)];
+}
+
+template <typename T>
+void bias_grad(std::span<const T> dy, int64_t cols, std::span<T> dbias) {
+  for (size_t i = 0; i < dy.size(); ++i) dbias[i % size_t(cols)] += dy[i];
+}
+
+template <typename T>
+void gated_forward(Activation kind, std::span<const T> x, int64_t half, std::span<T> y) {
+  const int64_t rows = half == 0 ? 0 : int64_t(y.size()) / half;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < half; ++c) {
+      const T gate = x[r * 2 * half + c];
+      const T linear = x[r * 2 * half + half + c];
+      y[r * half + c] = activation(kind, gate) * linear;
+    }
+}
+
+template <typename T>
+void gated_backward(Activation kind, std::span<const T> x, std::span<const T> dy, int64_t half,
+                    std::span<T> dx) {
+  const int64_t rows = half == 0 ? 0 : int64_t(dy.size()) / half;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < half; ++c) {
+      const T gate = x[r * 2 * half + c];
+      const T linear = x[r * 2 * half + half + c];
+      const T g = dy[r * half + c];
+      dx[r * 2 * half + c] = activation_derivative(kind, gate) * linear * g;
+      dx[r * 2 * half + half + c] = activation(kind, gate) * g;
+    }
+}
+
+#define OPFUSE_INSTANTIATE_REFERENCE_OPS(T)                                                        \
+  template T activation<T>(Activation, T);                                                         \
+  template T activation_derivative<T>(Activation, T);                                              \
+  template void layernorm_forward<T>(std::span<const T>, std::span<const T>, std::span<const T>,   \
+                                     int64_t, double, bool, std::span<T>, std::span<T>,            \
+                                     std::span<T>);                                                \
+  template void layernorm_backward<T>(std::span<const T>, std::span<const T>, std::span<const T>,  \
+                                      std::span<const T>, std::span<const T>, int64_t, bool,       \
+                                      std::span<T>, std::span<T>, std::span<T>);                   \
+  template void rmsnorm_forward<T>(std::span<const T>, std::span<const T>, int64_t, double, bool,  \
+                                   std::span<T>, std::span<T>);                                    \
+  template void rmsnorm_backward<T>(std::span<const T>, std::span<const T>, std::span<const T>,    \
+                                    std::span<const T>, int64_t, bool, std::span<T>,               \
+                                    std::span<T>);                                                 \
+  template void linear_forward<T>(std::span<const T>, std::span<const T>, int64_t, int64_t,        \
+                                  int64_t, std::span<T>);                                          \
+  template void linear_dgrad<T>(std::span<const T>, std::span<const T>, int64_t, int64_t, int64_t, \
+                                std::span<T>);                                                     \
+  template void linear_wgrad<T>(std::span<const T>, std::span<const T>, int64_t, int64_t, int64_t, \
+                                std::span<T>);                                                     \
+  template void add_bias<T>(std::span<T>, std::span<const T>, int64_t);                            \
+  template void bias_grad<T>(std::span<const T>, int64_t, std::span<T>);                           \
+  template void gated_forward<T>(Activation, std::span<const T>, int64_t, std::span<T>);           \
+  template void gated_backward<T>(Activation, std::span<const T>, std::span<const T>, int64_t,     \
+                                  std::span<T>);
+
+OPFUSE_INSTANTIATE_REFERENCE_OPS(float)
+OPFUSE_INSTANTIATE_REFERENCE_OPS(double)
+#undef OPFUSE_INSTANTIATE_REFERENCE_OPS
+
+}  // namespace opfuse::cpu::ops

@@ -1,0 +1,107 @@
+#include "run_driver.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <numbers>
+#include <random>
+
+namespace opfuse::cpu {
+
+namespace {
+
+// One N(0, 1) value from two uniform draws (Box-Muller): the same on every platform.
+double next_normal(std::mt19937_64& rng) {
+  const double u1 = (double(rng() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = double(rng() >> 11) * 0x1.0p-53;          // [0, 1)
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+double norm_of(const std::vector<float>& values) {
+  double sum = 0;
+  for (float v : values) sum += double(v) * double(v);
+  return std::sqrt(sum);
+}
+
+std::string bindings_string(const Bindings& bindings) {
+  std::string out;
+  for (const auto& [name, size] : bindings) out += fmt::format(" {}={}", name, size);
+  return out.empty() ? " (none)" : out;
+}
+
+}  // namespace
+
+Tensor<float> seeded_normal(std::vector<int64_t> shape, uint64_t seed, double stddev) {
+  Tensor<float> t = Tensor<float>::zeros(std::move(shape));
+  std::mt19937_64 rng(seed);
+  for (float& v : t.data) v = float(stddev * next_normal(rng));
+  return t;
+}
+
+void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed) {
+  const ir::Sequence& seq = executor.sequence();
+  std::mt19937_64 rng(seed);
+  for (const ir::Operation& op : seq.ops) {
+    for (size_t k = 1; k < op.operands.size(); ++k) {
+      const ir::Value& v = seq.value(op.operands[k]);
+      if (v.kind != ir::ValueKind::Param) continue;
+      Tensor<float>& p = executor.param(v.name);
+      const bool is_weight = v.name.ends_with(".weight");
+      if (op.kind == ir::OpKind::Linear && is_weight) {
+        for (float& x : p.data) x = float(0.02 * next_normal(rng));
+      } else if (is_weight) {  // a norm's gamma
+        const bool zero_centered = ir::attr_bool(op.attrs, "zero_centered_gamma");
+        std::fill(p.data.begin(), p.data.end(), zero_centered ? 0.0f : 1.0f);
+      } else {
+        std::fill(p.data.begin(), p.data.end(), 0.0f);
+      }
+    }
+  }
+  executor.params_changed();
+}
+
+std::string run_reference_training(const ir::Sequence& sequence, const RunOptions& options) {
+  if (options.steps < 1)
+    throw ReferenceError(fmt::format("--steps must be at least 1, got {}", options.steps));
+  ReferenceExecutor<float> exec(sequence, options.bindings);
+  init_params_from_seed(exec, options.seed);
+  // Inputs come from a second stream of the same seed so that they do not depend on the
+  // number of parameters.
+  std::vector<Tensor<float>> inputs;
+  const auto input_shapes = exec.input_shapes();
+  for (size_t i = 0; i < input_shapes.size(); ++i)
+    inputs.push_back(
+        seeded_normal(input_shapes[i], options.seed ^ (0x9E3779B97F4A7C15ull + i), 1.0));
+
+  std::string out = fmt::format(
+      "sequence {}  recipe {}{}\nbindings{}  steps {}  seed {}  lr {}\n{}; SGD on every "
+      "parameter\nquantizers: amax of this step (history slot 0) and the scale used in it\n",
+      sequence.name, ir::recipe_string(sequence.recipe),
+      sequence.fp8_weights ? "  fp8_weights" : "", bindings_string(options.bindings), options.steps,
+      options.seed, options.lr, kRunLossDescription);
+  for (int step = 0; step < options.steps; ++step) {
+    const std::vector<Tensor<float>> outputs = exec.forward(inputs);
+    const Tensor<float>& y = outputs[0];
+    double sum_squares = 0;
+    for (float v : y.data) sum_squares += double(v) * double(v);
+    const double loss = 0.5 * sum_squares / double(y.numel());
+    std::vector<Tensor<float>> grads_out(outputs.size());
+    grads_out[0] = y;
+    for (float& g : grads_out[0].data) g = float(double(g) / double(y.numel()));
+    const Gradients<float> grads = exec.backward(grads_out);
+
+    out +=
+        fmt::format("\nstep {:>4}  loss {:.6e}  |y| {:.6e}\n", step, loss, std::sqrt(sum_squares));
+    for (size_t i = 0; i < grads.params.size(); ++i)
+      out += fmt::format("  grad   {:<32} |g| {:.6e}\n", exec.param_names()[i],
+                         norm_of(grads.params[i].data));
+    for (const QuantizerInfo& q : exec.quantizers())
+      out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name,
+                         q.format == Fp8Format::E4M3 ? "e4m3" : "e5m2", q.amax_history[0], q.scale);
+    exec.step();
+    exec.sgd_step(grads, options.lr);
+  }
+  return out;
+}
+
+}  // namespace opfuse::cpu

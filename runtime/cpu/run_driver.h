@@ -1,0 +1,37 @@
+// `fusec run --device cpu`: trains one sequence for a few steps on the CPU reference from seeded
+// random inputs and parameters, and reports per step the loss, every parameter gradient's norm
+// and every quantizer's amax and scale. Same seed, same text, byte for byte.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cpu_tensor.h"
+#include "ir/graph.h"
+#include "reference_executor.h"
+
+namespace opfuse::cpu {
+
+struct RunOptions {
+  Bindings bindings;
+  int steps = 1;
+  uint64_t seed = 0;
+  double lr = 0.01;
+};
+
+// The loss the driver trains on, for --help: 0.5 * mean(y^2) over the main output y.
+inline constexpr const char* kRunLossDescription =
+    "loss = 0.5 * mean(y^2) over the main output y (so dL/dy = y / numel(y)); extra outputs get "
+    "a zero gradient";
+
+// Parameters from the seed: linear weights ~ N(0, 0.02), norm weights 1 (0 when
+// zero_centered_gamma), biases 0; then params_changed().
+void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed);
+// Tensors of N(0, stddev) values from a seeded generator (platform-independent: Box-Muller on
+// std::mt19937_64 bits, not std::normal_distribution).
+Tensor<float> seeded_normal(std::vector<int64_t> shape, uint64_t seed, double stddev);
+
+// Runs the training loop; throws ReferenceError for user errors (unbound symbols, bad --steps).
+std::string run_reference_training(const ir::Sequence& sequence, const RunOptions& options);
+
+}  // namespace opfuse::cpu
