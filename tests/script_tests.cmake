@@ -22,3 +22,8 @@ if(CLANG_TIDY AND CMAKE_EXPORT_COMPILE_COMMANDS)
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/clang_tidy.sh ${CLANG_TIDY} ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR})
   set_tests_properties(clang_tidy PROPERTIES LABELS "cpu;style" TIMEOUT 1800)
 endif()
+
+# Nothing may need the driver library to start (DESIGN.md 3: machines without a GPU have none).
+add_test(NAME no_libcuda_dependency
+  COMMAND sh -c "! readelf -d $<TARGET_FILE:fusec> | grep -E 'NEEDED.*libcuda\\.so'")
+set_tests_properties(no_libcuda_dependency PROPERTIES LABELS "cpu")
