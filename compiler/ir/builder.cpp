@@ -371,8 +371,9 @@ class Builder {
     } else if (d.kind == "bf16") {
       r.kind = RecipeKind::BF16;
     } else {
-      diags_.error(d.kind_loc, fmt::format("unknown recipe kind '{}'", d.kind),
-                   "use delayed_scaling(...), current_scaling(...) or bf16()");
+      std::string hint = did_you_mean(d.kind, {"delayed_scaling", "current_scaling", "bf16"});
+      if (hint.empty()) hint = "use delayed_scaling(...), current_scaling(...) or bf16()";
+      diags_.error(d.kind_loc, fmt::format("unknown recipe kind '{}'", d.kind), hint);
       return;
     }
     std::set<std::string> seen;

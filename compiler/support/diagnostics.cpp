@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace opfuse {
 
 void DiagnosticEngine::error(SourceLoc loc, std::string message, std::string hint) {
@@ -33,9 +35,12 @@ namespace {
 
 const char* severity_name(Severity s) {
   switch (s) {
-    case Severity::Error: return "error";
-    case Severity::Warning: return "warning";
-    case Severity::Note: return "note";
+    case Severity::Error:
+      return "error";
+    case Severity::Warning:
+      return "warning";
+    case Severity::Note:
+      return "note";
   }
   return "error";
 }
@@ -58,18 +63,27 @@ std::string DiagnosticEngine::format(const Diagnostic& d) const {
     // Huge lines are shown around the caret only.
     constexpr size_t kShown = 160;
     std::string_view line = sources_.line_text(d.loc.file, d.loc.line);
-    size_t caret = d.loc.col > 0 ? d.loc.col - 1 : 0;
-    std::string prefix;
+    // A column past the end (end of file, or a bad location) puts the caret just after the line.
+    size_t caret = std::min<size_t>(d.loc.col > 0 ? d.loc.col - 1 : 0, line.size());
+    std::string prefix, suffix;
     if (line.size() > kShown) {
-      const size_t start = caret > kShown / 2 ? caret - kShown / 2 : 0;
+      const size_t start =
+          caret > kShown / 2 ? std::min(caret - kShown / 2, line.size() - kShown) : 0;
+      if (start > 0) prefix = "...";
+      if (start + kShown < line.size()) suffix = "...";
       line = line.substr(start, kShown);
       caret -= start;
-      if (start > 0) prefix = "...";
     }
     const std::string shown = printable(line);
-    out += fmt::format("  {}{}\n", prefix, shown);
+    out += fmt::format("  {}{}{}\n", prefix, shown, suffix);
     std::string pad;
-    for (size_t i = 0; i < caret && i < shown.size(); ++i) pad.push_back(shown[i] == '\t' ? '\t' : ' ');
+    for (size_t i = 0; i < caret && i < shown.size(); ++i) {
+      const auto c = static_cast<unsigned char>(shown[i]);
+      if (c == '\t')
+        pad.push_back('\t');
+      else if ((c & 0xC0) != 0x80)
+        pad.push_back(' ');  // UTF-8 continuation bytes take no column
+    }
     out += fmt::format("  {}{}^\n", std::string(prefix.size(), ' '), pad);
   } else {
     out = fmt::format("opfuse: {}: {}\n", severity_name(d.severity), d.message);

@@ -17,6 +17,8 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 std::string closest_spelling(std::string_view name, const std::vector<std::string>& candidates) {
+  // Every one-letter name is one edit from every other: no suggestion is meaningful.
+  if (name.size() <= 1) return {};
   std::string best;
   size_t best_distance = name.size() <= 3 ? 2 : 3;
   for (const std::string& c : candidates) {

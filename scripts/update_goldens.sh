@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Regenerates the golden files after a deliberate change to the printers:
+#   tests/golden/ir/<example>.ir   `fusec ir` of every dsl_examples/*.fuse
+#   tests/golden/ast/sketch.ast    the parser test's AST dump (OPFUSE_UPDATE_GOLDEN=1)
+# Usage: scripts/update_goldens.sh [BUILD_DIR]   (default: build/release, configured if missing)
+#        OPFUSE_GOLDENS=ir scripts/update_goldens.sh ...   regenerates the IR goldens only
+# Review the result with `git diff tests/golden` before committing it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+
+build_dir="${1:-build/release}"
+if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+  if [ "$#" -eq 0 ]; then
+    cmake --preset release >/dev/null
+  else
+    echo "update_goldens: $build_dir is not a configured build directory" >&2
+    exit 2
+  fi
+fi
+which="${OPFUSE_GOLDENS:-all}"
+targets=(fusec)
+[ "$which" = ir ] || targets+=(test_parser)
+cmake --build "$build_dir" --target "${targets[@]}" -j "$(nproc)"
+
+fusec="$build_dir/compiler/fusec"
+mkdir -p tests/golden/ir
+# A golden whose example is gone would fail test_examples; drop it.
+for golden in tests/golden/ir/*.ir; do
+  [ -e "$golden" ] || continue
+  [ -f "dsl_examples/$(basename "$golden" .ir).fuse" ] || { rm "$golden"; echo "removed $golden"; }
+done
+for example in dsl_examples/*.fuse; do
+  golden="tests/golden/ir/$(basename "$example" .fuse).ir"
+  "$fusec" ir "$example" >"$golden.tmp"
+  mv "$golden.tmp" "$golden"
+  echo "wrote $golden"
+done
+
+parser_test="$build_dir/tests/test_parser"
+if [ "$which" != ir ] && grep -q OPFUSE_UPDATE_GOLDEN tests/unit/test_parser.cpp; then
+  OPFUSE_UPDATE_GOLDEN=1 "$parser_test" --gtest_filter='Parser.SketchMatchesGoldenAst' >/dev/null
+  echo "wrote tests/golden/ast/sketch.ast"
+fi
+git --no-pager diff --stat -- tests/golden 2>/dev/null || true
