@@ -25,11 +25,11 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::vector<T> data;
 
-  static Tensor zeros(std::vector<int64_t> shape) {
+  static Tensor zeros(const std::vector<int64_t>& shape) {
     Tensor t;
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    t.shape = std::move(shape);
+    t.shape = shape;
     t.data.assign(static_cast<size_t>(n), T(0));
     return t;
   }

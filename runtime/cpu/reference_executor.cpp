@@ -123,11 +123,11 @@ struct ReferenceExecutor<T>::State {
 
 template <typename T>
 ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bindings& bindings,
-                                        ReferenceOptions options)
+                                        const ReferenceOptions& options)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.seq = &sequence;
-  s.options = std::move(options);
+  s.options = options;
   std::vector<std::string> unbound;
   for (const std::string& symbol : sequence.symbols()) {
     auto it = bindings.find(symbol);
@@ -161,7 +161,7 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
     s.values[p] = s.zeros_like(p);
   }
   if (!s.fp8()) return;
-  auto add = [&](size_t op, size_t slot, std::string role, bool is_gradient) {
+  auto add = [&](size_t op, size_t slot, const std::string& role, bool is_gradient) {
     s.slots[op][slot] = int(s.quantizers.size());
     s.quantizers.push_back(
         make_quantizer(sequence.ops[op].instance + "." + role, sequence.recipe, is_gradient));

@@ -46,7 +46,7 @@ class ReferenceExecutor {
   // Binds the symbolic dimensions; throws ReferenceError naming every unbound symbol or bad size.
   // Parameters start at zero (set them with param()); the sequence must outlive the executor.
   ReferenceExecutor(const ir::Sequence& sequence, const Bindings& bindings,
-                    ReferenceOptions options = {});
+                    const ReferenceOptions& options = {});
   ~ReferenceExecutor();
   ReferenceExecutor(ReferenceExecutor&&) noexcept;
 

@@ -31,8 +31,8 @@ std::string bindings_string(const Bindings& bindings) {
 
 }  // namespace
 
-Tensor<float> seeded_normal(std::vector<int64_t> shape, uint64_t seed, double stddev) {
-  Tensor<float> t = Tensor<float>::zeros(std::move(shape));
+Tensor<float> seeded_normal(const std::vector<int64_t>& shape, uint64_t seed, double stddev) {
+  Tensor<float> t = Tensor<float>::zeros(shape);
   std::mt19937_64 rng(seed);
   for (float& v : t.data) v = float(stddev * next_normal(rng));
   return t;

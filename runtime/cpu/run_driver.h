@@ -29,7 +29,7 @@ inline constexpr const char* kRunLossDescription =
 void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed);
 // Tensors of N(0, stddev) values from a seeded generator (platform-independent: Box-Muller on
 // std::mt19937_64 bits, not std::normal_distribution).
-Tensor<float> seeded_normal(std::vector<int64_t> shape, uint64_t seed, double stddev);
+Tensor<float> seeded_normal(const std::vector<int64_t>& shape, uint64_t seed, double stddev);
 
 // Runs the training loop; throws ReferenceError for user errors (unbound symbols, bad --steps).
 std::string run_reference_training(const ir::Sequence& sequence, const RunOptions& options);

@@ -1,0 +1,219 @@
+// Kernel templates run on the GPU against the CPU reference numerics, bit for bit.
+// Label `gpu`: skips (visibly) where no GPU is present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "../../templates/common/launch_rules.h"
+#include "cpu/numerics.h"
+#include "cpu/quantizer_math.h"
+#include "jit/nvrtc_compiler.h"
+
+namespace opfuse {
+namespace {
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(call)
+
+// Mirrors templates/scale_update.cuh's QuantizerRecord field for field.
+struct QuantizerRecord {
+  float* amax_history;
+  float* scale;
+  float* scale_inv;
+  int history_length;
+  int mode;
+  float fp8_max;
+  int margin;
+  float epsilon;
+  int power_of_2_scale;
+};
+static_assert(sizeof(QuantizerRecord) == 48);
+
+class TemplatesGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no GPU on this machine: skipping GPU template tests";
+    }
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    arch_ = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
+            (prop.major == 9 || prop.major == 10 ? "a" : "");
+  }
+
+  // Compiles `source` for this GPU and returns the kernel for `expression`.
+  cudaKernel_t load(const std::string& source, const std::string& expression) {
+    jit::CompileRequest request;
+    request.kernel_name = expression;
+    request.source = source;
+    request.name_expressions = {expression};
+    request.arch = arch_;
+    kernel_ = jit::compile_kernel(request);
+    cudaLibrary_t library = nullptr;
+    EXPECT_EQ(cudaLibraryLoadData(&library, kernel_.binary.data(), nullptr, nullptr, 0, nullptr,
+                                  nullptr, 0),
+              cudaSuccess);
+    cudaKernel_t kernel = nullptr;
+    EXPECT_EQ(cudaLibraryGetKernel(&kernel, library, kernel_.lowered_names.at(expression).c_str()),
+              cudaSuccess);
+    return kernel;
+  }
+
+  std::string arch_;
+  jit::CompiledKernel kernel_;
+};
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  T* p = nullptr;
+  if (cudaMalloc(&p, host.size() * sizeof(T)) != cudaSuccess) return nullptr;
+  cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+
+template <typename T>
+std::vector<T> host_copy(const T* device, size_t n) {
+  std::vector<T> out(n);
+  cudaMemcpy(out.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return out;
+}
+
+struct CastParams {  // CastParams<__nv_bfloat16, __nv_fp8_e4m3>
+  const void* x;
+  void* y;
+  void* y_t;
+  const float* scale;
+  float* amax;
+  float* dbias_partial;
+  int rows;
+  int cols;
+};
+
+TEST_F(TemplatesGpu, CastTransposeBf16ToE4m3MatchesCpuBitForBit) {
+  const int rows = 200, cols = 512;  // 200 is not a multiple of the 64-row tile: tails run
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<uint16_t> x(size_t(rows) * cols);
+  float expected_amax = 0.0f;
+  for (auto& v : x) {
+    v = cpu::float_to_bf16(normal(rng));
+    expected_amax = std::fmax(expected_amax, std::fabs(cpu::bf16_to_float(v)));
+  }
+  x[5] = cpu::float_to_bf16(1e6f);  // saturates to 448 after scaling
+  expected_amax = std::fmax(expected_amax, cpu::bf16_to_float(x[5]));
+  const float scale = 37.5f;
+
+  cudaKernel_t kernel = load("#include \"cast_transpose.cuh\"\n",
+                             "opfuse::cast_transpose<__nv_bfloat16, __nv_fp8_e4m3, true, false>");
+  ASSERT_EQ(kernel_.spill_store_bytes, 0);
+  uint16_t* d_x = device_copy(x);
+  uint8_t *d_y = nullptr, *d_yt = nullptr;
+  float *d_scale = device_copy(std::vector<float>{scale}), *d_amax = device_copy(std::vector<float>{0.0f});
+  CUDA_OK(cudaMalloc(&d_y, x.size()));
+  CUDA_OK(cudaMalloc(&d_yt, x.size()));
+  CUDA_OK(cudaMemset(d_y, 0xAB, x.size()));  // poison: every byte must be written
+  CUDA_OK(cudaMemset(d_yt, 0xAB, x.size()));
+  CastParams params{d_x, d_y, d_yt, d_scale, d_amax, nullptr, rows, cols};
+  void* args[] = {&params};
+  const dim3 grid(launch::tile_grid_x(cols), launch::tile_grid_y(rows));
+  CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(launch::kTileThreads),
+                           args, 0, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  const auto y = host_copy(d_y, x.size());
+  const auto y_t = host_copy(d_yt, x.size());
+  const float amax = host_copy(d_amax, 1)[0];
+  size_t mismatches = 0;
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      const size_t i = size_t(r) * cols + c;
+      const uint8_t want = cpu::float_to_fp8(cpu::bf16_to_float(x[i]) * scale, cpu::Fp8Format::E4M3);
+      mismatches += y[i] != want;
+      mismatches += y_t[size_t(c) * rows + r] != want;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_EQ(amax, expected_amax);
+  EXPECT_EQ(y[5], 0x7E);  // +448
+  cudaFree(d_x), cudaFree(d_y), cudaFree(d_yt), cudaFree(d_scale), cudaFree(d_amax);
+}
+
+TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
+  struct Case {
+    int length, mode, margin;
+    float fp8_max, epsilon;
+    int pow2;
+  };
+  const std::vector<Case> cases = {
+      {1024, 0, 0, 448.0f, 0.0f, 0},  {4, 1, 2, 448.0f, 0.0f, 0},   {1, 0, 0, 57344.0f, 0.0f, 0},
+      {300, 0, 3, 57344.0f, 0.0f, 0}, {1, 2, 0, 448.0f, 1e-4f, 1},  {1, 2, 0, 57344.0f, 0.0f, 0},
+  };
+  cudaKernel_t kernel = load("#include \"scale_update.cuh\"\n", "opfuse::update_scales<256>");
+
+  std::vector<cpu::DelayedScalingState> cpu_state(cases.size());
+  std::vector<float*> d_history(cases.size()), d_scale(cases.size()), d_scale_inv(cases.size());
+  std::vector<QuantizerRecord> records;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    cpu_state[i].amax_history.assign(cases[i].length, 0.0f);
+    d_history[i] = device_copy(cpu_state[i].amax_history);
+    d_scale[i] = device_copy(std::vector<float>{1.0f});
+    d_scale_inv[i] = device_copy(std::vector<float>{1.0f});
+    records.push_back({d_history[i], d_scale[i], d_scale_inv[i], cases[i].length, cases[i].mode,
+                       cases[i].fp8_max, cases[i].margin, cases[i].epsilon, cases[i].pow2});
+  }
+  QuantizerRecord* d_records = device_copy(records);
+  struct {
+    const QuantizerRecord* records;
+    int count;
+  } params{d_records, int(records.size())};
+  void* args[] = {&params};
+
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> exponent(-30.0f, 12.0f);
+  for (int step = 0; step < 20; ++step) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      float amax = std::exp2(exponent(rng));
+      if (step == 3) amax = 0.0f;                 // keeps the old scale
+      if (step == 5 && i % 2) amax = NAN;         // skipped by max, kept-scale for most_recent
+      if (step == 7 && i == 1) amax = INFINITY;   // keeps the old scale
+      if (step == 9 && i == 0) amax = 1e-39f;     // subnormal: scale overflows to FLT_MAX
+      cpu_state[i].amax_history[0] = amax;
+      CUDA_OK(cudaMemcpy(d_history[i], &amax, sizeof amax, cudaMemcpyHostToDevice));
+      if (cases[i].mode == 2) {
+        const auto s = cpu::compute_current_scale(amax, cases[i].fp8_max, cases[i].epsilon, cases[i].pow2 != 0);
+        cpu_state[i].scale = s.scale;
+        cpu_state[i].scale_inv = s.scale_inv;
+      } else {
+        cpu::DelayedScalingParams p;
+        p.fp8_max = cases[i].fp8_max;
+        p.algo = cases[i].mode == 0 ? cpu::AmaxCompute::Max : cpu::AmaxCompute::MostRecent;
+        p.margin = cases[i].margin;
+        cpu::update_delayed(cpu_state[i], p);
+      }
+    }
+    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(records.size()),
+                             dim3(256), args, 0, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const float scale = host_copy(d_scale[i], 1)[0];
+      const float scale_inv = host_copy(d_scale_inv[i], 1)[0];
+      ASSERT_EQ(std::memcmp(&scale, &cpu_state[i].scale, 4), 0)
+          << "step " << step << " quantizer " << i << ": " << scale << " vs " << cpu_state[i].scale;
+      ASSERT_EQ(std::memcmp(&scale_inv, &cpu_state[i].scale_inv, 4), 0) << "step " << step << " quantizer " << i;
+      if (cases[i].mode != 2) {
+        const auto history = host_copy(d_history[i], cases[i].length);
+        ASSERT_EQ(std::memcmp(history.data(), cpu_state[i].amax_history.data(), 4 * history.size()), 0)
+            << "step " << step << " quantizer " << i;
+      }
+    }
+  }
+  for (size_t i = 0; i < cases.size(); ++i) cudaFree(d_history[i]), cudaFree(d_scale[i]), cudaFree(d_scale_inv[i]);
+  cudaFree(d_records);
+}
+
+}  // namespace
+}  // namespace opfuse
