@@ -28,7 +28,8 @@ std::optional<ir::Program> load_program(const std::string& path, SourceManager& 
 std::optional<ir::Program> load_program_from_source(std::string name, std::string text,
                                                     SourceManager& sources, DiagnosticEngine& diags,
                                                     const ir::BuildOptions& options) {
-  return build(dsl::load_modules_from_source(std::move(name), std::move(text), sources, diags), diags, options);
+  return build(dsl::load_modules_from_source(std::move(name), std::move(text), sources, diags),
+               diags, options);
 }
 
 }  // namespace opfuse

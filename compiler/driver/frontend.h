@@ -12,7 +12,8 @@ namespace opfuse {
 
 // Returns the program, or nullopt when user errors were reported to `diags`.
 std::optional<ir::Program> load_program(const std::string& path, SourceManager& sources,
-                                        DiagnosticEngine& diags, const ir::BuildOptions& options = {});
+                                        DiagnosticEngine& diags,
+                                        const ir::BuildOptions& options = {});
 // Same, from text in memory (tests, fuzzing); `name` is shown in diagnostics.
 std::optional<ir::Program> load_program_from_source(std::string name, std::string text,
                                                     SourceManager& sources, DiagnosticEngine& diags,

@@ -35,9 +35,12 @@ struct GlobalName {
 
 const char* kind_word(GlobalName::Kind k) {
   switch (k) {
-    case GlobalName::Kind::Const: return "constant";
-    case GlobalName::Kind::Recipe: return "recipe";
-    case GlobalName::Kind::Sequence: return "sequence";
+    case GlobalName::Kind::Const:
+      return "constant";
+    case GlobalName::Kind::Recipe:
+      return "recipe";
+    case GlobalName::Kind::Sequence:
+      return "sequence";
   }
   return "name";
 }
@@ -55,7 +58,8 @@ std::string join(const std::vector<std::string>& items) {
 
 class Builder {
  public:
-  Builder(DiagnosticEngine& diags, const BuildOptions& options) : diags_(diags), options_(options) {}
+  Builder(DiagnosticEngine& diags, const BuildOptions& options)
+      : diags_(diags), options_(options) {}
 
   std::optional<Program> run(const std::vector<const dsl::Module*>& modules) {
     // Pass 1: register every top-level name so sequences can use recipes declared after them.
@@ -88,14 +92,18 @@ class Builder {
       if (name.empty()) return;
       auto [it, inserted] = globals_.emplace(name, GlobalName{kind, loc});
       if (!inserted) {
-        diags_.error(loc, fmt::format("'{}' is already defined as a {}", name, kind_word(it->second.kind)),
-                     "choose another name");
+        diags_.error(
+            loc, fmt::format("'{}' is already defined as a {}", name, kind_word(it->second.kind)),
+            "choose another name");
         diags_.note(it->second.loc, fmt::format("'{}' was defined here", name));
       }
     };
-    if (const auto* c = std::get_if<dsl::ConstDecl>(&d)) add(c->name, c->loc, GlobalName::Kind::Const);
-    if (const auto* r = std::get_if<dsl::RecipeDecl>(&d)) add(r->name, r->loc, GlobalName::Kind::Recipe);
-    if (const auto* s = std::get_if<dsl::SequenceDecl>(&d)) add(s->name, s->loc, GlobalName::Kind::Sequence);
+    if (const auto* c = std::get_if<dsl::ConstDecl>(&d))
+      add(c->name, c->loc, GlobalName::Kind::Const);
+    if (const auto* r = std::get_if<dsl::RecipeDecl>(&d))
+      add(r->name, r->loc, GlobalName::Kind::Recipe);
+    if (const auto* s = std::get_if<dsl::SequenceDecl>(&d))
+      add(s->name, s->loc, GlobalName::Kind::Sequence);
   }
 
   std::vector<std::string> const_names() const {
@@ -118,27 +126,31 @@ class Builder {
   // Evaluates a constant expression. Names must be constants. Reports and returns nullopt on error.
   std::optional<ConstValue> eval(const Expr& e, bool allow_float) {
     switch (e.kind) {
-      case Expr::Kind::Int: return ConstValue{e.int_value};
+      case Expr::Kind::Int:
+        return ConstValue{e.int_value};
       case Expr::Kind::Float:
         if (!allow_float) {
           diags_.error(e.loc, fmt::format("expected an integer, found the number {}", e.text));
           return std::nullopt;
         }
         return ConstValue{e.float_value};
-      case Expr::Kind::Bool: return ConstValue{e.int_value != 0};
+      case Expr::Kind::Bool:
+        return ConstValue{e.int_value != 0};
       case Expr::Kind::String:
         diags_.error(e.loc, "a string is not allowed here", "strings appear only after 'import'");
         return std::nullopt;
       case Expr::Kind::List:
-        diags_.error(e.loc, "a list is not allowed here", "lists are the shape argument of reshape");
+        diags_.error(e.loc, "a list is not allowed here",
+                     "lists are the shape argument of reshape");
         return std::nullopt;
       case Expr::Kind::Name: {
         if (failed_consts_.count(e.text)) return std::nullopt;
         auto it = consts_.find(e.text);
         if (it != consts_.end()) {
           if (!allow_float && std::holds_alternative<double>(it->second)) {
-            diags_.error(e.loc, fmt::format("constant '{}' is the number {}, but an integer is needed here",
-                                            e.text, const_value_string(it->second)));
+            diags_.error(
+                e.loc, fmt::format("constant '{}' is the number {}, but an integer is needed here",
+                                   e.text, const_value_string(it->second)));
             return std::nullopt;
           }
           return it->second;
@@ -158,7 +170,8 @@ class Builder {
         diags_.error(e.loc, "cannot negate a bool");
         return std::nullopt;
       }
-      case Expr::Kind::Binary: return eval_binary(e, allow_float);
+      case Expr::Kind::Binary:
+        return eval_binary(e, allow_float);
     }
     return std::nullopt;
   }
@@ -181,9 +194,15 @@ class Builder {
       const int64_t x = std::get<int64_t>(*a), y = std::get<int64_t>(*b);
       int64_t r = 0;
       switch (e.op) {
-        case '+': if (__builtin_add_overflow(x, y, &r)) return overflow(e); return ConstValue{r};
-        case '-': if (__builtin_sub_overflow(x, y, &r)) return overflow(e); return ConstValue{r};
-        case '*': if (__builtin_mul_overflow(x, y, &r)) return overflow(e); return ConstValue{r};
+        case '+':
+          if (__builtin_add_overflow(x, y, &r)) return overflow(e);
+          return ConstValue{r};
+        case '-':
+          if (__builtin_sub_overflow(x, y, &r)) return overflow(e);
+          return ConstValue{r};
+        case '*':
+          if (__builtin_mul_overflow(x, y, &r)) return overflow(e);
+          return ConstValue{r};
         case '/':
         case '%':
           if (y == 0) {
@@ -194,7 +213,8 @@ class Builder {
           if (e.op == '%') return ConstValue{x % y};
           // Shapes are built from these: a silently truncated size would be a wrong shape.
           if (x % y != 0) {
-            diags_.error(e.loc, fmt::format("{} / {} is not a whole number (remainder {})", x, y, x % y),
+            diags_.error(e.loc,
+                         fmt::format("{} / {} is not a whole number (remainder {})", x, y, x % y),
                          "integer '/' must divide exactly; use a divisible value");
             return std::nullopt;
           }
@@ -202,13 +222,21 @@ class Builder {
       }
       return std::nullopt;
     }
-    const double x = std::holds_alternative<int64_t>(*a) ? double(std::get<int64_t>(*a)) : std::get<double>(*a);
-    const double y = std::holds_alternative<int64_t>(*b) ? double(std::get<int64_t>(*b)) : std::get<double>(*b);
+    const double x =
+        std::holds_alternative<int64_t>(*a) ? double(std::get<int64_t>(*a)) : std::get<double>(*a);
+    const double y =
+        std::holds_alternative<int64_t>(*b) ? double(std::get<int64_t>(*b)) : std::get<double>(*b);
     double r = 0;
     switch (e.op) {
-      case '+': r = x + y; break;
-      case '-': r = x - y; break;
-      case '*': r = x * y; break;
+      case '+':
+        r = x + y;
+        break;
+      case '-':
+        r = x - y;
+        break;
+      case '*':
+        r = x * y;
+        break;
       case '/':
         if (y == 0) {
           diags_.error(e.loc, "division by zero in constant expression");
@@ -230,7 +258,8 @@ class Builder {
   void unknown_name(const Expr& e) {
     auto g = globals_.find(e.text);
     if (g != globals_.end() && g->second.kind != GlobalName::Kind::Const) {
-      diags_.error(e.loc, fmt::format("'{}' is a {}, not a value", e.text, kind_word(g->second.kind)));
+      diags_.error(e.loc,
+                   fmt::format("'{}' is a {}, not a value", e.text, kind_word(g->second.kind)));
       return;
     }
     if (g != globals_.end()) {
@@ -238,7 +267,8 @@ class Builder {
                    "move the const declaration above this use");
       return;
     }
-    diags_.error(e.loc, fmt::format("unknown name '{}'", e.text), did_you_mean(e.text, const_names()));
+    diags_.error(e.loc, fmt::format("unknown name '{}'", e.text),
+                 did_you_mean(e.text, const_names()));
   }
 
   std::optional<int64_t> eval_int(const Expr& e) {
@@ -283,7 +313,8 @@ class Builder {
           diags_.error(e.loc, fmt::format("constant '{}' is used before its definition", e.text),
                        "move the const declaration above this use");
         } else {
-          diags_.error(e.loc, fmt::format("'{}' is a {}, not a dimension", e.text, kind_word(g->second.kind)));
+          diags_.error(e.loc, fmt::format("'{}' is a {}, not a dimension", e.text,
+                                          kind_word(g->second.kind)));
         }
         return std::nullopt;
       }
@@ -299,9 +330,10 @@ class Builder {
       if (!closest_spelling(symbol->text, const_names()).empty()) {
         unknown_name(*symbol);
       } else {
-        diags_.error(symbol->loc,
-                     fmt::format("the symbolic dimension '{}' cannot be used in arithmetic", symbol->text),
-                     "write the symbol alone as a dimension; it is bound at run time");
+        diags_.error(
+            symbol->loc,
+            fmt::format("the symbolic dimension '{}' cannot be used in arithmetic", symbol->text),
+            "write the symbol alone as a dimension; it is bound at run time");
       }
       return std::nullopt;
     }
@@ -341,7 +373,10 @@ class Builder {
     for (const auto& d : t.dims) {
       if (!d) return std::nullopt;
       auto dim = eval_dim(*d, /*allow_minus_one=*/false);
-      if (!dim) ok = false; else out.shape.push_back(*dim);
+      if (!dim)
+        ok = false;
+      else
+        out.shape.push_back(*dim);
     }
     if (out.shape.empty() && ok) {
       diags_.error(t.loc, "a tensor type needs at least one dimension");
@@ -379,9 +414,13 @@ class Builder {
     std::set<std::string> seen;
     bool ok = true;
     for (const dsl::Arg& a : d.args) {
-      if (!a.value) { ok = false; continue; }
+      if (!a.value) {
+        ok = false;
+        continue;
+      }
       if (!a.name) {
-        diags_.error(a.value->loc, fmt::format("recipe parameters are named, e.g. {}(format = hybrid)", d.kind),
+        diags_.error(a.value->loc,
+                     fmt::format("recipe parameters are named, e.g. {}(format = hybrid)", d.kind),
                      allowed.empty() ? std::string("bf16() takes no parameters")
                                      : "parameters: " + join(allowed));
         ok = false;
@@ -421,13 +460,16 @@ class Builder {
     if (name == "format") {
       auto w = eval_word(v, "hybrid or e4m3");
       if (!w) return false;
-      if (*w == "hybrid") r.format = Fp8Format::Hybrid;
-      else if (*w == "e4m3") r.format = Fp8Format::E4M3;
+      if (*w == "hybrid")
+        r.format = Fp8Format::Hybrid;
+      else if (*w == "e4m3")
+        r.format = Fp8Format::E4M3;
       else {
         diags_.error(v.loc, fmt::format("unknown FP8 format '{}'", *w),
-                     *w == "e5m2" ? "E5M2 alone is not a recipe format (TE has HYBRID: E4M3 forward, "
-                                    "E5M2 gradients); use hybrid"
-                                  : "use hybrid or e4m3");
+                     *w == "e5m2"
+                         ? "E5M2 alone is not a recipe format (TE has HYBRID: E4M3 forward, "
+                           "E5M2 gradients); use hybrid"
+                         : "use hybrid or e4m3");
         return false;
       }
       return true;
@@ -445,8 +487,10 @@ class Builder {
     if (name == "amax_compute") {
       auto w = eval_word(v, "max or most_recent");
       if (!w) return false;
-      if (*w == "max") r.amax_compute = AmaxCompute::Max;
-      else if (*w == "most_recent") r.amax_compute = AmaxCompute::MostRecent;
+      if (*w == "max")
+        r.amax_compute = AmaxCompute::Max;
+      else if (*w == "most_recent")
+        r.amax_compute = AmaxCompute::MostRecent;
       else {
         diags_.error(v.loc, fmt::format("unknown amax_compute '{}'", *w), "use max or most_recent");
         return false;
@@ -501,8 +545,10 @@ class Builder {
     if (options_.recipe_override.empty()) return;
     auto it = recipes_.find(options_.recipe_override);
     if (it == recipes_.end() && options_.recipe_override != "bf16") {
-      diags_.error(SourceLoc{}, fmt::format("--recipe '{}' is not a recipe of this program", options_.recipe_override),
-                   "recipes: " + join(recipe_names()));
+      diags_.error(
+          SourceLoc{},
+          fmt::format("--recipe '{}' is not a recipe of this program", options_.recipe_override),
+          "recipes: " + join(recipe_names()));
       return;
     }
     override_ = it == recipes_.end() ? std::optional<Recipe>(Recipe{}) : it->second;
@@ -519,7 +565,8 @@ class Builder {
     std::map<std::string, const dsl::Param*> params_by_name;
   };
 
-  ValueId add_value(Sequence& s, ValueKind kind, TensorType type, std::string name, int32_t producer) {
+  ValueId add_value(Sequence& s, ValueKind kind, TensorType type, std::string name,
+                    int32_t producer) {
     const ValueId id = static_cast<ValueId>(s.values.size());
     s.values.push_back(Value{id, kind, std::move(type), std::move(name), producer});
     return id;
@@ -546,8 +593,10 @@ class Builder {
     auto check_io_name = [&](const dsl::Param& p) {
       auto [it, inserted] = io_names.emplace(p.name, p.loc);
       if (!inserted) {
-        diags_.error(p.loc, fmt::format("'{}' is already an input or output of sequence '{}'", p.name, d.name),
-                     "inputs and outputs share one namespace; rename one");
+        diags_.error(
+            p.loc,
+            fmt::format("'{}' is already an input or output of sequence '{}'", p.name, d.name),
+            "inputs and outputs share one namespace; rename one");
         ok = false;
       }
       return inserted;
@@ -556,7 +605,10 @@ class Builder {
       const dsl::Param& p = d.inputs[i];
       if (!check_io_name(p)) continue;
       auto t = eval_type(p.type);
-      if (!t) { ok = false; continue; }
+      if (!t) {
+        ok = false;
+        continue;
+      }
       const ValueId v = add_value(s, ValueKind::Input, *t, p.name, -1);
       s.inputs.push_back(v);
       if (i > 0) sc.extra_inputs[p.name] = v;
@@ -565,7 +617,10 @@ class Builder {
     std::vector<std::optional<TensorType>> output_types;
     for (size_t i = 0; i < d.outputs.size(); ++i) {
       const dsl::Param& p = d.outputs[i];
-      if (!check_io_name(p)) { output_types.push_back(std::nullopt); continue; }
+      if (!check_io_name(p)) {
+        output_types.push_back(std::nullopt);
+        continue;
+      }
       auto t = eval_type(p.type);
       if (!t) ok = false;
       output_types.push_back(t);
@@ -576,7 +631,8 @@ class Builder {
     if (!ok || s.inputs.size() != d.inputs.size()) return;
 
     // Recipe: the sequence's own `uses` is checked even when --recipe overrides it.
-    std::optional<Recipe> own = Recipe{};  // no `uses`: no quantization, like TE outside fp8_autocast
+    std::optional<Recipe> own =
+        Recipe{};  // no `uses`: no quantization, like TE outside fp8_autocast
     if (d.recipe) {
       own = resolve_recipe(*d.recipe, d.recipe_loc);
       if (!own) return;
@@ -587,14 +643,17 @@ class Builder {
         if (s.fp8_weights) diags_.warning(f.loc, "fp8_weights is given twice");
         s.fp8_weights = true;
         if (!s.recipe.is_fp8()) {
-          diags_.warning(f.loc, fmt::format("fp8_weights has no effect: sequence '{}' uses the bf16 recipe", d.name),
-                         "add 'uses <an FP8 recipe>' to the sequence");
+          diags_.warning(
+              f.loc,
+              fmt::format("fp8_weights has no effect: sequence '{}' uses the bf16 recipe", d.name),
+              "add 'uses <an FP8 recipe>' to the sequence");
           s.fp8_weights = false;
         }
       } else {
         diags_.error(f.loc, fmt::format("unknown sequence option '{}'", f.name),
-                     did_you_mean(f.name, {"fp8_weights"}).empty() ? "the only option is fp8_weights"
-                                                                   : "did you mean 'fp8_weights'?");
+                     did_you_mean(f.name, {"fp8_weights"}).empty()
+                         ? "the only option is fp8_weights"
+                         : "did you mean 'fp8_weights'?");
         ok = false;
       }
     }
@@ -605,8 +664,10 @@ class Builder {
       if (!op.instance) continue;
       auto [it, inserted] = instances.emplace(*op.instance, op.instance_loc);
       if (!inserted) {
-        diags_.error(op.instance_loc, fmt::format("layer name '{}' is already used in sequence '{}'", *op.instance, d.name),
-                     "layer names select layers in configs and checkpoints; make each unique");
+        diags_.error(
+            op.instance_loc,
+            fmt::format("layer name '{}' is already used in sequence '{}'", *op.instance, d.name),
+            "layer names select layers in configs and checkpoints; make each unique");
         diags_.note(it->second, "first used here");
         ok = false;
       }
@@ -646,17 +707,19 @@ class Builder {
     // Main output.
     const Value& last = s.value(cur);
     if (output_types[0] && !(last.type == *output_types[0])) {
-      diags_.error(d.outputs[0].loc,
-                   fmt::format("sequence '{}' ends with {}, but its output '{}' is declared {}", d.name,
-                               type_string(last.type), d.outputs[0].name, type_string(*output_types[0])),
-                   "change the declared output or the last op");
+      diags_.error(
+          d.outputs[0].loc,
+          fmt::format("sequence '{}' ends with {}, but its output '{}' is declared {}", d.name,
+                      type_string(last.type), d.outputs[0].name, type_string(*output_types[0])),
+          "change the declared output or the last op");
       ok = false;
     }
     s.outputs[0].value = cur;
     for (const auto& [name, index] : sc.extra_outputs) {
       if (!sc.made_outputs.count(name)) {
-        diags_.error(s.outputs[index].loc, fmt::format("output '{}' is never produced", name),
-                     fmt::format("add make_extra_output({}) where the tensor should be exposed", name));
+        diags_.error(
+            s.outputs[index].loc, fmt::format("output '{}' is never produced", name),
+            fmt::format("add make_extra_output({}) where the tensor should be exposed", name));
         ok = false;
       }
     }
@@ -685,7 +748,10 @@ class Builder {
     size_t positional = 0;
     bool seen_named = false;
     for (const dsl::Arg& a : stmt.args) {
-      if (!a.value) { ok = false; continue; }
+      if (!a.value) {
+        ok = false;
+        continue;
+      }
       if (!a.name) {
         if (seen_named) {
           diags_.error(a.value->loc, "a positional argument cannot follow a named one",
@@ -695,8 +761,8 @@ class Builder {
         }
         if (positional >= info.attrs.size()) {
           diags_.error(a.value->loc,
-                       fmt::format("'{}' takes {} argument{}, got more", info.name, info.attrs.size(),
-                                   info.attrs.size() == 1 ? "" : "s"),
+                       fmt::format("'{}' takes {} argument{}, got more", info.name,
+                                   info.attrs.size(), info.attrs.size() == 1 ? "" : "s"),
                        usage(info));
           ok = false;
           continue;
@@ -713,12 +779,14 @@ class Builder {
         for (const AttrSpec& s : info.attrs) names.emplace_back(s.name);
         std::string hint = did_you_mean(*a.name, names);
         if (hint.empty()) hint = usage(info);
-        diags_.error(a.name_loc, fmt::format("'{}' has no argument '{}'", info.name, *a.name), hint);
+        diags_.error(a.name_loc, fmt::format("'{}' has no argument '{}'", info.name, *a.name),
+                     hint);
         ok = false;
         continue;
       }
       if (bound[index]) {
-        diags_.error(a.name_loc, fmt::format("argument '{}' of '{}' is given twice", *a.name, info.name));
+        diags_.error(a.name_loc,
+                     fmt::format("argument '{}' of '{}' is given twice", *a.name, info.name));
         ok = false;
         continue;
       }
@@ -730,8 +798,10 @@ class Builder {
       const AttrSpec& spec = info.attrs[i];
       if (!bound[i]) {
         if (spec.required) {
-          diags_.error(stmt.loc, fmt::format("'{}' needs the argument '{}' ({})", info.name, spec.name, spec.doc),
-                       usage(info));
+          diags_.error(
+              stmt.loc,
+              fmt::format("'{}' needs the argument '{}' ({})", info.name, spec.name, spec.doc),
+              usage(info));
           ok = false;
           continue;
         }
@@ -739,7 +809,10 @@ class Builder {
         continue;
       }
       auto v = eval_attr(spec, *bound[i]->value);
-      if (!v) { ok = false; continue; }
+      if (!v) {
+        ok = false;
+        continue;
+      }
       attrs.push_back(Attr{std::string(spec.name), std::move(*v)});
     }
     if (!ok) return std::nullopt;
@@ -748,11 +821,16 @@ class Builder {
 
   static Attr default_attr(const AttrSpec& spec) {
     switch (spec.type) {
-      case AttrType::Int: return {std::string(spec.name), int64_t(spec.default_value)};
-      case AttrType::Float: return {std::string(spec.name), spec.default_value};
-      case AttrType::Bool: return {std::string(spec.name), spec.default_value != 0};
-      case AttrType::Name: return {std::string(spec.name), std::string()};
-      case AttrType::Shape: return {std::string(spec.name), Shape{}};
+      case AttrType::Int:
+        return {std::string(spec.name), int64_t(spec.default_value)};
+      case AttrType::Float:
+        return {std::string(spec.name), spec.default_value};
+      case AttrType::Bool:
+        return {std::string(spec.name), spec.default_value != 0};
+      case AttrType::Name:
+        return {std::string(spec.name), std::string()};
+      case AttrType::Shape:
+        return {std::string(spec.name), Shape{}};
     }
     return {std::string(spec.name), int64_t(0)};
   }
@@ -775,7 +853,8 @@ class Builder {
         if (!v) return std::nullopt;
         if (double(*v) < spec.min || double(*v) > spec.max) {
           diags_.error(e.loc, fmt::format("{} = {} is out of range", spec.name, *v),
-                       fmt::format("{} must be between {} and {}", spec.name, int64_t(spec.min), int64_t(spec.max)));
+                       fmt::format("{} must be between {} and {}", spec.name, int64_t(spec.min),
+                                   int64_t(spec.max)));
           return std::nullopt;
         }
         return AttrValue{*v};
@@ -836,8 +915,8 @@ class Builder {
     return stmt.loc;
   }
 
-  std::optional<ValueId> build_op(SequenceScope& sc, const dsl::OpStmt& stmt, const OpInfo& info, ValueId cur,
-                                  const std::string& instance,
+  std::optional<ValueId> build_op(SequenceScope& sc, const dsl::OpStmt& stmt, const OpInfo& info,
+                                  ValueId cur, const std::string& instance,
                                   const std::vector<std::optional<TensorType>>& output_types) {
     Sequence& s = sc.seq;
     auto attrs = bind_attrs(stmt, info);
@@ -856,8 +935,9 @@ class Builder {
           return std::nullopt;
         }
         if (auto used = sc.used_inputs.find(name); used != sc.used_inputs.end()) {
-          diags_.error(loc, fmt::format("extra input '{}' is already added", name),
-                       "each extra input is added once; declare a second input for a second residual");
+          diags_.error(
+              loc, fmt::format("extra input '{}' is already added", name),
+              "each extra input is added once; declare a second input for a second residual");
           diags_.note(used->second, "added here");
           return std::nullopt;
         }
@@ -883,17 +963,19 @@ class Builder {
 
     ShapeResult shape = info.shape_rule(ShapeInput{in_type, *attrs, extra});
     if (!shape.errors.empty()) {
-      for (const ShapeError& e : shape.errors) diags_.error(attr_loc(stmt, info, e.attr), e.message, e.hint);
+      for (const ShapeError& e : shape.errors)
+        diags_.error(attr_loc(stmt, info, e.attr), e.message, e.hint);
       return std::nullopt;
     }
     if (info.kind == OpKind::Linear && s.recipe.is_fp8()) {
       for (const char* a : {"in", "out"}) {
         const int64_t n = attr_int(*attrs, a);
         if (n % 16 != 0) {
-          diags_.error(attr_loc(stmt, info, a),
-                       fmt::format("{} = {} is not a multiple of 16, which FP8 GEMMs need (cuBLASLt)", a, n),
-                       fmt::format("pad the features to {} or use the bf16 recipe for this sequence",
-                                   (n + 15) / 16 * 16));
+          diags_.error(
+              attr_loc(stmt, info, a),
+              fmt::format("{} = {} is not a multiple of 16, which FP8 GEMMs need (cuBLASLt)", a, n),
+              fmt::format("pad the features to {} or use the bf16 recipe for this sequence",
+                          (n + 15) / 16 * 16));
           return std::nullopt;
         }
       }
@@ -922,27 +1004,38 @@ class Builder {
     return result;
   }
 
-  void unknown_io(const SequenceScope& sc, const std::string& name, SourceLoc loc, bool want_input) {
+  void unknown_io(const SequenceScope& sc, const std::string& name, SourceLoc loc,
+                  bool want_input) {
     const Sequence& s = sc.seq;
     if (want_input) {
       if (sc.extra_outputs.count(name)) {
-        diags_.error(loc, fmt::format("'{}' is an output of sequence '{}'; add_extra_input needs an input", name, s.name));
+        diags_.error(
+            loc, fmt::format("'{}' is an output of sequence '{}'; add_extra_input needs an input",
+                             name, s.name));
       } else if (!s.inputs.empty() && s.value(s.inputs[0]).name == name) {
-        diags_.error(loc, fmt::format("'{}' is the main input of sequence '{}', not an extra input", name, s.name),
+        diags_.error(loc,
+                     fmt::format("'{}' is the main input of sequence '{}', not an extra input",
+                                 name, s.name),
                      "declare the residual as a second input");
       } else {
         std::vector<std::string> names;
         for (const auto& [n, _] : sc.extra_inputs) names.push_back(n);
         std::string hint = did_you_mean(name, names);
         if (hint.empty())
-          hint = fmt::format("declare it as an extra input: sequence {}(..., {}: <type>)", s.name, name);
-        diags_.error(loc, fmt::format("unknown extra input '{}' in sequence '{}'", name, s.name), hint);
+          hint = fmt::format("declare it as an extra input: sequence {}(..., {}: <type>)", s.name,
+                             name);
+        diags_.error(loc, fmt::format("unknown extra input '{}' in sequence '{}'", name, s.name),
+                     hint);
       }
     } else {
       if (sc.extra_inputs.count(name)) {
-        diags_.error(loc, fmt::format("'{}' is an input of sequence '{}'; make_extra_output needs an output", name, s.name));
+        diags_.error(
+            loc, fmt::format("'{}' is an input of sequence '{}'; make_extra_output needs an output",
+                             name, s.name));
       } else if (!s.outputs.empty() && s.outputs[0].name == name) {
-        diags_.error(loc, fmt::format("'{}' is the main output of sequence '{}', not an extra output", name, s.name),
+        diags_.error(loc,
+                     fmt::format("'{}' is the main output of sequence '{}', not an extra output",
+                                 name, s.name),
                      "the main output is the result of the last op; declare a second output");
       } else {
         std::vector<std::string> names;
@@ -950,7 +1043,8 @@ class Builder {
         std::string hint = did_you_mean(name, names);
         if (hint.empty())
           hint = fmt::format("declare it as an extra output: -> (..., {}: <type>)", name);
-        diags_.error(loc, fmt::format("unknown extra output '{}' in sequence '{}'", name, s.name), hint);
+        diags_.error(loc, fmt::format("unknown extra output '{}' in sequence '{}'", name, s.name),
+                     hint);
       }
     }
   }

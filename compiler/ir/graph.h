@@ -44,7 +44,7 @@ struct SequenceOutput {
 struct Sequence {
   std::string name;
   SourceLoc loc;
-  std::vector<ValueId> inputs;  // inputs[0] is the main stream; the rest are extra inputs
+  std::vector<ValueId> inputs;          // inputs[0] is the main stream; the rest are extra inputs
   std::vector<SequenceOutput> outputs;  // outputs[0] is the main stream's final value
   std::vector<ValueId> params;          // in order of creation
   std::vector<Operation> ops;

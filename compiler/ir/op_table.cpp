@@ -32,7 +32,8 @@ constexpr AttrSpec kBiasAttrs[] = {
     {"size", AttrType::Int, true, 0, 1, kMaxDim, "the last dimension"},
 };
 constexpr AttrSpec kExtraAttrs[] = {
-    {"name", AttrType::Name, true, 0, 0, 0, "the sequence input (add) or output (make) it refers to"},
+    {"name", AttrType::Name, true, 0, 0, 0,
+     "the sequence input (add) or output (make) it refers to"},
 };
 constexpr AttrSpec kQuantizeAttrs[] = {
     {"forward", AttrType::Bool, false, 1, 0, 1, "quantize the forward activation"},
@@ -97,7 +98,8 @@ ShapeResult linear_shape(const ShapeInput& in) {
   const int64_t out_features = attr_int(in.attrs, "out");
   if (!last_dim_is(in, in_features, "in", "linear", r)) return r;
   r.out.shape.back() = Dim::known(out_features);
-  r.params = {{"weight", TensorType{in.in.dtype, {Dim::known(out_features), Dim::known(in_features)}}}};
+  r.params = {
+      {"weight", TensorType{in.in.dtype, {Dim::known(out_features), Dim::known(in_features)}}}};
   if (attr_bool(in.attrs, "bias"))
     r.params.push_back({"bias", TensorType{in.in.dtype, {Dim::known(out_features)}}});
   return r;
@@ -142,16 +144,18 @@ ShapeResult gated_shape(const ShapeInput& in) {
 ShapeResult extra_shape(const ShapeInput& in, const char* what) {
   ShapeResult r{in.in, {}, {}};
   if (in.extra != nullptr && !(*in.extra == in.in)) {
-    r.errors.push_back({"name",
-                        fmt::format("{} '{}' has type {}, but the tensor at this point is {}", what,
-                                    attr_name(in.attrs, "name"), type_string(*in.extra),
-                                    type_string(in.in)),
-                        "declare it with the same dtype and shape in the sequence signature"});
+    r.errors.push_back(
+        {"name",
+         fmt::format("{} '{}' has type {}, but the tensor at this point is {}", what,
+                     attr_name(in.attrs, "name"), type_string(*in.extra), type_string(in.in)),
+         "declare it with the same dtype and shape in the sequence signature"});
   }
   return r;
 }
 ShapeResult add_extra_input_shape(const ShapeInput& in) { return extra_shape(in, "extra input"); }
-ShapeResult make_extra_output_shape(const ShapeInput& in) { return extra_shape(in, "extra output"); }
+ShapeResult make_extra_output_shape(const ShapeInput& in) {
+  return extra_shape(in, "extra output");
+}
 
 ShapeResult reshape_shape(const ShapeInput& in) {
   ShapeResult r{in.in, {}, {}};
@@ -167,7 +171,8 @@ ShapeResult reshape_shape(const ShapeInput& in) {
       }
       inferred = static_cast<int>(i);
     } else if (!d.is_symbolic() && d.size <= 0) {
-      r.errors.push_back({"shape", fmt::format("reshape dimension {} must be positive, got {}", i, d.size), ""});
+      r.errors.push_back(
+          {"shape", fmt::format("reshape dimension {} must be positive, got {}", i, d.size), ""});
       return r;
     }
     out.push_back(d);
@@ -218,8 +223,8 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "[..., size] -> [..., size]", "RMSNorm over the last dimension, learned weight"},
     {OpKind::Linear, "linear", KernelFamily::Gemm, kLinearAttrs, linear_shape,
      "[..., in] -> [..., out]", "y = x W^T (+ b); W is [out, in]"},
-    {OpKind::Bias, "bias", KernelFamily::Bias, kBiasAttrs, bias_shape,
-     "[..., size] -> [..., size]", "adds a learned bias over the last dimension"},
+    {OpKind::Bias, "bias", KernelFamily::Bias, kBiasAttrs, bias_shape, "[..., size] -> [..., size]",
+     "adds a learned bias over the last dimension"},
     {OpKind::GELU, "gelu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
      "GELU, tanh approximation"},
     {OpKind::QGELU, "qgelu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
@@ -240,8 +245,8 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
     {OpKind::MakeExtraOutput, "make_extra_output", KernelFamily::Alias, kExtraAttrs,
      make_extra_output_shape, "[...] -> [...]",
      "exposes the tensor at this point as the named extra sequence output (no copy)"},
-    {OpKind::Quantize, "quantize", KernelFamily::Cast, kQuantizeAttrs, same_shape,
-     "[...] -> [...]", "quantizes the tensor with the sequence's recipe (forward and/or backward)"},
+    {OpKind::Quantize, "quantize", KernelFamily::Cast, kQuantizeAttrs, same_shape, "[...] -> [...]",
+     "quantizes the tensor with the sequence's recipe (forward and/or backward)"},
     {OpKind::ConstantScale, "constant_scale", KernelFamily::Scale, kConstantScaleAttrs, same_shape,
      "[...] -> [...]", "multiplies by a constant"},
     {OpKind::Identity, "identity", KernelFamily::Alias, kNoAttrs, same_shape, "[...] -> [...]",
@@ -265,37 +270,57 @@ const T& get_attr(const AttrList& attrs, std::string_view name) {
 
 std::string_view attr_type_name(AttrType t) {
   switch (t) {
-    case AttrType::Int: return "integer";
-    case AttrType::Float: return "number";
-    case AttrType::Bool: return "bool";
-    case AttrType::Name: return "name";
-    case AttrType::Shape: return "shape";
+    case AttrType::Int:
+      return "integer";
+    case AttrType::Float:
+      return "number";
+    case AttrType::Bool:
+      return "bool";
+    case AttrType::Name:
+      return "name";
+    case AttrType::Shape:
+      return "shape";
   }
   return "?";
 }
 
 std::string_view kernel_family_name(KernelFamily f) {
   switch (f) {
-    case KernelFamily::Norm: return "norm";
-    case KernelFamily::Activation: return "activation";
-    case KernelFamily::GatedActivation: return "gated_activation";
-    case KernelFamily::Gemm: return "gemm";
-    case KernelFamily::Bias: return "bias";
-    case KernelFamily::Residual: return "residual";
-    case KernelFamily::Alias: return "alias";
-    case KernelFamily::Cast: return "cast";
-    case KernelFamily::Scale: return "scale";
+    case KernelFamily::Norm:
+      return "norm";
+    case KernelFamily::Activation:
+      return "activation";
+    case KernelFamily::GatedActivation:
+      return "gated_activation";
+    case KernelFamily::Gemm:
+      return "gemm";
+    case KernelFamily::Bias:
+      return "bias";
+    case KernelFamily::Residual:
+      return "residual";
+    case KernelFamily::Alias:
+      return "alias";
+    case KernelFamily::Cast:
+      return "cast";
+    case KernelFamily::Scale:
+      return "scale";
   }
   return "?";
 }
 
-int64_t attr_int(const AttrList& attrs, std::string_view name) { return get_attr<int64_t>(attrs, name); }
-double attr_float(const AttrList& attrs, std::string_view name) { return get_attr<double>(attrs, name); }
+int64_t attr_int(const AttrList& attrs, std::string_view name) {
+  return get_attr<int64_t>(attrs, name);
+}
+double attr_float(const AttrList& attrs, std::string_view name) {
+  return get_attr<double>(attrs, name);
+}
 bool attr_bool(const AttrList& attrs, std::string_view name) { return get_attr<bool>(attrs, name); }
 const std::string& attr_name(const AttrList& attrs, std::string_view name) {
   return get_attr<std::string>(attrs, name);
 }
-const Shape& attr_shape(const AttrList& attrs, std::string_view name) { return get_attr<Shape>(attrs, name); }
+const Shape& attr_shape(const AttrList& attrs, std::string_view name) {
+  return get_attr<Shape>(attrs, name);
+}
 
 std::string attr_value_string(const AttrValue& v) {
   struct Visitor {

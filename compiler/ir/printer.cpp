@@ -38,7 +38,8 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
   out += ") -> (";
   for (size_t i = 0; i < s.outputs.size(); ++i) {
     const Value& v = s.value(s.outputs[i].value);
-    out += fmt::format("{}{} = {}: {}", i ? ", " : "", s.outputs[i].name, names[v.id], type_string(v.type));
+    out += fmt::format("{}{} = {}: {}", i ? ", " : "", s.outputs[i].name, names[v.id],
+                       type_string(v.type));
   }
   out += ")\n";
   // A declared recipe is printed once at the top of the program; sequences name it.
@@ -58,7 +59,8 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
     if (!op.attrs.empty()) {
       line += " {";
       for (size_t i = 0; i < op.attrs.size(); ++i)
-        line += fmt::format("{}{} = {}", i ? ", " : "", op.attrs[i].name, attr_value_string(op.attrs[i].value));
+        line += fmt::format("{}{} = {}", i ? ", " : "", op.attrs[i].name,
+                            attr_value_string(op.attrs[i].value));
       line += "}";
     }
     line += fmt::format(" as \"{}\"", op.instance);
@@ -74,7 +76,8 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
 
 std::string print_program(const Program& program, const SourceManager* sources) {
   std::string out;
-  for (const Recipe& r : program.recipes) out += fmt::format("recipe {} = {}\n", r.name, recipe_string(r));
+  for (const Recipe& r : program.recipes)
+    out += fmt::format("recipe {} = {}\n", r.name, recipe_string(r));
   for (const Sequence& s : program.sequences) {
     if (!out.empty()) out += "\n";
     out += print_sequence(s, sources);

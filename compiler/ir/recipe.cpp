@@ -6,9 +6,12 @@ namespace opfuse::ir {
 
 std::string_view recipe_kind_name(RecipeKind k) {
   switch (k) {
-    case RecipeKind::BF16: return "bf16";
-    case RecipeKind::DelayedScaling: return "delayed_scaling";
-    case RecipeKind::CurrentScaling: return "current_scaling";
+    case RecipeKind::BF16:
+      return "bf16";
+    case RecipeKind::DelayedScaling:
+      return "delayed_scaling";
+    case RecipeKind::CurrentScaling:
+      return "current_scaling";
   }
   return "?";
 }
@@ -21,7 +24,8 @@ std::string_view amax_compute_name(AmaxCompute a) {
 
 std::string recipe_string(const Recipe& r) {
   switch (r.kind) {
-    case RecipeKind::BF16: return "bf16()";
+    case RecipeKind::BF16:
+      return "bf16()";
     case RecipeKind::DelayedScaling:
       return fmt::format(
           "delayed_scaling(format = {}, amax_history = {}, amax_compute = {}, margin = {})",

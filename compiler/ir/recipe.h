@@ -29,10 +29,11 @@ struct Recipe {
   bool is_fp8() const { return kind != RecipeKind::BF16; }
 };
 
-std::string_view recipe_kind_name(RecipeKind k);   // bf16 | delayed_scaling | current_scaling
-std::string_view fp8_format_name(Fp8Format f);     // hybrid | e4m3
+std::string_view recipe_kind_name(RecipeKind k);    // bf16 | delayed_scaling | current_scaling
+std::string_view fp8_format_name(Fp8Format f);      // hybrid | e4m3
 std::string_view amax_compute_name(AmaxCompute a);  // max | most_recent
-// One line, e.g. "delayed_scaling(format = hybrid, amax_history = 1024, amax_compute = max, margin = 0)".
+// One line, e.g. "delayed_scaling(format = hybrid, amax_history = 1024, amax_compute = max, margin
+// = 0)".
 std::string recipe_string(const Recipe& r);
 
 }  // namespace opfuse::ir

@@ -27,10 +27,10 @@ struct PassTiming {
 };
 
 struct PassOptions {
-  std::set<std::string> disabled;    // pass names
-  std::set<std::string> print_after; // pass names, or "all"
-  std::string stop_after;            // when set, no pass after this one runs
-  bool verify_each = true;           // run the IR verifier after every pass
+  std::set<std::string> disabled;     // pass names
+  std::set<std::string> print_after;  // pass names, or "all"
+  std::string stop_after;             // when set, no pass after this one runs
+  bool verify_each = true;            // run the IR verifier after every pass
 };
 
 class PassManager {
@@ -42,8 +42,9 @@ class PassManager {
   std::vector<std::string> unknown_names(const PassOptions& options) const;
   // Runs every enabled pass. `print(pass_name, program)` is called after a pass named in
   // print_after when that pass changed the program (DESIGN.md: print only when changed).
-  std::vector<PassTiming> run(ir::Program& program, const PassOptions& options,
-                              const std::function<void(std::string_view, const ir::Program&)>& print) const;
+  std::vector<PassTiming> run(
+      ir::Program& program, const PassOptions& options,
+      const std::function<void(std::string_view, const ir::Program&)>& print) const;
 
  private:
   std::vector<Pass> passes_;

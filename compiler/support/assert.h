@@ -19,18 +19,19 @@ struct InternalError : std::logic_error {
 
 }  // namespace opfuse
 
-#define OPFUSE_ASSERT(cond, ...)                                                       \
-  do {                                                                                 \
-    if (!(cond)) ::opfuse::internal_failure(__FILE__, __LINE__, "assertion `" #cond "` failed. " \
-                                            + fmt::format(__VA_ARGS__));              \
+#define OPFUSE_ASSERT(cond, ...)                                                               \
+  do {                                                                                         \
+    if (!(cond))                                                                               \
+      ::opfuse::internal_failure(__FILE__, __LINE__,                                           \
+                                 "assertion `" #cond "` failed. " + fmt::format(__VA_ARGS__)); \
   } while (0)
 
-#define OPFUSE_ASSERT_EQ(a, b)                                                                  \
-  do {                                                                                          \
-    const auto& opfuse_a_ = (a);                                                                \
-    const auto& opfuse_b_ = (b);                                                                \
-    if (!(opfuse_a_ == opfuse_b_))                                                              \
-      ::opfuse::internal_failure(__FILE__, __LINE__,                                            \
-                                 fmt::format("expected {} == {}, got {} vs {}", #a, #b,         \
-                                             opfuse_a_, opfuse_b_));                            \
+#define OPFUSE_ASSERT_EQ(a, b)                                                           \
+  do {                                                                                   \
+    const auto& opfuse_a_ = (a);                                                         \
+    const auto& opfuse_b_ = (b);                                                         \
+    if (!(opfuse_a_ == opfuse_b_))                                                       \
+      ::opfuse::internal_failure(                                                        \
+          __FILE__, __LINE__,                                                            \
+          fmt::format("expected {} == {}, got {} vs {}", #a, #b, opfuse_a_, opfuse_b_)); \
   } while (0)

@@ -5,8 +5,8 @@
 //   1  user error in a .fuse program (diagnostics printed)
 //   2  usage error (bad command line)
 //   3  internal error (a bug in opfuse; please report it with the input)
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -103,8 +103,8 @@ int run_ir(const IrOptions& opts, const CommonOptions& common) {
     if (!s) {
       std::string names;
       for (const auto& seq : program->sequences) names += " " + seq.name;
-      std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n", opts.sequence.c_str(),
-                   opts.file.c_str(), names.c_str());
+      std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n",
+                   opts.sequence.c_str(), opts.file.c_str(), names.c_str());
       return kExitUserError;
     }
     opfuse::ir::Program only;
@@ -119,12 +119,15 @@ int run_ir(const IrOptions& opts, const CommonOptions& common) {
   if (opts.after == "all") print("build", *program);
   const auto timings = manager.run(*program, pass_options, print);
   // --after all printed each change already; otherwise show the IR where the pipeline stopped.
-  if (opts.after != "all") std::fputs(opfuse::ir::print_program(*program, &sources).c_str(), stdout);
+  if (opts.after != "all")
+    std::fputs(opfuse::ir::print_program(*program, &sources).c_str(), stdout);
   if (opts.timings) {
     std::fprintf(stderr, "%-24s %10s  %s\n", "pass", "ms", "result");
     for (const auto& t : timings)
       std::fprintf(stderr, "%-24s %10.3f  %s\n", t.name.c_str(), t.milliseconds,
-                   t.skipped ? "disabled" : t.changed ? "changed" : "no change");
+                   t.skipped   ? "disabled"
+                   : t.changed ? "changed"
+                               : "no change");
   }
   return kExitOk;
 }
@@ -209,7 +212,8 @@ int main(int argc, char** argv) {
 
   CommonOptions common;
   std::vector<std::string> check_files;
-  CLI::App* check = app.add_subcommand("check", "parse and type-check .fuse files; report every error");
+  CLI::App* check =
+      app.add_subcommand("check", "parse and type-check .fuse files; report every error");
   check->add_option("files", check_files, ".fuse files")->required()->check(CLI::ExistingFile);
   add_common(check, common);
   check->footer(kExitCodeHelp);
@@ -218,7 +222,8 @@ int main(int argc, char** argv) {
   CLI::App* ir = app.add_subcommand("ir", "print the IR of a .fuse file (after the passes)");
   ir->add_option("file", ir_opts.file, ".fuse file")->required()->check(CLI::ExistingFile);
   ir->add_option("--sequence", ir_opts.sequence, "print only this sequence");
-  ir->add_option("--after", ir_opts.after, "print the IR after this pass, or after every pass that changes it (all)");
+  ir->add_option("--after", ir_opts.after,
+                 "print the IR after this pass, or after every pass that changes it (all)");
   ir->add_option("--disable-pass", ir_opts.disable, "skip this pass (repeatable)")
       ->allow_extra_args(false);
   ir->add_flag("--timings", ir_opts.timings, "print the time each pass took (stderr)");
@@ -263,7 +268,8 @@ int main(int argc, char** argv) {
     if (*ir) return run_ir(ir_opts, common);
     if (*run) return run_run(run_opts, common);
   } catch (const opfuse::InternalError& e) {
-    std::fprintf(stderr, "%s\nfusec: this is a bug in opfuse; please report it with the input.\n", e.what());
+    std::fprintf(stderr, "%s\nfusec: this is a bug in opfuse; please report it with the input.\n",
+                 e.what());
     return kExitInternal;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fusec: internal error: %s\n", e.what());

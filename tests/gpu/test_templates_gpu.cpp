@@ -112,7 +112,8 @@ TEST_F(TemplatesGpu, CastTransposeBf16ToE4m3MatchesCpuBitForBit) {
   ASSERT_EQ(kernel_.spill_store_bytes, 0);
   uint16_t* d_x = device_copy(x);
   uint8_t *d_y = nullptr, *d_yt = nullptr;
-  float *d_scale = device_copy(std::vector<float>{scale}), *d_amax = device_copy(std::vector<float>{0.0f});
+  float *d_scale = device_copy(std::vector<float>{scale}),
+        *d_amax = device_copy(std::vector<float>{0.0f});
   CUDA_OK(cudaMalloc(&d_y, x.size()));
   CUDA_OK(cudaMalloc(&d_yt, x.size()));
   CUDA_OK(cudaMemset(d_y, 0xAB, x.size()));  // poison: every byte must be written
@@ -131,7 +132,8 @@ TEST_F(TemplatesGpu, CastTransposeBf16ToE4m3MatchesCpuBitForBit) {
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < cols; ++c) {
       const size_t i = size_t(r) * cols + c;
-      const uint8_t want = cpu::float_to_fp8(cpu::bf16_to_float(x[i]) * scale, cpu::Fp8Format::E4M3);
+      const uint8_t want =
+          cpu::float_to_fp8(cpu::bf16_to_float(x[i]) * scale, cpu::Fp8Format::E4M3);
       mismatches += y[i] != want;
       mismatches += y_t[size_t(c) * rows + r] != want;
     }
@@ -149,8 +151,8 @@ TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
     int pow2;
   };
   const std::vector<Case> cases = {
-      {1024, 0, 0, 448.0f, 0.0f, 0},  {4, 1, 2, 448.0f, 0.0f, 0},   {1, 0, 0, 57344.0f, 0.0f, 0},
-      {300, 0, 3, 57344.0f, 0.0f, 0}, {1, 2, 0, 448.0f, 1e-4f, 1},  {1, 2, 0, 57344.0f, 0.0f, 0},
+      {1024, 0, 0, 448.0f, 0.0f, 0},  {4, 1, 2, 448.0f, 0.0f, 0},  {1, 0, 0, 57344.0f, 0.0f, 0},
+      {300, 0, 3, 57344.0f, 0.0f, 0}, {1, 2, 0, 448.0f, 1e-4f, 1}, {1, 2, 0, 57344.0f, 0.0f, 0},
   };
   cudaKernel_t kernel = load("#include \"scale_update.cuh\"\n", "opfuse::update_scales<256>");
 
@@ -177,14 +179,15 @@ TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
   for (int step = 0; step < 20; ++step) {
     for (size_t i = 0; i < cases.size(); ++i) {
       float amax = std::exp2(exponent(rng));
-      if (step == 3) amax = 0.0f;                 // keeps the old scale
-      if (step == 5 && i % 2) amax = NAN;         // skipped by max, kept-scale for most_recent
-      if (step == 7 && i == 1) amax = INFINITY;   // keeps the old scale
-      if (step == 9 && i == 0) amax = 1e-39f;     // subnormal: scale overflows to FLT_MAX
+      if (step == 3) amax = 0.0f;                // keeps the old scale
+      if (step == 5 && i % 2) amax = NAN;        // skipped by max, kept-scale for most_recent
+      if (step == 7 && i == 1) amax = INFINITY;  // keeps the old scale
+      if (step == 9 && i == 0) amax = 1e-39f;    // subnormal: scale overflows to FLT_MAX
       cpu_state[i].amax_history[0] = amax;
       CUDA_OK(cudaMemcpy(d_history[i], &amax, sizeof amax, cudaMemcpyHostToDevice));
       if (cases[i].mode == 2) {
-        const auto s = cpu::compute_current_scale(amax, cases[i].fp8_max, cases[i].epsilon, cases[i].pow2 != 0);
+        const auto s = cpu::compute_current_scale(amax, cases[i].fp8_max, cases[i].epsilon,
+                                                  cases[i].pow2 != 0);
         cpu_state[i].scale = s.scale;
         cpu_state[i].scale_inv = s.scale_inv;
       } else {
@@ -195,23 +198,26 @@ TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
         cpu::update_delayed(cpu_state[i], p);
       }
     }
-    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(records.size()),
-                             dim3(256), args, 0, nullptr));
+    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(records.size()), dim3(256),
+                             args, 0, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     for (size_t i = 0; i < cases.size(); ++i) {
       const float scale = host_copy(d_scale[i], 1)[0];
       const float scale_inv = host_copy(d_scale_inv[i], 1)[0];
       ASSERT_EQ(std::memcmp(&scale, &cpu_state[i].scale, 4), 0)
           << "step " << step << " quantizer " << i << ": " << scale << " vs " << cpu_state[i].scale;
-      ASSERT_EQ(std::memcmp(&scale_inv, &cpu_state[i].scale_inv, 4), 0) << "step " << step << " quantizer " << i;
+      ASSERT_EQ(std::memcmp(&scale_inv, &cpu_state[i].scale_inv, 4), 0)
+          << "step " << step << " quantizer " << i;
       if (cases[i].mode != 2) {
         const auto history = host_copy(d_history[i], cases[i].length);
-        ASSERT_EQ(std::memcmp(history.data(), cpu_state[i].amax_history.data(), 4 * history.size()), 0)
+        ASSERT_EQ(std::memcmp(history.data(), cpu_state[i].amax_history.data(), 4 * history.size()),
+                  0)
             << "step " << step << " quantizer " << i;
       }
     }
   }
-  for (size_t i = 0; i < cases.size(); ++i) cudaFree(d_history[i]), cudaFree(d_scale[i]), cudaFree(d_scale_inv[i]);
+  for (size_t i = 0; i < cases.size(); ++i)
+    cudaFree(d_history[i]), cudaFree(d_scale[i]), cudaFree(d_scale_inv[i]);
   cudaFree(d_records);
 }
 

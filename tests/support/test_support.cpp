@@ -37,7 +37,8 @@ struct TempDirs {
     for (const auto& d : dirs) {
       // Make read-only test directories removable again.
       fs::permissions(d, fs::perms::owner_all, fs::perm_options::add, ec);
-      for (auto it = fs::recursive_directory_iterator(d, ec); it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      for (auto it = fs::recursive_directory_iterator(d, ec);
+           it != fs::recursive_directory_iterator(); it.increment(ec)) {
         fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
       }
       fs::remove_all(d, ec);

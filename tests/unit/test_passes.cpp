@@ -43,7 +43,8 @@ TEST(EliminateAliases, RemovesIdentityAndSameShapeReshapeAndRewires) {
 }
 
 TEST(EliminateAliases, KeepsAReshapeThatChangesTheShape) {
-  ir::Program p = build_or_fail("sequence s(x: bf16[t, 64]) -> (y: bf16[t, 2, 32]) { reshape([t, 2, 32]) }\n");
+  ir::Program p =
+      build_or_fail("sequence s(x: bf16[t, 64]) -> (y: bf16[t, 2, 32]) { reshape([t, 2, 32]) }\n");
   EXPECT_FALSE(passes::eliminate_aliases(p));
   EXPECT_EQ(p.sequences[0].ops.size(), 1u);
 }
@@ -54,7 +55,8 @@ TEST(PassManager, DisablePrintAfterStopAfterAndTimings) {
   passes::PassOptions options;
   options.print_after.insert("all");
   std::vector<std::string> printed;
-  auto timings = manager.run(p, options, [&](std::string_view name, const ir::Program&) { printed.emplace_back(name); });
+  auto timings = manager.run(
+      p, options, [&](std::string_view name, const ir::Program&) { printed.emplace_back(name); });
   ASSERT_EQ(timings.size(), manager.passes().size());
   EXPECT_TRUE(timings[0].changed);
   EXPECT_GE(timings[0].milliseconds, 0.0);
@@ -64,7 +66,8 @@ TEST(PassManager, DisablePrintAfterStopAfterAndTimings) {
   ir::Program q = build_or_fail(kAliases);
   options.disabled.insert("eliminate-aliases");
   printed.clear();
-  timings = manager.run(q, options, [&](std::string_view name, const ir::Program&) { printed.emplace_back(name); });
+  timings = manager.run(
+      q, options, [&](std::string_view name, const ir::Program&) { printed.emplace_back(name); });
   EXPECT_TRUE(timings[0].skipped);
   EXPECT_TRUE(printed.empty());
   EXPECT_EQ(q.sequences[0].ops.size(), 6u);
