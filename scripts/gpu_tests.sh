@@ -17,4 +17,4 @@ for t in tests/test_*gpu*; do
   [ -x "$t" ] && compute-sanitizer --tool memcheck --error-exitcode 9 "$t" 2>&1 | tail -4
 done | tee "$out/memcheck.log"
 echo "== cpu tests"
-ctest -LE "gpu|style|fuzz" -j 16 2>&1 | tee "$out/cpu_tests.log" | tail -8
+ctest -LE "gpu|style|fuzz" -j 16 --output-on-failure 2>&1 | tee "$out/cpu_tests.log" | tail -8

@@ -1,0 +1,226 @@
+// The tiled elementwise engine behind cast_transpose.cuh, activation.cuh and bias.cuh.
+//
+// One pass over memory does everything a fused elementwise group needs at its output: an Op loads
+// its inputs for 16 bytes of one row and computes fp32 values for one or two output planes; the
+// engine tracks amax, stores the row-wise output (cast to bf16/fp16/fp32, or scaled and cast to
+// FP8), stages FP8 bytes in shared memory for the transposed copy, and sums columns for dbias.
+//
+// Geometry (launch_rules.h): a block of 256 threads owns a 64 x 64 tile of a plane. A thread owns
+// one 16-byte input vector per "pass" (kVec columns of one row); the block covers the tile in 2
+// passes (2-byte inputs, 8 threads per tile row) or 4 passes (fp32 inputs, 16 threads per tile
+// row). blockIdx.x picks the column tile; blockIdx.y walks row tiles with a stride of gridDim.y,
+// so a thread's columns never change and its dbias sums stay in registers until the end.
+//
+// The Op concept:
+//   static constexpr int kVec;     // elements per input vector: 16 / sizeof(input dtype)
+//   static constexpr int kPlanes;  // 1, or 2 when one input column yields two output columns
+//   struct Loaded;                 // raw vectors, loaded for all passes before any is used
+//   Loaded load(long long row, int col) const;
+//   void compute(const Loaded&, float (&values)[kPlanes][kVec]) const;
+// Plane p of output column c is column p * cols + c of the [rows, kPlanes * cols] output and row
+// p * cols + c of the [kPlanes * cols, rows] transposed copy.
+#ifndef OPFUSE_TEMPLATES_COMMON_ELEMENTWISE_TILE_CUH_
+#define OPFUSE_TEMPLATES_COMMON_ELEMENTWISE_TILE_CUH_
+
+#include "fp8.cuh"
+#include "launch_rules.h"
+#include "transpose.cuh"
+#include "types.cuh"
+#include "vec.cuh"
+
+namespace opfuse {
+
+// Where a tiled kernel writes. Families embed these fields in their own params structs.
+template <typename Output>
+struct TileOutputs {
+  Output* out;         // [rows, kPlanes * cols] row-wise output; nullptr: not written
+  Output* out_t;       // [kPlanes * cols, rows] FP8 transposed copy (kTranspose only)
+  const float* scale;  // FP8 output only: values are cast as apply_scale(value, *scale)
+  float* amax;         // max |value| before scaling, one atomicMax per block; nullptr: not tracked
+  float* dbias_partial;  // kDbias only: [gridDim.y, kPlanes * cols] fp32 column sums of the values
+  int rows;
+  int cols;  // width of one plane; multiple of kVec
+};
+
+namespace detail {
+
+// Staging pitch in bytes of one tile row: +4 puts the two row halves read by one warp in the
+// transposed pass (rows r and r + 16) on different banks.
+constexpr int kTileStagePitch = launch::kTileCols + 4;
+
+// Writes the transposed copy of one staged tile: item = (plane, 16-row block, 4-column group);
+// a warp covers 2 row blocks x 16 column groups, so lanes (block 0, g) and (block 1, g) fill one
+// 32-byte sector of the same output row.
+template <int kPlanes, typename Output>
+__device__ __forceinline__ void write_transposed_tile(
+    const unsigned char (*staged)[launch::kTileRows][kTileStagePitch],
+    const TileOutputs<Output>& args, long long tile_row0, int tile_col0) {
+  constexpr int kColumnGroups = launch::kTileCols / 4;
+  constexpr int kRowBlocks = launch::kTileRows / 16;
+  constexpr int kItemsPerPlane = kColumnGroups * kRowBlocks;
+  static_assert(kPlanes * kItemsPerPlane <= launch::kTileThreads, "one item per thread");
+  if (threadIdx.x >= kPlanes * kItemsPerPlane) return;
+  const int plane = threadIdx.x / kItemsPerPlane;
+  const int row_block = (threadIdx.x % kItemsPerPlane) / kColumnGroups;
+  const int column_group = threadIdx.x % kColumnGroups;
+  const int col = tile_col0 + 4 * column_group;
+  const long long row0 = tile_row0 + 16 * row_block;
+  if (col >= args.cols || row0 >= args.rows) return;
+
+  unsigned int words[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    words[i] = *reinterpret_cast<const unsigned int*>(
+        &staged[plane][16 * row_block + i][4 * column_group]);
+  }
+  uint4 columns[4];
+  transpose_16x4_bytes(words, columns);
+  const bool rows_multiple_of_16 = (args.rows % 16) == 0;
+  unsigned char* out_t = reinterpret_cast<unsigned char*>(args.out_t);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const long long out_row = static_cast<long long>(plane) * args.cols + col + k;
+    store_column_segment(out_t + out_row * args.rows + row0, columns[k], args.rows - row0,
+                         rows_multiple_of_16);
+  }
+}
+
+}  // namespace detail
+
+// Runs every tile of the grid through op. Must be called by all threads of a block of
+// launch::kTileThreads threads (it holds barriers).
+template <typename Output, bool kTranspose, bool kDbias, typename Op>
+__device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>& args,
+                                                      const Op& op) {
+  constexpr int kVec = Op::kVec;
+  constexpr int kPlanes = Op::kPlanes;
+  constexpr int kThreads = launch::kTileThreads;
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kTileRows = launch::kTileRows;
+  constexpr int kTileCols = launch::kTileCols;
+  constexpr int kVecsPerTileRow = kTileCols / kVec;
+  constexpr int kRowsPerPass = kThreads / kVecsPerTileRow;
+  constexpr int kPasses = kTileRows / kRowsPerPass;
+  constexpr int kPassesPerBatch = 2;
+  constexpr bool kIsFp8 = DtypeTraits<Output>::kIsFp8;
+  static_assert(kVec == 4 || kVec == 8, "16-byte vectors of a 2- or 4-byte input dtype");
+  static_assert(kPlanes == 1 || kPlanes == 2, "one or two output planes");
+  static_assert(!kTranspose || kIsFp8, "the transposed copy is an FP8 output");
+
+  __shared__ __align__(
+      16) unsigned char staged[kTranspose ? kPlanes : 1][kTileRows][detail::kTileStagePitch];
+  __shared__ float amax_scratch[kWarps];
+  __shared__ float dbias_scratch[kDbias ? kPlanes : 1][kWarps][kTileCols];
+
+  const int vec_in_row = threadIdx.x % kVecsPerTileRow;
+  const int row_in_pass = threadIdx.x / kVecsPerTileRow;
+  const int tile_col0 = blockIdx.x * kTileCols;
+  const int col = tile_col0 + vec_in_row * kVec;
+  const bool col_valid = col < args.cols;
+  const long long out_stride = static_cast<long long>(kPlanes) * args.cols;
+  float scale = 1.0f;
+  if constexpr (kIsFp8) scale = *args.scale;
+
+  float amax = 0.0f;
+  float dbias[kPlanes][kVec];
+#pragma unroll
+  for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dbias[plane][j] = 0.0f;
+  }
+
+  for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTileRows; tile_row0 < args.rows;
+       tile_row0 += static_cast<long long>(gridDim.y) * kTileRows) {
+    // Issue the loads of kPassesPerBatch passes before any arithmetic: 2 passes of 16-byte
+    // vectors keep as many bytes in flight per thread for fp32 (4 passes) as for bf16 (2 passes)
+    // without holding all four passes' inputs in registers.
+#pragma unroll
+    for (int batch = 0; batch < kPasses; batch += kPassesPerBatch) {
+      typename Op::Loaded loaded[kPassesPerBatch];
+#pragma unroll
+      for (int b = 0; b < kPassesPerBatch; ++b) {
+        const long long row = tile_row0 + (batch + b) * kRowsPerPass + row_in_pass;
+        if (col_valid && row < args.rows) loaded[b] = op.load(row, col);
+      }
+#pragma unroll
+      for (int b = 0; b < kPassesPerBatch; ++b) {
+        const int row_in_tile = (batch + b) * kRowsPerPass + row_in_pass;
+        const long long row = tile_row0 + row_in_tile;
+        const bool valid = col_valid && row < args.rows;
+        float values[kPlanes][kVec];
+        if (valid) {
+          op.compute(loaded[b], values);
+        } else {
+#pragma unroll
+          for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) values[plane][j] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            amax = accumulate_amax(amax, values[plane][j]);
+            if constexpr (kDbias) dbias[plane][j] += values[plane][j];
+          }
+          const Vec<Output, kVec> converted = float_to_vec<Output, kVec>(values[plane], scale);
+          if (valid && args.out != nullptr) {
+            store_vec(args.out + row * out_stride + static_cast<long long>(plane) * args.cols + col,
+                      converted);
+          }
+          if constexpr (kTranspose) {
+            // kVec FP8 bytes at a 4-byte aligned offset (the pitch is not a multiple of 8).
+            unsigned int* dst =
+                reinterpret_cast<unsigned int*>(&staged[plane][row_in_tile][vec_in_row * kVec]);
+            const unsigned int* src = reinterpret_cast<const unsigned int*>(&converted);
+#pragma unroll
+            for (int w = 0; w < kVec / 4; ++w) dst[w] = src[w];
+          }
+        }
+      }
+    }
+    if constexpr (kTranspose) {
+      __syncthreads();
+      detail::write_transposed_tile<kPlanes>(staged, args, tile_row0, tile_col0);
+      __syncthreads();
+    }
+  }
+
+  commit_block_amax<kThreads>(amax, args.amax, amax_scratch);
+
+  if constexpr (kDbias) {
+    // Threads of one column vector: lanes vec_in_row + k * kVecsPerTileRow of every warp. Add them
+    // by shuffles, then the warps in order through shared memory: a fixed order, deterministic.
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        float v = dbias[plane][j];
+#pragma unroll
+        for (int mask = kVecsPerTileRow; mask < 32; mask <<= 1) {
+          v += __shfl_xor_sync(kFullWarpMask, v, mask);
+        }
+        if (lane < kVecsPerTileRow) dbias_scratch[plane][warp][lane * kVec + j] = v;
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kPlanes * kTileCols; idx += kThreads) {
+      const int plane = idx / kTileCols;
+      const int c = idx % kTileCols;
+      float sum = dbias_scratch[plane][0][c];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) sum += dbias_scratch[plane][w][c];
+      if (tile_col0 + c < args.cols) {
+        args.dbias_partial[static_cast<long long>(blockIdx.y) * out_stride +
+                           static_cast<long long>(plane) * args.cols + tile_col0 + c] = sum;
+      }
+    }
+  }
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_COMMON_ELEMENTWISE_TILE_CUH_

@@ -1,0 +1,199 @@
+// Launch geometry of every kernel family in templates/, as constexpr functions.
+//
+// This file is plain C++17 with no CUDA dependency on purpose: the device templates derive their
+// block shapes from it, and the host-side codegen/runtime can include the very same file to compute
+// block size, grid size and dynamic shared memory, so the two sides can never disagree.
+// templates/README.md explains every rule in words.
+#ifndef OPFUSE_TEMPLATES_COMMON_LAUNCH_RULES_H_
+#define OPFUSE_TEMPLATES_COMMON_LAUNCH_RULES_H_
+
+// Under nvcc/NVRTC the functions must be callable from device code (NVRTC rejects host functions);
+// a host compiler sees plain constexpr functions.
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define OPFUSE_LAUNCH_RULE __host__ __device__ constexpr
+#else
+#define OPFUSE_LAUNCH_RULE constexpr
+#endif
+
+namespace opfuse {
+namespace launch {
+
+inline constexpr int kWarpSize = 32;
+// Every global access of a family is one 16-byte vector per thread (LDG.128/STG.128).
+inline constexpr int kVectorBytes = 16;
+
+OPFUSE_LAUNCH_RULE long long ceil_div(long long numerator, long long denominator) {
+  return (numerator + denominator - 1) / denominator;
+}
+OPFUSE_LAUNCH_RULE long long min_of(long long a, long long b) { return a < b ? a : b; }
+OPFUSE_LAUNCH_RULE long long max_of(long long a, long long b) { return a > b ? a : b; }
+
+// Register budgets. Every kernel states __launch_bounds__(threads, min_blocks(threads, budget)):
+// without a minimum-blocks hint, ptxas (CUDA 13) picks its own occupancy target and can spill a
+// kernel that would fit easily; with it, the budget is an upper bound that the kernels stay under
+// without spilling (tests/unit/test_templates_compile.cpp checks both).
+inline constexpr int kRegistersPerSm = 65536;
+OPFUSE_LAUNCH_RULE int min_blocks(int block_threads, int register_budget) {
+  return static_cast<int>(
+      max_of(1, kRegistersPerSm / (static_cast<long long>(block_threads) * register_budget)));
+}
+// Measured on H200 (templates/README.md, "Performance"): the streaming kernels run best with 1024
+// resident threads per SM (64 registers: RMSNorm to FP8 3.43 TB/s at 64 vs 3.18 at 80); kernels
+// that cannot fit 64 without spilling get 80 or 128, decided by the rules below from their
+// template parameters.
+inline constexpr int kNormBwdRegisterBudget = 64;
+inline constexpr int kSmallKernelRegisterBudget = 64;  // amax, scale update, column reduction
+inline constexpr int kTileRegisterBudget = 64;
+inline constexpr int kTileTransposeRegisterBudget = 80;
+inline constexpr int kTileWideRegisterBudget = 128;
+
+// Norm forward: the transposed path holds one 512-thread block per SM (its staged tile fills
+// shared memory), so it may use 128; RMSNorm to FP8 fits 64; LayerNorm (two reductions per row)
+// and non-FP8 outputs take 96 (80 spilled on sm_100a).
+OPFUSE_LAUNCH_RULE int norm_fwd_register_budget(bool is_rms, bool fp8_output,
+                                                bool write_transpose) {
+  return write_transpose ? 128 : (is_rms && fp8_output ? 64 : 96);
+}
+
+// Tiled families: one budget level (64 -> 80 -> 128) per source of pressure, found by compiling
+// every instantiation of tests/unit/test_templates_compile.cpp for sm_89/sm_90a/sm_100a:
+//   - the transposed write phase next to dbias sums, a second input vector or fp32's passes;
+//   - a second input vector with fp32 inputs, or with both the transposed copy and dbias.
+// Three input vectors per element (gated backward, bias + residual) take 128 outright.
+OPFUSE_LAUNCH_RULE int tile_register_budget_level(int input_bytes, int loads_per_element,
+                                                  bool write_transpose, bool dbias) {
+  return loads_per_element >= 3
+             ? 2
+             : (write_transpose && (dbias || loads_per_element >= 2 || input_bytes == 4) ? 1 : 0) +
+                   (loads_per_element >= 2 && (input_bytes == 4 || (write_transpose && dbias)) ? 1
+                                                                                               : 0);
+}
+OPFUSE_LAUNCH_RULE int tile_register_budget(int input_bytes, int loads_per_element,
+                                            bool write_transpose, bool dbias) {
+  return tile_register_budget_level(input_bytes, loads_per_element, write_transpose, dbias) == 0
+             ? kTileRegisterBudget
+         : tile_register_budget_level(input_bytes, loads_per_element, write_transpose, dbias) == 1
+             ? kTileTransposeRegisterBudget
+             : kTileWideRegisterBudget;
+}
+
+// Elements of a 16-byte vector of an input dtype: 8 for bf16/fp16, 4 for fp32.
+OPFUSE_LAUNCH_RULE int vector_elems(int input_bytes) { return kVectorBytes / input_bytes; }
+
+// ---------------------------------------------------------------------------------------------
+// Normalization (norm.cuh). A "row group" of threads_per_row threads owns one row; a block holds
+// rows_per_block groups. Each thread keeps vecs_per_thread vectors of the row in registers, so one
+// row is read from memory once for statistics and normalization together.
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kNormMaxThreadsPerRow = 1024;
+// Forward keeps 4 vectors per thread (TE's tuned 4096-wide kernels use the same 128x4 shape);
+// backward also holds dgamma/dbeta accumulators, so it keeps 1 to fit 64 registers (with 2 it
+// needed 128 and half the occupancy).
+inline constexpr int kNormFwdMaxVecsPerThread = 4;
+inline constexpr int kNormBwdMaxVecsPerThread = 1;
+// Threads a block aims for when one row needs fewer (several rows per block then). Small blocks
+// keep the rows' reduction barriers independent: 128 beat 256 and 512 for a 4096-wide row (H200).
+inline constexpr int kNormTargetBlockThreads = 128;
+
+OPFUSE_LAUNCH_RULE int norm_vecs_per_row(int hidden, int input_bytes) {
+  return hidden / vector_elems(input_bytes);
+}
+OPFUSE_LAUNCH_RULE int norm_vecs_per_thread(int hidden, int input_bytes, int max_vecs_per_thread) {
+  return static_cast<int>(max_of(
+      min_of(max_vecs_per_thread, ceil_div(norm_vecs_per_row(hidden, input_bytes), kWarpSize)),
+      ceil_div(norm_vecs_per_row(hidden, input_bytes), kNormMaxThreadsPerRow)));
+}
+OPFUSE_LAUNCH_RULE int norm_threads_per_row(int hidden, int input_bytes, int max_vecs_per_thread) {
+  return static_cast<int>(
+      ceil_div(ceil_div(norm_vecs_per_row(hidden, input_bytes),
+                        norm_vecs_per_thread(hidden, input_bytes, max_vecs_per_thread)),
+               kWarpSize) *
+      kWarpSize);
+}
+OPFUSE_LAUNCH_RULE int norm_rows_per_block(int hidden, int input_bytes, int max_vecs_per_thread) {
+  return static_cast<int>(max_of(
+      1, kNormTargetBlockThreads / norm_threads_per_row(hidden, input_bytes, max_vecs_per_thread)));
+}
+OPFUSE_LAUNCH_RULE int norm_block_threads(int hidden, int input_bytes, int max_vecs_per_thread) {
+  return norm_threads_per_row(hidden, input_bytes, max_vecs_per_thread) *
+         norm_rows_per_block(hidden, input_bytes, max_vecs_per_thread);
+}
+
+// The forward with a transposed FP8 copy stages a tile of normalized FP8 rows in dynamic shared
+// memory, then writes each column's bytes of the tile as one segment of y_t. 32-row tiles give
+// whole 32-byte sectors per column (16-byte segments run at half the bandwidth, measured); rows
+// too wide for a 32-row tile in shared memory fall back to 16-row tiles.
+inline constexpr int kMaxDynamicSharedBytes = 227 * 1024;  // sm_90 / sm_100 opt-in limit per block
+// Staged row pitch: hidden + 4 bytes, so the two 16-row halves that one warp reads in the write
+// phase fall on different banks.
+OPFUSE_LAUNCH_RULE int norm_transpose_stage_pitch(int hidden) { return hidden + 4; }
+OPFUSE_LAUNCH_RULE int norm_transpose_tile_rows(int hidden) {
+  return 32LL * norm_transpose_stage_pitch(hidden) <= kMaxDynamicSharedBytes ? 32 : 16;
+}
+OPFUSE_LAUNCH_RULE int floor_power_of_2(int value) {
+  return value >= 2 ? 2 * floor_power_of_2(value / 2) : 1;
+}
+// One block per SM (the staged tile fills shared memory), so it holds 512 threads: a power-of-2
+// number of row groups, which divides the tile rows.
+inline constexpr int kNormTransposeTargetBlockThreads = 512;
+OPFUSE_LAUNCH_RULE int norm_transpose_rows_per_block(int hidden, int input_bytes) {
+  return static_cast<int>(
+      min_of(norm_transpose_tile_rows(hidden),
+             floor_power_of_2(static_cast<int>(max_of(
+                 1, kNormTransposeTargetBlockThreads /
+                        norm_threads_per_row(hidden, input_bytes, kNormFwdMaxVecsPerThread))))));
+}
+OPFUSE_LAUNCH_RULE int norm_fwd_rows_per_block(int hidden, int input_bytes, bool write_transpose) {
+  return write_transpose ? norm_transpose_rows_per_block(hidden, input_bytes)
+                         : norm_rows_per_block(hidden, input_bytes, kNormFwdMaxVecsPerThread);
+}
+OPFUSE_LAUNCH_RULE int norm_fwd_block_threads(int hidden, int input_bytes, bool write_transpose) {
+  return norm_threads_per_row(hidden, input_bytes, kNormFwdMaxVecsPerThread) *
+         norm_fwd_rows_per_block(hidden, input_bytes, write_transpose);
+}
+OPFUSE_LAUNCH_RULE int norm_fwd_dynamic_smem_bytes(int hidden, bool write_transpose) {
+  return write_transpose ? norm_transpose_tile_rows(hidden) * norm_transpose_stage_pitch(hidden)
+                         : 0;
+}
+OPFUSE_LAUNCH_RULE int norm_bwd_rows_per_block(int hidden, int input_bytes) {
+  return norm_rows_per_block(hidden, input_bytes, kNormBwdMaxVecsPerThread);
+}
+OPFUSE_LAUNCH_RULE int norm_bwd_block_threads(int hidden, int input_bytes) {
+  return norm_block_threads(hidden, input_bytes, kNormBwdMaxVecsPerThread);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tiled elementwise families (cast_transpose.cuh, activation.cuh, bias.cuh): a block of 256
+// threads owns a 64 x 64 tile of the output plane; blockIdx.x picks the column tile, blockIdx.y
+// walks the row tiles with a stride of gridDim.y.
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kTileThreads = 256;
+inline constexpr int kTileRows = 64;
+inline constexpr int kTileCols = 64;
+inline constexpr int kTileMaxGridY = 65535;
+
+OPFUSE_LAUNCH_RULE int tile_grid_x(int cols) { return static_cast<int>(ceil_div(cols, kTileCols)); }
+OPFUSE_LAUNCH_RULE int tile_grid_y(long long rows) {
+  return static_cast<int>(max_of(1, min_of(ceil_div(rows, kTileRows), kTileMaxGridY)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Column partial sums -> final vector (common/column_partials.cuh): a block covers 128 columns
+// with 8 slices of partial rows.
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kColumnReduceThreads = 256;
+inline constexpr int kColumnReduceColsPerBlock = 128;
+OPFUSE_LAUNCH_RULE int column_reduce_grid_x(int cols) {
+  return static_cast<int>(ceil_div(cols, kColumnReduceColsPerBlock));
+}
+
+// ---------------------------------------------------------------------------------------------
+// amax of a tensor (amax.cuh) and the sequence-wide scale update (scale_update.cuh).
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kAmaxThreads = 512;
+inline constexpr int kScaleUpdateThreads = 256;
+
+}  // namespace launch
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_COMMON_LAUNCH_RULES_H_

@@ -1,0 +1,119 @@
+// Warp and block reductions for the kernel templates.
+//
+// Every reduction is an all-reduce by butterfly shuffles inside a warp, then (for more than one
+// warp) one value per warp through shared memory and a single __syncthreads. The order of the
+// additions is fixed by the launch shape, so results are deterministic run to run.
+#ifndef OPFUSE_TEMPLATES_COMMON_REDUCE_CUH_
+#define OPFUSE_TEMPLATES_COMMON_REDUCE_CUH_
+
+#include "types.cuh"
+
+namespace opfuse {
+
+constexpr unsigned int kFullWarpMask = 0xFFFFFFFFu;
+
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+// fmaxf ignores a NaN operand: the amax of a tensor is the largest non-NaN magnitude (TE's rule).
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+// All-reduce over the 32 lanes of a warp; every lane receives the result.
+template <typename Op>
+__device__ __forceinline__ float warp_allreduce(float value, Op op) {
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) {
+    value = op(value, __shfl_xor_sync(kFullWarpMask, value, mask));
+  }
+  return value;
+}
+
+__device__ __forceinline__ float2 warp_allreduce_sum2(float2 value) {
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) {
+    value.x += __shfl_xor_sync(kFullWarpMask, value.x, mask);
+    value.y += __shfl_xor_sync(kFullWarpMask, value.y, mask);
+  }
+  return value;
+}
+
+// All-reduce over a group of kWarps consecutive warps (e.g. the threads that own one row).
+//
+// Every thread of the BLOCK must call it the same number of times (it holds a __syncthreads when
+// kWarps > 1). Each group owns two scratch slots of kWarps float2 and alternates between them, so
+// back-to-back reductions need only one barrier each: a slot is rewritten two calls later, after
+// the barrier of the call in between has ordered every read of it.
+template <int kWarps>
+class GroupReducer {
+ public:
+  // scratch: 2 * kWarps float2 owned by this group (unused when kWarps == 1).
+  __device__ __forceinline__ explicit GroupReducer(float2* scratch) : scratch_(scratch) {}
+
+  template <typename Op>
+  __device__ __forceinline__ float allreduce(float value, Op op) {
+    value = warp_allreduce(value, op);
+    if constexpr (kWarps > 1) {
+      float2* slot = next_slot();
+      const int warp = warp_in_group();
+      if ((threadIdx.x & 31) == 0) slot[warp].x = value;
+      __syncthreads();
+      value = slot[0].x;
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) value = op(value, slot[w].x);
+    }
+    return value;
+  }
+
+  // Two sums in one pass (one barrier instead of two).
+  __device__ __forceinline__ float2 allreduce_sum2(float2 value) {
+    value = warp_allreduce_sum2(value);
+    if constexpr (kWarps > 1) {
+      float2* slot = next_slot();
+      const int warp = warp_in_group();
+      if ((threadIdx.x & 31) == 0) slot[warp] = value;
+      __syncthreads();
+      value = slot[0];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) {
+        value.x += slot[w].x;
+        value.y += slot[w].y;
+      }
+    }
+    return value;
+  }
+
+ private:
+  __device__ __forceinline__ float2* next_slot() {
+    float2* slot = scratch_ + parity_ * kWarps;
+    parity_ ^= 1;
+    return slot;
+  }
+  __device__ __forceinline__ static int warp_in_group() { return (threadIdx.x >> 5) % kWarps; }
+
+  float2* scratch_;
+  int parity_ = 0;
+};
+
+// Reduction of one value per thread over a whole block of kThreads threads; the result is valid in
+// every thread. scratch: kThreads / 32 floats. Holds two barriers (the second makes the scratch
+// reusable by the caller right after).
+template <int kThreads, typename Op>
+__device__ __forceinline__ float block_allreduce(float value, float* scratch, Op op) {
+  static_assert(kThreads % 32 == 0, "block size must be whole warps");
+  constexpr int kWarps = kThreads / 32;
+  value = warp_allreduce(value, op);
+  if constexpr (kWarps > 1) {
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = value;
+    __syncthreads();
+    value = scratch[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) value = op(value, scratch[w]);
+    __syncthreads();
+  }
+  return value;
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_COMMON_REDUCE_CUH_

@@ -1,0 +1,451 @@
+// LayerNorm and RMSNorm, forward and backward.
+//
+// Forward: input bf16/fp16/fp32, gamma/beta of the input dtype, fp32 math; output of the input
+// dtype, or FP8 (scale pointer, amax of y before scaling) with an optional transposed FP8 copy
+// [hidden, rows] written by the same kernel (Hopper FP8 GEMMs take only the TN layout); mean and
+// rstd (fp32) saved for the backward. zero_centered_gamma multiplies by (gamma + 1).
+// Backward: dx of the input dtype (+ an optional extra gradient dresidual, the residual branch of
+// MakeExtraOutput), and per-row-group dgamma/dbeta partial sums that reduce_column_partials
+// (common/column_partials.cuh) adds deterministically.
+//
+// Entry points: layernorm_fwd, rmsnorm_fwd, layernorm_bwd, rmsnorm_bwd. The hidden size is a
+// template parameter: a row lives in registers (a group of threads per row, 16-byte vectors), so
+// statistics and normalization cost one read of x. Launch rules: templates/README.md.
+#ifndef OPFUSE_TEMPLATES_NORM_CUH_
+#define OPFUSE_TEMPLATES_NORM_CUH_
+
+#include "common/column_partials.cuh"
+#include "common/fp8.cuh"
+#include "common/launch_rules.h"
+#include "common/reduce.cuh"
+#include "common/transpose.cuh"
+#include "common/types.cuh"
+#include "common/vec.cuh"
+
+namespace opfuse {
+
+// Row shape of a norm kernel, derived from launch_rules.h.
+template <typename Input, int kHidden, int kMaxVecsPerThread, int kRowsPerBlockOverride = 0>
+struct NormShape {
+  static constexpr int kInputBytes = static_cast<int>(sizeof(Input));
+  static constexpr int kVec = launch::vector_elems(kInputBytes);
+  static constexpr int kVecsPerRow = kHidden / kVec;
+  static constexpr int kVecsPerThread =
+      launch::norm_vecs_per_thread(kHidden, kInputBytes, kMaxVecsPerThread);
+  static constexpr int kThreadsPerRow =
+      launch::norm_threads_per_row(kHidden, kInputBytes, kMaxVecsPerThread);
+  static constexpr int kRowsPerBlock = kRowsPerBlockOverride > 0
+                                           ? kRowsPerBlockOverride
+                                           : launch::norm_rows_per_block(kHidden, kInputBytes,
+                                                                         kMaxVecsPerThread);
+  static constexpr int kBlockThreads = kThreadsPerRow * kRowsPerBlock;
+  static constexpr int kWarpsPerRow = kThreadsPerRow / 32;
+  // Some threads own fewer vectors when the row does not split evenly.
+  static constexpr bool kHasIdleSlots = kThreadsPerRow * kVecsPerThread != kVecsPerRow;
+
+  static_assert(kHidden > 0 && kHidden % kVec == 0,
+                "norm hidden size must be a multiple of 16 bytes of the input dtype "
+                "(8 elements for bf16/fp16, 4 for fp32)");
+  static_assert(kThreadsPerRow <= launch::kNormMaxThreadsPerRow, "row too wide for one block");
+
+  // Vector index (within the row) of slot v of thread t: lanes take consecutive vectors, so
+  // every warp access is contiguous.
+  __device__ __forceinline__ static int vector_index(int thread_in_row, int slot) {
+    return thread_in_row + slot * kThreadsPerRow;
+  }
+  __device__ __forceinline__ static bool slot_in_row(int vector) {
+    return !kHasIdleSlots || vector < kVecsPerRow;
+  }
+};
+
+template <typename Input, int kHidden, bool kWriteTranspose = false>
+using NormFwdShape =
+    NormShape<Input, kHidden, launch::kNormFwdMaxVecsPerThread,
+              launch::norm_fwd_rows_per_block(kHidden, sizeof(Input), kWriteTranspose)>;
+template <typename Input, int kHidden>
+using NormBwdShape = NormShape<Input, kHidden, launch::kNormBwdMaxVecsPerThread>;
+
+template <typename Input, typename Output>
+struct NormFwdParams {
+  const Input* x;      // [rows, hidden]
+  const Input* gamma;  // [hidden]
+  const Input* beta;   // [hidden] (LayerNorm; RMSNorm ignores it, may be nullptr)
+  Output* y;           // [rows, hidden]; nullptr: only the transposed copy is written
+  Output* y_t;         // [hidden, rows] FP8 transposed copy (kWriteTranspose)
+  const float* scale;  // FP8 output: y = fp8(value * *scale)
+  float* amax;         // max |y| before scaling (one atomicMax per block); nullptr: not tracked
+  float* mean;         // [rows] saved mean (LayerNorm); nullptr: not saved
+  float* rstd;         // [rows] saved 1 / sqrt(var + epsilon); nullptr: not saved
+  float epsilon;
+  int rows;  // any value >= 0
+};
+
+template <typename Input>
+struct NormBwdParams {
+  const Input* dy;         // [rows, hidden]
+  const Input* x;          // [rows, hidden] forward input
+  const Input* gamma;      // [hidden]
+  const float* mean;       // [rows] (LayerNorm; RMSNorm ignores it)
+  const float* rstd;       // [rows]
+  const Input* dresidual;  // [rows, hidden] added into dx; nullptr: none
+  Input* dx;               // [rows, hidden]
+  float* dgamma_partial;   // [gridDim.x * rows_per_block, hidden] fp32
+  float* dbeta_partial;    // [gridDim.x * rows_per_block, hidden] fp32 (LayerNorm)
+  int rows;                // any value >= 0
+};
+
+namespace detail {
+
+// Dynamic shared memory of the transposed-copy forward: kTileRows staged FP8 rows, each
+// launch::norm_transpose_stage_pitch(kHidden) bytes apart.
+extern __shared__ __align__(16) unsigned char norm_staged_rows[];
+
+// Writes a tile of staged FP8 rows as column segments of y_t [hidden, rows]. Item = (4-column
+// group, 16-row half): a thread turns 4 columns x 16 rows into four 16-byte stores. With 32-row
+// tiles, lanes 2g and 2g + 1 hold the two halves of the same columns, so each pair of lanes fills
+// a whole 32-byte sector; the +4 pitch puts those two halves on different banks.
+template <int kHidden, int kTileRows, int kBlockThreads>
+__device__ __forceinline__ void write_norm_transposed_tile(const unsigned char* staged,
+                                                           unsigned char* y_t, long long rows,
+                                                           long long tile_row0) {
+  constexpr int kPitch = launch::norm_transpose_stage_pitch(kHidden);
+  constexpr int kHalves = kTileRows / 16;
+  const bool rows_multiple_of_16 = (rows % 16) == 0;
+  for (int item = threadIdx.x; item < (kHidden / 4) * kHalves; item += kBlockThreads) {
+    const int half = item % kHalves;
+    const int group = item / kHalves;
+    const long long row0 = tile_row0 + 16 * half;
+    if (row0 >= rows) continue;
+    unsigned int words[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      words[i] =
+          *reinterpret_cast<const unsigned int*>(staged + (16 * half + i) * kPitch + 4 * group);
+    }
+    uint4 columns[4];
+    transpose_16x4_bytes(words, columns);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      store_column_segment(y_t + static_cast<long long>(4 * group + k) * rows + row0, columns[k],
+                           rows - row0, rows_multiple_of_16);
+    }
+  }
+}
+
+template <bool kIsRms, typename Input, typename Output, int kHidden, bool kZeroCenteredGamma,
+          bool kWriteTranspose>
+__device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& params) {
+  using Shape = NormFwdShape<Input, kHidden, kWriteTranspose>;
+  constexpr int kVec = Shape::kVec;
+  constexpr int kSlots = Shape::kVecsPerThread;
+  constexpr int kRowsPerBlock = Shape::kRowsPerBlock;
+  constexpr int kBlockThreads = Shape::kBlockThreads;
+  constexpr bool kIsFp8 = DtypeTraits<Output>::kIsFp8;
+  constexpr int kTileRows = launch::norm_transpose_tile_rows(kHidden);
+  constexpr int kPitch = launch::norm_transpose_stage_pitch(kHidden);
+  static_assert(!kWriteTranspose || kIsFp8, "the transposed copy is an FP8 output");
+  static_assert(!kWriteTranspose || kTileRows % kRowsPerBlock == 0, "whole row groups per tile");
+  static_assert(!kWriteTranspose || kTileRows * kPitch <= launch::kMaxDynamicSharedBytes,
+                "hidden too wide to stage 16 rows in shared memory: write the norm output in "
+                "bf16 and use cast_transpose for the FP8 copies");
+
+  __shared__ float2 reduce_scratch[kRowsPerBlock][2 * Shape::kWarpsPerRow];
+  __shared__ float amax_scratch[kBlockThreads / 32];
+
+  const int group = threadIdx.x / Shape::kThreadsPerRow;
+  const int thread_in_row = threadIdx.x % Shape::kThreadsPerRow;
+  GroupReducer<Shape::kWarpsPerRow> reducer(reduce_scratch[group]);
+
+  float scale = 1.0f;
+  if constexpr (kIsFp8) scale = *params.scale;
+  float amax = 0.0f;
+
+  using RowVectors = Vec<Input, kVec>[kSlots];
+  // Issues the loads of one row (zeros past the end).
+  auto load_row = [&](long long row, RowVectors& raw) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int vector = Shape::vector_index(thread_in_row, s);
+      if (row < params.rows && Shape::slot_in_row(vector)) {
+        raw[s] = load_vec<Input, kVec>(params.x + row * kHidden + vector * kVec);
+      } else {
+        raw[s] = zero_vec<Input, kVec>();
+      }
+    }
+  };
+
+  // Normalizes one row (all threads of the block call it together: it holds barriers). An
+  // invalid row (past the end) computes on zeros and stores nothing.
+  auto normalize_row = [&](const RowVectors& raw, long long row, bool valid,
+                           unsigned char* staged_row) {
+    float x[kSlots][kVec];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) vec_to_float(raw[s], x[s]);
+    // Two-pass statistics from registers: mean first, then the centered sum of squares.
+    float mean = 0.0f;
+    if constexpr (!kIsRms) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) sum += x[s][j];
+      }
+      mean = reducer.allreduce(sum, SumOp{}) / static_cast<float>(kHidden);
+    }
+    float squares = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (Shape::slot_in_row(Shape::vector_index(thread_in_row, s))) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float centered = x[s][j] - mean;
+          squares += centered * centered;
+        }
+      }
+    }
+    const float variance = reducer.allreduce(squares, SumOp{}) / static_cast<float>(kHidden);
+    const float rstd = rsqrtf(variance + params.epsilon);
+
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int vector = Shape::vector_index(thread_in_row, s);
+      if (!Shape::slot_in_row(vector)) continue;
+      // gamma/beta are re-read per row (L1 hits after the first row): holding them in registers
+      // across rows would cost 2 * kSlots * kVec registers and halve the occupancy.
+      float g[kVec], b[kVec], y[kVec];
+      vec_to_float(load_vec<Input, kVec>(params.gamma + vector * kVec), g);
+      if constexpr (!kIsRms) vec_to_float(load_vec<Input, kVec>(params.beta + vector * kVec), b);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float weight = kZeroCenteredGamma ? g[j] + 1.0f : g[j];
+        const float normalized = (x[s][j] - mean) * rstd;
+        y[j] = kIsRms ? normalized * weight : normalized * weight + b[j];
+        if (valid) amax = accumulate_amax(amax, y[j]);
+      }
+      const Vec<Output, kVec> converted = float_to_vec<Output, kVec>(y, scale);
+      if (valid && params.y != nullptr) {
+        store_vec(params.y + row * kHidden + vector * kVec, converted);
+      }
+      if constexpr (kWriteTranspose) {
+        // kVec FP8 bytes at a 4-byte aligned offset (the pitch is hidden + 4).
+        unsigned int* dst = reinterpret_cast<unsigned int*>(staged_row + vector * kVec);
+        const unsigned int* src = reinterpret_cast<const unsigned int*>(&converted);
+#pragma unroll
+        for (int w = 0; w < kVec / 4; ++w) dst[w] = src[w];
+      }
+    }
+    if (valid && thread_in_row == 0) {
+      if (!kIsRms && params.mean != nullptr) params.mean[row] = mean;
+      if (params.rstd != nullptr) params.rstd[row] = rstd;
+    }
+  };
+
+  if constexpr (!kWriteTranspose) {
+    // Row groups stride over the rows; the loop bound depends on blockIdx only, so every thread
+    // of the block runs the same iterations (the reductions' barriers stay matched). Latency is
+    // hidden by occupancy (8 blocks of 128 threads per SM at 64 registers), not by prefetching,
+    // which measured slower for want of registers.
+    const long long stride = static_cast<long long>(gridDim.x) * kRowsPerBlock;
+    for (long long base = static_cast<long long>(blockIdx.x) * kRowsPerBlock; base < params.rows;
+         base += stride) {
+      const long long row = base + group;
+      RowVectors raw;
+      load_row(row, raw);
+      normalize_row(raw, row, row < params.rows, nullptr);
+    }
+  } else {
+    // Tiles of kTileRows rows: each row group normalizes kTileRows / kRowsPerBlock rows of the tile
+    // into shared memory, then the block writes the tile's column segments of y_t. With one
+    // block per SM (shared memory), the next row, possibly of the next tile, is loaded one step
+    // ahead so it is in flight during this row's reductions and the write phase (2.7 -> 2.9
+    // TB/s, measured).
+    constexpr int kStepsPerTile = kTileRows / kRowsPerBlock;
+    const long long tile_stride = static_cast<long long>(gridDim.x) * kTileRows;
+    RowVectors raw;
+    load_row(static_cast<long long>(blockIdx.x) * kTileRows + group, raw);
+    for (long long tile_row0 = static_cast<long long>(blockIdx.x) * kTileRows;
+         tile_row0 < params.rows; tile_row0 += tile_stride) {
+#pragma unroll 1
+      for (int i = 0; i < kStepsPerTile; ++i) {
+        const int row_in_tile = i * kRowsPerBlock + group;
+        const long long row = tile_row0 + row_in_tile;
+        const long long next_row =
+            i + 1 < kStepsPerTile ? row + kRowsPerBlock : tile_row0 + tile_stride + group;
+        RowVectors next;
+        load_row(next_row, next);
+        normalize_row(raw, row, row < params.rows, norm_staged_rows + row_in_tile * kPitch);
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) raw[s] = next[s];
+      }
+      __syncthreads();
+      write_norm_transposed_tile<kHidden, kTileRows, kBlockThreads>(
+          norm_staged_rows, reinterpret_cast<unsigned char*>(params.y_t), params.rows, tile_row0);
+      __syncthreads();
+    }
+  }
+  commit_block_amax<kBlockThreads>(amax, params.amax, amax_scratch);
+}
+
+template <bool kIsRms, typename Input, int kHidden, bool kZeroCenteredGamma>
+__device__ __forceinline__ void norm_bwd(const NormBwdParams<Input>& params) {
+  using Shape = NormBwdShape<Input, kHidden>;
+  constexpr int kVec = Shape::kVec;
+  constexpr int kSlots = Shape::kVecsPerThread;
+  constexpr int kRowsPerBlock = Shape::kRowsPerBlock;
+
+  __shared__ float2 reduce_scratch[kRowsPerBlock][2 * Shape::kWarpsPerRow];
+  const int group = threadIdx.x / Shape::kThreadsPerRow;
+  const int thread_in_row = threadIdx.x % Shape::kThreadsPerRow;
+  GroupReducer<Shape::kWarpsPerRow> reducer(reduce_scratch[group]);
+
+  float dgamma[kSlots][kVec];
+  float dbeta[kSlots][kVec];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      dgamma[s][j] = 0.0f;
+      dbeta[s][j] = 0.0f;
+    }
+  }
+
+  for (long long base = static_cast<long long>(blockIdx.x) * kRowsPerBlock; base < params.rows;
+       base += static_cast<long long>(gridDim.x) * kRowsPerBlock) {
+    const long long row = base + group;
+    const bool valid = row < params.rows;
+    Vec<Input, kVec> x_raw[kSlots], dy_raw[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int vector = Shape::vector_index(thread_in_row, s);
+      if (valid && Shape::slot_in_row(vector)) {
+        x_raw[s] = load_vec<Input, kVec>(params.x + row * kHidden + vector * kVec);
+        dy_raw[s] = load_vec<Input, kVec>(params.dy + row * kHidden + vector * kVec);
+      }
+    }
+    const float mean = (!kIsRms && valid) ? params.mean[row] : 0.0f;
+    const float rstd = valid ? params.rstd[row] : 0.0f;
+
+    // x_hat = (x - mean) * rstd and g = dy * gamma are formed twice (before and after the
+    // reduction) from the packed inputs: keeping them as floats across the barrier would cost
+    // 2 * kSlots * kVec registers. Idle slots and invalid rows hold zeros, so every contribution
+    // there vanishes.
+    auto expand = [&](int s, float(&x_hat)[kVec], float(&g)[kVec], float(&dys)[kVec]) {
+      const int vector = Shape::vector_index(thread_in_row, s);
+      float xs[kVec], gs[kVec];
+      if (valid && Shape::slot_in_row(vector)) {
+        vec_to_float(x_raw[s], xs);
+        vec_to_float(dy_raw[s], dys);
+        vec_to_float(load_vec<Input, kVec>(params.gamma + vector * kVec), gs);  // an L1 hit
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) xs[j] = dys[j] = gs[j] = 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float weight = kZeroCenteredGamma ? gs[j] + 1.0f : gs[j];
+        x_hat[j] = (xs[j] - mean) * rstd;
+        g[j] = dys[j] * weight;
+      }
+    };
+
+    float2 sums = make_float2(0.0f, 0.0f);  // (sum g, sum g * x_hat)
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      float x_hat[kVec], g[kVec], dys[kVec];
+      expand(s, x_hat, g, dys);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        sums.x += g[j];
+        sums.y += g[j] * x_hat[j];
+        dgamma[s][j] += dys[j] * x_hat[j];
+        if constexpr (!kIsRms) dbeta[s][j] += dys[j];
+      }
+    }
+    sums = reducer.allreduce_sum2(sums);
+    const float mean_g = kIsRms ? 0.0f : sums.x / static_cast<float>(kHidden);
+    const float mean_g_x_hat = sums.y / static_cast<float>(kHidden);
+
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int vector = Shape::vector_index(thread_in_row, s);
+      if (!valid || !Shape::slot_in_row(vector)) continue;
+      const long long offset = row * kHidden + vector * kVec;
+      float x_hat[kVec], g[kVec], dys[kVec], dx[kVec];
+      expand(s, x_hat, g, dys);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) dx[j] = rstd * (g[j] - mean_g - x_hat[j] * mean_g_x_hat);
+      if (params.dresidual != nullptr) {
+        float extra[kVec];
+        vec_to_float(load_vec<Input, kVec>(params.dresidual + offset), extra);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) dx[j] += extra[j];
+      }
+      store_vec(params.dx + offset, float_to_vec<Input, kVec>(dx, 1.0f));
+    }
+  }
+
+  // One partial row per row group (every one is written, zeros if it saw no rows).
+  const long long partial_row = static_cast<long long>(blockIdx.x) * kRowsPerBlock + group;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int vector = Shape::vector_index(thread_in_row, s);
+    if (!Shape::slot_in_row(vector)) continue;
+    const long long offset = partial_row * kHidden + vector * kVec;
+    Vec<float, kVec> dgamma_vec, dbeta_vec;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      dgamma_vec.elems[j] = dgamma[s][j];
+      dbeta_vec.elems[j] = dbeta[s][j];
+    }
+    store_vec(params.dgamma_partial + offset, dgamma_vec);
+    if constexpr (!kIsRms) store_vec(params.dbeta_partial + offset, dbeta_vec);
+  }
+}
+
+}  // namespace detail
+
+// Forward. Block: NormFwdShape<Input, kHidden>::kBlockThreads; grid: any gridDim.x >= 1, see
+// README. kWriteTranspose needs dynamic shared memory of launch::norm_fwd_dynamic_smem_bytes.
+template <typename Input, typename Output, int kHidden, bool kZeroCenteredGamma = false,
+          bool kWriteTranspose = false>
+__global__ void __launch_bounds__(
+    NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
+    launch::min_blocks(NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
+                       launch::norm_fwd_register_budget(false, DtypeTraits<Output>::kIsFp8,
+                                                        kWriteTranspose)))
+    layernorm_fwd(NormFwdParams<Input, Output> params) {
+  detail::norm_fwd<false, Input, Output, kHidden, kZeroCenteredGamma, kWriteTranspose>(params);
+}
+
+template <typename Input, typename Output, int kHidden, bool kZeroCenteredGamma = false,
+          bool kWriteTranspose = false>
+__global__ void __launch_bounds__(
+    NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
+    launch::min_blocks(NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
+                       launch::norm_fwd_register_budget(true, DtypeTraits<Output>::kIsFp8,
+                                                        kWriteTranspose)))
+    rmsnorm_fwd(NormFwdParams<Input, Output> params) {
+  detail::norm_fwd<true, Input, Output, kHidden, kZeroCenteredGamma, kWriteTranspose>(params);
+}
+
+// Backward. Block: NormBwdShape<Input, kHidden>::kBlockThreads; grid: any gridDim.x >= 1; the
+// partial buffers hold gridDim.x * NormBwdShape<Input, kHidden>::kRowsPerBlock rows.
+template <typename Input, int kHidden, bool kZeroCenteredGamma = false>
+__global__ void __launch_bounds__(NormBwdShape<Input, kHidden>::kBlockThreads,
+                                  launch::min_blocks(NormBwdShape<Input, kHidden>::kBlockThreads,
+                                                     launch::kNormBwdRegisterBudget))
+    layernorm_bwd(NormBwdParams<Input> params) {
+  detail::norm_bwd<false, Input, kHidden, kZeroCenteredGamma>(params);
+}
+
+template <typename Input, int kHidden, bool kZeroCenteredGamma = false>
+__global__ void __launch_bounds__(NormBwdShape<Input, kHidden>::kBlockThreads,
+                                  launch::min_blocks(NormBwdShape<Input, kHidden>::kBlockThreads,
+                                                     launch::kNormBwdRegisterBudget))
+    rmsnorm_bwd(NormBwdParams<Input> params) {
+  detail::norm_bwd<true, Input, kHidden, kZeroCenteredGamma>(params);
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_NORM_CUH_

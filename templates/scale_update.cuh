@@ -1,0 +1,128 @@
+// One kernel that updates every FP8 quantizer of a sequence after a step (no per-tensor launches,
+// no host sync): delayed scaling rolls the amax history and derives the scale from it; current
+// scaling derives the scale from the amax just measured.
+//
+// Entry point: update_scales<kThreads>. All arithmetic is IEEE (explicit __fdiv_rn, no fast-math)
+// so a CPU reference following the formulas in templates/README.md matches bit for bit.
+#ifndef OPFUSE_TEMPLATES_SCALE_UPDATE_CUH_
+#define OPFUSE_TEMPLATES_SCALE_UPDATE_CUH_
+
+#include "common/launch_rules.h"
+#include "common/reduce.cuh"
+#include "common/types.cuh"
+
+namespace opfuse {
+
+enum ScalingMode : int {
+  kDelayedScalingMax = 0,         // amax = fmaxf over the history from 0 (a NaN slot is skipped)
+  kDelayedScalingMostRecent = 1,  // amax = history[0] (this step's amax)
+  kCurrentScaling = 2,            // scale from amax_history[0] (the amax just measured)
+};
+
+// Device-resident state of one quantizer; the runtime keeps an array of these (one per quantized
+// tensor of the sequence) in device memory. 48 bytes, 8-byte aligned; host code mirrors it field
+// for field.
+struct QuantizerRecord {
+  float* amax_history;   // delayed: [history_length], slot 0 = this step's amax (kernels
+                         // atomicMax into it); current: [1], the measured amax
+  float* scale;          // [1] read by the cast kernels: fp8 = cast(value * scale)
+  float* scale_inv;      // [1] = 1 / scale, given to the GEMM as the operand's dequant factor
+  int history_length;    // delayed: >= 1 (any length); current: ignored
+  int mode;              // ScalingMode
+  float fp8_max;         // largest finite value of the format: 448 (E4M3) or 57344 (E5M2)
+  int margin;            // delayed: scale is divided by 2^margin
+  float epsilon;         // current: amax is clamped to at least epsilon
+  int power_of_2_scale;  // current: nonzero rounds the scale down to a power of 2
+};
+
+struct ScaleUpdateParams {
+  const QuantizerRecord* records;  // [count], device memory
+  int count;
+};
+
+// Current scaling: 1 for a non-finite amax or max(amax, epsilon) == 0, else
+// fp8_max / max(amax, epsilon), an infinite result clamped to FLT_MAX, optionally rounded down to
+// a power of 2 by masking the mantissa bits.
+__device__ __forceinline__ float current_scaling_scale(float amax, float fp8_max, float epsilon,
+                                                       bool power_of_2) {
+  if (!is_finite_float(amax)) return 1.0f;
+  const float clamped = fmaxf(amax, epsilon);
+  if (clamped == 0.0f) return 1.0f;
+  float scale = __fdiv_rn(fp8_max, clamped);
+  if (is_inf_float(scale)) scale = kFloatMax;
+  if (power_of_2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+  return scale;
+}
+
+// Delayed scaling: (fp8_max / amax) / 2^margin when amax is finite and > 0, else the old scale;
+// an infinite scale is clamped to FLT_MAX.
+__device__ __forceinline__ float delayed_scaling_scale(float amax, float old_scale, float fp8_max,
+                                                       int margin) {
+  float scale = old_scale;
+  if (is_finite_float(amax) && amax > 0.0f) {
+    scale = __fdiv_rn(__fdiv_rn(fp8_max, amax), ldexpf(1.0f, margin));
+  }
+  if (is_inf_float(scale)) scale = kFloatMax;
+  return scale;
+}
+
+// Block: kThreads (launch::kScaleUpdateThreads = 256). Grid: one block per record
+// (gridDim.x = count; a smaller grid strides over the records).
+//
+// Delayed scaling, for a history old[0..L-1]: amax = fmaxf over old from 0 (TE's kernel: a NaN
+// slot never wins, an Inf slot does and then keeps the old scale), or old[0] as it is; the history
+// becomes new[0] = 0, new[k] = old[k + 1] for 1 <= k <= L - 2, new[L - 1] = old[0] (L == 1: new[0]
+// = 0), i.e. TE's roll by -1 with the fresh slot 0 zeroed for the next step's atomicMax.
+template <int kThreads = launch::kScaleUpdateThreads>
+__global__ void __launch_bounds__(kThreads,
+                                  launch::min_blocks(kThreads, launch::kSmallKernelRegisterBudget))
+    update_scales(ScaleUpdateParams params) {
+  __shared__ float scratch[kThreads / 32];
+  for (int index = blockIdx.x; index < params.count; index += gridDim.x) {
+    const QuantizerRecord record = params.records[index];
+    if (record.mode == kCurrentScaling) {
+      if (threadIdx.x == 0) {
+        const float scale = current_scaling_scale(record.amax_history[0], record.fp8_max,
+                                                  record.epsilon, record.power_of_2_scale != 0);
+        *record.scale = scale;
+        *record.scale_inv = __fdiv_rn(1.0f, scale);
+      }
+      continue;  // uniform across the block: the record is the same for every thread
+    }
+
+    float* history = record.amax_history;
+    const int length = record.history_length;
+    const float newest = history[0];
+    float window_max = 0.0f;
+    // The roll shifts left by one in place, chunk by chunk from the front: a chunk's writes only
+    // touch indices below every index the later chunks read, so one barrier per chunk (between
+    // its reads and its writes) suffices.
+    for (int chunk = 0; chunk < length; chunk += kThreads) {
+      const int k = chunk + threadIdx.x;
+      float shifted = 0.0f;
+      if (k < length) {
+        window_max = fmaxf(window_max, history[k]);
+        if (k + 1 < length) shifted = history[k + 1];
+      }
+      __syncthreads();
+      if (k == 0) {
+        history[0] = 0.0f;
+      } else if (k <= length - 2) {
+        history[k] = shifted;
+      }
+    }
+    if (length >= 2 && threadIdx.x == 0) history[length - 1] = newest;
+
+    float amax = block_allreduce<kThreads>(window_max, scratch, MaxOp{});
+    if (record.mode == kDelayedScalingMostRecent) amax = newest;
+    if (threadIdx.x == 0) {
+      const float scale = delayed_scaling_scale(amax, *record.scale, record.fp8_max, record.margin);
+      *record.scale = scale;
+      *record.scale_inv = __fdiv_rn(1.0f, scale);
+    }
+  }
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_SCALE_UPDATE_CUH_

@@ -1,0 +1,394 @@
+// The CUDA kernel templates (templates/) compiled through NVRTC: every family x arch (sm_89,
+// sm_90a, sm_100a) x input dtype (bf16, fp16, fp32) with FP8 E4M3/E5M2 outputs and the main
+// options, plus the seed MLP's kernels (hidden 4096, ffn 28672, bf16 in, FP8 out, sm_90a) one per
+// compile with register budgets and no spills. Also: the launch rules codegen relies on, each
+// header compiling on its own with nvcc, and the README naming every entry point.
+//
+// Time: one NVRTC program per (family, arch, dtype) holds all of that combination's
+// instantiations, so headers are parsed once per case, not once per kernel: 74 NVRTC programs of
+// 0.1-1.5 s and 13 nvcc header compiles of ~1.5 s; ~55 s with ctest -j2 on 2 cores (~115 s of
+// CPU). Needs NVRTC (and nvcc for the header cases, skipped without it), not a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../../runtime/jit/nvrtc_compiler.h"
+#include "../../templates/common/launch_rules.h"
+#include "test_support.h"
+
+namespace opfuse {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TemplateCase {
+  std::string name;  // gtest parameter name
+  std::string header;
+  std::vector<std::string> name_expressions;
+  std::string arch;
+  // > 0: a single-kernel case whose ptxas register count must stay within this budget.
+  int register_budget = 0;
+};
+
+struct Dtype {
+  std::string tag;   // for test names
+  std::string type;  // CUDA spelling
+  int hidden;        // norm width exercised for this dtype (see norm_case)
+};
+
+const std::vector<std::string>& archs() {
+  static const std::vector<std::string> kArchs = {"sm_89", "sm_90a", "sm_100a"};
+  return kArchs;
+}
+
+// Norm widths: bf16 4096 (the seed MLP, 32-row transposed tiles), fp16 1000 (not a multiple of
+// the row group's vectors: idle slots), fp32 8192 (too wide for 32-row tiles: 16-row tiles).
+const std::vector<Dtype>& input_dtypes() {
+  static const std::vector<Dtype> kDtypes = {
+      {"bf16", "__nv_bfloat16", 4096}, {"fp16", "__half", 1000}, {"fp32", "float", 8192}};
+  return kDtypes;
+}
+
+constexpr const char* kE4m3 = "__nv_fp8_e4m3";
+constexpr const char* kE5m2 = "__nv_fp8_e5m2";
+
+std::string args(std::initializer_list<std::string> parts) {
+  std::string joined;
+  for (const std::string& part : parts) joined += (joined.empty() ? "" : ", ") + part;
+  return joined;
+}
+
+TemplateCase norm_case(const std::string& arch, const Dtype& in) {
+  const std::string h = std::to_string(in.hidden);
+  const std::string t = in.type;
+  return {"norm_" + in.tag + "_" + arch,
+          "norm.cuh",
+          {"opfuse::layernorm_fwd<" + args({t, t, h}) + ">",
+           "opfuse::layernorm_fwd<" + args({t, kE4m3, h, "false", "true"}) + ">",
+           "opfuse::layernorm_fwd<" + args({t, kE5m2, h, "true", "false"}) + ">",
+           "opfuse::rmsnorm_fwd<" + args({t, t, h, "true"}) + ">",
+           "opfuse::rmsnorm_fwd<" + args({t, kE4m3, h, "true", "true"}) + ">",
+           "opfuse::layernorm_bwd<" + args({t, h}) + ">",
+           "opfuse::rmsnorm_bwd<" + args({t, h, "true"}) + ">",
+           "opfuse::reduce_column_partials<" + t + ">"},
+          arch};
+}
+
+// Every activation in a plain and a gated kernel, forward and backward, across outputs/options.
+TemplateCase activation_case(const std::string& arch, const Dtype& in, bool gated) {
+  const std::string t = in.type;
+  const std::string fwd = gated ? "opfuse::gated_activation_fwd<" : "opfuse::activation_fwd<";
+  const std::string bwd = gated ? "opfuse::gated_activation_bwd<" : "opfuse::activation_bwd<";
+  return {std::string(gated ? "gated_activation_" : "activation_") + in.tag + "_" + arch,
+          "activation.cuh",
+          {fwd + args({"opfuse::Silu", t, kE4m3, "true"}) + ">",
+           fwd + args({"opfuse::Gelu", t, t}) + ">",
+           fwd + args({"opfuse::Relu", t, kE5m2, "false"}) + ">",
+           fwd + args({"opfuse::QGelu", t, kE4m3, "true"}) + ">",
+           bwd + args({"opfuse::Silu", t, kE5m2, "true", "true"}) + ">",
+           bwd + args({"opfuse::Gelu", t, t, "false", "true"}) + ">",
+           bwd + args({"opfuse::Relu", t, kE5m2, "true", "false"}) + ">",
+           bwd + args({"opfuse::QGelu", t, t}) + ">"},
+          arch};
+}
+
+TemplateCase cast_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  return {"cast_transpose_" + in.tag + "_" + arch,
+          "cast_transpose.cuh",
+          {"opfuse::cast_transpose<" + args({t, kE4m3, "true", "false"}) + ">",
+           "opfuse::cast_transpose<" + args({t, kE5m2, "true", "true"}) + ">",
+           "opfuse::cast_transpose<" + args({t, kE4m3, "false", "false"}) + ">",
+           "opfuse::cast_transpose<" + args({t, "__nv_bfloat16", "false", "true"}) + ">",
+           "opfuse::reduce_column_partials<" + t + ">"},
+          arch};
+}
+
+TemplateCase bias_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  return {"bias_" + in.tag + "_" + arch,
+          "bias.cuh",
+          {"opfuse::bias_add<" + args({t, kE4m3, "true", "true", "true"}) + ">",
+           "opfuse::bias_add<" + args({t, t, "true", "false", "false"}) + ">",
+           "opfuse::bias_add<" + args({t, kE5m2, "false", "true", "false"}) + ">",
+           "opfuse::dbias_partial<" + t + ">", "opfuse::reduce_column_partials<" + t + ">"},
+          arch};
+}
+
+TemplateCase amax_case(const std::string& arch, const Dtype& in) {
+  return {
+      "amax_" + in.tag + "_" + arch, "amax.cuh", {"opfuse::amax_reduce<" + in.type + ">"}, arch};
+}
+
+// The seed MLP (RMSNorm -> fc1 -> SwiGLU -> fc2 with FP8 GEMMs): hidden 4096, ffn 28672, bf16
+// activations, E4M3 forward, E5M2 gradients, on sm_90a. Budgets are the launch rules' own.
+std::vector<TemplateCase> seed_mlp_cases() {
+  const std::string bf16 = "__nv_bfloat16";
+  struct Main {
+    std::string name, header, expression;
+    int budget;
+  };
+  const std::vector<Main> mains = {
+      {"rmsnorm_fwd_e4m3_transpose", "norm.cuh",
+       "opfuse::rmsnorm_fwd<" + args({bf16, kE4m3, "4096", "false", "true"}) + ">",
+       launch::norm_fwd_register_budget(/*is_rms=*/true, /*fp8_output=*/true, /*transpose=*/true)},
+      {"rmsnorm_fwd_e4m3", "norm.cuh",
+       "opfuse::rmsnorm_fwd<" + args({bf16, kE4m3, "4096", "false", "false"}) + ">",
+       launch::norm_fwd_register_budget(true, true, false)},
+      {"layernorm_fwd_e4m3_transpose", "norm.cuh",
+       "opfuse::layernorm_fwd<" + args({bf16, kE4m3, "4096", "false", "true"}) + ">",
+       launch::norm_fwd_register_budget(false, true, true)},
+      {"layernorm_fwd_bf16", "norm.cuh",
+       "opfuse::layernorm_fwd<" + args({bf16, bf16, "4096"}) + ">",
+       launch::norm_fwd_register_budget(false, false, false)},
+      {"rmsnorm_bwd", "norm.cuh", "opfuse::rmsnorm_bwd<" + args({bf16, "4096"}) + ">",
+       launch::kNormBwdRegisterBudget},
+      {"layernorm_bwd", "norm.cuh", "opfuse::layernorm_bwd<" + args({bf16, "4096"}) + ">",
+       launch::kNormBwdRegisterBudget},
+      {"swiglu_fwd_e4m3_transpose", "activation.cuh",
+       "opfuse::gated_activation_fwd<" + args({"opfuse::Silu", bf16, kE4m3, "true"}) + ">",
+       launch::tile_register_budget(/*input_bytes=*/2, /*loads_per_element=*/2, /*transpose=*/true,
+                                    /*dbias=*/false)},
+      {"swiglu_bwd_e5m2_transpose", "activation.cuh",
+       "opfuse::gated_activation_bwd<" + args({"opfuse::Silu", bf16, kE5m2, "true", "false"}) + ">",
+       launch::tile_register_budget(2, 3, true, false)},
+      {"swiglu_bwd_e5m2_transpose_dbias", "activation.cuh",
+       "opfuse::gated_activation_bwd<" + args({"opfuse::Silu", bf16, kE5m2, "true", "true"}) + ">",
+       launch::tile_register_budget(2, 3, true, true)},
+      {"cast_transpose_e4m3", "cast_transpose.cuh",
+       "opfuse::cast_transpose<" + args({bf16, kE4m3, "true", "false"}) + ">",
+       launch::tile_register_budget(2, 1, true, false)},
+      {"cast_transpose_dbias_e5m2", "cast_transpose.cuh",
+       "opfuse::cast_transpose<" + args({bf16, kE5m2, "true", "true"}) + ">",
+       launch::tile_register_budget(2, 1, true, true)},
+      {"residual_add_e4m3", "bias.cuh",
+       "opfuse::bias_add<" + args({bf16, kE4m3, "false", "true", "false"}) + ">",
+       launch::tile_register_budget(2, 2, false, false)},
+      {"reduce_column_partials", "norm.cuh", "opfuse::reduce_column_partials<" + bf16 + ">",
+       launch::kSmallKernelRegisterBudget},
+      {"amax_reduce", "amax.cuh", "opfuse::amax_reduce<" + bf16 + ">",
+       launch::kSmallKernelRegisterBudget},
+      {"update_scales", "scale_update.cuh", "opfuse::update_scales<256>",
+       launch::kSmallKernelRegisterBudget},
+  };
+  std::vector<TemplateCase> cases;
+  for (const Main& main : mains) {
+    cases.push_back(
+        {"seed_mlp_" + main.name, main.header, {main.expression}, "sm_90a", main.budget});
+  }
+  return cases;
+}
+
+std::vector<TemplateCase> all_cases() {
+  std::vector<TemplateCase> cases = seed_mlp_cases();
+  for (const std::string& arch : archs()) {
+    for (const Dtype& in : input_dtypes()) {
+      cases.push_back(norm_case(arch, in));
+      cases.push_back(activation_case(arch, in, /*gated=*/false));
+      cases.push_back(activation_case(arch, in, /*gated=*/true));
+      cases.push_back(cast_case(arch, in));
+      cases.push_back(bias_case(arch, in));
+      cases.push_back(amax_case(arch, in));
+    }
+    cases.push_back({"scale_update_" + arch,
+                     "scale_update.cuh",
+                     {"opfuse::update_scales<256>", "opfuse::update_scales<128>"},
+                     arch});
+  }
+  return cases;
+}
+
+bool is_elf(const std::vector<char>& binary) {
+  return binary.size() > 4 && binary[0] == '\x7f' && binary[1] == 'E' && binary[2] == 'L' &&
+         binary[3] == 'F';
+}
+
+// "kernel: registers, spills" for every kernel of a ptxas -v log, so a failure names the culprit.
+std::string ptxas_summary(const std::string& log) {
+  static const std::regex kEntry(R"(Compiling entry function '(\w+)')");
+  static const std::regex kUsage(
+      R"((\d+) bytes spill stores, (\d+) bytes spill loads[\s\S]*?Used (\d+) registers)");
+  std::string summary;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), kEntry); it != std::sregex_iterator();
+       ++it) {
+    const std::string rest = log.substr(static_cast<std::size_t>(it->position() + it->length()));
+    std::smatch usage;
+    if (!std::regex_search(rest, usage, kUsage)) continue;
+    summary += "  " + (*it)[1].str() + ": " + usage[3].str() + " registers, " + usage[1].str() +
+               " B spill stores, " + usage[2].str() + " B spill loads\n";
+  }
+  return summary;
+}
+
+void PrintTo(const TemplateCase& test_case, std::ostream* out) { *out << test_case.name; }
+
+class TemplateCompileTest : public ::testing::TestWithParam<TemplateCase> {};
+
+TEST_P(TemplateCompileTest, CompilesToCubinWithoutSpills) {
+  const TemplateCase& test_case = GetParam();
+  jit::CompileRequest request;
+  request.kernel_name = test_case.name;
+  request.source = "#include \"" + test_case.header + "\"\n";
+  request.name_expressions = test_case.name_expressions;
+  request.arch = test_case.arch;
+
+  jit::CompiledKernel kernel;
+  try {
+    kernel = jit::compile_kernel(request);
+  } catch (const jit::JitError& error) {
+    FAIL() << error.what();
+  }
+  EXPECT_FALSE(kernel.is_ptx);
+  EXPECT_TRUE(is_elf(kernel.binary)) << "expected a cubin for " << test_case.arch;
+  for (const std::string& expression : test_case.name_expressions) {
+    const auto lowered = kernel.lowered_names.find(expression);
+    ASSERT_NE(lowered, kernel.lowered_names.end()) << expression;
+    EXPECT_EQ(lowered->second.rfind("_ZN6opfuse", 0), 0u)
+        << expression << " -> " << lowered->second;
+  }
+  // ptxas -v figures (the largest over the program's kernels): every instantiation must fit its
+  // register budget without spilling, or the kernel silently loses most of its bandwidth.
+  ASSERT_GT(kernel.registers, 0) << "no ptxas register report in the log:\n" << kernel.log;
+  const std::string summary = ptxas_summary(kernel.log);
+  EXPECT_EQ(kernel.spill_store_bytes, 0) << summary;
+  EXPECT_EQ(kernel.spill_load_bytes, 0) << summary;
+  if (test_case.register_budget > 0) {
+    EXPECT_LE(kernel.registers, test_case.register_budget) << summary;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Templates, TemplateCompileTest, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<TemplateCase>& info) {
+                           return info.param.name;
+                         });
+
+// The shapes the README promises to codegen, for the seed MLP and the edge cases.
+TEST(TemplateLaunchRules, NormShapesMatchTheReadme) {
+  // bf16, hidden 4096: 512 vectors of 8; 4 per thread; 128 threads per row; 1 row per block.
+  EXPECT_EQ(launch::norm_vecs_per_thread(4096, 2, launch::kNormFwdMaxVecsPerThread), 4);
+  EXPECT_EQ(launch::norm_threads_per_row(4096, 2, launch::kNormFwdMaxVecsPerThread), 128);
+  EXPECT_EQ(launch::norm_fwd_rows_per_block(4096, 2, false), 1);
+  EXPECT_EQ(launch::norm_fwd_block_threads(4096, 2, false), 128);
+  // Transposed copy: 32-row tiles of 4100-byte rows, 4 row groups of 128 threads.
+  EXPECT_EQ(launch::norm_transpose_tile_rows(4096), 32);
+  EXPECT_EQ(launch::norm_fwd_rows_per_block(4096, 2, true), 4);
+  EXPECT_EQ(launch::norm_fwd_block_threads(4096, 2, true), 512);
+  EXPECT_EQ(launch::norm_fwd_dynamic_smem_bytes(4096, true), 32 * 4100);
+  EXPECT_EQ(launch::norm_fwd_dynamic_smem_bytes(4096, false), 0);
+  // Too wide for 32 staged rows: 16-row tiles.
+  EXPECT_EQ(launch::norm_transpose_tile_rows(8192), 16);
+  // Backward: one vector per thread, 512 threads for one bf16 row of 4096.
+  EXPECT_EQ(launch::norm_bwd_block_threads(4096, 2), 512);
+  EXPECT_EQ(launch::norm_bwd_rows_per_block(4096, 2), 1);
+  // fp16, hidden 1000: 125 vectors -> 4 per thread, 32 threads (3 idle slots), 4 rows a block.
+  EXPECT_EQ(launch::norm_threads_per_row(1000, 2, launch::kNormFwdMaxVecsPerThread), 32);
+  EXPECT_EQ(launch::norm_fwd_block_threads(1000, 2, false), 128);
+  EXPECT_EQ(launch::norm_fwd_rows_per_block(1000, 2, true), 16);
+  // fp32, hidden 768: 192 vectors of 4 -> 4 per thread, 64 threads per row.
+  EXPECT_EQ(launch::norm_threads_per_row(768, 4, launch::kNormFwdMaxVecsPerThread), 64);
+}
+
+TEST(TemplateLaunchRules, TileAndReductionGrids) {
+  EXPECT_EQ(launch::tile_grid_x(28672), 448);
+  EXPECT_EQ(launch::tile_grid_x(200), 4);  // partial last column tile
+  EXPECT_EQ(launch::tile_grid_y(1000), 16);
+  EXPECT_EQ(launch::tile_grid_y(0), 1);
+  EXPECT_EQ(launch::tile_grid_y(1LL << 40), launch::kTileMaxGridY);
+  EXPECT_EQ(launch::column_reduce_grid_x(4096), 32);
+  EXPECT_EQ(launch::min_blocks(256, 64), 4);
+  EXPECT_EQ(launch::min_blocks(256, 80), 3);
+  EXPECT_EQ(launch::min_blocks(512, 128), 1);
+  // The seed MLP's budgets: 64 (4 blocks/SM) where it fits, 80 or 128 where measured necessary.
+  EXPECT_EQ(launch::tile_register_budget(2, 1, true, false), 64);  // cast_transpose bf16 -> FP8
+  EXPECT_EQ(launch::tile_register_budget(2, 2, true, false), 80);  // SwiGLU forward + transpose
+  EXPECT_EQ(launch::tile_register_budget(2, 3, true, true), 128);  // SwiGLU backward
+  EXPECT_EQ(launch::norm_fwd_register_budget(true, true, false), 64);
+}
+
+std::vector<std::string> template_headers() {
+  std::vector<std::string> headers;
+  for (const auto& entry : fs::recursive_directory_iterator(test::source_path("templates"))) {
+    const std::string extension = entry.path().extension().string();
+    if (extension == ".cuh" || extension == ".h") {
+      headers.push_back(fs::relative(entry.path(), test::source_path("templates")).string());
+    }
+  }
+  std::sort(headers.begin(), headers.end());
+  return headers;
+}
+
+std::string nvcc_path() {
+  for (const char* variable : {"CUDA_HOME", "CUDA_PATH"}) {
+    const char* root = std::getenv(variable);
+    if (root != nullptr && fs::exists(fs::path(root) / "bin/nvcc")) {
+      return (fs::path(root) / "bin/nvcc").string();
+    }
+  }
+  return fs::exists("/usr/local/cuda/bin/nvcc") ? "/usr/local/cuda/bin/nvcc" : "";
+}
+
+class TemplateHeaderTest : public ::testing::TestWithParam<std::string> {};
+
+// Tools (clangd, nvcc -E, reviewers) read each header on its own: it must compile alone.
+TEST_P(TemplateHeaderTest, CompilesOnItsOwnWithNvcc) {
+  const std::string nvcc = nvcc_path();
+  if (nvcc.empty()) GTEST_SKIP() << "nvcc not found (CUDA_HOME, CUDA_PATH, /usr/local/cuda)";
+  const std::string header = test::source_path("templates/" + GetParam());
+  const std::string object = test::make_temp_dir("template-header") + "/header.o";
+  const test::CommandResult result =
+      test::run_command("'" + nvcc + "' -std=c++17 -arch=sm_90a -Werror all-warnings -c -x cu '" +
+                        header + "' -o '" + object + "' 2>&1");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(fs::exists(object));
+}
+
+INSTANTIATE_TEST_SUITE_P(Templates, TemplateHeaderTest, ::testing::ValuesIn(template_headers()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+// Kernel entry points: the `name(SomethingParams` of every __global__ template in templates/.
+std::set<std::string> kernel_entry_points() {
+  static const std::regex kEntry(R"((\w+)\(\s*(\w+Params)\b)");
+  std::set<std::string> names;
+  for (const std::string& header : template_headers()) {
+    const std::string text = test::read_text(test::source_path("templates/" + header));
+    if (text.find("__global__") == std::string::npos) continue;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), kEntry);
+         it != std::sregex_iterator(); ++it) {
+      names.insert((*it)[1].str());
+    }
+  }
+  return names;
+}
+
+TEST(TemplateCoverage, EveryEntryPointIsDocumentedAndCompiled) {
+  const std::set<std::string> entries = kernel_entry_points();
+  ASSERT_GE(entries.size(), 12u) << "entry point scan found too few kernels";
+  const std::string readme = test::read_text(test::source_path("templates/README.md"));
+  std::string expressions;
+  for (const TemplateCase& test_case : all_cases()) {
+    for (const std::string& expression : test_case.name_expressions)
+      expressions += expression + "\n";
+  }
+  for (const std::string& entry : entries) {
+    EXPECT_TRUE(std::regex_search(readme, std::regex("\\b" + entry + "\\b")))
+        << "templates/README.md does not document " << entry;
+    EXPECT_NE(expressions.find("opfuse::" + entry + "<"), std::string::npos)
+        << entry << " is in no compile case of this test";
+  }
+}
+
+}  // namespace
+}  // namespace opfuse
