@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the golden files after a deliberate change to the printers:
-#   tests/golden/ir/<example>.ir   `fusec ir` of every dsl_examples/*.fuse
+#   tests/golden/ir/<example>.ir   `fusec ir --after all` of every dsl_examples/*.fuse
 #   tests/golden/ast/sketch.ast    the parser test's AST dump (OPFUSE_UPDATE_GOLDEN=1)
 # Usage: scripts/update_goldens.sh [BUILD_DIR]   (default: build/release, configured if missing)
 #        OPFUSE_GOLDENS=ir scripts/update_goldens.sh ...   regenerates the IR goldens only
@@ -32,7 +32,7 @@ for golden in tests/golden/ir/*.ir; do
 done
 for example in dsl_examples/*.fuse; do
   golden="tests/golden/ir/$(basename "$example" .fuse).ir"
-  "$fusec" ir "$example" >"$golden.tmp"
+  "$fusec" ir --after all "$example" >"$golden.tmp"
   mv "$golden.tmp" "$golden"
   echo "wrote $golden"
 done

@@ -14,6 +14,34 @@ std::vector<std::string> Sequence::symbols() const {
   return out;
 }
 
+ValueId Sequence::add_value(ValueKind kind, TensorType type, std::string name) {
+  Value v;
+  v.id = ValueId(values.size());
+  v.kind = kind;
+  v.type = std::move(type);
+  v.name = std::move(name);
+  values.push_back(std::move(v));
+  return values.back().id;
+}
+
+std::string_view phase_name(Phase p) { return p == Phase::Forward ? "forward" : "backward"; }
+
+std::string_view quantizer_role_name(QuantizerRole r) {
+  switch (r) {
+    case QuantizerRole::Input:
+      return "input";
+    case QuantizerRole::Weight:
+      return "weight";
+    case QuantizerRole::GradOutput:
+      return "grad_output";
+    case QuantizerRole::Output:
+      return "output";
+    case QuantizerRole::GradInput:
+      return "grad_input";
+  }
+  return "?";
+}
+
 const Sequence* Program::find_sequence(std::string_view name) const {
   for (const Sequence& s : sequences)
     if (s.name == name) return &s;

@@ -14,8 +14,14 @@
 namespace opfuse::ir {
 
 using ValueId = uint32_t;
+inline constexpr ValueId kNoValue = ~ValueId(0);
 
-enum class ValueKind : uint8_t { Input, Param, Result };
+// OutputGrad: the gradient backward receives for a sequence output (see Sequence::output_grads).
+enum class ValueKind : uint8_t { Input, Param, Result, OutputGrad };
+
+// Forward ops run in forward(); backward ops (made by the build-backward pass) in backward().
+enum class Phase : uint8_t { Forward, Backward };
+std::string_view phase_name(Phase p);
 
 struct Value {
   ValueId id = 0;
@@ -24,15 +30,39 @@ struct Value {
   // Input: the signature name. Param: "<instance>.<role>" (e.g. "up_proj.weight"). Result: "".
   std::string name;
   int32_t producer = -1;  // index of the producing op for results
+  // An FP8 value made by cast_fp8: the index of its quantizer in Sequence::quantizers (GEMMs
+  // read its scale_inv); -1 otherwise.
+  int32_t quantizer = -1;
+};
+
+// Which GEMM operand a quantizer serves (TE's names); gradients use E5M2 under HYBRID.
+enum class QuantizerRole : uint8_t { Input, Weight, GradOutput, Output, GradInput };
+std::string_view quantizer_role_name(QuantizerRole r);
+
+// One FP8 quantizer: amax history, scale and scale_inv at run time (DESIGN.md 3).
+struct QuantizerDecl {
+  std::string name;  // "<layer>.<role>": "fc1.input", "fc1.weight", "fc1.grad_output"
+  QuantizerRole role = QuantizerRole::Input;
+  DType format = DType::E4M3;
+  ValueId source = kNoValue;  // the high-precision value it casts
+  bool rowwise = false;       // row-major FP8 copy made
+  bool columnwise = false;    // transposed FP8 copy made (TN-only GEMMs of backward)
 };
 
 struct Operation {
-  OpKind kind;
-  std::vector<ValueId> operands;  // operands[0] is the main stream; then params; then extra input
-  std::vector<ValueId> results;   // one result for every op kind today
+  OpKind kind = OpKind::Identity;
+  Phase phase = Phase::Forward;
+  // User ops: operands[0] is the main stream; then params; then the extra input. Internal ops:
+  // as op_table.cpp documents each.
+  std::vector<ValueId> operands;
+  std::vector<ValueId> results;  // user ops: one; norms gain their saved statistics (mean, rstd)
   AttrList attrs;
   std::string instance;  // layer name: from `as NAME`, else "<op>_<k>" (k counts that op kind)
   SourceLoc loc;
+  int32_t quantizer = -1;  // cast_fp8 and quantize: index into Sequence::quantizers
+  // A fused op (OpKind::Fused): the ops it replaced, in order. Its operands are the values its
+  // parts read from outside, its results the values they make that are used outside.
+  std::vector<Operation> parts;
 };
 
 struct SequenceOutput {
@@ -52,7 +82,17 @@ struct Sequence {
   Recipe recipe;
   bool fp8_weights = false;  // TE's quantized_model_init: weights stored in FP8 only
 
+  // Made by build-backward (empty before): one per output / input / param, signature order.
+  bool has_backward = false;
+  std::vector<ValueId> output_grads;  // ValueKind::OutputGrad values seeded by the caller
+  std::vector<ValueId> input_grads;
+  std::vector<ValueId> param_grads;
+  // Made by plan-quantization; empty under the bf16 recipe.
+  std::vector<QuantizerDecl> quantizers;
+
   const Value& value(ValueId id) const { return values.at(id); }
+  // Appends a value and returns its id.
+  ValueId add_value(ValueKind kind, TensorType type, std::string name = {});
   // Symbolic dimensions used anywhere in the sequence, sorted (bound at run time).
   std::vector<std::string> symbols() const;
 };

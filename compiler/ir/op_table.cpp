@@ -46,6 +46,17 @@ constexpr AttrSpec kReshapeAttrs[] = {
     {"shape", AttrType::Shape, true, 0, 0, 0, "the new shape; one entry may be -1 (inferred)"},
 };
 
+constexpr AttrSpec kCastFp8Attrs[] = {
+    {"rowwise", AttrType::Bool, false, 1, 0, 1, "write the row-major FP8 copy"},
+    {"columnwise", AttrType::Bool, false, 0, 0, 1, "write the transposed FP8 copy (for TN GEMMs)"},
+};
+constexpr AttrSpec kActivationBackwardAttrs[] = {
+    {"activation", AttrType::Name, true, 0, 0, 0, "the forward op's name (gelu, swiglu, ...)"},
+};
+constexpr AttrSpec kFusedAttrs[] = {
+    {"pattern", AttrType::Name, true, 0, 0, 0, "the fusion pattern that formed the op"},
+};
+
 // ---- shape rules ------------------------------------------------------------------------------
 
 bool last_dim_is(const ShapeInput& in, int64_t size, const char* attr, const char* what,
@@ -217,6 +228,7 @@ ShapeResult reshape_shape(const ShapeInput& in) {
 constexpr std::span<const AttrSpec> kNoAttrs{};
 
 const std::array<OpInfo, kNumOpKinds> kOps = {{
+    // ---- user ops (kNumUserOpKinds) ----
     {OpKind::LayerNorm, "layernorm", KernelFamily::Norm, kNormAttrs, layernorm_shape,
      "[..., size] -> [..., size]", "LayerNorm over the last dimension, learned weight and bias"},
     {OpKind::RMSNorm, "rmsnorm", KernelFamily::Norm, kNormAttrs, rmsnorm_shape,
@@ -253,6 +265,28 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "passes the tensor through"},
     {OpKind::Reshape, "reshape", KernelFamily::Alias, kReshapeAttrs, reshape_shape,
      "[...] -> shape", "views the tensor with a new shape of the same element count"},
+    // ---- internal ops: made by passes (docs/architecture.md, "Training graph") ----
+    {OpKind::CastFp8, "cast_fp8", KernelFamily::Cast, kCastFp8Attrs, nullptr,
+     "[..., k] -> e4m3|e5m2[..., k] and/or [k, ...]", "FP8 cast with the op's quantizer"},
+    {OpKind::LayerNormBackward, "layernorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,
+     "(dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)", "LayerNorm backward"},
+    {OpKind::RMSNormBackward, "rmsnorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,
+     "(dy, x, gamma, rstd) -> (dx, dgamma)", "RMSNorm backward"},
+    {OpKind::LinearDgrad, "linear_dgrad", KernelFamily::Gemm, kLinearAttrs, nullptr,
+     "(dy[..., out], W[out, in] or W^T[in, out]) -> dx[..., in]", "dx = dy W"},
+    {OpKind::LinearWgrad, "linear_wgrad", KernelFamily::Gemm, kLinearAttrs, nullptr,
+     "(dy or dy^T, x or x^T) -> dW[out, in]", "dW = dy^T x"},
+    {OpKind::BiasGrad, "bias_grad", KernelFamily::Bias, kBiasAttrs, nullptr,
+     "[..., size] -> [size]", "column sums of the gradient"},
+    {OpKind::ActivationBackward, "activation_backward", KernelFamily::Activation,
+     kActivationBackwardAttrs, nullptr, "(dy, x) -> dx", "dx = dy * act'(x)"},
+    {OpKind::GatedActivationBackward, "gated_activation_backward", KernelFamily::GatedActivation,
+     kActivationBackwardAttrs, nullptr, "(dy[..., n], x[..., 2n]) -> dx[..., 2n]",
+     "gradient of both halves"},
+    {OpKind::GradAdd, "grad_add", KernelFamily::Residual, kNoAttrs, nullptr, "(a, b) -> a + b",
+     "sums two gradients of one value"},
+    {OpKind::Fused, "fused", KernelFamily::Alias, kFusedAttrs, nullptr, "parts",
+     "a fusion; its meaning is its parts run in order"},
 }};
 
 template <typename T>
@@ -339,18 +373,20 @@ const OpInfo& op_info(OpKind kind) {
   return info;
 }
 
+bool is_internal(OpKind kind) { return static_cast<size_t>(kind) >= kNumUserOpKinds; }
+
 const OpInfo* find_op(std::string_view name) {
-  for (const OpInfo& op : kOps)
+  for (const OpInfo& op : all_ops())
     if (op.name == name) return &op;
   return nullptr;
 }
 
-std::span<const OpInfo> all_ops() { return kOps; }
+std::span<const OpInfo> all_ops() { return std::span(kOps).first(kNumUserOpKinds); }
 
 std::string suggest_op(std::string_view name) {
   std::vector<std::string> names;
-  names.reserve(kOps.size());
-  for (const OpInfo& op : kOps) names.emplace_back(op.name);
+  names.reserve(kNumUserOpKinds);
+  for (const OpInfo& op : all_ops()) names.emplace_back(op.name);
   return closest_spelling(name, names);
 }
 

@@ -32,8 +32,21 @@ enum class OpKind : uint8_t {
   ConstantScale,
   Identity,
   Reshape,
+  // Internal ops (note "Training graph" in docs/architecture.md): made by passes, never parsed.
+  CastFp8,                  // quantize to FP8 (row-wise and/or column-wise copy), one quantizer
+  LayerNormBackward,        // (dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)
+  RMSNormBackward,          // (dy, x, gamma, rstd) -> (dx, dgamma)
+  LinearDgrad,              // (dy, W or W^T) -> dx
+  LinearWgrad,              // (dy or dy^T, x or x^T) -> dW
+  BiasGrad,                 // (dy) -> dbias
+  ActivationBackward,       // (dy, x) -> dx, activation named by attribute
+  GatedActivationBackward,  // (dy, x) -> dx over both halves
+  GradAdd,                  // (a, b) -> a + b: gradient accumulation where a value fans out
+  Fused,                    // a fusion: `parts` run as one kernel or one GEMM call
 };
-inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Reshape) + 1;
+inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Fused) + 1;
+// Ops a .fuse program can name come first; the rest are internal.
+inline constexpr size_t kNumUserOpKinds = static_cast<size_t>(OpKind::Reshape) + 1;
 
 enum class AttrType : uint8_t {
   Int,    // integer constant expression
@@ -114,17 +127,19 @@ using ShapeRule = ShapeResult (*)(const ShapeInput&);
 
 struct OpInfo {
   OpKind kind;
-  std::string_view name;  // as written in .fuse
+  std::string_view name;  // as written in .fuse (internal ops: as printed)
   KernelFamily family;
   std::span<const AttrSpec> attrs;
-  ShapeRule shape_rule;
+  ShapeRule shape_rule;        // user ops; internal ops are typed by the pass that makes them
   std::string_view shape_doc;  // e.g. "[..., in] -> [..., out]"
   std::string_view doc;        // one sentence for docs/language.md and `fusec ops`
 };
 
 const OpInfo& op_info(OpKind kind);
+bool is_internal(OpKind kind);
+// User ops only: internal ops cannot be written in a .fuse file.
 const OpInfo* find_op(std::string_view name);
-std::span<const OpInfo> all_ops();
+std::span<const OpInfo> all_ops();  // user ops, in table order
 // Closest op name within edit distance 2, for "did you mean" hints; empty if none.
 std::string suggest_op(std::string_view name);
 

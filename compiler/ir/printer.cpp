@@ -6,16 +6,28 @@ namespace opfuse::ir {
 
 namespace {
 
-// Inputs print as %name, parameters as %instance.role, op results as %0, %1, ... in order.
+// Inputs print as %name, parameters as %instance.role, output gradients as %d<output>, op results
+// as %0, %1, ... in order of creation.
 class ValueNames {
  public:
   explicit ValueNames(const Sequence& s) : names_(s.values.size()) {
     int next = 0;
     for (const Value& v : s.values) {
-      names_[v.id] = v.kind == ValueKind::Result ? fmt::format("%{}", next++) : "%" + v.name;
+      switch (v.kind) {
+        case ValueKind::Result:
+          names_[v.id] = fmt::format("%{}", next++);
+          break;
+        case ValueKind::OutputGrad:
+          names_[v.id] = "%d" + v.name;
+          break;
+        default:
+          names_[v.id] = "%" + v.name;
+      }
     }
   }
-  const std::string& operator[](ValueId id) const { return names_.at(id); }
+  std::string operator[](ValueId id) const {
+    return id == kNoValue ? std::string("none") : names_.at(id);
+  }
 
  private:
   std::vector<std::string> names_;
@@ -24,6 +36,37 @@ class ValueNames {
 std::string location(const SourceLoc& loc, const SourceManager* sources) {
   if (!sources || !loc.valid() || loc.file >= sources->file_count()) return {};
   return fmt::format("  // {}:{}", sources->base_name(loc.file), loc.line);
+}
+
+std::string list(const std::vector<ValueId>& ids, const ValueNames& names) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + names[ids[i]];
+  return out;
+}
+
+void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
+              const SourceManager* sources, const std::string& indent, std::string& out) {
+  std::string line = indent + list(op.results, names);
+  line += fmt::format(" = {}({})", op_info(op.kind).name, list(op.operands, names));
+  if (!op.attrs.empty()) {
+    line += " {";
+    for (size_t i = 0; i < op.attrs.size(); ++i)
+      line += fmt::format("{}{} = {}", i ? ", " : "", op.attrs[i].name,
+                          attr_value_string(op.attrs[i].value));
+    line += "}";
+  }
+  line += fmt::format(" as \"{}\"", op.instance);
+  if (op.quantizer >= 0)
+    line += fmt::format(" quantizer \"{}\"", s.quantizers.at(op.quantizer).name);
+  for (size_t i = 0; i < op.results.size(); ++i)
+    line += (i ? ", " : " : ") + type_string(s.value(op.results[i]).type);
+  if (op.parts.empty()) {
+    out += line + location(op.loc, sources) + "\n";
+    return;
+  }
+  out += line + " {\n";
+  for (const Operation& part : op.parts) print_op(s, part, names, sources, indent + "  ", out);
+  out += indent + "}\n";
 }
 
 }  // namespace
@@ -50,27 +93,30 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
     const Value& v = s.value(p);
     out += fmt::format("  param {}: {}\n", names[v.id], type_string(v.type));
   }
-  for (const Operation& op : s.ops) {
-    std::string line = "  ";
-    for (size_t i = 0; i < op.results.size(); ++i) line += (i ? ", " : "") + names[op.results[i]];
-    line += fmt::format(" = {}(", op_info(op.kind).name);
-    for (size_t i = 0; i < op.operands.size(); ++i) line += (i ? ", " : "") + names[op.operands[i]];
-    line += ")";
-    if (!op.attrs.empty()) {
-      line += " {";
-      for (size_t i = 0; i < op.attrs.size(); ++i)
-        line += fmt::format("{}{} = {}", i ? ", " : "", op.attrs[i].name,
-                            attr_value_string(op.attrs[i].value));
-      line += "}";
-    }
-    line += fmt::format(" as \"{}\"", op.instance);
-    if (!op.results.empty()) line += " : " + type_string(s.value(op.results[0]).type);
-    line += location(op.loc, sources);
-    out += line + "\n";
+  for (const QuantizerDecl& q : s.quantizers) {
+    out += fmt::format("  quantizer \"{}\": {} {} of {}{}{}\n", q.name, quantizer_role_name(q.role),
+                       dtype_name(q.format), names[q.source], q.rowwise ? " rowwise" : "",
+                       q.columnwise ? " columnwise" : "");
   }
-  out += "  return";
-  for (size_t i = 0; i < s.outputs.size(); ++i) out += (i ? ", " : " ") + names[s.outputs[i].value];
-  out += "\n}\n";
+  Phase phase = Phase::Forward;
+  for (const Operation& op : s.ops) {
+    if (op.phase != phase) {
+      phase = op.phase;
+      out += fmt::format("  {}:\n", phase_name(phase));
+    }
+    print_op(s, op, names, sources, "  ", out);
+  }
+  out += "  return " + [&] {
+    std::vector<ValueId> ids;
+    for (const SequenceOutput& o : s.outputs) ids.push_back(o.value);
+    return list(ids, names);
+  }() + "\n";
+  if (s.has_backward) {
+    out += fmt::format("  gradients(outputs: {}) -> (inputs: {}; params: {})\n",
+                       list(s.output_grads, names), list(s.input_grads, names),
+                       list(s.param_grads, names));
+  }
+  out += "}\n";
   return out;
 }
 

@@ -4,12 +4,24 @@
 
 namespace opfuse::ir {
 
+namespace {
+
+void replace_in(Operation& op, ValueId from, ValueId to) {
+  for (ValueId& v : op.operands)
+    if (v == from) v = to;
+  for (Operation& part : op.parts) replace_in(part, from, to);
+}
+
+}  // namespace
+
 void replace_all_uses(Sequence& seq, ValueId from, ValueId to) {
-  for (Operation& op : seq.ops)
-    for (ValueId& v : op.operands)
-      if (v == from) v = to;
+  for (Operation& op : seq.ops) replace_in(op, from, to);
   for (SequenceOutput& o : seq.outputs)
     if (o.value == from) o.value = to;
+  for (ValueId& v : seq.input_grads)
+    if (v == from) v = to;
+  for (ValueId& v : seq.param_grads)
+    if (v == from) v = to;
 }
 
 void erase_ops(Sequence& seq, const std::vector<bool>& erase) {
@@ -35,13 +47,20 @@ void erase_ops(Sequence& seq, const std::vector<bool>& erase) {
     ops.push_back(std::move(seq.ops[i]));
   }
   auto map_value = [&](ValueId v) {
+    if (v == kNoValue) return v;
     OPFUSE_ASSERT(remap.at(v) != ValueId(-1), "value {} is used after its op was erased", v);
     return remap[v];
   };
-  for (Operation& op : ops) {
+  auto map_op = [&](auto& self, Operation& op) -> void {
     for (ValueId& v : op.operands) v = map_value(v);
     for (ValueId& v : op.results) v = map_value(v);
-  }
+    for (Operation& part : op.parts) self(self, part);
+  };
+  for (Operation& op : ops) map_op(map_op, op);
+  for (ValueId& v : seq.output_grads) v = map_value(v);
+  for (ValueId& v : seq.input_grads) v = map_value(v);
+  for (ValueId& v : seq.param_grads) v = map_value(v);
+  for (QuantizerDecl& q : seq.quantizers) q.source = map_value(q.source);
   for (Value& v : values)
     if (v.producer >= 0) v.producer = op_remap.at(v.producer);
   for (ValueId& v : seq.inputs) v = map_value(v);
@@ -49,6 +68,21 @@ void erase_ops(Sequence& seq, const std::vector<bool>& erase) {
   for (SequenceOutput& o : seq.outputs) o.value = map_value(o.value);
   seq.values = std::move(values);
   seq.ops = std::move(ops);
+}
+
+void recompute_producers(Sequence& seq) {
+  for (size_t i = 0; i < seq.ops.size(); ++i) {
+    for (ValueId r : seq.ops[i].results) seq.values.at(r).producer = int32_t(i);
+    for (const Operation& part : seq.ops[i].parts)
+      for (ValueId r : part.results) seq.values.at(r).producer = int32_t(i);
+  }
+}
+
+Shape transposed_shape(const Shape& shape) {
+  if (shape.empty()) return shape;
+  Shape out{shape.back()};
+  out.insert(out.end(), shape.begin(), shape.end() - 1);
+  return out;
 }
 
 }  // namespace opfuse::ir

@@ -15,6 +15,7 @@ std::string_view dtype_name(DType t);  // "bf16", "fp16", "fp32", "e4m3", "e5m2"
 // Parses the dtypes a user may write in a signature (bf16, fp16, fp32).
 std::optional<DType> parse_user_dtype(std::string_view name);
 int dtype_bytes(DType t);
+inline bool dtype_is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
 
 // One dimension: a known size, or a symbol bound at run time (`tokens`).
 struct Dim {

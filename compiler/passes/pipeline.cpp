@@ -1,6 +1,8 @@
 #include "passes/pipeline.h"
 
+#include "passes/build_backward.h"
 #include "passes/eliminate_aliases.h"
+#include "passes/plan_quantization.h"
 
 namespace opfuse::passes {
 
@@ -10,6 +12,13 @@ std::vector<Pass> default_pipeline() {
       // hide a pattern (norm, identity, linear must fuse like norm, linear).
       {"eliminate-aliases", "remove identity ops and reshapes to the same shape",
        eliminate_aliases},
+      // Before quantization planning: the planner needs the backward GEMMs to know which
+      // column-wise FP8 copies to make and where the gradient casts go.
+      {"build-backward", "append the backward ops (dgrad, wgrad, norm/activation backward)",
+       build_backward},
+      // Before fusion: casts must exist as ops for the patterns to fold them into producers.
+      {"plan-quantization", "give GEMM operands FP8 quantizers and insert their casts",
+       plan_quantization},
   };
 }
 

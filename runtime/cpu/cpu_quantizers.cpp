@@ -33,6 +33,24 @@ Quantizer make_quantizer(std::string name, const ir::Recipe& recipe, bool is_gra
   return q;
 }
 
+float quantize(Quantizer& quantizer, std::span<const float> values, std::span<float> codes) {
+  DelayedScalingState& state = quantizer.state;
+  if (quantizer.current_scaling) {
+    const float amax = tensor_amax(values);
+    const CurrentScale s = compute_current_scale(
+        amax, quantizer.delayed.fp8_max, quantizer.amax_epsilon, quantizer.power_of_2_scale);
+    state.amax_history[0] = amax;
+    state.scale = s.scale;
+    state.scale_inv = s.scale_inv;
+  }
+  std::vector<uint8_t> bits(values.size());
+  float amax = 0.0f;
+  quantize_fp8(values, state.scale, quantizer.format, bits, &amax);
+  if (!quantizer.current_scaling) state.amax_history[0] = std::fmax(state.amax_history[0], amax);
+  dequantize_fp8(bits, 1.0f, quantizer.format, codes);
+  return state.scale_inv;
+}
+
 void fake_quantize(Quantizer& quantizer, std::span<float> values) {
   DelayedScalingState& state = quantizer.state;
   if (quantizer.current_scaling) {

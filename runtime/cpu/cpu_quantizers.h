@@ -31,6 +31,10 @@ Quantizer make_quantizer(std::string name, const ir::Recipe& recipe, bool is_gra
 // computes the scale from it (compute_current_scale), then casts.
 void fake_quantize(Quantizer& quantizer, std::span<float> values);
 
+// The GPU's cast: writes fp8(x * scale) (the FP8 value itself, decoded to float) to `codes` and
+// returns the scale_inv a GEMM must apply to it. Scale and amax bookkeeping as fake_quantize.
+float quantize(Quantizer& quantizer, std::span<const float> values, std::span<float> codes);
+
 // Ends a step: the delayed-scaling update (update_delayed); a no-op under current scaling.
 void end_step(Quantizer& quantizer);
 

@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <map>
 #include <optional>
 #include <type_traits>
 #include <utility>
 
 #include "numerics.h"
+#include "passes/build_backward.h"
+#include "passes/plan_quantization.h"
 #include "reference_ops.h"
 #include "support/assert.h"
 
@@ -16,10 +19,6 @@ namespace opfuse::cpu {
 namespace {
 
 using ir::OpKind;
-
-// Quantizer slots of one op: linear uses all three; quantize uses kInput (forward) and kGrad.
-constexpr size_t kInput = 0, kWeight = 1, kGrad = 2;
-using QuantizerSlots = std::array<int, 3>;
 
 std::vector<int64_t> bind_shape(const ir::Shape& shape, const Bindings& bindings) {
   std::vector<int64_t> out;
@@ -56,6 +55,23 @@ void fake_quantize_values(Quantizer& quantizer, std::span<T> values) {
   }
 }
 
+std::optional<ops::Activation> activation_named(std::string_view name) {
+  if (name == "gelu" || name == "geglu") return ops::Activation::GELU;
+  if (name == "qgelu") return ops::Activation::QGELU;
+  if (name == "relu" || name == "reglu") return ops::Activation::ReLU;
+  if (name == "silu" || name == "swiglu") return ops::Activation::SiLU;
+  return std::nullopt;
+}
+
+// [rows, cols] row-major -> [cols, rows].
+template <typename T>
+std::vector<T> transpose(std::span<const T> x, int64_t rows, int64_t cols) {
+  std::vector<T> out(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[size_t(c * rows + r)] = x[size_t(r * cols + c)];
+  return out;
+}
+
 std::optional<ops::Activation> activation_of(OpKind kind) {
   switch (kind) {
     case OpKind::GELU:
@@ -78,58 +94,253 @@ std::optional<ops::Activation> activation_of(OpKind kind) {
 
 template <typename T>
 struct ReferenceExecutor<T>::State {
-  struct Saved {
-    Tensor<T> x_operand, w_operand;  // the linear's GEMM operands as used (FP8-dequantized)
-    std::vector<T> mean, rstd;       // norms
-  };
-
-  const ir::Sequence* seq = nullptr;
+  ir::Sequence seq;
   ReferenceOptions options;
   std::vector<std::vector<int64_t>> shapes;  // per value id
   std::vector<Tensor<T>> values;             // per value id; parameters live here too
+  std::vector<float> scale_inv;              // per value id: FP8 values' scale_inv at cast time
+  std::vector<bool> transposed;              // per value id: a column-wise FP8 copy
   std::vector<std::string> param_names;
-  std::vector<Saved> saved;  // per op
-  std::vector<Quantizer> quantizers;
-  std::vector<QuantizerSlots> slots;           // per op
-  std::vector<int> weight_quantizer_of_param;  // per value id: fp8_weights weight quantizer or -1
+  std::vector<Quantizer> quantizers;  // like seq.quantizers
+  // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed().
+  std::map<ir::ValueId, std::pair<std::vector<float>, float>> weight_codes;
   bool has_forward = false;
 
-  bool fp8() const { return seq->recipe.is_fp8(); }
-  bool rounds(size_t op) const {
-    return op < options.round_after_op.size() ? bool(options.round_after_op[op])
-                                              : options.round_outputs;
-  }
-  ir::DType dtype(ir::ValueId id) const { return seq->value(id).type.dtype; }
-  Quantizer* quantizer(size_t op, size_t slot) {
-    const int q = slots[op][slot];
-    return q < 0 ? nullptr : &quantizers[size_t(q)];
-  }
+  ir::DType dtype(ir::ValueId id) const { return seq.value(id).type.dtype; }
   Tensor<T> zeros_like(ir::ValueId id) const { return Tensor<T>::zeros(shapes[id]); }
-
-  void add_grad(std::vector<Tensor<T>>& grads, ir::ValueId id, Tensor<T> g, bool round) {
-    if (round) round_to_storage<T>(g.data, dtype(id));
-    Tensor<T>& have = grads[id];
-    if (have.data.empty()) {
-      have = std::move(g);
-      return;
-    }
-    for (size_t i = 0; i < g.data.size(); ++i) have.data[i] += g.data[i];
-    if (round) round_to_storage<T>(have.data, dtype(id));
+  const Tensor<T>& in(const ir::Operation& op, size_t i) const { return values[op.operands[i]]; }
+  Tensor<T>& out(const ir::Operation& op, size_t i) {
+    values[op.results[i]] = zeros_like(op.results[i]);
+    return values[op.results[i]];
+  }
+  // A GEMM operand's FP8 scale_inv (1 for high-precision operands).
+  T operand_scale(const ir::Operation& op, size_t i) const {
+    return seq.value(op.operands[i]).quantizer >= 0 ? T(scale_inv[op.operands[i]]) : T(1);
+  }
+  void scale_result(Tensor<T>& y, T factor) {
+    if (factor != T(1))
+      for (T& v : y.data) v *= factor;
   }
 
-  void forward_op(size_t index);
-  void backward_op(size_t index, std::vector<Tensor<T>>& grads);
+  void run_op(const ir::Operation& op);
+  void run_top(const ir::Operation& op);
+  void cast_fp8(const ir::Operation& op);
 };
+
+template <typename T>
+void ReferenceExecutor<T>::State::cast_fp8(const ir::Operation& op) {
+  const ir::ValueId source = op.operands[0];
+  Quantizer& q = quantizers.at(size_t(op.quantizer));
+  const Tensor<T>& x = values[source];
+  std::vector<float> codes(x.data.size());
+  float inv = 0.0f;
+  if (auto it = weight_codes.find(source); it != weight_codes.end()) {
+    codes = it->second.first;  // fp8_weights: the stored FP8 weight, cast when it last changed
+    inv = it->second.second;
+  } else {
+    const std::vector<float> as_float(x.data.begin(), x.data.end());
+    inv = quantize(q, as_float, codes);
+  }
+  size_t r = 0;
+  if (ir::attr_bool(op.attrs, "rowwise")) {
+    Tensor<T>& y = out(op, r++);
+    std::copy(codes.begin(), codes.end(), y.data.begin());
+    scale_inv[op.results[r - 1]] = inv;
+  }
+  if (ir::attr_bool(op.attrs, "columnwise")) {
+    Tensor<T>& y = out(op, r++);
+    const std::vector<float> t = transpose<float>(codes, x.rows(), x.cols());
+    std::copy(t.begin(), t.end(), y.data.begin());
+    scale_inv[op.results[r - 1]] = inv;
+  }
+}
+
+template <typename T>
+void ReferenceExecutor<T>::State::run_op(const ir::Operation& op) {
+  const auto& attrs = op.attrs;
+  switch (op.kind) {
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm: {
+      const Tensor<T>& x = in(op, 0);
+      const bool zero_centered = ir::attr_bool(attrs, "zero_centered_gamma");
+      const double eps = ir::attr_float(attrs, "eps");
+      std::vector<T> mean(size_t(x.rows())), rstd(size_t(x.rows()));
+      Tensor<T>& y = out(op, 0);
+      if (op.kind == OpKind::LayerNorm) {
+        ops::layernorm_forward<T>(x.data, in(op, 1).data, in(op, 2).data, x.cols(), eps,
+                                  zero_centered, y.data, mean, rstd);
+      } else {
+        ops::rmsnorm_forward<T>(x.data, in(op, 1).data, x.cols(), eps, zero_centered, y.data, rstd);
+      }
+      // Saved statistics, when build-backward asked for them: (mean, rstd) or (rstd).
+      if (op.results.size() == 3) {
+        out(op, 1).data = mean;
+        out(op, 2).data = rstd;
+      } else if (op.results.size() == 2) {
+        out(op, 1).data = rstd;
+      }
+      break;
+    }
+    case OpKind::Linear: {
+      const Tensor<T>& x = in(op, 0);
+      Tensor<T>& y = out(op, 0);
+      const int64_t n = y.cols(), k = x.cols();
+      ops::linear_forward<T>(x.data, in(op, 1).data, x.rows(), n, k, y.data);
+      scale_result(y, operand_scale(op, 0) * operand_scale(op, 1));
+      if (ir::attr_bool(attrs, "bias")) ops::add_bias<T>(y.data, in(op, 2).data, n);
+      break;
+    }
+    case OpKind::LinearDgrad: {
+      const Tensor<T>& dy = in(op, 0);
+      const Tensor<T>& w = in(op, 1);
+      Tensor<T>& dx = out(op, 0);
+      const int64_t m = dy.rows(), n = dy.cols(), k = dx.cols();
+      if (transposed[op.operands[1]]) {
+        ops::linear_forward<T>(dy.data, w.data, m, k, n, dx.data);  // dx = dy (W^T)^T
+      } else {
+        ops::linear_dgrad<T>(dy.data, w.data, m, n, k, dx.data);
+      }
+      scale_result(dx, operand_scale(op, 0) * operand_scale(op, 1));
+      break;
+    }
+    case OpKind::LinearWgrad: {
+      const Tensor<T>& dy = in(op, 0);
+      const Tensor<T>& x = in(op, 1);
+      Tensor<T>& dw = out(op, 0);
+      const int64_t n = dw.rows(), k = dw.cols();
+      if (transposed[op.operands[0]] && transposed[op.operands[1]]) {
+        ops::linear_forward<T>(dy.data, x.data, n, k, dy.cols(), dw.data);  // dy^T [N,M], x^T [K,M]
+      } else {
+        OPFUSE_ASSERT(!transposed[op.operands[0]] && !transposed[op.operands[1]],
+                      "wgrad of '{}' mixes transposed and row-wise operands", op.instance);
+        ops::linear_wgrad<T>(dy.data, x.data, dy.rows(), n, k, dw.data);
+      }
+      scale_result(dw, operand_scale(op, 0) * operand_scale(op, 1));
+      break;
+    }
+    case OpKind::Bias: {
+      Tensor<T>& y = out(op, 0);
+      y.data = in(op, 0).data;
+      ops::add_bias<T>(y.data, in(op, 1).data, y.cols());
+      break;
+    }
+    case OpKind::BiasGrad: {
+      const Tensor<T>& dy = in(op, 0);
+      ops::bias_grad<T>(dy.data, dy.cols(), out(op, 0).data);
+      break;
+    }
+    case OpKind::GELU:
+    case OpKind::QGELU:
+    case OpKind::ReLU:
+    case OpKind::SiLU: {
+      const Tensor<T>& x = in(op, 0);
+      Tensor<T>& y = out(op, 0);
+      for (size_t i = 0; i < y.data.size(); ++i)
+        y.data[i] = ops::activation(*activation_of(op.kind), x.data[i]);
+      break;
+    }
+    case OpKind::SwiGLU:
+    case OpKind::GEGLU:
+    case OpKind::ReGLU: {
+      Tensor<T>& y = out(op, 0);
+      ops::gated_forward<T>(*activation_of(op.kind), in(op, 0).data, y.cols(), y.data);
+      break;
+    }
+    case OpKind::ActivationBackward:
+    case OpKind::GatedActivationBackward: {
+      const ops::Activation act = *activation_named(ir::attr_name(attrs, "activation"));
+      const Tensor<T>& dy = in(op, 0);
+      const Tensor<T>& x = in(op, 1);
+      Tensor<T>& dx = out(op, 0);
+      if (op.kind == OpKind::GatedActivationBackward) {
+        ops::gated_backward<T>(act, x.data, dy.data, dy.cols(), dx.data);
+      } else {
+        for (size_t i = 0; i < dx.data.size(); ++i)
+          dx.data[i] = ops::activation_derivative(act, x.data[i]) * dy.data[i];
+      }
+      break;
+    }
+    case OpKind::LayerNormBackward:
+    case OpKind::RMSNormBackward: {
+      const bool zero_centered = ir::attr_bool(attrs, "zero_centered_gamma");
+      const Tensor<T>& dy = in(op, 0);
+      const Tensor<T>& x = in(op, 1);
+      const Tensor<T>& gamma = in(op, 2);
+      Tensor<T>& dx = out(op, 0);
+      Tensor<T>& dgamma = out(op, 1);
+      if (op.kind == OpKind::LayerNormBackward) {
+        ops::layernorm_backward<T>(x.data, gamma.data, dy.data, in(op, 3).data, in(op, 4).data,
+                                   x.cols(), zero_centered, dx.data, dgamma.data, out(op, 2).data);
+      } else {
+        ops::rmsnorm_backward<T>(x.data, gamma.data, dy.data, in(op, 3).data, x.cols(),
+                                 zero_centered, dx.data, dgamma.data);
+      }
+      break;
+    }
+    case OpKind::AddExtraInput:
+    case OpKind::GradAdd: {
+      const Tensor<T>& a = in(op, 0);
+      const Tensor<T>& b = values[op.operands.back()];
+      Tensor<T>& y = out(op, 0);
+      for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = a.data[i] + b.data[i];
+      break;
+    }
+    case OpKind::ConstantScale: {
+      const T scale = T(ir::attr_float(attrs, "scale"));
+      const Tensor<T>& x = in(op, 0);
+      Tensor<T>& y = out(op, 0);
+      for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = x.data[i] * scale;
+      break;
+    }
+    case OpKind::Quantize: {
+      Tensor<T>& y = out(op, 0);
+      y.data = in(op, 0).data;
+      if (op.quantizer >= 0) fake_quantize_values<T>(quantizers.at(size_t(op.quantizer)), y.data);
+      break;
+    }
+    case OpKind::CastFp8:
+      cast_fp8(op);
+      break;
+    case OpKind::MakeExtraOutput:
+    case OpKind::Identity:
+    case OpKind::Reshape:
+      out(op, 0).data = in(op, 0).data;
+      break;
+    case OpKind::Fused:
+      internal_failure(__FILE__, __LINE__, "fused ops run through run_top");
+  }
+}
+
+// A top-level op: a fused op runs its parts with no rounding in between; only the values that
+// leave it (its results) are rounded to their storage dtype.
+template <typename T>
+void ReferenceExecutor<T>::State::run_top(const ir::Operation& op) {
+  if (op.kind == OpKind::Fused) {
+    for (const ir::Operation& part : op.parts) run_op(part);
+  } else {
+    run_op(op);
+  }
+  if (!options.round_outputs) return;
+  for (ir::ValueId r : op.results) round_to_storage<T>(values[r].data, dtype(r));
+}
 
 template <typename T>
 ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bindings& bindings,
                                         const ReferenceOptions& options)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
-  s.seq = &sequence;
+  s.seq = sequence;
+  if (!s.seq.has_backward) {
+    // Straight from the front end: lower it unfused (the pipeline's order, passes/pipeline.cpp).
+    ir::Program program;
+    program.sequences.push_back(std::move(s.seq));
+    passes::build_backward(program);
+    passes::plan_quantization(program);
+    s.seq = std::move(program.sequences[0]);
+  }
   s.options = options;
   std::vector<std::string> unbound;
-  for (const std::string& symbol : sequence.symbols()) {
+  for (const std::string& symbol : s.seq.symbols()) {
     auto it = bindings.find(symbol);
     if (it == bindings.end()) {
       unbound.push_back(symbol);
@@ -137,7 +348,7 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
       throw ReferenceError(
           fmt::format("dimension '{}' of sequence '{}' is bound to {}; sizes must "
                       "be positive (e.g. --bind {}=64)",
-                      symbol, sequence.name, it->second, symbol));
+                      symbol, s.seq.name, it->second, symbol));
     }
   }
   if (!unbound.empty()) {
@@ -149,34 +360,29 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
     throw ReferenceError(
         fmt::format("sequence '{}' has unbound symbolic dimension{} {}; give each "
                     "a size with --bind NAME=SIZE (e.g.{})",
-                    sequence.name, unbound.size() == 1 ? "" : "s", names, example));
+                    s.seq.name, unbound.size() == 1 ? "" : "s", names, example));
   }
-  for (const ir::Value& v : sequence.values) s.shapes.push_back(bind_shape(v.type.shape, bindings));
-  s.values.resize(sequence.values.size());
-  s.saved.resize(sequence.ops.size());
-  s.slots.assign(sequence.ops.size(), QuantizerSlots{-1, -1, -1});
-  s.weight_quantizer_of_param.assign(sequence.values.size(), -1);
-  for (ir::ValueId p : sequence.params) {
-    s.param_names.push_back(sequence.value(p).name);
+  for (const ir::Value& v : s.seq.values) s.shapes.push_back(bind_shape(v.type.shape, bindings));
+  s.values.resize(s.seq.values.size());
+  s.scale_inv.assign(s.seq.values.size(), 1.0f);
+  s.transposed.assign(s.seq.values.size(), false);
+  auto mark_transposed = [&](const ir::Operation& op) {
+    if (op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise"))
+      s.transposed[op.results.back()] = true;
+  };
+  for (const ir::Operation& op : s.seq.ops) {
+    mark_transposed(op);
+    for (const ir::Operation& part : op.parts) mark_transposed(part);
+  }
+  for (ir::ValueId p : s.seq.params) {
+    s.param_names.push_back(s.seq.value(p).name);
     s.values[p] = s.zeros_like(p);
   }
-  if (!s.fp8()) return;
-  auto add = [&](size_t op, size_t slot, const std::string& role, bool is_gradient) {
-    s.slots[op][slot] = int(s.quantizers.size());
-    s.quantizers.push_back(
-        make_quantizer(sequence.ops[op].instance + "." + role, sequence.recipe, is_gradient));
-  };
-  for (size_t i = 0; i < sequence.ops.size(); ++i) {
-    const ir::Operation& op = sequence.ops[i];
-    if (op.kind == OpKind::Linear) {
-      add(i, kInput, "input", false);
-      add(i, kWeight, "weight", false);
-      add(i, kGrad, "grad_output", true);
-      if (sequence.fp8_weights) s.weight_quantizer_of_param[op.operands[1]] = s.slots[i][kWeight];
-    } else if (op.kind == OpKind::Quantize) {
-      if (ir::attr_bool(op.attrs, "forward")) add(i, kInput, "output", false);
-      if (ir::attr_bool(op.attrs, "backward")) add(i, kGrad, "grad_input", true);
-    }
+  for (const ir::QuantizerDecl& q : s.seq.quantizers) {
+    const bool gradient =
+        q.role == ir::QuantizerRole::GradOutput || q.role == ir::QuantizerRole::GradInput;
+    s.quantizers.push_back(make_quantizer(q.name, s.seq.recipe, gradient));
+    if (s.seq.fp8_weights && q.role == ir::QuantizerRole::Weight) s.weight_codes[q.source] = {};
   }
 }
 
@@ -187,20 +393,20 @@ ReferenceExecutor<T>::ReferenceExecutor(ReferenceExecutor&&) noexcept = default;
 
 template <typename T>
 const ir::Sequence& ReferenceExecutor<T>::sequence() const {
-  return *state_->seq;
+  return state_->seq;
 }
 
 template <typename T>
 std::vector<std::vector<int64_t>> ReferenceExecutor<T>::input_shapes() const {
   std::vector<std::vector<int64_t>> out;
-  for (ir::ValueId id : state_->seq->inputs) out.push_back(state_->shapes[id]);
+  for (ir::ValueId id : state_->seq.inputs) out.push_back(state_->shapes[id]);
   return out;
 }
 
 template <typename T>
 std::vector<std::vector<int64_t>> ReferenceExecutor<T>::output_shapes() const {
   std::vector<std::vector<int64_t>> out;
-  for (const ir::SequenceOutput& o : state_->seq->outputs) out.push_back(state_->shapes[o.value]);
+  for (const ir::SequenceOutput& o : state_->seq.outputs) out.push_back(state_->shapes[o.value]);
   return out;
 }
 
@@ -212,233 +418,87 @@ const std::vector<std::string>& ReferenceExecutor<T>::param_names() const {
 template <typename T>
 Tensor<T>& ReferenceExecutor<T>::param(std::string_view name) {
   for (size_t i = 0; i < state_->param_names.size(); ++i)
-    if (state_->param_names[i] == name) return state_->values[state_->seq->params[i]];
-  throw ReferenceError(fmt::format("sequence '{}' has no parameter '{}'", state_->seq->name, name));
+    if (state_->param_names[i] == name) return state_->values[state_->seq.params[i]];
+  throw ReferenceError(fmt::format("sequence '{}' has no parameter '{}'", state_->seq.name, name));
 }
 
 template <typename T>
 void ReferenceExecutor<T>::params_changed() {
   State& s = *state_;
-  for (ir::ValueId p : s.seq->params) {
+  for (ir::ValueId p : s.seq.params) {
     OPFUSE_ASSERT(s.values[p].shape == s.shapes[p], "parameter '{}' was given another shape",
-                  s.seq->value(p).name);
+                  s.seq.value(p).name);
     if (s.options.round_outputs) round_to_storage<T>(s.values[p].data, s.dtype(p));
-    // fp8_weights (TE's quantized_model_init): only the FP8 copy exists; use its dequantized value.
-    if (const int q = s.weight_quantizer_of_param[p]; q >= 0)
-      fake_quantize_values<T>(s.quantizers[size_t(q)], s.values[p].data);
   }
-}
-
-template <typename T>
-void ReferenceExecutor<T>::State::forward_op(size_t index) {
-  const ir::Operation& op = seq->ops[index];
-  const ir::ValueId out_id = op.results[0];
-  const Tensor<T>& x = values[op.operands[0]];
-  Tensor<T> y = zeros_like(out_id);
-  Saved& keep = saved[index];
-  const auto& attrs = op.attrs;
-  switch (op.kind) {
-    case OpKind::LayerNorm:
-    case OpKind::RMSNorm: {
-      const bool zero_centered = ir::attr_bool(attrs, "zero_centered_gamma");
-      const double eps = ir::attr_float(attrs, "eps");
-      keep.mean.assign(size_t(x.rows()), T(0));
-      keep.rstd.assign(size_t(x.rows()), T(0));
-      const std::span<const T> gamma = values[op.operands[1]].data;
-      if (op.kind == OpKind::LayerNorm) {
-        ops::layernorm_forward<T>(x.data, gamma, values[op.operands[2]].data, x.cols(), eps,
-                                  zero_centered, y.data, keep.mean, keep.rstd);
-      } else {
-        ops::rmsnorm_forward<T>(x.data, gamma, x.cols(), eps, zero_centered, y.data, keep.rstd);
-      }
-      break;
-    }
-    case OpKind::Linear: {
-      keep.x_operand = x;
-      keep.w_operand = values[op.operands[1]];
-      if (Quantizer* q = quantizer(index, kInput)) fake_quantize_values<T>(*q, keep.x_operand.data);
-      // Under fp8_weights the stored weight is already FP8 (cast in params_changed).
-      if (Quantizer* q = quantizer(index, kWeight); q && !seq->fp8_weights)
-        fake_quantize_values<T>(*q, keep.w_operand.data);
-      const int64_t n = y.cols(), k = x.cols();
-      ops::linear_forward<T>(keep.x_operand.data, keep.w_operand.data, x.rows(), n, k, y.data);
-      if (ir::attr_bool(attrs, "bias")) ops::add_bias<T>(y.data, values[op.operands[2]].data, n);
-      break;
-    }
-    case OpKind::Bias:
-      y.data = x.data;
-      ops::add_bias<T>(y.data, values[op.operands[1]].data, y.cols());
-      break;
-    case OpKind::GELU:
-    case OpKind::QGELU:
-    case OpKind::ReLU:
-    case OpKind::SiLU:
-      for (size_t i = 0; i < y.data.size(); ++i)
-        y.data[i] = ops::activation(*activation_of(op.kind), x.data[i]);
-      break;
-    case OpKind::SwiGLU:
-    case OpKind::GEGLU:
-    case OpKind::ReGLU:
-      ops::gated_forward<T>(*activation_of(op.kind), x.data, y.cols(), y.data);
-      break;
-    case OpKind::AddExtraInput: {
-      const Tensor<T>& extra = values[op.operands.back()];
-      for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = x.data[i] + extra.data[i];
-      break;
-    }
-    case OpKind::ConstantScale: {
-      const T scale = T(ir::attr_float(attrs, "scale"));
-      for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = x.data[i] * scale;
-      break;
-    }
-    case OpKind::Quantize:
-      y.data = x.data;
-      if (Quantizer* q = quantizer(index, kInput)) fake_quantize_values<T>(*q, y.data);
-      break;
-    case OpKind::MakeExtraOutput:
-    case OpKind::Identity:
-    case OpKind::Reshape:
-      y.data = x.data;
-      break;
+  // fp8_weights (TE's quantized_model_init): only the FP8 copy exists. Cast it now with its
+  // weight quantizer; the parameter shows its dequantized value.
+  for (size_t i = 0; i < s.seq.quantizers.size(); ++i) {
+    const ir::QuantizerDecl& q = s.seq.quantizers[i];
+    auto it = s.weight_codes.find(q.source);
+    if (it == s.weight_codes.end()) continue;
+    Tensor<T>& w = s.values[q.source];
+    const std::vector<float> as_float(w.data.begin(), w.data.end());
+    std::vector<float> codes(as_float.size());
+    const float inv = quantize(s.quantizers[i], as_float, codes);
+    for (size_t j = 0; j < codes.size(); ++j) w.data[j] = T(codes[j] * inv);
+    it->second = {std::move(codes), inv};
   }
-  if (rounds(index)) round_to_storage<T>(y.data, dtype(out_id));
-  values[out_id] = std::move(y);
-}
-
-template <typename T>
-void ReferenceExecutor<T>::State::backward_op(size_t index, std::vector<Tensor<T>>& grads) {
-  const ir::Operation& op = seq->ops[index];
-  const ir::ValueId in_id = op.operands[0];
-  Tensor<T> dy =
-      grads[op.results[0]].data.empty() ? zeros_like(op.results[0]) : grads[op.results[0]];
-  const Tensor<T>& x = values[in_id];
-  Tensor<T> dx = zeros_like(in_id);
-  const bool round = rounds(index);
-  const Saved& keep = saved[index];
-  const auto& attrs = op.attrs;
-  switch (op.kind) {
-    case OpKind::LayerNorm:
-    case OpKind::RMSNorm: {
-      const bool zero_centered = ir::attr_bool(attrs, "zero_centered_gamma");
-      const ir::ValueId gamma_id = op.operands[1];
-      Tensor<T> dgamma = zeros_like(gamma_id);
-      if (op.kind == OpKind::LayerNorm) {
-        Tensor<T> dbeta = zeros_like(op.operands[2]);
-        ops::layernorm_backward<T>(x.data, values[gamma_id].data, dy.data, keep.mean, keep.rstd,
-                                   x.cols(), zero_centered, dx.data, dgamma.data, dbeta.data);
-        add_grad(grads, op.operands[2], std::move(dbeta), round);
-      } else {
-        ops::rmsnorm_backward<T>(x.data, values[gamma_id].data, dy.data, keep.rstd, x.cols(),
-                                 zero_centered, dx.data, dgamma.data);
-      }
-      add_grad(grads, gamma_id, std::move(dgamma), round);
-      break;
-    }
-    case OpKind::Linear: {
-      const int64_t m = x.rows(), n = dy.cols(), k = x.cols();
-      if (ir::attr_bool(attrs, "bias")) {
-        Tensor<T> dbias = zeros_like(op.operands[2]);
-        ops::bias_grad<T>(dy.data, n, dbias.data);  // from the unquantized gradient, as TE does
-        add_grad(grads, op.operands[2], std::move(dbias), round);
-      }
-      if (Quantizer* q = quantizer(index, kGrad)) fake_quantize_values<T>(*q, dy.data);
-      Tensor<T> dw = zeros_like(op.operands[1]);
-      ops::linear_dgrad<T>(dy.data, keep.w_operand.data, m, n, k, dx.data);
-      ops::linear_wgrad<T>(dy.data, keep.x_operand.data, m, n, k, dw.data);
-      add_grad(grads, op.operands[1], std::move(dw), round);
-      break;
-    }
-    case OpKind::Bias: {
-      Tensor<T> dbias = zeros_like(op.operands[1]);
-      ops::bias_grad<T>(dy.data, dy.cols(), dbias.data);
-      add_grad(grads, op.operands[1], std::move(dbias), round);
-      dx.data = dy.data;
-      break;
-    }
-    case OpKind::GELU:
-    case OpKind::QGELU:
-    case OpKind::ReLU:
-    case OpKind::SiLU:
-      for (size_t i = 0; i < dx.data.size(); ++i)
-        dx.data[i] = ops::activation_derivative(*activation_of(op.kind), x.data[i]) * dy.data[i];
-      break;
-    case OpKind::SwiGLU:
-    case OpKind::GEGLU:
-    case OpKind::ReGLU:
-      ops::gated_backward<T>(*activation_of(op.kind), x.data, dy.data, dy.cols(), dx.data);
-      break;
-    case OpKind::AddExtraInput:
-      add_grad(grads, op.operands.back(), dy, round);
-      dx.data = dy.data;
-      break;
-    case OpKind::ConstantScale: {
-      const T scale = T(ir::attr_float(attrs, "scale"));
-      for (size_t i = 0; i < dx.data.size(); ++i) dx.data[i] = dy.data[i] * scale;
-      break;
-    }
-    case OpKind::Quantize:
-      // Straight-through: the cast's gradient is the identity, itself quantized when asked.
-      dx.data = dy.data;
-      if (Quantizer* q = quantizer(index, kGrad)) fake_quantize_values<T>(*q, dx.data);
-      break;
-    case OpKind::MakeExtraOutput:  // the extra output's gradient was seeded into this result
-    case OpKind::Identity:
-    case OpKind::Reshape:
-      dx.data = dy.data;
-      break;
-  }
-  add_grad(grads, in_id, std::move(dx), round);
 }
 
 template <typename T>
 std::vector<Tensor<T>> ReferenceExecutor<T>::forward(const std::vector<Tensor<T>>& inputs) {
   State& s = *state_;
-  if (inputs.size() != s.seq->inputs.size())
-    throw ReferenceError(fmt::format("sequence '{}' takes {} inputs, got {}", s.seq->name,
-                                     s.seq->inputs.size(), inputs.size()));
+  if (inputs.size() != s.seq.inputs.size())
+    throw ReferenceError(fmt::format("sequence '{}' takes {} inputs, got {}", s.seq.name,
+                                     s.seq.inputs.size(), inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const ir::ValueId id = s.seq->inputs[i];
+    const ir::ValueId id = s.seq.inputs[i];
     if (inputs[i].shape != s.shapes[id] ||
         inputs[i].data.size() != Tensor<T>::zeros(s.shapes[id]).data.size())
       throw ReferenceError(fmt::format("input '{}' of sequence '{}' has the wrong shape",
-                                       s.seq->value(id).name, s.seq->name));
+                                       s.seq.value(id).name, s.seq.name));
     s.values[id] = inputs[i];
   }
-  for (size_t i = 0; i < s.seq->ops.size(); ++i) s.forward_op(i);
+  for (const ir::Operation& op : s.seq.ops)
+    if (op.phase == ir::Phase::Forward) s.run_top(op);
   s.has_forward = true;
   std::vector<Tensor<T>> outputs;
-  for (const ir::SequenceOutput& o : s.seq->outputs) outputs.push_back(s.values[o.value]);
+  for (const ir::SequenceOutput& o : s.seq.outputs) outputs.push_back(s.values[o.value]);
   return outputs;
 }
 
 template <typename T>
 Gradients<T> ReferenceExecutor<T>::backward(const std::vector<Tensor<T>>& output_grads) {
   State& s = *state_;
-  OPFUSE_ASSERT(s.has_forward, "backward called before forward on sequence '{}'", s.seq->name);
-  OPFUSE_ASSERT_EQ(output_grads.size(), s.seq->outputs.size());
-  std::vector<Tensor<T>> grads(s.values.size());
+  OPFUSE_ASSERT(s.has_forward, "backward called before forward on sequence '{}'", s.seq.name);
+  OPFUSE_ASSERT_EQ(output_grads.size(), s.seq.outputs.size());
   for (size_t k = 0; k < output_grads.size(); ++k) {
-    if (output_grads[k].data.empty()) continue;
-    const ir::ValueId id = s.seq->outputs[k].value;
+    const ir::ValueId id = s.seq.output_grads[k];
+    if (output_grads[k].data.empty()) {
+      s.values[id] = s.zeros_like(id);
+      continue;
+    }
     OPFUSE_ASSERT(output_grads[k].shape == s.shapes[id],
-                  "gradient of output '{}' has another shape", s.seq->outputs[k].name);
-    s.add_grad(grads, id, output_grads[k], false);
+                  "gradient of output '{}' has another shape", s.seq.outputs[k].name);
+    s.values[id] = output_grads[k];
   }
-  for (size_t i = s.seq->ops.size(); i-- > 0;) s.backward_op(i, grads);
+  for (const ir::Operation& op : s.seq.ops)
+    if (op.phase == ir::Phase::Backward) s.run_top(op);
   Gradients<T> out;
-  for (ir::ValueId id : s.seq->inputs)
-    out.inputs.push_back(grads[id].data.empty() ? s.zeros_like(id) : std::move(grads[id]));
-  for (ir::ValueId id : s.seq->params)
-    out.params.push_back(grads[id].data.empty() ? s.zeros_like(id) : std::move(grads[id]));
+  for (ir::ValueId g : s.seq.input_grads)
+    out.inputs.push_back(g == ir::kNoValue ? Tensor<T>{} : s.values[g]);
+  for (size_t i = 0; i < s.seq.inputs.size(); ++i)
+    if (out.inputs[i].data.empty()) out.inputs[i] = s.zeros_like(s.seq.inputs[i]);
+  for (ir::ValueId g : s.seq.param_grads) out.params.push_back(s.values[g]);
   return out;
 }
 
 template <typename T>
 void ReferenceExecutor<T>::sgd_step(const Gradients<T>& grads, double lr) {
   State& s = *state_;
-  OPFUSE_ASSERT_EQ(grads.params.size(), s.seq->params.size());
+  OPFUSE_ASSERT_EQ(grads.params.size(), s.seq.params.size());
   for (size_t i = 0; i < grads.params.size(); ++i) {
-    Tensor<T>& p = s.values[s.seq->params[i]];
+    Tensor<T>& p = s.values[s.seq.params[i]];
     for (size_t j = 0; j < p.data.size(); ++j) p.data[j] -= T(lr) * grads.params[i].data[j];
   }
   params_changed();

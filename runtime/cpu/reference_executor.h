@@ -1,7 +1,12 @@
-// The CPU reference executor: runs one IR sequence forward and backward on the host with TE's
-// semantics, rounding every op's result to its storage dtype (the unfused meaning) and emulating
-// the FP8 recipes' GEMM operands (quantize -> dequantize with each quantizer's scale). It is the
+// The CPU reference executor: an interpreter of the training graph (docs/architecture.md,
+// "Training graph"): forward() runs the forward ops, backward() the backward ops build-backward
+// made. Every op's result is rounded to its storage dtype; a fused op runs its parts in order and
+// rounds only the values that leave it (its meaning is the composition of its parts). cast_fp8
+// makes real FP8 values and GEMMs apply the quantizers' scale_inv, as cuBLASLt does. It is the
 // oracle the GPU executor and every fusion are checked against.
+//
+// A sequence straight from the front end is lowered here (build-backward, plan-quantization, no
+// fusion); pass a sequence that went through the pipeline to run it as compiled.
 //
 // T = float computes like the GPU kernels (fp32 arithmetic); T = double measures error.
 #pragma once
@@ -18,11 +23,9 @@
 namespace opfuse::cpu {
 
 struct ReferenceOptions {
-  // Round each op's result (and each gradient it produces) to the value's storage dtype.
+  // Round each op's results to their storage dtype (false: keep every value in T, for measuring
+  // the error of rounding itself).
   bool round_outputs = true;
-  // Per op (indexed like Sequence::ops), overriding round_outputs: lets a fused group be run as a
-  // composition with rounding only at its boundary. Empty: round_outputs for every op.
-  std::vector<bool> round_after_op;
 };
 
 // A quantizer as shown to users and tests.
@@ -44,12 +47,13 @@ template <typename T>
 class ReferenceExecutor {
  public:
   // Binds the symbolic dimensions; throws ReferenceError naming every unbound symbol or bad size.
-  // Parameters start at zero (set them with param()); the sequence must outlive the executor.
+  // Parameters start at zero (set them with param()). Keeps its own copy of the sequence.
   ReferenceExecutor(const ir::Sequence& sequence, const Bindings& bindings,
                     const ReferenceOptions& options = {});
   ~ReferenceExecutor();
   ReferenceExecutor(ReferenceExecutor&&) noexcept;
 
+  // The training graph it runs (the given sequence, lowered if it had no backward).
   const ir::Sequence& sequence() const;
   // Concrete shapes of the sequence's inputs and outputs (signature order).
   std::vector<std::vector<int64_t>> input_shapes() const;
@@ -69,7 +73,8 @@ class ReferenceExecutor {
   // p -= lr * grad for every parameter, then params_changed().
   void sgd_step(const Gradients<T>& grads, double lr);
 
-  // Every FP8 quantizer in op order ("<layer>.input", ".weight", ".grad_output"); empty under bf16.
+  // Every FP8 quantizer in the order plan-quantization made them ("<layer>.input", ".weight",
+  // ".grad_output"); empty under bf16.
   std::vector<QuantizerInfo> quantizers() const;
   // Ends a training step: delayed-scaling amax history roll + scale update of every quantizer.
   void step();

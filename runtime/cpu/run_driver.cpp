@@ -6,6 +6,8 @@
 #include <numbers>
 #include <random>
 
+#include "support/assert.h"
+
 namespace opfuse::cpu {
 
 namespace {
@@ -41,20 +43,25 @@ Tensor<float> seeded_normal(const std::vector<int64_t>& shape, uint64_t seed, do
 void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed) {
   const ir::Sequence& seq = executor.sequence();
   std::mt19937_64 rng(seed);
-  for (const ir::Operation& op : seq.ops) {
-    for (size_t k = 1; k < op.operands.size(); ++k) {
-      const ir::Value& v = seq.value(op.operands[k]);
-      if (v.kind != ir::ValueKind::Param) continue;
-      Tensor<float>& p = executor.param(v.name);
-      const bool is_weight = v.name.ends_with(".weight");
-      if (op.kind == ir::OpKind::Linear && is_weight) {
-        for (float& x : p.data) x = float(0.02 * next_normal(rng));
-      } else if (is_weight) {  // a norm's gamma
-        const bool zero_centered = ir::attr_bool(op.attrs, "zero_centered_gamma");
-        std::fill(p.data.begin(), p.data.end(), zero_centered ? 0.0f : 1.0f);
-      } else {
-        std::fill(p.data.begin(), p.data.end(), 0.0f);
-      }
+  // Parameters in creation order (op order, then operand order); each belongs to the user op
+  // whose layer name prefixes it ("fc1.weight" -> fc1).
+  for (ir::ValueId id : seq.params) {
+    const ir::Value& v = seq.value(id);
+    const std::string layer = v.name.substr(0, v.name.rfind('.'));
+    const ir::Operation* owner = nullptr;
+    for (const ir::Operation& op : seq.ops)
+      if (!ir::is_internal(op.kind) && op.phase == ir::Phase::Forward && op.instance == layer)
+        owner = &op;
+    OPFUSE_ASSERT(owner != nullptr, "parameter '{}' has no op", v.name);
+    Tensor<float>& p = executor.param(v.name);
+    const bool is_weight = v.name.ends_with(".weight");
+    if (owner->kind == ir::OpKind::Linear && is_weight) {
+      for (float& x : p.data) x = float(0.02 * next_normal(rng));
+    } else if (is_weight) {  // a norm's gamma
+      const bool zero_centered = ir::attr_bool(owner->attrs, "zero_centered_gamma");
+      std::fill(p.data.begin(), p.data.end(), zero_centered ? 0.0f : 1.0f);
+    } else {
+      std::fill(p.data.begin(), p.data.end(), 0.0f);
     }
   }
   executor.params_changed();

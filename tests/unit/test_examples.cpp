@@ -1,4 +1,4 @@
-// Every dsl_examples/*.fuse checks clean and prints exactly its golden IR
+// Every dsl_examples/*.fuse checks clean and prints exactly its golden IR after every pass
 // (tests/golden/ir/<example>.ir; scripts/update_goldens.sh regenerates them).
 #include <gtest/gtest.h>
 
@@ -58,11 +58,12 @@ TEST_P(Example, IrMatchesGolden) {
   const std::string golden_path = goldens_dir() + "/" + GetParam() + ".ir";
   ASSERT_TRUE(fs::is_regular_file(golden_path))
       << "no golden " << golden_path << "; run scripts/update_goldens.sh";
-  const auto result = test::run_command(test::fusec_path() + " ir " + quoted(path()));
+  // The IR as built and after every pass that changes it (DESIGN.md 5: IR after each pass).
+  const auto result = test::run_command(test::fusec_path() + " ir --after all " + quoted(path()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::string golden = test::read_text(golden_path);
   EXPECT_TRUE(result.output == golden)
-      << "fusec ir " << path() << " differs from its golden (scripts/update_goldens.sh "
+      << "fusec ir --after all " << path() << " differs from its golden (scripts/update_goldens.sh "
       << "regenerates it after a deliberate change):\n"
       << unified_diff(golden_path, result.output, GetParam());
 }

@@ -1,0 +1,133 @@
+#include "ir/backward_rules.h"
+
+#include <fmt/format.h>
+
+#include "support/assert.h"
+
+namespace opfuse::ir {
+
+namespace {
+
+const TensorType& type_of(BackwardBuilder& b, ValueId v) { return b.sequence().value(v).type; }
+
+// [rows..., cols] -> fp32[rows...]: one statistic per row.
+TensorType row_stat_type(const TensorType& x) {
+  Shape rows(x.shape.begin(), x.shape.end() - 1);
+  return TensorType{DType::FP32, std::move(rows)};
+}
+
+Attr name_attr(std::string_view name, std::string_view value) {
+  return Attr{std::string(name), std::string(value)};
+}
+
+void norm_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0], gamma = f.operands[1];
+  const TensorType stat = row_stat_type(type_of(b, x));
+  if (f.kind == OpKind::LayerNorm) {
+    const std::vector<ValueId> saved = b.save_forward_results(f, {stat, stat});
+    const ValueId beta = f.operands[2];
+    const auto r = b.emit(f, OpKind::LayerNormBackward, {dy, x, gamma, saved[0], saved[1]},
+                          {type_of(b, x), type_of(b, gamma), type_of(b, beta)}, f.attrs);
+    b.accumulate(x, r[0]);
+    b.accumulate(gamma, r[1]);
+    b.accumulate(beta, r[2]);
+  } else {
+    const std::vector<ValueId> saved = b.save_forward_results(f, {stat});
+    const auto r = b.emit(f, OpKind::RMSNormBackward, {dy, x, gamma, saved[0]},
+                          {type_of(b, x), type_of(b, gamma)}, f.attrs);
+    b.accumulate(x, r[0]);
+    b.accumulate(gamma, r[1]);
+  }
+}
+
+void linear_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0], weight = f.operands[1];
+  // Bias first: TE takes dbias from the high-precision gradient, before any FP8 cast of dy.
+  if (attr_bool(f.attrs, "bias")) {
+    const ValueId bias = f.operands[2];
+    AttrList attrs{{"size", attr_int(f.attrs, "out")}};
+    b.accumulate(bias, b.emit(f, OpKind::BiasGrad, {dy}, {type_of(b, bias)}, attrs)[0]);
+  }
+  b.accumulate(x, b.emit(f, OpKind::LinearDgrad, {dy, weight}, {type_of(b, x)}, f.attrs)[0]);
+  b.accumulate(weight, b.emit(f, OpKind::LinearWgrad, {dy, x}, {type_of(b, weight)}, f.attrs)[0]);
+}
+
+void bias_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId bias = f.operands[1];
+  b.accumulate(bias, b.emit(f, OpKind::BiasGrad, {dy}, {type_of(b, bias)}, f.attrs)[0]);
+  b.accumulate(f.operands[0], dy);
+}
+
+void activation_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  const OpKind kind = op_info(f.kind).family == KernelFamily::GatedActivation
+                          ? OpKind::GatedActivationBackward
+                          : OpKind::ActivationBackward;
+  AttrList attrs{name_attr("activation", op_info(f.kind).name)};
+  b.accumulate(x, b.emit(f, kind, {dy, x}, {type_of(b, x)}, std::move(attrs))[0]);
+}
+
+// The gradient passes through unchanged (residual adds, aliases).
+void pass_through(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  b.accumulate(f.operands[0], dy);
+  if (f.kind == OpKind::AddExtraInput) b.accumulate(f.operands.back(), dy);
+}
+
+void constant_scale_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  b.accumulate(x, b.emit(f, OpKind::ConstantScale, {dy}, {type_of(b, x)}, f.attrs)[0]);
+}
+
+void reshape_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  AttrList attrs{{"shape", type_of(b, x).shape}};
+  b.accumulate(x, b.emit(f, OpKind::Reshape, {dy}, {type_of(b, x)}, std::move(attrs))[0]);
+}
+
+// TE's Quantize op: in backward the gradient is cast too when `backward = true` (its quantizer
+// comes from plan-quantization); otherwise the cast is the identity for the gradient.
+void quantize_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  if (!attr_bool(f.attrs, "backward")) {
+    b.accumulate(x, dy);
+    return;
+  }
+  b.accumulate(x, b.emit(f, OpKind::Quantize, {dy}, {type_of(b, x)}, f.attrs)[0]);
+}
+
+}  // namespace
+
+BackwardRule backward_rule(OpKind kind) {
+  switch (kind) {
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm:
+      return norm_backward;
+    case OpKind::Linear:
+      return linear_backward;
+    case OpKind::Bias:
+      return bias_backward;
+    case OpKind::GELU:
+    case OpKind::QGELU:
+    case OpKind::ReLU:
+    case OpKind::SiLU:
+    case OpKind::SwiGLU:
+    case OpKind::GEGLU:
+    case OpKind::ReGLU:
+      return activation_backward;
+    case OpKind::AddExtraInput:
+    case OpKind::MakeExtraOutput:
+    case OpKind::Identity:
+      return pass_through;
+    case OpKind::ConstantScale:
+      return constant_scale_backward;
+    case OpKind::Reshape:
+      return reshape_backward;
+    case OpKind::Quantize:
+      return quantize_backward;
+    default:
+      internal_failure(__FILE__, __LINE__,
+                       fmt::format("op '{}' has no backward rule", op_info(kind).name));
+  }
+}
+
+}  // namespace opfuse::ir

@@ -1,0 +1,124 @@
+#include "passes/build_backward.h"
+
+#include <fmt/format.h>
+
+#include "ir/backward_rules.h"
+#include "support/assert.h"
+
+namespace opfuse::passes {
+
+namespace {
+
+using namespace opfuse::ir;
+
+class Builder final : public BackwardBuilder {
+ public:
+  explicit Builder(Sequence& s) : s_(s), grads_(s.values.size(), kNoValue) {}
+
+  const Sequence& sequence() const override { return s_; }
+
+  ValueId grad(ValueId v) override { return v < grads_.size() ? grads_[v] : kNoValue; }
+
+  void accumulate(ValueId v, ValueId g) override {
+    if (grads_.size() < s_.values.size()) grads_.resize(s_.values.size(), kNoValue);
+    if (grads_[v] == kNoValue) {
+      grads_[v] = g;
+      return;
+    }
+    // A value used twice (a residual branch, an extra output) sums its gradients.
+    Operation add;
+    add.kind = OpKind::GradAdd;
+    add.phase = Phase::Backward;
+    add.operands = {grads_[v], g};
+    add.instance = current_instance_;
+    add.loc = current_loc_;
+    grads_[v] = append(std::move(add), {s_.value(v).type})[0];
+  }
+
+  std::vector<ValueId> emit(const Operation& forward, OpKind kind, std::vector<ValueId> operands,
+                            std::vector<TensorType> types, AttrList attrs) override {
+    Operation op;
+    op.kind = kind;
+    op.phase = Phase::Backward;
+    op.operands = std::move(operands);
+    op.attrs = std::move(attrs);
+    op.instance = forward.instance;
+    op.loc = forward.loc;
+    return append(std::move(op), types);
+  }
+
+  std::vector<ValueId> save_forward_results(const Operation& forward,
+                                            std::vector<TensorType> types) override {
+    Operation& op = s_.ops.at(forward_index_);
+    OPFUSE_ASSERT(op.instance == forward.instance, "saved results requested for another op");
+    std::vector<ValueId> ids;
+    for (TensorType& t : types) {
+      const ValueId id = s_.add_value(ValueKind::Result, std::move(t));
+      s_.values[id].producer = int32_t(forward_index_);
+      op.results.push_back(id);
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
+  void run() {
+    for (size_t k = 0; k < s_.outputs.size(); ++k) {
+      const ValueId out = s_.outputs[k].value;
+      const ValueId seed =
+          s_.add_value(ValueKind::OutputGrad, s_.value(out).type, s_.outputs[k].name);
+      s_.output_grads.push_back(seed);
+      accumulate(out, seed);
+    }
+    // Backward ops are appended to s_.ops while we walk the forward ops; index, never iterate.
+    const size_t forward_count = s_.ops.size();
+    for (size_t i = forward_count; i-- > 0;) {
+      forward_index_ = i;
+      const ValueId y = s_.ops[i].results[0];
+      const ValueId dy = grad(y);
+      if (dy == kNoValue) continue;  // nothing downstream needs this op's gradient
+      current_instance_ = s_.ops[i].instance;
+      current_loc_ = s_.ops[i].loc;
+      const Operation forward = s_.ops[i];  // a copy: rules append to s_.ops
+      backward_rule(forward.kind)(*this, forward, dy);
+    }
+    for (ValueId in : s_.inputs) s_.input_grads.push_back(grad(in));
+    for (ValueId p : s_.params) {
+      const ValueId g = grad(p);
+      OPFUSE_ASSERT(g != kNoValue, "parameter '{}' got no gradient", s_.value(p).name);
+      s_.param_grads.push_back(g);
+    }
+    s_.has_backward = true;
+  }
+
+ private:
+  std::vector<ValueId> append(Operation op, const std::vector<TensorType>& types) {
+    const int32_t index = int32_t(s_.ops.size());
+    for (const TensorType& t : types) {
+      const ValueId id = s_.add_value(ValueKind::Result, t);
+      s_.values[id].producer = index;
+      op.results.push_back(id);
+    }
+    s_.ops.push_back(std::move(op));
+    return s_.ops.back().results;
+  }
+
+  Sequence& s_;
+  std::vector<ValueId> grads_;
+  size_t forward_index_ = 0;
+  std::string current_instance_;
+  SourceLoc current_loc_;
+};
+
+}  // namespace
+
+bool build_backward(Program& program) {
+  bool changed = false;
+  for (Sequence& s : program.sequences) {
+    if (s.has_backward) continue;
+    Builder(s).run();
+    changed = true;
+  }
+  return changed;
+}
+
+}  // namespace opfuse::passes
