@@ -2,6 +2,7 @@
 
 #include "passes/build_backward.h"
 #include "passes/eliminate_aliases.h"
+#include "passes/fuse.h"
 #include "passes/plan_quantization.h"
 
 namespace opfuse::passes {
@@ -19,6 +20,10 @@ std::vector<Pass> default_pipeline() {
       // Before fusion: casts must exist as ops for the patterns to fold them into producers.
       {"plan-quantization", "give GEMM operands FP8 quantizers and insert their casts",
        plan_quantization},
+      // Forward before backward: dgelu_bgrad fuses a backward GELU only where the forward GELU
+      // became a GELU_AUX_BIAS epilogue (whose aux buffer it reads).
+      {"fuse-forward", "fuse forward ops by the patterns of passes/fusion/", fuse_forward},
+      {"fuse-backward", "fuse backward ops by the patterns of passes/fusion/", fuse_backward},
   };
 }
 

@@ -49,9 +49,14 @@ void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed) {
     const ir::Value& v = seq.value(id);
     const std::string layer = v.name.substr(0, v.name.rfind('.'));
     const ir::Operation* owner = nullptr;
-    for (const ir::Operation& op : seq.ops)
+    auto consider = [&](const ir::Operation& op) {
       if (!ir::is_internal(op.kind) && op.phase == ir::Phase::Forward && op.instance == layer)
         owner = &op;
+    };
+    for (const ir::Operation& op : seq.ops) {
+      consider(op);
+      for (const ir::Operation& part : op.parts) consider(part);  // fused ops hold user ops
+    }
     OPFUSE_ASSERT(owner != nullptr, "parameter '{}' has no op", v.name);
     Tensor<float>& p = executor.param(v.name);
     const bool is_weight = v.name.ends_with(".weight");

@@ -1,0 +1,24 @@
+// activation_cast: an activation (plain or gated) whose output only feeds an FP8 cast -> one
+// activation kernel writing FP8 (+ transposed copy) and the amax.
+#include "passes/fusion/patterns.h"
+
+namespace opfuse::passes::fusion {
+
+namespace {
+using ir::OpKind;
+constexpr OpKind kActivations[] = {OpKind::GELU,   OpKind::QGELU, OpKind::ReLU, OpKind::SiLU,
+                                   OpKind::SwiGLU, OpKind::GEGLU, OpKind::ReGLU};
+constexpr OpKind kCast[] = {OpKind::CastFp8};
+constexpr Step kSteps[] = {
+    {.kinds = kActivations, .link = Link::Start},
+    {.kinds = kCast, .link = Link::Consumes, .from = 0, .when = cast_can_fold},
+};
+}  // namespace
+
+const FusionPattern& activation_cast() {
+  static const FusionPattern p{"activation_cast", ir::Phase::Forward, kSteps, nullptr,
+                               "activation (gated or not) + FP8 cast (+ amax, + transpose)"};
+  return p;
+}
+
+}  // namespace opfuse::passes::fusion

@@ -1,0 +1,53 @@
+// Declarative fusion patterns (DESIGN.md 3, "Passes"): a pattern is data, a chain of op steps
+// linked by dataflow, and one engine (engine.cpp) matches every pattern the same way. Each
+// pattern lives in its own file in this directory; patterns.cpp owns their priority order.
+#pragma once
+
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace opfuse::passes::fusion {
+
+enum class Link : uint8_t {
+  Start,     // step 0
+  Consumes,  // reads step `from`'s first result (as any operand)
+  Sibling,   // reads the same first operand as step `from` (two consumers of one tensor)
+};
+
+struct Step {
+  std::span<const ir::OpKind> kinds;
+  Link link = Link::Consumes;
+  int from = 0;
+  bool optional = false;
+  // The first result may also be used outside the fused op (it then writes it); otherwise a
+  // result another step reads must have no use outside the group.
+  bool escapes_ok = false;
+  bool (*when)(const ir::Sequence&, const ir::Operation&) = nullptr;
+};
+
+// The ops a match found, by step (nullptr for an optional step that was absent).
+using Match = std::vector<const ir::Operation*>;
+
+struct FusionPattern {
+  std::string_view name;
+  ir::Phase phase;
+  std::span<const Step> steps;
+  // A condition on the whole match (e.g. a linear has a bias from its attribute or a bias step).
+  bool (*accept)(const ir::Sequence&, const Match&) = nullptr;
+  std::string_view doc;
+};
+
+// Applies the patterns in order to the ops of `phase`; each op joins at most one fused op.
+// Returns true when anything fused.
+bool apply_patterns(ir::Sequence& seq, ir::Phase phase,
+                    std::span<const FusionPattern* const> patterns);
+
+// Conditions shared by several patterns.
+// An FP8 cast can fold into its producer only under delayed scaling: current scaling needs the
+// amax of the whole tensor before the first element is cast (TE computes it in a separate pass).
+bool cast_can_fold(const ir::Sequence& seq, const ir::Operation& cast);
+
+}  // namespace opfuse::passes::fusion

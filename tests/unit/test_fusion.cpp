@@ -1,0 +1,314 @@
+// Every fusion pattern of passes/fusion/: the structure it forms (which ops fused, and where it
+// must not fuse), and that fused and unfused execution agree in the CPU reference, which runs a
+// fused op as its parts with rounding only where values leave it (DESIGN.md 3, "Passes").
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../../runtime/cpu/reference_executor.h"
+#include "../../runtime/cpu/run_driver.h"
+#include "driver/frontend.h"
+#include "ir/verifier.h"
+#include "passes/fusion/patterns.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+
+namespace opfuse {
+namespace {
+
+constexpr const char* kDelayed = "recipe fp8 = delayed_scaling(amax_history = 4)\n";
+constexpr const char* kCurrent = "recipe fp8 = current_scaling()\n";
+constexpr const char* kBf16 = "recipe fp8 = bf16()\n";
+
+// Runs the whole pipeline (verifier after every pass), or stops before the fusion passes.
+ir::Sequence lower(const std::string& text, bool fuse) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  auto program = load_program_from_source("fusion.fuse", text, sources, diags);
+  EXPECT_TRUE(program.has_value()) << diags.format_all() << text;
+  if (!program) return {};
+  passes::PassOptions options;
+  if (!fuse) options.disabled = {"fuse-forward", "fuse-backward"};
+  passes::PassManager(passes::default_pipeline()).run(*program, options, nullptr);
+  EXPECT_TRUE(ir::verify_sequence(program->sequences[0]).empty());
+  return program->sequences[0];
+}
+
+std::string program(const char* recipe, const std::string& signature, const std::string& body) {
+  return fmt::format("{}sequence s{} uses fp8 {{\n{}\n}}\n", recipe, signature, body);
+}
+
+// The fused ops of a pattern, each as the list of its parts' op names.
+std::vector<std::vector<std::string>> fused(const ir::Sequence& s, std::string_view pattern) {
+  std::vector<std::vector<std::string>> out;
+  for (const ir::Operation& op : s.ops) {
+    if (op.kind != ir::OpKind::Fused || ir::attr_name(op.attrs, "pattern") != pattern) continue;
+    std::vector<std::string> parts;
+    for (const ir::Operation& p : op.parts) parts.emplace_back(ir::op_info(p.kind).name);
+    out.push_back(parts);
+  }
+  return out;
+}
+
+using Parts = std::vector<std::vector<std::string>>;
+
+const std::string kSig = "(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64])";
+const std::string kMlpGelu =
+    "  layernorm(64)\n  linear(64, 128) as up\n  gelu()\n  linear(128, 64) as down";
+const std::string kMlpSwiglu =
+    "  rmsnorm(64)\n  linear(64, 256, bias = false) as up\n  swiglu()\n  linear(128, 64, bias = "
+    "false) as down";
+const std::string kResidualSig =
+    "(x: bf16[tokens, 64], res: bf16[tokens, 64]) -> (y: bf16[tokens, 64], skip: bf16[tokens, "
+    "64])";
+const std::string kResidualBody =
+    "  make_extra_output(skip)\n  layernorm(64)\n  linear(64, 64, bias = false) as proj\n  "
+    "add_extra_input(res)";
+
+// ---- structure ------------------------------------------------------------------------------
+
+TEST(FusionStructure, NormCastFoldsTheInputCastIntoTheNorm) {
+  const ir::Sequence s = lower(program(kDelayed, kSig, kMlpSwiglu), true);
+  EXPECT_EQ(fused(s, "norm_cast"), (Parts{{"rmsnorm", "cast_fp8"}}));
+}
+
+TEST(FusionStructure, ActivationCastFoldsTheNextLinearsInputCast) {
+  EXPECT_EQ(fused(lower(program(kDelayed, kSig, kMlpSwiglu), true), "activation_cast"),
+            (Parts{{"swiglu", "cast_fp8"}}));
+  // Under FP8 a GELU with a cast after it becomes activation + cast, not a GELU epilogue.
+  const ir::Sequence gelu = lower(program(kDelayed, kSig, kMlpGelu), true);
+  EXPECT_EQ(fused(gelu, "activation_cast"), (Parts{{"gelu", "cast_fp8"}}));
+  EXPECT_TRUE(fused(gelu, "linear_bias_gelu").empty());
+}
+
+TEST(FusionStructure, LinearBiasGeluUsesTheEpilogueUnderBf16) {
+  EXPECT_EQ(fused(lower(program(kBf16, kSig, kMlpGelu), true), "linear_bias_gelu"),
+            (Parts{{"linear", "gelu"}}));
+  const std::string bias_op =
+      "  linear(64, 128, bias = false)\n  bias(128)\n  gelu()\n  linear(128, 64)";
+  EXPECT_EQ(fused(lower(program(kBf16, kSig, bias_op), true), "linear_bias_gelu"),
+            (Parts{{"linear", "bias", "gelu"}}));
+  // No bias at all: GELU_AUX_BIAS needs one (and a plain GELU epilogue is not a pattern yet).
+  const std::string no_bias = "  linear(64, 128, bias = false)\n  gelu()\n  linear(128, 64)";
+  EXPECT_TRUE(fused(lower(program(kBf16, kSig, no_bias), true), "linear_bias_gelu").empty());
+}
+
+TEST(FusionStructure, LinearBiasFoldsABiasOpIntoTheGemm) {
+  const std::string body = "  linear(64, 64, bias = false)\n  bias(64)";
+  EXPECT_EQ(fused(lower(program(kBf16, kSig, body), true), "linear_bias"),
+            (Parts{{"linear", "bias"}}));
+  EXPECT_EQ(fused(lower(program(kDelayed, kSig, body), true), "linear_bias"),
+            (Parts{{"linear", "bias"}}));
+}
+
+TEST(FusionStructure, LinearResidualAccumulatesIntoTheExtraInput) {
+  EXPECT_EQ(fused(lower(program(kDelayed, kResidualSig, kResidualBody), true), "linear_residual"),
+            (Parts{{"linear", "add_extra_input"}}));
+}
+
+TEST(FusionStructure, MakeExtraOutputStaysAnAliasOutsideAnyKernel) {
+  const ir::Sequence s = lower(program(kDelayed, kResidualSig, kResidualBody), true);
+  // The extra output is the input itself: no op copies it.
+  EXPECT_EQ(s.ops[0].kind, ir::OpKind::MakeExtraOutput);
+  EXPECT_EQ(ir::op_info(s.ops[0].kind).family, ir::KernelFamily::Alias);
+  EXPECT_EQ(s.outputs[1].value, s.ops[0].results[0]);
+}
+
+TEST(FusionStructure, DactCastTakesTheBiasGradientAlong) {
+  EXPECT_EQ(fused(lower(program(kDelayed, kSig, kMlpGelu), true), "dact_cast"),
+            (Parts{{"activation_backward", "bias_grad", "cast_fp8"}}));
+  EXPECT_EQ(fused(lower(program(kDelayed, kSig, kMlpSwiglu), true), "dact_cast"),
+            (Parts{{"gated_activation_backward", "cast_fp8"}}));
+}
+
+TEST(FusionStructure, CastDbiasPairsTheOutputGradientsCastAndBiasGradient) {
+  EXPECT_EQ(fused(lower(program(kDelayed, kSig, kMlpGelu), true), "cast_dbias"),
+            (Parts{{"bias_grad", "cast_fp8"}}));
+}
+
+TEST(FusionStructure, NormBackwardAccumulatesTheResidualGradient) {
+  EXPECT_EQ(
+      fused(lower(program(kDelayed, kResidualSig, kResidualBody), true), "norm_backward_residual"),
+      (Parts{{"layernorm_backward", "grad_add"}}));
+}
+
+TEST(FusionStructure, DgradAccumulatesASecondGradientOfItsInput) {
+  const std::string sig = "(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64], skip: bf16[tokens, 64])";
+  const std::string body = "  make_extra_output(skip)\n  linear(64, 64) as proj";
+  EXPECT_EQ(fused(lower(program(kBf16, sig, body), true), "dgrad_residual"),
+            (Parts{{"linear_dgrad", "grad_add"}}));
+}
+
+TEST(FusionStructure, DgeluBgradFollowsAGeluEpilogue) {
+  EXPECT_EQ(fused(lower(program(kBf16, kSig, kMlpGelu), true), "dgelu_bgrad"),
+            (Parts{{"linear_dgrad", "activation_backward", "bias_grad"}}));
+  // Without the forward epilogue (FP8: GELU fused with its cast) there is no aux buffer to read.
+  EXPECT_TRUE(fused(lower(program(kDelayed, kSig, kMlpGelu), true), "dgelu_bgrad").empty());
+}
+
+TEST(FusionStructure, CurrentScalingKeepsCastsSeparate) {
+  // The cast needs the whole tensor's amax first: no cast folds into a producer.
+  const ir::Sequence s = lower(program(kCurrent, kSig, kMlpGelu), true);
+  for (const char* p : {"norm_cast", "activation_cast", "dact_cast", "cast_dbias"})
+    EXPECT_TRUE(fused(s, p).empty()) << p;
+}
+
+TEST(FusionStructure, AValueUsedOutsideTheGroupIsNotFusedAway) {
+  // The norm's bf16 output is also a sequence output: the norm kernel cannot write it and FP8.
+  const std::string sig = "(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64], n: bf16[tokens, 64])";
+  const std::string body = "  layernorm(64)\n  make_extra_output(n)\n  linear(64, 64)";
+  EXPECT_TRUE(fused(lower(program(kDelayed, sig, body), true), "norm_cast").empty());
+}
+
+TEST(FusionStructure, Bf16HasNoCastsToFuse) {
+  const ir::Sequence s = lower(program(kBf16, kSig, kMlpSwiglu), true);
+  for (const ir::Operation& op : s.ops) {
+    EXPECT_NE(op.kind, ir::OpKind::CastFp8);
+    for (const ir::Operation& part : op.parts) EXPECT_NE(part.kind, ir::OpKind::CastFp8);
+  }
+  EXPECT_TRUE(s.quantizers.empty());
+}
+
+// ---- fused vs unfused in the CPU reference --------------------------------------------------
+
+struct Run {
+  std::vector<cpu::Tensor<float>> outputs;
+  cpu::Gradients<float> grads;
+  std::vector<cpu::QuantizerInfo> quantizers;
+};
+
+// Two training steps from one seed (the second uses the delayed scales the first set).
+Run train(const ir::Sequence& s) {
+  cpu::ReferenceExecutor<float> exec(s, {{"tokens", 48}});
+  cpu::init_params_from_seed(exec, 3);
+  // Nonzero biases: with the seed's zero biases a dropped rounding after the GEMM would vanish.
+  for (size_t i = 0; i < exec.param_names().size(); ++i)
+    if (exec.param_names()[i].ends_with(".bias"))
+      exec.param(exec.param_names()[i]) =
+          cpu::seeded_normal(exec.param(exec.param_names()[i]).shape, 50 + i, 0.5);
+  exec.params_changed();
+  Run r;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<cpu::Tensor<float>> inputs, seeds;
+    for (size_t i = 0; i < exec.input_shapes().size(); ++i)
+      inputs.push_back(cpu::seeded_normal(exec.input_shapes()[i], 10 * step + i, 1.0));
+    for (size_t i = 0; i < exec.output_shapes().size(); ++i)
+      seeds.push_back(cpu::seeded_normal(exec.output_shapes()[i], 100 + 10 * step + i, 1e-2));
+    r.outputs = exec.forward(inputs);
+    r.grads = exec.backward(seeds);
+    r.quantizers = exec.quantizers();
+    exec.step();
+  }
+  return r;
+}
+
+double relative_error(const cpu::Tensor<float>& a, const cpu::Tensor<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    diff += std::pow(double(a.data[i]) - double(b.data[i]), 2);
+    norm += std::pow(double(b.data[i]), 2);
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+struct Agreement {
+  double worst = 0;  // largest norm-wise relative difference over outputs and gradients
+  bool identical = true;
+};
+
+// Runs `text` unfused, and fused by `pattern` alone (after `prerequisite`, a forward pattern a
+// backward one builds on), so each pattern's numerics are measured in isolation.
+Agreement compare(const std::string& text, const passes::fusion::FusionPattern& pattern,
+                  const passes::fusion::FusionPattern* prerequisite = nullptr) {
+  const ir::Sequence unfused = lower(text, false);
+  ir::Sequence fused_seq = unfused;
+  for (const auto* p : {prerequisite, &pattern}) {
+    if (p == nullptr) continue;
+    const passes::fusion::FusionPattern* only[] = {p};
+    passes::fusion::apply_patterns(fused_seq, p->phase, only);
+  }
+  EXPECT_TRUE(ir::verify_sequence(fused_seq).empty());
+  EXPECT_FALSE(fused(fused_seq, pattern.name).empty()) << pattern.name << " did not form";
+  const Run a = train(fused_seq), b = train(unfused);
+  Agreement out;
+  auto add = [&](const cpu::Tensor<float>& x, const cpu::Tensor<float>& y) {
+    out.worst = std::max(out.worst, relative_error(x, y));
+    out.identical &= x.data == y.data;
+  };
+  for (size_t i = 0; i < a.outputs.size(); ++i) add(a.outputs[i], b.outputs[i]);
+  for (size_t i = 0; i < a.grads.inputs.size(); ++i) add(a.grads.inputs[i], b.grads.inputs[i]);
+  for (size_t i = 0; i < a.grads.params.size(); ++i) add(a.grads.params[i], b.grads.params[i]);
+  return out;
+}
+
+// Tolerances, from what dropping one intermediate rounding can do (measured values in the test
+// output: bf16 patterns 0.08-0.5%, FP8 patterns 1.3-4.3%). bf16 keeps 8 significant bits: one
+// rounding moves an element by at most 2^-9 relative, and a few such steps through a GEMM and a
+// gradient stay well under 1% norm-wise. An FP8 cast of a value that moved by a bf16 step lands on
+// the neighbouring code for roughly 1 element in 32 (bf16 step / E4M3 step = 2^-8 / 2^-3), each
+// moving by one E4M3 step (12.5%); norm-wise that is a few percent, so 6%. A wrong fusion (a wrong
+// operand, a dropped part) is off by O(1).
+constexpr double kBf16Tolerance = 1e-2;
+constexpr double kFp8Tolerance = 6e-2;
+
+struct NumericCase {
+  const passes::fusion::FusionPattern* pattern;
+  std::string text;
+  double tolerance;
+  const passes::fusion::FusionPattern* prerequisite = nullptr;
+};
+
+class FusedVsUnfused : public ::testing::TestWithParam<NumericCase> {};
+
+TEST_P(FusedVsUnfused, AgreeWithinRoundingAndDiffer) {
+  const NumericCase& c = GetParam();
+  const Agreement a = compare(c.text, *c.pattern, c.prerequisite);
+  std::printf("%s: worst norm-wise relative difference %.2e\n", c.pattern->name.data(), a.worst);
+  EXPECT_LT(a.worst, c.tolerance) << c.pattern->name;
+  // Each of these patterns drops an intermediate rounding, so the fused run must really differ:
+  // an executor that ignored the fusion would run both the same way.
+  EXPECT_FALSE(a.identical) << c.pattern->name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Patterns, FusedVsUnfused,
+    ::testing::Values(
+        NumericCase{&passes::fusion::norm_cast(), program(kDelayed, kSig, kMlpSwiglu),
+                    kFp8Tolerance},
+        NumericCase{&passes::fusion::activation_cast(), program(kDelayed, kSig, kMlpSwiglu),
+                    kFp8Tolerance},
+        NumericCase{&passes::fusion::linear_bias_gelu(), program(kBf16, kSig, kMlpGelu),
+                    kBf16Tolerance},
+        NumericCase{&passes::fusion::linear_bias(),
+                    program(kBf16, kSig, "  linear(64, 64, bias = false)\n  bias(64)"),
+                    kBf16Tolerance},
+        NumericCase{&passes::fusion::linear_residual(), program(kBf16, kResidualSig, kResidualBody),
+                    kBf16Tolerance},
+        NumericCase{&passes::fusion::dact_cast(), program(kDelayed, kSig, kMlpGelu), kFp8Tolerance},
+        NumericCase{&passes::fusion::norm_backward_residual(),
+                    program(kBf16, kResidualSig, kResidualBody), kBf16Tolerance},
+        NumericCase{&passes::fusion::dgrad_residual(),
+                    program(kBf16,
+                            "(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64], skip: bf16[tokens, "
+                            "64])",
+                            "  make_extra_output(skip)\n  linear(64, 64) as proj"),
+                    kBf16Tolerance},
+        NumericCase{&passes::fusion::dgelu_bgrad(), program(kBf16, kSig, kMlpGelu), kBf16Tolerance,
+                    &passes::fusion::linear_bias_gelu()}),
+    [](const ::testing::TestParamInfo<NumericCase>& info) {
+      return std::string(info.param.pattern->name);
+    });
+
+TEST(FusedVsUnfusedExact, CastDbiasIsBitIdenticalToItsParts) {
+  // Both parts read the same gradient and nothing between them was rounded: fusing them changes
+  // only where they run, never a bit.
+  const Agreement a = compare(program(kDelayed, kSig, kMlpGelu), passes::fusion::cast_dbias());
+  EXPECT_TRUE(a.identical);
+}
+
+}  // namespace
+}  // namespace opfuse
