@@ -6,6 +6,8 @@
 #include <numbers>
 #include <random>
 
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
 #include "support/assert.h"
 
 namespace opfuse::cpu {
@@ -75,7 +77,13 @@ void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed) {
 std::string run_reference_training(const ir::Sequence& sequence, const RunOptions& options) {
   if (options.steps < 1)
     throw ReferenceError(fmt::format("--steps must be at least 1, got {}", options.steps));
-  ReferenceExecutor<float> exec(sequence, options.bindings);
+  // Run what the compiler makes of it: the whole pipeline, fusions included (a fused op runs as
+  // its parts with rounding only where values leave it, like the GPU kernel).
+  ir::Program program;
+  program.sequences.push_back(sequence);
+  if (!sequence.has_backward)
+    passes::PassManager(passes::default_pipeline()).run(program, {}, nullptr);
+  ReferenceExecutor<float> exec(program.sequences[0], options.bindings);
   init_params_from_seed(exec, options.seed);
   // Inputs come from a second stream of the same seed so that they do not depend on the
   // number of parameters.

@@ -31,7 +31,8 @@ void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed);
 // std::mt19937_64 bits, not std::normal_distribution).
 Tensor<float> seeded_normal(const std::vector<int64_t>& shape, uint64_t seed, double stddev);
 
-// Runs the training loop; throws ReferenceError for user errors (unbound symbols, bad --steps).
+// Runs the training loop on the sequence as the pipeline compiles it (fused); throws ReferenceError
+// for user errors (unbound symbols, bad --steps).
 std::string run_reference_training(const ir::Sequence& sequence, const RunOptions& options);
 
 }  // namespace opfuse::cpu
