@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <exception>
 #include <regex>
+#include <set>
 #include <string_view>
 #include <thread>
 
+#include "jit/cubin_info.h"
 #include "jit/cuda_paths.h"
 #include "jit/kernel_cache.h"
 #include "jit/sha256.h"
@@ -141,12 +143,47 @@ int largest_match(const std::string& log, const std::regex& pattern, int group) 
   return largest;
 }
 
-void parse_ptxas_usage(CompiledKernel& kernel) {
-  static const std::regex kRegisters("Used ([0-9]+) registers");
-  static const std::regex kSpills("([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads");
-  kernel.registers = largest_match(kernel.log, kRegisters, 1);
-  kernel.spill_store_bytes = largest_match(kernel.log, kSpills, 1);
-  kernel.spill_load_bytes = largest_match(kernel.log, kSpills, 2);
+// One "Function properties for NAME" block of a ptxas -v log.
+struct LogFunctionSpills {
+  std::string function;
+  int store_bytes = 0;
+  int load_bytes = 0;
+};
+
+std::vector<LogFunctionSpills> log_function_spills(const std::string& log) {
+  static const std::regex kBlock(
+      R"(Function properties for (\S+)\s*\n[^\n]*?([0-9]+) bytes stack frame, ([0-9]+) bytes )"
+      R"(spill stores, ([0-9]+) bytes spill loads)");
+  std::vector<LogFunctionSpills> blocks;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), kBlock); it != std::sregex_iterator();
+       ++it) {
+    blocks.push_back({(*it)[1].str(), std::stoi((*it)[3].str()), std::stoi((*it)[4].str())});
+  }
+  return blocks;
+}
+
+// Spill bytes from the log, counting only blocks of functions in this cubin (a callee's symbol
+// is "$kernel$callee", its log name "callee"); unknown (-1) unless every entry function has one,
+// since a log missing some blocks may miss the one that spills.
+void spills_from_log(const CubinInfo& cubin, const std::string& log, CompiledKernel& kernel) {
+  std::set<std::string> names;
+  for (const CubinFunction& function : cubin.functions) {
+    names.insert(function.name);
+    names.insert(function.name.substr(function.name.rfind('$') + 1));
+  }
+  std::set<std::string> logged;
+  int stores = 0, loads = 0;
+  for (const LogFunctionSpills& block : log_function_spills(log)) {
+    if (!names.contains(block.function)) continue;
+    logged.insert(block.function);
+    stores = std::max(stores, block.store_bytes);
+    loads = std::max(loads, block.load_bytes);
+  }
+  for (const CubinFunction& entry : cubin.entry_functions()) {
+    if (!logged.contains(entry.name)) return;
+  }
+  kernel.spill_store_bytes = stores;
+  kernel.spill_load_bytes = loads;
 }
 
 // A missing header is the one failure whose fix is outside the source: say where we looked.
@@ -171,6 +208,8 @@ void run_one(const CompileRequest& request, KernelCache* cache, CompileAllResult
     if (std::optional<CompiledKernel> cached = cache->load(key)) {
       cached->kernel_name = request.kernel_name;
       cached->cache_hit = true;
+      // Entries written before note "Usage sources" may hold -1 registers from a parallel build.
+      read_kernel_usage(*cached);
       cached->compile_ms = milliseconds_since(start);
       result.kernels[index] = std::move(*cached);
       result.stats.kernel_ms[index] = result.kernels[index].compile_ms;
@@ -192,7 +231,10 @@ std::vector<std::string> nvrtc_options(const CompileRequest& request) {
       "-std=c++17",
       "-default-device",
       "-lineinfo",
-      "-Xptxas=-v",  // puts registers and spills in the log
+      "-Xptxas=-v",  // puts spills in the log (note "Usage sources")
+      // NVRTC's own cache (on hosts with a driver) skips ptxas on a hit, leaving no ptxas -v
+      // lines in the log; opfuse's kernel cache, whose keys name every input, replaces it.
+      "--no-cache",
       // NVRTC otherwise seeds internal symbol names randomly, so the same input would give
       // different cubin bytes; a seed from the source keeps modules distinct yet reproducible.
       "-frandom-seed=0x" + sha256_hex(request.source).substr(0, 8),
@@ -218,6 +260,47 @@ std::string cache_key_for(const CompileRequest& request) {
 }
 
 std::uint64_t nvrtc_compile_count() { return compile_program_calls.load(); }
+
+// Note "Usage sources": registers and stack sizes come from the cubin's EIATTR records, which are
+// always there, not from the ptxas -v lines of the NVRTC log, which are not: on the GPU hosts NVRTC
+// 13 keeps its own compile cache (in the driver's compute cache) and a hit skips ptxas, so a
+// recompile's log had no -v lines (the parallel test recompiles what its serial pass compiled, and
+// read -1 registers). --no-cache turns that cache off. The cubin holds no spill counts, but spills
+// live in the stack frame (ptxas spills to local memory; CUDA 13's shared-memory spilling is opt-in
+// per kernel and unused here), so a zero cumulative stack means zero spills; past that the log's
+// counts are used when it has every entry function, and -1 (unknown) when not. The log stands in
+// for the cubin only where the cubin cannot be read or lacks a register record, which NVRTC 13's
+// output never does.
+void read_kernel_usage(CompiledKernel& kernel) {
+  static const std::regex kRegisters("Used ([0-9]+) registers");
+  static const std::regex kSpills("([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads");
+  kernel.registers = kernel.spill_store_bytes = kernel.spill_load_bytes = kernel.stack_bytes = -1;
+  if (kernel.is_ptx) return;  // no ptxas ran
+  CubinInfo cubin;
+  try {
+    cubin = read_cubin_info(kernel.binary);
+  } catch (const CubinFormatError&) {
+    kernel.registers = largest_match(kernel.log, kRegisters, 1);
+    kernel.spill_store_bytes = largest_match(kernel.log, kSpills, 1);
+    kernel.spill_load_bytes = largest_match(kernel.log, kSpills, 2);
+    return;
+  }
+  const std::vector<CubinFunction> entries = cubin.entry_functions();
+  if (entries.empty()) return;
+  int stack_bytes = 0;
+  for (const CubinFunction& entry : entries) {
+    kernel.registers = std::max(kernel.registers, entry.registers);
+    const int entry_stack = entry.stack_bytes >= 0 ? entry.stack_bytes : entry.frame_bytes;
+    stack_bytes = entry_stack < 0 || stack_bytes < 0 ? -1 : std::max(stack_bytes, entry_stack);
+  }
+  if (kernel.registers < 0) kernel.registers = largest_match(kernel.log, kRegisters, 1);
+  kernel.stack_bytes = stack_bytes;
+  if (stack_bytes == 0) {
+    kernel.spill_store_bytes = kernel.spill_load_bytes = 0;
+  } else {
+    spills_from_log(cubin, kernel.log, kernel);
+  }
+}
 
 CompiledKernel compile_kernel(const CompileRequest& request) {
   const Clock::time_point start = Clock::now();
@@ -269,7 +352,7 @@ CompiledKernel compile_kernel(const CompileRequest& request) {
     throw JitError(fmt::format("{} NVRTC produced no {}", failure_prefix(request),
                                kernel.is_ptx ? "PTX" : "cubin"));
   }
-  parse_ptxas_usage(kernel);
+  read_kernel_usage(kernel);
   kernel.compile_ms = milliseconds_since(start);
   return kernel;
 }

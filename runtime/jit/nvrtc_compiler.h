@@ -32,9 +32,12 @@ struct CompiledKernel {
   std::vector<char> binary;                          // cubin, or PTX text with its final NUL
   std::map<std::string, std::string> lowered_names;  // name expression -> mangled symbol
   std::string log;                                   // NVRTC + ptxas log (ptxas -v output)
-  int registers = -1;                                // from ptxas -v, -1 when unknown (PTX);
-  int spill_store_bytes = -1;                        //   the largest over the program's
-  int spill_load_bytes = -1;                         //   entry functions
+  // Usage per thread, the largest over the program's entry functions; -1 when unknown (PTX).
+  // Registers and stack come from the cubin, spills from it or the log (note "Usage sources").
+  int registers = -1;
+  int spill_store_bytes = -1;
+  int spill_load_bytes = -1;
+  int stack_bytes = -1;  // cumulative stack: spills, local arrays and callees' frames
   bool cache_hit = false;
   double compile_ms = 0.0;  // this call's time: compile or cache load
 };
@@ -62,6 +65,10 @@ struct CompileAllResult {
 // JitError of the first failing request (in request order), noting how many others failed.
 CompileAllResult compile_all(const std::vector<CompileRequest>& requests,
                              KernelCache* cache_or_null, int threads = 0);
+
+// Sets kernel.registers, spills and stack_bytes from kernel.binary and kernel.log (note "Usage
+// sources" in nvrtc_compiler.cpp); compile_kernel and cache loads call it.
+void read_kernel_usage(CompiledKernel& kernel);
 
 // The NVRTC options compile_kernel uses for `request`: opfuse's own, then extra_options.
 std::vector<std::string> nvrtc_options(const CompileRequest& request);

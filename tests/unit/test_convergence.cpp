@@ -1,11 +1,24 @@
-// Training a small regression MLP on the CPU reference converges under every precision: fp32
-// storage, bf16 storage, FP8 delayed scaling and FP8 current scaling, each from the same seed
-// towards the same fixed random "teacher" network, with the FP8 runs ending close to fp32.
+// Issue 4's convergence test: a small regression MLP trained 200 steps from one seed on the CPU
+// reference in fp32, bf16, FP8 delayed scaling and FP8 current scaling, where both FP8 runs end
+// within 2% of the fp32 loss.
+//
+// Why this setup. The target is a fixed random "teacher" MLP of the student's shape plus Gaussian
+// noise, so no run can go below the noise floor (0.5 * 0.5^2 = 0.125 in this loss) and fp32 ends
+// near it (0.194) instead of at zero, where FP8 would only show its quantization floor. 1024
+// tokens give 32k targets for 8k weights, so the student cannot memorize the noise either (with
+// 512 tokens fp32 dipped to 0.16). Learning rate 2 converges in 200 steps; 4 ends lower in fp32
+// but lets the E5M2 gradients' noise show (FP8 +10%).
+//
+// The FP8 runs store fp32, like TE's fp8_autocast over fp32 parameters, so they measure what the
+// recipe changes: GEMM operands in E4M3 (forward) and E5M2 (gradients). Parameters take the dtype
+// of the tensor flowing in and SGD updates them in place without an fp32 master copy, so bf16
+// storage loses updates below bf16's resolution: the bf16 run ends 5.4% above fp32, and FP8 runs
+// on bf16 storage end +5.2% above fp32 but within 0.1% of the bf16 run. That gap is storage's,
+// not FP8's, and is bounded separately below.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -16,16 +29,20 @@
 namespace opfuse::cpu {
 namespace {
 
-constexpr int kTokens = 64;
+constexpr int kTokens = 1024;
+constexpr int kHidden = 32;
+constexpr int kFfn = 128;
 constexpr int kSteps = 200;
 constexpr double kLearningRate = 2.0;
+constexpr double kTeacherWeightStd = 0.17;  // teacher output variance 1.42
+constexpr double kTargetNoiseStd = 0.5;
 
 ir::Program compile(const std::string& dtype, const std::string& recipe) {
   const std::string text = fmt::format(
-      "recipe r = {}\n"
-      "sequence mlp(x: {}[tokens, 64]) -> (y: {}[tokens, 64]) uses r {{\n"
-      "  layernorm(64)\n  linear(64, 256) as fc1\n  gelu()\n  linear(256, 64) as fc2\n}}\n",
-      recipe, dtype, dtype);
+      "recipe r = {0}\n"
+      "sequence mlp(x: {1}[tokens, {2}]) -> (y: {1}[tokens, {2}]) uses r {{\n"
+      "  layernorm({2})\n  linear({2}, {3}) as fc1\n  gelu()\n  linear({3}, {2}) as fc2\n}}\n",
+      recipe, dtype, kHidden, kFfn);
   SourceManager sources;
   DiagnosticEngine diags(sources);
   auto program = load_program_from_source("mlp.fuse", text, sources, diags);
@@ -34,79 +51,100 @@ ir::Program compile(const std::string& dtype, const std::string& recipe) {
   return *program;
 }
 
-// The fixed target: an fp32 copy of the network with larger random weights, applied to the input.
-Tensor<float> teacher_output(const Tensor<float>& x) {
+struct Task {
+  Tensor<float> input;
+  Tensor<float> target;
+  double noise_floor = 0;  // the loss of predicting the teacher exactly
+};
+
+Task make_task() {
+  Task task;
+  task.input = seeded_normal({kTokens, kHidden}, 7, 1.0);
   const ir::Program p = compile("fp32", "bf16()");
   ReferenceExecutor<float> teacher(p.sequences[0], {{"tokens", kTokens}});
   init_params_from_seed(teacher, 1);
   uint64_t seed = 1000;
   for (const char* name : {"fc1.weight", "fc2.weight"}) {
     Tensor<float>& w = teacher.param(name);
-    w = seeded_normal(w.shape, seed++, 0.15);
+    w = seeded_normal(w.shape, seed++, kTeacherWeightStd);
   }
   teacher.params_changed();
-  // Noise on the target slows the fit: after 200 steps fp32 is still limited by optimization, not
-  // by its precision, so the FP8 runs are compared with fp32 where both are (without the noise
-  // fp32 reaches 4e-4 and the comparison would only measure FP8's quantization floor).
-  Tensor<float> target = teacher.forward({x})[0];
-  const Tensor<float> noise = seeded_normal(target.shape, 2000, 0.3);
-  for (size_t i = 0; i < target.data.size(); ++i) target.data[i] += noise.data[i];
-  return target;
+  task.target = teacher.forward({task.input})[0];
+  const Tensor<float> noise = seeded_normal(task.target.shape, 2000, kTargetNoiseStd);
+  for (size_t i = 0; i < task.target.data.size(); ++i) {
+    task.target.data[i] += noise.data[i];
+    task.noise_floor += 0.5 * double(noise.data[i]) * noise.data[i] / double(noise.numel());
+  }
+  return task;
 }
 
-struct Losses {
-  double first = 0, last = 0;
+struct TrainingRun {
+  double first_loss = 0, last_loss = 0;
+  size_t quantizers = 0;
 };
 
-Losses train(const std::string& dtype, const std::string& recipe) {
+TrainingRun train(const Task& task, const std::string& dtype, const std::string& recipe) {
   const ir::Program p = compile(dtype, recipe);
   ReferenceExecutor<float> exec(p.sequences[0], {{"tokens", kTokens}});
   init_params_from_seed(exec, 0);
-  Tensor<float> x = seeded_normal({kTokens, 64}, 7, 1.0);
-  const Tensor<float> target = teacher_output(x);
-  Losses losses;
+  TrainingRun run;
+  run.quantizers = exec.quantizers().size();
   for (int step = 0; step < kSteps; ++step) {
-    const Tensor<float> y = exec.forward({x})[0];
+    const Tensor<float> y = exec.forward({task.input})[0];
     Tensor<float> dy = Tensor<float>::zeros(y.shape);
     double loss = 0;
     for (size_t i = 0; i < y.data.size(); ++i) {
-      const double diff = double(y.data[i]) - target.data[i];
+      const double diff = double(y.data[i]) - task.target.data[i];
       loss += 0.5 * diff * diff / double(y.numel());
       dy.data[i] = float(diff / double(y.numel()));
     }
-    if (step == 0) losses.first = loss;
-    losses.last = loss;
+    if (step == 0) run.first_loss = loss;
+    run.last_loss = loss;
     const Gradients<float> grads = exec.backward({dy});
     exec.step();
     exec.sgd_step(grads, kLearningRate);
   }
-  return losses;
+  return run;
 }
 
-TEST(Convergence, SmallMlpConvergesUnderEveryRecipe) {
-  const Losses fp32 = train("fp32", "bf16()");
-  const Losses bf16 = train("bf16", "bf16()");
-  const Losses delayed = train("bf16", "delayed_scaling(amax_history = 16)");
-  const Losses current = train("bf16", "current_scaling()");
+double relative_gap(const TrainingRun& run, const TrainingRun& reference) {
+  return run.last_loss / reference.last_loss - 1.0;
+}
+
+TEST(Convergence, Fp8RunsEndWithinTwoPercentOfFp32) {
+  const Task task = make_task();
+  const TrainingRun fp32 = train(task, "fp32", "bf16()");
+  const TrainingRun bf16 = train(task, "bf16", "bf16()");
+  const TrainingRun delayed = train(task, "fp32", "delayed_scaling(amax_history = 16)");
+  const TrainingRun current = train(task, "fp32", "current_scaling()");
   fmt::print(
-      "final losses (first -> last): fp32 {:.6g} -> {:.6g}, bf16 {:.6g} -> {:.6g}, "
-      "delayed {:.6g} -> {:.6g}, current {:.6g} -> {:.6g}\n",
-      fp32.first, fp32.last, bf16.first, bf16.last, delayed.first, delayed.last, current.first,
-      current.last);
-  // Measured on the development machine: first loss 1.8618 for all four; last loss
-  // fp32 0.00406, bf16 0.00258, delayed 0.00447 (1.10x fp32), current 0.00597 (1.47x fp32).
-  // Every run must cut the loss by 100x (measured 310x or more).
-  for (const Losses& l : {fp32, bf16, delayed, current}) {
-    EXPECT_TRUE(std::isfinite(l.last));
-    EXPECT_LT(l.last, l.first / 100);
+      "noise floor {:.5f}; loss first -> last: fp32 {:.5f} -> {:.5f}, bf16 {:.5f} -> {:.5f} "
+      "({:+.2f}%), delayed {:.5f} -> {:.5f} ({:+.2f}%), current {:.5f} -> {:.5f} ({:+.2f}%)\n",
+      task.noise_floor, fp32.first_loss, fp32.last_loss, bf16.first_loss, bf16.last_loss,
+      100 * relative_gap(bf16, fp32), delayed.first_loss, delayed.last_loss,
+      100 * relative_gap(delayed, fp32), current.first_loss, current.last_loss,
+      100 * relative_gap(current, fp32));
+
+  // Measured (RelWithDebInfo, x86-64): noise floor 0.1228; first loss 0.834 in every run; last
+  // fp32 0.19411, bf16 0.20451 (+5.36%), delayed 0.19545 (+0.69%), current 0.19526 (+0.59%);
+  // the executor before the training graph gave +0.74% and +0.60%. Seeds 1-3 for the student and
+  // the inputs gave FP8 gaps of 0.38-0.68% and bf16 5.4-5.7%.
+  // Every run must at least halve the loss (measured: to 0.23-0.25 of the first).
+  for (const TrainingRun& run : {fp32, bf16, delayed, current}) {
+    ASSERT_TRUE(std::isfinite(run.last_loss));
+    EXPECT_LT(run.last_loss, 0.5 * run.first_loss);
   }
-  // FP8 must end within 2x of fp32's final loss (measured 1.10x and 1.47x; a relative bound this
-  // loose because at this loss FP8's quantization noise is a visible share of it), and within
-  // 0.2% of the starting loss in absolute terms (measured 0.02% and 0.11%).
-  for (const Losses& l : {delayed, current}) {
-    EXPECT_LT(l.last, 2 * fp32.last);
-    EXPECT_LT(std::fabs(l.last - fp32.last), 0.002 * fp32.first);
+  // The bound: 2%, about 3x the largest gap measured over four seeds, yet below what a real
+  // regression shows here (FP8 on bf16 storage +5.2%, FP8 at learning rate 4 +10%).
+  for (const TrainingRun& fp8 : {delayed, current}) {
+    EXPECT_GT(fp8.quantizers, 0u) << "the FP8 recipe made no quantizers";
+    EXPECT_NE(fp8.last_loss, fp32.last_loss) << "FP8 changed nothing: is it applied?";
+    EXPECT_LT(relative_gap(fp8, fp32), 0.02);
+    EXPECT_GT(relative_gap(fp8, fp32), -0.02);
   }
+  EXPECT_EQ(fp32.quantizers, 0u);
+  // bf16 storage's own gap (no master weights, see the top): within 10% (measured 5.4-5.7%).
+  EXPECT_LT(relative_gap(bf16, fp32), 0.10);
 }
 
 }  // namespace

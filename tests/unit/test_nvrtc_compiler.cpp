@@ -98,6 +98,7 @@ TEST(NvrtcCompiler, CompilesCubinForEachSupportedArch) {
     EXPECT_GT(kernel.registers, 0);
     EXPECT_EQ(kernel.spill_store_bytes, 0);
     EXPECT_EQ(kernel.spill_load_bytes, 0);
+    EXPECT_EQ(kernel.stack_bytes, 0);
     EXPECT_NE(kernel.log.find("Compiling entry function"), std::string::npos) << kernel.log;
     EXPECT_FALSE(kernel.cache_hit);
     EXPECT_GT(kernel.compile_ms, 0.0);
@@ -117,6 +118,8 @@ TEST(NvrtcCompiler, ComputeArchGivesPtxText) {
   EXPECT_NE(ptx.find(".target sm_90"), std::string::npos);
   EXPECT_NE(ptx.find(kernel.lowered_names.begin()->second), std::string::npos);
   EXPECT_EQ(kernel.registers, -1);  // no ptxas run for PTX
+  EXPECT_EQ(kernel.stack_bytes, -1);
+  EXPECT_EQ(kernel.spill_store_bytes, -1);
 }
 
 TEST(NvrtcCompiler, AutomaticPchLeavesTheOutputUnchanged) {
@@ -232,6 +235,7 @@ TEST(NvrtcCompiler, OptionsAreIeeeCpp17WithIncludeDirsAndExtrasLast) {
   EXPECT_TRUE(has("-default-device"));
   EXPECT_TRUE(has("-lineinfo"));
   EXPECT_TRUE(has("-Xptxas=-v"));
+  EXPECT_TRUE(has("--no-cache"));  // NVRTC's cache would drop the ptxas -v lines on a hit
   EXPECT_TRUE(has("-I" + TestTemplatesEnvironment::templates_dir()));
   const JitPaths paths = find_jit_paths();
   EXPECT_TRUE(has("-I" + paths.cuda_include_dir));
@@ -272,7 +276,12 @@ TEST(NvrtcCompiler, ParallelCompileAllEqualsSerialInRequestOrder) {
     EXPECT_EQ(parallel.kernels[i].lowered_names, serial.kernels[i].lowered_names);
     // Byte-identical: -frandom-seed makes NVRTC's internal symbol names reproducible.
     EXPECT_TRUE(parallel.kernels[i].binary == serial.kernels[i].binary);
+    // Read from the cubin (note "Usage sources"): a recompile's log may lack ptxas -v lines.
+    EXPECT_GT(parallel.kernels[i].registers, 0);
     EXPECT_EQ(parallel.kernels[i].registers, serial.kernels[i].registers);
+    EXPECT_EQ(parallel.kernels[i].stack_bytes, 0);
+    EXPECT_EQ(parallel.kernels[i].spill_store_bytes, 0);
+    EXPECT_EQ(parallel.kernels[i].spill_load_bytes, 0);
     EXPECT_GT(parallel.stats.kernel_ms[i], 0.0);
   }
   // Different instantiations really are different kernels.
