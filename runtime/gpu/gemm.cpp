@@ -1,0 +1,298 @@
+#include "gpu/gemm.h"
+
+#include <cublasLt.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "gpu/cuda_check.h"
+#include "gpu/device_memory.h"
+#include "opfuse/error.h"
+
+namespace opfuse::gpu {
+namespace {
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::FP16:
+      return CUDA_R_16F;
+    case DType::FP32:
+      return CUDA_R_32F;
+    case DType::E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::E5M2:
+      return CUDA_R_8F_E5M2;
+  }
+  return CUDA_R_32F;
+}
+
+cublasLtEpilogue_t cublaslt_epilogue(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::None:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::Bias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::GeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::DGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::DGeluBiasGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::BiasGradA:
+      return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A (note "Row-major GEMMs")
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// The alignment cuBLASLt is told to assume for A, B, C, D, bias and aux, and that
+// check_gemm_args demands, so any algorithm chosen once serves every later call of its desc.
+constexpr std::uint32_t kPointerAlignment = 16;
+
+void check_pointer(std::vector<std::string>& reasons, const char* name, const void* pointer,
+                   bool needed, std::uintptr_t alignment, const std::string& why_needed) {
+  if (pointer == nullptr) {
+    if (needed) reasons.push_back(fmt::format("{} is null but {}", name, why_needed));
+    return;
+  }
+  if (!needed) {
+    reasons.push_back(fmt::format("{} is set but this desc does not use it: pass nullptr", name));
+    return;
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  if (address % alignment != 0) {
+    reasons.push_back(fmt::format(
+        "{} ({:#x}) is not {}-byte aligned: pass the start of a pool allocation or an offset "
+        "that is a multiple of {} bytes",
+        name, address, alignment, alignment));
+  }
+}
+
+template <typename T>
+void set_attribute(cublasLtMatmulDesc_t matmul, cublasLtMatmulDescAttributes_t attribute,
+                   const T& value, const GemmDesc& desc) {
+  OPFUSE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(matmul, attribute, &value, sizeof(value)),
+                      describe(desc));
+}
+
+// cuBLASLt's descriptors and chosen algorithm for one desc.
+struct Plan {
+  cublasLtMatmulDesc_t matmul = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    // Why statuses are dropped: destruction must not throw; these calls only free host memory.
+    for (cublasLtMatrixLayout_t layout : {a, b, c, d}) {
+      if (layout != nullptr) (void)cublasLtMatrixLayoutDestroy(layout);
+    }
+    if (matmul != nullptr) (void)cublasLtMatmulDescDestroy(matmul);
+  }
+};
+
+struct PreferenceOwner {
+  cublasLtMatmulPreference_t preference = nullptr;
+  PreferenceOwner() = default;
+  PreferenceOwner(const PreferenceOwner&) = delete;
+  PreferenceOwner& operator=(const PreferenceOwner&) = delete;
+  ~PreferenceOwner() {
+    if (preference != nullptr) (void)cublasLtMatmulPreferenceDestroy(preference);
+  }
+};
+
+cublasLtMatrixLayout_t make_layout(const CublasLtOperand& operand, DType dtype,
+                                   const GemmDesc& desc) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  OPFUSE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+                          &layout, cuda_type(dtype), static_cast<std::uint64_t>(operand.rows),
+                          static_cast<std::uint64_t>(operand.cols), operand.ld),
+                      describe(desc));
+  return layout;
+}
+
+// The pointer attributes of one call: cuBLASLt reads them from the matmul descriptor.
+void set_pointers(const Plan& plan, const GemmDesc& desc, const GemmArgs& args) {
+  if (epilogue_has_bias(desc.epilogue)) {
+    set_attribute(plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, args.bias, desc);
+  }
+  if (epilogue_has_aux(desc.epilogue)) {
+    set_attribute(plan.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, args.aux, desc);
+  }
+  if (is_fp8(desc.a)) {
+    // cuBLASLt's A is our B and its B our A (note "Row-major GEMMs").
+    set_attribute(plan.matmul, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, args.b_scale_inv, desc);
+    set_attribute(plan.matmul, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, args.a_scale_inv, desc);
+  }
+  if (is_fp8(desc.d)) {
+    set_attribute(plan.matmul, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, args.d_scale, desc);
+    set_attribute(plan.matmul, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, args.d_amax, desc);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& args) {
+  std::vector<std::string> reasons;
+  check_pointer(reasons, "a", args.a, true, kPointerAlignment, "every GEMM reads A");
+  check_pointer(reasons, "b", args.b, true, kPointerAlignment, "every GEMM reads B");
+  check_pointer(reasons, "d", args.d, true, kPointerAlignment, "every GEMM writes D");
+  if (args.c != nullptr) {
+    check_pointer(reasons, "c", args.c, desc.accumulate, kPointerAlignment, "");
+  }
+  const std::string epilogue(epilogue_name(desc.epilogue));
+  check_pointer(reasons, "bias", args.bias, epilogue_has_bias(desc.epilogue), kPointerAlignment,
+                "the " + epilogue + " epilogue uses the bias vector");
+  check_pointer(reasons, "aux", args.aux, epilogue_has_aux(desc.epilogue), kPointerAlignment,
+                "the " + epilogue + " epilogue uses the aux matrix");
+  check_pointer(reasons, "a_scale_inv", args.a_scale_inv, is_fp8(desc.a), alignof(float),
+                "A is FP8 and needs its dequantization factor");
+  check_pointer(reasons, "b_scale_inv", args.b_scale_inv, is_fp8(desc.b), alignof(float),
+                "B is FP8 and needs its dequantization factor");
+  check_pointer(reasons, "d_scale", args.d_scale, is_fp8(desc.d), alignof(float),
+                "D is FP8 and needs its quantization scale");
+  // Why amax only with an FP8 D: cuBLASLt computes amax_D for FP8 outputs only.
+  if (args.d_amax != nullptr) {
+    check_pointer(reasons, "d_amax", args.d_amax, is_fp8(desc.d), alignof(float), "");
+  }
+  return reasons;
+}
+
+struct GemmRunner::Impl {
+  cublasLtHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  std::unordered_map<GemmDesc, std::unique_ptr<Plan>, GemmDescHash> plans;
+
+  ~Impl() {
+    plans.clear();
+    if (handle != nullptr) (void)cublasLtDestroy(handle);
+  }
+
+  std::unique_ptr<Plan> make_plan(const GemmDesc& desc, const GemmArgs& args);
+  Plan& plan_for(const GemmDesc& desc, const GemmArgs& args);
+};
+
+std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const GemmArgs& args) {
+  const CublasLtProblem problem = to_cublaslt(desc);
+  auto plan = std::make_unique<Plan>();
+  OPFUSE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->matmul, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                      describe(desc));
+  const cublasOperation_t transa = problem.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t transb = problem.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_TRANSA, transa, desc);
+  set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_TRANSB, transb, desc);
+  set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, cublaslt_epilogue(desc.epilogue),
+                desc);
+  const DType vector_dtype = epilogue_vector_dtype(desc);
+  if (is_fp8(desc.a)) {
+    const std::int8_t fast_accum = desc.fast_accum ? 1 : 0;
+    set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum, desc);
+    // Why explicit: with FP8 operands the bias and aux types differ from D's default.
+    if (epilogue_has_bias(desc.epilogue)) {
+      set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(vector_dtype),
+                    desc);
+    }
+    if (epilogue_has_aux(desc.epilogue)) {
+      set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                    cuda_type(vector_dtype), desc);
+    }
+  }
+  if (epilogue_has_aux(desc.epilogue)) {
+    set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, problem.aux_ld, desc);
+  }
+  plan->a = make_layout(problem.a, problem.a.dtype, desc);
+  plan->b = make_layout(problem.b, problem.b.dtype, desc);
+  plan->d = make_layout(problem.d, problem.d.dtype, desc);
+  // Why: cuBLASLt wants C in the bias type when D is FP8 (C is never read then: beta = 0).
+  plan->c = make_layout(problem.d, is_fp8(desc.d) ? vector_dtype : desc.d, desc);
+
+  PreferenceOwner owner;
+  OPFUSE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&owner.preference), describe(desc));
+  cublasLtMatmulPreference_t preference = owner.preference;
+  const std::uint64_t workspace_bytes = workspace.size();
+  OPFUSE_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes)),
+      describe(desc));
+  for (const auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    OPFUSE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+                            preference, attribute, &kPointerAlignment, sizeof(kPointerAlignment)),
+                        describe(desc));
+  }
+  // Why a probe address: the heuristic reads the bias and aux pointers' values to learn their
+  // alignment. An address exactly 16-byte aligned (not 32) makes it pick an algorithm that works
+  // for every pointer check_gemm_args accepts, not only for this call's.
+  GemmArgs probe = args;
+  void* const sixteen_aligned = static_cast<char*>(workspace.data()) + kPointerAlignment;
+  if (epilogue_has_bias(desc.epilogue)) probe.bias = sixteen_aligned;
+  if (epilogue_has_aux(desc.epilogue)) probe.aux = sixteen_aligned;
+  set_pointers(*plan, desc, probe);
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  OPFUSE_CUBLAS_CHECK(
+      cublasLtMatmulAlgoGetHeuristic(handle, plan->matmul, plan->a, plan->b, plan->c, plan->d,
+                                     preference, 1, &result, &found),
+      describe(desc));
+  if (found == 0) {
+    throw CudaError(fmt::format("cuBLASLt's heuristic found no algorithm for {} on this GPU: "
+                                "check_gemm() accepts it, so this is a cuBLASLt limit not yet "
+                                "in check_gemm; run it in bf16 or without the epilogue",
+                                describe(desc)),
+                    "cuBLASLt", static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED));
+  }
+  plan->algo = result.algo;
+  return plan;
+}
+
+Plan& GemmRunner::Impl::plan_for(const GemmDesc& desc, const GemmArgs& args) {
+  const auto found = plans.find(desc);
+  if (found != plans.end()) return *found->second;
+  return *plans.emplace(desc, make_plan(desc, args)).first->second;
+}
+
+GemmRunner::GemmRunner(cudaStream_t stream) : impl_(std::make_unique<Impl>()) {
+  OPFUSE_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  impl_->workspace = DeviceBuffer(kWorkspaceBytes, stream);
+  // Why: runs may come on any stream; the stream-ordered allocation must be complete first.
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+GemmRunner::~GemmRunner() = default;
+
+std::size_t GemmRunner::cached_plans() const { return impl_->plans.size(); }
+
+void GemmRunner::run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream) {
+  if (impl_->plans.find(desc) == impl_->plans.end()) {
+    const std::vector<std::string> reasons = check_gemm(desc);
+    if (!reasons.empty()) {
+      throw UsageError(
+          fmt::format("cannot run {}:\n  - {}", describe(desc), fmt::join(reasons, "\n  - ")));
+    }
+  }
+  const std::vector<std::string> problems = check_gemm_args(desc, args);
+  if (!problems.empty()) {
+    throw UsageError(fmt::format("bad arguments for {}:\n  - {}", describe(desc),
+                                 fmt::join(problems, "\n  - ")));
+  }
+  const Plan& plan = impl_->plan_for(desc, args);
+  set_pointers(plan, desc, args);
+  const float alpha = 1.0f;
+  const float beta = desc.accumulate ? 1.0f : 0.0f;
+  const void* c =
+      desc.accumulate ? (args.c != nullptr ? args.c : args.d) : (is_fp8(desc.d) ? nullptr : args.d);
+  // cuBLASLt's A is our B and its B our A (note "Row-major GEMMs").
+  OPFUSE_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan.matmul, &alpha, args.b, plan.a, args.a,
+                                     plan.b, &beta, c, plan.c, args.d, plan.d, &plan.algo,
+                                     impl_->workspace.data(), impl_->workspace.size(), stream),
+                      describe(desc));
+}
+
+}  // namespace opfuse::gpu

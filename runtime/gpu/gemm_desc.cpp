@@ -1,0 +1,273 @@
+#include "gpu/gemm_desc.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+
+namespace opfuse::gpu {
+
+std::string_view epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::None:
+      return "none";
+    case GemmEpilogue::Bias:
+      return "bias";
+    case GemmEpilogue::GeluAuxBias:
+      return "gelu_aux_bias";
+    case GemmEpilogue::DGelu:
+      return "dgelu";
+    case GemmEpilogue::DGeluBiasGrad:
+      return "dgelu_bias_grad";
+    case GemmEpilogue::BiasGradA:
+      return "bias_grad_a";
+  }
+  return "?";
+}
+
+bool epilogue_has_aux(GemmEpilogue epilogue) {
+  return epilogue == GemmEpilogue::GeluAuxBias || epilogue == GemmEpilogue::DGelu ||
+         epilogue == GemmEpilogue::DGeluBiasGrad;
+}
+
+bool epilogue_has_bias(GemmEpilogue epilogue) {
+  return epilogue == GemmEpilogue::Bias || epilogue == GemmEpilogue::GeluAuxBias ||
+         epilogue == GemmEpilogue::DGeluBiasGrad || epilogue == GemmEpilogue::BiasGradA;
+}
+
+bool is_fp8(DType dtype) { return dtype == DType::E4M3 || dtype == DType::E5M2; }
+
+std::size_t GemmDescHash::operator()(const GemmDesc& desc) const {
+  std::size_t seed = 0;
+  auto mix = [&seed](std::size_t value) {
+    // Why this constant: the usual golden-ratio mix, so that nearby shapes spread over buckets.
+    seed ^= value + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2);
+  };
+  const std::hash<std::int64_t> hash_int;
+  mix(hash_int(desc.m));
+  mix(hash_int(desc.n));
+  mix(hash_int(desc.k));
+  mix(hash_int(desc.aux_ld));
+  mix(static_cast<std::size_t>(desc.a) | static_cast<std::size_t>(desc.b) << 8 |
+      static_cast<std::size_t>(desc.d) << 16 | static_cast<std::size_t>(desc.epilogue) << 24 |
+      static_cast<std::size_t>(desc.a_transposed) << 32 |
+      static_cast<std::size_t>(desc.b_transposed) << 33 |
+      static_cast<std::size_t>(desc.accumulate) << 34 |
+      static_cast<std::size_t>(desc.fast_accum) << 35);
+  return seed;
+}
+
+namespace {
+
+// Switches FP8 descs to the K-contiguous layout (Hopper's only FP8 layout); others stay as built.
+GemmDesc with_fp8_layout(GemmDesc desc) {
+  if (is_fp8(desc.a) || is_fp8(desc.b)) {
+    desc.a_transposed = false;
+    desc.b_transposed = true;
+  }
+  return desc;
+}
+
+std::string stored_shape(bool transposed, char rows, char cols) {
+  return transposed ? fmt::format("[{}, {}]", cols, rows) : fmt::format("[{}, {}]", rows, cols);
+}
+
+// Rows of a row-major matrix start 16-byte aligned iff its row length in bytes is a multiple
+// of 16 (the base pointer being 16-byte aligned, which GemmArgs checks).
+void check_row_alignment(std::vector<std::string>& reasons, std::string_view matrix,
+                         std::string_view shape_text, std::string_view length_name,
+                         std::int64_t length, DType dtype) {
+  const std::int64_t bytes = ir::dtype_bytes(dtype);
+  if (length * bytes % 16 == 0) return;
+  reasons.push_back(fmt::format(
+      "{} is stored {} in {}, so its rows are {} bytes: cuBLASLt needs 16-byte aligned rows; "
+      "make {} (now {}) a multiple of {} (pad with zeros)",
+      matrix, shape_text, ir::dtype_name(dtype), length * bytes, length_name, length, 16 / bytes));
+}
+
+void check_dtypes(const GemmDesc& desc, std::vector<std::string>& reasons) {
+  const bool fp8_a = is_fp8(desc.a), fp8_b = is_fp8(desc.b);
+  if (fp8_a != fp8_b) {
+    reasons.push_back(fmt::format(
+        "A is {} but B is {}: cuBLASLt multiplies FP8 only with FP8; quantize both operands or "
+        "neither",
+        ir::dtype_name(desc.a), ir::dtype_name(desc.b)));
+    return;
+  }
+  if (!fp8_a) {
+    if (desc.a != desc.b) {
+      reasons.push_back(fmt::format("A is {} but B is {}: 16-bit GEMMs take one dtype for both",
+                                    ir::dtype_name(desc.a), ir::dtype_name(desc.b)));
+    }
+    if (desc.d != desc.a && desc.d != DType::FP32) {
+      reasons.push_back(fmt::format("D is {} but the operands are {}: write D in {} or fp32",
+                                    ir::dtype_name(desc.d), ir::dtype_name(desc.a),
+                                    ir::dtype_name(desc.a)));
+    }
+    return;
+  }
+  if (desc.a == DType::E5M2 && desc.b == DType::E5M2) {
+    reasons.push_back(
+        "A and B are both e5m2: cuBLASLt has no E5M2 x E5M2 kernel; keep one operand in e4m3 "
+        "(the HYBRID format: e4m3 forward tensors, e5m2 gradients)");
+  }
+  if (desc.a_transposed || !desc.b_transposed) {
+    reasons.push_back(fmt::format(
+        "FP8 operands must both have k contiguous (A stored [m, k], B stored [n, k]: cuBLASLt's "
+        "TN layout, the only FP8 layout Hopper runs), but A is stored {} and B {}: use the "
+        "transposed FP8 copy that cast_transpose writes",
+        stored_shape(desc.a_transposed, 'm', 'k'), stored_shape(!desc.b_transposed, 'n', 'k')));
+  }
+}
+
+void check_fp8_output_and_epilogue(const GemmDesc& desc, std::vector<std::string>& reasons) {
+  if (is_fp8(desc.d)) {
+    if (desc.accumulate) {
+      reasons.push_back(
+          "an FP8 D cannot accumulate (cuBLASLt's C cannot be FP8): write D in bf16 or fp32 to "
+          "accumulate");
+    }
+    if (desc.epilogue != GemmEpilogue::None && desc.epilogue != GemmEpilogue::Bias) {
+      reasons.push_back(fmt::format(
+          "an FP8 D takes only the none and bias epilogues, not {}: write D in bf16 and fuse the "
+          "rest into the cast kernel that follows",
+          epilogue_name(desc.epilogue)));
+    }
+  }
+  const bool backward_epilogue = desc.epilogue == GemmEpilogue::DGelu ||
+                                 desc.epilogue == GemmEpilogue::DGeluBiasGrad ||
+                                 desc.epilogue == GemmEpilogue::BiasGradA;
+  if (is_fp8(desc.a) && backward_epilogue) {
+    reasons.push_back(fmt::format(
+        "opfuse runs the {} epilogue only on 16-bit GEMMs: with FP8 operands take dgelu and dbias "
+        "from the E5M2 cast kernels (activation_bwd / cast_transpose with kDbias), as TE does",
+        epilogue_name(desc.epilogue)));
+  }
+  if (!epilogue_has_aux(desc.epilogue)) {
+    if (desc.aux_ld != 0) {
+      reasons.push_back(
+          fmt::format("aux_ld is {} but the {} epilogue has no aux matrix: leave it 0", desc.aux_ld,
+                      epilogue_name(desc.epilogue)));
+    }
+    return;
+  }
+  const std::int64_t aux_ld = desc.aux_ld == 0 ? desc.n : desc.aux_ld;
+  if (aux_ld < desc.n) {
+    reasons.push_back(fmt::format(
+        "aux_ld {} is less than n = {}: each aux row must hold n elements; use aux_ld >= n", aux_ld,
+        desc.n));
+  }
+  if (aux_ld % 8 != 0) {
+    reasons.push_back(fmt::format(
+        "the aux matrix's row stride {} is not a multiple of 8 elements, which cuBLASLt needs: "
+        "pad aux_ld (or n) to a multiple of 8",
+        aux_ld));
+  }
+}
+
+}  // namespace
+
+GemmDesc fprop_gemm(std::int64_t tokens, std::int64_t in, std::int64_t out, DType x, DType w,
+                    DType y) {
+  GemmDesc desc;
+  desc.m = tokens;
+  desc.n = out;
+  desc.k = in;
+  desc.a = x;
+  desc.b = w;
+  desc.d = y;
+  desc.a_transposed = false;
+  desc.b_transposed = true;
+  desc.fast_accum = is_fp8(x);
+  return desc;
+}
+
+GemmDesc dgrad_gemm(std::int64_t tokens, std::int64_t in, std::int64_t out, DType dy, DType w,
+                    DType dx) {
+  GemmDesc desc;
+  desc.m = tokens;
+  desc.n = in;
+  desc.k = out;
+  desc.a = dy;
+  desc.b = w;
+  desc.d = dx;
+  desc.a_transposed = false;
+  desc.b_transposed = false;  // W [out, in] = [k, n]; FP8 takes W^T [in, out] = [n, k] instead
+  return with_fp8_layout(desc);
+}
+
+GemmDesc wgrad_gemm(std::int64_t tokens, std::int64_t in, std::int64_t out, DType dy, DType x,
+                    DType dw) {
+  GemmDesc desc;
+  desc.m = out;
+  desc.n = in;
+  desc.k = tokens;
+  desc.a = dy;
+  desc.b = x;
+  desc.d = dw;
+  desc.a_transposed = true;   // dy [tokens, out] = [k, m]; FP8 takes dy^T [out, tokens]
+  desc.b_transposed = false;  // x [tokens, in] = [k, n]; FP8 takes x^T [in, tokens]
+  return with_fp8_layout(desc);
+}
+
+std::string describe(const GemmDesc& desc) {
+  std::string text =
+      fmt::format("GEMM m={} n={} k={}: A {} {}, B {} {}, D {}, epilogue {}", desc.m, desc.n,
+                  desc.k, ir::dtype_name(desc.a), stored_shape(desc.a_transposed, 'm', 'k'),
+                  ir::dtype_name(desc.b), stored_shape(!desc.b_transposed, 'n', 'k'),
+                  ir::dtype_name(desc.d), epilogue_name(desc.epilogue));
+  if (desc.aux_ld != 0) text += fmt::format(" (aux_ld {})", desc.aux_ld);
+  if (desc.accumulate) text += ", accumulate";
+  if (desc.fast_accum) text += ", fast_accum";
+  return text;
+}
+
+std::vector<std::string> check_gemm(const GemmDesc& desc) {
+  std::vector<std::string> reasons;
+  if (desc.m <= 0 || desc.n <= 0 || desc.k <= 0) {
+    reasons.push_back(fmt::format(
+        "m, n and k must be positive (got m={}, n={}, k={}): skip the GEMM when a dimension is "
+        "empty",
+        desc.m, desc.n, desc.k));
+    return reasons;
+  }
+  check_dtypes(desc, reasons);
+  check_row_alignment(reasons, "A", stored_shape(desc.a_transposed, 'm', 'k'),
+                      desc.a_transposed ? "m" : "k", desc.a_transposed ? desc.m : desc.k, desc.a);
+  check_row_alignment(reasons, "B", stored_shape(!desc.b_transposed, 'n', 'k'),
+                      desc.b_transposed ? "k" : "n", desc.b_transposed ? desc.k : desc.n, desc.b);
+  check_row_alignment(reasons, "D", "[m, n]", "n", desc.n, desc.d);
+  check_fp8_output_and_epilogue(desc, reasons);
+  return reasons;
+}
+
+DType epilogue_vector_dtype(const GemmDesc& desc) {
+  if (!is_fp8(desc.a)) return desc.d;
+  return desc.d == DType::FP16 ? DType::FP16 : DType::BF16;
+}
+
+CublasLtProblem to_cublaslt(const GemmDesc& desc) {
+  CublasLtProblem problem;
+  problem.m = desc.n;
+  problem.n = desc.m;
+  problem.k = desc.k;
+  // cuBLASLt's A: our B.
+  problem.a.dtype = desc.b;
+  problem.a.transposed = desc.b_transposed;
+  problem.a.rows = desc.b_transposed ? desc.k : desc.n;
+  problem.a.cols = desc.b_transposed ? desc.n : desc.k;
+  problem.a.ld = problem.a.rows;
+  // cuBLASLt's B: our A.
+  problem.b.dtype = desc.a;
+  problem.b.transposed = desc.a_transposed;
+  problem.b.rows = desc.a_transposed ? desc.m : desc.k;
+  problem.b.cols = desc.a_transposed ? desc.k : desc.m;
+  problem.b.ld = problem.b.rows;
+  problem.d.dtype = desc.d;
+  problem.d.rows = desc.n;
+  problem.d.cols = desc.m;
+  problem.d.ld = desc.n;
+  if (epilogue_has_aux(desc.epilogue)) problem.aux_ld = desc.aux_ld == 0 ? desc.n : desc.aux_ld;
+  return problem;
+}
+
+}  // namespace opfuse::gpu

@@ -1,0 +1,192 @@
+#include "gpu/quantizer_state.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <utility>
+
+#include "gpu/cuda_check.h"
+#include "gpu/device.h"
+#include "jit/kernel_cache.h"
+#include "opfuse/error.h"
+
+namespace opfuse::gpu {
+namespace {
+
+constexpr const char* kUpdateExpression = "opfuse::update_scales<256>";
+constexpr unsigned kUpdateThreads = 256;  // launch::kScaleUpdateThreads
+
+struct ScaleUpdateParams {  // templates/scale_update.cuh
+  const QuantizerRecord* records;
+  int count;
+};
+
+std::size_t align16(std::size_t offset) { return (offset + 15) / 16 * 16; }
+
+int scaling_mode(const QuantizerSettings& settings) {
+  if (settings.current_scaling) return 2;
+  return settings.amax_compute == cpu::AmaxCompute::Max ? 0 : 1;
+}
+
+jit::CompiledKernel compile_update_kernel(jit::KernelCache* cache) {
+  jit::CompileRequest request;
+  request.kernel_name = "update_scales";
+  request.source = "#include \"scale_update.cuh\"\n";
+  request.name_expressions = {kUpdateExpression};
+  request.arch = current_device().arch;
+  if (cache == nullptr) return jit::compile_kernel(request);
+  return std::move(jit::compile_all({request}, cache, 1).kernels.at(0));
+}
+
+}  // namespace
+
+QuantizerSettings quantizer_settings(std::string name, const ir::Recipe& recipe, bool is_gradient) {
+  QuantizerSettings settings;
+  settings.name = std::move(name);
+  settings.format = cpu::format_for(is_gradient, recipe.format == ir::Fp8Format::Hybrid);
+  settings.current_scaling = recipe.kind == ir::RecipeKind::CurrentScaling;
+  settings.history_length = settings.current_scaling ? 1 : recipe.amax_history;
+  settings.amax_compute = recipe.amax_compute == ir::AmaxCompute::Max
+                              ? cpu::AmaxCompute::Max
+                              : cpu::AmaxCompute::MostRecent;
+  settings.margin = recipe.margin;
+  settings.amax_epsilon = static_cast<float>(recipe.amax_epsilon);
+  settings.power_of_2_scale = recipe.power_of_2_scale;
+  return settings;
+}
+
+QuantizerLayout plan_quantizer_layout(const std::vector<QuantizerSettings>& settings) {
+  QuantizerLayout layout;
+  const std::size_t count = settings.size();
+  layout.records_offset = 0;
+  layout.scales_offset = align16(count * sizeof(QuantizerRecord));
+  layout.scale_invs_offset = align16(layout.scales_offset + count * sizeof(float));
+  std::size_t offset = align16(layout.scale_invs_offset + count * sizeof(float));
+  for (const QuantizerSettings& quantizer : settings) {
+    if (!quantizer.current_scaling && quantizer.history_length < 1) {
+      throw UsageError(fmt::format(
+          "quantizer '{}' has an amax history of length {}: delayed scaling needs at least 1",
+          quantizer.name, quantizer.history_length));
+    }
+    const int length = quantizer.current_scaling ? 1 : quantizer.history_length;
+    layout.history_offsets.push_back(offset);
+    layout.history_lengths.push_back(length);
+    offset = align16(offset + static_cast<std::size_t>(length) * sizeof(float));
+  }
+  layout.total_bytes = offset;
+  return layout;
+}
+
+QuantizerState::QuantizerState(std::vector<QuantizerSettings> settings, cudaStream_t stream,
+                               jit::KernelCache* cache)
+    : settings_(std::move(settings)),
+      layout_(plan_quantizer_layout(settings_)),
+      memory_(layout_.total_bytes, stream),
+      module_(compile_update_kernel(cache)),
+      update_kernel_(module_.kernel(kUpdateExpression)) {
+  std::vector<cpu::DelayedScalingState> initial(settings_.size());
+  for (std::size_t i = 0; i < settings_.size(); ++i) {
+    initial[i].amax_history.assign(static_cast<std::size_t>(layout_.history_lengths[i]), 0.0f);
+  }
+  upload(initial, stream);
+}
+
+float* QuantizerState::float_at(std::size_t offset) const {
+  return reinterpret_cast<float*>(memory_.as<unsigned char>() + offset);
+}
+
+float* QuantizerState::amax_history(int index) const {
+  return float_at(layout_.history_offsets.at(static_cast<std::size_t>(index)));
+}
+
+float* QuantizerState::scale(int index) const { return float_at(layout_.scales_offset) + index; }
+
+float* QuantizerState::scale_inv(int index) const {
+  return float_at(layout_.scale_invs_offset) + index;
+}
+
+const QuantizerRecord* QuantizerState::records() const {
+  return reinterpret_cast<const QuantizerRecord*>(memory_.as<unsigned char>() +
+                                                  layout_.records_offset);
+}
+
+std::vector<unsigned char> QuantizerState::host_image(
+    const std::vector<cpu::DelayedScalingState>& states) const {
+  std::vector<unsigned char> image(layout_.total_bytes, 0);
+  for (std::size_t i = 0; i < settings_.size(); ++i) {
+    const QuantizerSettings& quantizer = settings_[i];
+    const int index = static_cast<int>(i);
+    QuantizerRecord record{};
+    record.amax_history = amax_history(index);
+    record.scale = scale(index);
+    record.scale_inv = scale_inv(index);
+    record.history_length = layout_.history_lengths[i];
+    record.mode = scaling_mode(quantizer);
+    record.fp8_max = cpu::fp8_max(quantizer.format);
+    record.margin = quantizer.margin;
+    record.epsilon = quantizer.amax_epsilon;
+    record.power_of_2_scale = quantizer.power_of_2_scale ? 1 : 0;
+    std::memcpy(image.data() + layout_.records_offset + i * sizeof(QuantizerRecord), &record,
+                sizeof(record));
+    std::memcpy(image.data() + layout_.scales_offset + i * sizeof(float), &states[i].scale,
+                sizeof(float));
+    std::memcpy(image.data() + layout_.scale_invs_offset + i * sizeof(float), &states[i].scale_inv,
+                sizeof(float));
+    std::memcpy(image.data() + layout_.history_offsets[i], states[i].amax_history.data(),
+                states[i].amax_history.size() * sizeof(float));
+  }
+  return image;
+}
+
+void QuantizerState::upload(const std::vector<cpu::DelayedScalingState>& states,
+                            cudaStream_t stream) {
+  if (states.size() != settings_.size()) {
+    throw UsageError(
+        fmt::format("quantizer state upload with {} quantizers into a sequence that has {}: load a "
+                    "checkpoint of the same program",
+                    states.size(), settings_.size()));
+  }
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const auto expected = static_cast<std::size_t>(layout_.history_lengths[i]);
+    if (states[i].amax_history.size() != expected) {
+      throw UsageError(fmt::format(
+          "quantizer '{}' gets an amax history of length {} but its recipe keeps {}: load a "
+          "checkpoint made with the same recipe",
+          settings_[i].name, states[i].amax_history.size(), expected));
+    }
+  }
+  const std::vector<unsigned char> image = host_image(states);
+  // Why a pageable copy is safe to let go of: for pageable sources cudaMemcpyAsync returns only
+  // after the bytes are staged, so `image` may be destroyed on return.
+  OPFUSE_CUDA_CHECK(
+      cudaMemcpyAsync(memory_.data(), image.data(), image.size(), cudaMemcpyHostToDevice, stream),
+      "uploading the quantizer state");
+}
+
+std::vector<cpu::DelayedScalingState> QuantizerState::download(cudaStream_t stream) const {
+  std::vector<unsigned char> image(layout_.total_bytes);
+  OPFUSE_CUDA_CHECK(
+      cudaMemcpyAsync(image.data(), memory_.data(), image.size(), cudaMemcpyDeviceToHost, stream),
+      "downloading the quantizer state");
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "downloading the quantizer state");
+  std::vector<cpu::DelayedScalingState> states(settings_.size());
+  for (std::size_t i = 0; i < settings_.size(); ++i) {
+    std::memcpy(&states[i].scale, image.data() + layout_.scales_offset + i * sizeof(float),
+                sizeof(float));
+    std::memcpy(&states[i].scale_inv, image.data() + layout_.scale_invs_offset + i * sizeof(float),
+                sizeof(float));
+    states[i].amax_history.resize(static_cast<std::size_t>(layout_.history_lengths[i]));
+    std::memcpy(states[i].amax_history.data(), image.data() + layout_.history_offsets[i],
+                states[i].amax_history.size() * sizeof(float));
+  }
+  return states;
+}
+
+void QuantizerState::update(cudaStream_t stream) {
+  if (settings_.empty()) return;
+  const ScaleUpdateParams params{records(), count()};
+  launch(update_kernel_, dim3(static_cast<unsigned>(count())), dim3(kUpdateThreads), 0, stream,
+         params);
+}
+
+}  // namespace opfuse::gpu

@@ -1,0 +1,109 @@
+// Device-resident FP8 quantizer state of one sequence (DESIGN.md 3, "Quantizer state"): every
+// quantizer's amax history, scale and scale_inv in one allocation, the QuantizerRecord array of
+// templates/scale_update.cuh pointing into it, and one update_scales launch per step for all of
+// them. The CPU twin is runtime/cpu/cpu_quantizers.h + quantizer_math.h, bit for bit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "cpu/quantizer_math.h"
+#include "gpu/device_memory.h"
+#include "gpu/module.h"
+#include "ir/recipe.h"
+
+namespace opfuse::jit {
+class KernelCache;
+}
+
+namespace opfuse::gpu {
+
+// One quantizer's recipe settings; the same fields cpu::Quantizer holds.
+struct QuantizerSettings {
+  std::string name;  // "<layer>.input", "<layer>.weight", "<layer>.grad_output"
+  cpu::Fp8Format format = cpu::Fp8Format::E4M3;
+  bool current_scaling = false;  // else delayed scaling
+  int history_length = 1024;     // delayed scaling (>= 1); current scaling keeps one slot
+  cpu::AmaxCompute amax_compute = cpu::AmaxCompute::Max;
+  int margin = 0;
+  float amax_epsilon = 0.0f;      // current scaling
+  bool power_of_2_scale = false;  // current scaling
+};
+
+// The settings of a quantizer of `recipe` (an FP8 recipe), derived as cpu::make_quantizer does:
+// `is_gradient` picks E5M2 under the HYBRID format.
+QuantizerSettings quantizer_settings(std::string name, const ir::Recipe& recipe, bool is_gradient);
+
+// Host mirror of templates/scale_update.cuh's QuantizerRecord, field for field (48 bytes).
+struct QuantizerRecord {
+  float* amax_history;
+  float* scale;
+  float* scale_inv;
+  int history_length;
+  int mode;  // 0 delayed/max, 1 delayed/most_recent, 2 current
+  float fp8_max;
+  int margin;
+  float epsilon;
+  int power_of_2_scale;
+};
+static_assert(sizeof(QuantizerRecord) == 48, "must match templates/scale_update.cuh");
+
+// Byte offsets inside the one allocation: the records, then all scales, all scale_invs, then
+// each history; every section starts 16-byte aligned.
+struct QuantizerLayout {
+  std::size_t records_offset = 0;     // QuantizerRecord[count]
+  std::size_t scales_offset = 0;      // float[count]
+  std::size_t scale_invs_offset = 0;  // float[count]
+  std::vector<std::size_t> history_offsets;
+  std::vector<int> history_lengths;  // 1 under current scaling
+  std::size_t total_bytes = 0;
+};
+
+// Throws UsageError for a delayed-scaling history length below 1.
+QuantizerLayout plan_quantizer_layout(const std::vector<QuantizerSettings>& settings);
+
+class QuantizerState {
+ public:
+  // Allocates and initializes the state on `stream` (scale 1, scale_inv 1, history zero) and
+  // compiles update_scales for the current device through the JIT (consulting `cache` when
+  // given). Throws UsageError for bad settings, CudaError, or jit::JitError.
+  QuantizerState(std::vector<QuantizerSettings> settings, cudaStream_t stream,
+                 jit::KernelCache* cache = nullptr);
+
+  int count() const { return static_cast<int>(settings_.size()); }
+  const QuantizerSettings& settings(int index) const { return settings_.at(index); }
+
+  // Slot 0 of the amax history: the amax the cast kernels of this step max-reduce into (the
+  // update zeroes it for the next step under delayed scaling; under current scaling memset it to
+  // 0 before amax_reduce). Device pointers; valid while this object lives.
+  float* amax(int index) const { return amax_history(index); }
+  float* amax_history(int index) const;
+  float* scale(int index) const;      // read by the cast kernels
+  float* scale_inv(int index) const;  // given to the GEMM as the operand's scale_inv
+  const QuantizerRecord* records() const;
+  const QuantizerLayout& layout() const { return layout_; }
+
+  // Ends a step: ONE update_scales<256> launch over every record, on `stream`, no host sync.
+  void update(cudaStream_t stream);
+
+  // Copies the whole state to the host (waits for `stream`), e.g. for tests and checkpoints.
+  std::vector<cpu::DelayedScalingState> download(cudaStream_t stream) const;
+  // Replaces the state (checkpoint load), enqueued on `stream`. Throws UsageError, copying
+  // nothing, when the count or a history length differs from this state's.
+  void upload(const std::vector<cpu::DelayedScalingState>& states, cudaStream_t stream);
+
+ private:
+  std::vector<unsigned char> host_image(const std::vector<cpu::DelayedScalingState>& states) const;
+  float* float_at(std::size_t offset) const;
+
+  std::vector<QuantizerSettings> settings_;
+  QuantizerLayout layout_;
+  DeviceBuffer memory_;
+  Module module_;
+  Kernel update_kernel_;
+};
+
+}  // namespace opfuse::gpu
