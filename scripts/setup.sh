@@ -8,8 +8,12 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev
 )
-# libclang-16-dev builds the template checker (tools/template_check); optional elsewhere.
-if apt-cache show libclang-16-dev >/dev/null 2>&1; then packages+=(libclang-16-dev llvm-16-dev); fi
+# The template checker (compiler/tools/check_templates.cpp, cmake/template_checker.cmake) needs
+# libclang-16-dev and llvm-16-dev (libraries, headers), clang-16 (Clang's CMake package) and
+# libclang-common-16-dev (Clang's CUDA wrapper headers); optional where Debian lacks them.
+if apt-cache show libclang-16-dev >/dev/null 2>&1; then
+  packages+=(libclang-16-dev llvm-16-dev clang-16 libclang-common-16-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,277 @@
+#include "codegen/kernel_templates.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <stdexcept>
+
+namespace opfuse::codegen {
+namespace {
+
+using ir::KernelFamily;
+using Kind = TemplateParamKind;
+
+// Parameter lists, in declaration order, as templates/README.md states them.
+constexpr TemplateParam kNormFwdParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kHidden", Kind::Int, ""},
+    {"kZeroCenteredGamma", Kind::Bool, "false"},
+    {"kWriteTranspose", Kind::Bool, "false"},
+};
+constexpr TemplateParam kNormBwdParams[] = {
+    {"Input", Kind::DType, ""},
+    {"kHidden", Kind::Int, ""},
+    {"kZeroCenteredGamma", Kind::Bool, "false"},
+};
+constexpr TemplateParam kActivationFwdParams[] = {
+    {"Act", Kind::Activation, ""},
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kWriteTranspose", Kind::Bool, "false"},
+};
+constexpr TemplateParam kActivationBwdParams[] = {
+    {"Act", Kind::Activation, ""},   {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},     {"kWriteTranspose", Kind::Bool, "false"},
+    {"kDbias", Kind::Bool, "false"},
+};
+constexpr TemplateParam kCastTransposeParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kWriteTranspose", Kind::Bool, "true"},
+    {"kDbias", Kind::Bool, "false"},
+};
+constexpr TemplateParam kBiasAddParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kHasBias", Kind::Bool, "true"},
+    {"kHasResidual", Kind::Bool, "false"},
+    {"kWriteTranspose", Kind::Bool, "false"},
+};
+constexpr TemplateParam kInputOnlyParams[] = {{"Input", Kind::DType, ""}};
+constexpr TemplateParam kOutputOnlyParams[] = {{"Output", Kind::DType, ""}};
+constexpr TemplateParam kScaleUpdateParams[] = {{"kThreads", Kind::Int, "256"}};
+
+constexpr KernelFamily kServesResidual[] = {KernelFamily::Residual};
+// Second stage of dgamma/dbeta (norm backward) and dbias (activation backward, cast, bias grad).
+constexpr KernelFamily kServesColumnSums[] = {KernelFamily::Activation,
+                                              KernelFamily::GatedActivation, KernelFamily::Bias,
+                                              KernelFamily::Cast};
+
+// Examples: README's where it has one (activation_fwd has none there).
+constexpr std::string_view kLayerNormFwdExample[] = {"__nv_bfloat16", "__nv_bfloat16", "4096"};
+constexpr std::string_view kRmsNormFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "4096",
+                                                   "false", "true"};
+constexpr std::string_view kLayerNormBwdExample[] = {"__half", "1000", "true"};
+constexpr std::string_view kRmsNormBwdExample[] = {"__nv_bfloat16", "4096"};
+constexpr std::string_view kActivationFwdExample[] = {"opfuse::Gelu", "__nv_bfloat16",
+                                                      "__nv_fp8_e4m3", "true"};
+constexpr std::string_view kGatedActivationFwdExample[] = {"opfuse::Silu", "__nv_bfloat16",
+                                                           "__nv_fp8_e4m3", "true"};
+constexpr std::string_view kActivationBwdExample[] = {"opfuse::Gelu", "__nv_bfloat16",
+                                                      "__nv_bfloat16", "false", "true"};
+constexpr std::string_view kGatedActivationBwdExample[] = {"opfuse::Silu", "__nv_bfloat16",
+                                                           "__nv_fp8_e5m2", "true", "true"};
+constexpr std::string_view kCastTransposeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true",
+                                                      "false"};
+constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
+                                                "true"};
+constexpr std::string_view kBf16Example[] = {"__nv_bfloat16"};
+constexpr std::string_view kScaleUpdateExample[] = {"256"};
+
+// One row of the table; also_serves last because most entries have none.
+constexpr KernelTemplate entry(std::string_view name, std::string_view header, KernelFamily family,
+                               std::string_view params_struct,
+                               std::span<const TemplateParam> params,
+                               std::span<const std::string_view> example_args,
+                               std::span<const KernelFamily> also_serves = {}) {
+  return {name, header, family, params_struct, params, also_serves, example_args};
+}
+
+constexpr KernelTemplate kTable[] = {
+    entry("layernorm_fwd", "norm.cuh", KernelFamily::Norm, "NormFwdParams", kNormFwdParams,
+          kLayerNormFwdExample),
+    entry("rmsnorm_fwd", "norm.cuh", KernelFamily::Norm, "NormFwdParams", kNormFwdParams,
+          kRmsNormFwdExample),
+    entry("layernorm_bwd", "norm.cuh", KernelFamily::Norm, "NormBwdParams", kNormBwdParams,
+          kLayerNormBwdExample),
+    entry("rmsnorm_bwd", "norm.cuh", KernelFamily::Norm, "NormBwdParams", kNormBwdParams,
+          kRmsNormBwdExample),
+    entry("activation_fwd", "activation.cuh", KernelFamily::Activation, "ActivationFwdParams",
+          kActivationFwdParams, kActivationFwdExample),
+    entry("gated_activation_fwd", "activation.cuh", KernelFamily::GatedActivation,
+          "ActivationFwdParams", kActivationFwdParams, kGatedActivationFwdExample),
+    entry("activation_bwd", "activation.cuh", KernelFamily::Activation, "ActivationBwdParams",
+          kActivationBwdParams, kActivationBwdExample),
+    entry("gated_activation_bwd", "activation.cuh", KernelFamily::GatedActivation,
+          "ActivationBwdParams", kActivationBwdParams, kGatedActivationBwdExample),
+    entry("cast_transpose", "cast_transpose.cuh", KernelFamily::Cast, "CastParams",
+          kCastTransposeParams, kCastTransposeExample),
+    entry("bias_add", "bias.cuh", KernelFamily::Bias, "BiasAddParams", kBiasAddParams,
+          kBiasAddExample, kServesResidual),
+    entry("dbias_partial", "bias.cuh", KernelFamily::Bias, "DbiasParams", kInputOnlyParams,
+          kBf16Example),
+    entry("reduce_column_partials", "common/column_partials.cuh", KernelFamily::Norm,
+          "ColumnPartialsParams", kOutputOnlyParams, kBf16Example, kServesColumnSums),
+    // Current scaling measures the amax before the cast; quantization is the Cast family.
+    entry("amax_reduce", "amax.cuh", KernelFamily::Cast, "AmaxParams", kInputOnlyParams,
+          kBf16Example),
+    entry("update_scales", "scale_update.cuh", KernelFamily::Cast, "ScaleUpdateParams",
+          kScaleUpdateParams, kScaleUpdateExample),
+};
+
+constexpr std::array<ir::DType, 5> kDTypes = {ir::DType::BF16, ir::DType::FP16, ir::DType::FP32,
+                                              ir::DType::E4M3, ir::DType::E5M2};
+constexpr std::string_view kActivationSpellings[] = {"opfuse::Gelu", "opfuse::QGelu",
+                                                     "opfuse::Relu", "opfuse::Silu"};
+
+// A decimal int as C++ reads it: no leading zeros (those would be octal), no '+', fits in int.
+bool is_decimal_int(std::string_view text) {
+  const std::string_view digits = text.starts_with('-') ? text.substr(1) : text;
+  if (digits.empty() || (digits.size() > 1 && digits.front() == '0')) return false;
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return error == std::errc() && end == text.data() + text.size();
+}
+
+bool fits_kind(TemplateParamKind kind, std::string_view arg) {
+  switch (kind) {
+    case Kind::DType:
+      return parse_cuda_dtype_spelling(arg).has_value();
+    case Kind::Activation:
+      return std::ranges::find(kActivationSpellings, arg) != std::end(kActivationSpellings);
+    case Kind::Int:
+      return is_decimal_int(arg);
+    case Kind::Bool:
+      return arg == "true" || arg == "false";
+  }
+  return false;
+}
+
+std::string_view expected_spelling(TemplateParamKind kind) {
+  switch (kind) {
+    case Kind::DType:
+      return "one of __nv_bfloat16, __half, float, __nv_fp8_e4m3, __nv_fp8_e5m2";
+    case Kind::Activation:
+      return "one of opfuse::Gelu, opfuse::QGelu, opfuse::Relu, opfuse::Silu";
+    case Kind::Int:
+      return "a decimal int";
+    case Kind::Bool:
+      return "true or false";
+  }
+  return "";
+}
+
+template <typename Arg>
+std::string build_name_expression(const KernelTemplate& t, std::span<const Arg> args) {
+  const auto required = static_cast<size_t>(std::ranges::count_if(
+      t.params, [](const TemplateParam& p) { return p.default_value.empty(); }));
+  if (args.size() < required || args.size() > t.params.size()) {
+    throw std::invalid_argument(fmt::format(
+        "opfuse::{} takes {} template argument{}, got {}", t.name,
+        required == t.params.size() ? fmt::format("{}", required)
+                                    : fmt::format("{} to {}", required, t.params.size()),
+        t.params.size() == 1 ? "" : "s", args.size()));
+  }
+  std::string expression = fmt::format("opfuse::{}<", t.name);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TemplateParam& param = t.params[i];
+    const std::string_view arg = args[i];
+    if (!fits_kind(param.kind, arg)) {
+      throw std::invalid_argument(
+          fmt::format("opfuse::{}: template argument {} ({}) must be {}, got '{}'", t.name, i + 1,
+                      param.name, expected_spelling(param.kind), arg));
+    }
+    if (i > 0) expression += ", ";
+    expression += arg;
+  }
+  return expression + ">";
+}
+
+}  // namespace
+
+std::string_view template_param_kind_name(TemplateParamKind kind) {
+  switch (kind) {
+    case Kind::DType:
+      return "dtype";
+    case Kind::Activation:
+      return "activation";
+    case Kind::Int:
+      return "int";
+    case Kind::Bool:
+      return "bool";
+  }
+  return "?";
+}
+
+std::span<const KernelTemplate> kernel_templates() { return kTable; }
+
+const KernelTemplate* find_kernel_template(std::string_view name) {
+  const auto* it = std::ranges::find(kTable, name, &KernelTemplate::name);
+  return it == std::end(kTable) ? nullptr : it;
+}
+
+std::vector<const KernelTemplate*> kernel_templates_for(ir::KernelFamily family) {
+  std::vector<const KernelTemplate*> found;
+  for (const KernelTemplate& t : kTable) {
+    if (t.family == family || std::ranges::find(t.also_serves, family) != t.also_serves.end()) {
+      found.push_back(&t);
+    }
+  }
+  return found;
+}
+
+std::string name_expression(const KernelTemplate& t, std::span<const std::string> args) {
+  return build_name_expression(t, args);
+}
+
+std::string name_expression(const KernelTemplate& t, std::span<const std::string_view> args) {
+  return build_name_expression(t, args);
+}
+
+std::string_view cuda_dtype_spelling(ir::DType d) {
+  switch (d) {
+    case ir::DType::BF16:
+      return "__nv_bfloat16";
+    case ir::DType::FP16:
+      return "__half";
+    case ir::DType::FP32:
+      return "float";
+    case ir::DType::E4M3:
+      return "__nv_fp8_e4m3";
+    case ir::DType::E5M2:
+      return "__nv_fp8_e5m2";
+  }
+  return "?";
+}
+
+std::optional<ir::DType> parse_cuda_dtype_spelling(std::string_view spelling) {
+  for (const ir::DType d : kDTypes) {
+    if (cuda_dtype_spelling(d) == spelling) return d;
+  }
+  return std::nullopt;
+}
+
+std::span<const std::string_view> activation_spellings() { return kActivationSpellings; }
+
+std::optional<std::string_view> activation_spelling(ir::OpKind op) {
+  switch (op) {
+    case ir::OpKind::GELU:
+    case ir::OpKind::GEGLU:
+      return "opfuse::Gelu";
+    case ir::OpKind::QGELU:
+      return "opfuse::QGelu";
+    case ir::OpKind::ReLU:
+    case ir::OpKind::ReGLU:
+      return "opfuse::Relu";
+    case ir::OpKind::SiLU:
+    case ir::OpKind::SwiGLU:
+      return "opfuse::Silu";
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace opfuse::codegen
