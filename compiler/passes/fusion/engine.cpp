@@ -152,13 +152,15 @@ void fuse(Sequence& s, const FusionPattern& p, std::vector<int> at) {
     }
   }
   std::vector<Operation> ops;
+  size_t fused_at = 0;
   for (size_t j = 0; j < s.ops.size(); ++j) {
     if (int(j) == at.back()) {
-      ops.push_back(std::move(fused));
+      fused_at = ops.size();
     } else if (!group.count(int(j))) {
       ops.push_back(std::move(s.ops[j]));
     }
   }
+  ops.insert(ops.begin() + std::ptrdiff_t(fused_at), std::move(fused));
   s.ops = std::move(ops);
   recompute_producers(s);
 }
