@@ -52,20 +52,10 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
 }
 
 void fake_quantize(Quantizer& quantizer, std::span<float> values) {
-  DelayedScalingState& state = quantizer.state;
-  if (quantizer.current_scaling) {
-    const float amax = tensor_amax(values);
-    const CurrentScale s = compute_current_scale(
-        amax, quantizer.delayed.fp8_max, quantizer.amax_epsilon, quantizer.power_of_2_scale);
-    state.amax_history[0] = amax;
-    state.scale = s.scale;
-    state.scale_inv = s.scale_inv;
-  }
-  std::vector<uint8_t> bits(values.size());
-  float amax = 0.0f;
-  quantize_fp8(values, state.scale, quantizer.format, bits, &amax);
-  if (!quantizer.current_scaling) state.amax_history[0] = std::fmax(state.amax_history[0], amax);
-  dequantize_fp8(bits, state.scale_inv, quantizer.format, values);
+  std::vector<float> codes(values.size());
+  const float scale_inv = quantize(quantizer, values, codes);
+  // Decoding with scale_inv 1 is exact, so this equals decoding with scale_inv directly.
+  for (size_t i = 0; i < values.size(); ++i) values[i] = codes[i] * scale_inv;
 }
 
 void end_step(Quantizer& quantizer) {

@@ -55,6 +55,7 @@ void fake_quantize_values(Quantizer& quantizer, std::span<T> values) {
   }
 }
 
+// activation_backward names its forward op (gelu, swiglu, ...); gated ones map to their gate.
 std::optional<ops::Activation> activation_named(std::string_view name) {
   if (name == "gelu" || name == "geglu") return ops::Activation::GELU;
   if (name == "qgelu") return ops::Activation::QGELU;
@@ -72,23 +73,8 @@ std::vector<T> transpose(std::span<const T> x, int64_t rows, int64_t cols) {
   return out;
 }
 
-std::optional<ops::Activation> activation_of(OpKind kind) {
-  switch (kind) {
-    case OpKind::GELU:
-    case OpKind::GEGLU:
-      return ops::Activation::GELU;
-    case OpKind::QGELU:
-      return ops::Activation::QGELU;
-    case OpKind::ReLU:
-    case OpKind::ReGLU:
-      return ops::Activation::ReLU;
-    case OpKind::SiLU:
-    case OpKind::SwiGLU:
-      return ops::Activation::SiLU;
-    default:
-      return std::nullopt;
-  }
-}
+// The forward op kinds by their names, which are also what activation_backward records.
+ops::Activation activation_of(OpKind kind) { return *activation_named(ir::op_info(kind).name); }
 
 }  // namespace
 
@@ -236,14 +222,14 @@ void ReferenceExecutor<T>::State::run_op(const ir::Operation& op) {
       const Tensor<T>& x = in(op, 0);
       Tensor<T>& y = out(op, 0);
       for (size_t i = 0; i < y.data.size(); ++i)
-        y.data[i] = ops::activation(*activation_of(op.kind), x.data[i]);
+        y.data[i] = ops::activation(activation_of(op.kind), x.data[i]);
       break;
     }
     case OpKind::SwiGLU:
     case OpKind::GEGLU:
     case OpKind::ReGLU: {
       Tensor<T>& y = out(op, 0);
-      ops::gated_forward<T>(*activation_of(op.kind), in(op, 0).data, y.cols(), y.data);
+      ops::gated_forward<T>(activation_of(op.kind), in(op, 0).data, y.cols(), y.data);
       break;
     }
     case OpKind::ActivationBackward:
