@@ -2,25 +2,44 @@
 //
 // Exit codes (also in --help and the README):
 //   0  success
-//   1  user error in a .fuse program (diagnostics printed)
+//   1  user error in a .fuse program (diagnostics printed); for build, also a kernel that NVRTC
+//      rejects (its name and log printed) or an output that cannot be written
 //   2  usage error (bad command line)
 //   3  internal error (a bug in opfuse; please report it with the input)
 #include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <mutex>
+#include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../runtime/cpu/run_driver.h"
+#include "../../runtime/jit/kernel_cache.h"
+#include "../../runtime/jit/nvrtc_compiler.h"
+#include "codegen/kernel_source.h"
+#include "codegen/plan.h"
 #include "driver/frontend.h"
 #include "ir/printer.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
 #include "support/assert.h"
+#include "support/atomic_file.h"
+
+extern char** environ;  // posix_spawnp's environment
 
 namespace {
 
@@ -31,7 +50,8 @@ constexpr int kExitInternal = 3;
 
 constexpr const char* kExitCodeHelp =
     "Exit codes: 0 success, 1 errors in a .fuse program, 2 usage error, 3 internal error "
-    "(a bug in opfuse).";
+    "(a bug in opfuse). build also exits 1 when a kernel fails to compile or an output cannot "
+    "be written.";
 
 struct CommonOptions {
   std::string recipe;
@@ -71,6 +91,25 @@ int run_check(const std::vector<std::string>& files, const CommonOptions& common
   return status;
 }
 
+// Narrows `program` to the sequence `name` (empty: all of them); false (reported) when absent.
+bool select_sequence(opfuse::ir::Program& program, const std::string& name,
+                     const std::string& file) {
+  if (name.empty()) return true;
+  const opfuse::ir::Sequence* s = program.find_sequence(name);
+  if (!s) {
+    std::string names;
+    for (const auto& seq : program.sequences) names += " " + seq.name;
+    std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n", name.c_str(),
+                 file.c_str(), names.c_str());
+    return false;
+  }
+  opfuse::ir::Program only;
+  only.recipes = program.recipes;
+  only.sequences.push_back(*s);
+  program = std::move(only);
+  return true;
+}
+
 struct IrOptions {
   std::string file;
   std::string sequence;
@@ -98,20 +137,7 @@ int run_ir(const IrOptions& opts, const CommonOptions& common) {
   opfuse::SourceManager sources;
   auto program = load(opts.file, common, sources);
   if (!program) return kExitUserError;
-  if (!opts.sequence.empty()) {
-    const opfuse::ir::Sequence* s = program->find_sequence(opts.sequence);
-    if (!s) {
-      std::string names;
-      for (const auto& seq : program->sequences) names += " " + seq.name;
-      std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n",
-                   opts.sequence.c_str(), opts.file.c_str(), names.c_str());
-      return kExitUserError;
-    }
-    opfuse::ir::Program only;
-    only.recipes = program->recipes;
-    only.sequences.push_back(*s);
-    program = std::move(only);
-  }
+  if (!select_sequence(*program, opts.sequence, opts.file)) return kExitUserError;
   auto print = [&](std::string_view title, const opfuse::ir::Program& p) {
     std::printf("// ----- IR after %.*s -----\n%s", int(title.size()), title.data(),
                 opfuse::ir::print_program(p, &sources).c_str());
@@ -202,6 +228,391 @@ int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
   return kExitOk;
 }
 
+// ---- build and dump-kernels ---------------------------------------------------------------------
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double milliseconds_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+struct BuildCommandOptions {
+  std::string file;
+  std::string out_dir;
+  std::string arch = "sm_90a";
+  std::vector<std::string> disable;  // passes to skip
+  std::string sequence;
+};
+
+// Loads the file (narrowed to --sequence); nullopt after printing the user errors.
+std::optional<opfuse::ir::Program> load_selected(const BuildCommandOptions& opts,
+                                                 const CommonOptions& common,
+                                                 opfuse::SourceManager& sources) {
+  auto program = load(opts.file, common, sources);
+  if (!program || !select_sequence(*program, opts.sequence, opts.file)) return std::nullopt;
+  return program;
+}
+
+// Runs the whole pass pipeline and builds the plan; nullopt after printing the user errors.
+struct CompiledProgram {
+  opfuse::ir::Program program;
+  opfuse::codegen::Plan plan;
+};
+std::optional<CompiledProgram> compile_program(opfuse::ir::Program program,
+                                               const BuildCommandOptions& opts,
+                                               const opfuse::SourceManager& sources) {
+  opfuse::passes::PassOptions pass_options;
+  pass_options.disabled.insert(opts.disable.begin(), opts.disable.end());
+  opfuse::passes::PassManager(opfuse::passes::default_pipeline())
+      .run(program, pass_options, nullptr);
+  try {
+    opfuse::codegen::Plan plan = opfuse::codegen::build_plan(program, {opts.arch, &sources});
+    return CompiledProgram{std::move(program), std::move(plan)};
+  } catch (const opfuse::codegen::CodegenError& e) {
+    opfuse::DiagnosticEngine diags(sources);
+    diags.error(e.loc(), e.what(), e.hint());
+    std::fputs(diags.format_all().c_str(), stderr);
+    return std::nullopt;
+  }
+}
+
+bool make_directory(const std::string& dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error || !fs::is_directory(dir)) {
+    std::fprintf(stderr, "fusec: error: cannot create the output directory %s: %s\n", dir.c_str(),
+                 error ? error.message().c_str() : "not a directory");
+    return false;
+  }
+  return true;
+}
+
+// Every output is written atomically: a reader (or a concurrent build) sees a whole file. Not
+// fsync'd: a rebuild recreates outputs, and fsyncs were most of a warm build's time.
+bool write_output(const std::string& path, std::string_view bytes) {
+  const std::string failure =
+      opfuse::write_file_atomically(path, bytes, opfuse::Durability::VisibleOnly);
+  if (failure.empty()) return true;
+  std::fprintf(stderr, "fusec: error: cannot write %s: %s\n", path.c_str(), failure.c_str());
+  return false;
+}
+
+// Removes kernel files an earlier build left in the directory: kernels this plan does not have
+// and, after a build, binaries of the other kind (.cubin vs .ptx) than `binary_ext`.
+void remove_stale_kernels(const std::string& kernels_dir, const opfuse::codegen::Plan& plan,
+                          const std::string& binary_ext = "") {
+  std::error_code error;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(kernels_dir, error)) {
+    const fs::path& path = entry.path();
+    const std::string ext = path.extension().string();
+    if (ext != ".cu" && ext != ".cubin" && ext != ".ptx") continue;
+    if (plan.find_kernel(path.stem().string()) == nullptr ||
+        (!binary_ext.empty() && ext != ".cu" && ext != binary_ext))
+      stale.push_back(path);
+  }
+  for (const fs::path& path : stale) fs::remove(path, error);
+}
+
+// The "[3/7] compiling NAME" line on a terminal; warnings printed through it do not tear it.
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled) : enabled_(enabled) {}
+  void show(const std::string& text) {
+    if (!enabled_) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::fprintf(stderr, "\r%s\033[K", text.c_str());
+    std::fflush(stderr);
+  }
+  void clear() {
+    if (!enabled_) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+  }
+  void print_line(const std::string& line) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (enabled_) std::fputs("\r\033[K", stderr);
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+  std::mutex mutex_;
+};
+
+struct CompileOutcome {
+  std::vector<opfuse::jit::CompiledKernel> kernels;  // request order
+  std::vector<std::string> failures;                 // one message per failed kernel
+  double wall_ms = 0;
+};
+
+// Compiles the kernels on every core, each through compile_all (cache lookup, NVRTC, store), so
+// that the progress line can name the kernel being compiled.
+CompileOutcome compile_kernels(const std::vector<opfuse::jit::CompileRequest>& requests,
+                               opfuse::jit::KernelCache& cache, ProgressLine& progress) {
+  const Clock::time_point start = Clock::now();
+  CompileOutcome outcome;
+  outcome.kernels.resize(requests.size());
+  std::vector<std::string> failures(requests.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < requests.size(); i = next++) {
+      progress.show(
+          fmt::format("[{}/{}] compiling {}", i + 1, requests.size(), requests[i].kernel_name));
+      try {
+        outcome.kernels[i] = opfuse::jit::compile_all({requests[i]}, &cache, 1).kernels.at(0);
+      } catch (const std::exception& e) {
+        failures[i] = e.what();
+      }
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), requests.size());
+  {
+    std::vector<std::jthread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+  }
+  progress.clear();
+  for (std::string& f : failures)
+    if (!f.empty()) outcome.failures.push_back(std::move(f));
+  outcome.wall_ms = milliseconds_since(start);
+  return outcome;
+}
+
+std::string ops_text(const std::vector<opfuse::codegen::OpRef>& ops) {
+  std::string text;
+  for (const auto& op : ops) {
+    text += fmt::format("{}{} \"{}\"{}", text.empty() ? "" : ", ", op.op, op.instance,
+                        op.location.empty() ? "" : " (" + op.location + ")");
+  }
+  return text.empty() ? "the end-of-step scale update" : text;
+}
+
+std::string build_report(const opfuse::codegen::Plan& plan, const CompileOutcome& compiled,
+                         const opfuse::jit::KernelCache& cache, double total_ms) {
+  const opfuse::jit::KernelCacheStats stats = cache.stats();
+  std::string r = fmt::format("fusec build report\nsource: {}\narch: {}\n", plan.source, plan.arch);
+  r += fmt::format("kernel cache: {}{}\n", cache.directory().empty() ? "(none)" : cache.directory(),
+                   cache.writable() ? "" : " (not writable: nothing stored)");
+  r += fmt::format("cache: {} hits, {} misses ({} corrupt entries recompiled), {} stored\n",
+                   stats.hits, stats.misses, stats.corrupt_entries, stats.stores);
+  double compile_ms = 0, load_ms = 0;
+  for (const auto& k : compiled.kernels) (k.cache_hit ? load_ms : compile_ms) += k.compile_ms;
+  r += fmt::format(
+      "compile stage: {:.1f} ms wall; NVRTC {:.1f} ms, cache loads {:.1f} ms (summed over "
+      "kernels)\n",
+      compiled.wall_ms, compile_ms, load_ms);
+  r += fmt::format("build: {:.1f} ms in all\n\n", total_ms);
+  r += fmt::format("{} kernels:\n", plan.kernels.size());
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    const auto& kernel = plan.kernels[i];
+    const auto& binary = compiled.kernels.at(i);
+    r += fmt::format("  {}  [{} {:.1f} ms, {} registers, {} bytes spilled]\n", kernel.id,
+                     binary.cache_hit ? "cache hit" : "compiled", binary.compile_ms,
+                     binary.registers, binary.spill_store_bytes);
+    r += fmt::format("    {}\n", kernel.name_expression);
+    for (const auto& use : kernel.uses) {
+      r += fmt::format("    {} {}{}: {}\n", use.sequence, opfuse::ir::phase_name(use.phase),
+                       use.pattern.empty() ? "" : " fused " + use.pattern, ops_text(use.ops));
+    }
+  }
+  for (const auto& s : plan.sequences) {
+    size_t gemms = 0;
+    for (const auto& step : s.steps)
+      gemms += std::holds_alternative<opfuse::codegen::GemmStep>(step.body);
+    r += fmt::format("\nsequence {}: {} steps ({} GEMMs, {} launches or memsets)\n", s.name,
+                     s.steps.size(), gemms, s.steps.size() - gemms);
+    for (const auto& step : s.steps) {
+      r += fmt::format("  {:3} {:8} {}{}\n", step.index, opfuse::ir::phase_name(step.phase),
+                       step.what, step.ops.empty() ? "" : "  <- " + ops_text(step.ops));
+    }
+  }
+  return r;
+}
+
+// --disable-pass names that are not passes; reported as a usage error.
+bool pass_names_are_known(const BuildCommandOptions& opts) {
+  const opfuse::passes::PassManager manager(opfuse::passes::default_pipeline());
+  opfuse::passes::PassOptions pass_options;
+  pass_options.disabled.insert(opts.disable.begin(), opts.disable.end());
+  const auto unknown = manager.unknown_names(pass_options);
+  if (unknown.empty()) return true;
+  std::string names;
+  for (const auto& p : manager.passes()) names += fmt::format(" {}", p.name);
+  std::fprintf(stderr, "fusec: error: unknown pass '%s'; passes:%s\n", unknown[0].c_str(),
+               names.c_str());
+  return false;
+}
+
+int run_build(const BuildCommandOptions& opts, const CommonOptions& common) {
+  const Clock::time_point start = Clock::now();
+  if (!pass_names_are_known(opts)) return kExitUsage;
+  opfuse::SourceManager sources;
+  auto loaded = load_selected(opts, common, sources);
+  if (!loaded) return kExitUserError;
+  auto compiled = compile_program(std::move(*loaded), opts, sources);
+  if (!compiled) return kExitUserError;
+  const opfuse::codegen::Plan& plan = compiled->plan;
+  const std::string kernels_dir = opts.out_dir + "/kernels";
+  if (!make_directory(kernels_dir)) return kExitUserError;
+
+  std::vector<opfuse::jit::CompileRequest> requests;
+  for (const auto& kernel : plan.kernels) {
+    opfuse::jit::CompileRequest request;
+    request.kernel_name = kernel.id;
+    request.source = opfuse::codegen::kernel_source(plan, kernel);
+    request.name_expressions = {kernel.name_expression};
+    request.arch = opts.arch;
+    if (!write_output(kernels_dir + "/" + kernel.id + ".cu", request.source)) return kExitUserError;
+    requests.push_back(std::move(request));
+  }
+
+  ProgressLine progress(::isatty(STDERR_FILENO) != 0);
+  opfuse::jit::KernelCache cache(
+      opfuse::jit::KernelCache::default_directory(),
+      [&](const std::string& message) { progress.print_line("fusec: warning: " + message); });
+  const CompileOutcome outcome = compile_kernels(requests, cache, progress);
+  if (!outcome.failures.empty()) {
+    for (const std::string& failure : outcome.failures)
+      std::fprintf(stderr, "fusec: error: %s\n", failure.c_str());
+    std::fprintf(stderr, "fusec: %zu of %zu kernels failed to compile; nothing else was written\n",
+                 outcome.failures.size(), requests.size());
+    return kExitUserError;
+  }
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    const auto& binary = outcome.kernels[i];
+    std::string_view bytes(binary.binary.data(), binary.binary.size());
+    if (binary.is_ptx && !bytes.empty() && bytes.back() == '\0') bytes.remove_suffix(1);
+    const std::string path =
+        kernels_dir + "/" + plan.kernels[i].id + (binary.is_ptx ? ".ptx" : ".cubin");
+    if (!write_output(path, bytes)) return kExitUserError;
+  }
+  if (!write_output(opts.out_dir + "/plan.json", opfuse::codegen::plan_json_text(plan)))
+    return kExitUserError;
+  remove_stale_kernels(kernels_dir, plan, opts.arch.starts_with("compute_") ? ".ptx" : ".cubin");
+  const double total_ms = milliseconds_since(start);
+  if (!write_output(opts.out_dir + "/report.txt", build_report(plan, outcome, cache, total_ms)))
+    return kExitUserError;
+
+  const auto stats = cache.stats();
+  size_t steps = 0, gemms = 0;
+  for (const auto& s : plan.sequences) {
+    steps += s.steps.size();
+    for (const auto& step : s.steps)
+      gemms += std::holds_alternative<opfuse::codegen::GemmStep>(step.body);
+  }
+  std::printf(
+      "fusec: built %s for %s: %zu kernels (%lld compiled, %lld from the cache) in %.0f ms; "
+      "%zu sequence%s, %zu steps, %zu GEMMs -> %s\n",
+      plan.source.c_str(), plan.arch.c_str(), plan.kernels.size(),
+      static_cast<long long>(requests.size()) - static_cast<long long>(stats.hits),
+      static_cast<long long>(stats.hits), total_ms, plan.sequences.size(),
+      plan.sequences.size() == 1 ? "" : "s", steps, gemms, opts.out_dir.c_str());
+  return kExitOk;
+}
+
+// The first `name` in $PATH that is an executable file; "" when none.
+std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path ? path : "";
+  for (size_t begin = 0; begin <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', begin), dirs.size());
+    std::string candidate =
+        (end > begin ? dirs.substr(begin, end - begin) : std::string(".")) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0 && fs::is_regular_file(candidate)) return candidate;
+    begin = end + 1;
+  }
+  return {};
+}
+
+// Runs clang-format over `source` (CUDA, the project's style); nullopt when it fails.
+std::optional<std::string> clang_format(const std::string& exe, const std::string& source) {
+  const fs::path tmp = fs::temp_directory_path();
+  std::string in_path = (tmp / "fusec-format-in-XXXXXX").string();
+  std::string out_path = (tmp / "fusec-format-out-XXXXXX").string();
+  const int in_fd = ::mkstemp(in_path.data());
+  const int out_fd = in_fd < 0 ? -1 : ::mkstemp(out_path.data());
+  std::optional<std::string> formatted;
+  if (in_fd >= 0 && out_fd >= 0 &&
+      ::write(in_fd, source.data(), source.size()) == static_cast<ssize_t>(source.size())) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
+    std::string style = "--style={BasedOnStyle: Google, ColumnLimit: 100}";
+    std::string assume = "--assume-filename=kernel.cu";
+    std::vector<char*> argv = {const_cast<char*>(exe.c_str()), style.data(), assume.data(),
+                               in_path.data(), nullptr};
+    pid_t pid = 0;
+    int status = -1;
+    if (posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0 &&
+        ::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      std::ifstream in(out_path, std::ios::binary);
+      formatted = std::string{std::istreambuf_iterator<char>(in), {}};
+    }
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  if (in_fd >= 0) ::close(in_fd), ::unlink(in_path.c_str());
+  if (out_fd >= 0) ::close(out_fd), ::unlink(out_path.c_str());
+  return formatted;
+}
+
+int run_dump_kernels(const BuildCommandOptions& opts, const CommonOptions& common) {
+  if (!pass_names_are_known(opts)) return kExitUsage;
+  opfuse::SourceManager sources;
+  auto loaded = load_selected(opts, common, sources);
+  if (!loaded) return kExitUserError;
+  // The IR before fusion: the same pipeline with the fusion passes disabled.
+  const opfuse::passes::PassManager manager(opfuse::passes::default_pipeline());
+  opfuse::passes::PassOptions no_fusion;
+  no_fusion.disabled.insert(opts.disable.begin(), opts.disable.end());
+  for (const auto& pass : manager.passes())
+    if (pass.name == "fuse-forward" || pass.name == "fuse-backward")
+      no_fusion.disabled.insert(std::string(pass.name));
+  opfuse::ir::Program before = *loaded;
+  manager.run(before, no_fusion, nullptr);
+  auto compiled = compile_program(std::move(*loaded), opts, sources);
+  if (!compiled) return kExitUserError;
+  const opfuse::codegen::Plan& plan = compiled->plan;
+
+  const std::string kernels_dir = opts.out_dir + "/kernels";
+  if (!make_directory(kernels_dir)) return kExitUserError;
+  if (!write_output(opts.out_dir + "/ir_before_fusion.ir",
+                    opfuse::ir::print_program(before, &sources)) ||
+      !write_output(opts.out_dir + "/ir_after_fusion.ir",
+                    opfuse::ir::print_program(compiled->program, &sources)) ||
+      !write_output(opts.out_dir + "/plan.json", opfuse::codegen::plan_json_text(plan)))
+    return kExitUserError;
+  const std::string formatter = find_on_path("clang-format");
+  bool formatted_all = !formatter.empty();
+  for (const auto& kernel : plan.kernels) {
+    std::string source = opfuse::codegen::kernel_source(plan, kernel);
+    if (!formatter.empty()) {
+      if (auto formatted = clang_format(formatter, source)) {
+        source = std::move(*formatted);
+      } else {
+        formatted_all = false;
+      }
+    }
+    if (!write_output(kernels_dir + "/" + kernel.id + ".cu", source)) return kExitUserError;
+  }
+  remove_stale_kernels(kernels_dir, plan);
+  if (!formatter.empty() && !formatted_all)
+    std::fprintf(stderr, "fusec: warning: %s failed on some kernels; they are left unformatted\n",
+                 formatter.c_str());
+  std::printf(
+      "fusec: wrote %zu kernels (%s), ir_before_fusion.ir, ir_after_fusion.ir and "
+      "plan.json to %s\n",
+      plan.kernels.size(),
+      formatter.empty() ? "unformatted: clang-format is not on PATH"
+                        : "formatted with clang-format",
+      opts.out_dir.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -256,6 +667,43 @@ int main(int argc, char** argv) {
               "biases 0; inputs ~ N(0, 1).\n" +
               kExitCodeHelp);
 
+  BuildCommandOptions build_opts;
+  CLI::App* build = app.add_subcommand(
+      "build",
+      "compile a .fuse file for the GPU: DIR/plan.json (the execution plan), DIR/kernels/<kernel>"
+      ".cu and .cubin (NVRTC, through the kernel cache at $OPFUSE_CACHE_DIR or ~/.cache/opfuse) "
+      "and DIR/report.txt");
+  BuildCommandOptions dump_opts;
+  CLI::App* dump = app.add_subcommand(
+      "dump-kernels",
+      "write readable sources for review: DIR/kernels/<kernel>.cu (formatted by clang-format "
+      "when it is on PATH; Clang's libFormat is not linked into fusec, so no clang-format means "
+      "unformatted sources), DIR/ir_before_fusion.ir, DIR/ir_after_fusion.ir and DIR/plan.json. "
+      "Compiles nothing");
+  for (auto [cmd, opts] : {std::pair{build, &build_opts}, std::pair{dump, &dump_opts}}) {
+    cmd->add_option("file", opts->file, ".fuse file")->required()->check(CLI::ExistingFile);
+    cmd->add_option("-o,--output", opts->out_dir, "output directory (created if missing)")
+        ->required();
+    cmd->add_option("--arch", opts->arch,
+                    "target: sm_XX[a|f] for a cubin, compute_XX for PTX (never queried from a "
+                    "device)")
+        ->capture_default_str()
+        ->check(CLI::Validator(
+            [](const std::string& arch) -> std::string {
+              static const std::regex kArch("(sm|compute)_[0-9]+[af]?");
+              return std::regex_match(arch, kArch)
+                         ? ""
+                         : "'" + arch + "' is not an arch: use sm_90a, sm_89, compute_90, ...";
+            },
+            "ARCH"));
+    cmd->add_option("--sequence", opts->sequence, "build only this sequence");
+    cmd->add_option("--disable-pass", opts->disable,
+                    "skip this pass (repeatable), e.g. fuse-forward to build every op unfused")
+        ->allow_extra_args(false);
+    add_common(cmd, common);
+    cmd->footer(kExitCodeHelp);
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -267,6 +715,8 @@ int main(int argc, char** argv) {
     if (*check) return run_check(check_files, common);
     if (*ir) return run_ir(ir_opts, common);
     if (*run) return run_run(run_opts, common);
+    if (*build) return run_build(build_opts, common);
+    if (*dump) return run_dump_kernels(dump_opts, common);
   } catch (const opfuse::InternalError& e) {
     std::fprintf(stderr, "%s\nfusec: this is a bug in opfuse; please report it with the input.\n",
                  e.what());

@@ -286,8 +286,9 @@ void GemmRunner::run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t st
   set_pointers(plan, desc, args);
   const float alpha = 1.0f;
   const float beta = desc.accumulate ? 1.0f : 0.0f;
-  const void* c =
-      desc.accumulate ? (args.c != nullptr ? args.c : args.d) : (is_fp8(desc.d) ? nullptr : args.d);
+  // Why D as C when not accumulating: beta = 0 so C is never read, but cuBLASLt's argument
+  // validation may reject a null C (TE also passes D there), FP8 D included.
+  const void* c = desc.accumulate && args.c != nullptr ? args.c : args.d;
   // cuBLASLt's A is our B and its B our A (note "Row-major GEMMs").
   OPFUSE_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan.matmul, &alpha, args.b, plan.a, args.a,
                                      plan.b, &beta, c, plan.c, args.d, plan.d, &plan.algo,

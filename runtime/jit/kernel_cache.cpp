@@ -1,9 +1,7 @@
 #include "jit/kernel_cache.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +16,7 @@
 
 #include "jit/sha256.h"
 #include "support/assert.h"
+#include "support/atomic_file.h"
 
 namespace opfuse::jit {
 
@@ -204,59 +203,14 @@ std::optional<CompiledKernel> decode_entry(std::string_view bytes, const std::st
 
 // --- file system --------------------------------------------------------------------------------
 
-// Writes all bytes, retrying short writes; returns 0 or an errno value.
-int write_all(int fd, std::string_view bytes) {
-  while (!bytes.empty()) {
-    const ssize_t written = ::write(fd, bytes.data(), bytes.size());
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    bytes.remove_prefix(static_cast<std::size_t>(written));
-  }
-  return 0;
-}
-
-// Makes a rename inside `dir` durable; returns 0 or an errno value.
-int fsync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  const int result = ::fsync(fd) == 0 ? 0 : errno;
-  ::close(fd);
-  return result;
-}
-
-// Writes `bytes` to `final_path` atomically via a temp file in `dir`; returns "" or why it failed.
-std::string write_file_atomically(const std::string& dir, const std::string& final_path,
-                                  const std::string& key, std::string_view bytes) {
+// Creates the entry's directory and writes the entry atomically and durably (entries are loaded
+// by later builds); returns "" or why it failed.
+std::string write_entry(const std::string& dir, const std::string& final_path,
+                        std::string_view bytes) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return fmt::format("cannot create {}: {}", dir, errno_text(errno));
   }
-  std::string temp_path = fmt::format("{}/.tmp-{}-XXXXXX", dir, key);
-  const int fd = ::mkstemp(temp_path.data());
-  if (fd < 0) return fmt::format("cannot create a file in {}: {}", dir, errno_text(errno));
-
-  std::string failure;
-  // mkstemp makes 0600 files; entries are ordinary readable files like the rest of ~/.cache.
-  if (::fchmod(fd, 0644) != 0) failure = fmt::format("chmod: {}", errno_text(errno));
-  if (failure.empty()) {
-    if (const int error = write_all(fd, bytes); error != 0) {
-      failure = fmt::format("write: {}", errno_text(error));
-    }
-  }
-  if (failure.empty() && ::fsync(fd) != 0) failure = fmt::format("fsync: {}", errno_text(errno));
-  if (::close(fd) != 0 && failure.empty()) failure = fmt::format("close: {}", errno_text(errno));
-  if (failure.empty() && ::rename(temp_path.c_str(), final_path.c_str()) != 0) {
-    failure = fmt::format("rename: {}", errno_text(errno));
-  }
-  if (!failure.empty()) {
-    ::unlink(temp_path.c_str());
-    return failure;
-  }
-  if (const int error = fsync_directory(dir); error != 0) {
-    return fmt::format("fsync of {}: {}", dir, errno_text(error));
-  }
-  return {};
+  return write_file_atomically(final_path, bytes, Durability::Durable);
 }
 
 }  // namespace
@@ -386,7 +340,7 @@ void KernelCache::store(const std::string& key, const CompiledKernel& kernel) {
   if (!writable_.load()) return;
   const std::string path = entry_path(key);
   const std::string dir = fs::path(path).parent_path().string();
-  const std::string failure = write_file_atomically(dir, path, key, encode_entry(key, kernel));
+  const std::string failure = write_entry(dir, path, encode_entry(key, kernel));
   if (!failure.empty()) {
     store_failures_++;
     degrade(failure);

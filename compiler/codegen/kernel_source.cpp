@@ -1,0 +1,121 @@
+#include "codegen/kernel_source.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "support/assert.h"
+
+namespace opfuse::codegen {
+
+namespace {
+
+// Short words for the template's bool flags in file names; the rest are spelled from the name.
+std::string flag_word(std::string_view param) {
+  if (param == "kWriteTranspose") return "t";
+  if (param == "kDbias") return "dbias";
+  if (param == "kZeroCenteredGamma") return "zcg";
+  if (param == "kHasBias") return "bias";
+  if (param == "kHasResidual") return "residual";
+  std::string word;
+  for (char c : param.substr(param.starts_with('k') ? 1 : 0))
+    word += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return word;
+}
+
+std::string arg_word(const TemplateParam& param, const std::string& arg) {
+  switch (param.kind) {
+    case TemplateParamKind::DType: {
+      const auto dtype = parse_cuda_dtype_spelling(arg);
+      return dtype ? std::string(ir::dtype_name(*dtype)) : arg;
+    }
+    case TemplateParamKind::Activation: {
+      std::string word = arg.substr(arg.rfind(':') + 1);  // opfuse::Silu -> silu
+      std::transform(word.begin(), word.end(), word.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      return word;
+    }
+    case TemplateParamKind::Int:
+      return arg;
+    case TemplateParamKind::Bool:
+      return arg == "true" ? flag_word(param.name) : "";
+  }
+  return arg;
+}
+
+const QuantizerPlan* find_quantizer(const Plan& plan, const std::string& sequence,
+                                    const std::string& name) {
+  for (const SequencePlan& s : plan.sequences) {
+    if (s.name != sequence) continue;
+    for (const QuantizerPlan& q : s.quantizers)
+      if (q.name == name) return &q;
+  }
+  return nullptr;
+}
+
+std::string use_comment(const Plan& plan, const KernelUse& use) {
+  std::string out = fmt::format("//   sequence {}, {}", use.sequence, ir::phase_name(use.phase));
+  out += use.pattern.empty() ? "" : fmt::format(", fused {}", use.pattern);
+  out += ":\n";
+  for (const OpRef& op : use.ops) {
+    out += fmt::format("//     {} \"{}\"{}\n", op.op, op.instance,
+                       op.location.empty() ? "" : fmt::format(" ({})", op.location));
+  }
+  if (use.ops.empty()) out += "//     the end-of-step scale update\n";
+  out += fmt::format("//     {}\n", use.what);
+  if (!use.quantizers.empty()) {
+    std::string list;
+    for (const std::string& name : use.quantizers) {
+      const QuantizerPlan* q = find_quantizer(plan, use.sequence, name);
+      list += fmt::format("{}{}{}", list.empty() ? "" : ", ", name,
+                          q ? fmt::format(" ({})", ir::dtype_name(q->format)) : "");
+    }
+    out += fmt::format("//     quantizers: {}\n", list);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string kernel_id(const KernelTemplate& t, const std::vector<std::string>& args) {
+  std::string id(t.name);
+  for (size_t i = 0; i < args.size() && i < t.params.size(); ++i) {
+    const std::string word = arg_word(t.params[i], args[i]);
+    if (!word.empty()) id += "_" + word;
+  }
+  return id;
+}
+
+std::string params_struct_spelling(const KernelTemplate& t, const std::vector<std::string>& args) {
+  // A templated params struct takes the kernel's dtype arguments, in order (templates/README.md).
+  std::string dtypes;
+  for (size_t i = 0; i < args.size() && i < t.params.size(); ++i) {
+    if (t.params[i].kind == TemplateParamKind::DType)
+      dtypes += (dtypes.empty() ? "" : ", ") + args[i];
+  }
+  const std::string name = fmt::format("opfuse::{}", t.params_struct);
+  return dtypes.empty() ? name : fmt::format("{}<{}>", name, dtypes);
+}
+
+std::string kernel_source(const Plan& plan, const Kernel& kernel) {
+  std::string out = fmt::format("// opfuse generated kernel {}\n", kernel.id);
+  out += fmt::format(
+      "// Written by fusec{}; `fusec build` compiles it with NVRTC through the name expression\n"
+      "// below. Do not edit: change the .fuse program and rebuild.\n//\n",
+      plan.source.empty() ? "" : " from " + plan.source);
+  out += "// Used by:\n";
+  for (const KernelUse& use : kernel.uses) out += use_comment(plan, use);
+  out += "//\n";
+  // One item per line: long comment lines would be reflowed into each other by clang-format.
+  out += fmt::format("// Name expression (NVRTC):\n//   {}\n", kernel.name_expression);
+  out +=
+      fmt::format("// Parameter, by value (templates/README.md):\n//   {}\n", kernel.params_struct);
+  out += fmt::format("#include \"{}\"\n\n", kernel.header);
+  // For readers and tools: the same instantiation NVRTC makes from the name expression.
+  out += fmt::format("template __global__ void {}({});\n", kernel.name_expression,
+                     kernel.params_struct);
+  return out;
+}
+
+}  // namespace opfuse::codegen

@@ -1,0 +1,505 @@
+#include "codegen/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "codegen/kernel_source.h"
+#include "codegen/kernel_templates.h"
+#include "codegen/plan_builder.h"
+#include "support/assert.h"
+
+namespace opfuse::codegen {
+
+namespace {
+
+using ir::OpKind;
+using ir::ValueId;
+
+// The names the IR printer gives values (ir/printer.cpp), so a plan reads next to `fusec ir`.
+std::vector<std::string> printed_value_names(const ir::Sequence& s) {
+  std::vector<std::string> names(s.values.size());
+  int next = 0;
+  for (const ir::Value& v : s.values) {
+    switch (v.kind) {
+      case ir::ValueKind::Result:
+        names[v.id] = fmt::format("%{}", next++);
+        break;
+      case ir::ValueKind::OutputGrad:
+        names[v.id] = "%d" + v.name;
+        break;
+      default:
+        names[v.id] = "%" + v.name;
+    }
+  }
+  return names;
+}
+
+float fp8_max(ir::DType format) { return format == ir::DType::E5M2 ? 57344.0f : 448.0f; }
+
+void add_unique(std::vector<int>& ids, int id) {
+  if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+}
+
+}  // namespace
+
+// ---- small helpers ------------------------------------------------------------------------------
+
+std::string_view buffer_role_name(BufferRole role) {
+  switch (role) {
+    case BufferRole::Input:
+      return "input";
+    case BufferRole::Param:
+      return "param";
+    case BufferRole::OutputGrad:
+      return "output_grad";
+    case BufferRole::Result:
+      return "result";
+    case BufferRole::Workspace:
+      return "workspace";
+  }
+  return "?";
+}
+
+std::string_view param_kind_name(ParamBinding::Kind kind) {
+  switch (kind) {
+    case ParamBinding::Kind::Null:
+      return "null";
+    case ParamBinding::Kind::Buffer:
+      return "buffer";
+    case ParamBinding::Kind::Buffers:
+      return "buffers";
+    case ParamBinding::Kind::Quantizer:
+      return "quantizer";
+    case ParamBinding::Kind::Records:
+      return "quantizer_records";
+    case ParamBinding::Kind::Int:
+      return "int";
+    case ParamBinding::Kind::Int64:
+      return "int64";
+    case ParamBinding::Kind::Float:
+      return "float";
+  }
+  return "?";
+}
+
+std::string_view gemm_role_name(GemmRole role) {
+  switch (role) {
+    case GemmRole::Fprop:
+      return "fprop";
+    case GemmRole::Dgrad:
+      return "dgrad";
+    case GemmRole::Wgrad:
+      return "wgrad";
+  }
+  return "?";
+}
+
+ParamBinding bind_null(std::string field) {
+  ParamBinding p;
+  p.field = std::move(field);
+  return p;
+}
+
+ParamBinding bind_in(std::string field, int buffer) {
+  ParamBinding p = bind_null(std::move(field));
+  if (buffer < 0) return p;
+  p.kind = ParamBinding::Kind::Buffer;
+  p.buffers = {buffer};
+  return p;
+}
+
+ParamBinding bind_out(std::string field, int buffer) {
+  ParamBinding p = bind_in(std::move(field), buffer);
+  p.written = buffer >= 0;
+  return p;
+}
+
+ParamBinding bind_buffers(std::string field, std::vector<int> buffers, bool written) {
+  ParamBinding p = bind_null(std::move(field));
+  p.kind = ParamBinding::Kind::Buffers;
+  p.written = written;
+  p.buffers = std::move(buffers);
+  return p;
+}
+
+ParamBinding bind_quantizer(std::string field, int quantizer, std::string quantizer_field) {
+  ParamBinding p = bind_null(std::move(field));
+  if (quantizer < 0) return p;
+  p.kind = ParamBinding::Kind::Quantizer;
+  p.quantizer = quantizer;
+  p.quantizer_field = std::move(quantizer_field);
+  return p;
+}
+
+ParamBinding bind_records(std::string field, std::vector<int> quantizers) {
+  ParamBinding p = bind_null(std::move(field));
+  p.kind = ParamBinding::Kind::Records;
+  p.records = std::move(quantizers);
+  return p;
+}
+
+ParamBinding bind_int(std::string field, SymExpr value) {
+  ParamBinding p = bind_null(std::move(field));
+  p.kind = ParamBinding::Kind::Int;
+  p.int_value = std::move(value);
+  return p;
+}
+
+ParamBinding bind_int64(std::string field, SymExpr value) {
+  ParamBinding p = bind_int(std::move(field), std::move(value));
+  p.kind = ParamBinding::Kind::Int64;
+  return p;
+}
+
+ParamBinding bind_float(std::string field, double value) {
+  ParamBinding p = bind_null(std::move(field));
+  p.kind = ParamBinding::Kind::Float;
+  p.float_value = value;
+  return p;
+}
+
+const ir::Operation* Group::find(std::initializer_list<OpKind> kinds) const {
+  for (const ir::Operation* p : parts)
+    if (std::find(kinds.begin(), kinds.end(), p->kind) != kinds.end()) return p;
+  return nullptr;
+}
+
+bool Group::only(std::initializer_list<OpKind> kinds) const {
+  return std::all_of(parts.begin(), parts.end(), [&](const ir::Operation* p) {
+    return std::find(kinds.begin(), kinds.end(), p->kind) != kinds.end();
+  });
+}
+
+const Kernel* Plan::find_kernel(std::string_view id) const {
+  for (const Kernel& k : kernels)
+    if (k.id == id) return &k;
+  return nullptr;
+}
+
+// ---- the sequence builder -----------------------------------------------------------------------
+
+SequenceBuilder::SequenceBuilder(const ir::Sequence& seq, const CodegenOptions& options, Plan& plan)
+    : seq_(seq), options_(options), plan_(plan), buffer_of_(seq.values.size(), -1) {}
+
+std::string SequenceBuilder::location(SourceLoc loc) const {
+  if (options_.sources == nullptr || !loc.valid() || loc.file >= options_.sources->file_count())
+    return {};
+  return fmt::format("{}:{}", options_.sources->base_name(loc.file), loc.line);
+}
+
+void SequenceBuilder::fail(const ir::Operation& op, const std::string& message,
+                           const std::string& hint) const {
+  throw CodegenError(op.loc, message, hint);
+}
+
+int SequenceBuilder::buffer(ValueId id, const ir::Operation& at) const {
+  OPFUSE_ASSERT(id < buffer_of_.size(), "value {} out of range", id);
+  if (buffer_of_[id] < 0) {
+    fail(at,
+         fmt::format("codegen: '{}' ({}) needs value {} in memory, but its fused group keeps it "
+                     "inside one kernel",
+                     ir::op_info(at.kind).name, at.instance, printed_value_names(seq_)[id]),
+         "this is a bug in a fusion pattern; build with --disable-pass fuse-forward (or "
+         "fuse-backward) and report it");
+  }
+  return buffer_of_[id];
+}
+
+int SequenceBuilder::add_workspace(const std::string& name, ir::DType dtype,
+                                   std::vector<SymExpr> shape) {
+  Buffer b;
+  b.id = int(out_.buffers.size());
+  b.name = name;
+  b.role = BufferRole::Workspace;
+  b.dtype = dtype;
+  b.bytes = ir::dtype_bytes(dtype);
+  for (const SymExpr& d : shape) b.bytes = b.bytes * d;
+  b.shape = std::move(shape);
+  out_.buffers.push_back(std::move(b));
+  return out_.buffers.back().id;
+}
+
+void SequenceBuilder::make_alias(ValueId view, ValueId of) {
+  const int view_buffer = buffer_of_.at(view), of_buffer = buffer_of_.at(of);
+  OPFUSE_ASSERT(view_buffer >= 0 && of_buffer >= 0, "alias of an unmaterialized value");
+  int root = of_buffer;
+  while (out_.buffers[size_t(root)].alias_of >= 0) root = out_.buffers[size_t(root)].alias_of;
+  out_.buffers[size_t(view_buffer)].alias_of = root;
+}
+
+std::vector<OpRef> SequenceBuilder::op_refs(const Group& g) const {
+  std::vector<OpRef> refs;
+  for (const ir::Operation* p : g.parts)
+    refs.push_back({std::string(ir::op_info(p->kind).name), p->instance, location(p->loc)});
+  return refs;
+}
+
+std::vector<std::string> SequenceBuilder::quantizer_names(const Group& g) const {
+  std::vector<std::string> names;
+  for (const ir::Operation* p : g.parts)
+    if (p->quantizer >= 0) names.push_back(seq_.quantizers.at(size_t(p->quantizer)).name);
+  return names;
+}
+
+Step& SequenceBuilder::add_step(const Group* g, const std::string& what) {
+  Step s;
+  s.index = int(out_.steps.size());
+  s.phase = g ? g->op->phase : (seq_.has_backward ? ir::Phase::Backward : ir::Phase::Forward);
+  s.group = g ? g->index : -1;
+  if (g) {
+    s.pattern = g->pattern;
+    s.ops = op_refs(*g);
+  }
+  s.what = what;
+  out_.steps.push_back(std::move(s));
+  return out_.steps.back();
+}
+
+void SequenceBuilder::add_launch(const Group& g, const std::string& what,
+                                 const std::string& template_name,
+                                 const std::vector<std::string>& args, GridRule grid,
+                                 int block_threads, int dynamic_smem_bytes,
+                                 std::vector<ParamBinding> params) {
+  const Group* group = g.op ? &g : nullptr;
+  const KernelTemplate* t = find_kernel_template(template_name);
+  OPFUSE_ASSERT(t != nullptr, "no kernel template '{}'", template_name);
+  std::string expression;
+  try {
+    expression = name_expression(*t, args);
+  } catch (const std::invalid_argument& e) {
+    internal_failure(__FILE__, __LINE__, e.what());
+  }
+  // One kernel per instantiation: every launch of it shares the program.
+  auto it = std::find_if(plan_.kernels.begin(), plan_.kernels.end(),
+                         [&](const Kernel& k) { return k.name_expression == expression; });
+  if (it == plan_.kernels.end()) {
+    Kernel k;
+    k.id = kernel_id(*t, args);
+    k.header = std::string(t->header);
+    k.template_name = template_name;
+    k.template_args = args;
+    k.name_expression = expression;
+    k.params_struct = params_struct_spelling(*t, args);
+    plan_.kernels.push_back(std::move(k));
+    it = plan_.kernels.end() - 1;
+  }
+  Step& s = add_step(group, what);
+  KernelUse use{seq_.name, s.phase, s.pattern, s.ops, what, {}};
+  if (group) {
+    use.quantizers = quantizer_names(*group);
+  } else {
+    for (const ir::QuantizerDecl& q : seq_.quantizers) use.quantizers.push_back(q.name);
+  }
+  it->uses.push_back(std::move(use));
+
+  for (const ParamBinding& p : params) {
+    if (p.kind != ParamBinding::Kind::Buffer && p.kind != ParamBinding::Kind::Buffers) continue;
+    for (int b : p.buffers) add_unique(p.written ? s.writes : s.reads, b);
+  }
+  s.body = LaunchStep{it->id,          expression,       block_threads, dynamic_smem_bytes,
+                      std::move(grid), std::move(params)};
+}
+
+void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep gemm) {
+  Step& s = add_step(&g, what);
+  add_unique(s.reads, gemm.a.buffer);
+  add_unique(s.reads, gemm.b.buffer);
+  add_unique(s.reads, gemm.c);
+  const bool bias_written = gemm.epilogue == "dgelu_bias_grad";
+  const bool aux_written = gemm.epilogue == "gelu_aux_bias";
+  add_unique(bias_written ? s.writes : s.reads, gemm.bias);
+  add_unique(aux_written ? s.writes : s.reads, gemm.aux);
+  add_unique(s.writes, gemm.d);
+  s.body = std::move(gemm);
+}
+
+void SequenceBuilder::add_memset(const Group& g, const std::string& what, int quantizer) {
+  Step& s = add_step(&g, what);
+  s.body = MemsetStep{quantizer, "amax", 4};
+}
+
+void SequenceBuilder::plan_quantizers() {
+  const ir::Recipe& r = seq_.recipe;
+  for (size_t i = 0; i < seq_.quantizers.size(); ++i) {
+    const ir::QuantizerDecl& d = seq_.quantizers[i];
+    QuantizerPlan q;
+    q.index = int(i);
+    q.name = d.name;
+    q.role = d.role;
+    q.format = d.format;
+    q.source_buffer = d.source == ir::kNoValue ? -1 : buffer_of_.at(d.source);
+    q.rowwise = d.rowwise;
+    q.columnwise = d.columnwise;
+    q.fp8_max = fp8_max(d.format);
+    if (r.kind == ir::RecipeKind::CurrentScaling) {
+      q.mode = 2;
+      q.epsilon = r.amax_epsilon;
+      q.power_of_2_scale = r.power_of_2_scale;
+    } else {
+      q.mode = r.amax_compute == ir::AmaxCompute::Max ? 0 : 1;
+      q.history_length = r.amax_history;
+      q.margin = r.margin;
+    }
+    out_.quantizers.push_back(std::move(q));
+  }
+}
+
+void SequenceBuilder::plan_buffers() {
+  // Values made and consumed inside a fused group never reach memory.
+  std::set<ValueId> internal;
+  for (const ir::Operation& op : seq_.ops) {
+    for (const ir::Operation& part : op.parts) {
+      for (ValueId r : part.results)
+        if (std::find(op.results.begin(), op.results.end(), r) == op.results.end())
+          internal.insert(r);
+    }
+  }
+  const std::vector<std::string> names = printed_value_names(seq_);
+  for (const ir::Value& v : seq_.values) {
+    if (internal.count(v.id)) continue;
+    Buffer b;
+    b.id = int(out_.buffers.size());
+    b.name = names[v.id];
+    b.value = v.id;
+    switch (v.kind) {
+      case ir::ValueKind::Input:
+        b.role = BufferRole::Input;
+        break;
+      case ir::ValueKind::Param:
+        b.role = BufferRole::Param;
+        break;
+      case ir::ValueKind::OutputGrad:
+        b.role = BufferRole::OutputGrad;
+        break;
+      case ir::ValueKind::Result:
+        b.role = BufferRole::Result;
+        break;
+    }
+    b.dtype = v.type.dtype;
+    for (const ir::Dim& d : v.type.shape)
+      b.shape.push_back(d.is_symbolic() ? SymExpr::symbol(d.symbol) : SymExpr(d.size));
+    b.bytes = element_count_expr(v.type.shape) * ir::dtype_bytes(v.type.dtype);
+    b.quantizer = v.quantizer;
+    b.columnwise = columnwise_.count(v.id) > 0;
+    buffer_of_[v.id] = b.id;
+    out_.buffers.push_back(std::move(b));
+  }
+  auto tag = [&](ValueId v, std::string what) {
+    if (v != ir::kNoValue && buffer_of_.at(v) >= 0)
+      out_.buffers[size_t(buffer_of_[v])].interface.push_back(std::move(what));
+  };
+  for (const ir::SequenceOutput& o : seq_.outputs) tag(o.value, "output " + o.name);
+  for (size_t i = 0; i < seq_.input_grads.size() && i < seq_.inputs.size(); ++i)
+    tag(seq_.input_grads[i], "input_grad " + seq_.value(seq_.inputs[i]).name);
+  for (size_t i = 0; i < seq_.param_grads.size() && i < seq_.params.size(); ++i)
+    tag(seq_.param_grads[i], "param_grad " + seq_.value(seq_.params[i]).name);
+}
+
+// Note "One scale update": delayed scaling updates every quantizer of the sequence once per
+// step, after backward, in one launch (DESIGN.md 3, "Quantizer state"); every kernel raised its
+// amax into history slot 0 during the step. Current scaling updates each quantizer before its
+// cast instead (plan_groups.cpp), so it has nothing to do here.
+void SequenceBuilder::add_scale_update() {
+  if (seq_.recipe.kind != ir::RecipeKind::DelayedScaling || seq_.quantizers.empty()) return;
+  std::vector<int> records;
+  for (size_t i = 0; i < seq_.quantizers.size(); ++i) records.push_back(int(i));
+  const int count = int(records.size());
+  GridRule grid{"per_record", count, 1, {{"records", count}}};
+  add_launch(Group{},
+             "update every quantizer's amax history, scale and scale_inv (delayed scaling)",
+             "update_scales", {"256"}, std::move(grid), 256, 0,
+             {bind_records("records", std::move(records)), bind_int("count", count)});
+}
+
+void SequenceBuilder::compute_lifetimes() {
+  std::vector<bool> forward_use(out_.buffers.size()), backward_use(out_.buffers.size());
+  auto touch = [&](int id, const Step& s) {
+    Buffer& b = out_.buffers[size_t(id)];
+    if (b.first_use < 0) b.first_use = s.index;
+    b.last_use = std::max(b.last_use, s.index);
+    (s.phase == ir::Phase::Forward ? forward_use : backward_use)[size_t(id)] = true;
+  };
+  for (const Step& s : out_.steps) {
+    std::vector<int> ids = s.reads;
+    ids.insert(ids.end(), s.writes.begin(), s.writes.end());
+    for (int id : ids) {
+      touch(id, s);
+      // A view keeps the memory it views alive.
+      for (int root = out_.buffers[size_t(id)].alias_of; root >= 0;
+           root = out_.buffers[size_t(root)].alias_of)
+        touch(root, s);
+    }
+  }
+  for (Buffer& b : out_.buffers) b.saved = forward_use[size_t(b.id)] && backward_use[size_t(b.id)];
+}
+
+SequencePlan SequenceBuilder::build() {
+  out_.name = seq_.name;
+  out_.recipe = ir::recipe_string(seq_.recipe);
+  out_.fp8_weights = seq_.fp8_weights;
+  out_.symbols = seq_.symbols();
+  out_.symbols.emplace_back(kNumSmsSymbol);
+  // The transposed FP8 copy is the last result of a column-wise cast (plan-quantization).
+  auto note_casts = [&](const ir::Operation& op) {
+    if (op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") && !op.results.empty())
+      columnwise_.insert(op.results.back());
+  };
+  for (const ir::Operation& op : seq_.ops) {
+    note_casts(op);
+    for (const ir::Operation& part : op.parts) note_casts(part);
+  }
+  plan_buffers();
+  plan_quantizers();
+  for (size_t i = 0; i < seq_.ops.size(); ++i) {
+    const ir::Operation& op = seq_.ops[i];
+    OPFUSE_ASSERT(
+        i == 0 || !(op.phase == ir::Phase::Forward && seq_.ops[i - 1].phase == ir::Phase::Backward),
+        "forward op '{}' after a backward op", op.instance);
+    Group g;
+    g.op = &op;
+    g.index = int(i);
+    if (op.kind == OpKind::Fused) {
+      for (const ir::Operation& part : op.parts) g.parts.push_back(&part);
+      g.pattern = ir::attr_name(op.attrs, "pattern");
+    } else {
+      g.parts.push_back(&op);
+    }
+    emit_group(*this, g);
+  }
+  add_scale_update();
+  compute_lifetimes();
+  return std::move(out_);
+}
+
+// ---- entry points -------------------------------------------------------------------------------
+
+namespace {
+
+std::string source_name(const ir::Program& program, const CodegenOptions& options) {
+  if (options.sources == nullptr) return {};
+  for (const ir::Sequence& s : program.sequences)
+    if (s.loc.valid() && s.loc.file < options.sources->file_count())
+      return options.sources->base_name(s.loc.file);
+  return {};
+}
+
+}  // namespace
+
+Plan build_plan(const ir::Program& program, const CodegenOptions& options) {
+  Plan plan;
+  plan.source = source_name(program, options);
+  plan.arch = options.arch;
+  for (const ir::Sequence& s : program.sequences)
+    plan.sequences.push_back(SequenceBuilder(s, options, plan).build());
+  return plan;
+}
+
+Plan build_plan(const ir::Sequence& sequence, const CodegenOptions& options) {
+  ir::Program one;
+  one.sequences.push_back(sequence);
+  return build_plan(one, options);
+}
+
+}  // namespace opfuse::codegen

@@ -1,0 +1,86 @@
+// Internal to codegen: the per-sequence plan builder (plan.cpp) and the group emitters that turn
+// one IR op or fused group into steps (plan_groups.cpp).
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/plan.h"
+
+namespace opfuse::codegen {
+
+// One top-level IR op: a fused op with its parts, or a plain op as a group of one.
+struct Group {
+  const ir::Operation* op = nullptr;
+  int index = 0;  // in Sequence::ops
+  std::vector<const ir::Operation*> parts;
+  std::string pattern;  // empty for a plain op
+
+  // The first part whose kind is one of `kinds`; nullptr when none.
+  const ir::Operation* find(std::initializer_list<ir::OpKind> kinds) const;
+  bool only(std::initializer_list<ir::OpKind> kinds) const;  // every part is one of `kinds`
+};
+
+class SequenceBuilder {
+ public:
+  SequenceBuilder(const ir::Sequence& seq, const CodegenOptions& options, Plan& plan);
+  SequencePlan build();
+
+  // ---- for the emitters ----
+  const ir::Sequence& seq() const { return seq_; }
+  const ir::Value& value(ir::ValueId id) const { return seq_.value(id); }
+  // The buffer of a materialized value; a CodegenError at `at` when the value lives only inside
+  // a fused group (a kernel would have to write it but cannot).
+  int buffer(ir::ValueId id, const ir::Operation& at) const;
+  bool is_materialized(ir::ValueId id) const { return buffer_of_.at(id) >= 0; }
+  int existing_buffer(ir::ValueId id) const { return buffer_of_.at(id); }  // -1: none
+  // True for the transposed FP8 copy a cast_fp8 makes.
+  bool is_columnwise_copy(ir::ValueId id) const { return columnwise_.count(id) > 0; }
+  int add_workspace(const std::string& name, ir::DType dtype, std::vector<SymExpr> shape);
+  void make_alias(ir::ValueId view, ir::ValueId of);
+  std::string location(SourceLoc loc) const;
+
+  // Appends a launch of the kernel instantiating `template_name<args>` (registered in the plan's
+  // kernel list, shared with every other launch of the same instantiation).
+  void add_launch(const Group& g, const std::string& what, const std::string& template_name,
+                  const std::vector<std::string>& args, GridRule grid, int block_threads,
+                  int dynamic_smem_bytes, std::vector<ParamBinding> params);
+  void add_gemm(const Group& g, const std::string& what, GemmStep gemm);
+  void add_memset(const Group& g, const std::string& what, int quantizer);
+
+  [[noreturn]] void fail(const ir::Operation& op, const std::string& message,
+                         const std::string& hint = {}) const;
+
+ private:
+  Step& add_step(const Group* g, const std::string& what);
+  std::vector<OpRef> op_refs(const Group& g) const;
+  std::vector<std::string> quantizer_names(const Group& g) const;
+  void plan_buffers();
+  void plan_quantizers();
+  void add_scale_update();
+  void compute_lifetimes();
+
+  const ir::Sequence& seq_;
+  const CodegenOptions& options_;
+  Plan& plan_;
+  SequencePlan out_;
+  std::vector<int> buffer_of_;  // per ValueId; -1: not materialized
+  std::set<ir::ValueId> columnwise_;
+};
+
+// Turns one group into steps (plan_groups.cpp); throws CodegenError when no kernel fits.
+void emit_group(SequenceBuilder& b, const Group& g);
+
+// ParamBinding constructors for the emitters.
+ParamBinding bind_null(std::string field);
+ParamBinding bind_in(std::string field, int buffer);   // a buffer the kernel reads
+ParamBinding bind_out(std::string field, int buffer);  // a buffer the kernel writes
+ParamBinding bind_buffers(std::string field, std::vector<int> buffers, bool written);
+ParamBinding bind_quantizer(std::string field, int quantizer, std::string quantizer_field);
+ParamBinding bind_records(std::string field, std::vector<int> quantizers);
+ParamBinding bind_int(std::string field, SymExpr value);
+ParamBinding bind_int64(std::string field, SymExpr value);
+ParamBinding bind_float(std::string field, double value);
+
+}  // namespace opfuse::codegen

@@ -1,0 +1,248 @@
+// The plan as JSON (docs/codegen.md, "plan.json"): keys in a fixed order, sizes as integers when
+// known and as plan expressions otherwise, no times and no absolute paths, so goldens compare it.
+#include <nlohmann/json.hpp>
+
+#include "codegen/plan.h"
+
+namespace opfuse::codegen {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Bumped when a field changes meaning or disappears (adding a field does not bump it).
+constexpr int kPlanFormatVersion = 1;
+
+Json expr(const SymExpr& e) {
+  if (const auto v = e.value()) return *v;
+  return e.text();
+}
+
+Json exprs(const std::vector<SymExpr>& list) {
+  Json out = Json::array();
+  for (const SymExpr& e : list) out.push_back(expr(e));
+  return out;
+}
+
+Json op_refs(const std::vector<OpRef>& ops) {
+  Json out = Json::array();
+  for (const OpRef& r : ops)
+    out.push_back({{"op", r.op}, {"instance", r.instance}, {"location", r.location}});
+  return out;
+}
+
+Json quantizer_ref(const SequencePlan& s, int index) {
+  if (index < 0) return nullptr;
+  return s.quantizers.at(size_t(index)).name;
+}
+
+Json buffer_json(const Buffer& b) {
+  Json j{{"id", b.id},
+         {"name", b.name},
+         {"role", buffer_role_name(b.role)},
+         {"dtype", ir::dtype_name(b.dtype)},
+         {"shape", exprs(b.shape)},
+         {"bytes", expr(b.bytes)},
+         {"first_use", b.first_use},
+         {"last_use", b.last_use},
+         {"saved", b.saved}};
+  if (b.alias_of >= 0) j["alias_of"] = b.alias_of;
+  if (b.quantizer >= 0) {
+    j["quantizer"] = b.quantizer;
+    j["columnwise"] = b.columnwise;
+  }
+  if (!b.interface.empty()) j["interface"] = b.interface;
+  return j;
+}
+
+Json quantizer_json(const QuantizerPlan& q) {
+  Json j{{"index", q.index},
+         {"name", q.name},
+         {"role", ir::quantizer_role_name(q.role)},
+         {"format", ir::dtype_name(q.format)},
+         {"source_buffer", q.source_buffer >= 0 ? Json(q.source_buffer) : Json(nullptr)},
+         {"rowwise", q.rowwise},
+         {"columnwise", q.columnwise},
+         {"mode", q.mode},
+         {"fp8_max", q.fp8_max}};
+  if (q.mode == 2) {
+    j["epsilon"] = q.epsilon;
+    j["power_of_2_scale"] = q.power_of_2_scale;
+  } else {
+    j["history_length"] = q.history_length;
+    j["margin"] = q.margin;
+  }
+  return j;
+}
+
+Json param_json(const SequencePlan& s, const ParamBinding& p) {
+  Json j{{"field", p.field}, {"kind", param_kind_name(p.kind)}};
+  switch (p.kind) {
+    case ParamBinding::Kind::Null:
+      break;
+    case ParamBinding::Kind::Buffer:
+      j["buffer"] = p.buffers.at(0);
+      j["written"] = p.written;
+      break;
+    case ParamBinding::Kind::Buffers: {
+      Json list = Json::array();
+      for (int b : p.buffers) list.push_back(b >= 0 ? Json(b) : Json(nullptr));
+      j["buffers"] = list;
+      j["written"] = p.written;
+      break;
+    }
+    case ParamBinding::Kind::Quantizer:
+      j["quantizer"] = p.quantizer;
+      j["name"] = quantizer_ref(s, p.quantizer);
+      j["value"] = p.quantizer_field;
+      break;
+    case ParamBinding::Kind::Records:
+      j["quantizers"] = p.records;
+      break;
+    case ParamBinding::Kind::Int:
+    case ParamBinding::Kind::Int64:
+      j["value"] = expr(p.int_value);
+      break;
+    case ParamBinding::Kind::Float:
+      j["value"] = p.float_value;
+      break;
+  }
+  return j;
+}
+
+Json launch_json(const SequencePlan& s, const LaunchStep& l) {
+  Json dims = Json::object();
+  for (const auto& [name, value] : l.grid.dims) dims[name] = expr(value);
+  Json params = Json::array();
+  for (const ParamBinding& p : l.params) params.push_back(param_json(s, p));
+  return Json{
+      {"kernel", l.kernel},
+      {"name_expression", l.name_expression},
+      {"block", l.block_threads},
+      {"dynamic_smem_bytes", l.dynamic_smem_bytes},
+      {"grid",
+       {{"rule", l.grid.rule}, {"x", expr(l.grid.x)}, {"y", expr(l.grid.y)}, {"dims", dims}}},
+      {"params", params}};
+}
+
+Json operand_json(const SequencePlan& s, const GemmOperand& o, bool transposed) {
+  return Json{{"buffer", o.buffer},
+              {"dtype", ir::dtype_name(o.dtype)},
+              {"transposed", transposed},
+              {"columnwise_copy", o.columnwise_copy},
+              {"scale_inv", quantizer_ref(s, o.quantizer)}};
+}
+
+// The row-major -> column-major mapping of runtime/gpu/gemm_desc.h's to_cublaslt(): cuBLASLt's
+// A is our B and its B is our A; FP8 operands give "TN".
+Json cublaslt_json(const GemmStep& g) {
+  const std::string transa = g.b_transposed ? "T" : "N";
+  const std::string transb = g.a_transposed ? "T" : "N";
+  return Json{{"layout", transa + transb},
+              {"m", expr(g.n)},
+              {"n", expr(g.m)},
+              {"k", expr(g.k)},
+              {"a", "our B"},
+              {"lda", expr(g.b_transposed ? g.k : g.n)},
+              {"b", "our A"},
+              {"ldb", expr(g.a_transposed ? g.m : g.k)},
+              {"ldd", expr(g.n)}};
+}
+
+Json gemm_json(const SequencePlan& s, const GemmStep& g) {
+  Json d{{"buffer", g.d}, {"dtype", ir::dtype_name(g.d_dtype)}};
+  if (g.d_quantizer >= 0) {
+    d["scale"] = quantizer_ref(s, g.d_quantizer);
+    d["amax"] = quantizer_ref(s, g.d_quantizer);
+  }
+  return Json{{"role", gemm_role_name(g.role)},
+              {"m", expr(g.m)},
+              {"n", expr(g.n)},
+              {"k", expr(g.k)},
+              {"a", operand_json(s, g.a, g.a_transposed)},
+              {"b", operand_json(s, g.b, g.b_transposed)},
+              {"d", d},
+              {"epilogue", g.epilogue},
+              {"bias", g.bias >= 0 ? Json(g.bias) : Json(nullptr)},
+              {"aux", g.aux >= 0 ? Json(g.aux) : Json(nullptr)},
+              {"accumulate", g.accumulate},
+              {"c", g.c >= 0 ? Json(g.c) : Json(nullptr)},
+              {"fast_accum", g.fast_accum},
+              {"cublaslt", cublaslt_json(g)}};
+}
+
+Json step_json(const SequencePlan& s, const Step& step) {
+  Json j{{"index", step.index}};
+  j["kind"] = std::holds_alternative<LaunchStep>(step.body) ? "launch"
+              : std::holds_alternative<GemmStep>(step.body) ? "gemm"
+                                                            : "memset";
+  j["group"] = step.group;
+  if (!step.pattern.empty()) j["pattern"] = step.pattern;
+  j["ops"] = op_refs(step.ops);
+  j["what"] = step.what;
+  if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+    j["launch"] = launch_json(s, *launch);
+  } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
+    j["gemm"] = gemm_json(s, *gemm);
+  } else {
+    const auto& memset = std::get<MemsetStep>(step.body);
+    j["memset"] = {{"quantizer", memset.quantizer},
+                   {"name", quantizer_ref(s, memset.quantizer)},
+                   {"value", memset.quantizer_field},
+                   {"bytes", memset.bytes}};
+  }
+  j["reads"] = step.reads;
+  j["writes"] = step.writes;
+  return j;
+}
+
+Json sequence_json(const SequencePlan& s) {
+  Json quantizers = Json::array(), buffers = Json::array();
+  for (const QuantizerPlan& q : s.quantizers) quantizers.push_back(quantizer_json(q));
+  for (const Buffer& b : s.buffers) buffers.push_back(buffer_json(b));
+  Json forward = Json::array(), backward = Json::array();
+  for (const Step& step : s.steps)
+    (step.phase == ir::Phase::Forward ? forward : backward).push_back(step_json(s, step));
+  return Json{{"name", s.name},
+              {"recipe", s.recipe},
+              {"fp8_weights", s.fp8_weights},
+              {"symbols", s.symbols},
+              {"quantizers", quantizers},
+              {"buffers", buffers},
+              {"phases", Json::array({Json{{"phase", "forward"}, {"steps", forward}},
+                                      Json{{"phase", "backward"}, {"steps", backward}}})}};
+}
+
+Json kernel_json(const Kernel& k) {
+  Json uses = Json::array();
+  for (const KernelUse& u : k.uses) {
+    uses.push_back({{"sequence", u.sequence},
+                    {"phase", ir::phase_name(u.phase)},
+                    {"pattern", u.pattern},
+                    {"ops", op_refs(u.ops)},
+                    {"what", u.what},
+                    {"quantizers", u.quantizers}});
+  }
+  return Json{{"id", k.id},
+              {"file", "kernels/" + k.id + ".cu"},
+              {"header", k.header},
+              {"template", k.template_name},
+              {"template_args", k.template_args},
+              {"name_expression", k.name_expression},
+              {"params_struct", k.params_struct},
+              {"uses", uses}};
+}
+
+}  // namespace
+
+nlohmann::ordered_json plan_to_json(const Plan& plan) {
+  Json sequences = Json::array(), kernels = Json::array();
+  for (const SequencePlan& s : plan.sequences) sequences.push_back(sequence_json(s));
+  for (const Kernel& k : plan.kernels) kernels.push_back(kernel_json(k));
+  return Json{{"format", "opfuse-plan"}, {"version", kPlanFormatVersion}, {"source", plan.source},
+              {"arch", plan.arch},       {"sequences", sequences},        {"kernels", kernels}};
+}
+
+std::string plan_json_text(const Plan& plan) { return plan_to_json(plan).dump(2) + "\n"; }
+
+}  // namespace opfuse::codegen

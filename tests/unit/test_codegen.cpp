@@ -1,0 +1,576 @@
+// Codegen (compiler/codegen): the plan of every example under FP8 delayed scaling, current
+// scaling and bf16 (GEMMs and their operands, casts, the scale update, buffer lifetimes), the
+// kernel sources (their .fuse lines, one kernel per instantiation, each compiling with NVRTC for
+// sm_90a), plan expressions, errors for ops without a GPU kernel, and the goldens
+// tests/golden/codegen/<example>/{plan.json,kernels/*.cu} (OPFUSE_UPDATE_GOLDEN=1 rewrites them;
+// scripts/update_goldens.sh does that).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../../runtime/jit/nvrtc_compiler.h"
+#include "codegen/kernel_source.h"
+#include "codegen/plan.h"
+#include "driver/frontend.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+#include "test_support.h"
+
+namespace opfuse {
+namespace {
+
+namespace fs = std::filesystem;
+using codegen::Buffer;
+using codegen::GemmRole;
+using codegen::GemmStep;
+using codegen::LaunchStep;
+using codegen::Plan;
+using codegen::SequencePlan;
+using codegen::Step;
+
+// A program compiled through the whole pipeline, its plan, and the sources it was read from.
+struct Compiled {
+  SourceManager sources;
+  ir::Program program;
+  Plan plan;
+};
+
+// Every op its own group: the pipeline without the fusion passes.
+constexpr bool kUnfused = false;
+
+ir::Program load_and_run_passes(const std::string& path, const std::string& recipe,
+                                SourceManager& sources, std::string text = {}, bool fused = true) {
+  DiagnosticEngine diags(sources);
+  ir::BuildOptions options;
+  options.recipe_override = recipe;
+  auto program = text.empty()
+                     ? load_program(path, sources, diags, options)
+                     : load_program_from_source(path, std::move(text), sources, diags, options);
+  EXPECT_TRUE(program.has_value()) << diags.format_all();
+  if (!program) return {};
+  passes::PassOptions pass_options;
+  if (!fused) pass_options.disabled = {"fuse-forward", "fuse-backward"};
+  passes::PassManager(passes::default_pipeline()).run(*program, pass_options, nullptr);
+  return std::move(*program);
+}
+
+std::unique_ptr<Compiled> compile_example(const std::string& name, const std::string& recipe = "",
+                                          bool fused = true) {
+  auto c = std::make_unique<Compiled>();
+  c->program = load_and_run_passes(test::source_path("dsl_examples/" + name + ".fuse"), recipe,
+                                   c->sources, {}, fused);
+  c->plan = codegen::build_plan(c->program, {"sm_90a", &c->sources});
+  return c;
+}
+
+std::vector<const GemmStep*> gemms(const SequencePlan& s, GemmRole role) {
+  std::vector<const GemmStep*> found;
+  for (const Step& step : s.steps)
+    if (const auto* g = std::get_if<GemmStep>(&step.body); g && g->role == role) found.push_back(g);
+  return found;
+}
+
+// The launches of one kernel template, with their steps.
+std::vector<const Step*> launches_of(const Plan& plan, const SequencePlan& s,
+                                     const std::string& template_name) {
+  std::vector<const Step*> found;
+  for (const Step& step : s.steps) {
+    const auto* launch = std::get_if<LaunchStep>(&step.body);
+    if (launch && plan.find_kernel(launch->kernel)->template_name == template_name)
+      found.push_back(&step);
+  }
+  return found;
+}
+
+const codegen::ParamBinding& param(const Step& step, const std::string& field) {
+  for (const auto& p : std::get<LaunchStep>(step.body).params)
+    if (p.field == field) return p;
+  static const codegen::ParamBinding none;
+  ADD_FAILURE() << "no param " << field;
+  return none;
+}
+
+const std::string& quantizer_of(const SequencePlan& s, const codegen::GemmOperand& o) {
+  static const std::string none = "(none)";
+  return o.quantizer >= 0 ? s.quantizers.at(size_t(o.quantizer)).name : none;
+}
+
+int first_backward_step(const SequencePlan& s) {
+  for (const Step& step : s.steps)
+    if (step.phase == ir::Phase::Backward) return step.index;
+  return int(s.steps.size());
+}
+
+std::vector<std::string> examples() {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(test::source_path("dsl_examples")))
+    if (e.path().extension() == ".fuse") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// (recipe override, fused): each example under its own recipe and bf16, with and without fusion.
+std::vector<std::pair<std::string, bool>> variants() {
+  return {{"", true}, {"bf16", true}, {"", kUnfused}, {"bf16", kUnfused}};
+}
+
+// ---- GEMMs --------------------------------------------------------------------------------------
+
+TEST(CodegenPlan, MlpHasTheSixGemmsOfTwoLinearsWithTeAccumulationDefaults) {
+  const auto c = compile_example("mlp");
+  ASSERT_EQ(c->plan.sequences.size(), 1u);
+  const SequencePlan& s = c->plan.sequences[0];
+  ASSERT_EQ(gemms(s, GemmRole::Fprop).size(), 2u);
+  ASSERT_EQ(gemms(s, GemmRole::Dgrad).size(), 2u);
+  ASSERT_EQ(gemms(s, GemmRole::Wgrad).size(), 2u);
+  for (const GemmStep* g : gemms(s, GemmRole::Fprop)) {
+    EXPECT_TRUE(g->fast_accum);
+    EXPECT_EQ(g->a.dtype, ir::DType::E4M3);
+    EXPECT_EQ(g->b.dtype, ir::DType::E4M3);
+  }
+  for (const GemmRole role : {GemmRole::Dgrad, GemmRole::Wgrad}) {
+    for (const GemmStep* g : gemms(s, role)) {
+      EXPECT_FALSE(g->fast_accum) << codegen::gemm_role_name(role);
+      EXPECT_EQ(g->a.dtype, ir::DType::E5M2) << "gradients are E5M2 under HYBRID";
+    }
+  }
+  // fc1: y[tokens, 28672] = x[tokens, 4096] W^T.
+  const GemmStep& fc1 = *gemms(s, GemmRole::Fprop)[0];
+  EXPECT_EQ(fc1.m.text(), "tokens");
+  EXPECT_EQ(fc1.n.value(), 28672);
+  EXPECT_EQ(fc1.k.value(), 4096);
+}
+
+TEST(CodegenPlan, Fp8GemmsReadColumnwiseCopiesInTheTnLayout) {
+  const auto c = compile_example("mlp");
+  const SequencePlan& s = c->plan.sequences[0];
+  for (const GemmStep* g : gemms(s, GemmRole::Dgrad)) {
+    EXPECT_FALSE(g->a.columnwise_copy);
+    EXPECT_TRUE(g->b.columnwise_copy) << "dgrad reads W^T";
+    EXPECT_TRUE(s.buffers.at(size_t(g->b.buffer)).columnwise);
+    EXPECT_TRUE(quantizer_of(s, g->b).ends_with(".weight")) << quantizer_of(s, g->b);
+    EXPECT_TRUE(quantizer_of(s, g->a).ends_with(".grad_output")) << quantizer_of(s, g->a);
+  }
+  for (const GemmStep* g : gemms(s, GemmRole::Wgrad)) {
+    EXPECT_TRUE(g->a.columnwise_copy) << "wgrad reads dy^T";
+    EXPECT_TRUE(g->b.columnwise_copy) << "wgrad reads x^T";
+    EXPECT_TRUE(quantizer_of(s, g->a).ends_with(".grad_output")) << quantizer_of(s, g->a);
+    EXPECT_TRUE(quantizer_of(s, g->b).ends_with(".input")) << quantizer_of(s, g->b);
+    EXPECT_EQ(g->k.text(), "tokens");
+  }
+  for (const Step& step : s.steps) {
+    if (const auto* g = std::get_if<GemmStep>(&step.body)) {
+      EXPECT_FALSE(g->a_transposed) << step.what << ": cuBLASLt FP8 takes TN only";
+      EXPECT_TRUE(g->b_transposed) << step.what;
+    }
+  }
+  const std::string json = codegen::plan_json_text(c->plan);
+  EXPECT_NE(json.find("\"layout\": \"TN\""), std::string::npos);
+  EXPECT_EQ(json.find("\"layout\": \"NN\""), std::string::npos);
+}
+
+TEST(CodegenPlan, Bf16HasNoCastsNoQuantizersAndRowMajorBackwardLayouts) {
+  const auto c = compile_example("mlp", "bf16");
+  const SequencePlan& s = c->plan.sequences[0];
+  EXPECT_TRUE(s.quantizers.empty());
+  for (const auto& kernel : c->plan.kernels) {
+    EXPECT_NE(kernel.template_name, "cast_transpose") << kernel.id;
+    EXPECT_NE(kernel.template_name, "amax_reduce") << kernel.id;
+    EXPECT_NE(kernel.template_name, "update_scales") << kernel.id;
+    EXPECT_EQ(kernel.name_expression.find("fp8"), std::string::npos) << kernel.id;
+  }
+  EXPECT_EQ(gemms(s, GemmRole::Fprop).size() + gemms(s, GemmRole::Dgrad).size() +
+                gemms(s, GemmRole::Wgrad).size(),
+            6u);
+  for (const GemmStep* g : gemms(s, GemmRole::Dgrad)) {
+    EXPECT_FALSE(g->b_transposed) << "bf16 dgrad reads W [out, in] as [k, n]";
+    EXPECT_FALSE(g->fast_accum);
+  }
+  for (const GemmStep* g : gemms(s, GemmRole::Wgrad)) {
+    EXPECT_TRUE(g->a_transposed) << "bf16 wgrad reads dy [tokens, out] as [k, m]";
+    EXPECT_FALSE(g->b_transposed);
+  }
+  for (const GemmStep* g : gemms(s, GemmRole::Fprop)) EXPECT_FALSE(g->fast_accum);
+}
+
+// ---- quantizers ---------------------------------------------------------------------------------
+
+TEST(CodegenPlan, DelayedScalingUpdatesEveryQuantizerInOneLaunchAtTheEndOfTheStep) {
+  const auto c = compile_example("mlp");
+  const SequencePlan& s = c->plan.sequences[0];
+  const auto updates = launches_of(c->plan, s, "update_scales");
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0]->index, int(s.steps.size()) - 1);
+  EXPECT_EQ(updates[0]->phase, ir::Phase::Backward);
+  const auto& records = param(*updates[0], "records").records;
+  EXPECT_EQ(records.size(), s.quantizers.size());
+  EXPECT_EQ(records.size(), 6u);
+  // Every cast raises its quantizer's amax (history slot 0) for that update.
+  for (const auto& q : s.quantizers) EXPECT_EQ(q.mode, 0) << q.name;
+  size_t amax_writers = 0;
+  for (const Step& step : s.steps) {
+    if (!std::holds_alternative<LaunchStep>(step.body)) continue;
+    for (const auto& p : std::get<LaunchStep>(step.body).params)
+      amax_writers += p.field == "amax" && p.kind == codegen::ParamBinding::Kind::Quantizer;
+  }
+  EXPECT_EQ(amax_writers, s.quantizers.size());
+}
+
+TEST(CodegenPlan, CurrentScalingMeasuresTheAmaxBeforeEachCast) {
+  const auto c = compile_example("rmsnorm_swiglu");  // current_scaling(power_of_2_scale = true)
+  const SequencePlan& s = c->plan.sequences[0];
+  const auto casts = launches_of(c->plan, s, "cast_transpose");
+  ASSERT_EQ(casts.size(), s.quantizers.size());
+  for (const Step* cast : casts) {
+    const int q = param(*cast, "scale").quantizer;
+    ASSERT_GE(cast->index, 3);
+    const Step& memset = s.steps[size_t(cast->index - 3)];
+    const Step& amax = s.steps[size_t(cast->index - 2)];
+    const Step& update = s.steps[size_t(cast->index - 1)];
+    ASSERT_TRUE(std::holds_alternative<codegen::MemsetStep>(memset.body)) << memset.what;
+    EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).quantizer, q);
+    EXPECT_EQ(c->plan.find_kernel(std::get<LaunchStep>(amax.body).kernel)->template_name,
+              "amax_reduce");
+    EXPECT_EQ(param(amax, "amax").quantizer, q);
+    EXPECT_EQ(param(update, "records").records, std::vector<int>{q});
+    EXPECT_EQ(param(*cast, "amax").kind, codegen::ParamBinding::Kind::Null)
+        << "the amax was measured before the cast";
+  }
+  for (const auto& q : s.quantizers) {
+    EXPECT_EQ(q.mode, 2) << q.name;
+    EXPECT_TRUE(q.power_of_2_scale) << q.name;
+  }
+  // No end-of-step update: one per cast only.
+  EXPECT_EQ(launches_of(c->plan, s, "update_scales").size(), s.quantizers.size());
+}
+
+// ---- buffers ------------------------------------------------------------------------------------
+
+TEST(CodegenPlan, BufferLifetimesAreOrderedAndSavedActivationsLiveIntoBackward) {
+  for (const std::string& name : examples()) {
+    for (const auto& [recipe, fused] : variants()) {
+      const auto c = compile_example(name, recipe, fused);
+      for (const SequencePlan& s : c->plan.sequences) {
+        const std::string where = name + "/" + s.name + " " + recipe + (fused ? "" : " unfused");
+        const int backward = first_backward_step(s);
+        std::map<int, int> first_write;
+        for (const Step& step : s.steps)
+          for (int b : step.writes) first_write.emplace(b, step.index);
+        for (const Buffer& b : s.buffers) {
+          EXPECT_LE(b.first_use, b.last_use) << where << " " << b.name;
+          if (b.saved) {
+            EXPECT_LT(b.first_use, backward) << where << " " << b.name;
+            EXPECT_GE(b.last_use, backward) << where << " " << b.name;
+          }
+        }
+        // A result is read only after the step that writes it (aliases read their root).
+        for (const Step& step : s.steps) {
+          for (int id : step.reads) {
+            int root = id;
+            while (s.buffers[size_t(root)].alias_of >= 0) root = s.buffers[size_t(root)].alias_of;
+            const Buffer& b = s.buffers[size_t(root)];
+            if (b.role != codegen::BufferRole::Result && b.role != codegen::BufferRole::Workspace)
+              continue;
+            ASSERT_TRUE(first_write.count(root)) << where << ": " << b.name << " is never written";
+            EXPECT_LT(first_write[root], step.index) << where << ": " << step.what;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CodegenPlan, NormStatisticsAndTheSwigluInputAreSavedForBackward) {
+  const auto c = compile_example("mlp");
+  const SequencePlan& s = c->plan.sequences[0];
+  std::vector<const Buffer*> stats;
+  for (const Buffer& b : s.buffers)
+    if (b.dtype == ir::DType::FP32 && b.role == codegen::BufferRole::Result) stats.push_back(&b);
+  ASSERT_EQ(stats.size(), 2u) << "layernorm's mean and rstd";
+  for (const Buffer* b : stats) EXPECT_TRUE(b->saved) << b->name;
+  // fc1's output [tokens, 28672] is the SwiGLU input its backward reads.
+  const auto it = std::find_if(s.buffers.begin(), s.buffers.end(), [](const Buffer& b) {
+    return b.dtype == ir::DType::BF16 && b.shape.size() == 2 && b.shape[1].value() == 28672;
+  });
+  ASSERT_NE(it, s.buffers.end());
+  EXPECT_TRUE(it->saved);
+  EXPECT_EQ(codegen::evaluate(it->bytes.text(), {{"tokens", 8}}), 8 * 28672 * 2);
+}
+
+TEST(CodegenPlan, ExtraOutputIsAnAliasAndResidualsAccumulateInTheGemm) {
+  const auto c = compile_example("mlp_residual");
+  ASSERT_EQ(c->plan.sequences.size(), 2u);
+  const SequencePlan& fc1 = c->plan.sequences[0];
+  const auto residual = std::find_if(fc1.buffers.begin(), fc1.buffers.end(), [](const Buffer& b) {
+    return std::find(b.interface.begin(), b.interface.end(), "output residual") !=
+           b.interface.end();
+  });
+  ASSERT_NE(residual, fc1.buffers.end());
+  ASSERT_GE(residual->alias_of, 0) << "make_extra_output copies nothing";
+  EXPECT_EQ(fc1.buffers[size_t(residual->alias_of)].name, "%x");
+  // The norm backward adds the residual's gradient (norm_backward_residual).
+  const auto norm_bwd = launches_of(c->plan, fc1, "layernorm_bwd");
+  ASSERT_EQ(norm_bwd.size(), 1u);
+  EXPECT_EQ(fc1.buffers[size_t(param(*norm_bwd[0], "dresidual").buffers.at(0))].name, "%dresidual");
+  // fc2: y = h W^T + residual through beta = 1.
+  const SequencePlan& fc2 = c->plan.sequences[1];
+  const GemmStep& fprop = *gemms(fc2, GemmRole::Fprop).at(0);
+  EXPECT_TRUE(fprop.accumulate);
+  ASSERT_GE(fprop.c, 0);
+  EXPECT_EQ(fc2.buffers[size_t(fprop.c)].name, "%residual");
+}
+
+TEST(CodegenPlan, GeluFusionsBecomeGemmEpilogues) {
+  const auto c = compile_example("gelu_bias_mlp", "plain");  // bf16: GELU stays in the GEMMs
+  const SequencePlan& s = c->plan.sequences[0];
+  const GemmStep& fc = *gemms(s, GemmRole::Fprop).at(0);
+  EXPECT_EQ(fc.epilogue, "gelu_aux_bias");
+  ASSERT_GE(fc.aux, 0);
+  EXPECT_TRUE(s.buffers[size_t(fc.aux)].saved) << "the pre-activation is saved for backward";
+  EXPECT_EQ(gemms(s, GemmRole::Fprop).at(1)->epilogue, "bias");
+  bool dgelu = false;
+  for (const GemmStep* g : gemms(s, GemmRole::Dgrad)) {
+    if (g->epilogue != "dgelu_bias_grad") continue;
+    dgelu = true;
+    EXPECT_EQ(g->aux, fc.aux) << "DGELU reads the aux the forward GEMM wrote";
+    EXPECT_TRUE(std::find(s.buffers[size_t(g->bias)].interface.begin(),
+                          s.buffers[size_t(g->bias)].interface.end(),
+                          "param_grad c_fc.bias") != s.buffers[size_t(g->bias)].interface.end());
+  }
+  EXPECT_TRUE(dgelu);
+}
+
+TEST(CodegenPlan, UnfusedOpsRunTheirOwnKernels) {
+  // mlp: the norm writes bf16 and a cast_transpose makes the FP8 copies.
+  const auto mlp = compile_example("mlp", "", kUnfused);
+  const SequencePlan& s = mlp->plan.sequences[0];
+  EXPECT_EQ(launches_of(mlp->plan, s, "cast_transpose").size(), 6u) << "one per quantizer";
+  ASSERT_NE(mlp->plan.find_kernel("layernorm_fwd_bf16_bf16_4096"), nullptr);
+  ASSERT_NE(mlp->plan.find_kernel("gated_activation_bwd_silu_bf16_bf16"), nullptr);
+  // gelu_bias_mlp: bias_grad is dbias partial sums, then their column reduction.
+  const auto gelu = compile_example("gelu_bias_mlp", "", kUnfused);
+  const auto dbias = launches_of(gelu->plan, gelu->plan.sequences[0], "dbias_partial");
+  ASSERT_EQ(dbias.size(), 2u);
+  const Step& reduce = gelu->plan.sequences[0].steps.at(size_t(dbias[0]->index + 1));
+  EXPECT_EQ(param(reduce, "partials").buffers.at(0), param(*dbias[0], "dbias_partial").buffers[0]);
+  // rmsnorm_swiglu: add_extra_input is a bias_add with the residual only.
+  const auto llama = compile_example("rmsnorm_swiglu", "", kUnfused);
+  const auto adds = launches_of(llama->plan, llama->plan.sequences[0], "bias_add");
+  ASSERT_EQ(adds.size(), 1u);
+  EXPECT_EQ(std::get<LaunchStep>(adds[0]->body).name_expression,
+            "opfuse::bias_add<__nv_bfloat16, __nv_bfloat16, false, true, false>");
+  EXPECT_EQ(param(*adds[0], "bias").kind, codegen::ParamBinding::Kind::Null);
+}
+
+// ---- kernels and their sources ------------------------------------------------------------------
+
+TEST(CodegenKernels, OneKernelPerInstantiationSharedByEveryUse) {
+  const auto c = compile_example("mlp");
+  std::set<std::string> ids, expressions;
+  for (const auto& k : c->plan.kernels) {
+    EXPECT_TRUE(ids.insert(k.id).second) << k.id;
+    EXPECT_TRUE(expressions.insert(k.name_expression).second) << k.name_expression;
+  }
+  const codegen::Kernel* weights = c->plan.find_kernel("cast_transpose_bf16_e4m3_t");
+  ASSERT_NE(weights, nullptr);
+  ASSERT_EQ(weights->uses.size(), 2u) << "the casts of both weights share one kernel";
+  const std::string source = codegen::kernel_source(c->plan, *weights);
+  EXPECT_NE(source.find("cast_fp8 \"fc1.weight\" (mlp.fuse:15)"), std::string::npos) << source;
+  EXPECT_NE(source.find("cast_fp8 \"fc2.weight\" (mlp.fuse:17)"), std::string::npos) << source;
+}
+
+TEST(CodegenKernels, SourcesNameTheirOpsWithFuseLinesPhaseDtypesAndQuantizers) {
+  const auto c = compile_example("mlp");
+  const codegen::Kernel* norm = c->plan.find_kernel("layernorm_fwd_bf16_e4m3_4096_t");
+  ASSERT_NE(norm, nullptr);
+  const std::string source = codegen::kernel_source(c->plan, *norm);
+  const std::string instantiation =
+      "template __global__ void opfuse::layernorm_fwd<__nv_bfloat16, __nv_fp8_e4m3, 4096, false, "
+      "true>(opfuse::NormFwdParams<__nv_bfloat16, __nv_fp8_e4m3>);";
+  for (const std::string& want :
+       {std::string("sequence mlp, forward, fused norm_cast"),
+        std::string("layernorm \"layernorm_0\" (mlp.fuse:14)"),
+        std::string("cast_fp8 \"fc1.input\" (mlp.fuse:15)"),
+        std::string("bf16 -> e4m3 + transposed copy"), std::string("quantizers: fc1.input (e4m3)"),
+        std::string("#include \"norm.cuh\""), instantiation}) {
+    EXPECT_NE(source.find(want), std::string::npos) << want << "\n" << source;
+  }
+  // Every step's ops appear with their lines in the kernel it launches.
+  for (const Step& step : c->plan.sequences[0].steps) {
+    const auto* launch = std::get_if<LaunchStep>(&step.body);
+    if (!launch) continue;
+    const std::string text = codegen::kernel_source(c->plan, *c->plan.find_kernel(launch->kernel));
+    for (const auto& op : step.ops) {
+      EXPECT_EQ(op.location.rfind("mlp.fuse:", 0), 0u) << op.location;
+      EXPECT_NE(text.find("(" + op.location + ")"), std::string::npos) << launch->kernel;
+    }
+  }
+}
+
+TEST(CodegenKernels, EveryEmittedKernelCompilesWithNvrtcForSm90a) {
+  // Every distinct kernel of every example under its recipe and bf16, fused and unfused.
+  std::map<std::string, jit::CompileRequest> requests;
+  for (const std::string& name : examples()) {
+    for (const auto& [recipe, fused] : variants()) {
+      const auto c = compile_example(name, recipe, fused);
+      for (const auto& k : c->plan.kernels) {
+        jit::CompileRequest r;
+        r.kernel_name = k.id;
+        r.source = codegen::kernel_source(c->plan, k);
+        r.name_expressions = {k.name_expression};
+        r.arch = "sm_90a";
+        requests.emplace(k.name_expression, std::move(r));
+      }
+    }
+  }
+  std::vector<jit::CompileRequest> list;
+  for (auto& [expression, r] : requests) list.push_back(std::move(r));
+  ASSERT_GE(list.size(), 10u);
+  const jit::CompileAllResult result = jit::compile_all(list, nullptr);
+  ASSERT_EQ(result.kernels.size(), list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const jit::CompiledKernel& k = result.kernels[i];
+    EXPECT_FALSE(k.is_ptx) << k.kernel_name;
+    EXPECT_EQ(k.lowered_names.count(list[i].name_expressions[0]), 1u) << k.kernel_name;
+    EXPECT_EQ(k.spill_store_bytes, 0) << k.kernel_name << " spills";
+  }
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+
+TEST(CodegenErrors, OpWithoutAGpuKernelIsReportedAtItsLocation) {
+  for (const char* op : {"constant_scale(2.0)", "quantize()"}) {
+    SourceManager sources;
+    const std::string text = std::string("sequence s(x: bf16[t, 64]) -> (y: bf16[t, 64]) {\n") +
+                             "  rmsnorm(64)\n  " + op + "\n}\n";
+    const ir::Program program = load_and_run_passes("ops.fuse", "", sources, text);
+    try {
+      codegen::build_plan(program, {"sm_90a", &sources});
+      ADD_FAILURE() << op << " built";
+    } catch (const codegen::CodegenError& e) {
+      EXPECT_EQ(e.loc().line, 3u) << op;
+      EXPECT_NE(std::string(e.what()).find("has no GPU kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string(op).substr(0, 5)), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(CodegenErrors, FusedGroupWithoutAKernelShapeNamesItsPatternAndParts) {
+  auto c = compile_example("mlp", "bf16");
+  ir::Sequence s = c->program.sequences[0];
+  // Fold layernorm and the fc1 linear into one group: no kernel runs a norm inside a GEMM.
+  ir::Operation fused;
+  fused.kind = ir::OpKind::Fused;
+  fused.attrs = {{"pattern", std::string("norm_into_gemm")}};
+  fused.parts = {s.ops[0], s.ops[1]};
+  fused.operands = s.ops[0].operands;
+  fused.results = s.ops[1].results;
+  fused.instance = s.ops[0].instance;
+  fused.loc = s.ops[0].loc;
+  s.ops.erase(s.ops.begin(), s.ops.begin() + 2);
+  s.ops.insert(s.ops.begin(), fused);
+  try {
+    codegen::build_plan(s, {"sm_90a", &c->sources});
+    ADD_FAILURE() << "built";
+  } catch (const codegen::CodegenError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'norm_into_gemm'"), std::string::npos) << what;
+    EXPECT_NE(what.find("layernorm (layernorm_0), linear (fc1)"), std::string::npos) << what;
+    EXPECT_EQ(e.loc().line, 14u);
+  }
+}
+
+// ---- plan expressions ---------------------------------------------------------------------------
+
+TEST(CodegenExpressions, KnownPartsFoldAndTheRestEvaluatesWithBindings) {
+  using codegen::SymExpr;
+  const SymExpr rows = SymExpr::symbol("batch") * SymExpr::symbol("seq");
+  EXPECT_EQ((rows * 4096 * 2).text(), "batch * seq * 8192");
+  EXPECT_EQ((SymExpr(3) * 5).value(), 15);
+  EXPECT_EQ(codegen::ceil_div(rows * 128, 64).text(), "batch * seq * 2");
+  EXPECT_EQ(codegen::ceil_div(130, 64).value(), 3);
+  const SymExpr grid = codegen::min_of(codegen::ceil_div(rows, 64), 65535);
+  EXPECT_EQ(grid.text(), "min(ceil_div(batch * seq, 64), 65535)");
+  EXPECT_EQ(codegen::evaluate(grid.text(), {{"batch", 2}, {"seq", 100}}), 4);
+  EXPECT_EQ(codegen::evaluate(grid.text(), {{"batch", 4096}, {"seq", 4096}}), 65535);
+  EXPECT_EQ(codegen::evaluate("max(num_sms * 2, 7)", {{"num_sms", 3}}), 7);
+  EXPECT_THROW(codegen::evaluate("tokens * 2", {}), std::invalid_argument);
+  EXPECT_THROW(codegen::evaluate("ceil_div(4, 0)", {}), std::invalid_argument);
+  EXPECT_THROW(codegen::evaluate("2 +", {}), std::invalid_argument);
+}
+
+TEST(CodegenPlan, JsonIsDeterministicAndHasNoAbsolutePaths) {
+  const std::string first = codegen::plan_json_text(compile_example("rmsnorm_swiglu")->plan);
+  const std::string second = codegen::plan_json_text(compile_example("rmsnorm_swiglu")->plan);
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(first.find(test::source_path("")), std::string::npos);
+  EXPECT_NE(first.find("\"source\": \"rmsnorm_swiglu.fuse\""), std::string::npos);
+}
+
+// ---- goldens ------------------------------------------------------------------------------------
+
+std::string golden_dir(const std::string& example) {
+  return test::source_path("tests/golden/codegen/" + example);
+}
+
+bool update_goldens() {
+  const char* v = std::getenv("OPFUSE_UPDATE_GOLDEN");
+  return v != nullptr && std::string(v) == "1";
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+class CodegenGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CodegenGolden, PlanAndKernelsMatchTheGolden) {
+  const auto c = compile_example(GetParam());
+  const std::string dir = golden_dir(GetParam());
+  std::map<std::string, std::string> files = {{"plan.json", codegen::plan_json_text(c->plan)}};
+  for (const auto& k : c->plan.kernels)
+    files["kernels/" + k.id + ".cu"] = codegen::kernel_source(c->plan, k);
+  if (update_goldens()) {
+    fs::remove_all(dir);
+    fs::create_directories(dir + "/kernels");
+    for (const auto& [name, text] : files) write_file(dir + "/" + name, text);
+    return;
+  }
+  ASSERT_TRUE(fs::is_directory(dir))
+      << "no goldens in " << dir << "; run scripts/update_goldens.sh";
+  std::set<std::string> on_disk;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) on_disk.insert(fs::relative(e.path(), dir).generic_string());
+  for (const auto& [name, text] : files) {
+    EXPECT_TRUE(on_disk.erase(name)) << "missing golden " << dir << "/" << name;
+    EXPECT_TRUE(test::read_text(dir + "/" + name) == text)
+        << dir << "/" << name << " differs; scripts/update_goldens.sh regenerates it after a "
+        << "deliberate change";
+  }
+  EXPECT_TRUE(on_disk.empty()) << "stale golden " << dir << "/" << *on_disk.begin();
+}
+
+INSTANTIATE_TEST_SUITE_P(DslExamples, CodegenGolden, ::testing::ValuesIn(examples()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST(CodegenGoldens, EveryGoldenDirectoryBelongsToAnExample) {
+  const auto names = examples();
+  for (const auto& e : fs::directory_iterator(test::source_path("tests/golden/codegen"))) {
+    EXPECT_TRUE(std::binary_search(names.begin(), names.end(), e.path().filename().string()))
+        << e.path() << " has no dsl_examples/" << e.path().filename().string() << ".fuse";
+  }
+}
+
+}  // namespace
+}  // namespace opfuse
