@@ -51,6 +51,10 @@ cublasLtEpilogue_t cublaslt_epilogue(GemmEpilogue epilogue) {
 // The alignment cuBLASLt is told to assume for A, B, C, D, bias and aux, and that
 // check_gemm_args demands, so any algorithm chosen once serves every later call of its desc.
 constexpr std::uint32_t kPointerAlignment = 16;
+// cuBLASLt 13 refuses FP8 GEMMs (NOT_SUPPORTED at cublasLtMatmul although the heuristic chose an
+// algorithm) whose scale or amax pointers are 4- or 8-byte aligned; 16 works (H100, cuBLASLt
+// 13.1). Checked here so the failure is a clear UsageError before anything is enqueued.
+constexpr std::uintptr_t kScalarPointerAlignment = 16;
 
 void check_pointer(std::vector<std::string>& reasons, const char* name, const void* pointer,
                    bool needed, std::uintptr_t alignment, const std::string& why_needed) {
@@ -150,15 +154,15 @@ std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& a
                 "the " + epilogue + " epilogue uses the bias vector");
   check_pointer(reasons, "aux", args.aux, epilogue_has_aux(desc.epilogue), kPointerAlignment,
                 "the " + epilogue + " epilogue uses the aux matrix");
-  check_pointer(reasons, "a_scale_inv", args.a_scale_inv, is_fp8(desc.a), alignof(float),
+  check_pointer(reasons, "a_scale_inv", args.a_scale_inv, is_fp8(desc.a), kScalarPointerAlignment,
                 "A is FP8 and needs its dequantization factor");
-  check_pointer(reasons, "b_scale_inv", args.b_scale_inv, is_fp8(desc.b), alignof(float),
+  check_pointer(reasons, "b_scale_inv", args.b_scale_inv, is_fp8(desc.b), kScalarPointerAlignment,
                 "B is FP8 and needs its dequantization factor");
-  check_pointer(reasons, "d_scale", args.d_scale, is_fp8(desc.d), alignof(float),
+  check_pointer(reasons, "d_scale", args.d_scale, is_fp8(desc.d), kScalarPointerAlignment,
                 "D is FP8 and needs its quantization scale");
   // Why amax only with an FP8 D: cuBLASLt computes amax_D for FP8 outputs only.
   if (args.d_amax != nullptr) {
-    check_pointer(reasons, "d_amax", args.d_amax, is_fp8(desc.d), alignof(float), "");
+    check_pointer(reasons, "d_amax", args.d_amax, is_fp8(desc.d), kScalarPointerAlignment, "");
   }
   return reasons;
 }
@@ -286,9 +290,12 @@ void GemmRunner::run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t st
   set_pointers(plan, desc, args);
   const float alpha = 1.0f;
   const float beta = desc.accumulate ? 1.0f : 0.0f;
-  // Why D as C when not accumulating: beta = 0 so C is never read, but cuBLASLt's argument
-  // validation may reject a null C (TE also passes D there), FP8 D included.
-  const void* c = desc.accumulate && args.c != nullptr ? args.c : args.d;
+  // Why this C when not accumulating (beta = 0, C never read): a bf16/fp32 D goes in as C
+  // (cuBLASLt treats C == D as in place); an FP8 D must not, because C's layout has the bias
+  // type there and cuBLASLt 13 answers INVALID_VALUE for C == D with different types, so C is
+  // null (measured on an H100, bench/RESULTS.md).
+  const void* c =
+      desc.accumulate ? (args.c != nullptr ? args.c : args.d) : (is_fp8(desc.d) ? nullptr : args.d);
   // cuBLASLt's A is our B and its B our A (note "Row-major GEMMs").
   OPFUSE_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan.matmul, &alpha, args.b, plan.a, args.a,
                                      plan.b, &beta, c, plan.c, args.d, plan.d, &plan.algo,

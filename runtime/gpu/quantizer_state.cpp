@@ -60,8 +60,8 @@ QuantizerLayout plan_quantizer_layout(const std::vector<QuantizerSettings>& sett
   const std::size_t count = settings.size();
   layout.records_offset = 0;
   layout.scales_offset = align16(count * sizeof(QuantizerRecord));
-  layout.scale_invs_offset = align16(layout.scales_offset + count * sizeof(float));
-  std::size_t offset = align16(layout.scale_invs_offset + count * sizeof(float));
+  layout.scale_invs_offset = layout.scales_offset + count * QuantizerLayout::kScalarSlotBytes;
+  std::size_t offset = layout.scale_invs_offset + count * QuantizerLayout::kScalarSlotBytes;
   for (const QuantizerSettings& quantizer : settings) {
     if (!quantizer.current_scaling && quantizer.history_length < 1) {
       throw UsageError(fmt::format(
@@ -99,10 +99,14 @@ float* QuantizerState::amax_history(int index) const {
   return float_at(layout_.history_offsets.at(static_cast<std::size_t>(index)));
 }
 
-float* QuantizerState::scale(int index) const { return float_at(layout_.scales_offset) + index; }
+float* QuantizerState::scale(int index) const {
+  return float_at(layout_.scales_offset +
+                  static_cast<std::size_t>(index) * QuantizerLayout::kScalarSlotBytes);
+}
 
 float* QuantizerState::scale_inv(int index) const {
-  return float_at(layout_.scale_invs_offset) + index;
+  return float_at(layout_.scale_invs_offset +
+                  static_cast<std::size_t>(index) * QuantizerLayout::kScalarSlotBytes);
 }
 
 const QuantizerRecord* QuantizerState::records() const {
@@ -128,10 +132,10 @@ std::vector<unsigned char> QuantizerState::host_image(
     record.power_of_2_scale = quantizer.power_of_2_scale ? 1 : 0;
     std::memcpy(image.data() + layout_.records_offset + i * sizeof(QuantizerRecord), &record,
                 sizeof(record));
-    std::memcpy(image.data() + layout_.scales_offset + i * sizeof(float), &states[i].scale,
-                sizeof(float));
-    std::memcpy(image.data() + layout_.scale_invs_offset + i * sizeof(float), &states[i].scale_inv,
-                sizeof(float));
+    std::memcpy(image.data() + layout_.scales_offset + i * QuantizerLayout::kScalarSlotBytes,
+                &states[i].scale, sizeof(float));
+    std::memcpy(image.data() + layout_.scale_invs_offset + i * QuantizerLayout::kScalarSlotBytes,
+                &states[i].scale_inv, sizeof(float));
     std::memcpy(image.data() + layout_.history_offsets[i], states[i].amax_history.data(),
                 states[i].amax_history.size() * sizeof(float));
   }
@@ -171,9 +175,11 @@ std::vector<cpu::DelayedScalingState> QuantizerState::download(cudaStream_t stre
   OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "downloading the quantizer state");
   std::vector<cpu::DelayedScalingState> states(settings_.size());
   for (std::size_t i = 0; i < settings_.size(); ++i) {
-    std::memcpy(&states[i].scale, image.data() + layout_.scales_offset + i * sizeof(float),
+    std::memcpy(&states[i].scale,
+                image.data() + layout_.scales_offset + i * QuantizerLayout::kScalarSlotBytes,
                 sizeof(float));
-    std::memcpy(&states[i].scale_inv, image.data() + layout_.scale_invs_offset + i * sizeof(float),
+    std::memcpy(&states[i].scale_inv,
+                image.data() + layout_.scale_invs_offset + i * QuantizerLayout::kScalarSlotBytes,
                 sizeof(float));
     states[i].amax_history.resize(static_cast<std::size_t>(layout_.history_lengths[i]));
     std::memcpy(states[i].amax_history.data(), image.data() + layout_.history_offsets[i],

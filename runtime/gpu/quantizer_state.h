@@ -52,11 +52,15 @@ struct QuantizerRecord {
 static_assert(sizeof(QuantizerRecord) == 48, "must match templates/scale_update.cuh");
 
 // Byte offsets inside the one allocation: the records, then all scales, all scale_invs, then
-// each history; every section starts 16-byte aligned.
+// each history; every section starts 16-byte aligned, and so does every scale and scale_inv:
+// cuBLASLt 13 rejects FP8 GEMMs (CUBLAS_STATUS_NOT_SUPPORTED at cublasLtMatmul, after the
+// heuristic accepted them) whose scale or amax pointers are only 4-byte aligned (measured on an
+// H100, bench/RESULTS.md).
 struct QuantizerLayout {
-  std::size_t records_offset = 0;     // QuantizerRecord[count]
-  std::size_t scales_offset = 0;      // float[count]
-  std::size_t scale_invs_offset = 0;  // float[count]
+  static constexpr std::size_t kScalarSlotBytes = 16;  // one float per 16-byte slot
+  std::size_t records_offset = 0;                      // QuantizerRecord[count]
+  std::size_t scales_offset = 0;                       // float slot[count]
+  std::size_t scale_invs_offset = 0;                   // float slot[count]
   std::vector<std::size_t> history_offsets;
   std::vector<int> history_lengths;  // 1 under current scaling
   std::size_t total_bytes = 0;

@@ -257,11 +257,12 @@ TEST_F(GemmGpu, Fp8FpropDgradWgradWithScaleInvMatchTheCpuReference) {
     DeviceBuffer d_xt = to_device(transposed(x.codes, s.tokens, s.in), stream_),
                  d_wt = to_device(transposed(w.codes, s.out, s.in), stream_),
                  d_dyt = to_device(transposed(dy.codes, s.tokens, s.out), stream_);
-    DeviceBuffer scale_invs =
-        to_device(std::vector<float>{x.scale_inv, w.scale_inv, dy.scale_inv}, stream_);
+    // One 16-byte slot per scalar: cuBLASLt 13 needs scale pointers 16-byte aligned.
+    DeviceBuffer scale_invs = to_device(
+        std::vector<float>{x.scale_inv, 0, 0, 0, w.scale_inv, 0, 0, 0, dy.scale_inv}, stream_);
     const float* x_scale_inv = scale_invs.as<float>();
-    const float* w_scale_inv = x_scale_inv + 1;
-    const float* dy_scale_inv = x_scale_inv + 2;
+    const float* w_scale_inv = x_scale_inv + 4;
+    const float* dy_scale_inv = x_scale_inv + 8;
     DeviceBuffer d_y(s.tokens * s.out * 2, stream_), d_dx(s.tokens * s.in * 2, stream_),
         d_dw(s.out * s.in * 2, stream_);
 
@@ -329,17 +330,18 @@ TEST_F(GemmGpu, Fp8OutputCodesAndAmaxMatchHostConversion) {
   ASSERT_EQ(x.values, x_ints);  // exact: code = 2 x, dequantized = code * 0.5
   const float d_scale = 448.0f / 700.0f;
   DeviceBuffer d_x = to_device(x.codes, stream_), d_w = to_device(w.codes, stream_);
-  DeviceBuffer scalars =
-      to_device(std::vector<float>{x.scale_inv, w.scale_inv, d_scale, 0.0f}, stream_);
+  DeviceBuffer scalars = to_device(
+      std::vector<float>{x.scale_inv, 0, 0, 0, w.scale_inv, 0, 0, 0, d_scale, 0, 0, 0, 0.0f},
+      stream_);
   DeviceBuffer d_y(tokens * out, stream_);
   GemmArgs args;
   args.a = d_x.data();
   args.b = d_w.data();
   args.d = d_y.data();
   args.a_scale_inv = scalars.as<float>();
-  args.b_scale_inv = scalars.as<float>() + 1;
-  args.d_scale = scalars.as<float>() + 2;
-  args.d_amax = scalars.as<float>() + 3;
+  args.b_scale_inv = scalars.as<float>() + 4;
+  args.d_scale = scalars.as<float>() + 8;
+  args.d_amax = scalars.as<float>() + 12;
   GemmDesc desc = fprop_gemm(tokens, in, out, DType::E4M3, DType::E4M3, DType::E4M3);
   desc.fast_accum = false;
   runner_->run(desc, args, stream_);
@@ -359,7 +361,7 @@ TEST_F(GemmGpu, Fp8OutputCodesAndAmaxMatchHostConversion) {
   }
   EXPECT_EQ(worse, 0u) << exact << " exact, " << off_by_one << " one code away";
   EXPECT_GE(exact, ref.size() * 99 / 100) << off_by_one << " one code away";
-  const float amax = to_host<float>(scalars, stream_)[3];
+  const float amax = to_host<float>(scalars, stream_)[12];
   // amax_D is taken before d_scale; the result is exact here, so only cuBLASLt's own reduction
   // could differ, and a max cannot round.
   EXPECT_FLOAT_EQ(amax, ref_amax);

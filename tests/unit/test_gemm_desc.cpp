@@ -352,8 +352,13 @@ TEST(CheckGemmArgs, NamesMissingSuperfluousAndMisalignedPointers) {
   args.d = memory + 512;
   args.bias = memory + 1024;
   args.a_scale_inv = reinterpret_cast<const float*>(memory + 2048);
-  args.b_scale_inv = reinterpret_cast<const float*>(memory + 2052);
+  args.b_scale_inv = reinterpret_cast<const float*>(memory + 2064);
   EXPECT_TRUE(check_gemm_args(desc, args).empty()) << joined(check_gemm_args(desc, args));
+
+  // cuBLASLt 13 needs 16-byte aligned scale pointers (a float array's next element is not).
+  GemmArgs packed_scales = args;
+  packed_scales.b_scale_inv = reinterpret_cast<const float*>(memory + 2052);
+  EXPECT_TRUE(has_reason(check_gemm_args(desc, packed_scales), "b_scale_inv (0x"));
 
   GemmArgs misaligned = args;
   misaligned.a = memory + 8;
@@ -419,8 +424,8 @@ TEST(QuantizerLayout, SectionsAreAlignedAndDisjoint) {
   // [start, end) of every section, in order.
   std::vector<std::pair<std::size_t, std::size_t>> sections = {
       {layout.records_offset, layout.records_offset + 3 * sizeof(QuantizerRecord)},
-      {layout.scales_offset, layout.scales_offset + 3 * sizeof(float)},
-      {layout.scale_invs_offset, layout.scale_invs_offset + 3 * sizeof(float)}};
+      {layout.scales_offset, layout.scales_offset + 3 * QuantizerLayout::kScalarSlotBytes},
+      {layout.scale_invs_offset, layout.scale_invs_offset + 3 * QuantizerLayout::kScalarSlotBytes}};
   for (std::size_t i = 0; i < 3; ++i) {
     sections.emplace_back(layout.history_offsets[i],
                           layout.history_offsets[i] + layout.history_lengths[i] * sizeof(float));
