@@ -3,7 +3,7 @@ file(GLOB_RECURSE files
   ${SOURCE_DIR}/compiler/*.h ${SOURCE_DIR}/compiler/*.cpp
   ${SOURCE_DIR}/runtime/*.h ${SOURCE_DIR}/runtime/*.cpp
   ${SOURCE_DIR}/tests/*.h ${SOURCE_DIR}/tests/*.cpp
-  ${SOURCE_DIR}/bench/*.cpp)
+  ${SOURCE_DIR}/bench/*.cpp ${SOURCE_DIR}/examples/*.cpp)
 set(bad "")
 foreach(f ${files})
   execute_process(COMMAND ${CLANG_FORMAT} --dry-run --Werror ${f} RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)

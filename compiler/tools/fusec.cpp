@@ -27,13 +27,16 @@
 #include <thread>
 #include <vector>
 
+#include "../../runtime/api/gpu_run.h"
 #include "../../runtime/cpu/run_driver.h"
+#include "../../runtime/gpu/device.h"
 #include "../../runtime/jit/kernel_cache.h"
 #include "../../runtime/jit/nvrtc_compiler.h"
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
 #include "driver/frontend.h"
 #include "ir/printer.h"
+#include "opfuse/program.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
 #include "support/assert.h"
@@ -161,20 +164,45 @@ int run_ir(const IrOptions& opts, const CommonOptions& common) {
 struct RunCommandOptions {
   std::string file;
   std::string sequence;
-  std::string device = "cpu";
+  std::string device = "auto";
   std::vector<std::string> binds;
   int steps = 1;
   uint64_t seed = 0;
   double lr = 0.01;
 };
 
-int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
-  if (opts.device == "gpu") {
+// `fusec run --device gpu`: compile through the kernel cache, then the GPU training loop.
+int run_on_gpu(const RunCommandOptions& opts, const CommonOptions& common,
+               const opfuse::cpu::RunOptions& run) {
+  std::string no_gpu;
+  if (!opfuse::gpu::gpu_available(&no_gpu)) {
     std::fprintf(stderr,
-                 "fusec: error: --device gpu: the GPU runtime is not built yet; use --device cpu "
-                 "(the CPU reference executor)\n");
+                 "fusec: error: --device gpu: %s; use --device cpu (the CPU reference executor)\n",
+                 no_gpu.c_str());
     return kExitUserError;
   }
+  try {
+    opfuse::CompileOptions compile;
+    compile.recipe = common.recipe;
+    const opfuse::Program program = opfuse::Program::compile_file(opts.file, compile);
+    opfuse::api::GpuRunOptions gpu_run;
+    gpu_run.sequence = opts.sequence;
+    gpu_run.bindings.insert(run.bindings.begin(), run.bindings.end());
+    gpu_run.steps = run.steps;
+    gpu_run.seed = run.seed;
+    gpu_run.lr = run.lr;
+    std::fputs(opfuse::api::run_gpu_training(program, gpu_run).c_str(), stdout);
+  } catch (const opfuse::CompileError& e) {
+    std::fputs(e.what(), stderr);
+    return kExitUserError;
+  } catch (const opfuse::Error& e) {
+    std::fprintf(stderr, "fusec: error: %s\n", e.what());
+    return kExitUserError;
+  }
+  return kExitOk;
+}
+
+int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
   opfuse::cpu::RunOptions run;
   for (const std::string& bind : opts.binds) {
     const size_t eq = bind.find('=');
@@ -199,6 +227,12 @@ int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
   run.steps = opts.steps;
   run.seed = opts.seed;
   run.lr = opts.lr;
+  std::string no_gpu;
+  const bool on_gpu =
+      opts.device == "gpu" || (opts.device == "auto" && opfuse::gpu::gpu_available(&no_gpu));
+  if (opts.device == "auto" && !on_gpu)
+    std::fprintf(stderr, "fusec: no GPU (%s): running on the CPU reference\n", no_gpu.c_str());
+  if (on_gpu) return run_on_gpu(opts, common, run);
   opfuse::SourceManager sources;
   auto program = load(opts.file, common, sources);
   if (!program) return kExitUserError;
@@ -644,14 +678,15 @@ int main(int argc, char** argv) {
   RunCommandOptions run_opts;
   CLI::App* run = app.add_subcommand(
       "run",
-      "train a sequence for a few steps on the CPU reference executor from seeded random "
-      "inputs and parameters; print the loss, gradient norms and quantizer state per step");
+      "train a sequence for a few steps on the GPU (or the CPU reference executor) from seeded "
+      "random inputs and parameters; print the loss, gradient norms and quantizer state per "
+      "step, and on the GPU the peak device memory");
   run->add_option("file", run_opts.file, ".fuse file")->required()->check(CLI::ExistingFile);
   run->add_option("--sequence", run_opts.sequence,
                   "the sequence to run (needed when the file has several)");
   run->add_option("--device", run_opts.device,
-                  "cpu (the reference executor) or gpu (not built yet)")
-      ->check(CLI::IsMember({"cpu", "gpu"}))
+                  "gpu, cpu (the reference executor) or auto (the GPU when there is one)")
+      ->check(CLI::IsMember({"auto", "cpu", "gpu"}))
       ->capture_default_str();
   run->add_option("--bind", run_opts.binds, "NAME=SIZE for a symbolic dimension (repeatable)")
       ->allow_extra_args(false);

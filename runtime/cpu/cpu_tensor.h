@@ -9,14 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "opfuse/error.h"
+
 namespace opfuse::cpu {
 
 // Values of a sequence's symbolic dimensions, e.g. {"tokens", 64}.
 using Bindings = std::map<std::string, int64_t, std::less<>>;
 
 // A user error at run time (the message says what to change); tools exit with code 1.
-struct ReferenceError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct ReferenceError : opfuse::Error {
+  using opfuse::Error::Error;
 };
 
 // Row-major tensor. T is float (the GPU's arithmetic) or double (for measuring error).

@@ -195,7 +195,8 @@ void ReferenceExecutor<T>::State::run_op(const ir::Operation& op) {
       Tensor<T>& dw = out(op, 0);
       const int64_t n = dw.rows(), k = dw.cols();
       if (transposed[op.operands[0]] && transposed[op.operands[1]]) {
-        ops::linear_forward<T>(dy.data, x.data, n, k, dy.cols(), dw.data);  // dy^T [N,M], x^T [K,M]
+        // dy^T [N, M], x^T [K, M]; M counts every token (a [batch, seq] input too).
+        ops::linear_forward<T>(dy.data, x.data, n, k, dy.numel() / n, dw.data);
       } else {
         OPFUSE_ASSERT(!transposed[op.operands[0]] && !transposed[op.operands[1]],
                       "wgrad of '{}' mixes transposed and row-wise operands", op.instance);

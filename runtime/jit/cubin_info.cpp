@@ -35,6 +35,13 @@ constexpr unsigned kFormatSizedValue = 0x04;
 constexpr unsigned kAttributeFrameSize = 0x11;
 constexpr unsigned kAttributeMinStackSize = 0x12;
 constexpr unsigned kAttributeRegisterCount = 0x2f;
+// Per-entry records in `.nv.info.<function>`: the parameter bank (symbol, offset, size), each
+// parameter (index, ordinal, offset, flags with the size in bits 18..31) and the bank's size.
+constexpr unsigned kAttributeParamCbank = 0x0a;
+constexpr unsigned kAttributeKparamInfo = 0x17;
+constexpr unsigned kAttributeCbankParamSize = 0x19;
+constexpr unsigned kKparamSizeShift = 18;
+constexpr std::uint64_t kKparamSizeMask = 0x3fff;
 
 // A bounds-checked little-endian view: every read names what it reads, for the error message.
 class ByteView {
@@ -113,6 +120,10 @@ class CubinReader {
       const std::string name = section_name(section);
       if (name == ".nv.info" || name.starts_with(".nv.info.")) read_info_records(section, name);
     }
+    for (CubinFunction& function : info_.functions) {
+      std::sort(function.params.begin(), function.params.end(),
+                [](const CubinParam& a, const CubinParam& b) { return a.ordinal < b.ordinal; });
+    }
     return std::move(info_);
   }
 
@@ -182,13 +193,23 @@ class CubinReader {
       function.name = names.string_at(symbol.unsigned_at(0, 4, "st_name"), "symbol name");
       function.is_entry = (symbol.unsigned_at(5, 1, "st_other") & kSymbolOtherCudaEntry) != 0;
       function_by_symbol_[index] = info_.functions.size();
+      function_by_name_[function.name] = info_.functions.size();
       info_.functions.push_back(std::move(function));
     }
   }
 
-  // EIATTR records of one .nv.info section; the three we read carry [symbol index, value].
+  // EIATTR records of one .nv.info section: the usage records carry [symbol index, value]; a
+  // `.nv.info.<function>` section also holds that function's parameter records.
   void read_info_records(const SectionHeader& section, const std::string& name) {
     const ByteView records = contents(section, name);
+    CubinFunction* owner = nullptr;
+    if (name.starts_with(".nv.info.")) {
+      const auto found = function_by_name_.find(name.substr(std::string_view(".nv.info.").size()));
+      if (found == function_by_name_.end()) {
+        throw CubinFormatError(fmt::format("{} names no function of the symbol table", name));
+      }
+      owner = &info_.functions[found->second];
+    }
     std::uint64_t offset = 0;
     while (offset < records.size()) {
       const std::uint64_t format = records.unsigned_at(offset, 1, "EIATTR format");
@@ -205,6 +226,7 @@ class CubinReader {
       const ByteView payload =
           records.slice(offset + kRecordHeaderSize, payload_size, fmt::format("{} record", name));
       if (format == kFormatSizedValue) record_usage(attribute, payload, name);
+      if (owner != nullptr) record_param(*owner, format, attribute, half, payload, name);
       offset += kRecordHeaderSize + payload_size;
     }
   }
@@ -231,10 +253,40 @@ class CubinReader {
     if (attribute == kAttributeMinStackSize) usage.stack_bytes = value;
   }
 
+  void record_param(CubinFunction& function, std::uint64_t format, std::uint64_t attribute,
+                    std::uint64_t half, const ByteView& payload, const std::string& name) {
+    if (attribute == kAttributeCbankParamSize && format == kFormatHalfValue) {
+      function.params_bytes = checked_int(half, "EIATTR_CBANK_PARAM_SIZE");
+    } else if (attribute == kAttributeParamCbank && format == kFormatSizedValue) {
+      expect_payload(payload, 8, attribute, name);
+      // Why only when unset: EIATTR_CBANK_PARAM_SIZE says the same and wins when present.
+      if (function.params_bytes < 0) {
+        function.params_bytes = checked_int(payload.unsigned_at(6, 2, "bank size"), "PARAM_CBANK");
+      }
+    } else if (attribute == kAttributeKparamInfo && format == kFormatSizedValue) {
+      expect_payload(payload, 12, attribute, name);
+      CubinParam param;
+      param.ordinal = checked_int(payload.unsigned_at(4, 2, "ordinal"), "KPARAM_INFO");
+      param.offset = checked_int(payload.unsigned_at(6, 2, "offset"), "KPARAM_INFO");
+      const std::uint64_t flags = payload.unsigned_at(8, 4, "KPARAM_INFO flags");
+      param.bytes = checked_int((flags >> kKparamSizeShift) & kKparamSizeMask, "KPARAM_INFO");
+      function.params.push_back(param);
+    }
+  }
+
+  static void expect_payload(const ByteView& payload, std::size_t bytes, std::uint64_t attribute,
+                             const std::string& name) {
+    if (payload.size() != bytes) {
+      throw CubinFormatError(fmt::format("{}: EIATTR {:#x} has {} bytes, not {}", name, attribute,
+                                         payload.size(), bytes));
+    }
+  }
+
   ByteView file_;
   std::vector<SectionHeader> sections_;
   std::optional<ByteView> section_names_;
   std::unordered_map<std::uint64_t, std::size_t> function_by_symbol_;
+  std::unordered_map<std::string, std::size_t> function_by_name_;
   CubinInfo info_;
 };
 

@@ -1,5 +1,6 @@
 // Resource usage read from a cubin itself: the register count and stack size that ptxas recorded
-// for every function, found in the ELF's `.nv.info` sections. Unlike the `ptxas -v` lines of an
+// for every function, and the parameter sizes of every entry, found in the ELF's `.nv.info`
+// sections. Unlike the `ptxas -v` lines of an
 // NVRTC log (absent when NVRTC serves a compile from its own cache), the cubin always carries
 // them. See note "Usage sources" in nvrtc_compiler.cpp for which source wins.
 #pragma once
@@ -16,6 +17,14 @@ struct CubinFormatError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One parameter of an entry function as EIATTR_KPARAM_INFO records it: where it lies in the
+// parameter constant bank and how many bytes it takes. opfuse kernels have one (the params struct).
+struct CubinParam {
+  int ordinal = 0;  // position in the signature
+  int offset = 0;   // byte offset in the parameter bank
+  int bytes = 0;
+};
+
 // One function symbol of the cubin. A value the cubin holds no record for is -1.
 struct CubinFunction {
   std::string name;       // the symbol: mangled kernel name, or "$kernel$callee" for a callee
@@ -23,6 +32,10 @@ struct CubinFunction {
   int registers = -1;     // EIATTR_REGCOUNT
   int frame_bytes = -1;   // EIATTR_FRAME_SIZE: this function's own local stack frame
   int stack_bytes = -1;   // EIATTR_MIN_STACK_SIZE: the frame plus its callees' ("cumulative")
+  // Entries: the bytes of all parameters together (EIATTR_CBANK_PARAM_SIZE, else the size of
+  // EIATTR_PARAM_CBANK) and each parameter, by ordinal; -1 and empty for callees.
+  int params_bytes = -1;
+  std::vector<CubinParam> params;
 };
 
 struct CubinInfo {

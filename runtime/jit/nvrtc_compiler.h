@@ -8,13 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "opfuse/error.h"
+
 namespace opfuse::jit {
 
 class KernelCache;  // kernel_cache.h
 
 // A compile failure: what() names the kernel and carries NVRTC's log.
-struct JitError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+struct JitError : opfuse::Error {
+  using opfuse::Error::Error;
 };
 
 struct CompileRequest {

@@ -20,3 +20,14 @@ run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
 run(${WORK_DIR}/consumer/consumer)
 message(STATUS "consumer said: ${out}")
 run(${WORK_DIR}/prefix/bin/fusec check ${SOURCE_DIR}/dsl_examples/mlp.fuse)
+# The example application (examples/embed) builds against the installed package the same way and
+# runs: on the GPU where there is one, else it compiles the kernels and says why it stops.
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/embed -B ${WORK_DIR}/embed
+    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/embed)
+run(${CMAKE_COMMAND} -E env OPFUSE_CACHE_DIR=${WORK_DIR}/kernel-cache
+    ${WORK_DIR}/embed/embed_mlp ${SOURCE_DIR}/dsl_examples/mlp.fuse 64 ${WORK_DIR}/embed.state)
+message(STATUS "embed_mlp said: ${out}")
+if(NOT out MATCHES "compiled .*mlp.fuse for sm_")
+  message(FATAL_ERROR "embed_mlp did not report its build: ${out}")
+endif()

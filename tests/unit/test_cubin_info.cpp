@@ -226,6 +226,65 @@ TEST(CubinInfo, RegisterCountIsReadFromTheRegcountRecord) {
   EXPECT_EQ(find_function(read_cubin_info(cubin), "tiny")->registers, before + 100);
 }
 
+// Kernels whose parameter layout is known from C++'s rules: a 48-byte struct (a pointer, an int
+// padded to 8, a long long, a pointer array, an int padded to the struct's 8-byte alignment),
+// two parameters, and none at all.
+constexpr const char* kParamKernels = R"(
+struct Params { const float* a; int n; long long c; float* b[2]; int z; };
+static_assert(sizeof(Params) == 48, "the layout the test expects");
+extern "C" __global__ void by_struct(Params p) { if (p.n) p.b[0][0] = p.a[p.n] + p.c + p.z; }
+struct Small { float* a; };
+extern "C" __global__ void two_params(Small s, int x) { s.a[threadIdx.x] = x; }
+extern "C" __global__ void no_params() {}
+)";
+
+TEST(CubinInfo, EntryParamsSizesAndOffsetsFollowTheSignature) {
+  CompileRequest request;
+  request.kernel_name = "cubin_info_params";
+  request.source = kParamKernels;
+  request.name_expressions = {"by_struct", "two_params", "no_params"};
+  const CompiledKernel kernel = compile_kernel(request);
+  const CubinInfo info = read_cubin_info(kernel.binary);
+
+  const CubinFunction* by_struct = find_function(info, "by_struct");
+  ASSERT_NE(by_struct, nullptr);
+  EXPECT_EQ(by_struct->params_bytes, 48);
+  ASSERT_EQ(by_struct->params.size(), 1u);
+  EXPECT_EQ(by_struct->params[0].ordinal, 0);
+  EXPECT_EQ(by_struct->params[0].offset, 0);
+  EXPECT_EQ(by_struct->params[0].bytes, 48);
+
+  const CubinFunction* two = find_function(info, "two_params");
+  ASSERT_NE(two, nullptr);
+  EXPECT_EQ(two->params_bytes, 12);
+  ASSERT_EQ(two->params.size(), 2u);
+  EXPECT_EQ(two->params[0].ordinal, 0);
+  EXPECT_EQ(two->params[0].offset, 0);
+  EXPECT_EQ(two->params[0].bytes, 8);
+  EXPECT_EQ(two->params[1].ordinal, 1);
+  EXPECT_EQ(two->params[1].offset, 8);
+  EXPECT_EQ(two->params[1].bytes, 4);
+
+  const CubinFunction* none = find_function(info, "no_params");
+  ASSERT_NE(none, nullptr);
+  EXPECT_TRUE(none->params.empty());
+  EXPECT_LE(none->params_bytes, 0);
+}
+
+TEST(CubinInfo, CalleesHaveNoParamsRecords) {
+  const CubinInfo info = read_cubin_info(compile_kernel(kernels_request()).binary);
+  for (const CubinFunction& function : info.functions) {
+    SCOPED_TRACE(function.name);
+    if (function.is_entry) {
+      EXPECT_GT(function.params_bytes, 0);  // every kernel of kernels_request takes parameters
+      EXPECT_FALSE(function.params.empty());
+    } else {
+      EXPECT_EQ(function.params_bytes, -1);
+      EXPECT_TRUE(function.params.empty());
+    }
+  }
+}
+
 void expect_format_error(const std::vector<char>& bytes, const std::string& message_part) {
   try {
     read_cubin_info(bytes);

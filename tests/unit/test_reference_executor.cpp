@@ -13,6 +13,7 @@
 
 #include "../../runtime/cpu/reference_executor.h"
 #include "../../runtime/cpu/run_driver.h"
+#include "../../runtime/gpu/device.h"
 #include "driver/frontend.h"
 #include "test_support.h"
 
@@ -143,6 +144,30 @@ TEST(ReferenceExecutor, CurrentScalingLinearUsesQuantizedOperands) {
   EXPECT_GT(worst_vs_unquantized, 1e-4);  // FP8 really was applied
 }
 
+// The FP8 wgrad (transposed dy and x copies) counts every token of a [batch, seq, hidden] input:
+// the same tokens as a [batch * seq, hidden] input give the same weight gradient.
+TEST(ReferenceExecutor, Fp8WgradOfABatchSeqInputEqualsTheFlattenedOne) {
+  const char* kBody = " uses r { linear(16, 16, bias = false) as fc }";
+  const ir::Program three_d =
+      compile(std::string("recipe r = delayed_scaling()\n") +
+              "sequence s(x: fp32[2, 8, 16]) -> (y: fp32[2, 8, 16])" + kBody);
+  const ir::Program flat = compile(std::string("recipe r = delayed_scaling()\n") +
+                                   "sequence s(x: fp32[16, 16]) -> (y: fp32[16, 16])" + kBody);
+  std::vector<std::vector<float>> grads;
+  for (const ir::Program* p : {&three_d, &flat}) {
+    ReferenceExecutor<float> exec(p->sequences[0], {});
+    exec.param("fc.weight") = seeded_normal({16, 16}, 3, 0.05);
+    exec.params_changed();
+    Tensor<float> x = seeded_normal({16, 16}, 4, 1.0);
+    Tensor<float> dy = seeded_normal({16, 16}, 5, 1.0);
+    x.shape = dy.shape = exec.input_shapes()[0];
+    exec.forward({x});
+    grads.push_back(exec.backward({dy}).params.at(0).data);
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_GT(max_abs(grads[0]), 0.0f);
+}
+
 TEST(ReferenceExecutor, Fp8WeightsKeepOnlyTheFp8Value) {
   const ir::Program p = compile(
       "recipe r = current_scaling()\n"
@@ -201,11 +226,22 @@ TEST(FusecRun, MalformedBindIsAUsageError) {
   EXPECT_NE(r.output.find("NAME=SIZE"), std::string::npos) << r.output;
 }
 
-TEST(FusecRun, GpuDeviceSaysItIsNotBuiltYet) {
+TEST(FusecRun, GpuDeviceWithoutAGpuSaysWhyAndPointsToTheCpu) {
+  if (gpu::gpu_available()) GTEST_SKIP() << "this machine has a GPU: tests/gpu cover --device gpu";
   const auto r = test::run_command(test::fusec_path() + " run " + write_program() +
                                    " --bind tokens=16 --device gpu");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("GPU runtime is not built yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--device gpu: no CUDA driver"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("use --device cpu"), std::string::npos) << r.output;
+}
+
+TEST(FusecRun, AutoDeviceFallsBackToTheCpuReferenceWithoutAGpu) {
+  if (gpu::gpu_available()) GTEST_SKIP() << "this machine has a GPU: tests/gpu cover it";
+  const auto r =
+      test::run_command(test::fusec_path() + " run " + write_program() + " --bind tokens=16");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("running on the CPU reference"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step    0  loss"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -26,8 +26,11 @@ constexpr Step kSteps[] = {
     {.kinds = kBiasGrad, .link = Link::Consumes, .from = 1, .optional = true},
 };
 
-// The epilogue reads the pre-activation as the aux buffer of a GELU_AUX_BIAS forward GEMM.
+// The epilogue reads the pre-activation as the aux buffer of a GELU_AUX_BIAS forward GEMM, and
+// runs on 16-bit GEMMs only (cuBLASLt has no DGELU epilogue with FP8 operands; under current
+// scaling the forward GELU epilogue forms on an FP8 GEMM, its backward must not).
 bool aux_from_fused_forward(const ir::Sequence& s, const Match& m) {
+  if (ir::dtype_is_fp8(s.value(m[0]->operands[0]).type.dtype)) return false;
   const int32_t producer = s.value(m[1]->operands[1]).producer;
   if (producer < 0) return false;
   const ir::Operation& forward = s.ops[size_t(producer)];

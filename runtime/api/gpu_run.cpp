@@ -1,0 +1,185 @@
+#include "api/gpu_run.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/numerics.h"
+#include "cpu/run_driver.h"
+#include "gpu/cuda_check.h"
+#include "gpu/device.h"
+#include "gpu/device_memory.h"
+
+namespace opfuse::api {
+
+namespace {
+
+float decode_one(const unsigned char* bytes, TensorDType dtype) {
+  std::uint16_t half = 0;
+  switch (dtype) {
+    case TensorDType::BF16:
+      std::memcpy(&half, bytes, 2);
+      return cpu::bf16_to_float(half);
+    case TensorDType::FP16:
+      std::memcpy(&half, bytes, 2);
+      return cpu::fp16_to_float(half);
+    case TensorDType::FP32: {
+      float value = 0;
+      std::memcpy(&value, bytes, 4);
+      return value;
+    }
+    default:
+      break;
+  }
+  throw UsageError(
+      fmt::format("fusec run reads bf16, fp16 or fp32 tensors, not {}", tensor_dtype_name(dtype)));
+}
+
+void encode_one(float value, TensorDType dtype, unsigned char* bytes) {
+  std::uint16_t half = 0;
+  switch (dtype) {
+    case TensorDType::BF16:
+      half = cpu::float_to_bf16(value);
+      std::memcpy(bytes, &half, 2);
+      return;
+    case TensorDType::FP16:
+      half = cpu::float_to_fp16(value);
+      std::memcpy(bytes, &half, 2);
+      return;
+    case TensorDType::FP32:
+      std::memcpy(bytes, &value, 4);
+      return;
+    default:
+      break;
+  }
+  throw UsageError(
+      fmt::format("fusec run writes bf16, fp16 or fp32 tensors, not {}", tensor_dtype_name(dtype)));
+}
+
+std::vector<float> download(const void* device, const TensorInfo& info, cudaStream_t stream) {
+  std::vector<unsigned char> bytes(info.bytes);
+  OPFUSE_CUDA_CHECK(
+      cudaMemcpyAsync(bytes.data(), device, bytes.size(), cudaMemcpyDeviceToHost, stream),
+      fmt::format("reading '{}'", info.name));
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "fusec run");
+  const std::size_t size = tensor_dtype_bytes(info.dtype);
+  std::vector<float> values(info.bytes / size);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = decode_one(bytes.data() + i * size, info.dtype);
+  return values;
+}
+
+void upload(void* device, const std::vector<float>& values, const TensorInfo& info,
+            cudaStream_t stream) {
+  const std::size_t size = tensor_dtype_bytes(info.dtype);
+  std::vector<unsigned char> bytes(values.size() * size);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    encode_one(values[i], info.dtype, bytes.data() + i * size);
+  OPFUSE_CUDA_CHECK(
+      cudaMemcpyAsync(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream),
+      fmt::format("writing '{}'", info.name));
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "fusec run");
+}
+
+double norm_of(const std::vector<float>& values) {
+  double sum = 0;
+  for (const float v : values) sum += double(v) * double(v);
+  return std::sqrt(sum);
+}
+
+}  // namespace
+
+std::string run_gpu_training(const Program& program, const GpuRunOptions& options) {
+  if (options.steps < 1)
+    throw UsageError(fmt::format("--steps must be at least 1, got {}", options.steps));
+  if (std::string why; !gpu::gpu_available(&why))
+    throw UsageError(fmt::format("fusec run on the GPU: {}", why));
+  cudaStream_t stream = nullptr;
+  OPFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "fusec run");
+  struct StreamOwner {
+    cudaStream_t stream;
+    ~StreamOwner() { (void)cudaStreamDestroy(stream); }
+  } owner{stream};
+
+  Session session(program, options.sequence, stream);
+  session.bind(options.bindings);
+  session.own_parameters(options.seed, stream);
+
+  std::vector<TensorInfo> inputs, params, outputs;
+  std::map<std::string, TensorInfo> param_grads;
+  const TensorInfo* output_grad = nullptr;
+  const std::vector<TensorInfo> tensors = session.tensors();
+  for (const TensorInfo& info : tensors) {
+    if (info.kind == TensorKind::Input) inputs.push_back(info);
+    if (info.kind == TensorKind::Param) params.push_back(info);
+    if (info.kind == TensorKind::Output) outputs.push_back(info);
+    if (info.kind == TensorKind::ParamGrad) param_grads[info.name] = info;
+    if (info.kind == TensorKind::OutputGrad && output_grad == nullptr) output_grad = &info;
+  }
+  // Inputs as the CPU driver makes them: a second stream of the seed per input (signature order).
+  std::vector<gpu::DeviceBuffer> input_memory;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const cpu::Tensor<float> values =
+        cpu::seeded_normal(inputs[i].shape, options.seed ^ (0x9E3779B97F4A7C15ull + i), 1.0);
+    input_memory.emplace_back(inputs[i].bytes, stream);
+    upload(input_memory.back().data(), values.data, inputs[i], stream);
+    session.set_tensor(inputs[i].name, input_memory.back().data());
+  }
+  if (outputs.empty() || output_grad == nullptr)
+    throw UsageError("fusec run trains sequences with an output and its gradient");
+  const TensorInfo& y = outputs.front();
+  gpu::DeviceBuffer dy_memory(output_grad->bytes, stream);
+  session.set_tensor(output_grad->name, dy_memory.data());
+
+  std::string bindings;
+  for (const auto& [name, size] : options.bindings) bindings += fmt::format(" {}={}", name, size);
+  const gpu::DeviceInfo device = gpu::current_device();
+  std::string out = fmt::format(
+      "sequence {}  recipe {}  device {} ({})\nbindings{}  steps {}  seed {}  lr {}\n{}; SGD on "
+      "every parameter\nquantizers: amax of this step (history slot 0) and the scale used in it\n",
+      session.sequence(), program.recipe(options.sequence), device.name, device.arch, bindings,
+      options.steps, options.seed, options.lr, cpu::kRunLossDescription);
+  gpu::reset_pool_peak();
+  session.reset_peak_memory();
+  for (int step = 0; step < options.steps; ++step) {
+    session.forward(stream, RunMode::Training);
+    std::vector<float> values = download(session.output(y.name), y, stream);
+    const double magnitude = norm_of(values);
+    const double loss = 0.5 * magnitude * magnitude / double(values.size());
+    for (float& v : values) v = float(double(v) / double(values.size()));
+    upload(dy_memory.data(), values, *output_grad, stream);
+    session.backward(stream);
+
+    out += fmt::format("\nstep {:>4}  loss {:.6e}  |y| {:.6e}\n", step, loss, magnitude);
+    std::vector<std::vector<float>> grads;
+    for (const TensorInfo& p : params) {
+      grads.push_back(download(session.param_grad(p.name), param_grads.at(p.name), stream));
+      out += fmt::format("  grad   {:<32} |g| {:.6e}\n", p.name, norm_of(grads.back()));
+    }
+    for (const QuantizerStatus& q : session.quantizers(stream)) {
+      out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name,
+                         tensor_dtype_name(q.format), q.amax_history.at(0), q.scale);
+    }
+    session.step(stream);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      void* memory = session.parameter(params[i].name);
+      std::vector<float> weights = download(memory, params[i], stream);
+      for (std::size_t j = 0; j < weights.size(); ++j)
+        weights[j] = float(double(weights[j]) - options.lr * double(grads[i][j]));
+      upload(memory, weights, params[i], stream);
+    }
+    session.parameters_changed();
+  }
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "fusec run");
+  const MemoryStats memory = session.memory();
+  out += fmt::format(
+      "\npeak device memory: {:.1f} MiB of activations and workspaces, {:.1f} MiB of parameters; "
+      "pool high-water mark {:.1f} MiB\n",
+      double(memory.peak_bytes) / (1 << 20), double(memory.owned_bytes) / (1 << 20),
+      double(gpu::pool_usage().used_high) / (1 << 20));
+  return out;
+}
+
+}  // namespace opfuse::api

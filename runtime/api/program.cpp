@@ -1,0 +1,179 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+
+#include "api/program_impl.h"
+#include "codegen/kernel_source.h"
+#include "driver/frontend.h"
+#include "gpu/device.h"
+#include "jit/kernel_cache.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+#include "support/diagnostics.h"
+
+namespace opfuse {
+
+namespace {
+
+// The GPU's NVRTC target, or the default target when this machine has no GPU.
+std::string default_arch() {
+  if (!gpu::gpu_available()) return "sm_90a";
+  return gpu::current_device().arch;
+}
+
+}  // namespace
+
+bool gpu_available(std::string* why) { return gpu::gpu_available(why); }
+
+std::string_view tensor_dtype_name(TensorDType dtype) {
+  switch (dtype) {
+    case TensorDType::BF16:
+      return "bf16";
+    case TensorDType::FP16:
+      return "fp16";
+    case TensorDType::FP32:
+      return "fp32";
+    case TensorDType::E4M3:
+      return "e4m3";
+    case TensorDType::E5M2:
+      return "e5m2";
+  }
+  return "?";
+}
+
+std::size_t tensor_dtype_bytes(TensorDType dtype) {
+  switch (dtype) {
+    case TensorDType::BF16:
+    case TensorDType::FP16:
+      return 2;
+    case TensorDType::FP32:
+      return 4;
+    case TensorDType::E4M3:
+    case TensorDType::E5M2:
+      return 1;
+  }
+  return 0;
+}
+
+std::string_view tensor_kind_name(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::Input:
+      return "input";
+    case TensorKind::Param:
+      return "param";
+    case TensorKind::OutputGrad:
+      return "output_grad";
+    case TensorKind::Output:
+      return "output";
+    case TensorKind::InputGrad:
+      return "input_grad";
+    case TensorKind::ParamGrad:
+      return "param_grad";
+  }
+  return "?";
+}
+
+Program Program::compile(std::string_view source, std::string_view file_name,
+                         const CompileOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  auto impl = std::make_shared<Impl>();
+  impl->source_name = std::string(file_name);
+
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  ir::BuildOptions build;
+  build.recipe_override = options.recipe;
+  std::optional<ir::Program> program =
+      load_program_from_source(std::string(file_name), std::string(source), sources, diags, build);
+  if (!program) throw CompileError(diags.format_all());
+
+  passes::PassOptions pass_options;
+  pass_options.disabled.insert(options.disabled_passes.begin(), options.disabled_passes.end());
+  const passes::PassManager manager(passes::default_pipeline());
+  if (const auto unknown = manager.unknown_names(pass_options); !unknown.empty()) {
+    std::vector<std::string> names;
+    for (const auto& pass : manager.passes()) names.emplace_back(pass.name);
+    throw UsageError(fmt::format("CompileOptions::disabled_passes names no pass '{}'; passes: {}",
+                                 unknown[0], fmt::join(names, ", ")));
+  }
+  manager.run(*program, pass_options, nullptr);
+
+  const std::string arch = options.arch.empty() ? default_arch() : options.arch;
+  try {
+    impl->plan = codegen::build_plan(*program, {arch, &sources});
+  } catch (const codegen::CodegenError& e) {
+    diags.error(e.loc(), e.what(), e.hint());
+    throw CompileError(diags.format_all());
+  }
+  impl->program = std::move(*program);
+
+  std::vector<jit::CompileRequest> requests;
+  for (const codegen::Kernel& kernel : impl->plan.kernels) {
+    jit::CompileRequest request;
+    request.kernel_name = kernel.id;
+    request.source = codegen::kernel_source(impl->plan, kernel);
+    request.name_expressions = {kernel.name_expression};
+    request.arch = arch;
+    requests.push_back(std::move(request));
+  }
+  std::unique_ptr<jit::KernelCache> cache;
+  if (options.use_cache) {
+    cache = std::make_unique<jit::KernelCache>(
+        options.cache_dir.empty() ? jit::KernelCache::default_directory() : options.cache_dir);
+  }
+  const auto kernels_start = std::chrono::steady_clock::now();
+  jit::CompileAllResult compiled = jit::compile_all(requests, cache.get(), options.compile_threads);
+  impl->kernels = std::move(compiled.kernels);
+  impl->stats.kernels = static_cast<int>(requests.size());
+  impl->stats.cache_hits = compiled.stats.hits;
+  impl->stats.compiled = compiled.stats.misses;
+  impl->stats.compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - kernels_start)
+          .count();
+  (void)start;
+  return Program(std::move(impl));
+}
+
+Program Program::compile_file(const std::string& path, const CompileOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError(fmt::format("cannot read the program file {}", path));
+  const std::string text{std::istreambuf_iterator<char>(in), {}};
+  return compile(text, path, options);
+}
+
+std::vector<std::string> Program::sequences() const {
+  std::vector<std::string> names;
+  for (const auto& s : impl_->plan.sequences) names.push_back(s.name);
+  return names;
+}
+
+const std::string& Program::arch() const { return impl_->plan.arch; }
+
+std::string Program::recipe(std::string_view sequence) const {
+  return find_sequence_plan(*impl_, sequence).recipe;
+}
+
+std::string Program::plan_json() const { return codegen::plan_json_text(impl_->plan); }
+
+const BuildStats& Program::build_stats() const { return impl_->stats; }
+
+const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,
+                                                std::string_view sequence) {
+  const auto& sequences = program.plan.sequences;
+  if (sequence.empty() && sequences.size() == 1) return sequences.front();
+  std::vector<std::string> names;
+  for (const auto& s : sequences) {
+    if (s.name == sequence) return s;
+    names.push_back(s.name);
+  }
+  throw UsageError(sequence.empty()
+                       ? fmt::format("{} has {} sequences; name one: {}", program.source_name,
+                                     sequences.size(), fmt::join(names, ", "))
+                       : fmt::format("{} has no sequence '{}'; its sequences: {}",
+                                     program.source_name, sequence, fmt::join(names, ", ")));
+}
+
+}  // namespace opfuse

@@ -1,0 +1,27 @@
+// What a compiled opfuse::Program holds (runtime/include/opfuse/program.h): the IR after every
+// pass, its plan and each plan kernel's binary. Internal to the runtime.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "codegen/plan.h"
+#include "ir/graph.h"
+#include "jit/nvrtc_compiler.h"
+#include "opfuse/program.h"
+
+namespace opfuse {
+
+struct Program::Impl {
+  std::string source_name;
+  ir::Program program;  // after the pass pipeline
+  codegen::Plan plan;
+  std::vector<jit::CompiledKernel> kernels;  // plan.kernels order
+  BuildStats stats;
+};
+
+// The plan of `sequence` (empty: the only one); throws UsageError naming the sequences.
+const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,
+                                                std::string_view sequence);
+
+}  // namespace opfuse

@@ -1,0 +1,429 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstring>
+
+#include "api/program_impl.h"
+#include "api/state_file.h"
+#include "cpu/numerics.h"
+#include "cpu/reference_executor.h"
+#include "cpu/run_driver.h"
+#include "gpu/cuda_check.h"
+#include "gpu/device.h"
+#include "gpu/device_memory.h"
+#include "gpu/plan_executor.h"
+#include "opfuse/program.h"
+
+namespace opfuse {
+
+namespace {
+
+TensorDType public_dtype(ir::DType dtype) {
+  switch (dtype) {
+    case ir::DType::BF16:
+      return TensorDType::BF16;
+    case ir::DType::FP16:
+      return TensorDType::FP16;
+    case ir::DType::FP32:
+      return TensorDType::FP32;
+    case ir::DType::E4M3:
+      return TensorDType::E4M3;
+    case ir::DType::E5M2:
+      return TensorDType::E5M2;
+  }
+  return TensorDType::FP32;
+}
+
+TensorKind public_kind(const gpu::TensorInfo& info) {
+  switch (info.role) {
+    case codegen::BufferRole::Input:
+      return TensorKind::Input;
+    case codegen::BufferRole::Param:
+      return TensorKind::Param;
+    case codegen::BufferRole::OutputGrad:
+      return TensorKind::OutputGrad;
+    default:
+      break;
+  }
+  if (info.result_kind == "input_grad") return TensorKind::InputGrad;
+  if (info.result_kind == "param_grad") return TensorKind::ParamGrad;
+  return TensorKind::Output;
+}
+
+// `values` in the storage dtype of a parameter (bf16, fp16 or fp32), row-major bytes.
+std::vector<unsigned char> encode(const std::vector<float>& values, ir::DType dtype) {
+  std::vector<unsigned char> bytes(values.size() *
+                                   static_cast<std::size_t>(ir::dtype_bytes(dtype)));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    switch (dtype) {
+      case ir::DType::BF16: {
+        const std::uint16_t bits = cpu::float_to_bf16(values[i]);
+        std::memcpy(bytes.data() + 2 * i, &bits, 2);
+        break;
+      }
+      case ir::DType::FP16: {
+        const std::uint16_t bits = cpu::float_to_fp16(values[i]);
+        std::memcpy(bytes.data() + 2 * i, &bits, 2);
+        break;
+      }
+      case ir::DType::FP32:
+        std::memcpy(bytes.data() + 4 * i, &values[i], 4);
+        break;
+      default:
+        throw UsageError(
+            fmt::format("parameters stored as {} cannot be initialized", ir::dtype_name(dtype)));
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+struct Session::Impl {
+  std::shared_ptr<const Program::Impl> program;
+  const codegen::SequencePlan* plan = nullptr;
+  const ir::Sequence* sequence = nullptr;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<gpu::PlanModules> modules;
+  std::unique_ptr<gpu::GemmRunner> gemms;
+  std::unique_ptr<gpu::SequenceExecutor> executor;
+  std::map<std::string, std::int64_t> bindings;
+  bool bound = false;
+  std::map<std::string, gpu::DeviceBuffer, std::less<>> owned;  // parameters we own
+  std::map<std::string, const void*, std::less<>> given;        // set_tensor pointers
+  std::int64_t steps = 0;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
+  cudaStream_t graph_stream = nullptr;
+  Session::GraphScope graph_scope = Session::GraphScope::TrainingStep;
+
+  ~Impl() { destroy_graph(); }
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  void destroy_graph() {
+    // Why statuses are dropped: teardown must not throw.
+    if (graph_exec != nullptr) (void)cudaGraphExecDestroy(graph_exec);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    graph_exec = nullptr;
+    graph = nullptr;
+  }
+
+  void require_no_graph(const char* what) const {
+    if (graph_exec != nullptr) {
+      throw UsageError(fmt::format(
+          "{} while sequence '{}' has a captured CUDA graph: replay() it, or release_graph() "
+          "first to run eagerly",
+          what, plan->name));
+    }
+  }
+
+  void require_bound(const char* what) const {
+    if (!bound) {
+      throw UsageError(fmt::format("{} on sequence '{}' before bind(): bind the sizes ({}) first",
+                                   what, plan->name, fmt::join(plan->symbols, ", ")));
+    }
+  }
+
+  std::vector<gpu::TensorInfo> params() const {
+    std::vector<gpu::TensorInfo> result;
+    for (gpu::TensorInfo& info : executor->tensors())
+      if (info.role == codegen::BufferRole::Param) result.push_back(std::move(info));
+    return result;
+  }
+
+  const void* param_pointer(const std::string& name) const {
+    if (const auto it = given.find(name); it != given.end()) return it->second;
+    if (const auto it = owned.find(name); it != owned.end()) return it->second.data();
+    return nullptr;
+  }
+
+  // The layout a state file of this session has (bytes left empty).
+  api::StateFile state_layout() const {
+    api::StateFile state;
+    state.program = fmt::format("{}:{}", program->source_name, plan->name);
+    state.recipe = plan->recipe;
+    for (const gpu::TensorInfo& info : params()) {
+      state.tensors.push_back({info.name, info.dtype, info.shape, {}});
+    }
+    for (const codegen::QuantizerPlan& q : plan->quantizers) {
+      api::StateQuantizer quantizer;
+      quantizer.name = q.name;
+      quantizer.state.amax_history.assign(
+          static_cast<std::size_t>(q.mode == 2 ? 1 : q.history_length), 0.0f);
+      state.quantizers.push_back(std::move(quantizer));
+    }
+    return state;
+  }
+};
+
+Session::Session(const Program& program, std::string_view sequence, cudaStream_t stream)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.program = program.impl_;
+  std::string why;
+  if (!gpu::gpu_available(&why)) {
+    throw UsageError(fmt::format(
+        "opfuse::Session needs a CUDA GPU: {}; run the CPU reference instead (`fusec run --device "
+        "cpu`)",
+        why));
+  }
+  const Program::Impl& p = *s.program;
+  s.plan = &find_sequence_plan(p, sequence);
+  s.sequence = p.program.find_sequence(s.plan->name);
+  s.stream = stream;
+  const std::string device_arch = gpu::current_device().arch;
+  if (p.plan.arch != device_arch) {
+    throw UsageError(fmt::format(
+        "{} was compiled for {} but this GPU ({}) needs {}: compile with CompileOptions::arch "
+        "empty (the GPU's) or \"{}\"",
+        p.source_name, p.plan.arch, gpu::current_device().name, device_arch, device_arch));
+  }
+  s.modules = std::make_unique<gpu::PlanModules>(p.plan, p.kernels);
+  s.gemms = std::make_unique<gpu::GemmRunner>(stream);
+  s.executor = std::make_unique<gpu::SequenceExecutor>(*s.plan, *s.modules, *s.gemms, stream);
+}
+
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+
+const std::string& Session::sequence() const { return impl_->plan->name; }
+
+void Session::bind(const std::map<std::string, std::int64_t>& sizes) {
+  Impl& s = *impl_;
+  s.require_no_graph("bind()");
+  s.executor->bind(sizes);
+  s.bindings = sizes;
+  s.bound = true;
+  // Owned parameters of another size are gone; the application sets its own again.
+  for (const gpu::TensorInfo& info : s.params()) {
+    const auto it = s.owned.find(info.name);
+    if (it != s.owned.end() && it->second.size() != info.bytes) s.owned.erase(it);
+  }
+}
+
+std::vector<TensorInfo> Session::tensors() const {
+  impl_->require_bound("tensors()");
+  std::vector<TensorInfo> result;
+  for (const gpu::TensorInfo& info : impl_->executor->tensors()) {
+    result.push_back(
+        {info.name, public_kind(info), public_dtype(info.dtype), info.shape, info.bytes});
+  }
+  return result;
+}
+
+void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.require_bound("own_parameters()");
+  // The same values `fusec run --device cpu` starts from: the CPU reference's initializer.
+  cpu::Bindings bindings(s.bindings.begin(), s.bindings.end());
+  cpu::ReferenceExecutor<float> reference(*s.sequence, bindings);
+  cpu::init_params_from_seed(reference, seed);
+  for (const gpu::TensorInfo& info : s.params()) {
+    const std::vector<unsigned char> bytes = encode(reference.param(info.name).data, info.dtype);
+    gpu::DeviceBuffer buffer(bytes.size(), stream);
+    OPFUSE_CUDA_CHECK(
+        cudaMemcpyAsync(buffer.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream),
+        fmt::format("uploading parameter '{}'", info.name));
+    OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "own_parameters");
+    s.executor->set_tensor(info.name, buffer.data());
+    s.given.erase(info.name);
+    s.owned.insert_or_assign(info.name, std::move(buffer));
+  }
+}
+
+void* Session::parameter(std::string_view name) const {
+  const auto it = impl_->owned.find(name);
+  if (it == impl_->owned.end()) {
+    throw UsageError(fmt::format(
+        "the session owns no parameter '{}': call own_parameters() first, or use your own "
+        "pointer given with set_tensor()",
+        name));
+  }
+  return it->second.data();
+}
+
+void Session::set_tensor(std::string_view name, const void* device_ptr) {
+  Impl& s = *impl_;
+  s.require_no_graph("set_tensor()");
+  s.executor->set_tensor(name, device_ptr);
+  if (const auto it = s.owned.find(name); it != s.owned.end()) s.owned.erase(it);
+  for (const gpu::TensorInfo& info : s.params()) {
+    if (info.name == name) s.given.insert_or_assign(std::string(name), device_ptr);
+  }
+}
+
+void Session::parameters_changed() { impl_->executor->invalidate_weight_cache(); }
+
+void Session::forward(cudaStream_t stream, RunMode mode) {
+  impl_->require_bound("forward()");
+  impl_->require_no_graph("forward()");
+  impl_->executor->forward(
+      stream, mode == RunMode::Training ? gpu::RunMode::Training : gpu::RunMode::Inference);
+}
+
+void Session::backward(cudaStream_t stream) {
+  impl_->require_bound("backward()");
+  impl_->require_no_graph("backward()");
+  impl_->executor->backward(stream);
+}
+
+void Session::step(cudaStream_t stream) {
+  impl_->require_no_graph("step()");
+  impl_->executor->end_step(stream);
+  ++impl_->steps;
+}
+
+const void* Session::output(std::string_view name) const { return impl_->executor->output(name); }
+const void* Session::input_grad(std::string_view name) const {
+  return impl_->executor->input_grad(name);
+}
+const void* Session::param_grad(std::string_view name) const {
+  return impl_->executor->param_grad(name);
+}
+
+void Session::save(const std::string& path, cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.require_bound("save()");
+  api::StateFile state = s.state_layout();
+  state.step = s.steps;
+  for (api::StateTensor& tensor : state.tensors) {
+    const void* pointer = s.param_pointer(tensor.name);
+    if (pointer == nullptr) {
+      throw UsageError(fmt::format(
+          "save(): parameter '{}' has no memory yet: call own_parameters() or set_tensor()",
+          tensor.name));
+    }
+    auto bytes = static_cast<std::size_t>(ir::dtype_bytes(tensor.dtype));
+    for (const std::int64_t dim : tensor.shape) bytes *= static_cast<std::size_t>(dim);
+    tensor.bytes.resize(bytes);
+    OPFUSE_CUDA_CHECK(
+        cudaMemcpyAsync(tensor.bytes.data(), pointer, bytes, cudaMemcpyDeviceToHost, stream),
+        fmt::format("downloading parameter '{}'", tensor.name));
+  }
+  const std::vector<cpu::DelayedScalingState> quantizers = s.executor->download_quantizers(stream);
+  for (std::size_t i = 0; i < quantizers.size(); ++i) state.quantizers[i].state = quantizers[i];
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "save()");
+  api::write_state_file(path, state);
+}
+
+void Session::load(const std::string& path, cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.require_no_graph("load()");
+  s.require_bound("load()");
+  const api::StateFile file = api::read_state_file(path);
+  const api::StateFile expected = s.state_layout();
+  api::require_state_fits(file, expected, path);
+  for (const api::StateTensor& tensor : expected.tensors) {
+    if (s.param_pointer(tensor.name) == nullptr) {
+      throw UsageError(fmt::format(
+          "load({}): parameter '{}' has no memory to load into: call own_parameters() or "
+          "set_tensor() first; nothing was loaded",
+          path, tensor.name));
+    }
+  }
+  // Checked whole above: from here on every copy goes to memory known to fit.
+  std::vector<cpu::DelayedScalingState> quantizers(expected.quantizers.size());
+  for (std::size_t i = 0; i < expected.quantizers.size(); ++i) {
+    for (const api::StateQuantizer& q : file.quantizers) {
+      if (q.name == expected.quantizers[i].name) quantizers[i] = q.state;
+    }
+  }
+  for (const api::StateTensor& tensor : file.tensors) {
+    OPFUSE_CUDA_CHECK(
+        cudaMemcpyAsync(const_cast<void*>(s.param_pointer(tensor.name)), tensor.bytes.data(),
+                        tensor.bytes.size(), cudaMemcpyHostToDevice, stream),
+        fmt::format("uploading parameter '{}'", tensor.name));
+  }
+  s.executor->upload_quantizers(quantizers, stream);
+  s.executor->invalidate_weight_cache();
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "load()");
+  s.steps = file.step;
+}
+
+void Session::capture(cudaStream_t stream, GraphScope scope) {
+  Impl& s = *impl_;
+  s.require_bound("capture()");
+  s.require_no_graph("capture()");
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
+    throw UsageError(
+        "capture() needs a stream created with cudaStreamCreate*: the default stream cannot be "
+        "captured");
+  }
+  // Every buffer allocated now, outside the capture: the recording has no memory nodes and its
+  // pointers stay valid across replays. The weights are cast inside the recording (so replays
+  // follow parameter changes).
+  s.executor->pin_memory(stream);
+  s.executor->invalidate_weight_cache();
+  OPFUSE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture()");
+  try {
+    if (scope == GraphScope::InferenceForward) {
+      s.executor->forward(stream, gpu::RunMode::Inference);
+    } else {
+      s.executor->forward(stream, gpu::RunMode::Training);
+      s.executor->backward(stream);
+      s.executor->end_step(stream);
+    }
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    (void)cudaStreamEndCapture(stream, &broken);
+    if (broken != nullptr) (void)cudaGraphDestroy(broken);
+    (void)cudaGetLastError();
+    s.executor->unpin_memory(stream);
+    throw;
+  }
+  OPFUSE_CUDA_CHECK(cudaStreamEndCapture(stream, &s.graph), "capture()");
+  const cudaError_t instantiated = cudaGraphInstantiateWithFlags(&s.graph_exec, s.graph, 0);
+  if (instantiated != cudaSuccess) {
+    s.executor->unpin_memory(stream);
+    s.destroy_graph();
+    OPFUSE_CUDA_CHECK(instantiated, "capture(): instantiating the graph");
+  }
+  s.graph_scope = scope;
+  s.graph_stream = stream;
+}
+
+void Session::replay(cudaStream_t stream) {
+  Impl& s = *impl_;
+  if (s.graph_exec == nullptr)
+    throw UsageError(fmt::format("replay() on sequence '{}' without capture()", s.plan->name));
+  OPFUSE_CUDA_CHECK(cudaGraphLaunch(s.graph_exec, stream), "replay()");
+  s.graph_stream = stream;
+  if (s.graph_scope == GraphScope::TrainingStep) ++s.steps;
+}
+
+void Session::release_graph() {
+  Impl& s = *impl_;
+  if (s.graph_exec == nullptr) return;
+  s.destroy_graph();
+  s.executor->unpin_memory(s.graph_stream);
+}
+
+bool Session::has_graph() const { return impl_->graph_exec != nullptr; }
+
+std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
+  const Impl& s = *impl_;
+  const std::vector<cpu::DelayedScalingState> states = s.executor->download_quantizers(stream);
+  std::vector<QuantizerStatus> result;
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const codegen::QuantizerPlan& q = s.plan->quantizers.at(i);
+    result.push_back({q.name, public_dtype(q.format), states[i].amax_history, states[i].scale,
+                      states[i].scale_inv});
+  }
+  return result;
+}
+
+MemoryStats Session::memory() const {
+  const gpu::ExecutorMemory memory = impl_->executor->memory();
+  MemoryStats stats;
+  stats.live_bytes = memory.live_bytes;
+  stats.peak_bytes = memory.peak_bytes;
+  for (const auto& [name, buffer] : impl_->owned) stats.owned_bytes += buffer.size();
+  return stats;
+}
+
+void Session::reset_peak_memory() { impl_->executor->reset_peak(); }
+
+}  // namespace opfuse

@@ -1,0 +1,73 @@
+// Checkpoint (state) files: a training program's parameters and quantizer state (amax history,
+// scale, scale_inv) with the step count, written atomically, versioned and checksummed. The GPU
+// API fills a StateFile from device memory and loads one back; this file is pure host code.
+// The byte layout is documented in docs/state_files.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu/quantizer_math.h"
+#include "ir/types.h"
+#include "opfuse/error.h"
+
+namespace opfuse::api {
+
+// A state file that cannot be read or written: unreadable, not a state file, from a newer
+// opfuse, truncated, damaged, or an I/O failure while writing. The message names the file and
+// says what to do. (A well-formed file that does not fit the program is a UsageError instead.)
+class StateFileError : public Error {
+ public:
+  using Error::Error;
+};
+
+// One parameter, row-major, exactly as it sits in device memory: bytes.size() must equal
+// numel(shape) * ir::dtype_bytes(dtype).
+struct StateTensor {
+  std::string name;
+  ir::DType dtype = ir::DType::FP32;
+  std::vector<std::int64_t> shape;
+  std::vector<unsigned char> bytes;
+};
+
+// One delayed-scaling quantizer; its history length is amax_history.size() (at least 1).
+struct StateQuantizer {
+  std::string name;
+  cpu::DelayedScalingState state;
+};
+
+struct StateFile {
+  std::string program;                     // which sequence, e.g. "mlp.fuse:mlp"
+  std::string recipe;                      // ir::recipe_string() of the recipe it trained with
+  std::int64_t step = 0;                   // training steps done (not compared by state_mismatches)
+  std::vector<StateTensor> tensors;        // names unique within the file
+  std::vector<StateQuantizer> quantizers;  // names unique within the file
+};
+
+// The format version this build writes and the newest it reads.
+inline constexpr std::uint32_t kStateFileFormatVersion = 1;
+
+// Writes `state` to `path` atomically (a reader sees the old file or the whole new one, never a
+// part) and durably (fsync of the file and its directory). The directory must exist: it is not
+// created, so a mistyped path fails instead of scattering checkpoints. Throws UsageError (nothing
+// written) when `state` is malformed (duplicate or empty names, bytes that do not match the
+// shape, an empty amax history, a negative step) and StateFileError when the write fails; the
+// old file at `path`, if any, is then left as it was.
+void write_state_file(const std::string& path, const StateFile& state);
+
+// Reads and verifies the whole file (magic, version, size, checksum, header, payload bounds)
+// before building the result, so a bad file throws StateFileError and returns nothing.
+StateFile read_state_file(const std::string& path);
+
+// Every reason `file` cannot be loaded into a program laid out like `expected`: program, recipe,
+// tensors (matched by name: missing, extra, dtype, shape) and quantizers (missing, extra, history
+// length). Only the layout of `expected` is read (its bytes and amax values may be empty). Empty
+// when the file fits.
+std::vector<std::string> state_mismatches(const StateFile& file, const StateFile& expected);
+
+// Throws UsageError listing every state_mismatches() reason, naming `path` (where `file` came
+// from), when `file` does not fit `expected`.
+void require_state_fits(const StateFile& file, const StateFile& expected, const std::string& path);
+
+}  // namespace opfuse::api

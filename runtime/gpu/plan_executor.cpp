@@ -1,0 +1,834 @@
+// Note "Executor buffers": the caller's tensors (inputs, parameters, output gradients) are used in
+// place. Every other buffer that is not a view (alias_of) owns one pool allocation, made on the
+// running stream right before the first step that touches it and freed (stream-ordered) right
+// after the last step of the run mode that touches it: its last use for Training, its last
+// forward use for Inference. Three kinds are kept longer: interface results (until the next
+// forward or backward starts, so the caller can read them), and the outputs of weight-cast groups
+// (note "Weight cache"), which live as long as the executor and are reused.
+//
+// Note "Weight cache": a forward group whose steps read nothing but parameters (the FP8 cast of a
+// weight, with its memset, amax and scale steps under current scaling) is skipped when it ran
+// since the last end_step() / invalidate_weight_cache() with the same parameter pointers.
+#include "gpu/plan_executor.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "gpu/cuda_check.h"
+#include "gpu/device.h"
+#include "gpu/device_memory.h"
+#include "gpu/kernel_params.h"
+#include "gpu/plan_gemm.h"
+#include "gpu/quantizer_state.h"
+#include "opfuse/error.h"
+
+namespace opfuse::gpu {
+namespace {
+
+using codegen::BufferRole;
+using codegen::GemmStep;
+using codegen::LaunchStep;
+using codegen::MemsetStep;
+using codegen::ParamBinding;
+using codegen::SequencePlan;
+using codegen::Step;
+
+bool is_callers(BufferRole role) {
+  return role == BufferRole::Input || role == BufferRole::Param || role == BufferRole::OutputGrad;
+}
+
+std::string ir_name(const std::string& name) {
+  return name.starts_with('%') ? name.substr(1) : name;
+}
+
+// "fprop GEMM of fc1 (...) (mlp.fuse:15)": what a step is and where the .fuse file asks for it.
+std::string describe_step(const Step& step) {
+  std::vector<std::string> locations;
+  for (const codegen::OpRef& op : step.ops) {
+    if (!op.location.empty() &&
+        std::find(locations.begin(), locations.end(), op.location) == locations.end()) {
+      locations.push_back(op.location);
+    }
+  }
+  if (locations.empty()) return fmt::format("step {} ({})", step.index, step.what);
+  return fmt::format("step {} ({}, {})", step.index, step.what, fmt::join(locations, ", "));
+}
+
+cpu::Fp8Format fp8_format(const codegen::QuantizerPlan& quantizer) {
+  if (quantizer.format == ir::DType::E4M3) return cpu::Fp8Format::E4M3;
+  if (quantizer.format == ir::DType::E5M2) return cpu::Fp8Format::E5M2;
+  throw UsageError(fmt::format("quantizer '{}' has the format {}, not an FP8 format",
+                               quantizer.name, ir::dtype_name(quantizer.format)));
+}
+
+QuantizerSettings settings_of(const codegen::QuantizerPlan& quantizer) {
+  QuantizerSettings settings;
+  settings.name = quantizer.name;
+  settings.format = fp8_format(quantizer);
+  settings.current_scaling = quantizer.mode == 2;
+  settings.amax_compute =
+      quantizer.mode == 1 ? cpu::AmaxCompute::MostRecent : cpu::AmaxCompute::Max;
+  settings.history_length = settings.current_scaling ? 1 : quantizer.history_length;
+  settings.margin = quantizer.margin;
+  settings.amax_epsilon = static_cast<float>(quantizer.epsilon);
+  settings.power_of_2_scale = quantizer.power_of_2_scale;
+  if (quantizer.mode < 0 || quantizer.mode > 2 ||
+      cpu::fp8_max(settings.format) != quantizer.fp8_max) {
+    throw UsageError(fmt::format(
+        "quantizer '{}' has mode {} and fp8_max {}, which do not match its format {}: rebuild the "
+        "plan",
+        quantizer.name, quantizer.mode, quantizer.fp8_max, ir::dtype_name(quantizer.format)));
+  }
+  return settings;
+}
+
+// Every buffer a step's body names, besides its reads and writes lists.
+std::vector<int> buffers_named_by(const Step& step) {
+  std::vector<int> ids(step.reads);
+  ids.insert(ids.end(), step.writes.begin(), step.writes.end());
+  if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+    for (const ParamBinding& param : launch->params) {
+      if (param.kind == ParamBinding::Kind::Buffer || param.kind == ParamBinding::Kind::Buffers) {
+        ids.insert(ids.end(), param.buffers.begin(), param.buffers.end());
+      }
+    }
+  } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
+    ids.insert(ids.end(),
+               {gemm->a.buffer, gemm->b.buffer, gemm->d, gemm->c, gemm->bias, gemm->aux});
+  }
+  std::erase_if(ids, [](int id) { return id < 0; });
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+// A step's kernel launch or GEMM with the sizes of the current bind().
+struct BoundStep {
+  const Kernel* kernel = nullptr;  // launches
+  bool skip = false;               // a zero-sized grid
+  dim3 grid, block;
+  std::size_t dynamic_smem = 0;
+  PackedParams params;
+  GemmDesc gemm;
+};
+
+// What construction learns about one buffer (note "Executor buffers").
+struct BufferFacts {
+  int root = -1;  // the buffer whose memory it is (itself unless a view)
+  bool callers = false;
+  bool forward_result = false;   // root of an "output" interface buffer
+  bool backward_result = false;  // root of an "input_grad" / "param_grad" interface buffer
+  bool weight_cache = false;     // root written by a weight-cast group
+  int first_touch = -1, last_touch = -1, last_forward_touch = -1;
+};
+
+struct WeightCacheGroup {
+  std::vector<int> steps;
+  std::vector<int> params;  // the parameter buffers it reads
+  bool valid = false;
+  std::vector<const void*> cast_from;  // their pointers when it last ran
+};
+
+}  // namespace
+
+// ---- PlanModules -------------------------------------------------------------------------------
+
+PlanModules::PlanModules(const codegen::Plan& plan,
+                         const std::vector<jit::CompiledKernel>& compiled) {
+  if (compiled.size() != plan.kernels.size()) {
+    throw UsageError(fmt::format(
+        "the plan of {} has {} kernels but {} compiled binaries were given: compile every "
+        "plan.kernels[i] in order",
+        plan.source, plan.kernels.size(), compiled.size()));
+  }
+  const std::string device_arch = current_device().arch;
+  modules_.reserve(compiled.size());
+  for (std::size_t i = 0; i < compiled.size(); ++i) {
+    const codegen::Kernel& kernel = plan.kernels[i];
+    if (!compiled[i].is_ptx && compiled[i].arch != device_arch) {
+      throw UsageError(fmt::format(
+          "kernel '{}' was compiled for {} but this GPU runs {}: rebuild with --arch {}", kernel.id,
+          compiled[i].arch, device_arch, device_arch));
+    }
+    modules_.emplace_back(compiled[i]);
+    kernels_.emplace(kernel.id, modules_.back().kernel(kernel.name_expression));
+  }
+}
+
+const Kernel& PlanModules::kernel(std::string_view id) const {
+  const auto found = kernels_.find(id);
+  if (found == kernels_.end()) {
+    throw UsageError(fmt::format("the plan's modules have no kernel '{}'", id));
+  }
+  return found->second;
+}
+
+// ---- SequenceExecutor --------------------------------------------------------------------------
+
+struct SequenceExecutor::Impl {
+  Impl(const SequencePlan& plan_in, const PlanModules& modules_in, GemmRunner& gemms_in,
+       cudaStream_t stream);
+
+  // ---- construction ----
+  void check_plan() const;
+  void learn_buffers();
+  void find_weight_cache_groups();
+  const void* state_pointer(const ParamBinding& param) const;
+
+  // ---- bind ----
+  std::map<std::string, std::int64_t> checked_symbols(
+      const std::map<std::string, std::int64_t>& given) const;
+  BoundStep bind_step(const Step& step, const std::map<std::string, std::int64_t>& values) const;
+
+  // ---- running ----
+  void* pointer(int buffer) const;
+  void require_set(int begin, int end, const char* call) const;
+  void run_steps(int begin, int end, cudaStream_t stream, RunMode mode);
+  void run_step(int index, cudaStream_t stream);
+  void allocate(int root, cudaStream_t stream);
+  void release(int root, cudaStream_t stream);
+  void release_all(cudaStream_t stream, bool keep_weight_cache);
+  bool cache_valid(const WeightCacheGroup& group) const;
+  const void* result(const std::map<std::string, int, std::less<>>& names, std::string_view name,
+                     bool computed, const char* kind) const;
+
+  const SequencePlan& plan;
+  const PlanModules& modules;
+  GemmRunner& gemms;
+  std::optional<QuantizerState> quantizers;
+  int num_sms = 0;
+  int first_backward = 0;  // index of the first backward step (steps.size() without backward)
+
+  std::vector<BufferFacts> facts;               // per buffer id
+  std::vector<std::vector<int>> touched;        // per step: roots it uses
+  std::vector<std::vector<int>> free_after[2];  // per RunMode, per step: roots to free
+  std::vector<WeightCacheGroup> cache_groups;
+  std::vector<int> cache_group_of_step;  // -1: not part of a weight-cast group
+  std::map<std::string, int, std::less<>> callers_by_name, outputs, input_grads, param_grads;
+
+  // After bind().
+  bool bound = false;
+  std::map<std::string, std::int64_t> symbols;
+  std::vector<std::size_t> bytes;  // per buffer
+  std::vector<BoundStep> steps;
+
+  // Running state.
+  std::vector<const void*> caller_pointers;  // per buffer id (caller roots)
+  std::vector<DeviceBuffer> memory;          // per buffer id (owned roots)
+  bool training_forward_done = false;
+  bool outputs_valid = false;
+  bool grads_valid = false;
+  std::size_t live_bytes = 0, peak_bytes = 0;
+  cudaStream_t last_stream = nullptr;
+  bool pinned = false;  // pin_memory(): every buffer allocated, none freed until unpin_memory()
+};
+
+SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& modules_in,
+                             GemmRunner& gemms_in, cudaStream_t stream)
+    : plan(plan_in), modules(modules_in), gemms(gemms_in), last_stream(stream) {
+  num_sms = current_device().sm_count;
+  first_backward = static_cast<int>(plan.steps.size());
+  for (const Step& step : plan.steps) {
+    if (step.phase == ir::Phase::Backward && step.group >= 0) {
+      first_backward = step.index;
+      break;
+    }
+  }
+  check_plan();
+  learn_buffers();
+  find_weight_cache_groups();
+  if (!plan.quantizers.empty()) {
+    std::vector<QuantizerSettings> settings;
+    for (const codegen::QuantizerPlan& quantizer : plan.quantizers) {
+      settings.push_back(settings_of(quantizer));
+    }
+    quantizers.emplace(std::move(settings), stream);
+  }
+  caller_pointers.assign(plan.buffers.size(), nullptr);
+  memory.resize(plan.buffers.size());
+  // Why here: the pool otherwise returns freed memory to the driver at every synchronization,
+  // and each step would allocate from the driver again.
+  retain_pool_memory();
+}
+
+void SequenceExecutor::Impl::check_plan() const {
+  const int buffer_count = static_cast<int>(plan.buffers.size());
+  const int quantizer_count = static_cast<int>(plan.quantizers.size());
+  for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& step = plan.steps[i];
+    if (step.index != static_cast<int>(i)) {
+      throw UsageError(fmt::format("plan step {} has index {}: rebuild the plan", i, step.index));
+    }
+    for (int id : buffers_named_by(step)) {
+      if (id >= buffer_count) {
+        throw UsageError(fmt::format("{} names buffer {}, but the plan has {}", describe_step(step),
+                                     id, buffer_count));
+      }
+    }
+    if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+      (void)modules.kernel(launch->kernel);
+      (void)param_layout(launch->params);
+      for (const ParamBinding& param : launch->params) {
+        if (param.kind == ParamBinding::Kind::Quantizer &&
+            (param.quantizer < 0 || param.quantizer >= quantizer_count)) {
+          throw UsageError(fmt::format("{} binds '{}' to quantizer {} of {}", describe_step(step),
+                                       param.field, param.quantizer, quantizer_count));
+        }
+        if (param.kind != ParamBinding::Kind::Records) continue;
+        // Why contiguous: the kernel gets one pointer to the first record and a count.
+        bool contiguous = !param.records.empty();
+        for (std::size_t r = 0; r < param.records.size(); ++r) {
+          contiguous = contiguous && param.records[r] == param.records[0] + static_cast<int>(r) &&
+                       param.records[r] < quantizer_count && param.records[0] >= 0;
+        }
+        if (!contiguous) {
+          throw UsageError(fmt::format(
+              "{} binds the quantizer records [{}]: they must be ascending and contiguous "
+              "indices of the {} quantizers",
+              describe_step(step), fmt::join(param.records, ", "), quantizer_count));
+        }
+      }
+    } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
+      (void)epilogue_named(gemm->epilogue);
+    } else {
+      const auto& memset = std::get<MemsetStep>(step.body);
+      if (memset.quantizer < 0 || memset.quantizer >= quantizer_count ||
+          memset.quantizer_field != "amax" || memset.bytes != static_cast<int>(sizeof(float))) {
+        throw UsageError(fmt::format(
+            "{} clears {} bytes of '{}' of quantizer {}: only a "
+            "quantizer's 4-byte amax can be cleared",
+            describe_step(step), memset.bytes, memset.quantizer_field, memset.quantizer));
+      }
+    }
+  }
+}
+
+void SequenceExecutor::Impl::learn_buffers() {
+  const std::size_t count = plan.buffers.size();
+  facts.assign(count, {});
+  for (std::size_t id = 0; id < count; ++id) {
+    int root = static_cast<int>(id);
+    for (std::size_t hops = 0; plan.buffers[static_cast<std::size_t>(root)].alias_of >= 0; ++hops) {
+      root = plan.buffers[static_cast<std::size_t>(root)].alias_of;
+      if (hops > count || root >= static_cast<int>(count)) {
+        throw UsageError(fmt::format("buffer {} is a view of a view cycle or of no buffer", id));
+      }
+    }
+    BufferFacts& fact = facts[id];
+    fact.root = root;
+    fact.callers = is_callers(plan.buffers[static_cast<std::size_t>(root)].role);
+    const codegen::Buffer& buffer = plan.buffers[id];
+    if (is_callers(buffer.role) && buffer.alias_of < 0) {
+      callers_by_name.emplace(ir_name(buffer.name), static_cast<int>(id));
+    }
+    for (const std::string& entry : buffer.interface) {
+      const auto space = entry.find(' ');
+      const std::string kind = entry.substr(0, space);
+      const std::string name = space == std::string::npos ? "" : entry.substr(space + 1);
+      if (kind == "output") {
+        outputs.emplace(name, static_cast<int>(id));
+      } else if (kind == "input_grad") {
+        input_grads.emplace(name, static_cast<int>(id));
+      } else if (kind == "param_grad") {
+        param_grads.emplace(name, static_cast<int>(id));
+      }
+    }
+  }
+  for (std::size_t id = 0; id < count; ++id) {
+    BufferFacts& root = facts[static_cast<std::size_t>(facts[id].root)];
+    for (const std::string& entry : plan.buffers[id].interface) {
+      (entry.starts_with("output ") ? root.forward_result : root.backward_result) = true;
+    }
+  }
+  touched.assign(plan.steps.size(), {});
+  for (const Step& step : plan.steps) {
+    std::set<int> roots;
+    for (int id : buffers_named_by(step)) roots.insert(facts[static_cast<std::size_t>(id)].root);
+    for (int root : roots) {
+      BufferFacts& fact = facts[static_cast<std::size_t>(root)];
+      if (fact.first_touch < 0) fact.first_touch = step.index;
+      fact.last_touch = step.index;
+      if (step.index < first_backward) fact.last_forward_touch = step.index;
+    }
+    touched[static_cast<std::size_t>(step.index)].assign(roots.begin(), roots.end());
+  }
+}
+
+void SequenceExecutor::Impl::find_weight_cache_groups() {
+  cache_group_of_step.assign(plan.steps.size(), -1);
+  std::map<int, std::vector<int>> steps_of_group;
+  for (const Step& step : plan.steps) {
+    if (step.group >= 0 && step.index < first_backward)
+      steps_of_group[step.group].push_back(step.index);
+  }
+  for (const auto& [group, step_indices] : steps_of_group) {
+    std::set<int> reads, writes;
+    for (int index : step_indices) {
+      const Step& step = plan.steps[static_cast<std::size_t>(index)];
+      for (int id : step.reads) reads.insert(facts[static_cast<std::size_t>(id)].root);
+      for (int id : step.writes) writes.insert(facts[static_cast<std::size_t>(id)].root);
+    }
+    const bool only_params = std::all_of(reads.begin(), reads.end(), [&](int root) {
+      return plan.buffers[static_cast<std::size_t>(root)].role == BufferRole::Param;
+    });
+    const bool writes_owned = std::none_of(writes.begin(), writes.end(), [&](int root) {
+      return facts[static_cast<std::size_t>(root)].callers;
+    });
+    if (reads.empty() || writes.empty() || !only_params || !writes_owned) continue;
+    WeightCacheGroup cache;
+    cache.steps = step_indices;
+    cache.params.assign(reads.begin(), reads.end());
+    for (int index : step_indices) {
+      cache_group_of_step[static_cast<std::size_t>(index)] = static_cast<int>(cache_groups.size());
+    }
+    for (int root : writes) facts[static_cast<std::size_t>(root)].weight_cache = true;
+    cache_groups.push_back(std::move(cache));
+  }
+  // Free lists, now that the kept buffers are known (note "Executor buffers").
+  for (auto& lists : free_after) lists.assign(plan.steps.size(), {});
+  for (std::size_t id = 0; id < facts.size(); ++id) {
+    const BufferFacts& fact = facts[id];
+    if (fact.root != static_cast<int>(id) || fact.callers || fact.weight_cache ||
+        fact.forward_result || fact.backward_result) {
+      continue;
+    }
+    if (fact.last_touch >= 0) {
+      free_after[static_cast<int>(RunMode::Training)][static_cast<std::size_t>(fact.last_touch)]
+          .push_back(static_cast<int>(id));
+    }
+    if (fact.last_forward_touch >= 0) {
+      free_after[static_cast<int>(RunMode::Inference)]
+                [static_cast<std::size_t>(fact.last_forward_touch)]
+                    .push_back(static_cast<int>(id));
+    }
+  }
+}
+
+const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) const {
+  if (param.kind == ParamBinding::Kind::Records) {
+    return quantizers->records() + param.records.at(0);
+  }
+  if (param.quantizer_field == "scale") return quantizers->scale(param.quantizer);
+  if (param.quantizer_field == "scale_inv") return quantizers->scale_inv(param.quantizer);
+  if (param.quantizer_field == "amax") return quantizers->amax(param.quantizer);
+  throw UsageError(
+      fmt::format("params field '{}' binds the quantizer value '{}': only scale, "
+                  "scale_inv and amax exist",
+                  param.field, param.quantizer_field));
+}
+
+std::map<std::string, std::int64_t> SequenceExecutor::Impl::checked_symbols(
+    const std::map<std::string, std::int64_t>& given) const {
+  std::map<std::string, std::int64_t> values;
+  for (const std::string& symbol : plan.symbols) {
+    if (symbol == codegen::kNumSmsSymbol) continue;
+    const auto found = given.find(symbol);
+    if (found == given.end()) {
+      throw UsageError(fmt::format("sequence '{}' needs a size for '{}': bind every one of [{}]",
+                                   plan.name, symbol, fmt::join(plan.symbols, ", ")));
+    }
+    if (found->second < 1) {
+      throw UsageError(fmt::format("'{}' = {} for sequence '{}': sizes must be at least 1", symbol,
+                                   found->second, plan.name));
+    }
+    values.emplace(symbol, found->second);
+  }
+  for (const auto& [symbol, value] : given) {
+    if (values.count(symbol) == 0) {
+      throw UsageError(fmt::format(
+          "sequence '{}' has no size '{}'{}: its sizes are [{}]", plan.name, symbol,
+          symbol == codegen::kNumSmsSymbol ? " to bind (num_sms comes from the device)" : "",
+          fmt::join(plan.symbols, ", ")));
+    }
+  }
+  values[codegen::kNumSmsSymbol] = num_sms;
+  return values;
+}
+
+BoundStep SequenceExecutor::Impl::bind_step(
+    const Step& step, const std::map<std::string, std::int64_t>& values) const {
+  BoundStep bound_step;
+  if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+    const std::int64_t x = evaluate_expr(launch->grid.x, values);
+    const std::int64_t y = evaluate_expr(launch->grid.y, values);
+    if (x < 0 || y < 0 || x > std::numeric_limits<int>::max() || y > 65535) {
+      throw UsageError(
+          fmt::format("{}: its grid ({}, {}) is outside CUDA's limits: bind smaller "
+                      "sizes",
+                      describe_step(step), x, y));
+    }
+    bound_step.kernel = &modules.kernel(launch->kernel);
+    bound_step.skip = x == 0 || y == 0;
+    bound_step.grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
+    bound_step.block = dim3(static_cast<unsigned>(launch->block_threads));
+    bound_step.dynamic_smem = static_cast<std::size_t>(launch->dynamic_smem_bytes);
+    bound_step.params = pack_params(launch->params, values,
+                                    [this](const ParamBinding& p) { return state_pointer(p); });
+    return bound_step;
+  }
+  const auto* gemm = std::get_if<GemmStep>(&step.body);
+  if (gemm == nullptr) return bound_step;
+  bound_step.gemm = gemm_desc(*gemm, values);
+  const bool fp8 = is_fp8(gemm->a.dtype) || is_fp8(gemm->b.dtype);
+  const std::int64_t multiple = fp8 ? 16 : 8;
+  const std::pair<const char*, const codegen::SymExpr*> dims[] = {
+      {"m", &gemm->m}, {"n", &gemm->n}, {"k", &gemm->k}};
+  for (const auto& [dim, expr] : dims) {
+    const std::int64_t value = evaluate_expr(*expr, values);
+    if (value % multiple == 0) continue;
+    throw UsageError(fmt::format(
+        "{}: {} = {} = {} is not a multiple of {}, which cuBLASLt needs for {} GEMMs: bind the "
+        "sizes in '{}' so that it is",
+        describe_step(step), dim, expr->text(), value, multiple, fp8 ? "FP8" : "16-bit",
+        expr->text()));
+  }
+  const std::vector<std::string> reasons = check_gemm(bound_step.gemm);
+  if (!reasons.empty()) {
+    throw UsageError(fmt::format("{}: cuBLASLt cannot run {}: {}", describe_step(step),
+                                 describe(bound_step.gemm), fmt::join(reasons, "; ")));
+  }
+  return bound_step;
+}
+
+void* SequenceExecutor::Impl::pointer(int buffer) const {
+  const int root = facts[static_cast<std::size_t>(buffer)].root;
+  if (facts[static_cast<std::size_t>(root)].callers) {
+    // Why const_cast: the caller's tensors are only read, but GemmArgs and params structs hold
+    // plain pointers.
+    return const_cast<void*>(caller_pointers[static_cast<std::size_t>(root)]);
+  }
+  return memory[static_cast<std::size_t>(root)].data();
+}
+
+void SequenceExecutor::Impl::require_set(int begin, int end, const char* call) const {
+  if (!bound) {
+    throw UsageError(fmt::format("{}() of sequence '{}' before bind(): bind the sizes [{}] first",
+                                 call, plan.name, fmt::join(plan.symbols, ", ")));
+  }
+  std::vector<std::string> missing;
+  for (int index = begin; index < end; ++index) {
+    if (plan.steps[static_cast<std::size_t>(index)].group < 0) continue;
+    for (int root : touched[static_cast<std::size_t>(index)]) {
+      const auto r = static_cast<std::size_t>(root);
+      const std::string name = ir_name(plan.buffers[r].name);
+      if (facts[r].callers && caller_pointers[r] == nullptr &&
+          std::find(missing.begin(), missing.end(), name) == missing.end()) {
+        missing.push_back(name);
+      }
+    }
+  }
+  if (!missing.empty()) {
+    throw UsageError(
+        fmt::format("{}() of sequence '{}' reads [{}], which were not set: call "
+                    "set_tensor() for each",
+                    call, plan.name, fmt::join(missing, ", ")));
+  }
+}
+
+void SequenceExecutor::Impl::allocate(int root, cudaStream_t stream) {
+  DeviceBuffer& buffer = memory[static_cast<std::size_t>(root)];
+  const std::size_t size = bytes[static_cast<std::size_t>(root)];
+  if (buffer.data() != nullptr || size == 0) return;
+  buffer = DeviceBuffer(size, stream);
+  live_bytes += size;
+  peak_bytes = std::max(peak_bytes, live_bytes);
+}
+
+void SequenceExecutor::Impl::release(int root, cudaStream_t stream) {
+  DeviceBuffer& buffer = memory[static_cast<std::size_t>(root)];
+  if (buffer.data() == nullptr || pinned) return;
+  live_bytes -= buffer.size();
+  buffer.set_stream(stream);
+  buffer.reset();
+}
+
+void SequenceExecutor::Impl::release_all(cudaStream_t stream, bool keep_weight_cache) {
+  for (std::size_t id = 0; id < memory.size(); ++id) {
+    if (keep_weight_cache && facts[id].weight_cache) continue;
+    release(static_cast<int>(id), stream);
+  }
+}
+
+bool SequenceExecutor::Impl::cache_valid(const WeightCacheGroup& group) const {
+  if (!group.valid) return false;
+  for (std::size_t i = 0; i < group.params.size(); ++i) {
+    if (caller_pointers[static_cast<std::size_t>(group.params[i])] != group.cast_from[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, RunMode mode) {
+  last_stream = stream;
+  std::vector<bool> skip_group(cache_groups.size());
+  for (std::size_t g = 0; g < cache_groups.size(); ++g)
+    skip_group[g] = cache_valid(cache_groups[g]);
+  const auto& frees = free_after[static_cast<int>(mode)];
+  for (int index = begin; index < end; ++index) {
+    const auto i = static_cast<std::size_t>(index);
+    if (plan.steps[i].group < 0) continue;  // the end-of-step scale update: end_step() runs it
+    const int group = cache_group_of_step[i];
+    if (group >= 0 && skip_group[static_cast<std::size_t>(group)]) continue;
+    for (int root : touched[i]) {
+      if (!facts[static_cast<std::size_t>(root)].callers) allocate(root, stream);
+    }
+    run_step(index, stream);
+    for (int root : frees[i]) release(root, stream);
+  }
+  for (WeightCacheGroup& group : cache_groups) {
+    if (group.steps.front() < begin || group.steps.back() >= end) continue;
+    group.valid = true;
+    group.cast_from.clear();
+    for (int param : group.params) {
+      group.cast_from.push_back(caller_pointers[static_cast<std::size_t>(param)]);
+    }
+  }
+}
+
+void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
+  const Step& step = plan.steps[static_cast<std::size_t>(index)];
+  BoundStep& bound_step = steps[static_cast<std::size_t>(index)];
+  if (std::holds_alternative<LaunchStep>(step.body)) {
+    if (bound_step.skip) return;
+    bound_step.params.set_buffers([this](int buffer) { return pointer(buffer); });
+    gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
+                stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
+  } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
+    const GemmArgs args = gemm_args(
+        *gemm, bound_step.gemm, [this](int buffer) { return pointer(buffer); },
+        quantizers ? &*quantizers : nullptr);
+    gemms.run(bound_step.gemm, args, stream);
+  } else {
+    const auto& memset = std::get<MemsetStep>(step.body);
+    OPFUSE_CUDA_CHECK(cudaMemsetAsync(quantizers->amax(memset.quantizer), 0,
+                                      static_cast<std::size_t>(memset.bytes), stream),
+                      describe_step(step));
+  }
+}
+
+const void* SequenceExecutor::Impl::result(const std::map<std::string, int, std::less<>>& names,
+                                           std::string_view name, bool computed,
+                                           const char* kind) const {
+  const auto found = names.find(name);
+  if (found == names.end()) {
+    std::vector<std::string> known;
+    known.reserve(names.size());
+    for (const auto& [known_name, id] : names) known.push_back(known_name);
+    throw UsageError(fmt::format("sequence '{}' has no {} '{}': its {}s are [{}]", plan.name, kind,
+                                 name, kind, fmt::join(known, ", ")));
+  }
+  const void* data = pointer(found->second);
+  if (!computed || data == nullptr) {
+    throw UsageError(fmt::format(
+        "{} '{}' of sequence '{}' is not computed: results live from the forward (outputs) or "
+        "backward (gradients) that makes them until the next forward() or backward()",
+        kind, name, plan.name));
+  }
+  return data;
+}
+
+SequenceExecutor::SequenceExecutor(const SequencePlan& plan, const PlanModules& modules,
+                                   GemmRunner& gemms, cudaStream_t stream)
+    : impl_(std::make_unique<Impl>(plan, modules, gemms, stream)) {}
+
+SequenceExecutor::~SequenceExecutor() {
+  if (impl_) impl_->release_all(impl_->last_stream, false);
+}
+
+void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) {
+  Impl& s = *impl_;
+  std::map<std::string, std::int64_t> values = s.checked_symbols(symbols);
+  std::vector<std::size_t> bytes;
+  for (const codegen::Buffer& buffer : s.plan.buffers) {
+    bytes.push_back(static_cast<std::size_t>(evaluate_expr(buffer.bytes, values)));
+  }
+  std::vector<BoundStep> steps;
+  for (const Step& step : s.plan.steps) steps.push_back(s.bind_step(step, values));
+  // Everything checked: replace the old binding (its buffers may have other sizes).
+  s.release_all(s.last_stream, false);
+  for (WeightCacheGroup& group : s.cache_groups) group.valid = false;
+  s.symbols = std::move(values);
+  s.bytes = std::move(bytes);
+  s.steps = std::move(steps);
+  s.bound = true;
+  s.training_forward_done = s.outputs_valid = s.grads_valid = false;
+}
+
+std::vector<TensorInfo> SequenceExecutor::tensors() const {
+  const Impl& s = *impl_;
+  if (!s.bound) {
+    throw UsageError(fmt::format(
+        "tensors() of sequence '{}' before bind(): their sizes are not known yet", s.plan.name));
+  }
+  std::vector<TensorInfo> infos;
+  auto add = [&](int id, std::string name, BufferRole role, std::string_view result_kind) {
+    const codegen::Buffer& buffer = s.plan.buffers[static_cast<std::size_t>(id)];
+    TensorInfo info;
+    info.name = std::move(name);
+    info.role = role;
+    info.result_kind = std::string(result_kind);
+    info.dtype = buffer.dtype;
+    for (const codegen::SymExpr& dim : buffer.shape) {
+      info.shape.push_back(evaluate_expr(dim, s.symbols));
+    }
+    info.bytes = s.bytes[static_cast<std::size_t>(id)];
+    infos.push_back(std::move(info));
+  };
+  for (const codegen::Buffer& buffer : s.plan.buffers) {
+    if (is_callers(buffer.role) && buffer.alias_of < 0)
+      add(buffer.id, ir_name(buffer.name), buffer.role, "");
+  }
+  for (const auto& [name, id] : s.outputs) add(id, name, BufferRole::Result, "output");
+  for (const auto& [name, id] : s.input_grads) add(id, name, BufferRole::Result, "input_grad");
+  for (const auto& [name, id] : s.param_grads) add(id, name, BufferRole::Result, "param_grad");
+  return infos;
+}
+
+TensorInfo SequenceExecutor::tensor(std::string_view name) const {
+  // The caller's tensor first: an input and its gradient share a name.
+  std::vector<TensorInfo> infos = tensors();
+  for (TensorInfo& info : infos) {
+    if (info.name == name) return std::move(info);
+  }
+  std::vector<std::string> names;
+  names.reserve(infos.size());
+  for (const TensorInfo& info : infos) names.push_back(info.name);
+  throw UsageError(fmt::format("sequence '{}' has no tensor '{}': its tensors are [{}]",
+                               impl_->plan.name, name, fmt::join(names, ", ")));
+}
+
+void SequenceExecutor::set_tensor(std::string_view name, const void* device_ptr) {
+  Impl& s = *impl_;
+  const auto found = s.callers_by_name.find(name);
+  if (found == s.callers_by_name.end()) {
+    std::vector<std::string> names;
+    for (const auto& [known, id] : s.callers_by_name) names.push_back(known);
+    throw UsageError(fmt::format(
+        "sequence '{}' takes no tensor '{}' from the caller: it takes [{}] (inputs, parameters "
+        "and output gradients)",
+        s.plan.name, name, fmt::join(names, ", ")));
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(device_ptr);
+  if (device_ptr == nullptr || address % 16 != 0) {
+    throw UsageError(fmt::format(
+        "tensor '{}' of sequence '{}' at {:#x} is {}: pass device memory that starts 16-byte "
+        "aligned (cudaMallocAsync gives 256)",
+        name, s.plan.name, address, device_ptr == nullptr ? "null" : "not 16-byte aligned"));
+  }
+  s.caller_pointers[static_cast<std::size_t>(found->second)] = device_ptr;
+}
+
+void SequenceExecutor::forward(cudaStream_t stream, RunMode mode) {
+  Impl& s = *impl_;
+  s.require_set(0, s.first_backward, "forward");
+  s.release_all(stream, true);
+  s.outputs_valid = s.grads_valid = s.training_forward_done = false;
+  s.run_steps(0, s.first_backward, stream, mode);
+  s.outputs_valid = true;
+  s.training_forward_done = mode == RunMode::Training;
+}
+
+void SequenceExecutor::backward(cudaStream_t stream) {
+  Impl& s = *impl_;
+  if (!s.training_forward_done) {
+    throw UsageError(fmt::format(
+        "backward() of sequence '{}' needs a forward(stream, RunMode::Training) since the last "
+        "backward",
+        s.plan.name));
+  }
+  const int end = static_cast<int>(s.plan.steps.size());
+  s.require_set(s.first_backward, end, "backward");
+  // The outputs stay readable (the application computes its loss from them) until the next
+  // forward releases them.
+  s.training_forward_done = false;
+  s.run_steps(s.first_backward, end, stream, RunMode::Training);
+  s.grads_valid = true;
+}
+
+void SequenceExecutor::end_step(cudaStream_t stream) {
+  Impl& s = *impl_;
+  if (!s.bound) {
+    throw UsageError(fmt::format("end_step() of sequence '{}' before bind()", s.plan.name));
+  }
+  for (const Step& step : s.plan.steps) {
+    if (step.group < 0) s.run_step(step.index, stream);
+  }
+  s.last_stream = stream;
+  invalidate_weight_cache();
+}
+
+void SequenceExecutor::pin_memory(cudaStream_t stream) {
+  Impl& s = *impl_;
+  if (!s.bound) {
+    throw UsageError(fmt::format("pin_memory() of sequence '{}' before bind()", s.plan.name));
+  }
+  for (std::size_t id = 0; id < s.facts.size(); ++id) {
+    const BufferFacts& fact = s.facts[id];
+    if (!fact.callers && fact.root == static_cast<int>(id) && fact.first_touch >= 0)
+      s.allocate(static_cast<int>(id), stream);
+  }
+  s.pinned = true;
+}
+
+void SequenceExecutor::unpin_memory(cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.pinned = false;
+  s.release_all(stream, false);
+  for (WeightCacheGroup& group : s.cache_groups) group.valid = false;
+  s.training_forward_done = s.outputs_valid = s.grads_valid = false;
+}
+
+void SequenceExecutor::invalidate_weight_cache() {
+  for (WeightCacheGroup& group : impl_->cache_groups) group.valid = false;
+}
+
+const void* SequenceExecutor::output(std::string_view name) const {
+  return impl_->result(impl_->outputs, name, impl_->outputs_valid, "output");
+}
+
+const void* SequenceExecutor::input_grad(std::string_view name) const {
+  return impl_->result(impl_->input_grads, name, impl_->grads_valid, "input_grad");
+}
+
+const void* SequenceExecutor::param_grad(std::string_view name) const {
+  return impl_->result(impl_->param_grads, name, impl_->grads_valid, "param_grad");
+}
+
+const void* SequenceExecutor::debug_buffer(int buffer_id) const {
+  const Impl& s = *impl_;
+  if (buffer_id < 0 || buffer_id >= static_cast<int>(s.plan.buffers.size())) {
+    throw UsageError(fmt::format("sequence '{}' has no buffer {}", s.plan.name, buffer_id));
+  }
+  return s.pointer(buffer_id);
+}
+
+std::vector<cpu::DelayedScalingState> SequenceExecutor::download_quantizers(
+    cudaStream_t stream) const {
+  if (!impl_->quantizers) return {};
+  return impl_->quantizers->download(stream);
+}
+
+void SequenceExecutor::upload_quantizers(const std::vector<cpu::DelayedScalingState>& states,
+                                         cudaStream_t stream) {
+  if (!impl_->quantizers) {
+    if (states.empty()) return;
+    throw UsageError(fmt::format("sequence '{}' has no quantizers, but {} states were given",
+                                 impl_->plan.name, states.size()));
+  }
+  impl_->quantizers->upload(states, stream);
+  invalidate_weight_cache();  // the FP8 weight copies were cast with the old scales
+}
+
+ExecutorMemory SequenceExecutor::memory() const { return {impl_->live_bytes, impl_->peak_bytes}; }
+
+void SequenceExecutor::reset_peak() { impl_->peak_bytes = impl_->live_bytes; }
+
+}  // namespace opfuse::gpu

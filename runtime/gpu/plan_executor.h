@@ -1,0 +1,135 @@
+// Runs one sequence of a codegen plan (docs/codegen.md) on the GPU: the plan's steps in order on
+// the caller's stream (generated-kernel launches, cuBLASLt GEMMs, memsets), buffers from CUDA's
+// stream-ordered pool allocated at their first use and freed after their last, quantizer state
+// on the device, FP8 weight copies cast once per step and reused, and no host synchronization
+// between bind() and the results. The public API (runtime/include/opfuse/) wraps it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codegen/plan.h"
+#include "cpu/quantizer_math.h"
+#include "gpu/gemm.h"
+#include "gpu/module.h"
+#include "jit/nvrtc_compiler.h"
+
+namespace opfuse::gpu {
+
+// The generated kernels of a plan, loaded on the current device.
+class PlanModules {
+ public:
+  // `compiled[i]` is plan.kernels[i] compiled (fusec build's cubins, or the JIT cache's). Throws
+  // UsageError when the counts differ or a binary is for another arch than the current device,
+  // CudaError when a module does not load.
+  PlanModules(const codegen::Plan& plan, const std::vector<jit::CompiledKernel>& compiled);
+  // The entry of kernel `id` (codegen::Kernel::id). Throws UsageError for an unknown id.
+  const Kernel& kernel(std::string_view id) const;
+
+ private:
+  std::vector<Module> modules_;
+  std::map<std::string, Kernel, std::less<>> kernels_;
+};
+
+enum class RunMode : uint8_t {
+  Training,   // keeps what backward needs
+  Inference,  // frees every intermediate as soon as its last forward reader ran
+};
+
+// Where an interface tensor lives and what it is, with its sizes evaluated under the bindings.
+struct TensorInfo {
+  std::string name;  // IR name without '%': "x", "fc1.weight", "dy", "y"
+  codegen::BufferRole role = codegen::BufferRole::Input;
+  // Results: "output", "input_grad" or "param_grad" (an input and its gradient share a name);
+  // empty for the caller's tensors.
+  std::string result_kind;
+  ir::DType dtype = ir::DType::BF16;
+  std::vector<std::int64_t> shape;
+  std::size_t bytes = 0;
+};
+
+struct ExecutorMemory {
+  std::size_t live_bytes = 0;  // the executor's allocations now (not the caller's tensors)
+  std::size_t peak_bytes = 0;  // most at once since construction or reset_peak()
+};
+
+class SequenceExecutor {
+ public:
+  // Builds the quantizer state of `plan` on `stream` (delayed: scale 1, history zero) and keeps
+  // references to `plan`, `modules` and `gemms`, which must outlive it. Nothing else is
+  // allocated until the first forward.
+  SequenceExecutor(const codegen::SequencePlan& plan, const PlanModules& modules, GemmRunner& gemms,
+                   cudaStream_t stream);
+  ~SequenceExecutor();
+  SequenceExecutor(const SequenceExecutor&) = delete;
+  SequenceExecutor& operator=(const SequenceExecutor&) = delete;
+
+  // Sets the run-time sizes (every symbol of plan.symbols but num_sms, which comes from the
+  // device). Throws UsageError, launching nothing, for a missing or unknown symbol, a size < 1,
+  // or a GEMM dimension cuBLASLt FP8 cannot take (FP8: every m, n, k a multiple of 16; bf16: a
+  // multiple of 8), naming the symbol, the GEMM and the .fuse line.
+  void bind(const std::map<std::string, std::int64_t>& symbols);
+
+  // Inputs, parameters, output gradients (what the caller provides) and outputs, input and
+  // parameter gradients (what the executor writes), evaluated under the current bindings.
+  // Throws UsageError before bind().
+  std::vector<TensorInfo> tensors() const;
+  TensorInfo tensor(std::string_view name) const;  // UsageError for an unknown name
+
+  // The caller's device memory for an input, parameter or output gradient, by IR name. Throws
+  // UsageError for an unknown name, a null or not 16-byte aligned pointer. Pointers stay the
+  // caller's; changing a parameter pointer invalidates the FP8 weight copies.
+  void set_tensor(std::string_view name, const void* device_ptr);
+
+  // Runs the forward steps on `stream`. Throws UsageError, launching nothing, when a tensor the
+  // forward reads was not set or bind() was not called.
+  void forward(cudaStream_t stream, RunMode mode = RunMode::Training);
+  // Runs the backward steps (all but the end-of-step scale update). Needs a Training forward
+  // since the last backward and every output gradient set; UsageError otherwise.
+  void backward(cudaStream_t stream);
+  // Ends a training step: the one update_scales launch over every quantizer, then the FP8
+  // weight copies are marked stale (the next forward casts the weights again).
+  void end_step(cudaStream_t stream);
+  // The parameters changed behind the executor's back (an optimizer step, a checkpoint load).
+  void invalidate_weight_cache();
+
+  // Static memory for CUDA graphs: pin_memory() allocates every buffer of the bound sizes now (on
+  // `stream`, outside any capture) and frees none until unpin_memory(), so a captured forward or
+  // backward holds no allocation or free nodes and its pointers stay valid across replays. Costs
+  // the sum of all buffers instead of the peak of the live ones. unpin_memory() frees them all;
+  // results are unavailable until the next forward/backward.
+  void pin_memory(cudaStream_t stream);
+  void unpin_memory(cudaStream_t stream);
+
+  // An output ("y") or gradient ("x", "fc1.weight" as named in the plan's interface lists:
+  // "output y", "input_grad x", "param_grad fc1.weight"): device memory the executor owns.
+  // Outputs stay valid until the next forward, gradients until the next forward/backward.
+  // UsageError when that result was not computed yet.
+  const void* output(std::string_view name) const;
+  const void* input_grad(std::string_view name) const;
+  const void* param_grad(std::string_view name) const;
+  // Any plan buffer's device memory by id (codegen::Buffer::id), intermediates included, for tests
+  // and debugging: the caller's pointer, the live allocation, or nullptr where none is live now.
+  // Throws UsageError for an id the plan does not have.
+  const void* debug_buffer(int buffer_id) const;
+
+  // Quantizer state (plan order), copied to the host after waiting for `stream`, and replaced
+  // (checkpoint load). upload throws UsageError, copying nothing, on a count/length mismatch.
+  std::vector<cpu::DelayedScalingState> download_quantizers(cudaStream_t stream) const;
+  void upload_quantizers(const std::vector<cpu::DelayedScalingState>& states, cudaStream_t stream);
+
+  ExecutorMemory memory() const;
+  void reset_peak();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace opfuse::gpu

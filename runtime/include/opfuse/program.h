@@ -1,0 +1,195 @@
+// The opfuse embedding API (docs/embedding.md): compile a .fuse program once (Program), then run
+// one of its sequences on a CUDA stream (Session): bind the symbolic sizes, give it tensors or
+// let it own the parameters, run forward (training or inference), backward and step(), capture
+// a CUDA graph, save and load parameters with the quantizer state.
+//
+// Every error is an opfuse::Error (opfuse/error.h) whose message says what to change; misuse
+// (wrong names, unbound sizes, a size cuBLASLt FP8 cannot take, misaligned pointers, no GPU) is
+// a UsageError thrown before anything is enqueued.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "opfuse/error.h"
+
+namespace opfuse {
+
+// Whether a CUDA GPU and driver are usable here; `why` says what is missing when not.
+bool gpu_available(std::string* why = nullptr);
+
+enum class TensorDType : std::uint8_t { BF16, FP16, FP32, E4M3, E5M2 };
+std::string_view tensor_dtype_name(TensorDType dtype);  // "bf16", "fp16", "fp32", "e4m3", "e5m2"
+std::size_t tensor_dtype_bytes(TensorDType dtype);
+
+enum class TensorKind : std::uint8_t {
+  Input,       // given by the application (set_tensor)
+  Param,       // given by the application, or owned by the session (own_parameters)
+  OutputGrad,  // the gradient of an output, given to backward (set_tensor)
+  Output,      // written by forward
+  InputGrad,   // written by backward: the gradient of an input
+  ParamGrad,   // written by backward: the gradient of a parameter
+};
+std::string_view tensor_kind_name(TensorKind kind);
+
+// A tensor of a sequence's interface, with its sizes under the session's bindings. Names are
+// the .fuse program's: "x", "fc1.weight", "dy", "y". A gradient has the name of what it is the
+// gradient of ("x", "fc1.weight") and its kind says which.
+struct TensorInfo {
+  std::string name;
+  TensorKind kind = TensorKind::Input;
+  TensorDType dtype = TensorDType::BF16;
+  std::vector<std::int64_t> shape;
+  std::size_t bytes = 0;
+};
+
+struct CompileOptions {
+  std::string recipe;  // a recipe declared in the file, or "bf16"; empty: each sequence's own
+  // NVRTC target, e.g. "sm_90a"; empty: the current GPU's, or sm_90a on a machine without one.
+  std::string arch;
+  // Kernel cache directory; empty: $OPFUSE_CACHE_DIR, else ~/.cache/opfuse. use_cache = false
+  // compiles every kernel.
+  std::string cache_dir;
+  bool use_cache = true;
+  std::vector<std::string> disabled_passes;  // pass names, as `fusec ir --disable-pass`
+  int compile_threads = 0;                   // <= 0: every core
+};
+
+struct BuildStats {
+  int kernels = 0;
+  int cache_hits = 0;
+  int compiled = 0;
+  double compile_ms = 0;  // wall time of the kernel stage (NVRTC or cache loads)
+};
+
+// A compiled program: the plan of every sequence and its kernels' binaries. Compiling needs no
+// GPU (NVRTC compiles to cubin for `arch`). Cheap to copy (shared, immutable).
+class Program {
+ public:
+  // From .fuse text; `file_name` is shown in diagnostics (`mlp.fuse:3:7: error: ...`). Throws
+  // CompileError with every diagnostic for a program with errors, JitError when NVRTC fails.
+  static Program compile(std::string_view source, std::string_view file_name,
+                         const CompileOptions& options = {});
+  static Program compile_file(const std::string& path, const CompileOptions& options = {});
+
+  std::vector<std::string> sequences() const;
+  const std::string& arch() const;
+  // The recipe a sequence compiled with, e.g. "delayed_scaling(format = hybrid, ...)" or "bf16".
+  std::string recipe(std::string_view sequence = {}) const;
+  std::string plan_json() const;  // docs/codegen.md
+  const BuildStats& build_stats() const;
+
+  struct Impl;  // runtime/api/program_impl.h
+
+ private:
+  friend class Session;
+  explicit Program(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Diagnostics of a .fuse program, formatted as `file:line:col: error: ...` with the line and a
+// caret, in what().
+class CompileError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class RunMode : std::uint8_t { Training, Inference };
+
+// One FP8 quantizer of a sequence ("fc1.input", "fc1.weight", "fc1.grad_output") as it is now.
+struct QuantizerStatus {
+  std::string name;
+  TensorDType format = TensorDType::E4M3;
+  std::vector<float> amax_history;  // slot 0: the amax of the step in progress
+  float scale = 1;                  // the scale the step's casts use
+  float scale_inv = 1;
+};
+
+struct MemoryStats {
+  std::size_t live_bytes = 0;   // the session's activations and workspaces now
+  std::size_t peak_bytes = 0;   // most at once since the session began or reset_peak_memory()
+  std::size_t owned_bytes = 0;  // parameters the session owns
+};
+
+// One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time
+// per call (calls on different streams must be ordered by the application).
+class Session {
+ public:
+  // `sequence` may be empty when the program has one. Throws UsageError without a GPU, for an
+  // unknown sequence, or for kernels compiled for another arch than the current GPU's.
+  explicit Session(const Program& program, std::string_view sequence = {},
+                   cudaStream_t stream = nullptr);
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+
+  const std::string& sequence() const;
+
+  // Sets the symbolic sizes ({"tokens", 4096}). Throws UsageError for a missing or unknown
+  // name, a size < 1 or a GEMM size cuBLASLt cannot take (naming the .fuse line).
+  void bind(const std::map<std::string, std::int64_t>& sizes);
+  std::vector<TensorInfo> tensors() const;
+
+  // Allocates every parameter on the device and fills it as `fusec run` does from `seed`
+  // (linear weights ~ N(0, 0.02), norm weights 1, biases 0); waits for the copies. The session
+  // owns them; parameter() gives their pointers. Call after bind().
+  void own_parameters(std::uint64_t seed, cudaStream_t stream = nullptr);
+  void* parameter(std::string_view name) const;  // UsageError unless owned
+
+  // The application's device memory for an input, parameter or output gradient (16-byte
+  // aligned, laid out row-major as tensors() says). Replacing a parameter invalidates the FP8
+  // weight copies.
+  void set_tensor(std::string_view name, const void* device_ptr);
+  // The parameters' contents changed (an optimizer step): the FP8 weight copies are recast at the
+  // next forward.
+  void parameters_changed();
+
+  void forward(cudaStream_t stream, RunMode mode = RunMode::Training);
+  void backward(cudaStream_t stream);
+  // Ends a training step: every quantizer's amax history and scale updated in one launch; the
+  // FP8 weight copies are recast at the next forward.
+  void step(cudaStream_t stream);
+
+  // Results, device memory the session owns: outputs valid until the next forward, gradients
+  // until the next forward or backward.
+  const void* output(std::string_view name) const;
+  const void* input_grad(std::string_view name) const;
+  const void* param_grad(std::string_view name) const;
+
+  // Parameters (owned or given) and the quantizer state, to a versioned, checksummed file
+  // written atomically (docs/state_files.md). load() checks the file against this sequence and
+  // refuses, loading nothing, a damaged or mismatched one. Both wait for `stream`.
+  void save(const std::string& path, cudaStream_t stream);
+  void load(const std::string& path, cudaStream_t stream);
+
+  // CUDA graphs, for fixed sizes and tensor pointers: capture() records one inference forward
+  // or one whole training step (forward, backward, step()) on `stream` (not the legacy default
+  // stream) without running it; replay() launches the recording: one call, no per-kernel host
+  // work. The recording casts the FP8 weights itself, so parameters may change between replays.
+  // Until release_graph(), forward/backward/step/bind/set_tensor/load throw UsageError (they
+  // would disagree with the recording); outputs and gradients are read as after eager calls.
+  enum class GraphScope : std::uint8_t { InferenceForward, TrainingStep };
+  void capture(cudaStream_t stream, GraphScope scope);
+  void replay(cudaStream_t stream);
+  void release_graph();
+  bool has_graph() const;
+
+  // Every quantizer (plan order), copied to the host after waiting for `stream`.
+  std::vector<QuantizerStatus> quantizers(cudaStream_t stream) const;
+
+  MemoryStats memory() const;
+  void reset_peak_memory();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace opfuse

@@ -1,0 +1,702 @@
+// The GPU plan executor (runtime/gpu/plan_executor.h) against the CPU reference executor on the
+// same compiled (fused) sequences: outputs, input and parameter gradients and the quantizer state
+// over several training steps, for small copies of every dsl_examples program under bf16, FP8
+// delayed scaling and FP8 current scaling; FP8 weight casts bit for bit; the FP8 weight cache;
+// misuse caught before any launch; memory returning to its baseline. Label `gpu`: skips (visibly)
+// where no GPU is present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codegen/kernel_source.h"
+#include "codegen/plan.h"
+#include "cpu/numerics.h"
+#include "cpu/reference_executor.h"
+#include "driver/frontend.h"
+#include "gpu/device.h"
+#include "gpu/gemm.h"
+#include "gpu/plan_executor.h"
+#include "jit/kernel_cache.h"
+#include "jit/nvrtc_compiler.h"
+#include "opfuse/error.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+#include "test_support.h"
+
+namespace opfuse::gpu {
+namespace {
+
+using codegen::BufferRole;
+
+// Small copies of dsl_examples/*.fuse (same ops, hidden 256, ffn 1024) so that the CPU reference
+// runs in moments; the recipes are picked per test with the recipe override.
+constexpr const char* kRecipes = R"(
+recipe delayed = delayed_scaling(format = hybrid, amax_history = 16, amax_compute = max, margin = 0)
+recipe current = current_scaling(format = hybrid, power_of_2_scale = true)
+)";
+
+constexpr const char* kMlp = R"(
+const hidden = 256
+const ffn = 1024
+sequence mlp(x: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden]) uses delayed {
+  layernorm(hidden, eps = 1e-5)
+  linear(hidden, ffn, bias = false) as fc1
+  swiglu()
+  linear(ffn / 2, hidden, bias = false) as fc2
+}
+)";
+
+constexpr const char* kGeluBiasMlp = R"(
+const hidden = 256
+sequence gpt_mlp(x: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden]) uses delayed {
+  layernorm(hidden, eps = 1e-5) as ln_2
+  linear(hidden, 4 * hidden) as c_fc
+  gelu()
+  linear(4 * hidden, hidden) as c_proj
+}
+)";
+
+// mlp_residual.fuse without `with fp8_weights`: the CPU reference keeps FP8-only weights cast once
+// at params_changed(), the plan casts them every step, so the two part ways after a step.
+constexpr const char* kResidual = R"(
+const hidden = 256
+const ffn = 1024
+sequence fc1(x: bf16[tokens, hidden]) -> (h: bf16[tokens, ffn / 2], residual: bf16[tokens, hidden])
+    uses delayed {
+  make_extra_output(residual)
+  layernorm(hidden, eps = 1e-5)
+  linear(hidden, ffn, bias = false) as up_proj
+  swiglu()
+}
+sequence fc2(h: bf16[tokens, ffn / 2], residual: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden])
+    uses delayed {
+  linear(ffn / 2, hidden, bias = false) as down_proj
+  add_extra_input(residual)
+}
+)";
+
+constexpr const char* kLlama = R"(
+const hidden = 256
+const intermediate = 512
+sequence llama_mlp(x: bf16[batch, seq, hidden], residual: bf16[batch, seq, hidden])
+    -> (y: bf16[batch, seq, hidden]) uses current {
+  rmsnorm(hidden, eps = 1e-5) as post_attention_layernorm
+  linear(hidden, 2 * intermediate, bias = false) as gate_up_proj
+  swiglu()
+  linear(intermediate, hidden, bias = false) as down_proj
+  add_extra_input(residual)
+}
+)";
+
+jit::KernelCache& kernel_cache() {
+  static jit::KernelCache cache(test::make_temp_dir("executor_gpu_kernels"));
+  return cache;
+}
+
+// A program through the passes and codegen, its kernels compiled for this GPU and loaded.
+struct Compiled {
+  SourceManager sources;
+  ir::Program program;
+  codegen::Plan plan;
+  std::unique_ptr<PlanModules> modules;
+};
+
+std::unique_ptr<Compiled> compile(const std::string& name, const std::string& text,
+                                  const std::string& recipe) {
+  auto c = std::make_unique<Compiled>();
+  DiagnosticEngine diags(c->sources);
+  ir::BuildOptions options;
+  options.recipe_override = recipe;
+  auto program = load_program_from_source(name + ".fuse", std::string(kRecipes) + text, c->sources,
+                                          diags, options);
+  if (!program) {
+    ADD_FAILURE() << diags.format_all();
+    return nullptr;
+  }
+  passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
+  c->program = std::move(*program);
+  const std::string arch = current_device().arch;
+  c->plan = codegen::build_plan(c->program, {arch, &c->sources});
+  std::vector<jit::CompileRequest> requests;
+  for (const codegen::Kernel& kernel : c->plan.kernels) {
+    jit::CompileRequest request;
+    request.kernel_name = kernel.id;
+    request.source = codegen::kernel_source(c->plan, kernel);
+    request.name_expressions = {kernel.name_expression};
+    request.arch = arch;
+    requests.push_back(std::move(request));
+  }
+  const jit::CompileAllResult result = jit::compile_all(requests, &kernel_cache());
+  c->modules = std::make_unique<PlanModules>(c->plan, result.kernels);
+  return c;
+}
+
+// Device memory owned by the test (plain cudaMalloc: the test may synchronize).
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t bytes) : bytes_(bytes) {
+    EXPECT_EQ(cudaMalloc(&data_, std::max<std::size_t>(bytes, 16)), cudaSuccess);
+  }
+  ~DeviceArray() { cudaFree(data_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+std::vector<std::uint16_t> to_bf16(const std::vector<float>& values) {
+  std::vector<std::uint16_t> bits(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = cpu::float_to_bf16(values[i]);
+  return bits;
+}
+
+void upload_bf16(const DeviceArray& array, const std::vector<float>& values) {
+  const std::vector<std::uint16_t> bits = to_bf16(values);
+  ASSERT_EQ(bits.size() * 2, array.bytes());
+  ASSERT_EQ(cudaMemcpy(array.data(), bits.data(), array.bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+}
+
+std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes) {
+  std::vector<std::uint8_t> out(bytes);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+std::vector<float> download_bf16(const void* device, std::size_t count) {
+  const std::vector<std::uint8_t> bytes = download_bytes(device, count * 2);
+  std::vector<float> out(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    out[i] = cpu::bf16_to_float(static_cast<std::uint16_t>(bytes[2 * i] | bytes[2 * i + 1] << 8));
+  }
+  return out;
+}
+
+// N(0, stddev) values already rounded to bf16, so both executors see the same numbers.
+std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64& rng,
+                               double mean = 0.0) {
+  std::normal_distribution<double> normal(mean, stddev);
+  std::vector<float> values(count);
+  for (float& v : values)
+    v = cpu::bf16_to_float(cpu::float_to_bf16(static_cast<float>(normal(rng))));
+  return values;
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+class ExecutorGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_available(&why)) GTEST_SKIP() << "skipping GPU executor tests: " << why;
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+    gemms_ = std::make_unique<GemmRunner>(stream_);
+  }
+  void TearDown() override {
+    gemms_.reset();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<GemmRunner> gemms_;
+};
+
+// ---- one sequence on the GPU and on the CPU reference, side by side -----------------------------
+
+struct StepErrors {
+  double outputs = 0, input_grads = 0, param_grads = 0;  // largest relative error norm of each kind
+};
+
+class SideBySide {
+ public:
+  SideBySide(const Compiled& c, std::size_t sequence, const cpu::Bindings& bindings,
+             GemmRunner& gemms, cudaStream_t stream, std::uint64_t seed)
+      : seq_(c.program.sequences.at(sequence)),
+        plan_(c.plan.sequences.at(sequence)),
+        stream_(stream),
+        gpu_(plan_, *c.modules, gemms, stream),
+        ref_(seq_, bindings),
+        rng_(seed) {
+    gpu_.bind({bindings.begin(), bindings.end()});
+    for (const TensorInfo& info : gpu_.tensors()) {
+      if (info.role == BufferRole::Result) continue;
+      arrays_.emplace(info.name, std::make_unique<DeviceArray>(info.bytes));
+      gpu_.set_tensor(info.name, arrays_.at(info.name)->data());
+    }
+    for (const std::string& name : ref_.param_names()) {
+      cpu::Tensor<float>& p = ref_.param(name);
+      const bool matrix = p.shape.size() == 2;
+      const bool bias = name.ends_with(".bias");
+      const double fan_in = matrix ? double(p.shape[1]) : 1.0;
+      p.data = matrix ? random_bf16(p.data.size(), 1.0 / std::sqrt(fan_in), rng_)
+                      : random_bf16(p.data.size(), 0.1, rng_, bias ? 0.0 : 1.0);
+    }
+    ref_.params_changed();
+    upload_params();
+  }
+
+  SequenceExecutor& gpu() { return gpu_; }
+  cpu::ReferenceExecutor<float>& ref() { return ref_; }
+  const DeviceArray& array(const std::string& name) const { return *arrays_.at(name); }
+
+  void upload_params() {
+    for (const std::string& name : ref_.param_names())
+      upload_bf16(array(name), ref_.param(name).data);
+  }
+
+  // Fresh random inputs on both sides; returns them in signature order.
+  std::vector<cpu::Tensor<float>> new_inputs() {
+    std::vector<cpu::Tensor<float>> inputs;
+    const auto shapes = ref_.input_shapes();
+    for (std::size_t i = 0; i < seq_.inputs.size(); ++i) {
+      cpu::Tensor<float> t = cpu::Tensor<float>::zeros(shapes[i]);
+      t.data = random_bf16(t.data.size(), 1.0, rng_);
+      upload_bf16(array(tensor_name(seq_.inputs[i])), t.data);
+      inputs.push_back(std::move(t));
+    }
+    return inputs;
+  }
+
+  // One training step on both; returns the error norms. Checks the FP8 weight casts bit for bit
+  // and the quantizer state after the step.
+  StepErrors train_step(int step, double lr) {
+    StepErrors errors;
+    const std::vector<cpu::Tensor<float>> inputs = new_inputs();
+    const std::vector<cpu::Tensor<float>> ref_outputs = ref_.forward(inputs);
+    gpu_.forward(stream_);
+    for (std::size_t i = 0; i < seq_.outputs.size(); ++i) {
+      const std::vector<float> got =
+          download_bf16(gpu_.output(seq_.outputs[i].name), ref_outputs[i].data.size());
+      errors.outputs = std::max(errors.outputs, relative_error(got, ref_outputs[i].data));
+    }
+    expect_weight_casts_bit_exact();
+
+    std::vector<cpu::Tensor<float>> output_grads;
+    for (std::size_t i = 0; i < seq_.output_grads.size(); ++i) {
+      cpu::Tensor<float> dy = cpu::Tensor<float>::zeros(ref_outputs[i].shape);
+      dy.data = random_bf16(dy.data.size(), 0.05, rng_);
+      upload_bf16(array(tensor_name(seq_.output_grads[i])), dy.data);
+      output_grads.push_back(std::move(dy));
+    }
+    const cpu::Gradients<float> ref_grads = ref_.backward(output_grads);
+    gpu_.backward(stream_);
+    for (std::size_t i = 0; i < seq_.inputs.size(); ++i) {
+      const std::string name = seq_.value(seq_.inputs[i]).name;
+      const std::vector<float> got =
+          download_bf16(gpu_.input_grad(name), ref_grads.inputs[i].data.size());
+      const double error = relative_error(got, ref_grads.inputs[i].data);
+      errors.input_grads = std::max(errors.input_grads, error);
+    }
+    for (std::size_t j = 0; j < ref_.param_names().size(); ++j) {
+      const std::string& name = ref_.param_names()[j];
+      const std::vector<float> got =
+          download_bf16(gpu_.param_grad(name), ref_grads.params[j].data.size());
+      const double error = relative_error(got, ref_grads.params[j].data);
+      if (error > errors.param_grads) worst_param_ = name;
+      errors.param_grads = std::max(errors.param_grads, error);
+    }
+    gpu_.end_step(stream_);
+    ref_.step();
+    expect_quantizers_match(step);
+    // Same new weights on both sides (the reference's update, rounded to bf16).
+    ref_.sgd_step(ref_grads, lr);
+    upload_params();
+    return errors;
+  }
+
+  const std::string& worst_param() const { return worst_param_; }
+  double worst_quantizer_error() const { return worst_quantizer_; }
+
+ private:
+  // The executor's name of the caller's tensor holding IR value `value` (an output gradient's
+  // value is named after its output, its buffer "%d<output>").
+  std::string tensor_name(ir::ValueId value) const {
+    for (const codegen::Buffer& buffer : plan_.buffers) {
+      if (buffer.value == value && buffer.alias_of < 0) return buffer.name.substr(1);
+    }
+    ADD_FAILURE() << "no buffer holds value " << value;
+    return {};
+  }
+
+  // A quantizer whose source is a tensor the caller gives (a weight, an input, an output
+  // gradient) sees the same values on both sides: its amax and scale must agree to the bit.
+  bool isolated(const codegen::QuantizerPlan& q) const {
+    if (q.source_buffer < 0) return false;
+    const codegen::Buffer& source = plan_.buffers[static_cast<std::size_t>(q.source_buffer)];
+    return source.role == BufferRole::Input || source.role == BufferRole::Param ||
+           source.role == BufferRole::OutputGrad;
+  }
+
+  void expect_quantizers_match(int step) {
+    const std::vector<cpu::DelayedScalingState> got = gpu_.download_quantizers(stream_);
+    const std::vector<cpu::QuantizerInfo> want = ref_.quantizers();
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(got.size(), plan_.quantizers.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const codegen::QuantizerPlan& q = plan_.quantizers[i];
+      SCOPED_TRACE("step " + std::to_string(step) + ", quantizer " + q.name);
+      ASSERT_EQ(want[i].name, q.name);
+      ASSERT_EQ(got[i].amax_history.size(), want[i].amax_history.size());
+      if (isolated(q)) {
+        for (std::size_t k = 0; k < got[i].amax_history.size(); ++k) {
+          EXPECT_TRUE(same_bits(got[i].amax_history[k], want[i].amax_history[k]))
+              << "slot " << k << ": " << got[i].amax_history[k] << " vs "
+              << want[i].amax_history[k];
+        }
+        EXPECT_TRUE(same_bits(got[i].scale, want[i].scale))
+            << got[i].scale << " vs " << want[i].scale;
+        EXPECT_TRUE(same_bits(got[i].scale_inv, want[i].scale_inv));
+        continue;
+      }
+      // A computed source (a norm's or a GEMM's result) differs in rounding between cuBLASLt and
+      // the CPU: its amax agrees to a few parts in a thousand (7.4e-3 at most, measured on an
+      // H100); a power-of-2 scale to a factor 2.
+      for (std::size_t k = 0; k < got[i].amax_history.size(); ++k) {
+        const double a = got[i].amax_history[k], b = want[i].amax_history[k];
+        const double error = std::abs(a - b) / std::max(std::abs(b), 1e-30);
+        worst_quantizer_ = std::max(worst_quantizer_, error);
+        EXPECT_LE(error, 2e-2) << "slot " << k << ": " << a << " vs " << b;
+      }
+      const double ratio = double(got[i].scale) / want[i].scale;
+      const double allowed = q.power_of_2_scale ? 2.0 : 1.02;
+      EXPECT_TRUE(ratio <= allowed && ratio >= 1 / allowed)
+          << got[i].scale << " vs " << want[i].scale;
+    }
+  }
+
+  // The FP8 copies of each weight (kept by the weight cache after forward) are fp8(W * scale)
+  // with the scale the GPU holds, and the transposed copy is their transpose, bit for bit.
+  void expect_weight_casts_bit_exact() {
+    if (plan_.quantizers.empty()) return;
+    const std::vector<cpu::DelayedScalingState> states = gpu_.download_quantizers(stream_);
+    for (const codegen::Buffer& buffer : plan_.buffers) {
+      if (buffer.quantizer < 0) continue;
+      const codegen::QuantizerPlan& q =
+          plan_.quantizers[static_cast<std::size_t>(buffer.quantizer)];
+      if (q.role != ir::QuantizerRole::Weight) continue;
+      SCOPED_TRACE("weight copy " + buffer.name + " of " + q.name);
+      const std::string weight =
+          plan_.buffers[static_cast<std::size_t>(q.source_buffer)].name.substr(1);
+      const cpu::Tensor<float>& w = ref_.param(weight);
+      const cpu::Fp8Format format =
+          q.format == ir::DType::E4M3 ? cpu::Fp8Format::E4M3 : cpu::Fp8Format::E5M2;
+      std::vector<std::uint8_t> want(w.data.size());
+      cpu::quantize_fp8(w.data, states[static_cast<std::size_t>(q.index)].scale, format, want,
+                        nullptr);
+      const void* device = gpu_.debug_buffer(buffer.id);
+      ASSERT_NE(device, nullptr) << "the weight cache keeps the FP8 copies";
+      const std::vector<std::uint8_t> got = download_bytes(device, want.size());
+      const std::int64_t rows = w.shape[0], cols = w.shape[1];
+      std::size_t mismatches = 0;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t col = 0; col < cols; ++col) {
+          const std::size_t at =
+              buffer.columnwise ? std::size_t(col * rows + r) : std::size_t(r * cols + col);
+          mismatches += got[at] != want[std::size_t(r * cols + col)];
+        }
+      }
+      EXPECT_EQ(mismatches, 0u);
+    }
+  }
+
+  const ir::Sequence& seq_;
+  const codegen::SequencePlan& plan_;
+  cudaStream_t stream_;
+  SequenceExecutor gpu_;
+  cpu::ReferenceExecutor<float> ref_;
+  std::mt19937_64 rng_;
+  std::map<std::string, std::unique_ptr<DeviceArray>> arrays_;
+  std::string worst_param_;
+  double worst_quantizer_ = 0;
+};
+
+struct ProgramCase {
+  const char* name;
+  const char* text;
+  cpu::Bindings bindings;
+};
+
+std::vector<ProgramCase> program_cases() {
+  return {{"mlp", kMlp, {{"tokens", 128}}},
+          {"gelu_bias_mlp", kGeluBiasMlp, {{"tokens", 128}}},
+          {"mlp_residual", kResidual, {{"tokens", 96}}},
+          {"rmsnorm_swiglu", kLlama, {{"batch", 2}, {"seq", 64}}}};
+}
+
+// Bounds on the relative error norm ||gpu - cpu|| / ||cpu||. bf16: both sides compute in fp32 and
+// round the same tensors to bf16 (2^-9 relative), so what remains is summation order inside GEMMs
+// and norms and cuBLASLt's tanh GELU against the reference's formula: measured up to 4.5e-3 on an
+// H100; 1e-2 leaves room. FP8: a bf16-level difference in a GEMM input moves some elements across
+// an FP8 rounding boundary (E4M3 steps are 2^-3 relative, E5M2 2^-2), and fprop accumulates in
+// the tensor cores' fast mode: measured up to 8.4e-3; 3e-2, a few percent, is the bound.
+double bound_for(const std::string& recipe) { return recipe == "bf16" ? 1e-2 : 3e-2; }
+
+class ExecutorMatchesReference : public ExecutorGpu,
+                                 public ::testing::WithParamInterface<std::pair<int, std::string>> {
+};
+
+TEST_P(ExecutorMatchesReference, OutputsGradientsAndQuantizersOverThreeTrainingSteps) {
+  const ProgramCase program = program_cases()[static_cast<std::size_t>(GetParam().first)];
+  const std::string recipe = GetParam().second;
+  const auto c = compile(program.name, program.text, recipe);
+  ASSERT_NE(c, nullptr);
+  const double bound = bound_for(recipe);
+  for (std::size_t s = 0; s < c->program.sequences.size(); ++s) {
+    SideBySide run(*c, s, program.bindings, *gemms_, stream_, 1234 + s);
+    for (int step = 1; step <= 3; ++step) {
+      const StepErrors e = run.train_step(step, 0.05);
+      std::cout << "[ errors   ] " << program.name << "/" << c->plan.sequences[s].name << " "
+                << recipe << " step " << step << ": outputs " << e.outputs << ", input grads "
+                << e.input_grads << ", param grads " << e.param_grads << " (worst "
+                << run.worst_param() << "), computed quantizers' amax "
+                << run.worst_quantizer_error() << "\n";
+      EXPECT_LE(e.outputs, bound) << "step " << step;
+      EXPECT_LE(e.input_grads, bound) << "step " << step;
+      EXPECT_LE(e.param_grads, bound) << "step " << step << ", " << run.worst_param();
+    }
+  }
+}
+
+std::vector<std::pair<int, std::string>> matrix() {
+  std::vector<std::pair<int, std::string>> cases;
+  for (int p = 0; p < static_cast<int>(program_cases().size()); ++p) {
+    for (const char* recipe : {"bf16", "delayed", "current"}) cases.emplace_back(p, recipe);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Programs, ExecutorMatchesReference, ::testing::ValuesIn(matrix()),
+    [](const ::testing::TestParamInfo<std::pair<int, std::string>>& info) {
+      return std::string(program_cases()[static_cast<std::size_t>(info.param.first)].name) + "_" +
+             info.param.second;
+    });
+
+// ---- the FP8 weight cache -----------------------------------------------------------------------
+
+class WeightCache : public ExecutorGpu, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(WeightCache, SecondForwardReusesTheCastUntilInvalidated) {
+  const auto c = compile("mlp", kMlp, GetParam());
+  ASSERT_NE(c, nullptr);
+  const cpu::Bindings bindings = {{"tokens", 64}};
+  SideBySide run(*c, 0, bindings, *gemms_, stream_, 7);
+  SideBySide fresh(*c, 0, bindings, *gemms_, stream_, 7);  // same seed: same weights
+  run.new_inputs();
+  fresh.new_inputs();
+  const std::size_t count = 64 * 256;
+  run.gpu().forward(stream_);
+  const std::vector<float> first = download_bf16(run.gpu().output("y"), count);
+
+  // New fc1 weights in the same memory: without invalidation the cached FP8 copy is used.
+  std::mt19937_64 rng(99);
+  const std::vector<float> changed = random_bf16(1024 * 256, 0.0625, rng);
+  upload_bf16(run.array("fc1.weight"), changed);
+  run.gpu().forward(stream_);
+  EXPECT_EQ(download_bf16(run.gpu().output("y"), count), first) << "the weights were cast again";
+
+  run.gpu().invalidate_weight_cache();
+  run.gpu().forward(stream_);
+  const std::vector<float> recast = download_bf16(run.gpu().output("y"), count);
+  EXPECT_NE(recast, first);
+  upload_bf16(fresh.array("fc1.weight"), changed);
+  fresh.gpu().forward(stream_);
+  EXPECT_EQ(recast, download_bf16(fresh.gpu().output("y"), count))
+      << "after invalidation the output is that of the new weights";
+
+  // Another parameter pointer is another weight: cast again without being told.
+  DeviceArray other(1024 * 256 * 2);
+  upload_bf16(other, random_bf16(1024 * 256, 0.0625, rng));
+  run.gpu().set_tensor("fc1.weight", other.data());
+  run.gpu().forward(stream_);
+  EXPECT_NE(download_bf16(run.gpu().output("y"), count), recast);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, WeightCache, ::testing::Values("delayed", "current"));
+
+// ---- misuse -------------------------------------------------------------------------------------
+
+template <typename Call>
+std::string usage_error(Call&& call) {
+  try {
+    call();
+  } catch (const UsageError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no UsageError";
+  return {};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST_F(ExecutorGpu, MisuseIsAUsageErrorBeforeAnyLaunch) {
+  const auto c = compile("mlp", kMlp, "delayed");
+  ASSERT_NE(c, nullptr);
+  SequenceExecutor executor(c->plan.sequences[0], *c->modules, *gemms_, stream_);
+  const auto initial = executor.download_quantizers(stream_);
+
+  EXPECT_TRUE(contains(usage_error([&] { executor.forward(stream_); }), "bind"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.tensors(); }), "bind"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.bind({}); }), "'tokens'"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.bind({{"tokens", 0}}); }), "at least 1"));
+  EXPECT_TRUE(contains(usage_error([&] {
+                         executor.bind({{"tokens", 64}, {"batch", 2}});
+                       }),
+                       "'batch'"));
+  EXPECT_TRUE(contains(usage_error([&] {
+                         executor.bind({{"tokens", 64}, {"num_sms", 2}});
+                       }),
+                       "from the device"));
+  // FP8 GEMMs need every dimension a multiple of 16: tokens = 72 is m of fc1's fprop.
+  const std::string fp8_dim = usage_error([&] { executor.bind({{"tokens", 72}}); });
+  EXPECT_TRUE(contains(fp8_dim, "fprop GEMM of fc1")) << fp8_dim;
+  EXPECT_TRUE(contains(fp8_dim, "mlp.fuse:")) << fp8_dim;
+  EXPECT_TRUE(contains(fp8_dim, "tokens")) << fp8_dim;
+  EXPECT_TRUE(contains(fp8_dim, "16")) << fp8_dim;
+
+  executor.bind({{"tokens", 64}});
+  EXPECT_TRUE(contains(usage_error([&] { executor.set_tensor("nope", nullptr); }), "nope"));
+  DeviceArray x(64 * 256 * 2 + 16);
+  EXPECT_TRUE(contains(usage_error([&] { executor.set_tensor("x", nullptr); }), "null"));
+  EXPECT_TRUE(contains(
+      usage_error([&] { executor.set_tensor("x", static_cast<char*>(x.data()) + 8); }), "16-byte"));
+  executor.set_tensor("x", x.data());
+  const std::string missing = usage_error([&] { executor.forward(stream_); });
+  EXPECT_TRUE(contains(missing, "fc1.weight")) << missing;
+  EXPECT_TRUE(contains(usage_error([&] { executor.backward(stream_); }), "forward"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.output("y"); }), "not computed"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.output("z"); }), "no output 'z'"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.param_grad("fc1.weight"); }), "not computed"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.tensor("nope"); }), "nope"));
+  EXPECT_TRUE(contains(usage_error([&] { executor.upload_quantizers({}, stream_); }), "0"));
+
+  // Nothing ran: no buffer was allocated and the quantizer state is untouched.
+  EXPECT_EQ(executor.memory().peak_bytes, 0u);
+  const auto after = executor.download_quantizers(stream_);
+  ASSERT_EQ(after.size(), initial.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].amax_history, initial[i].amax_history);
+    EXPECT_EQ(after[i].scale, initial[i].scale);
+  }
+
+  // bf16 GEMMs need multiples of 8 only.
+  const auto plain = compile("mlp", kMlp, "bf16");
+  ASSERT_NE(plain, nullptr);
+  SequenceExecutor bf16(plain->plan.sequences[0], *plain->modules, *gemms_, stream_);
+  EXPECT_NO_THROW(bf16.bind({{"tokens", 72}}));
+  EXPECT_TRUE(contains(usage_error([&] { bf16.bind({{"tokens", 70}}); }), "multiple of 8"));
+}
+
+TEST_F(ExecutorGpu, PlanModulesRejectsMissingAndForeignBinaries) {
+  const auto c = compile("mlp", kMlp, "bf16");
+  ASSERT_NE(c, nullptr);
+  EXPECT_THROW(PlanModules(c->plan, {}), UsageError);
+  jit::CompileRequest request;
+  request.kernel_name = "foreign";
+  request.source = codegen::kernel_source(c->plan, c->plan.kernels[0]);
+  request.name_expressions = {c->plan.kernels[0].name_expression};
+  request.arch = current_device().arch == "sm_89" ? "sm_80" : "sm_89";
+  std::vector<jit::CompiledKernel> foreign(c->plan.kernels.size(), jit::compile_kernel(request));
+  const std::string error = usage_error([&] { PlanModules(c->plan, foreign); });
+  EXPECT_TRUE(contains(error, request.arch)) << error;
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+// The FP8 copies of the weights: the buffers the weight cache keeps.
+std::size_t weight_copy_bytes(const codegen::SequencePlan& plan) {
+  std::size_t bytes = 0;
+  for (const codegen::Buffer& buffer : plan.buffers) {
+    if (buffer.quantizer >= 0 && plan.quantizers[static_cast<std::size_t>(buffer.quantizer)].role ==
+                                     ir::QuantizerRole::Weight) {
+      bytes += static_cast<std::size_t>(*buffer.bytes.value());
+    }
+  }
+  return bytes;
+}
+
+TEST_F(ExecutorGpu, LiveMemoryReturnsToItsBaselineAfterEveryBackward) {
+  const auto c = compile("gelu_bias_mlp", kGeluBiasMlp, "delayed");
+  ASSERT_NE(c, nullptr);
+  SideBySide run(*c, 0, {{"tokens", 128}}, *gemms_, stream_, 5);
+  SequenceExecutor& gpu = run.gpu();
+  std::size_t grads = 0, outputs = 0;
+  for (const TensorInfo& info : gpu.tensors()) {
+    if (info.role != BufferRole::Result) continue;
+    (info.name == "y" ? outputs : grads) += info.bytes;
+  }
+  // input_grad x is an executor buffer, like the parameter gradients.
+  const std::size_t cache = weight_copy_bytes(c->plan.sequences[0]);
+  ASSERT_GT(cache, 0u);
+  std::size_t training_peak = 0;
+  for (int step = 0; step < 3; ++step) {
+    run.new_inputs();
+    gpu.forward(stream_);
+    gpu.backward(stream_);
+    // The output stays readable until the next forward, the gradients until then too.
+    EXPECT_EQ(gpu.memory().live_bytes, outputs + grads + cache) << "step " << step;
+    gpu.end_step(stream_);
+    training_peak = gpu.memory().peak_bytes;
+  }
+  EXPECT_GT(training_peak, grads + cache);
+  // Inference keeps only the output (and the weight copies) after forward and peaks lower.
+  gpu.forward(stream_, RunMode::Inference);  // also lets the last step's gradients go
+  gpu.reset_peak();
+  gpu.forward(stream_, RunMode::Inference);
+  EXPECT_EQ(gpu.memory().live_bytes, outputs + cache);
+  EXPECT_LT(gpu.memory().peak_bytes, training_peak);
+  EXPECT_TRUE(contains(usage_error([&] { gpu.backward(stream_); }), "Training"));
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+TEST_F(ExecutorGpu, QuantizerStateUploadsAndDownloadsUnchanged) {
+  const auto c = compile("mlp", kMlp, "delayed");
+  ASSERT_NE(c, nullptr);
+  SequenceExecutor executor(c->plan.sequences[0], *c->modules, *gemms_, stream_);
+  std::vector<cpu::DelayedScalingState> states = executor.download_quantizers(stream_);
+  ASSERT_EQ(states.size(), c->plan.sequences[0].quantizers.size());
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    EXPECT_EQ(states[i].amax_history.size(), 16u);
+    states[i].scale = 2.0f + float(i);
+    states[i].scale_inv = 1.0f / states[i].scale;
+    states[i].amax_history[3] = float(i) + 0.5f;
+  }
+  executor.upload_quantizers(states, stream_);
+  const auto back = executor.download_quantizers(stream_);
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    EXPECT_EQ(back[i].amax_history, states[i].amax_history);
+    EXPECT_EQ(back[i].scale, states[i].scale);
+  }
+  states.pop_back();
+  EXPECT_THROW(executor.upload_quantizers(states, stream_), UsageError);
+}
+
+}  // namespace
+}  // namespace opfuse::gpu

@@ -1,0 +1,294 @@
+// The embedding API on the GPU (runtime/include/opfuse/program.h): `fusec run --device gpu`'s
+// training loop against the CPU reference's, save/load round trips and refusals, CUDA graph
+// replay against eager execution, and misuse reported before anything is launched.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "api/gpu_run.h"
+#include "cpu/run_driver.h"
+#include "driver/frontend.h"
+#include "gpu/device.h"
+#include "opfuse/program.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+
+namespace opfuse {
+namespace {
+
+// The seed MLP's ops at a small size; RECIPE is replaced per test.
+constexpr const char* kProgram = R"(recipe fp8 = delayed_scaling(amax_history = 16)
+recipe fp8c = current_scaling()
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses RECIPE {
+  layernorm(256)
+  linear(256, 1024, bias = false) as fc1
+  swiglu()
+  linear(512, 256, bias = false) as fc2
+}
+)";
+
+std::string program_text(const std::string& recipe, int hidden = 256) {
+  std::string text = std::regex_replace(kProgram, std::regex("RECIPE"), recipe);
+  if (hidden != 256) text = std::regex_replace(text, std::regex("256"), std::to_string(hidden));
+  return text;
+}
+
+class SessionGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // Device memory of `bytes` random bf16 values ~ N(0, 1), freed at the end of the test.
+  void* random_bf16(std::size_t elements, std::uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    std::vector<std::uint16_t> host(elements);
+    for (auto& h : host) {
+      const float v = normal(rng);
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &v, 4);
+      h = static_cast<std::uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+    }
+    void* device = nullptr;
+    EXPECT_EQ(cudaMalloc(&device, elements * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(device, host.data(), elements * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    owned_.emplace_back(device, &cudaFree);
+    return device;
+  }
+
+  std::vector<unsigned char> read(const void* device, std::size_t bytes) {
+    std::vector<unsigned char> host(bytes);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+  // A session on the small MLP with owned parameters from `seed`, inputs x and dy set.
+  Session make_session(const Program& program, std::uint64_t seed, int tokens = 64) {
+    Session session(program, "", stream_);
+    session.bind({{"tokens", tokens}});
+    session.own_parameters(seed, stream_);
+    const std::size_t elements = static_cast<std::size_t>(tokens) * 256;
+    session.set_tensor("x", random_bf16(elements, 11));
+    session.set_tensor("dy", random_bf16(elements, 12));
+    return session;
+  }
+
+  void train_step(Session& session) {
+    session.forward(stream_);
+    session.backward(stream_);
+    session.step(stream_);
+  }
+
+  std::size_t y_bytes(int tokens = 64) const { return static_cast<std::size_t>(tokens) * 256 * 2; }
+
+  cudaStream_t stream_ = nullptr;
+  std::vector<std::unique_ptr<void, cudaError_t (*)(void*)>> owned_;
+};
+
+std::vector<double> numbers_after(const std::string& text, const std::string& key) {
+  std::vector<double> values;
+  const std::regex pattern(key + " ([-+0-9.e]+)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern);
+       it != std::sregex_iterator(); ++it)
+    values.push_back(std::stod((*it)[1].str()));
+  return values;
+}
+
+// The same report from both devices: losses and gradient norms agree within the recipe's
+// precision (bf16 storage on both; FP8 GEMMs round differently from the CPU's fp32 products).
+TEST_F(SessionGpu, FusecRunOnTheGpuMatchesTheCpuReference) {
+  for (const std::string recipe : {"bf16", "fp8", "fp8c"}) {
+    SCOPED_TRACE(recipe);
+    const std::string text = program_text(recipe);
+    const Program program = Program::compile(text, "small_mlp.fuse");
+    api::GpuRunOptions options;
+    options.bindings = {{"tokens", 64}};
+    options.steps = 3;
+    options.seed = 5;
+    options.lr = 0.5;
+    const std::string gpu_report = api::run_gpu_training(program, options);
+
+    SourceManager sources;
+    DiagnosticEngine diags(sources);
+    auto ir = load_program_from_source("small_mlp.fuse", text, sources, diags);
+    ASSERT_TRUE(ir.has_value());
+    passes::PassManager(passes::default_pipeline()).run(*ir, {}, nullptr);
+    cpu::RunOptions cpu_options;
+    cpu_options.bindings = {{"tokens", 64}};
+    cpu_options.steps = 3;
+    cpu_options.seed = 5;
+    cpu_options.lr = 0.5;
+    const std::string cpu_report = cpu::run_reference_training(ir->sequences[0], cpu_options);
+
+    const double bound = recipe == "bf16" ? 1e-2 : 3e-2;
+    for (const std::string key : {"loss", "\\|g\\|"}) {
+      const auto gpu_values = numbers_after(gpu_report, key);
+      const auto cpu_values = numbers_after(cpu_report, key);
+      ASSERT_EQ(gpu_values.size(), cpu_values.size()) << gpu_report << cpu_report;
+      ASSERT_FALSE(gpu_values.empty());
+      for (std::size_t i = 0; i < gpu_values.size(); ++i) {
+        EXPECT_NEAR(gpu_values[i], cpu_values[i], bound * std::fabs(cpu_values[i]))
+            << key << " #" << i << "\n"
+            << gpu_report << cpu_report;
+      }
+    }
+    EXPECT_NE(gpu_report.find("peak device memory"), std::string::npos);
+    std::printf("[ %s ] GPU report:\n%s", recipe.c_str(), gpu_report.c_str());
+  }
+}
+
+TEST_F(SessionGpu, SaveThenLoadResumesTrainingBitForBit) {
+  const Program program = Program::compile(program_text("fp8"), "small_mlp.fuse");
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "opfuse_session_gpu.state").string();
+  Session a = make_session(program, 1);
+  train_step(a);
+  train_step(a);
+  a.save(path, stream_);
+  train_step(a);
+  const auto a_y = read(a.output("y"), y_bytes());
+  const auto a_quantizers = a.quantizers(stream_);
+
+  Session b = make_session(program, 2);  // other parameters: load must replace them all
+  b.load(path, stream_);
+  train_step(b);
+  EXPECT_EQ(read(b.output("y"), y_bytes()), a_y);
+  const auto b_quantizers = b.quantizers(stream_);
+  ASSERT_EQ(b_quantizers.size(), a_quantizers.size());
+  for (std::size_t i = 0; i < a_quantizers.size(); ++i) {
+    EXPECT_EQ(b_quantizers[i].amax_history, a_quantizers[i].amax_history) << a_quantizers[i].name;
+    EXPECT_EQ(b_quantizers[i].scale, a_quantizers[i].scale) << a_quantizers[i].name;
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_F(SessionGpu, DamagedOrMismatchedStateFilesAreRefusedAndNothingIsLoaded) {
+  const Program program = Program::compile(program_text("fp8"), "small_mlp.fuse");
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "opfuse_session_gpu_damaged.state").string();
+  Session a = make_session(program, 1);
+  train_step(a);
+  a.save(path, stream_);
+
+  Session b = make_session(program, 2);
+  b.forward(stream_, RunMode::Inference);
+  const auto before = read(b.output("y"), y_bytes());
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(200);
+    char byte = 0;
+    file.seekg(200);
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    file.seekp(200);
+    file.write(&byte, 1);
+  }
+  EXPECT_THROW(b.load(path, stream_), Error);
+  b.forward(stream_, RunMode::Inference);
+  EXPECT_EQ(read(b.output("y"), y_bytes()), before);
+
+  // A file of another program (hidden 512) does not fit: a UsageError naming what differs.
+  const Program other = Program::compile(program_text("fp8", 512), "small_mlp.fuse");
+  Session c(other, "", stream_);
+  c.bind({{"tokens", 64}});
+  c.own_parameters(3, stream_);
+  c.save(path, stream_);
+  try {
+    b.load(path, stream_);
+    ADD_FAILURE() << "a mismatched file loaded";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
+  }
+  b.forward(stream_, RunMode::Inference);
+  EXPECT_EQ(read(b.output("y"), y_bytes()), before);
+  std::filesystem::remove(path);
+}
+
+TEST_F(SessionGpu, GraphReplayOfTrainingStepsEqualsEagerSteps) {
+  for (const std::string recipe : {"bf16", "fp8", "fp8c"}) {
+    SCOPED_TRACE(recipe);
+    const Program program = Program::compile(program_text(recipe), "small_mlp.fuse");
+    Session eager = make_session(program, 7);
+    Session graphed = make_session(program, 7);
+    graphed.capture(stream_, Session::GraphScope::TrainingStep);
+    EXPECT_TRUE(graphed.has_graph());
+    for (int step = 0; step < 3; ++step) {
+      train_step(eager);
+      graphed.replay(stream_);
+      EXPECT_EQ(read(graphed.output("y"), y_bytes()), read(eager.output("y"), y_bytes()))
+          << "step " << step;
+      EXPECT_EQ(read(graphed.param_grad("fc1.weight"), 1024 * 256 * 2),
+                read(eager.param_grad("fc1.weight"), 1024 * 256 * 2))
+          << "step " << step;
+    }
+    const auto eager_q = eager.quantizers(stream_);
+    const auto graphed_q = graphed.quantizers(stream_);
+    for (std::size_t i = 0; i < eager_q.size(); ++i)
+      EXPECT_EQ(graphed_q[i].scale, eager_q[i].scale) << eager_q[i].name;
+    // Eager calls are refused while the graph exists, and work again after release_graph().
+    EXPECT_THROW(graphed.forward(stream_), UsageError);
+    graphed.release_graph();
+    train_step(graphed);
+    train_step(eager);
+    EXPECT_EQ(read(graphed.output("y"), y_bytes()), read(eager.output("y"), y_bytes()));
+  }
+}
+
+TEST_F(SessionGpu, GraphReplayOfAnInferenceForwardEqualsEager) {
+  const Program program = Program::compile(program_text("fp8"), "small_mlp.fuse");
+  Session eager = make_session(program, 9);
+  Session graphed = make_session(program, 9);
+  graphed.capture(stream_, Session::GraphScope::InferenceForward);
+  graphed.release_graph();  // a recording never launched is dropped cleanly
+  graphed.capture(stream_, Session::GraphScope::InferenceForward);
+  for (int i = 0; i < 3; ++i) {
+    eager.forward(stream_, RunMode::Inference);
+    graphed.replay(stream_);
+    EXPECT_EQ(read(graphed.output("y"), y_bytes()), read(eager.output("y"), y_bytes()));
+  }
+}
+
+TEST_F(SessionGpu, MisuseIsReportedBeforeAnythingRuns) {
+  const Program program = Program::compile(program_text("fp8"), "small_mlp.fuse");
+  Session session(program, "", stream_);
+  EXPECT_THROW(session.forward(stream_), UsageError);        // before bind()
+  EXPECT_THROW(session.bind({{"tokens", 8}}), UsageError);   // FP8 GEMMs need multiples of 16
+  EXPECT_THROW(session.bind({{"tokenz", 64}}), UsageError);  // unknown size
+  session.bind({{"tokens", 64}});
+  EXPECT_THROW(session.forward(stream_), UsageError);  // x was never given
+  EXPECT_THROW(session.parameter("fc1.weight"), UsageError);
+  EXPECT_THROW(session.set_tensor("nope", random_bf16(16, 1)), UsageError);
+  EXPECT_THROW(session.capture(nullptr, Session::GraphScope::TrainingStep), UsageError);
+  EXPECT_THROW(Session(program, "other", stream_), UsageError);
+  const std::string arch = gpu::current_device().arch == "sm_89" ? "sm_90a" : "sm_89";
+  CompileOptions options;
+  options.arch = arch;
+  const Program foreign = Program::compile(program_text("bf16"), "small_mlp.fuse", options);
+  try {
+    Session wrong(foreign, "", stream_);
+    ADD_FAILURE() << "a program for " << arch << " ran on " << gpu::current_device().arch;
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("compiled for " + arch), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace opfuse

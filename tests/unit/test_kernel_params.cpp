@@ -1,0 +1,338 @@
+// Packing a launch step's ParamBindings into its kernel's params struct
+// (runtime/gpu/kernel_params.h): the layout rules, the packed values, and, for every kernel every
+// dsl_examples program launches (its own recipe and bf16, fused and unfused), the layout checked
+// against the CUDA compiler: NVRTC compiles the kernel with checks of each field's size,
+// alignment, name and position and of the struct's size, and the cubin's parameter records must
+// give the packed size. Needs NVRTC, not a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/kernel_source.h"
+#include "codegen/plan.h"
+#include "driver/frontend.h"
+#include "gpu/kernel_params.h"
+#include "jit/cubin_info.h"
+#include "jit/nvrtc_compiler.h"
+#include "opfuse/error.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+#include "test_support.h"
+
+namespace opfuse::gpu {
+namespace {
+
+namespace fs = std::filesystem;
+using codegen::ParamBinding;
+using Kind = ParamBinding::Kind;
+
+ParamBinding binding(std::string field, Kind kind, std::vector<int> buffers = {}) {
+  ParamBinding p;
+  p.field = std::move(field);
+  p.kind = kind;
+  p.buffers = std::move(buffers);
+  return p;
+}
+
+ParamBinding int_binding(std::string field, Kind kind, codegen::SymExpr value) {
+  ParamBinding p = binding(std::move(field), kind);
+  p.int_value = std::move(value);
+  return p;
+}
+
+// ---- layout rules -------------------------------------------------------------------------------
+
+TEST(KernelParamsLayout, PointersIntsFloatsAndArraysTakeTheirNaturalAlignment) {
+  const std::vector<ParamBinding> params = {
+      binding("x", Kind::Buffer, {0}),              // 0..8
+      int_binding("rows", Kind::Int, 4),            // 8..12
+      binding("epsilon", Kind::Float),              // 12..16
+      int_binding("count", Kind::Int64, 5),         // 16..24
+      binding("partials", Kind::Buffers, {1, -1}),  // 24..40
+      binding("scale", Kind::Quantizer),            // 40..48
+      int_binding("cols", Kind::Int, 8),            // 48..52, then padding to 56
+  };
+  const ParamLayout layout = param_layout(params);
+  ASSERT_EQ(layout.fields.size(), params.size());
+  const std::vector<std::size_t> offsets = {0, 8, 12, 16, 24, 40, 48};
+  const std::vector<std::size_t> sizes = {8, 4, 4, 8, 16, 8, 4};
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(layout.fields[i].offset, offsets[i]) << params[i].field;
+    EXPECT_EQ(layout.fields[i].bytes, sizes[i]) << params[i].field;
+  }
+  EXPECT_EQ(layout.alignment, 8u);
+  EXPECT_EQ(layout.bytes, 56u);
+}
+
+TEST(KernelParamsLayout, AnIntAfterAnIntPacksAndAPointerAfterAnIntIsPadded) {
+  const ParamLayout two_ints =
+      param_layout({int_binding("a", Kind::Int, 1), int_binding("b", Kind::Int, 2)});
+  EXPECT_EQ(two_ints.fields[1].offset, 4u);
+  EXPECT_EQ(two_ints.bytes, 8u);
+  EXPECT_EQ(two_ints.alignment, 4u);
+  const ParamLayout padded =
+      param_layout({int_binding("count", Kind::Int, 1), binding("records", Kind::Records)});
+  EXPECT_EQ(padded.fields[1].offset, 8u);
+  EXPECT_EQ(padded.bytes, 16u);
+}
+
+TEST(KernelParamsLayout, AnArrayOfNoBuffersIsAUsageError) {
+  EXPECT_THROW(param_layout({binding("partials", Kind::Buffers, {})}), UsageError);
+}
+
+// ---- packed values ------------------------------------------------------------------------------
+
+template <typename T>
+T read_at(const std::vector<unsigned char>& bytes, std::size_t offset) {
+  T value{};
+  std::memcpy(&value, bytes.data() + offset, sizeof(T));
+  return value;
+}
+
+TEST(KernelParamsPack, ValuesLandAtTheirOffsetsAndBufferSlotsAreFilledPerLaunch) {
+  ParamBinding quantizer = binding("scale", Kind::Quantizer);
+  quantizer.quantizer = 3;
+  quantizer.quantizer_field = "scale";
+  ParamBinding epsilon = binding("epsilon", Kind::Float);
+  epsilon.float_value = 1e-5;
+  const std::vector<ParamBinding> params = {
+      binding("x", Kind::Buffer, {7}),
+      binding("beta", Kind::Null),
+      quantizer,
+      epsilon,
+      int_binding("rows", Kind::Int, codegen::SymExpr::symbol("tokens") * 2),
+      int_binding("count", Kind::Int64, codegen::SymExpr::symbol("tokens") * 4096),
+      binding("outputs", Kind::Buffers, {9, -1}),
+  };
+  static int fake_scale = 0;
+  PackedParams packed = pack_params(params, {{"tokens", 3'000'000}}, [](const ParamBinding& p) {
+    EXPECT_EQ(p.quantizer, 3);
+    return static_cast<const void*>(&fake_scale);
+  });
+  const ParamLayout layout = param_layout(params);
+  ASSERT_EQ(packed.bytes.size(), layout.bytes);
+  EXPECT_EQ(read_at<const void*>(packed.bytes, layout.fields[1].offset), nullptr);
+  EXPECT_EQ(read_at<const void*>(packed.bytes, layout.fields[2].offset), &fake_scale);
+  EXPECT_EQ(read_at<float>(packed.bytes, layout.fields[3].offset), 1e-5f);
+  EXPECT_EQ(read_at<int>(packed.bytes, layout.fields[4].offset), 6'000'000);
+  EXPECT_EQ(read_at<long long>(packed.bytes, layout.fields[5].offset), 3'000'000LL * 4096);
+  ASSERT_EQ(packed.buffer_slots.size(), 2u);  // x and outputs[0]; outputs[1] stays null
+
+  static char memory[16];
+  packed.set_buffers([](int buffer) { return static_cast<const void*>(memory + buffer); });
+  EXPECT_EQ(read_at<const void*>(packed.bytes, layout.fields[0].offset), memory + 7);
+  EXPECT_EQ(read_at<const void*>(packed.bytes, layout.fields[6].offset), memory + 9);
+  EXPECT_EQ(read_at<const void*>(packed.bytes, layout.fields[6].offset + 8), nullptr);
+}
+
+TEST(KernelParamsPack, AnIntBeyond32BitsIsAUsageErrorNamingTheField) {
+  const std::vector<ParamBinding> params = {
+      int_binding("rows", Kind::Int, codegen::SymExpr::symbol("tokens") * 4096)};
+  try {
+    pack_params(params, {{"tokens", 1'000'000}}, nullptr);
+    FAIL() << "packed an int of 4096000000";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("'rows'"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(pack_params(params, {}, nullptr), UsageError) << "tokens is unbound";
+}
+
+// ---- against the CUDA compiler ------------------------------------------------------------------
+
+std::vector<codegen::Plan> example_plans() {
+  std::vector<codegen::Plan> plans;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(test::source_path("dsl_examples"))) {
+    if (entry.path().extension() == ".fuse") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& file : files) {
+    for (const char* recipe : {"", "bf16"}) {
+      for (const bool fused : {true, false}) {
+        SourceManager sources;
+        DiagnosticEngine diags(sources);
+        ir::BuildOptions options;
+        options.recipe_override = recipe;
+        auto program = load_program(file.string(), sources, diags, options);
+        EXPECT_TRUE(program.has_value()) << diags.format_all();
+        if (!program) continue;
+        passes::PassOptions pass_options;
+        if (!fused) pass_options.disabled = {"fuse-forward", "fuse-backward"};
+        passes::PassManager(passes::default_pipeline()).run(*program, pass_options, nullptr);
+        plans.push_back(codegen::build_plan(*program, {"sm_90a", &sources}));
+      }
+    }
+  }
+  return plans;
+}
+
+// What NVRTC checks of the params struct against the bindings: each named field's size and
+// alignment, the struct's size and alignment, its field count (a structured binding needs one name
+// per field) and the fields' names and order (C++20 designated initializers must follow the
+// declaration order). With every field known by size, alignment and position, the offsets are
+// C++'s, which param_layout computes. (NVRTC has no constant offsetof to compare directly.)
+std::string layout_checks(const std::string& params_struct,
+                          const std::vector<ParamBinding>& params) {
+  const ParamLayout layout = param_layout(params);
+  std::string text = "\nnamespace opfuse_params_check {\nusing P = " + params_struct + ";\n";
+  text += "static_assert(sizeof(P) == " + std::to_string(layout.bytes) + ", \"struct size\");\n";
+  text += "static_assert(alignof(P) == " + std::to_string(layout.alignment) +
+          ", \"struct alignment\");\n";
+  std::string names, designators;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string& field = params[i].field;
+    const ParamField& expected = layout.fields[i];
+    text += "static_assert(sizeof(P::" + field + ") == " + std::to_string(expected.bytes) +
+            " && alignof(decltype(P::" + field + ")) == " + std::to_string(expected.alignment) +
+            ", \"size or alignment of " + field + "\");\n";
+    names += (i == 0 ? "f" : ", f") + std::to_string(i);
+    designators += (i == 0 ? "." : ", .") + field + " = {}";
+  }
+  text += "__device__ inline void check_fields(P p) {\n  auto [" + names + "] = p;\n";
+  for (std::size_t i = 0; i < params.size(); ++i) text += "  (void)f" + std::to_string(i) + ";\n";
+  text += "  P in_order{" + designators + "};\n  (void)in_order;\n}\n";
+  text += "}  // namespace opfuse_params_check\n";
+  return text;
+}
+
+struct KernelCheck {
+  std::string id;
+  std::string name_expression;
+  std::string params_struct;
+  std::string kernel_source;         // without the checks
+  std::vector<ParamBinding> params;  // the first launch's
+  int launches = 0;
+};
+
+// One check per distinct kernel of every example plan; every launch of a kernel must bind the
+// same fields in the same layout.
+std::vector<KernelCheck> kernel_checks() {
+  std::map<std::string, KernelCheck> checks;
+  for (const codegen::Plan& plan : example_plans()) {
+    for (const codegen::SequencePlan& sequence : plan.sequences) {
+      for (const codegen::Step& step : sequence.steps) {
+        const auto* launch = std::get_if<codegen::LaunchStep>(&step.body);
+        if (launch == nullptr) continue;
+        const codegen::Kernel* kernel = plan.find_kernel(launch->kernel);
+        EXPECT_NE(kernel, nullptr) << launch->kernel;
+        if (kernel == nullptr) continue;
+        auto [it, inserted] = checks.try_emplace(kernel->name_expression);
+        KernelCheck& check = it->second;
+        ++check.launches;
+        if (inserted) {
+          check.id = kernel->id;
+          check.name_expression = kernel->name_expression;
+          check.params = launch->params;
+          check.params_struct = kernel->params_struct;
+          check.kernel_source = codegen::kernel_source(plan, *kernel);
+          continue;
+        }
+        const ParamLayout first = param_layout(check.params);
+        const ParamLayout here = param_layout(launch->params);
+        EXPECT_EQ(here.bytes, first.bytes) << kernel->id << " in " << sequence.name;
+        EXPECT_EQ(launch->params.size(), check.params.size()) << kernel->id;
+        if (launch->params.size() != check.params.size()) continue;
+        for (std::size_t i = 0; i < check.params.size(); ++i) {
+          EXPECT_EQ(launch->params[i].field, check.params[i].field) << kernel->id;
+          EXPECT_EQ(here.fields[i].offset, first.fields[i].offset) << kernel->id;
+        }
+      }
+    }
+  }
+  std::vector<KernelCheck> list;
+  for (auto& [expression, check] : checks) list.push_back(std::move(check));
+  return list;
+}
+
+jit::CompileRequest request_for(const KernelCheck& check) {
+  jit::CompileRequest request;
+  request.kernel_name = check.id + "_params_check";
+  request.source = check.kernel_source + layout_checks(check.params_struct, check.params);
+  request.name_expressions = {check.name_expression};
+  request.arch = "sm_90a";
+  // Why C++20: designated initializers (the field-order check); the layout is the same as C++17's.
+  request.extra_options = {"-std=c++20"};
+  return request;
+}
+
+TEST(KernelParamsCubin, EveryExampleKernelsPackedLayoutIsTheCompilersLayout) {
+  const std::vector<KernelCheck> checks = kernel_checks();
+  ASSERT_GE(checks.size(), 15u) << "the examples launch fewer kernels than expected";
+  std::vector<jit::CompileRequest> requests;
+  requests.reserve(checks.size());
+  for (const KernelCheck& check : checks) requests.push_back(request_for(check));
+  // A failed check makes the compile throw, naming the kernel and the field.
+  const jit::CompileAllResult result = jit::compile_all(requests, nullptr);
+  ASSERT_EQ(result.kernels.size(), checks.size());
+  std::set<std::string> templates;
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    SCOPED_TRACE(checks[i].id);
+    const jit::CompiledKernel& compiled = result.kernels[i];
+    const std::string& symbol = compiled.lowered_names.at(checks[i].name_expression);
+    const jit::CubinInfo info = jit::read_cubin_info(compiled.binary);
+    const auto entry =
+        std::find_if(info.functions.begin(), info.functions.end(),
+                     [&](const jit::CubinFunction& function) { return function.name == symbol; });
+    ASSERT_NE(entry, info.functions.end());
+    const std::size_t packed = param_layout(checks[i].params).bytes;
+    EXPECT_EQ(entry->params_bytes, static_cast<int>(packed));
+    ASSERT_EQ(entry->params.size(), 1u) << "one params struct by value";
+    EXPECT_EQ(entry->params[0].offset, 0);
+    EXPECT_EQ(entry->params[0].bytes, static_cast<int>(packed));
+    templates.insert(checks[i].params.front().field + "/" + std::to_string(packed));
+  }
+  std::size_t launches = 0;
+  for (const KernelCheck& check : checks) launches += static_cast<std::size_t>(check.launches);
+  RecordProperty("kernels", static_cast<int>(checks.size()));
+  RecordProperty("launches", static_cast<int>(launches));
+  EXPECT_GE(templates.size(), 6u) << "too few distinct params structs were checked";
+}
+
+// Compiles `check` expecting NVRTC to reject it with a log containing `reason`.
+void expect_rejected(const KernelCheck& check, const std::string& reason) {
+  try {
+    jit::compile_kernel(request_for(check));
+    ADD_FAILURE() << "compiled, but the bindings differ from the struct (" << reason << ")";
+  } catch (const jit::JitError& error) {
+    EXPECT_NE(std::string(error.what()).find(reason), std::string::npos) << error.what();
+  }
+}
+
+// The check above can fail: a binding list with a field dropped, an int where the struct has a
+// pointer, or two fields of one type swapped no longer compiles.
+TEST(KernelParamsCubin, ALayoutThatDiffersFromTheStructFailsToCompile) {
+  std::vector<KernelCheck> checks = kernel_checks();
+  const auto norm = std::find_if(checks.begin(), checks.end(), [](const KernelCheck& check) {
+    return check.id.starts_with("layernorm_fwd_");
+  });
+  ASSERT_NE(norm, checks.end());
+  KernelCheck dropped = *norm;
+  dropped.params.pop_back();  // `rows`: the size stays 80 (padding), the field count does not
+  expect_rejected(dropped, "more elements than there are binding names");
+
+  KernelCheck retyped = *norm;
+  for (ParamBinding& param : retyped.params) {
+    if (param.field == "gamma") param.kind = Kind::Int;  // a pointer in NormFwdParams
+  }
+  expect_rejected(retyped, "size or alignment of gamma");
+
+  KernelCheck swapped = *norm;
+  const auto field = [&](const char* name) {
+    return std::find_if(swapped.params.begin(), swapped.params.end(),
+                        [&](const ParamBinding& p) { return p.field == name; });
+  };
+  ASSERT_NE(field("y"), swapped.params.end());
+  std::iter_swap(field("y"), field("y_t"));  // both Output*: sizes agree, positions do not
+  expect_rejected(swapped, "out-of-order initializers");
+}
+
+}  // namespace
+}  // namespace opfuse::gpu

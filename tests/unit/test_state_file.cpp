@@ -1,0 +1,484 @@
+// State (checkpoint) files: exact round trips, refusal of truncated, damaged, foreign and newer
+// files with messages that name the file, layout mismatches listed in full, atomic replacement
+// that keeps the old file when a write fails. Also: the runtime's errors share one base class.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "api/state_file.h"
+#include "cpu/run_driver.h"
+#include "jit/nvrtc_compiler.h"
+#include "jit/sha256.h"
+#include "opfuse/error.h"
+#include "test_support.h"
+
+namespace opfuse::api {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<unsigned char> pattern_bytes(std::size_t n, std::size_t seed) {
+  std::vector<unsigned char> bytes(n);
+  for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(i * 131 + seed * 7);
+  return bytes;
+}
+
+StateTensor tensor(const std::string& name, ir::DType dtype, std::vector<std::int64_t> shape,
+                   std::size_t seed) {
+  std::size_t n = static_cast<std::size_t>(ir::dtype_bytes(dtype));
+  for (const std::int64_t dim : shape) n *= static_cast<std::size_t>(dim);
+  return {name, dtype, std::move(shape), pattern_bytes(n, seed)};
+}
+
+StateQuantizer quantizer(const std::string& name, std::size_t history_length, float first_amax) {
+  StateQuantizer q{name, {}};
+  q.state.amax_history.resize(history_length);
+  for (std::size_t i = 0; i < history_length; ++i) {
+    q.state.amax_history[i] = first_amax + static_cast<float>(i) * 0.25f;
+  }
+  q.state.scale = 448.0f / first_amax;
+  q.state.scale_inv = first_amax / 448.0f;
+  return q;
+}
+
+constexpr const char* kSampleRecipe = "delayed(history=1024, algo=max, margin=0, format=HYBRID)";
+
+// Parameters of several dtypes (one empty), quantizers with the shortest and the default history,
+// and values JSON could not hold (NaN, Inf, a denormal) to show the payload keeps exact bits.
+StateFile sample_state() {
+  StateFile state;
+  state.program = "mlp.fuse:mlp";
+  state.recipe = kSampleRecipe;
+  state.step = 1234567890123;
+  state.tensors = {
+      tensor("fc1.weight", ir::DType::BF16, {3, 5}, 1), tensor("fc1.bias", ir::DType::FP32, {7}, 2),
+      tensor("fc1.weight_fp8", ir::DType::E4M3, {2, 3, 4}, 3),
+      tensor("empty", ir::DType::E5M2, {0, 9}, 4), tensor("norm.gamma", ir::DType::FP16, {33}, 5)};
+  state.quantizers = {quantizer("fc1.input", 1, 3.5f), quantizer("fc1.weight", 1024, 0.125f)};
+  state.quantizers[1].state.amax_history[5] = std::numeric_limits<float>::quiet_NaN();
+  state.quantizers[1].state.amax_history[6] = std::numeric_limits<float>::infinity();
+  state.quantizers[1].state.amax_history[7] = std::numeric_limits<float>::denorm_min();
+  return state;
+}
+
+// Float lists compared bit for bit (NaN == NaN here).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::string read_bytes(const std::string& path) { return test::read_text(path); }
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// What read_state_file throws for the file at `path` ("" if it reads fine).
+std::string read_error(const std::string& path) {
+  try {
+    read_state_file(path);
+  } catch (const StateFileError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+std::string saved_sample(const std::string& tag) {
+  std::string path = test::make_temp_dir(tag) + "/model.state";
+  write_state_file(path, sample_state());
+  return path;
+}
+
+// A file in the documented layout with this header text and payload and a correct checksum, for
+// headers that only a faulty writer would produce.
+std::string assemble(const std::string& header, const std::string& payload) {
+  std::string out("OPFSTAT\n", 8);
+  const auto append_le = [&out](std::uint64_t value, int width) {
+    for (int i = 0; i < width; ++i) out.push_back(static_cast<char>(value >> (8 * i)));
+  };
+  append_le(kStateFileFormatVersion, 4);
+  append_le(0, 4);
+  append_le(header.size(), 8);
+  append_le(payload.size(), 8);
+  out += header;
+  out += payload;
+  jit::Sha256 hasher;
+  hasher.update(out);
+  const jit::Sha256Digest digest = hasher.finish();
+  out.append(reinterpret_cast<const char*>(digest.data()), digest.size());
+  return out;
+}
+
+TEST(StateFile, RoundTripKeepsEveryByteAndBit) {
+  const StateFile written = sample_state();
+  const StateFile read = read_state_file(saved_sample("state-roundtrip"));
+  EXPECT_EQ(read.program, written.program);
+  EXPECT_EQ(read.recipe, written.recipe);
+  EXPECT_EQ(read.step, written.step);
+  ASSERT_EQ(read.tensors.size(), written.tensors.size());
+  for (std::size_t i = 0; i < written.tensors.size(); ++i) {
+    SCOPED_TRACE(written.tensors[i].name);
+    EXPECT_EQ(read.tensors[i].name, written.tensors[i].name);
+    EXPECT_EQ(read.tensors[i].dtype, written.tensors[i].dtype);
+    EXPECT_EQ(read.tensors[i].shape, written.tensors[i].shape);
+    EXPECT_EQ(read.tensors[i].bytes, written.tensors[i].bytes);
+  }
+  ASSERT_EQ(read.quantizers.size(), written.quantizers.size());
+  for (std::size_t i = 0; i < written.quantizers.size(); ++i) {
+    SCOPED_TRACE(written.quantizers[i].name);
+    const cpu::DelayedScalingState& got = read.quantizers[i].state;
+    const cpu::DelayedScalingState& want = written.quantizers[i].state;
+    EXPECT_EQ(read.quantizers[i].name, written.quantizers[i].name);
+    EXPECT_TRUE(same_bits(got.amax_history, want.amax_history));
+    EXPECT_TRUE(same_bits({got.scale, got.scale_inv}, {want.scale, want.scale_inv}));
+  }
+  EXPECT_EQ(read.quantizers[1].state.amax_history.size(), 1024u);
+  EXPECT_TRUE(std::isnan(read.quantizers[1].state.amax_history[5]));
+}
+
+TEST(StateFile, PayloadItemsStartOnSixtyFourByteBoundaries) {
+  // The docs promise aligned items so a loader can copy or map them directly.
+  const std::string bytes = read_bytes(saved_sample("state-aligned"));
+  for (const StateTensor& t : sample_state().tensors) {
+    if (t.bytes.empty()) continue;
+    const std::size_t at = bytes.find(std::string(t.bytes.begin(), t.bytes.end()));
+    ASSERT_NE(at, std::string::npos) << t.name;
+    EXPECT_EQ(at % 64, 0u) << t.name << " at " << at;
+  }
+}
+
+TEST(StateFile, TruncatedFileIsRefusedAtEveryCut) {
+  const std::string path = saved_sample("state-truncated");
+  const std::string whole = read_bytes(path);
+  const std::vector<std::size_t> cuts = {
+      0, 3, 8, 12, 20, 31, 32, 100, 640, 700, 900, 4000, whole.size() - 32, whole.size() - 1};
+  for (const std::size_t cut : cuts) {
+    ASSERT_LT(cut, whole.size());
+    write_bytes(path, whole.substr(0, cut));
+    const std::string message = read_error(path);
+    EXPECT_NE(message.find("state file " + path + " is truncated: it has " + std::to_string(cut) +
+                           " bytes"),
+              std::string::npos)
+        << "cut at " << cut << ": " << message;
+    EXPECT_NE(message.find("use a complete copy"), std::string::npos) << message;
+  }
+}
+
+TEST(StateFile, FlippedBitInHeaderPayloadOrChecksumIsDamage) {
+  const std::string path = saved_sample("state-bitflip");
+  const std::string whole = read_bytes(path);
+  const std::size_t in_header = whole.find("fc1.bias");
+  const std::vector<unsigned char> fp8_bytes = sample_state().tensors[2].bytes;
+  const std::size_t fp8_at = whole.find(std::string(fp8_bytes.begin(), fp8_bytes.end()));
+  ASSERT_NE(fp8_at, std::string::npos);
+  const std::size_t in_payload = fp8_at + 5;
+  const std::size_t in_checksum = whole.size() - 7;
+  ASSERT_NE(in_header, std::string::npos);
+  for (const std::size_t at : {in_header, in_payload, in_checksum}) {
+    std::string damaged = whole;
+    damaged[at] = static_cast<char>(damaged[at] ^ 0x10);
+    write_bytes(path, damaged);
+    const std::string message = read_error(path);
+    EXPECT_NE(message.find("state file " + path + " is damaged: checksum mismatch"),
+              std::string::npos)
+        << "bit flipped at " << at << ": " << message;
+    EXPECT_NE(message.find("restore it from a good copy"), std::string::npos) << message;
+  }
+}
+
+TEST(StateFile, ForeignFileIsNotAStateFile) {
+  const std::string path = saved_sample("state-magic");
+  std::string bytes = read_bytes(path);
+  bytes[0] = 'X';
+  write_bytes(path, bytes);
+  EXPECT_NE(read_error(path).find(path + " is not an opfuse state file"), std::string::npos)
+      << read_error(path);
+  write_bytes(path, "{\"program\": \"mlp\"}\n");
+  EXPECT_NE(read_error(path).find(path + " is not an opfuse state file"), std::string::npos)
+      << read_error(path);
+}
+
+TEST(StateFile, NewerVersionNamesBothVersions) {
+  const std::string path = saved_sample("state-version");
+  std::string bytes = read_bytes(path);
+  bytes[8] = static_cast<char>(kStateFileFormatVersion + 1);
+  write_bytes(path, bytes);
+  EXPECT_NE(read_error(path).find("state file " + path +
+                                  " was written by a newer opfuse: format version " +
+                                  std::to_string(kStateFileFormatVersion + 1) +
+                                  ", this build reads " + std::to_string(kStateFileFormatVersion)),
+            std::string::npos)
+      << read_error(path);
+}
+
+TEST(StateFile, TrailingBytesAreDamage) {
+  const std::string path = saved_sample("state-trailing");
+  write_bytes(path, read_bytes(path) + "extra");
+  EXPECT_NE(read_error(path).find("is damaged: it has 5 bytes after the end"), std::string::npos)
+      << read_error(path);
+}
+
+TEST(StateFile, MissingFileNamesPathAndReason) {
+  const std::string path = test::make_temp_dir("state-missing") + "/absent.state";
+  EXPECT_NE(read_error(path).find("cannot read state file " + path + ": No such file"),
+            std::string::npos)
+      << read_error(path);
+}
+
+TEST(StateFile, HeaderThatBreaksTheSchemaIsRefused) {
+  const std::string payload(64, '\0');
+  // Lists are passed as initializer lists: a one-element braced list would otherwise become its
+  // element rather than an array.
+  using List = std::initializer_list<nlohmann::json>;
+  const auto header = [](List tensors, List quantizers) {
+    return nlohmann::json{{"program", "p"},
+                          {"recipe", "r"},
+                          {"step", 3},
+                          {"tensors", tensors},
+                          {"quantizers", quantizers}}
+        .dump();
+  };
+  const auto t = [](const char* dtype, std::vector<int> shape, int offset, int size) {
+    return nlohmann::json{
+        {"name", "w"}, {"dtype", dtype}, {"shape", shape}, {"offset", offset}, {"size", size}};
+  };
+  const List none = {};
+  struct Case {
+    std::string header;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"{not json", "the header is not JSON"},
+      {"[1, 2]", "the header is not a JSON object"},
+      {R"({"program": "p", "recipe": "r", "tensors": [], "quantizers": []})",
+       "header has no field 'step'"},
+      {R"({"program": "p", "recipe": "r", "step": -1, "tensors": [], "quantizers": []})",
+       "header.step is not a non-negative 64-bit integer"},
+      {header({t("int7", {4}, 0, 4)}, none), "tensors[0].dtype 'int7' is not a dtype"},
+      {header({t("fp32", {4}, 0, 12)}, none),
+       "tensors[0] ('w') has size 12, but [4] of fp32 needs 16"},
+      {header({t("fp32", {4}, 56, 16)}, none), "tensors[0] ('w') lies outside the payload"},
+      {header({t("fp32", {-4}, 0, 16)}, none), "tensors[0].shape holds something other than"},
+      {header({t("bf16", {4}, 0, 8), t("bf16", {4}, 16, 8)}, none), "two tensors are named 'w'"},
+      {header(none, {{{"name", "q"}, {"history_length", 0}, {"offset", 0}}}),
+       "quantizers[0] ('q') has history length 0"},
+      {header({t("bf16", {8}, 0, 16)}, {{{"name", "q"}, {"history_length", 2}, {"offset", 8}}}),
+       "tensors[0] ('w') and quantizers[0] ('q') overlap in the payload"},
+  };
+  const std::string path = test::make_temp_dir("state-schema") + "/crafted.state";
+  for (const Case& c : cases) {
+    write_bytes(path, assemble(c.header, payload));
+    const std::string message = read_error(path);
+    EXPECT_NE(message.find("state file " + path + " is damaged: " + c.expected), std::string::npos)
+        << "header " << c.header << "\nmessage: " << message;
+  }
+  // The same layout with a consistent header reads: the cases above fail only for their defect.
+  write_bytes(path, assemble(header({t("bf16", {8}, 0, 16)},
+                                    {{{"name", "q"}, {"history_length", 2}, {"offset", 16}}}),
+                             payload));
+  EXPECT_EQ(read_error(path), "");
+}
+
+StateFile expected_layout() {
+  StateFile expected = sample_state();
+  for (StateTensor& t : expected.tensors) t.bytes.clear();  // layout only
+  return expected;
+}
+
+TEST(StateFile, MatchingLayoutHasNoMismatches) {
+  StateFile file = sample_state();
+  file.step = 7;                                // progress differs, layout does not
+  std::swap(file.tensors[0], file.tensors[3]);  // matched by name, not position
+  EXPECT_EQ(state_mismatches(file, expected_layout()), std::vector<std::string>{});
+  EXPECT_NO_THROW(require_state_fits(file, expected_layout(), "model.state"));
+}
+
+TEST(StateFile, MismatchesListEveryReason) {
+  StateFile file = sample_state();
+  file.program = "other.fuse:block";
+  file.recipe = "bf16";
+  file.tensors[0].shape = {5, 3};
+  file.tensors[1].dtype = ir::DType::BF16;
+  file.tensors[4].name = "norm.beta";
+  file.quantizers[0] = quantizer("fc1.input", 16, 1.0f);
+  file.quantizers[1].name = "fc2.weight";
+  const std::vector<std::string> expected_reasons = {
+      "it was saved from program 'other.fuse:block', this is 'mlp.fuse:mlp'",
+      fmt::format("it was saved with recipe 'bf16', this run uses '{}'", kSampleRecipe),
+      "tensor 'fc1.weight' has shape [5, 3] in the file, [3, 5] expected",
+      "tensor 'fc1.bias' is bf16 in the file, fp32 expected",
+      "tensor 'norm.gamma' is missing from the file",
+      "the file has a tensor 'norm.beta' that this program lacks",
+      "quantizer 'fc1.input' has amax history length 16 in the file, 1 expected",
+      "quantizer 'fc1.weight' is missing from the file",
+      "the file has a quantizer 'fc2.weight' that this program lacks",
+  };
+  EXPECT_EQ(state_mismatches(file, expected_layout()), expected_reasons);
+  try {
+    require_state_fits(file, expected_layout(), "/ckpt/model.state");
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("state file /ckpt/model.state does not fit this program, nothing was "
+                           "loaded"),
+              std::string::npos)
+        << message;
+    for (const std::string& reason : expected_reasons) {
+      EXPECT_NE(message.find("  - " + reason), std::string::npos) << reason << "\n" << message;
+    }
+  }
+}
+
+TEST(StateFile, MalformedStateIsRefusedBeforeWriting) {
+  const std::string dir = test::make_temp_dir("state-malformed");
+  StateFile short_bytes = sample_state();
+  short_bytes.tensors[0].bytes.pop_back();
+  StateFile duplicate = sample_state();
+  duplicate.quantizers[1].name = duplicate.quantizers[0].name;
+  StateFile empty_history = sample_state();
+  empty_history.quantizers[0].state.amax_history.clear();
+  const std::vector<std::pair<StateFile, std::string>> cases = {
+      {short_bytes, "tensor 'fc1.weight' has 29 bytes, its shape [3, 5] of bf16 needs 30"},
+      {duplicate, "two quantizers are named 'fc1.input'"},
+      {empty_history, "quantizer 'fc1.input' has an empty amax history"},
+  };
+  for (const auto& [state, expected] : cases) {
+    const std::string path = dir + "/bad.state";
+    try {
+      write_state_file(path, state);
+      ADD_FAILURE() << "expected UsageError: " << expected;
+    } catch (const UsageError& error) {
+      EXPECT_NE(std::string(error.what())
+                    .find(fmt::format("cannot write state file {}: {}; nothing was written", path,
+                                      expected)),
+                std::string::npos)
+          << error.what();
+    }
+    EXPECT_FALSE(fs::exists(path));
+  }
+}
+
+TEST(StateFile, ExistingFileIsReplacedWhole) {
+  const std::string dir = test::make_temp_dir("state-replace");
+  const std::string path = dir + "/model.state";
+  StateFile first = sample_state();
+  first.step = 1;
+  write_state_file(path, first);
+  StateFile second = sample_state();
+  second.step = 2;
+  second.tensors.resize(1);
+  write_state_file(path, second);
+  const StateFile read = read_state_file(path);
+  EXPECT_EQ(read.step, 2);
+  EXPECT_EQ(read.tensors.size(), 1u);
+  // No temp file is left beside it.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+}
+
+TEST(StateFile, MissingDirectoryIsNotCreated) {
+  const std::string dir = test::make_temp_dir("state-nodir") + "/not-yet";
+  try {
+    write_state_file(dir + "/model.state", sample_state());
+    FAIL() << "expected StateFileError";
+  } catch (const StateFileError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("cannot write state file " + dir +
+                        "/model.state: cannot create a file in " + dir),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+// Writes `replacement` over a valid file at `path` where writing must fail; checks the error and
+// that the old file still reads back whole.
+void expect_failed_write_keeps_old_file(const std::string& path, const StateFile& replacement) {
+  try {
+    write_state_file(path, replacement);
+    ADD_FAILURE() << "expected StateFileError";
+  } catch (const StateFileError& error) {
+    EXPECT_NE(std::string(error.what()).find("cannot write state file " + path + ": "),
+              std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("the old file there, if any, is unchanged"),
+              std::string::npos)
+        << error.what();
+  }
+  const StateFile still = read_state_file(path);
+  EXPECT_EQ(still.step, sample_state().step);
+  EXPECT_EQ(still.tensors[0].bytes, sample_state().tensors[0].bytes);
+  EXPECT_EQ(
+      std::distance(fs::directory_iterator(fs::path(path).parent_path()), fs::directory_iterator()),
+      1);
+}
+
+TEST(StateFile, WriteIntoReadOnlyDirectoryFailsAndKeepsOldFile) {
+  if (geteuid() == 0) {
+    GTEST_SKIP() << "running as root, which ignores directory permissions; "
+                    "FailedWriteKeepsOldFile covers a failing write";
+  }
+  const std::string path = saved_sample("state-readonly");
+  const std::string dir = fs::path(path).parent_path().string();
+  ASSERT_EQ(::chmod(dir.c_str(), 0555), 0);
+  StateFile replacement = sample_state();
+  replacement.step = 99;
+  expect_failed_write_keeps_old_file(path, replacement);
+  ::chmod(dir.c_str(), 0755);
+}
+
+TEST(StateFile, FailedWriteKeepsOldFile) {
+  // A file-size limit makes the write itself fail (EFBIG), for root too.
+  const std::string path = saved_sample("state-efbig");
+  StateFile replacement = sample_state();
+  replacement.tensors.push_back(tensor("huge", ir::DType::FP32, {1 << 20}, 9));
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit small = old_limit;
+  small.rlim_cur = 1 << 20;
+  const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);  // else the process is killed
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  expect_failed_write_keeps_old_file(path, replacement);
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::signal(SIGXFSZ, old_handler);
+}
+
+}  // namespace
+}  // namespace opfuse::api
+
+namespace opfuse {
+namespace {
+
+// Applications catch every runtime failure as opfuse::Error: errors thrown by the real code paths.
+TEST(ErrorHierarchy, ReferenceErrorIsAnOpfuseError) {
+  cpu::RunOptions options;
+  options.steps = 0;
+  EXPECT_THROW(cpu::run_reference_training(ir::Sequence{}, options), opfuse::Error);
+}
+
+TEST(ErrorHierarchy, JitErrorIsAnOpfuseError) {
+  jit::CompileRequest request;
+  request.kernel_name = "broken";
+  request.source = "__global__ void k(float* x) { x[0] = 1.0f }\n";
+  request.name_expressions = {"k"};
+  EXPECT_THROW(jit::compile_kernel(request), opfuse::Error);
+}
+
+TEST(ErrorHierarchy, StateFileErrorIsAnOpfuseError) {
+  EXPECT_THROW(api::read_state_file("/nonexistent/opfuse.state"), opfuse::Error);
+}
+
+}  // namespace
+}  // namespace opfuse
