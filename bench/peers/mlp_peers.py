@@ -234,7 +234,9 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here (rewritten after every measurement)")
     parser.add_argument(
-        "--sizes", default="tiny,medium,large", help="comma list of tiny,medium,large"
+        "--sizes",
+        default="tiny,medium,large",
+        help="comma list of tiny,medium,large, measured in the given order",
     )
     parser.add_argument("--modes", default="fwd,fwdbwd", help="comma list of fwd,fwdbwd")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=",".join(VARIANTS))
@@ -257,8 +259,8 @@ def parse_args(argv):
     )
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
-    args.sizes = common.parse_list(args.sizes, common.SIZE_ORDER, "sizes")
-    args.sizes = [s for s in common.SIZE_ORDER if s in args.sizes]
+    # The given order is kept: a run under a time limit can measure the size that matters first.
+    args.sizes = list(dict.fromkeys(common.parse_list(args.sizes, common.SIZE_ORDER, "sizes")))
     args.modes = common.parse_list(args.modes, MODES, "modes")
     args.variants = common.parse_list(args.variants, VARIANTS, "variants")
     args.autotune_sizes = common.parse_list(args.autotune_sizes, common.SIZE_ORDER, "sizes")
@@ -336,7 +338,8 @@ def main(argv):
     # size first since that is the comparison that matters, while the budget lasts.
     required = [v for v in args.variants if v not in OPTIONAL_VARIANTS]
     optional = [v for v in args.variants if v in OPTIONAL_VARIANTS]
-    for variants, sizes in ((required, args.sizes), (optional, args.sizes[::-1])):
+    largest_first = sorted(args.sizes, key=common.SIZE_ORDER.index, reverse=True)
+    for variants, sizes in ((required, args.sizes), (optional, largest_first)):
         if not variants:
             continue
         for size_name in sizes:

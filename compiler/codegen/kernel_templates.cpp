@@ -50,6 +50,15 @@ constexpr TemplateParam kBiasAddParams[] = {
     {"kHasResidual", Kind::Bool, "false"},
     {"kWriteTranspose", Kind::Bool, "false"},
 };
+constexpr TemplateParam kConstantScaleParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kWriteTranspose", Kind::Bool, "false"},
+};
+constexpr TemplateParam kFakeQuantizeParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Fp8", Kind::DType, ""},
+};
 constexpr TemplateParam kInputOnlyParams[] = {{"Input", Kind::DType, ""}};
 constexpr TemplateParam kOutputOnlyParams[] = {{"Output", Kind::DType, ""}};
 constexpr TemplateParam kScaleUpdateParams[] = {{"kThreads", Kind::Int, "256"}};
@@ -78,6 +87,8 @@ constexpr std::string_view kCastTransposeExample[] = {"__nv_bfloat16", "__nv_fp8
                                                       "false"};
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
                                                 "true"};
+constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};
+constexpr std::string_view kFakeQuantizeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"};
 constexpr std::string_view kBf16Example[] = {"__nv_bfloat16"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
 
@@ -120,6 +131,11 @@ constexpr KernelTemplate kTable[] = {
           kBf16Example),
     entry("update_scales", "scale_update.cuh", KernelFamily::Cast, "ScaleUpdateParams",
           kScaleUpdateParams, kScaleUpdateExample),
+    entry("constant_scale", "scale.cuh", KernelFamily::Scale, "ConstantScaleParams",
+          kConstantScaleParams, kConstantScaleExample),
+    // The user quantize op (Cast family): cast to FP8 and back in one pass.
+    entry("fake_quantize", "scale.cuh", KernelFamily::Cast, "FakeQuantizeParams",
+          kFakeQuantizeParams, kFakeQuantizeExample),
 };
 
 constexpr std::array<ir::DType, 5> kDTypes = {ir::DType::BF16, ir::DType::FP16, ir::DType::FP32,

@@ -4,8 +4,8 @@
 // (compiler/tools/check_templates.cpp, Clang libTooling) parses templates/ and fails when the two
 // disagree, so codegen can build every name expression through this table and trust it.
 //
-// Families without a generated kernel have no entry: Gemm (cuBLASLt), Alias (no data movement)
-// and, for now, Scale (constant_scale has no template yet; kernel_templates_for returns nothing).
+// Families without a generated kernel have no entry: Gemm (cuBLASLt) and Alias (no data
+// movement); kernel_templates_for returns nothing for them.
 #pragma once
 
 #include <cstdint>

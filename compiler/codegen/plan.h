@@ -97,8 +97,8 @@ struct ParamBinding {
     Buffers,    // an array field (reduce_column_partials' partials/outputs); -1 = nullptr
     Quantizer,  // a device scalar of quantizer `quantizer`: scale, scale_inv or amax
     Records,    // a device array of QuantizerRecord for the quantizers in `records`
-    Int,    // a 4-byte int field
-    Int64,  // a `long long` field (amax_reduce's element count)
+    Int,        // a 4-byte int field
+    Int64,      // a `long long` field (amax_reduce's element count)
     Float,
   };
   std::string field;
@@ -223,6 +223,11 @@ struct Plan {
 // Throws CodegenError for the first op or group that has no GPU kernel.
 Plan build_plan(const ir::Sequence& sequence, const CodegenOptions& options);
 Plan build_plan(const ir::Program& program, const CodegenOptions& options);
+
+// Reads plan.json back (`fusec build` output loaded by the runtime): the inverse of plan_to_json,
+// so plan_json_text(plan_from_json(j)) == j's text. Throws std::invalid_argument naming the
+// first missing or malformed field (e.g. "sequences[0].steps[3].gemm.m: ...").
+Plan plan_from_json(const nlohmann::ordered_json& json);
 
 // Deterministic JSON (goldens compare it): no times, no absolute paths.
 nlohmann::ordered_json plan_to_json(const Plan& plan);  // keys in a fixed, readable order

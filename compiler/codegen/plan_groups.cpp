@@ -103,11 +103,8 @@ int epilogue_output(SequenceBuilder& b, ValueId v, const std::string& what) {
 [[noreturn]] void no_kernel(const SequenceBuilder& b, const Group& g) {
   if (g.pattern.empty()) {
     const ir::Operation& op = *g.op;
-    b.fail(op,
-           fmt::format("'{}' ({}) has no GPU kernel yet: opfuse has no CUDA template for it",
-                       name_of(op.kind), op.instance),
-           "constant_scale and quantize run only on the CPU reference for now (fusec run "
-           "--device cpu); remove the op to build the sequence for the GPU");
+    b.fail(op, fmt::format("'{}' ({}) has no GPU kernel: opfuse has no CUDA template for it",
+                           name_of(op.kind), op.instance));
   }
   std::string parts;
   for (const ir::Operation* p : g.parts)
@@ -143,10 +140,11 @@ void emit_column_reduce(SequenceBuilder& b, const Group& g, const std::string& w
 }
 
 // Current scaling (note "Current scaling" in docs/codegen.md): the amax of the whole input, then
-// this quantizer's scale, then the cast; the cast itself then tracks no amax.
-void emit_current_amax(SequenceBuilder& b, const Group& g, ValueId x, int quantizer) {
+// this quantizer's scale, then the cast (cast_fp8 or quantize: `cast`); the cast itself then
+// tracks no amax.
+void emit_current_amax(SequenceBuilder& b, const Group& g, const ir::Operation& cast, ValueId x,
+                       int quantizer) {
   const ir::Value& xv = b.value(x);
-  const ir::Operation& cast = *g.find({OpKind::CastFp8});
   const std::string& name = b.seq().quantizers.at(size_t(quantizer)).name;
   b.add_memset(g, fmt::format("zero the amax of quantizer {} (current scaling)", name), quantizer);
   const SymExpr count = element_count_expr(xv.type.shape);
@@ -202,7 +200,7 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
   const bool transpose = y.columnwise >= 0;
   int amax_quantizer = cast.quantizer;
   if (current_scaling(b)) {
-    emit_current_amax(b, g, x, cast.quantizer);
+    emit_current_amax(b, g, cast, x, cast.quantizer);
     amax_quantizer = -1;  // measured already
   }
   GridRule grid = tile_grid(rows, cols);
@@ -532,6 +530,62 @@ void emit_alias(SequenceBuilder& b, const Group& g) {
   for (const ir::Operation* p : g.parts) b.make_alias(p->results.at(0), p->operands.at(0));
 }
 
+// constant_scale, forward and backward alike (its backward is a constant_scale of dy).
+void emit_constant_scale(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::ConstantScale});
+  const ir::Operation& op = *g.parts.front();
+  const ValueId x = op.operands.at(0), y = op.results.at(0);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype, out = b.value(y).type.dtype;
+  const int64_t cols = width_of(b, op, xv);
+  require_vector_width(b, op, cols, in, "constant_scale");
+  const SymExpr rows = rows_of(xv);
+  const double factor = ir::attr_float(op.attrs, "scale");
+  const bool backward = op.phase == ir::Phase::Backward;
+  b.add_launch(g,
+               fmt::format("{} = {} * {} ({} -> {})", backward ? "dx" : "y", factor,
+                           backward ? "dy" : "x", name_of(in), name_of(out)),
+               "constant_scale", {spell(in), spell(out), spell(false)}, tile_grid(rows, cols),
+               rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)), bind_out("y_t", -1),
+                bind_quantizer("scale", -1, "scale"), bind_quantizer("amax", -1, "amax"),
+                bind_float("factor", factor), bind_int("rows", rows), bind_int("cols", cols)});
+}
+
+// The user quantize op: fake quantization with the quantizer plan-quantization gave it (forward:
+// the output quantizer; backward = true: the grad_input one). Without a quantizer (bf16 recipes,
+// forward = false) it is the identity, an alias like make_extra_output.
+void emit_quantize(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::Quantize});
+  const ir::Operation& op = *g.parts.front();
+  const ValueId x = op.operands.at(0), y = op.results.at(0);
+  if (op.quantizer < 0) {
+    b.make_alias(y, x);
+    return;
+  }
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype;
+  const DType format = b.seq().quantizers.at(size_t(op.quantizer)).format;
+  const int64_t cols = width_of(b, op, xv);
+  require_vector_width(b, op, cols, in, "fake_quantize");
+  const SymExpr rows = rows_of(xv);
+  int amax_quantizer = op.quantizer;
+  if (current_scaling(b)) {
+    emit_current_amax(b, g, op, x, op.quantizer);
+    amax_quantizer = -1;  // measured already
+  }
+  b.add_launch(g,
+               fmt::format("fake-quantize {} through {} (y = dequantize(quantize(x)))", name_of(in),
+                           name_of(format)),
+               "fake_quantize", {spell(in), spell(format)}, tile_grid(rows, cols),
+               rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)),
+                bind_quantizer("scale", op.quantizer, "scale"),
+                bind_quantizer("scale_inv", op.quantizer, "scale_inv"),
+                bind_quantizer("amax", amax_quantizer, "amax"), bind_int("rows", rows),
+                bind_int("cols", cols)});
+}
+
 // ---- GEMMs (note "Row-major GEMMs" in runtime/gpu/gemm_desc.h) ----------------------------------
 
 GemmOperand gemm_operand(const SequenceBuilder& b, ValueId v, const ir::Operation& at) {
@@ -676,6 +730,8 @@ void emit_group(SequenceBuilder& b, const Group& g) {
   if (g.find({OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd})) return emit_bias_add(b, g);
   if (g.find({OpKind::CastFp8})) return emit_cast(b, g);
   if (g.find({OpKind::BiasGrad})) return emit_dbias(b, g);
+  if (g.find({OpKind::ConstantScale})) return emit_constant_scale(b, g);
+  if (g.find({OpKind::Quantize})) return emit_quantize(b, g);
   no_kernel(b, g);
 }
 

@@ -16,6 +16,42 @@ SymExpr SymExpr::symbol(std::string name) {
 
 SymExpr SymExpr::opaque(std::string call) { return symbol(std::move(call)); }
 
+SymExpr SymExpr::parse(const std::string& text) {
+  SymExpr result;
+  int depth = 0;
+  std::size_t begin = 0;
+  auto add_factor = [&](std::size_t end) {
+    std::string factor = text.substr(begin, end - begin);
+    const auto first = factor.find_first_not_of(' ');
+    const auto last = factor.find_last_not_of(' ');
+    if (first == std::string::npos)
+      throw std::invalid_argument(fmt::format("empty factor in plan expression '{}'", text));
+    factor = factor.substr(first, last - first + 1);
+    const bool integer = std::all_of(factor.begin() + (factor[0] == '-' ? 1 : 0), factor.end(),
+                                     [](unsigned char c) { return std::isdigit(c) != 0; }) &&
+                         factor != "-";
+    if (integer) {
+      result.constant_ *= std::stoll(factor);
+    } else {
+      result.factors_.push_back(std::move(factor));
+    }
+  };
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '(') ++depth;
+    if (text[i] == ')' && --depth < 0) break;
+    if (text[i] == '*' && depth == 0) {
+      add_factor(i);
+      begin = i + 1;
+    }
+  }
+  if (depth != 0)
+    throw std::invalid_argument(
+        fmt::format("unbalanced parentheses in plan expression '{}'", text));
+  add_factor(text.size());
+  if (result.constant_ == 0) result.factors_.clear();
+  return result;
+}
+
 std::optional<int64_t> SymExpr::value() const {
   if (!is_known()) return std::nullopt;
   return constant_;

@@ -24,6 +24,9 @@ class SymExpr {
   // Implicit on purpose: sizes are written as plain integers (`rows * 8`).
   SymExpr(int64_t value) : constant_(value) {}
   static SymExpr symbol(std::string name);
+  // The inverse of text() (a plan.json size): integer factors fold into the constant, every other
+  // top-level factor is kept as written. Throws std::invalid_argument for empty or unbalanced text.
+  static SymExpr parse(const std::string& text);
 
   bool is_known() const { return factors_.empty(); }
   std::optional<int64_t> value() const;

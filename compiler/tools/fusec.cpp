@@ -20,13 +20,17 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../../runtime/api/bench.h"
+#include "../../runtime/api/build_dir.h"
 #include "../../runtime/api/gpu_run.h"
 #include "../../runtime/cpu/run_driver.h"
 #include "../../runtime/gpu/device.h"
@@ -525,7 +529,11 @@ int run_build(const BuildCommandOptions& opts, const CommonOptions& common) {
         kernels_dir + "/" + plan.kernels[i].id + (binary.is_ptx ? ".ptx" : ".cubin");
     if (!write_output(path, bytes)) return kExitUserError;
   }
-  if (!write_output(opts.out_dir + "/plan.json", opfuse::codegen::plan_json_text(plan)))
+  const std::string plan_text = opfuse::codegen::plan_json_text(plan);
+  if (!write_output(opts.out_dir + "/plan.json", plan_text)) return kExitUserError;
+  // The manifest opfuse::Program::load_build verifies the directory against.
+  if (!write_output(opts.out_dir + "/kernels.json",
+                    opfuse::api::build_manifest_text(plan, plan_text, outcome.kernels)))
     return kExitUserError;
   remove_stale_kernels(kernels_dir, plan, opts.arch.starts_with("compute_") ? ".ptx" : ".cubin");
   const double total_ms = milliseconds_since(start);
@@ -647,6 +655,91 @@ int run_dump_kernels(const BuildCommandOptions& opts, const CommonOptions& commo
   return kExitOk;
 }
 
+// ---- bench
+// ---------------------------------------------------------------------------------------
+
+struct BenchCommandOptions {
+  std::string file;
+  std::string sequence;
+  std::vector<std::string> binds;
+  std::string mode = "fwd";
+  bool graph = false;
+  bool recast_weights = false;
+  int iterations = 0;
+  int warmup = 10;
+  uint64_t seed = 0;
+  std::string json;
+};
+
+// NAME=SIZE pairs; nullopt after reporting the first malformed one.
+std::optional<std::map<std::string, int64_t>> parse_bindings(
+    const std::vector<std::string>& binds) {
+  std::map<std::string, int64_t> bindings;
+  for (const std::string& bind : binds) {
+    const size_t eq = bind.find('=');
+    bool ok = eq != std::string::npos && eq > 0 && eq + 1 < bind.size();
+    if (ok) {
+      try {
+        size_t used = 0;
+        bindings[bind.substr(0, eq)] = std::stoll(bind.substr(eq + 1), &used);
+        ok = used == bind.size() - eq - 1;
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      std::fprintf(stderr, "fusec: error: --bind '%s' is not NAME=SIZE (e.g. --bind tokens=64)\n",
+                   bind.c_str());
+      return std::nullopt;
+    }
+  }
+  return bindings;
+}
+
+int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
+  const auto bindings = parse_bindings(opts.binds);
+  if (!bindings) return kExitUsage;
+  std::string no_gpu;
+  if (!opfuse::gpu::gpu_available(&no_gpu)) {
+    std::fprintf(stderr,
+                 "fusec: error: bench needs a GPU: %s; `fusec build` compiles without one\n",
+                 no_gpu.c_str());
+    return kExitUserError;
+  }
+  try {
+    opfuse::CompileOptions compile;
+    compile.recipe = common.recipe;
+    const Clock::time_point start = Clock::now();
+    const opfuse::Program program = opfuse::Program::compile_file(opts.file, compile);
+    opfuse::api::BenchOptions bench;
+    bench.compile_wall_ms = milliseconds_since(start);
+    bench.sequence = opts.sequence;
+    bench.bindings = *bindings;
+    bench.mode = opts.mode == "fwdbwd" ? opfuse::api::BenchMode::ForwardBackward
+                                       : opfuse::api::BenchMode::Forward;
+    bench.graph = opts.graph;
+    bench.recast_weights = opts.recast_weights;
+    bench.iterations = opts.iterations;
+    bench.warmup = opts.warmup;
+    bench.seed = opts.seed;
+    opfuse::api::BenchReport report = opfuse::api::run_benchmark(program, bench);
+    report.file = opts.file;
+    std::fputs(opfuse::api::format_bench_report(report).c_str(), stdout);
+    if (!opts.json.empty()) {
+      const fs::path parent = fs::path(opts.json).parent_path();
+      if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
+      if (!write_output(opts.json, opfuse::api::bench_report_json(report))) return kExitUserError;
+    }
+  } catch (const opfuse::CompileError& e) {
+    std::fputs(e.what(), stderr);
+    return kExitUserError;
+  } catch (const opfuse::Error& e) {
+    std::fprintf(stderr, "fusec: error: %s\n", e.what());
+    return kExitUserError;
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -739,6 +832,45 @@ int main(int argc, char** argv) {
     cmd->footer(kExitCodeHelp);
   }
 
+  BenchCommandOptions bench_opts;
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "time a sequence on the GPU: CUDA events around each iteration after a warm-up, median "
+      "(p10, p90) of many, inputs rotated over enough buffers to miss the L2; prints the time, "
+      "TFLOP/s, host time per call, peak device memory and a per-step breakdown (GEMMs in "
+      "TFLOP/s, generated kernels in GB/s against a device copy measured in the same run)");
+  bench->add_option("file", bench_opts.file, ".fuse file")->required()->check(CLI::ExistingFile);
+  bench->add_option("--sequence", bench_opts.sequence,
+                    "the sequence to time (needed when the file has several)");
+  bench->add_option("--bind", bench_opts.binds, "NAME=SIZE for a symbolic dimension (repeatable)")
+      ->allow_extra_args(false);
+  bench
+      ->add_option("--mode", bench_opts.mode,
+                   "fwd (an inference forward) or fwdbwd (forward, backward of a fixed random "
+                   "dy, step)")
+      ->check(CLI::IsMember({"fwd", "fwdbwd"}))
+      ->capture_default_str();
+  bench->add_flag("--graph", bench_opts.graph,
+                  "replay a CUDA graph of one iteration (inputs cannot rotate: fixed pointers)");
+  bench->add_flag("--recast-weights", bench_opts.recast_weights,
+                  "fwd: cast the FP8 weights on every call instead of once (cached)");
+  bench
+      ->add_option("--iterations", bench_opts.iterations,
+                   "timed iterations per pass; 0: about 0.3 s worth (20 to 2000)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  bench->add_option("--warmup", bench_opts.warmup, "untimed iterations first")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  bench->add_option("--seed", bench_opts.seed, "seed of the parameters and inputs")
+      ->capture_default_str();
+  bench->add_option("--json", bench_opts.json, "also write every number to this JSON file");
+  add_common(bench, common);
+  bench->footer(
+      "Needs a GPU (exit 1 without one). Parameters as `fusec run` makes them; inputs and output "
+      "gradients random. --recipe picks any recipe the file declares, or bf16.\n" +
+      std::string(kExitCodeHelp));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -752,6 +884,7 @@ int main(int argc, char** argv) {
     if (*run) return run_run(run_opts, common);
     if (*build) return run_build(build_opts, common);
     if (*dump) return run_dump_kernels(dump_opts, common);
+    if (*bench) return run_bench(bench_opts, common);
   } catch (const opfuse::InternalError& e) {
     std::fprintf(stderr, "%s\nfusec: this is a bug in opfuse; please report it with the input.\n",
                  e.what());

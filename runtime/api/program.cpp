@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "api/build_dir.h"
 #include "api/program_impl.h"
 #include "codegen/kernel_source.h"
 #include "driver/frontend.h"
@@ -78,7 +79,6 @@ std::string_view tensor_kind_name(TensorKind kind) {
 
 Program Program::compile(std::string_view source, std::string_view file_name,
                          const CompileOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
   auto impl = std::make_shared<Impl>();
   impl->source_name = std::string(file_name);
 
@@ -133,7 +133,6 @@ Program Program::compile(std::string_view source, std::string_view file_name,
   impl->stats.compile_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - kernels_start)
           .count();
-  (void)start;
   return Program(std::move(impl));
 }
 
@@ -142,6 +141,20 @@ Program Program::compile_file(const std::string& path, const CompileOptions& opt
   if (!in) throw UsageError(fmt::format("cannot read the program file {}", path));
   const std::string text{std::istreambuf_iterator<char>(in), {}};
   return compile(text, path, options);
+}
+
+Program Program::load_build(const std::string& dir) {
+  const auto start = std::chrono::steady_clock::now();
+  api::LoadedBuild build = api::load_build_dir(dir);
+  auto impl = std::make_shared<Impl>();
+  impl->source_name = build.plan.source;
+  impl->plan = std::move(build.plan);
+  impl->kernels = std::move(build.kernels);
+  impl->stats.kernels = static_cast<int>(impl->kernels.size());
+  impl->stats.cache_hits = impl->stats.kernels;
+  impl->stats.compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return Program(std::move(impl));
 }
 
 std::vector<std::string> Program::sequences() const {

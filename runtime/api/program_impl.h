@@ -14,7 +14,7 @@ namespace opfuse {
 
 struct Program::Impl {
   std::string source_name;
-  ir::Program program;  // after the pass pipeline
+  ir::Program program;  // after the pass pipeline; empty for a loaded build
   codegen::Plan plan;
   std::vector<jit::CompiledKernel> kernels;  // plan.kernels order
   BuildStats stats;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "api/program_impl.h"
+#include "api/session_access.h"
 #include "api/state_file.h"
 #include "cpu/numerics.h"
 #include "cpu/reference_executor.h"
@@ -217,6 +218,14 @@ std::vector<TensorInfo> Session::tensors() const {
 void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
   Impl& s = *impl_;
   s.require_bound("own_parameters()");
+  s.require_no_graph("own_parameters()");
+  if (s.sequence == nullptr) {
+    throw UsageError(fmt::format(
+        "own_parameters() needs the program's IR to know each parameter's initializer, and "
+        "{} was loaded from a build directory: give your parameters with set_tensor(), or "
+        "allocate_parameters() and load() a checkpoint",
+        s.program->source_name));
+  }
   // The same values `fusec run --device cpu` starts from: the CPU reference's initializer.
   cpu::Bindings bindings(s.bindings.begin(), s.bindings.end());
   cpu::ReferenceExecutor<float> reference(*s.sequence, bindings);
@@ -228,6 +237,20 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
         cudaMemcpyAsync(buffer.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream),
         fmt::format("uploading parameter '{}'", info.name));
     OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "own_parameters");
+    s.executor->set_tensor(info.name, buffer.data());
+    s.given.erase(info.name);
+    s.owned.insert_or_assign(info.name, std::move(buffer));
+  }
+}
+
+void Session::allocate_parameters(cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.require_bound("allocate_parameters()");
+  s.require_no_graph("allocate_parameters()");
+  for (const gpu::TensorInfo& info : s.params()) {
+    gpu::DeviceBuffer buffer(info.bytes, stream);
+    OPFUSE_CUDA_CHECK(cudaMemsetAsync(buffer.data(), 0, info.bytes, stream),
+                      fmt::format("zeroing parameter '{}'", info.name));
     s.executor->set_tensor(info.name, buffer.data());
     s.given.erase(info.name);
     s.owned.insert_or_assign(info.name, std::move(buffer));
@@ -425,5 +448,9 @@ MemoryStats Session::memory() const {
 }
 
 void Session::reset_peak_memory() { impl_->executor->reset_peak(); }
+
+gpu::SequenceExecutor& SessionAccess::executor(Session& session) {
+  return *session.impl_->executor;
+}
 
 }  // namespace opfuse

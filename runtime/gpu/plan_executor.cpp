@@ -192,6 +192,7 @@ struct SequenceExecutor::Impl {
   void require_set(int begin, int end, const char* call) const;
   void run_steps(int begin, int end, cudaStream_t stream, RunMode mode);
   void run_step(int index, cudaStream_t stream);
+  void observed_step(int index, cudaStream_t stream);
   void allocate(int root, cudaStream_t stream);
   void release(int root, cudaStream_t stream);
   void release_all(cudaStream_t stream, bool keep_weight_cache);
@@ -228,6 +229,7 @@ struct SequenceExecutor::Impl {
   std::size_t live_bytes = 0, peak_bytes = 0;
   cudaStream_t last_stream = nullptr;
   bool pinned = false;  // pin_memory(): every buffer allocated, none freed until unpin_memory()
+  StepObserver* observer = nullptr;  // set_observer(): benchmarks time each step
 };
 
 SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& modules_in,
@@ -580,7 +582,7 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
     for (int root : touched[i]) {
       if (!facts[static_cast<std::size_t>(root)].callers) allocate(root, stream);
     }
-    run_step(index, stream);
+    observed_step(index, stream);
     for (int root : frees[i]) release(root, stream);
   }
   for (WeightCacheGroup& group : cache_groups) {
@@ -612,6 +614,12 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
                                       static_cast<std::size_t>(memset.bytes), stream),
                       describe_step(step));
   }
+}
+
+void SequenceExecutor::Impl::observed_step(int index, cudaStream_t stream) {
+  if (observer != nullptr) observer->before(index, stream);
+  run_step(index, stream);
+  if (observer != nullptr) observer->after(index, stream);
 }
 
 const void* SequenceExecutor::Impl::result(const std::map<std::string, int, std::less<>>& names,
@@ -759,7 +767,7 @@ void SequenceExecutor::end_step(cudaStream_t stream) {
     throw UsageError(fmt::format("end_step() of sequence '{}' before bind()", s.plan.name));
   }
   for (const Step& step : s.plan.steps) {
-    if (step.group < 0) s.run_step(step.index, stream);
+    if (step.group < 0) s.observed_step(step.index, stream);
   }
   s.last_stream = stream;
   invalidate_weight_cache();
@@ -830,5 +838,41 @@ void SequenceExecutor::upload_quantizers(const std::vector<cpu::DelayedScalingSt
 ExecutorMemory SequenceExecutor::memory() const { return {impl_->live_bytes, impl_->peak_bytes}; }
 
 void SequenceExecutor::reset_peak() { impl_->peak_bytes = impl_->live_bytes; }
+
+void SequenceExecutor::set_observer(StepObserver* observer) { impl_->observer = observer; }
+
+std::vector<StepProfile> SequenceExecutor::step_profiles() const {
+  const Impl& s = *impl_;
+  if (!s.bound) {
+    throw UsageError(fmt::format("step_profiles() of sequence '{}' before bind()", s.plan.name));
+  }
+  std::vector<StepProfile> profiles;
+  profiles.reserve(s.plan.steps.size());
+  for (const Step& step : s.plan.steps) {
+    StepProfile profile;
+    profile.index = step.index;
+    profile.phase = step.phase;
+    profile.what = step.what;
+    profile.pattern = step.pattern;
+    profile.end_of_step = step.group < 0;
+    profile.weight_cast = s.cache_group_of_step[static_cast<std::size_t>(step.index)] >= 0;
+    for (int id : step.reads) profile.bytes_read += s.bytes[static_cast<std::size_t>(id)];
+    for (int id : step.writes) profile.bytes_written += s.bytes[static_cast<std::size_t>(id)];
+    if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+      profile.kind = StepProfile::Kind::Kernel;
+      profile.kernel = launch->kernel;
+    } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
+      const GemmDesc& desc = s.steps[static_cast<std::size_t>(step.index)].gemm;
+      profile.kind = StepProfile::Kind::Gemm;
+      profile.gemm = desc;
+      profile.gemm_role = std::string(codegen::gemm_role_name(gemm->role));
+      profile.flops = 2.0 * double(desc.m) * double(desc.n) * double(desc.k);
+    } else {
+      profile.kind = StepProfile::Kind::Memset;
+    }
+    profiles.push_back(std::move(profile));
+  }
+  return profiles;
+}
 
 }  // namespace opfuse::gpu

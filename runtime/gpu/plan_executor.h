@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -57,6 +58,36 @@ struct TensorInfo {
 struct ExecutorMemory {
   std::size_t live_bytes = 0;  // the executor's allocations now (not the caller's tensors)
   std::size_t peak_bytes = 0;  // most at once since construction or reset_peak()
+};
+
+// What one plan step does under the current bindings, for benchmarks (fusec bench): its kind,
+// what it moves (the step's reads and writes lists at their bound sizes) and, for a GEMM, its
+// problem, so a report can give TFLOP/s for GEMMs and GB/s for memory-bound kernels.
+struct StepProfile {
+  enum class Kind : std::uint8_t { Kernel, Gemm, Memset };
+  int index = 0;
+  ir::Phase phase = ir::Phase::Forward;
+  Kind kind = Kind::Kernel;
+  std::string what;       // the plan's one-line description
+  std::string kernel;     // Kernel: codegen::Kernel::id
+  std::string pattern;    // the fusion pattern, empty for an unfused op
+  GemmDesc gemm;          // Gemm only
+  std::string gemm_role;  // Gemm: "fprop", "dgrad" or "wgrad"
+  double flops = 0;       // Gemm: 2 m n k
+  std::size_t bytes_read = 0;
+  std::size_t bytes_written = 0;
+  bool end_of_step = false;  // the scale update end_step() runs
+  bool weight_cast = false;  // in a weight-cast group: skipped while the FP8 weights are cached
+};
+
+// Called around every step the executor enqueues (forward, backward, end_step), on the stream it
+// enqueues on, e.g. to record CUDA events. Never called for steps that are skipped (cached weight
+// casts). The calls happen during a graph capture too: an observer must not be set then.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void before(int step, cudaStream_t stream) = 0;
+  virtual void after(int step, cudaStream_t stream) = 0;
 };
 
 class SequenceExecutor {
@@ -126,6 +157,11 @@ class SequenceExecutor {
 
   ExecutorMemory memory() const;
   void reset_peak();
+
+  // Benchmark hooks. set_observer(nullptr) (the default) removes it; the observer must outlive
+  // its use. step_profiles() is per plan step (Step::index order); UsageError before bind().
+  void set_observer(StepObserver* observer);
+  std::vector<StepProfile> step_profiles() const;
 
  private:
   struct Impl;

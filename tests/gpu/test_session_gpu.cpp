@@ -23,6 +23,7 @@
 #include "opfuse/program.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
+#include "test_support.h"
 
 namespace opfuse {
 namespace {
@@ -264,6 +265,37 @@ TEST_F(SessionGpu, GraphReplayOfAnInferenceForwardEqualsEager) {
     graphed.replay(stream_);
     EXPECT_EQ(read(graphed.output("y"), y_bytes()), read(eager.output("y"), y_bytes()));
   }
+}
+
+// `fusec build` output loaded without NVRTC runs like the program compiled from source: a
+// checkpoint of the compiled session loaded into zeroed parameters gives the same output.
+TEST_F(SessionGpu, ALoadedBuildDirectoryRunsLikeTheCompiledProgram) {
+  const std::string dir = test::make_temp_dir("session_build");
+  const std::string source = dir + "/small_mlp.fuse";
+  { std::ofstream(source) << program_text("fp8"); }
+  const auto built =
+      test::run_command("OPFUSE_CACHE_DIR=" + dir + "/cache " + test::fusec_path() + " build " +
+                        source + " -o " + dir + "/out --arch " + gpu::current_device().arch);
+  ASSERT_EQ(built.exit_code, 0) << built.output;
+
+  const Program compiled = Program::compile(program_text("fp8"), "small_mlp.fuse");
+  Session a = make_session(compiled, 4);
+  train_step(a);
+  a.save(dir + "/a.state", stream_);
+  a.forward(stream_, RunMode::Inference);
+  const auto want = read(a.output("y"), y_bytes());
+
+  const Program loaded = Program::load_build(dir + "/out");
+  EXPECT_EQ(loaded.build_stats().compiled, 0);
+  Session b(loaded, "", stream_);
+  b.bind({{"tokens", 64}});
+  EXPECT_THROW(b.own_parameters(4, stream_), UsageError);  // no IR to initialize from
+  b.allocate_parameters(stream_);
+  b.set_tensor("x", random_bf16(64 * 256, 11));
+  b.load(dir + "/a.state", stream_);
+  b.forward(stream_, RunMode::Inference);
+  EXPECT_EQ(read(b.output("y"), y_bytes()), want);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(SessionGpu, MisuseIsReportedBeforeAnythingRuns) {

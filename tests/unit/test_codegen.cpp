@@ -1,9 +1,9 @@
 // Codegen (compiler/codegen): the plan of every example under FP8 delayed scaling, current
 // scaling and bf16 (GEMMs and their operands, casts, the scale update, buffer lifetimes), the
 // kernel sources (their .fuse lines, one kernel per instantiation, each compiling with NVRTC for
-// sm_90a), plan expressions, errors for ops without a GPU kernel, and the goldens
-// tests/golden/codegen/<example>/{plan.json,kernels/*.cu} (OPFUSE_UPDATE_GOLDEN=1 rewrites them;
-// scripts/update_goldens.sh does that).
+// sm_90a), constant_scale and quantize, plan expressions, errors for groups without a GPU kernel,
+// and the goldens tests/golden/codegen/<example>/{plan.json,kernels/*.cu}
+// (OPFUSE_UPDATE_GOLDEN=1 rewrites them; scripts/update_goldens.sh does that).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -444,23 +444,168 @@ TEST(CodegenKernels, EveryEmittedKernelCompilesWithNvrtcForSm90a) {
   }
 }
 
+// ---- constant_scale and quantize ---------------------------------------------------------------
+
+// Every form of the two ops: quantize forward and backward (two quantizers), forward only, backward
+// only (forward = false: the identity forward), under a declared delayed and current recipe.
+constexpr const char* kScaleQuantize = R"(recipe delayed = delayed_scaling(amax_history = 16)
+recipe current = current_scaling()
+sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses delayed {
+  constant_scale(0.5)
+  quantize(forward = true, backward = true) as both
+  quantize(forward = false, backward = true) as grad_only
+  quantize(forward = true, backward = false) as forward_only
+}
+)";
+
+std::unique_ptr<Compiled> compile_scale_quantize(const std::string& recipe) {
+  auto c = std::make_unique<Compiled>();
+  c->program = load_and_run_passes("scale_quantize.fuse", recipe, c->sources, kScaleQuantize);
+  c->plan = codegen::build_plan(c->program, {"sm_90a", &c->sources});
+  return c;
+}
+
+const std::string& quantizer_name(const SequencePlan& s, const Step& step,
+                                  const std::string& field) {
+  return s.quantizers.at(size_t(param(step, field).quantizer)).name;
+}
+
+TEST(CodegenScaleQuantize, ConstantScaleRunsItsKernelForwardAndBackward) {
+  const auto c = compile_scale_quantize("");
+  const SequencePlan& s = c->plan.sequences.at(0);
+  const auto scales = launches_of(c->plan, s, "constant_scale");
+  ASSERT_EQ(scales.size(), 2u);
+  EXPECT_EQ(scales[0]->phase, ir::Phase::Forward);
+  EXPECT_EQ(scales[1]->phase, ir::Phase::Backward);
+  for (const Step* step : scales) {
+    EXPECT_EQ(std::get<LaunchStep>(step->body).name_expression,
+              "opfuse::constant_scale<__nv_bfloat16, __nv_bfloat16, false>");
+    EXPECT_EQ(param(*step, "factor").kind, codegen::ParamBinding::Kind::Float);
+    EXPECT_EQ(param(*step, "factor").float_value, 0.5);
+    EXPECT_EQ(param(*step, "cols").int_value.value(), 64);
+    EXPECT_EQ(param(*step, "rows").int_value.text(), "tokens");
+    EXPECT_EQ(param(*step, "amax").kind, codegen::ParamBinding::Kind::Null);
+    EXPECT_EQ(std::get<LaunchStep>(step->body).grid.x.value(), 1);
+  }
+  // The backward one writes the input gradient.
+  const Buffer& dx = s.buffers.at(size_t(param(*scales[1], "y").buffers.at(0)));
+  EXPECT_EQ(dx.interface, std::vector<std::string>{"input_grad x"});
+}
+
+TEST(CodegenScaleQuantize, DelayedScalingFakeQuantizesWithEachQuantizerAndRaisesItsAmax) {
+  const auto c = compile_scale_quantize("");
+  const SequencePlan& s = c->plan.sequences.at(0);
+  ASSERT_EQ(s.quantizers.size(), 4u);
+  const auto fakes = launches_of(c->plan, s, "fake_quantize");
+  ASSERT_EQ(fakes.size(), 4u);
+  std::vector<std::string> names;
+  for (const Step* step : fakes) {
+    const std::string q = quantizer_name(s, *step, "scale");
+    names.push_back(q);
+    EXPECT_EQ(quantizer_name(s, *step, "scale_inv"), q);
+    EXPECT_EQ(quantizer_name(s, *step, "amax"), q) << "delayed scaling raises history slot 0";
+    EXPECT_EQ(param(*step, "scale_inv").quantizer_field, "scale_inv");
+    const bool gradient = q.ends_with(".grad_input");
+    EXPECT_EQ(step->phase, gradient ? ir::Phase::Backward : ir::Phase::Forward) << q;
+    EXPECT_EQ(std::get<LaunchStep>(step->body).name_expression,
+              gradient ? "opfuse::fake_quantize<__nv_bfloat16, __nv_fp8_e5m2>"
+                       : "opfuse::fake_quantize<__nv_bfloat16, __nv_fp8_e4m3>");
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"both.output", "forward_only.output",
+                                             "grad_only.grad_input", "both.grad_input"}));
+  // grad_only's forward is the identity: its result views the buffer of its operand.
+  const Step& forward_only = *fakes[1];
+  const Buffer& read = s.buffers.at(size_t(param(forward_only, "x").buffers.at(0)));
+  EXPECT_GE(read.alias_of, 0) << read.name;
+  EXPECT_EQ(read.alias_of, param(*fakes[0], "y").buffers.at(0));
+  // One end-of-step update covers the four quantizers.
+  const auto updates = launches_of(c->plan, s, "update_scales");
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(param(*updates[0], "records").records, (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(CodegenScaleQuantize, CurrentScalingMeasuresTheAmaxBeforeEachFakeQuantize) {
+  const auto c = compile_scale_quantize("current");
+  const SequencePlan& s = c->plan.sequences.at(0);
+  const auto fakes = launches_of(c->plan, s, "fake_quantize");
+  ASSERT_EQ(fakes.size(), 4u);
+  for (const Step* step : fakes) {
+    const int q = param(*step, "scale").quantizer;
+    ASSERT_GE(step->index, 3);
+    const Step& memset = s.steps[size_t(step->index - 3)];
+    const Step& amax = s.steps[size_t(step->index - 2)];
+    const Step& update = s.steps[size_t(step->index - 1)];
+    ASSERT_TRUE(std::holds_alternative<codegen::MemsetStep>(memset.body)) << memset.what;
+    EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).quantizer, q);
+    EXPECT_EQ(c->plan.find_kernel(std::get<LaunchStep>(amax.body).kernel)->template_name,
+              "amax_reduce");
+    EXPECT_EQ(param(amax, "amax").quantizer, q);
+    EXPECT_EQ(param(amax, "x").buffers, param(*step, "x").buffers);
+    EXPECT_EQ(param(update, "records").records, std::vector<int>{q});
+    EXPECT_EQ(param(*step, "amax").kind, codegen::ParamBinding::Kind::Null);
+  }
+  EXPECT_EQ(launches_of(c->plan, s, "update_scales").size(), 4u);
+}
+
+TEST(CodegenScaleQuantize, Bf16QuantizeIsTheIdentityAndConstantScaleStillRuns) {
+  const auto c = compile_scale_quantize("bf16");
+  const SequencePlan& s = c->plan.sequences.at(0);
+  EXPECT_TRUE(s.quantizers.empty());
+  EXPECT_TRUE(launches_of(c->plan, s, "fake_quantize").empty());
+  EXPECT_EQ(launches_of(c->plan, s, "constant_scale").size(), 2u);
+  EXPECT_EQ(s.steps.size(), 2u);
+  // The output y views the forward constant_scale's result through three aliases.
+  const Step& forward = *launches_of(c->plan, s, "constant_scale")[0];
+  const int scaled = param(forward, "y").buffers.at(0);
+  for (const Buffer& b : s.buffers) {
+    if (std::find(b.interface.begin(), b.interface.end(), "output y") != b.interface.end()) {
+      EXPECT_EQ(b.alias_of, scaled) << b.name;
+    }
+  }
+}
+
+TEST(CodegenScaleQuantize, EveryKernelCompilesWithNvrtcForSm90a) {
+  std::map<std::string, jit::CompileRequest> requests;
+  for (const std::string recipe : {"", "current", "bf16"}) {
+    const auto c = compile_scale_quantize(recipe);
+    for (const auto& k : c->plan.kernels) {
+      jit::CompileRequest r;
+      r.kernel_name = k.id;
+      r.source = codegen::kernel_source(c->plan, k);
+      r.name_expressions = {k.name_expression};
+      r.arch = "sm_90a";
+      requests.emplace(k.name_expression, std::move(r));
+    }
+  }
+  std::vector<jit::CompileRequest> list;
+  list.reserve(requests.size());
+  for (auto& [expression, r] : requests) list.push_back(std::move(r));
+  // constant_scale, fake_quantize e4m3 and e5m2, update_scales, amax_reduce.
+  ASSERT_EQ(list.size(), 5u);
+  const jit::CompileAllResult result = jit::compile_all(list, nullptr);
+  ASSERT_EQ(result.kernels.size(), list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const jit::CompiledKernel& k = result.kernels[i];
+    EXPECT_FALSE(k.is_ptx) << k.kernel_name;
+    EXPECT_EQ(k.lowered_names.count(list[i].name_expressions[0]), 1u) << k.kernel_name;
+    EXPECT_EQ(k.spill_store_bytes, 0) << k.kernel_name << " spills";
+  }
+}
+
 // ---- errors -------------------------------------------------------------------------------------
 
-TEST(CodegenErrors, OpWithoutAGpuKernelIsReportedAtItsLocation) {
-  for (const char* op : {"constant_scale(2.0)", "quantize()"}) {
-    SourceManager sources;
-    const std::string text = std::string("sequence s(x: bf16[t, 64]) -> (y: bf16[t, 64]) {\n") +
-                             "  rmsnorm(64)\n  " + op + "\n}\n";
-    const ir::Program program = load_and_run_passes("ops.fuse", "", sources, text);
-    try {
-      codegen::build_plan(program, {"sm_90a", &sources});
-      ADD_FAILURE() << op << " built";
-    } catch (const codegen::CodegenError& e) {
-      EXPECT_EQ(e.loc().line, 3u) << op;
-      EXPECT_NE(std::string(e.what()).find("has no GPU kernel"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(std::string(op).substr(0, 5)), std::string::npos)
-          << e.what();
-    }
+TEST(CodegenErrors, ConstantScaleOfARowThatIsNotWholeVectorsIsReportedAtItsLocation) {
+  SourceManager sources;
+  const std::string text =
+      "sequence s(x: bf16[t, 12]) -> (y: bf16[t, 12]) {\n  identity()\n  constant_scale(2.0)\n}\n";
+  const ir::Program program = load_and_run_passes("ops.fuse", "", sources, text);
+  try {
+    codegen::build_plan(program, {"sm_90a", &sources});
+    ADD_FAILURE() << "built";
+  } catch (const codegen::CodegenError& e) {
+    EXPECT_EQ(e.loc().line, 3u);
+    EXPECT_NE(std::string(e.what()).find("constant_scale"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a multiple of 8"), std::string::npos) << e.what();
   }
 }
 

@@ -172,7 +172,7 @@ TEST(FusecBuild, FourConcurrentBuildsIntoOneCacheAllSucceedWithIdenticalOutputs)
   const auto result = test::run_command(script + "wait");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto reference = stable_outputs(dir + "/0");
-  ASSERT_EQ(reference.size(), 1u + 2 * 8) << "plan.json, 8 .cu and 8 .cubin";
+  ASSERT_EQ(reference.size(), 2u + 2 * 8) << "plan.json, kernels.json, 8 .cu and 8 .cubin";
   for (int i = 0; i < 4; ++i) {
     const std::string out = dir + "/" + std::to_string(i);
     EXPECT_EQ(test::read_text(out + ".rc"), "0\n") << test::read_text(out + ".log");
@@ -197,7 +197,7 @@ TEST(FusecBuild, ReadOnlyCacheDirectoryBuildsWithOneWarning) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count(result.output, "warning"), 1u) << result.output;
   EXPECT_TRUE(contains(result.output, "continuing without caching kernels")) << result.output;
-  EXPECT_EQ(stable_outputs(out).size(), 1u + 2 * 8);
+  EXPECT_EQ(stable_outputs(out).size(), 2u + 2 * 8);
   EXPECT_TRUE(cache_entries(cache).empty());
 }
 
@@ -216,20 +216,22 @@ TEST(FusecBuild, NvrtcFailureNamesTheKernelShowsTheLogAndExitsOne) {
   EXPECT_TRUE(contains(result.output, "broken on purpose")) << "the NVRTC log:\n" << result.output;
   EXPECT_FALSE(contains(result.output, "kernel 'cast_transpose_bf16_e4m3_t'")) << result.output;
   EXPECT_FALSE(fs::exists(out + "/plan.json"));
+  EXPECT_FALSE(fs::exists(out + "/kernels.json"));
 }
 
-TEST(FusecBuild, OpWithoutAGpuKernelIsAUserErrorAtItsLine) {
+TEST(FusecBuild, AShapeNoKernelCanRunIsAUserErrorAtItsLine) {
   const std::string dir = test::make_temp_dir("no-kernel");
-  std::ofstream(dir + "/scaled.fuse") << "sequence s(x: bf16[t, 64]) -> (y: bf16[t, 64]) {\n"
-                                         "  rmsnorm(64)\n"
+  std::ofstream(dir + "/scaled.fuse") << "sequence s(x: bf16[t, 12]) -> (y: bf16[t, 12]) {\n"
+                                         "  identity()\n"
                                          "  constant_scale(0.5)\n"
                                          "}\n";
   const auto result = fusec(dir + "/cache", "build " + shell_quoted(dir + "/scaled.fuse") + " -o " +
                                                 shell_quoted(dir + "/out"));
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_TRUE(contains(result.output,
-                       "scaled.fuse:3:3: error: 'constant_scale' (constant_scale_0) "
-                       "has no GPU kernel yet"))
+                       "scaled.fuse:3:3: error: 'constant_scale' (constant_scale_0): the "
+                       "constant_scale kernel reads 16-byte vectors of bf16 (8 elements), but the "
+                       "row width 12 is not a multiple of 8"))
       << result.output;
 }
 

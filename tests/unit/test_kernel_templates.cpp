@@ -58,7 +58,7 @@ const KernelTemplate& entry(std::string_view name) {
 }
 
 TEST(KernelTemplateTable, EveryEntryIsDocumentedInTheReadme) {
-  ASSERT_GE(kernel_templates().size(), 14u);  // templates/README.md lists 14 entry points
+  ASSERT_GE(kernel_templates().size(), 16u);  // templates/README.md lists 16 entry points
   for (const KernelTemplate& t : kernel_templates()) {
     EXPECT_TRUE(std::regex_search(readme(), std::regex("\\b" + std::string(t.name) + "\\b")))
         << t.name << " is not in templates/README.md";
@@ -126,6 +126,18 @@ void expect_rejected(std::string_view name, const std::vector<std::string>& args
   }
 }
 
+TEST(KernelTemplateTable, ScaleAndFakeQuantizeSpellTheirDtypesAndFlags) {
+  EXPECT_EQ(name_expression(entry("constant_scale"),
+                            std::vector<std::string>{"__half", "__nv_fp8_e4m3", "true"}),
+            "opfuse::constant_scale<__half, __nv_fp8_e4m3, true>");
+  EXPECT_EQ(
+      name_expression(entry("fake_quantize"), std::vector<std::string>{"float", "__nv_fp8_e5m2"}),
+      "opfuse::fake_quantize<float, __nv_fp8_e5m2>");
+  expect_rejected("fake_quantize", {"__nv_bfloat16"}, "takes 2 template arguments, got 1");
+  expect_rejected("constant_scale", {"__nv_bfloat16", "__nv_bfloat16", "false", "true"}, "got 4");
+  expect_rejected("constant_scale", {"__nv_bfloat16", "2.0"}, "argument 2 (Output)");
+}
+
 TEST(KernelTemplateTable, BadArgumentListsThrow) {
   expect_rejected("rmsnorm_fwd", {"__nv_bfloat16", "__nv_fp8_e4m3"}, "takes 3 to 5");
   expect_rejected("rmsnorm_fwd", {"__nv_bfloat16", "__nv_fp8_e4m3", "4096", "false", "true", "1"},
@@ -172,10 +184,14 @@ TEST(KernelTemplateTable, FamiliesMapToTheirTemplates) {
     for (const KernelTemplate* t : kernel_templates_for(family)) found.insert(t->name);
     return found;
   };
-  // No generated kernel: cuBLASLt, no data movement, and no constant-scale template yet.
+  // No generated kernel: cuBLASLt and no data movement.
   EXPECT_TRUE(names(ir::KernelFamily::Gemm).empty());
   EXPECT_TRUE(names(ir::KernelFamily::Alias).empty());
-  EXPECT_TRUE(names(ir::KernelFamily::Scale).empty());
+  EXPECT_EQ(names(ir::KernelFamily::Scale), (std::set<std::string_view>{"constant_scale"}));
+  // The user quantize op is of the cast family: fake_quantize, with amax_reduce and
+  // update_scales under current scaling.
+  EXPECT_TRUE(names(ir::KernelFamily::Cast).contains("fake_quantize"));
+  EXPECT_TRUE(names(ir::KernelFamily::Cast).contains("amax_reduce"));
   EXPECT_EQ(names(ir::KernelFamily::Norm),
             (std::set<std::string_view>{"layernorm_fwd", "rmsnorm_fwd", "layernorm_bwd",
                                         "rmsnorm_bwd", "reduce_column_partials"}));
@@ -187,10 +203,7 @@ TEST(KernelTemplateTable, FamiliesMapToTheirTemplates) {
   EXPECT_FALSE(names(ir::KernelFamily::GatedActivation).contains("activation_fwd"));
   // Every op whose family generates a kernel finds at least one template.
   for (const ir::OpInfo& op : ir::all_ops()) {
-    if (op.family == ir::KernelFamily::Gemm || op.family == ir::KernelFamily::Alias ||
-        op.family == ir::KernelFamily::Scale) {
-      continue;
-    }
+    if (op.family == ir::KernelFamily::Gemm || op.family == ir::KernelFamily::Alias) continue;
     EXPECT_FALSE(kernel_templates_for(op.family).empty()) << op.name;
   }
 }

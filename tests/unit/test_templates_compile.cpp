@@ -5,8 +5,8 @@
 // header compiling on its own with nvcc, and the README naming every entry point.
 //
 // Time: one NVRTC program per (family, arch, dtype) holds all of that combination's
-// instantiations, so headers are parsed once per case, not once per kernel: 74 NVRTC programs of
-// 0.1-1.5 s and 13 nvcc header compiles of ~1.5 s; ~55 s with ctest -j2 on 2 cores (~115 s of
+// instantiations, so headers are parsed once per case, not once per kernel: 83 NVRTC programs of
+// 0.1-1.5 s and 14 nvcc header compiles of ~1.5 s; ~55 s with ctest -j2 on 2 cores (~115 s of
 // CPU). Needs NVRTC (and nvcc for the header cases, skipped without it), not a GPU.
 #include <gtest/gtest.h>
 
@@ -122,6 +122,18 @@ TemplateCase bias_case(const std::string& arch, const Dtype& in) {
           arch};
 }
 
+// constant_scale (plain and FP8 + transposed copy) and fake_quantize through both FP8 formats.
+TemplateCase scale_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  return {"scale_" + in.tag + "_" + arch,
+          "scale.cuh",
+          {"opfuse::constant_scale<" + args({t, t}) + ">",
+           "opfuse::constant_scale<" + args({t, kE4m3, "true"}) + ">",
+           "opfuse::fake_quantize<" + args({t, kE4m3}) + ">",
+           "opfuse::fake_quantize<" + args({t, kE5m2}) + ">"},
+          arch};
+}
+
 TemplateCase amax_case(const std::string& arch, const Dtype& in) {
   return {
       "amax_" + in.tag + "_" + arch, "amax.cuh", {"opfuse::amax_reduce<" + in.type + ">"}, arch};
@@ -195,6 +207,7 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(activation_case(arch, in, /*gated=*/true));
       cases.push_back(cast_case(arch, in));
       cases.push_back(bias_case(arch, in));
+      cases.push_back(scale_case(arch, in));
       cases.push_back(amax_case(arch, in));
     }
     cases.push_back({"scale_update_" + arch,

@@ -78,6 +78,10 @@ class Program {
   static Program compile(std::string_view source, std::string_view file_name,
                          const CompileOptions& options = {});
   static Program compile_file(const std::string& path, const CompileOptions& options = {});
+  // A `fusec build FILE -o DIR` output: DIR/plan.json and the kernels' binaries, verified against
+  // DIR/kernels.json (sizes, SHA-256); no NVRTC. Throws UsageError for a missing, damaged or
+  // stale directory (what to rebuild). Such a program has no IR: own_parameters() needs one.
+  static Program load_build(const std::string& dir);
 
   std::vector<std::string> sequences() const;
   const std::string& arch() const;
@@ -141,6 +145,8 @@ class Session {
   // (linear weights ~ N(0, 0.02), norm weights 1, biases 0); waits for the copies. The session
   // owns them; parameter() gives their pointers. Call after bind().
   void own_parameters(std::uint64_t seed, cudaStream_t stream = nullptr);
+  // Allocates every parameter zero-filled (to load() a checkpoint into); the session owns them.
+  void allocate_parameters(cudaStream_t stream = nullptr);
   void* parameter(std::string_view name) const;  // UsageError unless owned
 
   // The application's device memory for an input, parameter or output gradient (16-byte
@@ -188,6 +194,8 @@ class Session {
   void reset_peak_memory();
 
  private:
+  // runtime/api/session_access.h: the runtime's own tools (fusec bench) reach the executor.
+  friend struct SessionAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

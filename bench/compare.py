@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""opfuse next to its PyTorch peers: one side-by-side table from the JSON of one device run.
+
+Reads, from one directory, every `opfuse_*.json` that `fusec bench --json` wrote and the peers'
+`peers_mlp.json`, `peers_gemm.json` and `peers_copy.json` (bench/peers/run_peers.sh), and prints:
+the MLP workloads (opfuse vs eager bf16, torch.compile bf16 and torch.compile FP8, with ratios),
+the goals of issue 6 (met or missed), the fused memory-bound kernels against the device copy
+bandwidth, and opfuse's GEMMs against torch._scaled_mm / torch.matmul on the same shapes.
+Writes everything it printed as data to DIR/compare.json.
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+SIZE_ORDER = ["tiny", "medium", "large"]
+RECIPE_ORDER = ["fp8 delayed", "fp8 current", "bf16"]
+# Issue 6's goals, from the first PyTorch run on an H200.
+GOAL_FWD_VS_COMPILE_FP8 = 0.83
+GOAL_FWD_VS_COMPILE = 0.52
+GOAL_FWDBWD_VS_COMPILE = 0.55
+GOAL_COPY_SHARE = 0.85
+GOAL_HOST_US = 10.0
+GOAL_GRAPH_HOST_US = 5.0
+GOAL_GEMM_RATIO = 1.03
+
+
+def load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def recipe_label(recipe):
+    if recipe.startswith("delayed_scaling"):
+        return "fp8 delayed"
+    if recipe.startswith("current_scaling"):
+        return "fp8 current"
+    return "bf16" if recipe.startswith("bf16") else recipe
+
+
+def size_of(run):
+    stem = os.path.splitext(os.path.basename(run["file"]))[0]
+    return stem.split("_")[-1] if stem.split("_")[-1] in SIZE_ORDER else stem
+
+
+def fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def table(columns, rows):
+    """columns: (header, key, format spec); rows: dicts. Right-aligned fixed-width text."""
+    cells = [[fmt(row.get(key), spec) for _, key, spec in columns] for row in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _) in enumerate(columns)]
+    lines = ["  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths, strict=True))]
+    lines.append("-" * len(lines[0]))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    return "\n".join(lines)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def peer_mlp(peers):
+    """(size, mode, variant) -> the peers' record with a median."""
+    if not peers:
+        return {}
+    return {
+        (r["size"], r["mode"], r["variant"]): r for r in peers["results"] if "median_ms" in r
+    }
+
+
+def workload_rows(runs, mlp):
+    rows = []
+    for run in runs:
+        size, mode = size_of(run), run["mode"]
+
+        def peer(variant, field="median_ms", size=size, mode=mode):
+            record = mlp.get((size, mode, variant))
+            return record.get(field) if record else None
+
+        row = {
+            "workload": size,
+            "mode": mode + (" graph" if run["graph"] else ""),
+            "recipe": recipe_label(run["recipe"]),
+            "opfuse_ms": run["time_ms"]["median"],
+            "opfuse_device_ms": run["device_time_ms"]["median"],
+            "tflops": run["tflops"],
+            "host_us": run["host_us"]["median"],
+            "peak_mib": run["memory"]["peak_bytes"] / 2**20,
+            "compile_ms": run["compile"]["wall_ms"],
+            "eager_ms": peer("eager"),
+            "torch_compile_ms": peer("compile"),
+            "torch_compile_fp8_ms": peer("compile_fp8"),
+            "torch_compile_fp8_device_ms": peer("compile_fp8", "gpu_median_ms"),
+            "torch_compile_device_ms": peer("compile", "gpu_median_ms"),
+        }
+        row["x_eager"] = ratio(row["opfuse_ms"], row["eager_ms"])
+        row["x_compile"] = ratio(row["opfuse_ms"], row["torch_compile_ms"])
+        row["x_compile_fp8"] = ratio(row["opfuse_ms"], row["torch_compile_fp8_ms"])
+        row["x_compile_device"] = ratio(row["opfuse_device_ms"], row["torch_compile_device_ms"])
+        rows.append(row)
+
+    def order(row):
+        return (
+            SIZE_ORDER.index(row["workload"]) if row["workload"] in SIZE_ORDER else 9,
+            row["mode"],
+            RECIPE_ORDER.index(row["recipe"]) if row["recipe"] in RECIPE_ORDER else 9,
+        )
+
+    return sorted(rows, key=order)
+
+
+def goal(what, value, limit, smaller_is_better=True, unit="x"):
+    if value is None:
+        status = "not measured"
+    else:
+        met = value <= limit if smaller_is_better else value >= limit
+        status = "MET" if met else "MISSED"
+    return {
+        "goal": what,
+        "value": value,
+        "limit": limit,
+        "status": status,
+        "text": f"{what}: {fmt(value, '.3f')}{unit} (limit {limit}{unit}) {status}",
+    }
+
+
+def goals(rows, runs):
+    found = []
+    for row in rows:
+        fp8 = row["recipe"].startswith("fp8")
+        if row["workload"] == "large" and fp8 and row["mode"] == "fwd":
+            found.append(
+                goal(
+                    f"large {row['recipe']} fwd vs torch.compile FP8",
+                    row["x_compile_fp8"],
+                    GOAL_FWD_VS_COMPILE_FP8,
+                )
+            )
+            found.append(
+                goal(
+                    f"large {row['recipe']} fwd vs torch.compile bf16",
+                    row["x_compile"],
+                    GOAL_FWD_VS_COMPILE,
+                )
+            )
+        if row["workload"] == "large" and fp8 and row["mode"] == "fwdbwd":
+            found.append(
+                goal(
+                    f"large {row['recipe']} fwdbwd vs torch.compile bf16",
+                    row["x_compile"],
+                    GOAL_FWDBWD_VS_COMPILE,
+                )
+            )
+        if row["workload"] == "tiny" and row["mode"] in ("fwd", "fwd graph"):
+            graph = row["mode"] == "fwd graph"
+            found.append(
+                goal(
+                    f"tiny {row['recipe']} {row['mode']} host time per call",
+                    row["host_us"],
+                    GOAL_GRAPH_HOST_US if graph else GOAL_HOST_US,
+                    unit=" us",
+                )
+            )
+    for run in runs:
+        if size_of(run) == "large" and not run["graph"]:
+            share = run["summary"]["kernel_copy_share"] or None
+            label = f"large {recipe_label(run['recipe'])} {run['mode']} generated kernels vs copy"
+            found.append(goal(label, share, GOAL_COPY_SHARE, smaller_is_better=False, unit=""))
+    return found
+
+
+def kernel_rows(runs, peer_copy):
+    """The generated kernels of the large runs (fwdbwd first, so a forward kernel that both modes
+    run is listed once); the smaller sizes are in each run's JSON."""
+    rows = []
+    seen = set()
+    large = [run for run in runs if size_of(run) == "large" and not run["graph"]]
+    for run in sorted(large, key=lambda run: run["mode"] != "fwdbwd"):
+        for step in run["steps"]:
+            if step["kind"] != "kernel" or not step["ran"]:
+                continue
+            key = (recipe_label(run["recipe"]), step["what"])
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append(
+                {
+                    "workload": size_of(run),
+                    "mode": run["mode"],
+                    "recipe": recipe_label(run["recipe"]),
+                    "step": step["index"],
+                    "what": step["what"][:50],
+                    "mb": (step["bytes_read"] + step["bytes_written"]) / 1e6,
+                    "us": step["time_ms"]["median"] * 1e3,
+                    "gb_per_s": step["gb_per_s"],
+                    "copy_share": 100 * step["copy_share"],
+                    "copy_gb_per_s": run["copy"]["gb_per_s"],
+                    "torch_copy_gb_per_s": peer_copy,
+                }
+            )
+    return rows
+
+
+def peer_gemms(peers):
+    """(m, n, k, variant) -> the peers' device-only median (back-to-back where missing)."""
+    if not peers:
+        return {}
+    table_ = {}
+    for r in peers["results"]:
+        if "median_ms" in r:
+            table_[(r["m"], r["n"], r["k"], r["variant"])] = r.get("gpu_median_ms") or r["median_ms"]
+    return table_
+
+
+def gemm_rows(runs, peers):
+    rows = []
+    seen = set()
+    for run in runs:
+        # Tiny GEMMs take a few microseconds: launch-bound on both sides, not a GEMM comparison.
+        if run["graph"] or size_of(run) == "tiny":
+            continue
+        for step in run["steps"]:
+            if step["kind"] != "gemm" or not step["ran"]:
+                continue
+            fp8 = "e4m3" in step["dtypes"][:2] or "e5m2" in step["dtypes"][:2]
+            variant = ("fp8_fast" if step["fast_accum"] else "fp8") if fp8 else "bf16"
+            key = (size_of(run), step["role"], step["m"], step["n"], step["k"], tuple(step["dtypes"]))
+            if key in seen:
+                continue  # the same GEMM in fwd and fwdbwd runs
+            seen.add(key)
+            peer = peers.get((step["m"], step["n"], step["k"], variant))
+            ms = step["time_ms"]["median"]
+            rows.append(
+                {
+                    "workload": size_of(run),
+                    "role": step["role"],
+                    "m": step["m"],
+                    "n": step["n"],
+                    "k": step["k"],
+                    "dtypes": "x".join(step["dtypes"][:2]) + "->" + step["dtypes"][2],
+                    "opfuse_ms": ms,
+                    "tflops": step["tflops"],
+                    "peer": variant,
+                    "peer_ms": peer,
+                    "x_peer": ratio(ms, peer),
+                }
+            )
+    return rows
+
+
+WORKLOAD_COLUMNS = [
+    ("workload", "workload", ""),
+    ("mode", "mode", ""),
+    ("recipe", "recipe", ""),
+    ("opfuse ms", "opfuse_ms", ".4f"),
+    ("dev-only", "opfuse_device_ms", ".4f"),
+    ("TFLOP/s", "tflops", ".0f"),
+    ("host us", "host_us", ".1f"),
+    ("eager ms", "eager_ms", ".4f"),
+    ("compile ms", "torch_compile_ms", ".4f"),
+    ("compile-FP8 ms", "torch_compile_fp8_ms", ".4f"),
+    ("x eager", "x_eager", ".2f"),
+    ("x compile", "x_compile", ".2f"),
+    ("x compile-FP8", "x_compile_fp8", ".2f"),
+    ("x compile dev", "x_compile_device", ".2f"),
+]
+KERNEL_COLUMNS = [
+    ("workload", "workload", ""),
+    ("mode", "mode", ""),
+    ("recipe", "recipe", ""),
+    ("step", "step", "d"),
+    ("MB", "mb", ".1f"),
+    ("us", "us", ".1f"),
+    ("GB/s", "gb_per_s", ".0f"),
+    ("% copy", "copy_share", ".0f"),
+    ("what", "what", ""),
+]
+GEMM_COLUMNS = [
+    ("workload", "workload", ""),
+    ("gemm", "role", ""),
+    ("m", "m", "d"),
+    ("n", "n", "d"),
+    ("k", "k", "d"),
+    ("dtypes", "dtypes", ""),
+    ("opfuse ms", "opfuse_ms", ".4f"),
+    ("TFLOP/s", "tflops", ".0f"),
+    ("peer", "peer", ""),
+    ("peer ms", "peer_ms", ".4f"),
+    ("x peer", "x_peer", ".3f"),
+]
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", help="where opfuse_*.json and peers_*.json are")
+    args = parser.parse_args(argv)
+    runs = []
+    for path in sorted(glob.glob(os.path.join(args.directory, "opfuse_*.json"))):
+        data = load(path)
+        if data and data.get("tool") == "fusec bench":
+            runs.append(data)
+    mlp = load(os.path.join(args.directory, "peers_mlp.json"))
+    gemm = load(os.path.join(args.directory, "peers_gemm.json"))
+    copy = load(os.path.join(args.directory, "peers_copy.json"))
+    peer_copy = None
+    if copy:
+        rates = [r["gpu_tb_per_s"] or r["tb_per_s"] for r in copy["results"] if "tb_per_s" in r]
+        peer_copy = 1e3 * max(rates) if rates else None
+
+    device = runs[0]["device"]["name"] if runs else (mlp or {}).get("device", "?")
+    print(f"\n=== opfuse vs PyTorch on {device}: {len(runs)} opfuse runs")
+    if mlp:
+        print(f"peers: torch {mlp['torch']}, CUDA {mlp['cuda']}, {mlp['date']}")
+    rows = workload_rows(runs, peer_mlp(mlp))
+    goal_list = goals(rows, runs)
+    kernels = kernel_rows(runs, peer_copy)
+    gemms = gemm_rows(runs, peer_gemms(gemm))
+    if gemms:
+        fp8 = [g["x_peer"] for g in gemms if g["peer"] != "bf16" and g["x_peer"] is not None]
+        worst = max(fp8) if fp8 else None
+        goal_list.append(goal("worst FP8 GEMM vs torch._scaled_mm", worst, GOAL_GEMM_RATIO))
+    copies = sorted({round(r["copy"]["gb_per_s"]) for r in runs})
+    print(
+        f"\nfused memory-bound kernels (large) vs device copy: opfuse's cudaMemcpyAsync "
+        f"{copies} GB/s, torch copy_ {fmt(peer_copy, '.0f')} GB/s:"
+    )
+    print(table(KERNEL_COLUMNS, kernels) if kernels else "  none measured")
+    print("\nGEMMs: opfuse's step (profiling pass) vs the peer on the same m, n, k (device-only):")
+    print(table(GEMM_COLUMNS, gemms) if gemms else "  none measured")
+    print(
+        "  (peer fp8 = torch._scaled_mm E4M3 x E4M3; opfuse's dgrad/wgrad take an E5M2 gradient)"
+    )
+    print("\nseed MLP, median ms per call issued back to back (x: opfuse / peer; < 1 is faster):")
+    print(table(WORKLOAD_COLUMNS, rows))
+    print("\ngoals (issue 6):")
+    for item in goal_list:
+        print("  " + item["text"])
+
+    summary = {"device": device, "workloads": rows, "goals": goal_list, "kernels": kernels}
+    summary["gemms"] = gemms
+    with open(os.path.join(args.directory, "compare.json"), "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

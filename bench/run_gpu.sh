@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# One device call that measures opfuse against its PyTorch peers (issue 6) and prints one
+# side-by-side table (bench/compare.py). Run from the repository root on the device machine:
+#
+#   bench/run_gpu.sh                 # everything; sized to finish within 9 minutes on an H100
+#   SIZES="medium" bench/run_gpu.sh  # a subset (also MODES, RECIPES)
+#
+# Steps: builds fusec (build/bench, Release, -j16) in the background while the copy-bandwidth and
+# GEMM peers run; `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse)
+# in fwd and fwdbwd under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph (host time
+# per call); JIT cold and warm build times (bench/build_times.sh); then the MLP peers (eager,
+# torch.compile, torch.compile FP8), largest size first, stopped when the time budget runs out
+# (their JSON keeps what was measured); finally compare.py. $OUT (default /tmp/opfuse-bench)
+# gets three files, since the device tool brings back at most eight: compare.txt, compare.json,
+# and bench_results.tar.gz with every opfuse_*.json/.txt, peers_*.json/.txt, build times and logs
+# (packed on exit, also when a step fails or the time runs out).
+# BUDGET_S (default 520) is the wall time the whole script may take. Nothing is cached across
+# calls: the kernel cache starts empty (the first run per recipe is a cold JIT compile).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+out=${OUT:-/tmp/opfuse-bench}
+work=$(mktemp -d /tmp/opfuse-bench-work.XXXXXX)
+budget=${BUDGET_S:-520}
+sizes=${SIZES:-large medium tiny}
+modes=${MODES:-fwd fwdbwd}
+recipes=${RECIPES:-fp8_delayed fp8_current bf16}
+mkdir -p "$out"
+# shellcheck disable=SC2317  # called through the EXIT trap
+pack() {
+  cp "$work/compare.txt" "$work/compare.json" "$out/" 2>/dev/null
+  tar czf "$out/bench_results.tar.gz" -C "$work" .
+}
+trap pack EXIT
+trap 'exit 143' TERM  # a stopped run still packs what it measured
+export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+export PYTHONUNBUFFERED=1
+OPFUSE_CACHE_DIR=$(mktemp -d)
+export OPFUSE_CACHE_DIR
+declare -A tokens=([large]=16384 [medium]=4096 [tiny]=32)
+peers=bench/peers
+status=0
+stamp() { printf '[%4d s] %s\n' "$SECONDS" "$*"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader |
+  tee "$work/device.txt"
+git log -1 --format='commit %H %s' 2>/dev/null | tee "$work/commit.txt"
+git status --short 2>/dev/null | head -40 >"$work/uncommitted.txt"
+
+stamp "build fusec (background) while the copy and GEMM peers run"
+(cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DOPFUSE_BUILD_TESTS=OFF \
+  >"$work/configure.log" 2>&1 && cmake --build build/bench -j16 --target fusec \
+  >"$work/build.log" 2>&1) &
+build_pid=$!
+python3 "$peers/copy_bw.py" --json "$work/peers_copy.json" --shapes x_medium,x_large,fc1_out_large \
+  >"$work/peers_copy.txt" 2>&1 || { echo "copy_bw failed"; status=1; }
+python3 "$peers/gemm_peers.py" --json "$work/peers_gemm.json" --target-seconds 0.15 \
+  >"$work/peers_gemm.txt" 2>&1 || { echo "gemm_peers failed"; status=1; }
+stamp "peers: copy and GEMMs done"
+if ! wait "$build_pid"; then
+  echo "building fusec failed:"
+  grep -E "error|Error" "$work/configure.log" "$work/build.log" | head -30
+  exit 1
+fi
+fusec=build/bench/compiler/fusec
+stamp "fusec built"
+
+for size in $sizes; do
+  for mode in $modes; do
+    for recipe in $recipes; do
+      name="opfuse_${size}_${mode}_${recipe}"
+      timeout 90 "$fusec" bench "bench/workloads/mlp_$size.fuse" --bind "tokens=${tokens[$size]}" \
+        --mode "$mode" --recipe "$recipe" --json "$work/$name.json" >"$work/$name.txt" 2>&1 ||
+        { echo "fusec bench $name failed: $(tail -2 "$work/$name.txt")"; status=1; }
+      if [[ $size == tiny && $mode == fwd ]]; then
+        timeout 60 "$fusec" bench "bench/workloads/mlp_$size.fuse" --bind "tokens=${tokens[$size]}" \
+          --mode fwd --recipe "$recipe" --graph --json "$work/${name}_graph.json" \
+          >"$work/${name}_graph.txt" 2>&1 ||
+          { echo "fusec bench ${name}_graph failed: $(tail -2 "$work/${name}_graph.txt")"; status=1; }
+      fi
+    done
+  done
+  stamp "opfuse $size done"
+done
+bench/build_times.sh build/bench 3 >"$work/build_times.txt" 2>&1 || status=1
+cat "$work/build_times.txt"
+
+left=$((budget - SECONDS - 25))
+stamp "MLP peers for up to $left s (largest first)"
+peer_sizes=$(echo "$sizes" | tr ' ' ',')
+peer_modes=$(echo "$modes" | tr ' ' ',')
+if ((left > 30)); then
+  timeout "$left" python3 "$peers/mlp_peers.py" --json "$work/peers_mlp.json" \
+    --sizes "$peer_sizes" --modes "$peer_modes" --variants eager,compile,compile_fp8 \
+    --target-seconds 0.2 --host-iters 500 >"$work/peers_mlp.txt" 2>&1 ||
+    { echo "mlp_peers stopped (status $?): the table has what it measured"; status=1; }
+else
+  echo "no time left for the MLP peers"
+  status=1
+fi
+stamp "peers done"
+python3 bench/compare.py "$work" | tee "$work/compare.txt"
+stamp "done"
+exit $status

@@ -1,0 +1,112 @@
+// `fusec bench`: times one sequence of a compiled program on the GPU through the embedding API
+// (Session), the way DESIGN.md section 7 asks: CUDA events around every iteration after a
+// warm-up, the median (p10, p90) of many, inputs rotated over enough buffers that the L2 cannot
+// hold them, and the floor to compare against (a device copy's bandwidth, measured in the same
+// run). A profiling pass times every plan step through the executor's StepObserver, so the
+// report splits the time into GEMMs (TFLOP/s) and generated kernels (GB/s, share of the copy
+// bandwidth). Numbers only: nothing here asserts a speed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "opfuse/program.h"
+
+namespace opfuse::api {
+
+enum class BenchMode : std::uint8_t {
+  Forward,          // an inference forward
+  ForwardBackward,  // a training step: forward, backward of a fixed random dy, step()
+};
+
+struct BenchOptions {
+  std::string sequence;  // empty: the program's only one
+  std::map<std::string, std::int64_t> bindings;
+  BenchMode mode = BenchMode::Forward;
+  // Replay a CUDA graph of one iteration (Session::capture) instead of eager calls; its inputs
+  // cannot rotate (a graph's pointers are fixed).
+  bool graph = false;
+  // Forward only: mark the parameters changed before every forward, so the FP8 weights are cast
+  // on every call (as a peer that casts per call does) instead of once and cached.
+  bool recast_weights = false;
+  int iterations = 0;  // timed iterations per pass; 0: about 0.3 s worth, 20 to 2000
+  int warmup = 10;
+  std::uint64_t seed = 0;
+  // Only for the report: the program's compile wall time as the caller measured it.
+  double compile_wall_ms = 0;
+};
+
+// Order statistics of a set of times, in milliseconds.
+struct TimeStats {
+  double median = 0, p10 = 0, p90 = 0, min = 0, mean = 0;
+  int samples = 0;
+};
+
+struct BenchStep {
+  int index = 0;
+  std::string phase;  // "forward", "backward"
+  std::string kind;   // "gemm", "kernel", "memset"
+  std::string what;   // the plan's description
+  std::string kernel;
+  std::string gemm;       // describe(GemmDesc)
+  std::string gemm_role;  // "fprop", "dgrad", "wgrad"
+  std::int64_t m = 0, n = 0, k = 0;
+  std::string a_dtype, b_dtype, d_dtype;
+  bool fast_accum = false;
+  double flops = 0;
+  std::size_t bytes_read = 0, bytes_written = 0;
+  bool ran = false;          // false: skipped in every profiled iteration
+  bool weight_cast = false;  // a weight-cast step (skipped while the FP8 weights are cached)
+  TimeStats time;            // per profiled iteration
+  double tflops = 0;         // GEMMs
+  double gb_per_s = 0;       // bytes read + written over the median time
+  double copy_share = 0;     // gb_per_s over the copy bandwidth
+};
+
+struct BenchReport {
+  std::string file, sequence, recipe, mode, device, arch;
+  int sm_count = 0;
+  std::size_t l2_bytes = 0;
+  std::map<std::string, std::int64_t> bindings;
+  bool graph = false;
+  std::string weights;  // "cached" (cast once, reused) or "recast every call"
+  BuildStats build;
+  double compile_wall_ms = 0;
+
+  int warmup = 0, iterations = 0;
+  int rotation_sets = 0;            // 1 under --graph
+  std::size_t input_set_bytes = 0;  // one set of rotated tensors
+  TimeStats time;                   // per iteration, iterations issued back to back
+  TimeStats device_time;            // per iteration, queued behind a host hold: no launch gaps
+  double device_gap_us = 0;         // median idle time between queued iterations (about 0)
+  double gemm_flops = 0;            // per iteration
+  double tflops = 0;                // gemm_flops over time.median
+  TimeStats host_us;                // wall time of one iteration's enqueueing calls, microseconds
+
+  std::size_t executor_peak_bytes = 0;  // activations, workspaces, FP8 copies (Session::memory)
+  std::size_t parameter_bytes = 0;
+  std::size_t peak_bytes = 0;  // executor peak + parameters + one input set (as the peers count)
+  std::size_t pool_high_bytes = 0;  // the pool's high-water mark, rotation sets included
+
+  std::size_t copy_bytes = 0;  // bytes copied per cudaMemcpyAsync (moved: twice that)
+  double copy_gb_per_s = 0;    // read + written, median
+  int profile_iterations = 0;
+  std::vector<BenchStep> steps;  // the steps of the mode (fwd: the forward steps)
+  double gemm_ms = 0, kernel_ms = 0, memset_ms = 0;  // sums of the steps' medians
+  std::size_t kernel_bytes = 0;
+  double kernel_gb_per_s = 0, kernel_copy_share = 0;  // generated kernels together
+  std::vector<std::string> notes;
+};
+
+// Runs the benchmark on the current GPU. Throws UsageError (no GPU, unbound or unknown sizes,
+// a sequence without an output gradient for ForwardBackward) before timing anything, CudaError
+// when the device fails.
+BenchReport run_benchmark(const Program& program, const BenchOptions& options);
+
+std::string format_bench_report(const BenchReport& report);  // the text fusec bench prints
+std::string bench_report_json(const BenchReport& report);    // every number, indented JSON
+
+}  // namespace opfuse::api

@@ -1,0 +1,191 @@
+// The benchmark hooks on the GPU: the executor's StepObserver sees every enqueued step (and no
+// skipped weight cast), step_profiles() counts bound bytes and GEMM flops, and run_benchmark's
+// report is consistent with them (fusec bench, runtime/api/bench.h).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/bench.h"
+#include "api/session_access.h"
+#include "gpu/device.h"
+#include "gpu/plan_executor.h"
+#include "opfuse/program.h"
+
+namespace opfuse {
+namespace {
+
+constexpr std::int64_t kTokens = 32, kHidden = 256, kFfn = 1024;
+
+constexpr const char* kProgram = R"(recipe fp8 = delayed_scaling(amax_history = 16)
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses fp8 {
+  layernorm(256)
+  linear(256, 1024, bias = false) as fc1
+  swiglu()
+  linear(512, 256, bias = false) as fc2
+}
+)";
+
+// Every before/after call, in order.
+class Recorder : public gpu::StepObserver {
+ public:
+  void before(int step, cudaStream_t stream) override { calls.emplace_back(step, stream, true); }
+  void after(int step, cudaStream_t stream) override { calls.emplace_back(step, stream, false); }
+  struct Call {
+    Call(int s, cudaStream_t st, bool b) : step(s), stream(st), before(b) {}
+    int step;
+    cudaStream_t stream;
+    bool before;
+  };
+  std::vector<Call> calls;
+};
+
+class BenchGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    for (void* memory : memory_) cudaFree(memory);
+  }
+  void* zeros(std::size_t bytes) {
+    void* memory = nullptr;
+    EXPECT_EQ(cudaMalloc(&memory, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(memory, 0, bytes), cudaSuccess);
+    memory_.push_back(memory);
+    return memory;
+  }
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> memory_;
+};
+
+TEST_F(BenchGpu, ObserverSeesEveryEnqueuedStepOnceInOrder) {
+  const Program program = Program::compile(kProgram, "bench_mlp.fuse");
+  Session session(program, "mlp", stream_);
+  session.bind({{"tokens", kTokens}});
+  session.own_parameters(1, stream_);
+  session.set_tensor("x", zeros(kTokens * kHidden * 2));
+  gpu::SequenceExecutor& executor = SessionAccess::executor(session);
+  const std::vector<gpu::StepProfile> profiles = executor.step_profiles();
+  std::vector<int> forward_steps, weight_casts;
+  for (const gpu::StepProfile& p : profiles) {
+    if (p.phase == ir::Phase::Forward && !p.end_of_step) forward_steps.push_back(p.index);
+    if (p.weight_cast) weight_casts.push_back(p.index);
+  }
+  ASSERT_FALSE(weight_casts.empty()) << "FP8 delayed scaling casts the weights in the forward";
+
+  Recorder recorder;
+  executor.set_observer(&recorder);
+  session.forward(stream_, RunMode::Inference);
+  std::vector<int> seen;
+  for (std::size_t i = 0; i < recorder.calls.size(); i += 2) {
+    ASSERT_LT(i + 1, recorder.calls.size());
+    EXPECT_TRUE(recorder.calls[i].before);
+    EXPECT_FALSE(recorder.calls[i + 1].before);
+    EXPECT_EQ(recorder.calls[i].step, recorder.calls[i + 1].step);
+    EXPECT_EQ(recorder.calls[i].stream, stream_);
+    seen.push_back(recorder.calls[i].step);
+  }
+  EXPECT_EQ(seen, forward_steps);
+
+  // The weights are cached now: the second forward skips their casts and reports none of them.
+  recorder.calls.clear();
+  session.forward(stream_, RunMode::Inference);
+  std::vector<int> expected;
+  for (int step : forward_steps) {
+    if (std::find(weight_casts.begin(), weight_casts.end(), step) == weight_casts.end())
+      expected.push_back(step);
+  }
+  seen.clear();
+  for (std::size_t i = 0; i < recorder.calls.size(); i += 2) seen.push_back(recorder.calls[i].step);
+  EXPECT_EQ(seen, expected);
+
+  executor.set_observer(nullptr);
+  recorder.calls.clear();
+  session.forward(stream_, RunMode::Inference);
+  EXPECT_TRUE(recorder.calls.empty());
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+TEST_F(BenchGpu, StepProfilesCountBoundBytesAndGemmFlops) {
+  const Program program = Program::compile(kProgram, "bench_mlp.fuse");
+  Session session(program, "mlp", stream_);
+  session.bind({{"tokens", kTokens}});
+  double forward_flops = 0;
+  int gemms = 0;
+  for (const gpu::StepProfile& p : SessionAccess::executor(session).step_profiles()) {
+    if (p.kind != gpu::StepProfile::Kind::Gemm) continue;
+    ++gemms;
+    EXPECT_EQ(p.flops, 2.0 * double(p.gemm.m) * double(p.gemm.n) * double(p.gemm.k)) << p.what;
+    if (p.phase == ir::Phase::Forward) forward_flops += p.flops;
+    // Every element of A, B and D is at least a byte (FP8).
+    const double least = double(p.gemm.m * p.gemm.k + p.gemm.n * p.gemm.k + p.gemm.m * p.gemm.n);
+    EXPECT_GE(double(p.bytes_read + p.bytes_written), least) << p.what;
+  }
+  EXPECT_EQ(gemms, 6) << "fprop, dgrad and wgrad of two linears";
+  EXPECT_EQ(forward_flops, 2.0 * kTokens * kFfn * kHidden + 2.0 * kTokens * (kFfn / 2) * kHidden);
+}
+
+TEST_F(BenchGpu, ReportAgreesWithItsStepsAndWritesJson) {
+  const Program program = Program::compile(kProgram, "bench_mlp.fuse");
+  api::BenchOptions options;
+  options.bindings = {{"tokens", kTokens}};
+  options.mode = api::BenchMode::ForwardBackward;
+  options.iterations = 25;
+  options.warmup = 2;
+  const api::BenchReport report = api::run_benchmark(program, options);
+  EXPECT_EQ(report.iterations, 25);
+  EXPECT_GE(report.rotation_sets, 2);
+  EXPECT_GT(report.time.median, 0);
+  EXPECT_LE(report.time.p10, report.time.median);
+  EXPECT_LE(report.time.median, report.time.p90);
+  EXPECT_GT(report.copy_gb_per_s, 100);
+  EXPECT_GT(report.host_us.median, 0);
+  EXPECT_EQ(report.gemm_flops,
+            3 * (2.0 * kTokens * kFfn * kHidden + 2.0 * kTokens * (kFfn / 2) * kHidden));
+  EXPECT_NEAR(report.tflops, report.gemm_flops / (report.time.median * 1e-3) / 1e12, 1e-9);
+  double gemm_ms = 0;
+  for (const api::BenchStep& step : report.steps) {
+    EXPECT_TRUE(step.ran) << "training steps cast the weights every time: " << step.what;
+    if (step.kind == "gemm") gemm_ms += step.time.median;
+  }
+  EXPECT_DOUBLE_EQ(report.gemm_ms, gemm_ms);
+  EXPECT_GT(report.peak_bytes, report.parameter_bytes);
+
+  const nlohmann::json json = nlohmann::json::parse(api::bench_report_json(report));
+  EXPECT_EQ(json["mode"], "fwdbwd");
+  EXPECT_EQ(json["steps"].size(), report.steps.size());
+  EXPECT_DOUBLE_EQ(json["time_ms"]["median"].get<double>(), report.time.median);
+}
+
+TEST_F(BenchGpu, GraphReplayUsesOneInputSetAndSaysSo) {
+  const Program program = Program::compile(kProgram, "bench_mlp.fuse");
+  api::BenchOptions options;
+  options.bindings = {{"tokens", kTokens}};
+  options.graph = true;
+  options.iterations = 20;
+  options.warmup = 1;
+  const api::BenchReport report = api::run_benchmark(program, options);
+  EXPECT_EQ(report.rotation_sets, 1);
+  EXPECT_GT(report.time.median, 0);
+  bool noted = false;
+  for (const std::string& note : report.notes)
+    noted |= note.find("not rotated") != std::string::npos;
+  EXPECT_TRUE(noted);
+  EXPECT_EQ(report.weights, "cast every call");
+  ASSERT_FALSE(report.steps.empty());
+  for (const api::BenchStep& step : report.steps)
+    EXPECT_EQ(step.phase, "forward") << "a forward benchmark lists no backward step: " << step.what;
+}
+
+}  // namespace
+}  // namespace opfuse
