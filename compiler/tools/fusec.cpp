@@ -856,7 +856,7 @@ int main(int argc, char** argv) {
                   "fwd: cast the FP8 weights on every call instead of once (cached)");
   bench
       ->add_option("--iterations", bench_opts.iterations,
-                   "timed iterations per pass; 0: about 0.3 s worth (20 to 2000)")
+                   "timed iterations per pass; 0: about 0.3 s worth (50 to 2000)")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   bench->add_option("--warmup", bench_opts.warmup, "untimed iterations first")

@@ -32,7 +32,7 @@ struct BenchOptions {
   // Forward only: mark the parameters changed before every forward, so the FP8 weights are cast
   // on every call (as a peer that casts per call does) instead of once and cached.
   bool recast_weights = false;
-  int iterations = 0;  // timed iterations per pass; 0: about 0.3 s worth, 20 to 2000
+  int iterations = 0;  // timed iterations per pass; 0: about 0.3 s worth, 50 to 2000
   int warmup = 10;
   std::uint64_t seed = 0;
   // Only for the report: the program's compile wall time as the caller measured it.
