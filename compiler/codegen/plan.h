@@ -23,6 +23,10 @@ struct CodegenOptions {
   std::string arch = "sm_90a";  // the target the kernels are compiled for (never queried)
   // Turns op locations into `mlp.fuse:14`; nullptr leaves them out.
   const SourceManager* sources = nullptr;
+  // FP8 GEMM accumulation, TE's defaults: fast (FP8-rate) accumulation in the forward GEMMs,
+  // split (promoted to fp32 at intervals) in dgrad and wgrad, where gradients need the precision.
+  bool fp8_fprop_fast_accum = true;
+  bool fp8_backward_fast_accum = false;
 };
 
 // A user error: an op or fused group with no GPU kernel, or a shape the kernel templates cannot

@@ -29,6 +29,7 @@ class SequenceBuilder {
 
   // ---- for the emitters ----
   const ir::Sequence& seq() const { return seq_; }
+  const CodegenOptions& options() const { return options_; }
   const ir::Value& value(ir::ValueId id) const { return seq_.value(id); }
   // The buffer of a materialized value; a CodegenError at `at` when the value lives only inside
   // a fused group (a kernel would have to write it but cannot).

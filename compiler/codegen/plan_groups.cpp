@@ -626,7 +626,7 @@ void emit_fprop(SequenceBuilder& b, const Group& g) {
   gemm.m = rows_of(b.value(x));
   gemm.n = ir::attr_int(linear.attrs, "out");
   gemm.k = ir::attr_int(linear.attrs, "in");
-  gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype);
+  gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_fprop_fast_accum;
   if (own_bias) gemm.bias = b.buffer(linear.operands.at(2), linear);
   if (bias_op) gemm.bias = b.buffer(bias_op->operands.at(1), *bias_op);
   if (gemm.bias >= 0) gemm.epilogue = "bias";
@@ -691,6 +691,7 @@ void emit_dgrad(SequenceBuilder& b, const Group& g) {
     set_output(b, gemm, d, dgrad);
   }
   const std::string what = gemm_text(gemm, dgrad.instance);
+  gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_backward_fast_accum;
   b.add_gemm(g, what, std::move(gemm));
 }
 
@@ -712,6 +713,7 @@ void emit_wgrad(SequenceBuilder& b, const Group& g) {
                                   : shape_product(xs, 0, xs.size() - 1);
   set_output(b, gemm, wgrad.results.at(0), wgrad);
   const std::string what = gemm_text(gemm, wgrad.instance);
+  gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_backward_fast_accum;
   b.add_gemm(g, what, std::move(gemm));
 }
 

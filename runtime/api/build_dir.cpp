@@ -93,7 +93,7 @@ LoadedBuild load_build_dir(const std::string& dir) {
         damaged(dir, fmt::format("kernels.json lists {} where the plan has {}",
                                  entry.at("id").get<std::string>(), kernel.id));
       const std::string file = entry.at("file").get<std::string>();
-      const std::string bytes = read_file(dir + "/" + file, dir);
+      const std::string bytes = read_file(fmt::format("{}/{}", dir, file), dir);
       if (bytes.size() != entry.at("bytes").get<std::size_t>() ||
           sha256_hex(bytes) != entry.at("sha256").get<std::string>())
         damaged(dir,

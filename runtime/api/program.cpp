@@ -103,7 +103,12 @@ Program Program::compile(std::string_view source, std::string_view file_name,
 
   const std::string arch = options.arch.empty() ? default_arch() : options.arch;
   try {
-    impl->plan = codegen::build_plan(*program, {arch, &sources});
+    codegen::CodegenOptions codegen_options;
+    codegen_options.arch = arch;
+    codegen_options.sources = &sources;
+    codegen_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
+    codegen_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
+    impl->plan = codegen::build_plan(*program, codegen_options);
   } catch (const codegen::CodegenError& e) {
     diags.error(e.loc(), e.what(), e.hint());
     throw CompileError(diags.format_all());

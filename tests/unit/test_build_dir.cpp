@@ -63,6 +63,32 @@ TEST(PlanJson, EveryExamplePlanReadsBackToTheSameText) {
   }
 }
 
+// FP8 GEMM accumulation follows CodegenOptions: TE's defaults (fast fprop, split dgrad/wgrad),
+// or the opposite when asked; bf16 GEMMs never take the FP8 fast-accumulation flag.
+TEST(PlanJson, Fp8AccumulationFollowsTheOptions) {
+  for (const bool flip : {false, true}) {
+    SourceManager sources;
+    DiagnosticEngine diags(sources);
+    auto program = load_program(test::source_path("dsl_examples/mlp.fuse"), sources, diags);
+    ASSERT_TRUE(program.has_value()) << diags.format_all();
+    passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
+    codegen::CodegenOptions options;
+    options.sources = &sources;
+    options.fp8_fprop_fast_accum = !flip;
+    options.fp8_backward_fast_accum = flip;
+    const codegen::Plan plan = codegen::build_plan(*program, options);
+    int gemms = 0;
+    for (const codegen::Step& step : plan.sequences.at(0).steps) {
+      const auto* gemm = std::get_if<codegen::GemmStep>(&step.body);
+      if (gemm == nullptr) continue;
+      ++gemms;
+      const bool fprop = gemm->role == codegen::GemmRole::Fprop;
+      EXPECT_EQ(gemm->fast_accum, fprop != flip) << step.what;
+    }
+    EXPECT_EQ(gemms, 6);
+  }
+}
+
 TEST(PlanJson, AMalformedFieldIsNamedByItsPath) {
   nlohmann::ordered_json plan = {{"format", "opfuse-plan"},
                                  {"version", 1},

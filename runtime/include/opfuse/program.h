@@ -59,7 +59,10 @@ struct CompileOptions {
   std::string cache_dir;
   bool use_cache = true;
   std::vector<std::string> disabled_passes;  // pass names, as `fusec ir --disable-pass`
-  int compile_threads = 0;                   // <= 0: every core
+  // FP8 GEMM accumulation (TE's defaults): fast in the forward GEMMs, split in dgrad and wgrad.
+  bool fp8_fprop_fast_accum = true;
+  bool fp8_backward_fast_accum = false;
+  int compile_threads = 0;  // <= 0: every core
 };
 
 struct BuildStats {
