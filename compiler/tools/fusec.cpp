@@ -32,6 +32,7 @@
 #include "../../runtime/api/bench.h"
 #include "../../runtime/api/build_dir.h"
 #include "../../runtime/api/gpu_run.h"
+#include "../../runtime/api/program_impl.h"
 #include "../../runtime/cpu/run_driver.h"
 #include "../../runtime/gpu/device.h"
 #include "../../runtime/jit/kernel_cache.h"
@@ -175,6 +176,31 @@ struct RunCommandOptions {
   double lr = 0.01;
 };
 
+// NAME=SIZE pairs; nullopt after reporting the first malformed one.
+std::optional<std::map<std::string, int64_t>> parse_bindings(
+    const std::vector<std::string>& binds) {
+  std::map<std::string, int64_t> bindings;
+  for (const std::string& bind : binds) {
+    const size_t eq = bind.find('=');
+    bool ok = eq != std::string::npos && eq > 0 && eq + 1 < bind.size();
+    if (ok) {
+      try {
+        size_t used = 0;
+        bindings[bind.substr(0, eq)] = std::stoll(bind.substr(eq + 1), &used);
+        ok = used == bind.size() - eq - 1;
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      std::fprintf(stderr, "fusec: error: --bind '%s' is not NAME=SIZE (e.g. --bind tokens=64)\n",
+                   bind.c_str());
+      return std::nullopt;
+    }
+  }
+  return bindings;
+}
+
 // `fusec run --device gpu`: compile through the kernel cache, then the GPU training loop.
 int run_on_gpu(const RunCommandOptions& opts, const CommonOptions& common,
                const opfuse::cpu::RunOptions& run) {
@@ -208,26 +234,9 @@ int run_on_gpu(const RunCommandOptions& opts, const CommonOptions& common,
 
 int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
   opfuse::cpu::RunOptions run;
-  for (const std::string& bind : opts.binds) {
-    const size_t eq = bind.find('=');
-    int64_t size = 0;
-    bool ok = eq != std::string::npos && eq > 0 && eq + 1 < bind.size();
-    if (ok) {
-      try {
-        size_t used = 0;
-        size = std::stoll(bind.substr(eq + 1), &used);
-        ok = used == bind.size() - eq - 1;
-      } catch (const std::exception&) {
-        ok = false;
-      }
-    }
-    if (!ok) {
-      std::fprintf(stderr, "fusec: error: --bind '%s' is not NAME=SIZE (e.g. --bind tokens=64)\n",
-                   bind.c_str());
-      return kExitUsage;
-    }
-    run.bindings[bind.substr(0, eq)] = size;
-  }
+  const auto bindings = parse_bindings(opts.binds);
+  if (!bindings) return kExitUsage;
+  run.bindings.insert(bindings->begin(), bindings->end());
   run.steps = opts.steps;
   run.seed = opts.seed;
   run.lr = opts.lr;
@@ -498,15 +507,11 @@ int run_build(const BuildCommandOptions& opts, const CommonOptions& common) {
   const std::string kernels_dir = opts.out_dir + "/kernels";
   if (!make_directory(kernels_dir)) return kExitUserError;
 
-  std::vector<opfuse::jit::CompileRequest> requests;
-  for (const auto& kernel : plan.kernels) {
-    opfuse::jit::CompileRequest request;
-    request.kernel_name = kernel.id;
-    request.source = opfuse::codegen::kernel_source(plan, kernel);
-    request.name_expressions = {kernel.name_expression};
-    request.arch = opts.arch;
-    if (!write_output(kernels_dir + "/" + kernel.id + ".cu", request.source)) return kExitUserError;
-    requests.push_back(std::move(request));
+  const std::vector<opfuse::jit::CompileRequest> requests =
+      opfuse::kernel_requests(plan, opts.arch);
+  for (const auto& request : requests) {
+    if (!write_output(kernels_dir + "/" + request.kernel_name + ".cu", request.source))
+      return kExitUserError;
   }
 
   ProgressLine progress(::isatty(STDERR_FILENO) != 0);
@@ -670,31 +675,6 @@ struct BenchCommandOptions {
   uint64_t seed = 0;
   std::string json;
 };
-
-// NAME=SIZE pairs; nullopt after reporting the first malformed one.
-std::optional<std::map<std::string, int64_t>> parse_bindings(
-    const std::vector<std::string>& binds) {
-  std::map<std::string, int64_t> bindings;
-  for (const std::string& bind : binds) {
-    const size_t eq = bind.find('=');
-    bool ok = eq != std::string::npos && eq > 0 && eq + 1 < bind.size();
-    if (ok) {
-      try {
-        size_t used = 0;
-        bindings[bind.substr(0, eq)] = std::stoll(bind.substr(eq + 1), &used);
-        ok = used == bind.size() - eq - 1;
-      } catch (const std::exception&) {
-        ok = false;
-      }
-    }
-    if (!ok) {
-      std::fprintf(stderr, "fusec: error: --bind '%s' is not NAME=SIZE (e.g. --bind tokens=64)\n",
-                   bind.c_str());
-      return std::nullopt;
-    }
-  }
-  return bindings;
-}
 
 int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
   const auto bindings = parse_bindings(opts.binds);

@@ -115,15 +115,7 @@ Program Program::compile(std::string_view source, std::string_view file_name,
   }
   impl->program = std::move(*program);
 
-  std::vector<jit::CompileRequest> requests;
-  for (const codegen::Kernel& kernel : impl->plan.kernels) {
-    jit::CompileRequest request;
-    request.kernel_name = kernel.id;
-    request.source = codegen::kernel_source(impl->plan, kernel);
-    request.name_expressions = {kernel.name_expression};
-    request.arch = arch;
-    requests.push_back(std::move(request));
-  }
+  const std::vector<jit::CompileRequest> requests = kernel_requests(impl->plan, arch);
   std::unique_ptr<jit::KernelCache> cache;
   if (options.use_cache) {
     cache = std::make_unique<jit::KernelCache>(
@@ -177,6 +169,20 @@ std::string Program::recipe(std::string_view sequence) const {
 std::string Program::plan_json() const { return codegen::plan_json_text(impl_->plan); }
 
 const BuildStats& Program::build_stats() const { return impl_->stats; }
+
+std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
+                                                 const std::string& arch) {
+  std::vector<jit::CompileRequest> requests;
+  for (const codegen::Kernel& kernel : plan.kernels) {
+    jit::CompileRequest request;
+    request.kernel_name = kernel.id;
+    request.source = codegen::kernel_source(plan, kernel);
+    request.name_expressions = {kernel.name_expression};
+    request.arch = arch;
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
 
 const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,
                                                 std::string_view sequence) {

@@ -20,6 +20,11 @@ struct Program::Impl {
   BuildStats stats;
 };
 
+// One NVRTC request per plan kernel (plan.kernels order): its generated source and name expression
+// for `arch`. Program::compile, `fusec build` and the GPU tests compile plans through it.
+std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
+                                                 const std::string& arch);
+
 // The plan of `sequence` (empty: the only one); throws UsageError naming the sequences.
 const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,
                                                 std::string_view sequence);

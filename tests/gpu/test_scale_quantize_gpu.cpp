@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "api/program_impl.h"
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
 #include "cpu/numerics.h"
@@ -86,16 +87,8 @@ std::unique_ptr<Compiled> compile(const std::string& text, const std::string& re
   c->program = std::move(*program);
   const std::string arch = current_device().arch;
   c->plan = codegen::build_plan(c->program, {arch, &c->sources});
-  std::vector<jit::CompileRequest> requests;
-  for (const codegen::Kernel& kernel : c->plan.kernels) {
-    jit::CompileRequest request;
-    request.kernel_name = kernel.id;
-    request.source = codegen::kernel_source(c->plan, kernel);
-    request.name_expressions = {kernel.name_expression};
-    request.arch = arch;
-    requests.push_back(std::move(request));
-  }
-  const jit::CompileAllResult result = jit::compile_all(requests, &kernel_cache());
+  const jit::CompileAllResult result =
+      jit::compile_all(opfuse::kernel_requests(c->plan, arch), &kernel_cache());
   c->modules = std::make_unique<PlanModules>(c->plan, result.kernels);
   return c;
 }
