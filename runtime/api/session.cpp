@@ -197,12 +197,9 @@ void Session::bind(const std::map<std::string, std::int64_t>& sizes) {
   s.require_no_graph("bind()");
   s.executor->bind(sizes);
   s.bindings = sizes;
+  // Parameters keep their memory: their shapes are constants of the program (no symbolic size
+  // reaches a weight), so a new binding never changes their size.
   s.bound = true;
-  // Owned parameters of another size are gone; the application sets its own again.
-  for (const gpu::TensorInfo& info : s.params()) {
-    const auto it = s.owned.find(info.name);
-    if (it != s.owned.end() && it->second.size() != info.bytes) s.owned.erase(it);
-  }
 }
 
 std::vector<TensorInfo> Session::tensors() const {
