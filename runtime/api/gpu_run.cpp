@@ -1,12 +1,12 @@
 #include "api/gpu_run.h"
 
+#include "api/program_impl.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
-#include "cpu/numerics.h"
 #include "cpu/run_driver.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
@@ -16,67 +16,18 @@ namespace opfuse::api {
 
 namespace {
 
-float decode_one(const unsigned char* bytes, TensorDType dtype) {
-  std::uint16_t half = 0;
-  switch (dtype) {
-    case TensorDType::BF16:
-      std::memcpy(&half, bytes, 2);
-      return cpu::bf16_to_float(half);
-    case TensorDType::FP16:
-      std::memcpy(&half, bytes, 2);
-      return cpu::fp16_to_float(half);
-    case TensorDType::FP32: {
-      float value = 0;
-      std::memcpy(&value, bytes, 4);
-      return value;
-    }
-    default:
-      break;
-  }
-  throw UsageError(
-      fmt::format("fusec run reads bf16, fp16 or fp32 tensors, not {}", tensor_dtype_name(dtype)));
-}
-
-void encode_one(float value, TensorDType dtype, unsigned char* bytes) {
-  std::uint16_t half = 0;
-  switch (dtype) {
-    case TensorDType::BF16:
-      half = cpu::float_to_bf16(value);
-      std::memcpy(bytes, &half, 2);
-      return;
-    case TensorDType::FP16:
-      half = cpu::float_to_fp16(value);
-      std::memcpy(bytes, &half, 2);
-      return;
-    case TensorDType::FP32:
-      std::memcpy(bytes, &value, 4);
-      return;
-    default:
-      break;
-  }
-  throw UsageError(
-      fmt::format("fusec run writes bf16, fp16 or fp32 tensors, not {}", tensor_dtype_name(dtype)));
-}
-
 std::vector<float> download(const void* device, const TensorInfo& info, cudaStream_t stream) {
   std::vector<unsigned char> bytes(info.bytes);
   OPFUSE_CUDA_CHECK(
       cudaMemcpyAsync(bytes.data(), device, bytes.size(), cudaMemcpyDeviceToHost, stream),
       fmt::format("reading '{}'", info.name));
   OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "fusec run");
-  const std::size_t size = tensor_dtype_bytes(info.dtype);
-  std::vector<float> values(info.bytes / size);
-  for (std::size_t i = 0; i < values.size(); ++i)
-    values[i] = decode_one(bytes.data() + i * size, info.dtype);
-  return values;
+  return decode_values(bytes, info.dtype);
 }
 
 void upload(void* device, const std::vector<float>& values, const TensorInfo& info,
             cudaStream_t stream) {
-  const std::size_t size = tensor_dtype_bytes(info.dtype);
-  std::vector<unsigned char> bytes(values.size() * size);
-  for (std::size_t i = 0; i < values.size(); ++i)
-    encode_one(values[i], info.dtype, bytes.data() + i * size);
+  const std::vector<unsigned char> bytes = encode_values(values, info.dtype);
   OPFUSE_CUDA_CHECK(
       cudaMemcpyAsync(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream),
       fmt::format("writing '{}'", info.name));

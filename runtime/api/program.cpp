@@ -2,12 +2,14 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include "api/build_dir.h"
 #include "api/program_impl.h"
 #include "codegen/kernel_source.h"
+#include "cpu/numerics.h"
 #include "driver/frontend.h"
 #include "gpu/device.h"
 #include "jit/kernel_cache.h"
@@ -19,6 +21,50 @@ namespace opfuse {
 
 namespace {
 
+float decode_one(const unsigned char* bytes, TensorDType dtype) {
+  std::uint16_t half = 0;
+  switch (dtype) {
+    case TensorDType::BF16:
+      std::memcpy(&half, bytes, 2);
+      return cpu::bf16_to_float(half);
+    case TensorDType::FP16:
+      std::memcpy(&half, bytes, 2);
+      return cpu::fp16_to_float(half);
+    case TensorDType::FP32: {
+      float value = 0;
+      std::memcpy(&value, bytes, 4);
+      return value;
+    }
+    default:
+      break;
+  }
+  throw UsageError(
+      fmt::format("reading {} values on the host: only bf16, fp16 and fp32 are supported",
+                  tensor_dtype_name(dtype)));
+}
+
+void encode_one(float value, TensorDType dtype, unsigned char* bytes) {
+  std::uint16_t half = 0;
+  switch (dtype) {
+    case TensorDType::BF16:
+      half = cpu::float_to_bf16(value);
+      std::memcpy(bytes, &half, 2);
+      return;
+    case TensorDType::FP16:
+      half = cpu::float_to_fp16(value);
+      std::memcpy(bytes, &half, 2);
+      return;
+    case TensorDType::FP32:
+      std::memcpy(bytes, &value, 4);
+      return;
+    default:
+      break;
+  }
+  throw UsageError(
+      fmt::format("writing {} values from the host: only bf16, fp16 and fp32 are supported",
+                  tensor_dtype_name(dtype)));
+}
+
 // The GPU's NVRTC target, or the default target when this machine has no GPU.
 std::string default_arch() {
   if (!gpu::gpu_available()) return "sm_90a";
@@ -26,6 +72,22 @@ std::string default_arch() {
 }
 
 }  // namespace
+
+std::vector<unsigned char> encode_values(const std::vector<float>& values, TensorDType dtype) {
+  const std::size_t size = tensor_dtype_bytes(dtype);
+  std::vector<unsigned char> bytes(values.size() * size);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    encode_one(values[i], dtype, bytes.data() + i * size);
+  return bytes;
+}
+
+std::vector<float> decode_values(const std::vector<unsigned char>& bytes, TensorDType dtype) {
+  const std::size_t size = tensor_dtype_bytes(dtype);
+  std::vector<float> values(bytes.size() / size);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = decode_one(bytes.data() + i * size, dtype);
+  return values;
+}
 
 bool gpu_available(std::string* why) { return gpu::gpu_available(why); }
 

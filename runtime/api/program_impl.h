@@ -25,6 +25,11 @@ struct Program::Impl {
 std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
                                                  const std::string& arch);
 
+// Host values <-> row-major bytes of a bf16, fp16 or fp32 tensor (round to nearest even);
+// UsageError for other dtypes.
+std::vector<unsigned char> encode_values(const std::vector<float>& values, TensorDType dtype);
+std::vector<float> decode_values(const std::vector<unsigned char>& bytes, TensorDType dtype);
+
 // The plan of `sequence` (empty: the only one); throws UsageError naming the sequences.
 const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,
                                                 std::string_view sequence);

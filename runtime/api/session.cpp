@@ -1,12 +1,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cstring>
-
 #include "api/program_impl.h"
 #include "api/session_access.h"
 #include "api/state_file.h"
-#include "cpu/numerics.h"
 #include "cpu/reference_executor.h"
 #include "cpu/run_driver.h"
 #include "gpu/cuda_check.h"
@@ -49,33 +46,6 @@ TensorKind public_kind(const gpu::TensorInfo& info) {
   if (info.result_kind == "input_grad") return TensorKind::InputGrad;
   if (info.result_kind == "param_grad") return TensorKind::ParamGrad;
   return TensorKind::Output;
-}
-
-// `values` in the storage dtype of a parameter (bf16, fp16 or fp32), row-major bytes.
-std::vector<unsigned char> encode(const std::vector<float>& values, ir::DType dtype) {
-  std::vector<unsigned char> bytes(values.size() *
-                                   static_cast<std::size_t>(ir::dtype_bytes(dtype)));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    switch (dtype) {
-      case ir::DType::BF16: {
-        const std::uint16_t bits = cpu::float_to_bf16(values[i]);
-        std::memcpy(bytes.data() + 2 * i, &bits, 2);
-        break;
-      }
-      case ir::DType::FP16: {
-        const std::uint16_t bits = cpu::float_to_fp16(values[i]);
-        std::memcpy(bytes.data() + 2 * i, &bits, 2);
-        break;
-      }
-      case ir::DType::FP32:
-        std::memcpy(bytes.data() + 4 * i, &values[i], 4);
-        break;
-      default:
-        throw UsageError(
-            fmt::format("parameters stored as {} cannot be initialized", ir::dtype_name(dtype)));
-    }
-  }
-  return bytes;
 }
 
 }  // namespace
@@ -228,7 +198,8 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
   cpu::ReferenceExecutor<float> reference(*s.sequence, bindings);
   cpu::init_params_from_seed(reference, seed);
   for (const gpu::TensorInfo& info : s.params()) {
-    const std::vector<unsigned char> bytes = encode(reference.param(info.name).data, info.dtype);
+    const std::vector<unsigned char> bytes =
+        encode_values(reference.param(info.name).data, public_dtype(info.dtype));
     gpu::DeviceBuffer buffer(bytes.size(), stream);
     OPFUSE_CUDA_CHECK(
         cudaMemcpyAsync(buffer.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream),
