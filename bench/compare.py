@@ -230,6 +230,8 @@ def gemm_rows(runs, peers):
                 continue
             fp8 = "e4m3" in step["dtypes"][:2] or "e5m2" in step["dtypes"][:2]
             variant = ("fp8_fast" if step["fast_accum"] else "fp8") if fp8 else "bf16"
+            if fp8 and "e5m2" in step["dtypes"][:2] and not step["fast_accum"]:
+                variant = "fp8_e5m2"  # the same operand formats as opfuse's dgrad/wgrad
             key = (size_of(run), step["role"], step["m"], step["n"], step["k"], tuple(step["dtypes"]))
             if key in seen:
                 continue  # the same GEMM in fwd and fwdbwd runs

@@ -5,7 +5,8 @@ Shapes: fprop, dgrad and wgrad of both linears of the seed MLP at each size, and
 ceiling. Every GEMM is D[m, n] = A[m, k] @ B[n, k]^T with both operands K-contiguous (the TN layout
 that cuBLASLt FP8 requires on Hopper), so bf16 and FP8 run the same layout. FP8 is E4M3 x E4M3 ->
 bf16 with per-tensor scales, with fast accumulation on (TE's fprop default) and off (its
-dgrad/wgrad default).
+dgrad/wgrad default); `fp8_e5m2` is E5M2 x E4M3 without fast accumulation, what TE's and
+opfuse's dgrad and wgrad GEMMs run (the gradient in E5M2 as A).
 """
 
 import argparse
@@ -15,7 +16,7 @@ import torch
 
 import peer_common as common
 
-VARIANTS = ["bf16", "fp8_fast", "fp8"]
+VARIANTS = ["bf16", "fp8_fast", "fp8", "fp8_e5m2"]
 CEILING = {"size": "ceiling", "gemm": "8192^3", "m": 8192, "n": 8192, "k": 8192}
 
 
@@ -43,7 +44,7 @@ def make_operands(shape, variant, count):
         b = torch.randn(n, k, device=common.DEVICE, dtype=torch.bfloat16)
         if variant != "bf16":
             # Unit-variance data is well inside E4M3's range; the scales only have to be real.
-            a = a.to(torch.float8_e4m3fn)
+            a = a.to(torch.float8_e5m2 if variant == "fp8_e5m2" else torch.float8_e4m3fn)
             b = b.to(torch.float8_e4m3fn)
         sets.append([a, b])
     return sets

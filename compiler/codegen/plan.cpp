@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 
 #include "codegen/kernel_source.h"
@@ -257,12 +258,12 @@ Step& SequenceBuilder::add_step(const Group* g, const std::string& what) {
   return out_.steps.back();
 }
 
-void SequenceBuilder::add_launch(const Group& g, const std::string& what,
-                                 const std::string& template_name,
-                                 const std::vector<std::string>& args, GridRule grid,
-                                 int block_threads, int dynamic_smem_bytes,
-                                 std::vector<ParamBinding> params) {
-  const Group* group = g.op ? &g : nullptr;
+namespace {
+
+// The plan's kernel for `template_name<args>`, added on first use: one kernel per instantiation,
+// shared by every launch of it.
+Kernel& kernel_for(Plan& plan, const std::string& template_name,
+                   const std::vector<std::string>& args) {
   const KernelTemplate* t = find_kernel_template(template_name);
   OPFUSE_ASSERT(t != nullptr, "no kernel template '{}'", template_name);
   std::string expression;
@@ -271,20 +272,37 @@ void SequenceBuilder::add_launch(const Group& g, const std::string& what,
   } catch (const std::invalid_argument& e) {
     internal_failure(__FILE__, __LINE__, e.what());
   }
-  // One kernel per instantiation: every launch of it shares the program.
-  auto it = std::find_if(plan_.kernels.begin(), plan_.kernels.end(),
+  auto it = std::find_if(plan.kernels.begin(), plan.kernels.end(),
                          [&](const Kernel& k) { return k.name_expression == expression; });
-  if (it == plan_.kernels.end()) {
-    Kernel k;
-    k.id = kernel_id(*t, args);
-    k.header = std::string(t->header);
-    k.template_name = template_name;
-    k.template_args = args;
-    k.name_expression = expression;
-    k.params_struct = params_struct_spelling(*t, args);
-    plan_.kernels.push_back(std::move(k));
-    it = plan_.kernels.end() - 1;
-  }
+  if (it != plan.kernels.end()) return *it;
+  Kernel k;
+  k.id = kernel_id(*t, args);
+  k.header = std::string(t->header);
+  k.template_name = template_name;
+  k.template_args = args;
+  k.name_expression = std::move(expression);
+  k.params_struct = params_struct_spelling(*t, args);
+  plan.kernels.push_back(std::move(k));
+  return plan.kernels.back();
+}
+
+// The pointer to a transposed FP8 copy (templates/README.md: y_t, dx_t), bound to a buffer.
+bool binds_transposed_copy(const ParamBinding& p) {
+  return (p.field == "y_t" || p.field == "dx_t") && p.kind == ParamBinding::Kind::Buffer;
+}
+
+constexpr std::string_view kInferenceSuffix = " (inference: without the transposed copy)";
+
+}  // namespace
+
+void SequenceBuilder::add_launch(const Group& g, const std::string& what,
+                                 const std::string& template_name,
+                                 const std::vector<std::string>& args, GridRule grid,
+                                 int block_threads, int dynamic_smem_bytes,
+                                 std::vector<ParamBinding> params,
+                                 std::optional<WithoutTranspose> without_transpose) {
+  const Group* group = g.op ? &g : nullptr;
+  Kernel& kernel = kernel_for(plan_, template_name, args);
   Step& s = add_step(group, what);
   KernelUse use{seq_.name, s.phase, s.pattern, s.ops, what, {}};
   if (group) {
@@ -292,14 +310,31 @@ void SequenceBuilder::add_launch(const Group& g, const std::string& what,
   } else {
     for (const ir::QuantizerDecl& q : seq_.quantizers) use.quantizers.push_back(q.name);
   }
-  it->uses.push_back(std::move(use));
+  kernel.uses.push_back(use);
 
   for (const ParamBinding& p : params) {
     if (p.kind != ParamBinding::Kind::Buffer && p.kind != ParamBinding::Kind::Buffers) continue;
     for (int b : p.buffers) add_unique(p.written ? s.writes : s.reads, b);
   }
-  s.body = LaunchStep{it->id,          expression,       block_threads, dynamic_smem_bytes,
-                      std::move(grid), std::move(params)};
+  // A candidate only: add_inference_variants() keeps it where backward alone reads the copy.
+  const bool writes_copy = std::any_of(params.begin(), params.end(), binds_transposed_copy);
+  if (group && s.phase == ir::Phase::Forward && writes_copy) {
+    OPFUSE_ASSERT(without_transpose.has_value(),
+                  "forward launch of '{}' writes a transposed copy but gives no launch without it",
+                  template_name);
+    InferenceVariant variant;
+    variant.launch.block_threads = without_transpose->block_threads;
+    variant.launch.dynamic_smem_bytes = without_transpose->dynamic_smem_bytes;
+    variant.launch.grid = std::move(without_transpose->grid);
+    variant.launch.params = params;
+    for (ParamBinding& p : variant.launch.params)
+      if (binds_transposed_copy(p)) p = bind_null(p.field);
+    s.inference = std::move(variant);
+    use.what = without_transpose->what + std::string(kInferenceSuffix);
+    inference_uses_[s.index] = std::move(use);
+  }
+  s.body = LaunchStep{kernel.id,          kernel.name_expression, block_threads,
+                      dynamic_smem_bytes, std::move(grid),        std::move(params)};
 }
 
 void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep gemm) {
@@ -413,6 +448,71 @@ void SequenceBuilder::add_scale_update() {
              {bind_records("records", std::move(records)), bind_int("count", count)});
 }
 
+// Note "Inference variants": an inference forward (RunMode::Inference) runs no backward, so a
+// transposed FP8 copy that only backward reads (wgrad/dgrad operands) need not be computed,
+// written or allocated there; TE likewise drops columnwise usage under no_grad. A candidate from
+// add_launch() becomes the step's variant, with its own kernel (kWriteTranspose = false), unless
+// the copy is read in forward or is an interface result, or the group is a weight cast (reads
+// only parameters: the executor caches its outputs across forwards, so a variant would only cost
+// a compile).
+void SequenceBuilder::add_inference_variants() {
+  auto root_of = [&](int id) {
+    while (out_.buffers[size_t(id)].alias_of >= 0) id = out_.buffers[size_t(id)].alias_of;
+    return id;
+  };
+  std::vector<bool> read_in_forward(out_.buffers.size()), interface(out_.buffers.size());
+  for (const Buffer& b : out_.buffers)
+    if (!b.interface.empty()) interface[size_t(root_of(b.id))] = true;
+  std::map<int, std::set<int>> group_reads;  // forward groups: the roots their steps read
+  for (const Step& s : out_.steps) {
+    if (s.phase != ir::Phase::Forward) continue;
+    for (int id : s.reads) {
+      read_in_forward[size_t(root_of(id))] = true;
+      if (s.group >= 0) group_reads[s.group].insert(root_of(id));
+    }
+  }
+  auto weight_cast = [&](int group) {
+    const std::set<int>& reads = group_reads[group];
+    return !reads.empty() && std::all_of(reads.begin(), reads.end(), [&](int root) {
+      return out_.buffers[size_t(root)].role == BufferRole::Param;
+    });
+  };
+  for (Step& s : out_.steps) {
+    if (!s.inference) continue;
+    const auto& launch = std::get<LaunchStep>(s.body);
+    std::vector<int> dropped;
+    for (const ParamBinding& p : launch.params)
+      if (binds_transposed_copy(p)) dropped.push_back(p.buffers.at(0));
+    const bool only_backward_reads = std::none_of(dropped.begin(), dropped.end(), [&](int id) {
+      return read_in_forward[size_t(root_of(id))] || interface[size_t(root_of(id))];
+    });
+    if (!only_backward_reads || weight_cast(s.group)) {
+      s.inference.reset();
+      continue;
+    }
+    // Copies: registering the variant's kernel may move the plan's kernels.
+    const Kernel& trained = *plan_.find_kernel(launch.kernel);
+    const std::string template_name = trained.template_name;
+    std::vector<std::string> args = trained.template_args;
+    const KernelTemplate* t = find_kernel_template(template_name);
+    OPFUSE_ASSERT(t != nullptr, "no kernel template '{}'", template_name);
+    const auto flag = std::find_if(t->params.begin(), t->params.end(), [](const TemplateParam& p) {
+      return p.name == "kWriteTranspose";
+    });
+    const auto at = size_t(flag - t->params.begin());
+    OPFUSE_ASSERT(flag != t->params.end() && at < args.size() && args[at] == "true",
+                  "'{}' writes a transposed copy without kWriteTranspose = true", launch.kernel);
+    args[at] = "false";
+    Kernel& kernel = kernel_for(plan_, template_name, args);
+    kernel.uses.push_back(inference_uses_.at(s.index));
+    s.inference->launch.kernel = kernel.id;
+    s.inference->launch.name_expression = kernel.name_expression;
+    for (int id : s.writes)
+      if (std::find(dropped.begin(), dropped.end(), id) == dropped.end())
+        s.inference->writes.push_back(id);
+  }
+}
+
 void SequenceBuilder::compute_lifetimes() {
   std::vector<bool> forward_use(out_.buffers.size()), backward_use(out_.buffers.size());
   auto touch = [&](int id, const Step& s) {
@@ -469,6 +569,7 @@ SequencePlan SequenceBuilder::build() {
     emit_group(*this, g);
   }
   add_scale_update();
+  add_inference_variants();
   compute_lifetimes();
   return std::move(out_);
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -172,6 +173,14 @@ struct MemsetStep {
   int bytes = 0;
 };
 
+// A forward launch as an inference forward (RunMode::Inference) runs it: another instantiation of
+// the same op that leaves out the outputs only backward reads (the FP8 transposed copies), so an
+// inference forward neither computes nor allocates them.
+struct InferenceVariant {
+  LaunchStep launch;
+  std::vector<int> writes;  // the step's writes without the ones left out
+};
+
 struct Step {
   int index = 0;
   ir::Phase phase = ir::Phase::Forward;
@@ -182,6 +191,8 @@ struct Step {
   std::variant<LaunchStep, GemmStep, MemsetStep> body;
   std::vector<int> reads;  // buffer ids
   std::vector<int> writes;
+  // Forward launches whose outputs include some only backward reads; absent otherwise.
+  std::optional<InferenceVariant> inference;
 };
 
 struct SequencePlan {

@@ -2,6 +2,8 @@
 // one IR op or fused group into steps (plan_groups.cpp).
 #pragma once
 
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,6 +22,16 @@ struct Group {
   // The first part whose kind is one of `kinds`; nullptr when none.
   const ir::Operation* find(std::initializer_list<ir::OpKind> kinds) const;
   bool only(std::initializer_list<ir::OpKind> kinds) const;  // every part is one of `kinds`
+};
+
+// How a forward kernel that writes a transposed FP8 copy runs without it (kWriteTranspose = false):
+// the launch of its step's inference variant, whose shape the emitter knows (the norm kernel's
+// transposing grid is not its plain one).
+struct WithoutTranspose {
+  std::string what;  // the variant's description, before " (inference: ...)"
+  GridRule grid;
+  int block_threads = 0;
+  int dynamic_smem_bytes = 0;
 };
 
 class SequenceBuilder {
@@ -43,10 +55,13 @@ class SequenceBuilder {
   std::string location(SourceLoc loc) const;
 
   // Appends a launch of the kernel instantiating `template_name<args>` (registered in the plan's
-  // kernel list, shared with every other launch of the same instantiation).
+  // kernel list, shared with every other launch of the same instantiation). A forward launch that
+  // writes a transposed copy (y_t / dx_t) must say how it runs without it: build() turns that into
+  // the step's inference variant where only backward reads the copy.
   void add_launch(const Group& g, const std::string& what, const std::string& template_name,
                   const std::vector<std::string>& args, GridRule grid, int block_threads,
-                  int dynamic_smem_bytes, std::vector<ParamBinding> params);
+                  int dynamic_smem_bytes, std::vector<ParamBinding> params,
+                  std::optional<WithoutTranspose> without_transpose = std::nullopt);
   void add_gemm(const Group& g, const std::string& what, GemmStep gemm);
   void add_memset(const Group& g, const std::string& what, int quantizer);
 
@@ -60,6 +75,7 @@ class SequenceBuilder {
   void plan_buffers();
   void plan_quantizers();
   void add_scale_update();
+  void add_inference_variants();
   void compute_lifetimes();
 
   const ir::Sequence& seq_;
@@ -68,6 +84,7 @@ class SequenceBuilder {
   SequencePlan out_;
   std::vector<int> buffer_of_;  // per ValueId; -1: not materialized
   std::set<ir::ValueId> columnwise_;
+  std::map<int, KernelUse> inference_uses_;  // per step with a candidate inference variant
 };
 
 // Turns one group into steps (plan_groups.cpp); throws CodegenError when no kernel fits.

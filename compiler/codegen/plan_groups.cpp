@@ -208,15 +208,19 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
   const int partial =
       dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32, {partial_rows, cols})
             : -1;
-  b.add_launch(g,
-               fmt::format("cast {} -> {}{}", name_of(in), fp8_output_text(out, transpose),
-                           dbias ? " + dbias partial sums" : ""),
-               "cast_transpose", {spell(in), spell(out), spell(transpose), spell(dbias != nullptr)},
-               std::move(grid), rules::kTileThreads, 0,
+  auto what = [&](bool with_copy) {
+    return fmt::format("cast {} -> {}{}", name_of(in), fp8_output_text(out, with_copy),
+                       dbias ? " + dbias partial sums" : "");
+  };
+  WithoutTranspose plain{what(false), grid, rules::kTileThreads, 0};  // tiles launch alike
+  b.add_launch(g, what(transpose), "cast_transpose",
+               {spell(in), spell(out), spell(transpose), spell(dbias != nullptr)}, std::move(grid),
+               rules::kTileThreads, 0,
                {bind_in("x", b.buffer(x, cast)), bind_out("y", y.rowwise),
                 bind_out("y_t", y.columnwise), bind_quantizer("scale", cast.quantizer, "scale"),
                 bind_quantizer("amax", amax_quantizer, "amax"), bind_out("dbias_partial", partial),
-                bind_int("rows", rows), bind_int("cols", cols)});
+                bind_int("rows", rows), bind_int("cols", cols)},
+               std::move(plain));
   if (dbias) {
     const ValueId db = dbias->results.at(0);
     emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},
@@ -289,9 +293,11 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
   std::string what = "y = x";
   if (bias != ir::kNoValue) what += " + bias";
   if (residual != ir::kNoValue) what += " + residual";
+  auto text = [&](bool with_copy) {
+    return fmt::format("{} ({} -> {})", what, name_of(in), fp8_output_text(out, with_copy));
+  };
   b.add_launch(
-      g, fmt::format("{} ({} -> {})", what, name_of(in), fp8_output_text(out, transpose)),
-      "bias_add",
+      g, text(transpose), "bias_add",
       {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
        spell(transpose)},
       tile_grid(rows, cols), rules::kTileThreads, 0,
@@ -300,7 +306,8 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
        bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
        bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
        bind_quantizer("scale", quantizer, "scale"), bind_quantizer("amax", quantizer, "amax"),
-       bind_int("rows", rows), bind_int("cols", cols)});
+       bind_int("rows", rows), bind_int("cols", cols)},
+      WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
 
 void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
@@ -338,38 +345,51 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
   const int mean = !rms && norm.results.size() > 1 ? b.buffer(norm.results[1], norm) : -1;
   const int rstd = norm.results.size() > rstd_at ? b.buffer(norm.results[rstd_at], norm) : -1;
   const SymExpr rows = rows_of(xv);
-  const int block = rules::norm_fwd_block_threads(int(hidden), bytes, transpose);
-  const int smem = rules::norm_fwd_dynamic_smem_bytes(int(hidden), transpose);
-  GridRule grid;
-  if (transpose) {
-    // One block per SM: its staged tile fills shared memory.
-    const int tile_rows = rules::norm_transpose_tile_rows(int(hidden));
-    grid = {"norm_fwd_transpose",
-            min_of(ceil_div(rows, tile_rows), SymExpr::symbol(kNumSmsSymbol)),
-            1,
-            {{"rows", rows}, {"tile_rows", tile_rows}}};
-  } else {
-    const int rows_per_block = rules::norm_fwd_rows_per_block(int(hidden), bytes, false);
-    const int resident = rules::min_blocks(
-        block, rules::norm_fwd_register_budget(rms, ir::dtype_is_fp8(out), false));
-    grid = {"norm_fwd",
-            min_of(ceil_div(rows, rows_per_block), SymExpr::symbol(kNumSmsSymbol) * resident),
-            1,
-            {{"rows", rows}, {"rows_per_block", rows_per_block}, {"blocks_per_sm", resident}}};
-  }
+  struct Shape {
+    GridRule grid;
+    int block = 0;
+    int smem = 0;
+  };
+  auto shape = [&](bool with_copy) {
+    Shape out_shape;
+    out_shape.block = rules::norm_fwd_block_threads(int(hidden), bytes, with_copy);
+    out_shape.smem = rules::norm_fwd_dynamic_smem_bytes(int(hidden), with_copy);
+    if (with_copy) {
+      // One block per SM: its staged tile fills shared memory.
+      const int tile_rows = rules::norm_transpose_tile_rows(int(hidden));
+      out_shape.grid = {"norm_fwd_transpose",
+                        min_of(ceil_div(rows, tile_rows), SymExpr::symbol(kNumSmsSymbol)),
+                        1,
+                        {{"rows", rows}, {"tile_rows", tile_rows}}};
+    } else {
+      const int rows_per_block = rules::norm_fwd_rows_per_block(int(hidden), bytes, false);
+      const int resident = rules::min_blocks(
+          out_shape.block, rules::norm_fwd_register_budget(rms, ir::dtype_is_fp8(out), false));
+      out_shape.grid = {
+          "norm_fwd",
+          min_of(ceil_div(rows, rows_per_block), SymExpr::symbol(kNumSmsSymbol) * resident),
+          1,
+          {{"rows", rows}, {"rows_per_block", rows_per_block}, {"blocks_per_sm", resident}}};
+    }
+    return out_shape;
+  };
+  auto what = [&](bool with_copy) {
+    return fmt::format("{} {} -> {}", name_of(norm.kind), name_of(in),
+                       fp8_output_text(out, with_copy));
+  };
+  Shape launch = shape(transpose), plain = shape(false);
   const std::string family = rms ? "rmsnorm_fwd" : "layernorm_fwd";
   const bool zero_centered = ir::attr_bool(norm.attrs, "zero_centered_gamma");
   b.add_launch(
-      g,
-      fmt::format("{} {} -> {}", name_of(norm.kind), name_of(in), fp8_output_text(out, transpose)),
-      family,
+      g, what(transpose), family,
       {spell(in), spell(out), std::to_string(hidden), spell(zero_centered), spell(transpose)},
-      std::move(grid), block, smem,
+      std::move(launch.grid), launch.block, launch.smem,
       {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
        bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y.rowwise),
        bind_out("y_t", y.columnwise), bind_quantizer("scale", quantizer, "scale"),
        bind_quantizer("amax", quantizer, "amax"), bind_out("mean", mean), bind_out("rstd", rstd),
-       bind_float("epsilon", ir::attr_float(norm.attrs, "eps")), bind_int("rows", rows)});
+       bind_float("epsilon", ir::attr_float(norm.attrs, "eps")), bind_int("rows", rows)},
+      WithoutTranspose{what(false), std::move(plain.grid), plain.block, plain.smem});
 }
 
 void emit_norm_bwd(SequenceBuilder& b, const Group& g) {
@@ -458,15 +478,18 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   }
   const bool transpose = y.columnwise >= 0;
   const SymExpr rows = rows_of(xv);
+  auto what = [&](bool with_copy) {
+    return fmt::format("{} {} -> {}", name_of(act.kind), name_of(in),
+                       fp8_output_text(out, with_copy));
+  };
   b.add_launch(
-      g,
-      fmt::format("{} {} -> {}", name_of(act.kind), name_of(in), fp8_output_text(out, transpose)),
-      gated ? "gated_activation_fwd" : "activation_fwd",
+      g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd",
       {std::string(*activation_spelling(act.kind)), spell(in), spell(out), spell(transpose)},
       tile_grid(rows, cols), rules::kTileThreads, 0,
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
        bind_quantizer("scale", quantizer, "scale"), bind_quantizer("amax", quantizer, "amax"),
-       bind_int("rows", rows), bind_int("cols", cols)});
+       bind_int("rows", rows), bind_int("cols", cols)},
+      WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
 
 void emit_activation_bwd(SequenceBuilder& b, const Group& g) {

@@ -193,6 +193,11 @@ Json step_json(const SequencePlan& s, const Step& step) {
   }
   j["reads"] = step.reads;
   j["writes"] = step.writes;
+  if (step.inference) {
+    Json variant = launch_json(s, step.inference->launch);
+    variant["writes"] = step.inference->writes;
+    j["inference"] = std::move(variant);
+  }
   return j;
 }
 

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "codegen/plan.h"
 
 namespace opfuse::codegen {
@@ -246,6 +248,23 @@ GemmStep read_gemm(const Json& j, const std::string& path,
   return g;
 }
 
+// A forward launch's variant for inference forwards: a launch that writes part of what the step
+// writes (plan.h, InferenceVariant).
+InferenceVariant read_inference(const Json& j, const std::string& path, const Step& step) {
+  const std::string variant_path = sub(path, "inference");
+  const Json& v = field(j, path, "inference");
+  if (!std::holds_alternative<LaunchStep>(step.body) || step.phase != ir::Phase::Forward)
+    fail(variant_path, "only a forward launch has an inference variant");
+  InferenceVariant variant;
+  variant.launch = read_launch(v, variant_path);
+  variant.writes = get<std::vector<int>>(v, variant_path, "writes");
+  for (int id : variant.writes) {
+    if (std::find(step.writes.begin(), step.writes.end(), id) == step.writes.end())
+      fail(sub(variant_path, "writes"), fmt::format("buffer {} is not one the step writes", id));
+  }
+  return variant;
+}
+
 Step read_step(const Json& j, const std::string& path, ir::Phase phase,
                const std::vector<QuantizerPlan>& quantizers) {
   Step s;
@@ -270,6 +289,7 @@ Step read_step(const Json& j, const std::string& path, ir::Phase phase,
   }
   s.reads = get<std::vector<int>>(j, path, "reads");
   s.writes = get<std::vector<int>>(j, path, "writes");
+  if (j.contains("inference")) s.inference = read_inference(j, path, s);
   return s;
 }
 

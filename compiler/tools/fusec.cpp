@@ -476,6 +476,10 @@ std::string build_report(const opfuse::codegen::Plan& plan, const CompileOutcome
     for (const auto& step : s.steps) {
       r += fmt::format("  {:3} {:8} {}{}\n", step.index, opfuse::ir::phase_name(step.phase),
                        step.what, step.ops.empty() ? "" : "  <- " + ops_text(step.ops));
+      if (step.inference) {
+        r += fmt::format("               inference forwards run {} (without the transposed copy)\n",
+                         step.inference->launch.kernel);
+      }
     }
   }
   return r;
@@ -670,6 +674,7 @@ struct BenchCommandOptions {
   std::string mode = "fwd";
   bool graph = false;
   bool recast_weights = false;
+  bool gemm_autotune = false;
   int iterations = 0;
   int warmup = 10;
   uint64_t seed = 0;
@@ -699,6 +704,7 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
                                        : opfuse::api::BenchMode::Forward;
     bench.graph = opts.graph;
     bench.recast_weights = opts.recast_weights;
+    bench.gemm_autotune = opts.gemm_autotune;
     bench.iterations = opts.iterations;
     bench.warmup = opts.warmup;
     bench.seed = opts.seed;
@@ -832,6 +838,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench->add_flag("--graph", bench_opts.graph,
                   "replay a CUDA graph of one iteration (inputs cannot rotate: fixed pointers)");
+  bench->add_flag("--gemm-autotune", bench_opts.gemm_autotune,
+                  "time cuBLASLt's first candidate algorithms per GEMM and keep the fastest "
+                  "(SessionOptions::gemm_autotune)");
   bench->add_flag("--recast-weights", bench_opts.recast_weights,
                   "fwd: cast the FP8 weights on every call instead of once (cached)");
   bench

@@ -173,12 +173,16 @@ class StepTimer : public gpu::StepObserver {
  public:
   explicit StepTimer(EventPool& events) : events_(events) {}
   void before(int step, cudaStream_t stream) override {
-    records_.push_back({step, events_.at(2 * records_.size()), nullptr});
+    records_.push_back({step, events_.at(2 * records_.size()), nullptr, {}, 0});
     OPFUSE_CUDA_CHECK(cudaEventRecord(records_.back().start, stream), "fusec bench profile");
+    records_.back().host_start = Clock::now();
   }
   void after(int /*step*/, cudaStream_t stream) override {
-    records_.back().end = events_.at(2 * records_.size() - 1);
-    OPFUSE_CUDA_CHECK(cudaEventRecord(records_.back().end, stream), "fusec bench profile");
+    Record& record = records_.back();
+    record.host_us =
+        std::chrono::duration<double, std::micro>(Clock::now() - record.host_start).count();
+    record.end = events_.at(2 * records_.size() - 1);
+    OPFUSE_CUDA_CHECK(cudaEventRecord(record.end, stream), "fusec bench profile");
   }
   // Per step, the times of every profiled run of it, in milliseconds.
   std::map<int, std::vector<double>> times() const {
@@ -187,11 +191,19 @@ class StepTimer : public gpu::StepObserver {
       result[record.step].push_back(elapsed_ms(record.start, record.end));
     return result;
   }
+  // Per step, the host time of each enqueueing (between the two events), in microseconds.
+  std::map<int, std::vector<double>> host_times() const {
+    std::map<int, std::vector<double>> result;
+    for (const Record& record : records_) result[record.step].push_back(record.host_us);
+    return result;
+  }
 
  private:
   struct Record {
     int step;
     cudaEvent_t start, end;
+    Clock::time_point host_start;
+    double host_us;
   };
   EventPool& events_;
   std::vector<Record> records_;
@@ -341,7 +353,8 @@ std::string kind_name(gpu::StepProfile::Kind kind) {
 // Per-step rows from the profiled times (the steps of the mode: no backward for a forward), and
 // the GEMM / kernel / memset sums.
 void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
-                     const std::map<int, std::vector<double>>& times, BenchMode mode,
+                     const std::map<int, std::vector<double>>& times,
+                     const std::map<int, std::vector<double>>& host_times, BenchMode mode,
                      BenchReport& report) {
   for (const gpu::StepProfile& profile : profiles) {
     if (mode == BenchMode::Forward &&
@@ -373,6 +386,7 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
     step.ran = found != times.end();
     if (step.ran) {
       step.time = stats_of(found->second);
+      step.host_us = stats_of(host_times.at(profile.index));
       const double seconds = step.time.median * 1e-3;
       if (seconds > 0) {
         step.tflops = step.flops / seconds / 1e12;
@@ -412,7 +426,9 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   EventPool events;
 
   BenchReport report;
-  Session session(program, options.sequence, stream);
+  SessionOptions session_options;
+  session_options.gemm_autotune = options.gemm_autotune;
+  Session session(program, options.sequence, stream, session_options);
   session.bind(options.bindings);
   report.sequence = session.sequence();
   report.recipe = program.recipe(report.sequence);
@@ -467,7 +483,8 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   const int probe_iterations = choose_iterations(options, iteration);
   report.profile_iterations = std::min(probe_iterations, kProfileIterations);
   gpu::SequenceExecutor& executor = SessionAccess::executor(session);
-  const std::vector<gpu::StepProfile> profiles = executor.step_profiles();
+  const std::vector<gpu::StepProfile> profiles = executor.step_profiles(
+      options.mode == BenchMode::Forward ? gpu::RunMode::Inference : gpu::RunMode::Training);
   events.reserve(2 * profiles.size() * std::size_t(report.profile_iterations));
   StepTimer timer(events);
   executor.set_observer(&timer);
@@ -479,7 +496,7 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
     throw;
   }
   executor.set_observer(nullptr);
-  summarize_steps(profiles, timer.times(), options.mode, report);
+  summarize_steps(profiles, timer.times(), timer.host_times(), options.mode, report);
 
   if (options.graph) {
     session.capture(stream, options.mode == BenchMode::Forward
@@ -495,6 +512,7 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   const bool casts_weights = options.recast_weights || options.mode == BenchMode::ForwardBackward ||
                              (options.graph && options.mode == BenchMode::Forward);
   report.weights = casts_weights ? "cast every call" : "cast once, cached";
+  report.gemm_algorithms = options.gemm_autotune ? "autotuned" : "cuBLASLt heuristic";
   if (options.graph && options.mode == BenchMode::Forward && !options.recast_weights) {
     report.notes.push_back("graph replay: the recording casts the FP8 weights on every replay");
   }
@@ -518,8 +536,9 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   }
   report.tflops = report.gemm_flops / (report.time.median * 1e-3) / 1e12;
   const MemoryStats memory = session.memory();
-  report.executor_peak_bytes = memory.peak_bytes;
-  report.peak_bytes = memory.peak_bytes + report.parameter_bytes + report.input_set_bytes;
+  // Why the reservation: the buffers are placed in one allocation, which is what the device holds.
+  report.executor_peak_bytes = std::max(memory.peak_bytes, memory.reserved_bytes);
+  report.peak_bytes = report.executor_peak_bytes + report.parameter_bytes + report.input_set_bytes;
   report.pool_high_bytes = gpu::pool_usage().used_high;
   if (session.has_graph()) session.release_graph();
   return report;

@@ -32,7 +32,8 @@ struct BenchOptions {
   // Forward only: mark the parameters changed before every forward, so the FP8 weights are cast
   // on every call (as a peer that casts per call does) instead of once and cached.
   bool recast_weights = false;
-  int iterations = 0;  // timed iterations per pass; 0: about 0.3 s worth, 50 to 2000
+  bool gemm_autotune = false;  // SessionOptions::gemm_autotune
+  int iterations = 0;          // timed iterations per pass; 0: about 0.3 s worth, 50 to 2000
   int warmup = 10;
   std::uint64_t seed = 0;
   // Only for the report: the program's compile wall time as the caller measured it.
@@ -61,6 +62,7 @@ struct BenchStep {
   bool ran = false;          // false: skipped in every profiled iteration
   bool weight_cast = false;  // a weight-cast step (skipped while the FP8 weights are cached)
   TimeStats time;            // per profiled iteration
+  TimeStats host_us;         // the host time enqueueing it (the executor's own overhead included)
   double tflops = 0;         // GEMMs
   double gb_per_s = 0;       // bytes read + written over the median time
   double copy_share = 0;     // gb_per_s over the copy bandwidth
@@ -72,7 +74,8 @@ struct BenchReport {
   std::size_t l2_bytes = 0;
   std::map<std::string, std::int64_t> bindings;
   bool graph = false;
-  std::string weights;  // "cached" (cast once, reused) or "recast every call"
+  std::string weights;          // "cached" (cast once, reused) or "recast every call"
+  std::string gemm_algorithms;  // "cuBLASLt heuristic" or "autotuned"
   BuildStats build;
   double compile_wall_ms = 0;
 

@@ -27,18 +27,19 @@ Json stats_json(const TimeStats& stats) {
 
 std::string step_line(const BenchStep& step, double steps_ms) {
   if (!step.ran) {
-    return fmt::format("{:>4}  {:<8}  {:<6}  {:>9}  {:>6}  {:>7}  {:>6}  {:>5}  {}\n", step.index,
-                       step.phase, step.kind, "skipped", "-", "-", "-", "-",
+    return fmt::format("{:>4}  {:<8}  {:<6}  {:>9}  {:>6}  {:>7}  {:>6}  {:>5}  {:>7}  {}\n",
+                       step.index, step.phase, step.kind, "skipped", "-", "-", "-", "-", "-",
                        step.what + (step.weight_cast ? " (cached weight cast)" : " (not run)"));
   }
   const std::string tflops = step.kind == "gemm" ? fmt::format("{:.1f}", step.tflops) : "-";
   const bool moves = step.kind == "kernel";
   const std::string gb = moves ? fmt::format("{:.0f}", step.gb_per_s) : "-";
   const std::string share = moves ? fmt::format("{:.0f}%", 100 * step.copy_share) : "-";
-  return fmt::format("{:>4}  {:<8}  {:<6}  {:>9.4f}  {:>5.1f}%  {:>7}  {:>6}  {:>5}  {}\n",
-                     step.index, step.phase, step.kind, step.time.median,
-                     steps_ms > 0 ? 100 * step.time.median / steps_ms : 0.0, tflops, gb, share,
-                     step.what);
+  return fmt::format(
+      "{:>4}  {:<8}  {:<6}  {:>9.4f}  {:>5.1f}%  {:>7}  {:>6}  {:>5}  {:>7.1f}  {}\n", step.index,
+      step.phase, step.kind, step.time.median,
+      steps_ms > 0 ? 100 * step.time.median / steps_ms : 0.0, tflops, gb, share,
+      step.host_us.median, step.what);
 }
 
 }  // namespace
@@ -49,14 +50,15 @@ std::string format_bench_report(const BenchReport& r) {
       "device {} ({}, {} SMs, L2 {:.1f} MiB); bindings {}\n"
       "compile: {} kernels ({} from the cache, {} compiled), kernel stage {:.0f} ms, whole "
       "compile {:.0f} ms\n"
-      "inputs rotated over {} set{} of {:.1f} MiB ({:.1f}x the L2); FP8 weights {}\n"
+      "inputs rotated over {} set{} of {:.1f} MiB ({:.1f}x the L2); FP8 weights {}; GEMM "
+      "algorithms: {}\n"
       "{} warm-up, {} timed iterations per pass\n\n",
       r.file, r.sequence, r.mode, r.graph ? " (CUDA graph replay)" : "", r.recipe, r.device, r.arch,
       r.sm_count, mib(r.l2_bytes), bindings_text(r.bindings), r.build.kernels, r.build.cache_hits,
       r.build.compiled, r.build.compile_ms, r.compile_wall_ms, r.rotation_sets,
       r.rotation_sets == 1 ? "" : "s", mib(r.input_set_bytes),
       r.l2_bytes > 0 ? double(r.rotation_sets * r.input_set_bytes) / double(r.l2_bytes) : 0.0,
-      r.weights, r.warmup, r.iterations);
+      r.weights, r.gemm_algorithms, r.warmup, r.iterations);
   out += fmt::format(
       "time per iteration  median {:.4f} ms  p10 {:.4f}  p90 {:.4f}  (issued back to back)\n",
       r.time.median, r.time.p10, r.time.p90);
@@ -85,8 +87,8 @@ std::string format_bench_report(const BenchReport& r) {
       "\nper step (median of {} profiled iterations, eager, one event pair per "
       "step):\n",
       r.profile_iterations);
-  out += fmt::format("{:>4}  {:<8}  {:<6}  {:>9}  {:>6}  {:>7}  {:>6}  {:>5}  {}\n", "step",
-                     "phase", "kind", "ms", "share", "TFLOP/s", "GB/s", "copy", "what");
+  out += fmt::format("{:>4}  {:<8}  {:<6}  {:>9}  {:>6}  {:>7}  {:>6}  {:>5}  {:>7}  {}\n", "step",
+                     "phase", "kind", "ms", "share", "TFLOP/s", "GB/s", "copy", "host us", "what");
   for (const BenchStep& step : r.steps) out += step_line(step, steps_ms);
   const auto percent = [&](double ms) { return steps_ms > 0 ? 100 * ms / steps_ms : 0.0; };
   out += fmt::format(
@@ -123,6 +125,7 @@ std::string bench_report_json(const BenchReport& r) {
     }
     if (step.ran) {
       item["time_ms"] = stats_json(step.time);
+      item["host_us"] = stats_json(step.host_us);
       if (step.kind == "gemm") item["tflops"] = step.tflops;
       if (step.kind == "kernel") {
         item["gb_per_s"] = step.gb_per_s;
@@ -141,6 +144,7 @@ std::string bench_report_json(const BenchReport& r) {
       {"mode", r.mode},
       {"graph", r.graph},
       {"weights", r.weights},
+      {"gemm_algorithms", r.gemm_algorithms},
       {"device",
        {{"name", r.device}, {"arch", r.arch}, {"sm_count", r.sm_count}, {"l2_bytes", r.l2_bytes}}},
       {"bindings", bindings},

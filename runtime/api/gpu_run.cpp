@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -128,8 +129,8 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
   out += fmt::format(
       "\npeak device memory: {:.1f} MiB of activations and workspaces, {:.1f} MiB of parameters; "
       "pool high-water mark {:.1f} MiB\n",
-      double(memory.peak_bytes) / (1 << 20), double(memory.owned_bytes) / (1 << 20),
-      double(gpu::pool_usage().used_high) / (1 << 20));
+      double(std::max(memory.peak_bytes, memory.reserved_bytes)) / (1 << 20),
+      double(memory.owned_bytes) / (1 << 20), double(gpu::pool_usage().used_high) / (1 << 20));
   return out;
 }
 

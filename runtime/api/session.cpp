@@ -129,7 +129,8 @@ struct Session::Impl {
   }
 };
 
-Session::Session(const Program& program, std::string_view sequence, cudaStream_t stream)
+Session::Session(const Program& program, std::string_view sequence, cudaStream_t stream,
+                 const SessionOptions& options)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.program = program.impl_;
@@ -152,7 +153,7 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
         p.source_name, p.plan.arch, gpu::current_device().name, device_arch, device_arch));
   }
   s.modules = std::make_unique<gpu::PlanModules>(p.plan, p.kernels);
-  s.gemms = std::make_unique<gpu::GemmRunner>(stream);
+  s.gemms = std::make_unique<gpu::GemmRunner>(stream, gpu::GemmOptions{options.gemm_autotune});
   s.executor = std::make_unique<gpu::SequenceExecutor>(*s.plan, *s.modules, *s.gemms, stream);
 }
 
@@ -411,6 +412,7 @@ MemoryStats Session::memory() const {
   MemoryStats stats;
   stats.live_bytes = memory.live_bytes;
   stats.peak_bytes = memory.peak_bytes;
+  stats.reserved_bytes = memory.reserved_bytes;
   for (const auto& [name, buffer] : impl_->owned) stats.owned_bytes += buffer.size();
   return stats;
 }

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <unordered_map>
 
 #include "gpu/cuda_check.h"
@@ -56,10 +58,16 @@ constexpr std::uint32_t kPointerAlignment = 16;
 // 13.1). Checked here so the failure is a clear UsageError before anything is enqueued.
 constexpr std::uintptr_t kScalarPointerAlignment = 16;
 
+// `why_needed` may hold one "{}", replaced by `epilogue`. Why not a formatted string: this runs
+// on every GEMM call and must not allocate unless something is wrong.
 void check_pointer(std::vector<std::string>& reasons, const char* name, const void* pointer,
-                   bool needed, std::uintptr_t alignment, const std::string& why_needed) {
+                   bool needed, std::uintptr_t alignment, fmt::string_view why_needed,
+                   std::string_view epilogue = {}) {
   if (pointer == nullptr) {
-    if (needed) reasons.push_back(fmt::format("{} is null but {}", name, why_needed));
+    if (needed) {
+      reasons.push_back(
+          fmt::format("{} is null but {}", name, fmt::format(fmt::runtime(why_needed), epilogue)));
+    }
     return;
   }
   if (!needed) {
@@ -87,6 +95,9 @@ struct Plan {
   cublasLtMatmulDesc_t matmul = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // The pointer attributes last set on `matmul` (set_pointers skips them when unchanged).
+  GemmArgs pointers_set;
+  bool any_pointers_set = false;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -120,8 +131,16 @@ cublasLtMatrixLayout_t make_layout(const CublasLtOperand& operand, DType dtype,
   return layout;
 }
 
+bool same_pointers(const GemmArgs& x, const GemmArgs& y) {
+  return x.bias == y.bias && x.aux == y.aux && x.a_scale_inv == y.a_scale_inv &&
+         x.b_scale_inv == y.b_scale_inv && x.d_scale == y.d_scale && x.d_amax == y.d_amax;
+}
+
 // The pointer attributes of one call: cuBLASLt reads them from the matmul descriptor.
-void set_pointers(const Plan& plan, const GemmDesc& desc, const GemmArgs& args) {
+void set_pointers(Plan& plan, const GemmDesc& desc, const GemmArgs& args) {
+  if (plan.any_pointers_set && same_pointers(plan.pointers_set, args)) return;
+  plan.pointers_set = args;
+  plan.any_pointers_set = true;
   if (epilogue_has_bias(desc.epilogue)) {
     set_attribute(plan.matmul, CUBLASLT_MATMUL_DESC_BIAS_POINTER, args.bias, desc);
   }
@@ -149,11 +168,11 @@ std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& a
   if (args.c != nullptr) {
     check_pointer(reasons, "c", args.c, desc.accumulate, kPointerAlignment, "");
   }
-  const std::string epilogue(epilogue_name(desc.epilogue));
+  const std::string_view epilogue = epilogue_name(desc.epilogue);
   check_pointer(reasons, "bias", args.bias, epilogue_has_bias(desc.epilogue), kPointerAlignment,
-                "the " + epilogue + " epilogue uses the bias vector");
+                "the {} epilogue uses the bias vector", epilogue);
   check_pointer(reasons, "aux", args.aux, epilogue_has_aux(desc.epilogue), kPointerAlignment,
-                "the " + epilogue + " epilogue uses the aux matrix");
+                "the {} epilogue uses the aux matrix", epilogue);
   check_pointer(reasons, "a_scale_inv", args.a_scale_inv, is_fp8(desc.a), kScalarPointerAlignment,
                 "A is FP8 and needs its dequantization factor");
   check_pointer(reasons, "b_scale_inv", args.b_scale_inv, is_fp8(desc.b), kScalarPointerAlignment,
@@ -170,6 +189,7 @@ std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& a
 struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
+  GemmOptions options;
   std::unordered_map<GemmDesc, std::unique_ptr<Plan>, GemmDescHash> plans;
 
   ~Impl() {
@@ -177,11 +197,84 @@ struct GemmRunner::Impl {
     if (handle != nullptr) (void)cublasLtDestroy(handle);
   }
 
-  std::unique_ptr<Plan> make_plan(const GemmDesc& desc, const GemmArgs& args);
-  Plan& plan_for(const GemmDesc& desc, const GemmArgs& args);
+  std::unique_ptr<Plan> make_plan(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream);
+  Plan& plan_for(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream);
+  void matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmDesc& desc,
+              const GemmArgs& args, cudaStream_t stream) const;
+  int fastest(const Plan& plan, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+              const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream) const;
 };
 
-std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const GemmArgs& args) {
+// Autotuned choices by desc: index into the heuristic's list (note in GemmOptions::autotune).
+std::mutex& tuned_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<GemmDesc, int, GemmDescHash>& tuned_choices() {
+  static std::unordered_map<GemmDesc, int, GemmDescHash> choices;
+  return choices;
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  OPFUSE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), "asking whether a stream captures");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void GemmRunner::Impl::matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                              const GemmDesc& desc, const GemmArgs& args,
+                              cudaStream_t stream) const {
+  const float alpha = 1.0f;
+  const float beta = desc.accumulate ? 1.0f : 0.0f;
+  // Why this C when not accumulating (beta = 0, C never read): a bf16/fp32 D goes in as C
+  // (cuBLASLt treats C == D as in place); an FP8 D must not, because C's layout has the bias
+  // type there and cuBLASLt 13 answers INVALID_VALUE for C == D with different types, so C is
+  // null (measured on an H100, bench/RESULTS.md).
+  const void* c =
+      desc.accumulate ? (args.c != nullptr ? args.c : args.d) : (is_fp8(desc.d) ? nullptr : args.d);
+  // cuBLASLt's A is our B and its B our A (note "Row-major GEMMs").
+  OPFUSE_CUBLAS_CHECK(
+      cublasLtMatmul(handle, plan.matmul, &alpha, args.b, plan.a, args.a, plan.b, &beta, c, plan.c,
+                     args.d, plan.d, &algo, workspace.data(), workspace.size(), stream),
+      describe(desc));
+}
+
+int GemmRunner::Impl::fastest(const Plan& plan,
+                              const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+                              const GemmDesc& desc, const GemmArgs& args,
+                              cudaStream_t stream) const {
+  constexpr int kRuns = 5;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  OPFUSE_CUDA_CHECK(cudaEventCreate(&start), "autotuning a GEMM");
+  OPFUSE_CUDA_CHECK(cudaEventCreate(&stop), "autotuning a GEMM");
+  int best = 0;
+  float best_ms = 0;
+  try {
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      matmul(plan, candidates[i].algo, desc, args, stream);  // warm-up
+      OPFUSE_CUDA_CHECK(cudaEventRecord(start, stream), "autotuning a GEMM");
+      for (int run = 0; run < kRuns; ++run) matmul(plan, candidates[i].algo, desc, args, stream);
+      OPFUSE_CUDA_CHECK(cudaEventRecord(stop, stream), "autotuning a GEMM");
+      OPFUSE_CUDA_CHECK(cudaEventSynchronize(stop), "autotuning a GEMM");
+      float ms = 0;
+      OPFUSE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "autotuning a GEMM");
+      if (i == 0 || ms < best_ms) {
+        best = static_cast<int>(i);
+        best_ms = ms;
+      }
+    }
+  } catch (...) {
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    throw;
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  return best;
+}
+
+std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const GemmArgs& args,
+                                                  cudaStream_t stream) {
   const CublasLtProblem problem = to_cublaslt(desc);
   auto plan = std::make_unique<Plan>();
   OPFUSE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->matmul, CUBLAS_COMPUTE_32F, CUDA_R_32F),
@@ -239,12 +332,13 @@ std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const Ge
   if (epilogue_has_aux(desc.epilogue)) probe.aux = sixteen_aligned;
   set_pointers(*plan, desc, probe);
 
-  cublasLtMatmulHeuristicResult_t result{};
+  constexpr int kCandidates = 8;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(options.autotune ? kCandidates : 1);
   int found = 0;
-  OPFUSE_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(handle, plan->matmul, plan->a, plan->b, plan->c, plan->d,
-                                     preference, 1, &result, &found),
-      describe(desc));
+  OPFUSE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+                          handle, plan->matmul, plan->a, plan->b, plan->c, plan->d, preference,
+                          static_cast<int>(results.size()), results.data(), &found),
+                      describe(desc));
   if (found == 0) {
     throw CudaError(fmt::format("cuBLASLt's heuristic found no algorithm for {} on this GPU: "
                                 "check_gemm() accepts it, so this is a cuBLASLt limit not yet "
@@ -252,17 +346,31 @@ std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const Ge
                                 describe(desc)),
                     "cuBLASLt", static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED));
   }
-  plan->algo = result.algo;
+  results.resize(static_cast<std::size_t>(found));
+  int choice = 0;
+  if (results.size() > 1 && !desc.accumulate) {
+    const std::lock_guard<std::mutex> lock(tuned_mutex());
+    const auto tuned = tuned_choices().find(desc);
+    if (tuned != tuned_choices().end()) {
+      choice = std::min(tuned->second, found - 1);
+    } else if (!capturing(stream)) {
+      set_pointers(*plan, desc, args);
+      choice = fastest(*plan, results, desc, args, stream);
+      tuned_choices().emplace(desc, choice);
+    }
+  }
+  plan->algo = results[static_cast<std::size_t>(choice)].algo;
   return plan;
 }
 
-Plan& GemmRunner::Impl::plan_for(const GemmDesc& desc, const GemmArgs& args) {
+Plan& GemmRunner::Impl::plan_for(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream) {
   const auto found = plans.find(desc);
   if (found != plans.end()) return *found->second;
-  return *plans.emplace(desc, make_plan(desc, args)).first->second;
+  return *plans.emplace(desc, make_plan(desc, args, stream)).first->second;
 }
 
-GemmRunner::GemmRunner(cudaStream_t stream) : impl_(std::make_unique<Impl>()) {
+GemmRunner::GemmRunner(cudaStream_t stream, GemmOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->options = options;
   OPFUSE_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   impl_->workspace = DeviceBuffer(kWorkspaceBytes, stream);
   // Why: runs may come on any stream; the stream-ordered allocation must be complete first.
@@ -274,7 +382,8 @@ GemmRunner::~GemmRunner() = default;
 std::size_t GemmRunner::cached_plans() const { return impl_->plans.size(); }
 
 void GemmRunner::run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream) {
-  if (impl_->plans.find(desc) == impl_->plans.end()) {
+  const auto known = impl_->plans.find(desc);
+  if (known == impl_->plans.end()) {
     const std::vector<std::string> reasons = check_gemm(desc);
     if (!reasons.empty()) {
       throw UsageError(
@@ -286,21 +395,9 @@ void GemmRunner::run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t st
     throw UsageError(fmt::format("bad arguments for {}:\n  - {}", describe(desc),
                                  fmt::join(problems, "\n  - ")));
   }
-  const Plan& plan = impl_->plan_for(desc, args);
+  Plan& plan = known != impl_->plans.end() ? *known->second : impl_->plan_for(desc, args, stream);
   set_pointers(plan, desc, args);
-  const float alpha = 1.0f;
-  const float beta = desc.accumulate ? 1.0f : 0.0f;
-  // Why this C when not accumulating (beta = 0, C never read): a bf16/fp32 D goes in as C
-  // (cuBLASLt treats C == D as in place); an FP8 D must not, because C's layout has the bias
-  // type there and cuBLASLt 13 answers INVALID_VALUE for C == D with different types, so C is
-  // null (measured on an H100, bench/RESULTS.md).
-  const void* c =
-      desc.accumulate ? (args.c != nullptr ? args.c : args.d) : (is_fp8(desc.d) ? nullptr : args.d);
-  // cuBLASLt's A is our B and its B our A (note "Row-major GEMMs").
-  OPFUSE_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, plan.matmul, &alpha, args.b, plan.a, args.a,
-                                     plan.b, &beta, c, plan.c, args.d, plan.d, &plan.algo,
-                                     impl_->workspace.data(), impl_->workspace.size(), stream),
-                      describe(desc));
+  impl_->matmul(plan, plan.algo, desc, args, stream);
 }
 
 }  // namespace opfuse::gpu

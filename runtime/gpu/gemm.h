@@ -35,19 +35,29 @@ struct GemmArgs {
 // when it can. Pure: looks only at the pointer values.
 std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& args);
 
+struct GemmOptions {
+  // Time the first candidates cuBLASLt's heuristic offers for a desc at its first run and keep
+  // the fastest, instead of the heuristic's first. Costs a host sync and a few runs of the GEMM
+  // on that first run; skipped for accumulating GEMMs (a timing run would add into D twice) and
+  // during a graph capture. The choice is shared by every runner in the process, so sessions
+  // in one process compute bit-identical results; another process may choose differently.
+  bool autotune = false;
+};
+
 // Owns a cuBLASLt handle and a 32 MiB workspace. Not thread-safe, and the workspace is shared by
 // all runs: use one runner per stream, or order the streams (events) so runs never overlap.
 class GemmRunner {
  public:
   // Creates the handle and allocates the workspace on `stream`, then waits for that allocation
   // (construction is the only host sync). Throws CudaError without a usable GPU.
-  explicit GemmRunner(cudaStream_t stream = nullptr);
+  explicit GemmRunner(cudaStream_t stream = nullptr, GemmOptions options = {});
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
-  // Enqueues D = epilogue(A B (+ C)) on `stream`, no host sync. The first run of a desc checks
-  // it (check_gemm) and asks cuBLASLt's heuristic for an algorithm once; later runs reuse it.
+  // Enqueues D = epilogue(A B (+ C)) on `stream`, no host sync (but see GemmOptions::autotune).
+  // The first run of a desc checks it (check_gemm) and asks cuBLASLt's heuristic for an
+  // algorithm once; later runs reuse it.
   // Throws UsageError, before anything is enqueued, for a desc check_gemm rejects or args
   // check_gemm_args rejects; CudaError (naming the desc) when cuBLASLt fails or has no
   // algorithm.

@@ -1,10 +1,17 @@
 // Note "Executor buffers": the caller's tensors (inputs, parameters, output gradients) are used in
-// place. Every other buffer that is not a view (alias_of) owns one pool allocation, made on the
-// running stream right before the first step that touches it and freed (stream-ordered) right
-// after the last step of the run mode that touches it: its last use for Training, its last
-// forward use for Inference. Three kinds are kept longer: interface results (until the next
-// forward or backward starts, so the caller can read them), and the outputs of weight-cast groups
-// (note "Weight cache"), which live as long as the executor and are reused.
+// place. Every other buffer that is not a view (alias_of) is live from the first step that
+// touches it to the last step of the run mode that touches it: its last use for Training, its
+// last forward use for Inference (where the steps' inference variants decide what is touched).
+// Two kinds live longer: interface results (to the end of the run, so the caller can read them
+// until the next forward or backward), and the outputs of weight-cast groups (note "Weight
+// cache"), which live as long as the executor. bind() places every buffer in one device
+// allocation by those lifetimes (gpu/memory_plan.h), once per run mode: the weight copies first,
+// at the same offsets in both modes, then each mode's layout. Why one allocation placed ahead of
+// time instead of a pool allocation per buffer per step: a stream-ordered malloc and free cost
+// about 2 us of host time each, several per step, and a forward of a small model is tens of
+// launches; placing ahead of time costs nothing per step and takes no more memory than the live
+// peak (the pool kept its peak anyway). The allocation is made by the first forward that needs
+// it (its mode's size; a training forward after inference ones grows it once).
 //
 // Note "Weight cache": a forward group whose steps read nothing but parameters (the FP8 cast of a
 // weight, with its memset, amax and scale steps under current scaling) is skipped when it ran
@@ -25,6 +32,7 @@
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
 #include "gpu/kernel_params.h"
+#include "gpu/memory_plan.h"
 #include "gpu/plan_gemm.h"
 #include "gpu/quantizer_state.h"
 #include "opfuse/error.h"
@@ -89,11 +97,24 @@ QuantizerSettings settings_of(const codegen::QuantizerPlan& quantizer) {
   return settings;
 }
 
-// Every buffer a step's body names, besides its reads and writes lists.
-std::vector<int> buffers_named_by(const Step& step) {
+constexpr int kModes = 2;
+constexpr int mode_index(RunMode mode) { return static_cast<int>(mode); }
+// Why 256: what cudaMalloc gives, so every placed buffer is as aligned as a pool allocation.
+constexpr std::size_t kBufferAlignment = 256;
+
+// The launch a step runs in `mode`: its inference variant's in Inference mode where it has one.
+const LaunchStep* launch_of(const Step& step, RunMode mode) {
+  if (mode == RunMode::Inference && step.inference) return &step.inference->launch;
+  return std::get_if<LaunchStep>(&step.body);
+}
+
+// Every buffer a step's body names, besides its reads and writes lists, as `mode` runs it.
+std::vector<int> buffers_named_by(const Step& step, RunMode mode) {
   std::vector<int> ids(step.reads);
-  ids.insert(ids.end(), step.writes.begin(), step.writes.end());
-  if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+  const bool variant = mode == RunMode::Inference && step.inference.has_value();
+  const std::vector<int>& writes = variant ? step.inference->writes : step.writes;
+  ids.insert(ids.end(), writes.begin(), writes.end());
+  if (const LaunchStep* launch = launch_of(step, mode)) {
     for (const ParamBinding& param : launch->params) {
       if (param.kind == ParamBinding::Kind::Buffer || param.kind == ParamBinding::Kind::Buffers) {
         ids.insert(ids.end(), param.buffers.begin(), param.buffers.end());
@@ -126,7 +147,9 @@ struct BufferFacts {
   bool forward_result = false;   // root of an "output" interface buffer
   bool backward_result = false;  // root of an "input_grad" / "param_grad" interface buffer
   bool weight_cache = false;     // root written by a weight-cast group
-  int first_touch = -1, last_touch = -1, last_forward_touch = -1;
+  // Per run mode: the first and last step touching it (-1: none); Inference counts forward
+  // steps only.
+  int first_touch[kModes] = {-1, -1}, last_touch[kModes] = {-1, -1};
 };
 
 struct WeightCacheGroup {
@@ -178,6 +201,7 @@ struct SequenceExecutor::Impl {
 
   // ---- construction ----
   void check_plan() const;
+  void check_launch(const Step& step, const LaunchStep& launch) const;
   void learn_buffers();
   void find_weight_cache_groups();
   const void* state_pointer(const ParamBinding& param) const;
@@ -185,17 +209,22 @@ struct SequenceExecutor::Impl {
   // ---- bind ----
   std::map<std::string, std::int64_t> checked_symbols(
       const std::map<std::string, std::int64_t>& given) const;
+  BoundStep bind_launch(const Step& step, const LaunchStep& launch,
+                        const std::map<std::string, std::int64_t>& values) const;
   BoundStep bind_step(const Step& step, const std::map<std::string, std::int64_t>& values) const;
+  void place_buffers();
 
   // ---- running ----
   void* pointer(int buffer) const;
   void require_set(int begin, int end, const char* call) const;
+  void ensure_memory(std::size_t bytes, cudaStream_t stream);
+  void free_memory(cudaStream_t stream);
   void run_steps(int begin, int end, cudaStream_t stream, RunMode mode);
   void run_step(int index, cudaStream_t stream);
   void observed_step(int index, cudaStream_t stream);
-  void allocate(int root, cudaStream_t stream);
-  void release(int root, cudaStream_t stream);
-  void release_all(cudaStream_t stream, bool keep_weight_cache);
+  void mark_live(int root);
+  void mark_dead(int root);
+  void mark_all_dead(bool keep_weight_cache);
   bool cache_valid(const WeightCacheGroup& group) const;
   const void* result(const std::map<std::string, int, std::less<>>& names, std::string_view name,
                      bool computed, const char* kind) const;
@@ -207,9 +236,12 @@ struct SequenceExecutor::Impl {
   int num_sms = 0;
   int first_backward = 0;  // index of the first backward step (steps.size() without backward)
 
-  std::vector<BufferFacts> facts;               // per buffer id
-  std::vector<std::vector<int>> touched;        // per step: roots it uses
-  std::vector<std::vector<int>> free_after[2];  // per RunMode, per step: roots to free
+  std::vector<BufferFacts> facts;  // per buffer id
+  // Per run mode, per step: the roots it uses and the roots whose last use it is.
+  std::vector<std::vector<int>> touched[kModes];
+  std::vector<std::vector<int>> free_after[kModes];
+  // Per step, the caller's roots it reads (require_set checks them before anything runs).
+  std::vector<std::vector<int>> callers_read;
   std::vector<WeightCacheGroup> cache_groups;
   std::vector<int> cache_group_of_step;  // -1: not part of a weight-cast group
   std::map<std::string, int, std::less<>> callers_by_name, outputs, input_grads, param_grads;
@@ -219,16 +251,23 @@ struct SequenceExecutor::Impl {
   std::map<std::string, std::int64_t> symbols;
   std::vector<std::size_t> bytes;  // per buffer
   std::vector<BoundStep> steps;
+  std::vector<std::optional<BoundStep>> inference_steps;  // per step: its bound variant
+  // Per run mode, per buffer id: the root's offset in `memory`, and the bytes each mode needs.
+  std::vector<std::size_t> offsets[kModes];
+  std::size_t needed_bytes[kModes] = {0, 0};
 
   // Running state.
   std::vector<const void*> caller_pointers;  // per buffer id (caller roots)
-  std::vector<DeviceBuffer> memory;          // per buffer id (owned roots)
+  DeviceBuffer memory;                       // every owned buffer (note "Executor buffers")
+  RunMode layout = RunMode::Training;        // whose offsets the buffers have now
+  std::vector<char> live;                    // per root: holds values now
+  std::vector<char> skip_group;              // per weight-cast group, during run_steps
   bool training_forward_done = false;
   bool outputs_valid = false;
   bool grads_valid = false;
   std::size_t live_bytes = 0, peak_bytes = 0;
   cudaStream_t last_stream = nullptr;
-  bool pinned = false;  // pin_memory(): every buffer allocated, none freed until unpin_memory()
+  bool pinned = false;  // pin_memory(): the allocation serves both modes until unpin_memory()
   StepObserver* observer = nullptr;  // set_observer(): benchmarks time each step
 };
 
@@ -254,9 +293,9 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
     quantizers.emplace(std::move(settings), stream);
   }
   caller_pointers.assign(plan.buffers.size(), nullptr);
-  memory.resize(plan.buffers.size());
-  // Why here: the pool otherwise returns freed memory to the driver at every synchronization,
-  // and each step would allocate from the driver again.
+  live.assign(plan.buffers.size(), 0);
+  skip_group.assign(cache_groups.size(), 0);
+  // Why here: the pool otherwise returns freed memory to the driver at every synchronization.
   retain_pool_memory();
 }
 
@@ -268,35 +307,30 @@ void SequenceExecutor::Impl::check_plan() const {
     if (step.index != static_cast<int>(i)) {
       throw UsageError(fmt::format("plan step {} has index {}: rebuild the plan", i, step.index));
     }
-    for (int id : buffers_named_by(step)) {
-      if (id >= buffer_count) {
-        throw UsageError(fmt::format("{} names buffer {}, but the plan has {}", describe_step(step),
-                                     id, buffer_count));
+    for (const RunMode mode : {RunMode::Training, RunMode::Inference}) {
+      for (int id : buffers_named_by(step, mode)) {
+        if (id >= buffer_count) {
+          throw UsageError(fmt::format("{} names buffer {}, but the plan has {}",
+                                       describe_step(step), id, buffer_count));
+        }
       }
     }
-    if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
-      (void)modules.kernel(launch->kernel);
-      (void)param_layout(launch->params);
-      for (const ParamBinding& param : launch->params) {
-        if (param.kind == ParamBinding::Kind::Quantizer &&
-            (param.quantizer < 0 || param.quantizer >= quantizer_count)) {
-          throw UsageError(fmt::format("{} binds '{}' to quantizer {} of {}", describe_step(step),
-                                       param.field, param.quantizer, quantizer_count));
-        }
-        if (param.kind != ParamBinding::Kind::Records) continue;
-        // Why contiguous: the kernel gets one pointer to the first record and a count.
-        bool contiguous = !param.records.empty();
-        for (std::size_t r = 0; r < param.records.size(); ++r) {
-          contiguous = contiguous && param.records[r] == param.records[0] + static_cast<int>(r) &&
-                       param.records[r] < quantizer_count && param.records[0] >= 0;
-        }
-        if (!contiguous) {
-          throw UsageError(fmt::format(
-              "{} binds the quantizer records [{}]: they must be ascending and contiguous "
-              "indices of the {} quantizers",
-              describe_step(step), fmt::join(param.records, ", "), quantizer_count));
-        }
+    if (step.inference) {
+      const auto& writes = step.inference->writes;
+      const bool subset = std::all_of(writes.begin(), writes.end(), [&](int id) {
+        return std::find(step.writes.begin(), step.writes.end(), id) != step.writes.end();
+      });
+      if (!std::holds_alternative<LaunchStep>(step.body) || step.phase != ir::Phase::Forward ||
+          !subset) {
+        throw UsageError(fmt::format(
+            "{} has an inference variant, but only forward launches can, writing a subset of "
+            "what the step writes: rebuild the plan",
+            describe_step(step)));
       }
+      check_launch(step, step.inference->launch);
+    }
+    if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+      check_launch(step, *launch);
     } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
       (void)epilogue_named(gemm->epilogue);
     } else {
@@ -308,6 +342,32 @@ void SequenceExecutor::Impl::check_plan() const {
             "quantizer's 4-byte amax can be cleared",
             describe_step(step), memset.bytes, memset.quantizer_field, memset.quantizer));
       }
+    }
+  }
+}
+
+void SequenceExecutor::Impl::check_launch(const Step& step, const LaunchStep& launch) const {
+  const int quantizer_count = static_cast<int>(plan.quantizers.size());
+  (void)modules.kernel(launch.kernel);
+  (void)param_layout(launch.params);
+  for (const ParamBinding& param : launch.params) {
+    if (param.kind == ParamBinding::Kind::Quantizer &&
+        (param.quantizer < 0 || param.quantizer >= quantizer_count)) {
+      throw UsageError(fmt::format("{} binds '{}' to quantizer {} of {}", describe_step(step),
+                                   param.field, param.quantizer, quantizer_count));
+    }
+    if (param.kind != ParamBinding::Kind::Records) continue;
+    // Why contiguous: the kernel gets one pointer to the first record and a count.
+    bool contiguous = !param.records.empty();
+    for (std::size_t r = 0; r < param.records.size(); ++r) {
+      contiguous = contiguous && param.records[r] == param.records[0] + static_cast<int>(r) &&
+                   param.records[r] < quantizer_count && param.records[0] >= 0;
+    }
+    if (!contiguous) {
+      throw UsageError(
+          fmt::format("{} binds the quantizer records [{}]: they must be ascending and contiguous "
+                      "indices of the {} quantizers",
+                      describe_step(step), fmt::join(param.records, ", "), quantizer_count));
     }
   }
 }
@@ -349,17 +409,25 @@ void SequenceExecutor::Impl::learn_buffers() {
       (entry.starts_with("output ") ? root.forward_result : root.backward_result) = true;
     }
   }
-  touched.assign(plan.steps.size(), {});
-  for (const Step& step : plan.steps) {
-    std::set<int> roots;
-    for (int id : buffers_named_by(step)) roots.insert(facts[static_cast<std::size_t>(id)].root);
-    for (int root : roots) {
-      BufferFacts& fact = facts[static_cast<std::size_t>(root)];
-      if (fact.first_touch < 0) fact.first_touch = step.index;
-      fact.last_touch = step.index;
-      if (step.index < first_backward) fact.last_forward_touch = step.index;
+  callers_read.assign(plan.steps.size(), {});
+  for (const RunMode mode : {RunMode::Training, RunMode::Inference}) {
+    const int m = mode_index(mode);
+    touched[m].assign(plan.steps.size(), {});
+    for (const Step& step : plan.steps) {
+      if (mode == RunMode::Inference && step.index >= first_backward) break;
+      std::set<int> roots;
+      for (int id : buffers_named_by(step, mode))
+        roots.insert(facts[static_cast<std::size_t>(id)].root);
+      for (int root : roots) {
+        BufferFacts& fact = facts[static_cast<std::size_t>(root)];
+        if (fact.first_touch[m] < 0) fact.first_touch[m] = step.index;
+        fact.last_touch[m] = step.index;
+        if (fact.callers && mode == RunMode::Training && step.group >= 0) {
+          callers_read[static_cast<std::size_t>(step.index)].push_back(root);
+        }
+      }
+      touched[m][static_cast<std::size_t>(step.index)].assign(roots.begin(), roots.end());
     }
-    touched[static_cast<std::size_t>(step.index)].assign(roots.begin(), roots.end());
   }
 }
 
@@ -393,7 +461,7 @@ void SequenceExecutor::Impl::find_weight_cache_groups() {
     for (int root : writes) facts[static_cast<std::size_t>(root)].weight_cache = true;
     cache_groups.push_back(std::move(cache));
   }
-  // Free lists, now that the kept buffers are known (note "Executor buffers").
+  // Last uses, now that the kept buffers are known (note "Executor buffers").
   for (auto& lists : free_after) lists.assign(plan.steps.size(), {});
   for (std::size_t id = 0; id < facts.size(); ++id) {
     const BufferFacts& fact = facts[id];
@@ -401,14 +469,10 @@ void SequenceExecutor::Impl::find_weight_cache_groups() {
         fact.forward_result || fact.backward_result) {
       continue;
     }
-    if (fact.last_touch >= 0) {
-      free_after[static_cast<int>(RunMode::Training)][static_cast<std::size_t>(fact.last_touch)]
-          .push_back(static_cast<int>(id));
-    }
-    if (fact.last_forward_touch >= 0) {
-      free_after[static_cast<int>(RunMode::Inference)]
-                [static_cast<std::size_t>(fact.last_forward_touch)]
-                    .push_back(static_cast<int>(id));
+    for (int m = 0; m < kModes; ++m) {
+      if (fact.last_touch[m] >= 0) {
+        free_after[m][static_cast<std::size_t>(fact.last_touch[m])].push_back(static_cast<int>(id));
+      }
     }
   }
 }
@@ -454,27 +518,33 @@ std::map<std::string, std::int64_t> SequenceExecutor::Impl::checked_symbols(
   return values;
 }
 
+BoundStep SequenceExecutor::Impl::bind_launch(
+    const Step& step, const LaunchStep& launch,
+    const std::map<std::string, std::int64_t>& values) const {
+  BoundStep bound_step;
+  const std::int64_t x = evaluate_expr(launch.grid.x, values);
+  const std::int64_t y = evaluate_expr(launch.grid.y, values);
+  if (x < 0 || y < 0 || x > std::numeric_limits<int>::max() || y > 65535) {
+    throw UsageError(
+        fmt::format("{}: its grid ({}, {}) is outside CUDA's limits: bind smaller sizes",
+                    describe_step(step), x, y));
+  }
+  bound_step.kernel = &modules.kernel(launch.kernel);
+  bound_step.skip = x == 0 || y == 0;
+  bound_step.grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
+  bound_step.block = dim3(static_cast<unsigned>(launch.block_threads));
+  bound_step.dynamic_smem = static_cast<std::size_t>(launch.dynamic_smem_bytes);
+  bound_step.params = pack_params(launch.params, values,
+                                  [this](const ParamBinding& p) { return state_pointer(p); });
+  return bound_step;
+}
+
 BoundStep SequenceExecutor::Impl::bind_step(
     const Step& step, const std::map<std::string, std::int64_t>& values) const {
-  BoundStep bound_step;
   if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
-    const std::int64_t x = evaluate_expr(launch->grid.x, values);
-    const std::int64_t y = evaluate_expr(launch->grid.y, values);
-    if (x < 0 || y < 0 || x > std::numeric_limits<int>::max() || y > 65535) {
-      throw UsageError(
-          fmt::format("{}: its grid ({}, {}) is outside CUDA's limits: bind smaller "
-                      "sizes",
-                      describe_step(step), x, y));
-    }
-    bound_step.kernel = &modules.kernel(launch->kernel);
-    bound_step.skip = x == 0 || y == 0;
-    bound_step.grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
-    bound_step.block = dim3(static_cast<unsigned>(launch->block_threads));
-    bound_step.dynamic_smem = static_cast<std::size_t>(launch->dynamic_smem_bytes);
-    bound_step.params = pack_params(launch->params, values,
-                                    [this](const ParamBinding& p) { return state_pointer(p); });
-    return bound_step;
+    return bind_launch(step, *launch, values);
   }
+  BoundStep bound_step;
   const auto* gemm = std::get_if<GemmStep>(&step.body);
   if (gemm == nullptr) return bound_step;
   bound_step.gemm = gemm_desc(*gemm, values);
@@ -499,14 +569,46 @@ BoundStep SequenceExecutor::Impl::bind_step(
   return bound_step;
 }
 
+void SequenceExecutor::Impl::place_buffers() {
+  const auto count = plan.buffers.size();
+  const int end[kModes] = {static_cast<int>(plan.steps.size()), first_backward};
+  // The weight copies first: they keep their values across runs of either mode.
+  std::vector<BufferLifetime> weights(count);
+  for (std::size_t id = 0; id < count; ++id) {
+    if (facts[id].root == static_cast<int>(id) && facts[id].weight_cache)
+      weights[id] = {bytes[id], 0, 0};
+  }
+  const MemoryPlan weight_plan = plan_memory(weights, kBufferAlignment);
+  for (int m = 0; m < kModes; ++m) {
+    std::vector<BufferLifetime> lifetimes(count);
+    for (std::size_t id = 0; id < count; ++id) {
+      const BufferFacts& fact = facts[id];
+      if (fact.root != static_cast<int>(id) || fact.callers || fact.weight_cache ||
+          fact.first_touch[m] < 0) {
+        continue;
+      }
+      const bool result = fact.forward_result || fact.backward_result;
+      lifetimes[id] = {bytes[id], fact.first_touch[m], result ? end[m] : fact.last_touch[m]};
+    }
+    const MemoryPlan mode_plan = plan_memory(lifetimes, kBufferAlignment);
+    offsets[m].assign(count, 0);
+    for (std::size_t id = 0; id < count; ++id) {
+      offsets[m][id] = facts[id].weight_cache ? weight_plan.offsets[id]
+                                              : weight_plan.bytes + mode_plan.offsets[id];
+    }
+    needed_bytes[m] = weight_plan.bytes + mode_plan.bytes;
+  }
+}
+
 void* SequenceExecutor::Impl::pointer(int buffer) const {
-  const int root = facts[static_cast<std::size_t>(buffer)].root;
-  if (facts[static_cast<std::size_t>(root)].callers) {
+  const auto root = static_cast<std::size_t>(facts[static_cast<std::size_t>(buffer)].root);
+  if (facts[root].callers) {
     // Why const_cast: the caller's tensors are only read, but GemmArgs and params structs hold
     // plain pointers.
-    return const_cast<void*>(caller_pointers[static_cast<std::size_t>(root)]);
+    return const_cast<void*>(caller_pointers[root]);
   }
-  return memory[static_cast<std::size_t>(root)].data();
+  if (memory.data() == nullptr || bytes[root] == 0) return nullptr;
+  return static_cast<char*>(memory.data()) + offsets[mode_index(layout)][root];
 }
 
 void SequenceExecutor::Impl::require_set(int begin, int end, const char* call) const {
@@ -514,47 +616,62 @@ void SequenceExecutor::Impl::require_set(int begin, int end, const char* call) c
     throw UsageError(fmt::format("{}() of sequence '{}' before bind(): bind the sizes [{}] first",
                                  call, plan.name, fmt::join(plan.symbols, ", ")));
   }
+  bool all_set = true;
+  for (int index = begin; index < end && all_set; ++index) {
+    for (int root : callers_read[static_cast<std::size_t>(index)])
+      all_set = all_set && caller_pointers[static_cast<std::size_t>(root)] != nullptr;
+  }
+  if (all_set) return;
   std::vector<std::string> missing;
   for (int index = begin; index < end; ++index) {
-    if (plan.steps[static_cast<std::size_t>(index)].group < 0) continue;
-    for (int root : touched[static_cast<std::size_t>(index)]) {
+    for (int root : callers_read[static_cast<std::size_t>(index)]) {
       const auto r = static_cast<std::size_t>(root);
       const std::string name = ir_name(plan.buffers[r].name);
-      if (facts[r].callers && caller_pointers[r] == nullptr &&
+      if (caller_pointers[r] == nullptr &&
           std::find(missing.begin(), missing.end(), name) == missing.end()) {
         missing.push_back(name);
       }
     }
   }
-  if (!missing.empty()) {
-    throw UsageError(
-        fmt::format("{}() of sequence '{}' reads [{}], which were not set: call "
-                    "set_tensor() for each",
-                    call, plan.name, fmt::join(missing, ", ")));
-  }
+  throw UsageError(fmt::format(
+      "{}() of sequence '{}' reads [{}], which were not set: call set_tensor() for each", call,
+      plan.name, fmt::join(missing, ", ")));
 }
 
-void SequenceExecutor::Impl::allocate(int root, cudaStream_t stream) {
-  DeviceBuffer& buffer = memory[static_cast<std::size_t>(root)];
-  const std::size_t size = bytes[static_cast<std::size_t>(root)];
-  if (buffer.data() != nullptr || size == 0) return;
-  buffer = DeviceBuffer(size, stream);
-  live_bytes += size;
+void SequenceExecutor::Impl::ensure_memory(std::size_t needed, cudaStream_t stream) {
+  if (memory.size() >= needed) return;
+  // Growing moves every buffer: the cached weight copies go with the old allocation.
+  free_memory(stream);
+  memory = DeviceBuffer(needed, stream);
+}
+
+void SequenceExecutor::Impl::free_memory(cudaStream_t stream) {
+  mark_all_dead(false);
+  for (WeightCacheGroup& group : cache_groups) group.valid = false;
+  if (memory.data() == nullptr) return;
+  memory.set_stream(stream);
+  memory.reset();
+}
+
+void SequenceExecutor::Impl::mark_live(int root) {
+  const auto r = static_cast<std::size_t>(root);
+  if (live[r] != 0) return;
+  live[r] = 1;
+  live_bytes += bytes[r];
   peak_bytes = std::max(peak_bytes, live_bytes);
 }
 
-void SequenceExecutor::Impl::release(int root, cudaStream_t stream) {
-  DeviceBuffer& buffer = memory[static_cast<std::size_t>(root)];
-  if (buffer.data() == nullptr || pinned) return;
-  live_bytes -= buffer.size();
-  buffer.set_stream(stream);
-  buffer.reset();
+void SequenceExecutor::Impl::mark_dead(int root) {
+  const auto r = static_cast<std::size_t>(root);
+  if (live[r] == 0) return;
+  live[r] = 0;
+  live_bytes -= bytes[r];
 }
 
-void SequenceExecutor::Impl::release_all(cudaStream_t stream, bool keep_weight_cache) {
-  for (std::size_t id = 0; id < memory.size(); ++id) {
+void SequenceExecutor::Impl::mark_all_dead(bool keep_weight_cache) {
+  for (std::size_t id = 0; id < live.size(); ++id) {
     if (keep_weight_cache && facts[id].weight_cache) continue;
-    release(static_cast<int>(id), stream);
+    mark_dead(static_cast<int>(id));
   }
 }
 
@@ -570,20 +687,19 @@ bool SequenceExecutor::Impl::cache_valid(const WeightCacheGroup& group) const {
 
 void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, RunMode mode) {
   last_stream = stream;
-  std::vector<bool> skip_group(cache_groups.size());
   for (std::size_t g = 0; g < cache_groups.size(); ++g)
-    skip_group[g] = cache_valid(cache_groups[g]);
-  const auto& frees = free_after[static_cast<int>(mode)];
+    skip_group[g] = cache_valid(cache_groups[g]) ? 1 : 0;
+  const int m = mode_index(mode);
   for (int index = begin; index < end; ++index) {
     const auto i = static_cast<std::size_t>(index);
     if (plan.steps[i].group < 0) continue;  // the end-of-step scale update: end_step() runs it
     const int group = cache_group_of_step[i];
-    if (group >= 0 && skip_group[static_cast<std::size_t>(group)]) continue;
-    for (int root : touched[i]) {
-      if (!facts[static_cast<std::size_t>(root)].callers) allocate(root, stream);
+    if (group >= 0 && skip_group[static_cast<std::size_t>(group)] != 0) continue;
+    for (int root : touched[m][i]) {
+      if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
     }
     observed_step(index, stream);
-    for (int root : frees[i]) release(root, stream);
+    for (int root : free_after[m][i]) mark_dead(root);
   }
   for (WeightCacheGroup& group : cache_groups) {
     if (group.steps.front() < begin || group.steps.back() >= end) continue;
@@ -596,8 +712,10 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
 }
 
 void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
-  const Step& step = plan.steps[static_cast<std::size_t>(index)];
-  BoundStep& bound_step = steps[static_cast<std::size_t>(index)];
+  const auto i = static_cast<std::size_t>(index);
+  const Step& step = plan.steps[i];
+  BoundStep& bound_step =
+      layout == RunMode::Inference && inference_steps[i] ? *inference_steps[i] : steps[i];
   if (std::holds_alternative<LaunchStep>(step.body)) {
     if (bound_step.skip) return;
     bound_step.params.set_buffers([this](int buffer) { return pointer(buffer); });
@@ -648,7 +766,7 @@ SequenceExecutor::SequenceExecutor(const SequencePlan& plan, const PlanModules& 
     : impl_(std::make_unique<Impl>(plan, modules, gemms, stream)) {}
 
 SequenceExecutor::~SequenceExecutor() {
-  if (impl_) impl_->release_all(impl_->last_stream, false);
+  if (impl_) impl_->free_memory(impl_->last_stream);
 }
 
 void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) {
@@ -659,13 +777,26 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
     bytes.push_back(static_cast<std::size_t>(evaluate_expr(buffer.bytes, values)));
   }
   std::vector<BoundStep> steps;
-  for (const Step& step : s.plan.steps) steps.push_back(s.bind_step(step, values));
+  std::vector<std::optional<BoundStep>> inference_steps;
+  for (const Step& step : s.plan.steps) {
+    steps.push_back(s.bind_step(step, values));
+    inference_steps.emplace_back();
+    if (step.inference)
+      inference_steps.back() = s.bind_launch(step, step.inference->launch, values);
+  }
   // Everything checked: replace the old binding (its buffers may have other sizes).
-  s.release_all(s.last_stream, false);
-  for (WeightCacheGroup& group : s.cache_groups) group.valid = false;
+  if (s.pinned) {
+    throw UsageError(fmt::format(
+        "bind() of sequence '{}' while its memory is pinned for a CUDA graph: release the graph "
+        "first",
+        s.plan.name));
+  }
+  s.free_memory(s.last_stream);
   s.symbols = std::move(values);
   s.bytes = std::move(bytes);
   s.steps = std::move(steps);
+  s.inference_steps = std::move(inference_steps);
+  s.place_buffers();
   s.bound = true;
   s.training_forward_done = s.outputs_valid = s.grads_valid = false;
 }
@@ -737,8 +868,10 @@ void SequenceExecutor::set_tensor(std::string_view name, const void* device_ptr)
 void SequenceExecutor::forward(cudaStream_t stream, RunMode mode) {
   Impl& s = *impl_;
   s.require_set(0, s.first_backward, "forward");
-  s.release_all(stream, true);
+  s.mark_all_dead(true);
   s.outputs_valid = s.grads_valid = s.training_forward_done = false;
+  s.ensure_memory(s.pinned ? s.memory.size() : s.needed_bytes[mode_index(mode)], stream);
+  s.layout = mode;
   s.run_steps(0, s.first_backward, stream, mode);
   s.outputs_valid = true;
   s.training_forward_done = mode == RunMode::Training;
@@ -778,19 +911,14 @@ void SequenceExecutor::pin_memory(cudaStream_t stream) {
   if (!s.bound) {
     throw UsageError(fmt::format("pin_memory() of sequence '{}' before bind()", s.plan.name));
   }
-  for (std::size_t id = 0; id < s.facts.size(); ++id) {
-    const BufferFacts& fact = s.facts[id];
-    if (!fact.callers && fact.root == static_cast<int>(id) && fact.first_touch >= 0)
-      s.allocate(static_cast<int>(id), stream);
-  }
+  s.ensure_memory(std::max(s.needed_bytes[0], s.needed_bytes[1]), stream);
   s.pinned = true;
 }
 
 void SequenceExecutor::unpin_memory(cudaStream_t stream) {
   Impl& s = *impl_;
   s.pinned = false;
-  s.release_all(stream, false);
-  for (WeightCacheGroup& group : s.cache_groups) group.valid = false;
+  s.free_memory(stream);
   s.training_forward_done = s.outputs_valid = s.grads_valid = false;
 }
 
@@ -815,6 +943,11 @@ const void* SequenceExecutor::debug_buffer(int buffer_id) const {
   if (buffer_id < 0 || buffer_id >= static_cast<int>(s.plan.buffers.size())) {
     throw UsageError(fmt::format("sequence '{}' has no buffer {}", s.plan.name, buffer_id));
   }
+  const int root = s.facts[static_cast<std::size_t>(buffer_id)].root;
+  if (!s.facts[static_cast<std::size_t>(root)].callers &&
+      s.live[static_cast<std::size_t>(root)] == 0) {
+    return nullptr;
+  }
   return s.pointer(buffer_id);
 }
 
@@ -835,13 +968,15 @@ void SequenceExecutor::upload_quantizers(const std::vector<cpu::DelayedScalingSt
   invalidate_weight_cache();  // the FP8 weight copies were cast with the old scales
 }
 
-ExecutorMemory SequenceExecutor::memory() const { return {impl_->live_bytes, impl_->peak_bytes}; }
+ExecutorMemory SequenceExecutor::memory() const {
+  return {impl_->live_bytes, impl_->peak_bytes, impl_->memory.size()};
+}
 
 void SequenceExecutor::reset_peak() { impl_->peak_bytes = impl_->live_bytes; }
 
 void SequenceExecutor::set_observer(StepObserver* observer) { impl_->observer = observer; }
 
-std::vector<StepProfile> SequenceExecutor::step_profiles() const {
+std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
   const Impl& s = *impl_;
   if (!s.bound) {
     throw UsageError(fmt::format("step_profiles() of sequence '{}' before bind()", s.plan.name));
@@ -856,9 +991,11 @@ std::vector<StepProfile> SequenceExecutor::step_profiles() const {
     profile.pattern = step.pattern;
     profile.end_of_step = step.group < 0;
     profile.weight_cast = s.cache_group_of_step[static_cast<std::size_t>(step.index)] >= 0;
+    const bool variant = mode == RunMode::Inference && step.inference.has_value();
     for (int id : step.reads) profile.bytes_read += s.bytes[static_cast<std::size_t>(id)];
-    for (int id : step.writes) profile.bytes_written += s.bytes[static_cast<std::size_t>(id)];
-    if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
+    for (int id : variant ? step.inference->writes : step.writes)
+      profile.bytes_written += s.bytes[static_cast<std::size_t>(id)];
+    if (const LaunchStep* launch = launch_of(step, mode)) {
       profile.kind = StepProfile::Kind::Kernel;
       profile.kernel = launch->kernel;
     } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {

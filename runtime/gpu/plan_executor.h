@@ -1,8 +1,9 @@
 // Runs one sequence of a codegen plan (docs/codegen.md) on the GPU: the plan's steps in order on
-// the caller's stream (generated-kernel launches, cuBLASLt GEMMs, memsets), buffers from CUDA's
-// stream-ordered pool allocated at their first use and freed after their last, quantizer state
-// on the device, FP8 weight copies cast once per step and reused, and no host synchronization
-// between bind() and the results. The public API (runtime/include/opfuse/) wraps it.
+// the caller's stream (generated-kernel launches, cuBLASLt GEMMs, memsets), its buffers placed
+// at bind() in one device allocation by their lifetimes (buffers never live at the same time
+// share memory), quantizer state on the device, FP8 weight copies cast once per step and reused,
+// and no host synchronization between bind() and the results. The public API
+// (runtime/include/opfuse/) wraps it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,7 +41,8 @@ class PlanModules {
 
 enum class RunMode : uint8_t {
   Training,   // keeps what backward needs
-  Inference,  // frees every intermediate as soon as its last forward reader ran
+  Inference,  // reuses every intermediate's memory after its last forward reader; runs the
+              // steps' inference variants (no FP8 transposed copies for backward)
 };
 
 // Where an interface tensor lives and what it is, with its sizes evaluated under the bindings.
@@ -56,8 +58,9 @@ struct TensorInfo {
 };
 
 struct ExecutorMemory {
-  std::size_t live_bytes = 0;  // the executor's allocations now (not the caller's tensors)
-  std::size_t peak_bytes = 0;  // most at once since construction or reset_peak()
+  std::size_t live_bytes = 0;      // bytes of the buffers holding values now (not the caller's)
+  std::size_t peak_bytes = 0;      // most at once since construction or reset_peak()
+  std::size_t reserved_bytes = 0;  // the device allocation they are placed in
 };
 
 // What one plan step does under the current bindings, for benchmarks (fusec bench): its kind,
@@ -102,9 +105,11 @@ class SequenceExecutor {
   SequenceExecutor& operator=(const SequenceExecutor&) = delete;
 
   // Sets the run-time sizes (every symbol of plan.symbols but num_sms, which comes from the
-  // device). Throws UsageError, launching nothing, for a missing or unknown symbol, a size < 1,
-  // or a GEMM dimension cuBLASLt FP8 cannot take (FP8: every m, n, k a multiple of 16; bf16: a
-  // multiple of 8), naming the symbol, the GEMM and the .fuse line.
+  // device) and places the buffers for them. Throws UsageError, launching nothing, for a missing
+  // or unknown symbol, a size < 1, or a GEMM dimension cuBLASLt FP8 cannot take (FP8: every m, n,
+  // k a multiple of 16; bf16: a multiple of 8), naming the symbol, the GEMM and the .fuse line.
+  // The device allocation is made (stream-ordered) by the first forward that needs it: the
+  // inference layout's size for inference forwards, the training layout's for training.
   void bind(const std::map<std::string, std::int64_t>& symbols);
 
   // Inputs, parameters, output gradients (what the caller provides) and outputs, input and
@@ -130,11 +135,10 @@ class SequenceExecutor {
   // The parameters changed behind the executor's back (an optimizer step, a checkpoint load).
   void invalidate_weight_cache();
 
-  // Static memory for CUDA graphs: pin_memory() allocates every buffer of the bound sizes now (on
-  // `stream`, outside any capture) and frees none until unpin_memory(), so a captured forward or
-  // backward holds no allocation or free nodes and its pointers stay valid across replays. Costs
-  // the sum of all buffers instead of the peak of the live ones. unpin_memory() frees them all;
-  // results are unavailable until the next forward/backward.
+  // For CUDA graphs: pin_memory() makes the device allocation for both run modes now (on
+  // `stream`, outside any capture) and keeps it until unpin_memory(), so a captured forward or
+  // backward holds no allocation or free nodes and its pointers stay valid across replays.
+  // unpin_memory() frees it; results are unavailable until the next forward/backward.
   void pin_memory(cudaStream_t stream);
   void unpin_memory(cudaStream_t stream);
 
@@ -159,9 +163,10 @@ class SequenceExecutor {
   void reset_peak();
 
   // Benchmark hooks. set_observer(nullptr) (the default) removes it; the observer must outlive
-  // its use. step_profiles() is per plan step (Step::index order); UsageError before bind().
+  // its use. step_profiles() is per plan step (Step::index order) as `mode` runs it (Inference:
+  // the inference variants); UsageError before bind().
   void set_observer(StepObserver* observer);
-  std::vector<StepProfile> step_profiles() const;
+  std::vector<StepProfile> step_profiles(RunMode mode = RunMode::Training) const;
 
  private:
   struct Impl;

@@ -606,6 +606,54 @@ TEST_P(WeightCache, SecondForwardReusesTheCastUntilInvalidated) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, WeightCache, ::testing::Values("delayed", "current"));
 
+// ---- inference forwards -------------------------------------------------------------------------
+
+class InferenceForward : public ExecutorGpu, public ::testing::WithParamInterface<const char*> {};
+
+// An inference forward runs the steps' inference variants: the same outputs bit for bit, none of
+// the FP8 transposed copies only backward reads, and less memory.
+TEST_P(InferenceForward, MatchesTrainingWithoutTheTransposedCopies) {
+  const auto c = compile("mlp", kMlp, GetParam());
+  ASSERT_NE(c, nullptr);
+  const codegen::SequencePlan& plan = c->plan.sequences[0];
+  std::vector<int> left_out;  // what the variants do not write
+  for (const codegen::Step& step : plan.steps) {
+    if (!step.inference) continue;
+    for (int id : step.writes) {
+      const auto& kept = step.inference->writes;
+      if (std::find(kept.begin(), kept.end(), id) == kept.end()) left_out.push_back(id);
+    }
+  }
+  ASSERT_FALSE(left_out.empty()) << "an FP8 plan of the MLP writes transposed copies of its "
+                                    "activations for wgrad; inference must leave them out";
+  const cpu::Bindings bindings = {{"tokens", 96}};
+  SideBySide run(*c, 0, bindings, *gemms_, stream_, 11);
+  SequenceExecutor& gpu = run.gpu();
+  run.new_inputs();
+  const std::size_t count = 96 * 256;
+
+  gpu.forward(stream_, RunMode::Inference);
+  const std::vector<float> inference = download_bf16(gpu.output("y"), count);
+  const std::size_t inference_reserved = gpu.memory().reserved_bytes;
+  EXPECT_GT(inference_reserved, 0u);
+  for (int id : left_out) EXPECT_EQ(gpu.debug_buffer(id), nullptr) << "buffer " << id;
+  const void* output = gpu.output("y");
+  gpu.forward(stream_, RunMode::Inference);
+  EXPECT_EQ(gpu.output("y"), output) << "buffers are placed once per binding";
+  EXPECT_EQ(download_bf16(gpu.output("y"), count), inference);
+
+  gpu.forward(stream_, RunMode::Training);
+  EXPECT_EQ(download_bf16(gpu.output("y"), count), inference);
+  for (int id : left_out) EXPECT_NE(gpu.debug_buffer(id), nullptr) << "buffer " << id;
+  EXPECT_GT(gpu.memory().reserved_bytes, inference_reserved);
+  EXPECT_GE(gpu.memory().reserved_bytes, gpu.memory().peak_bytes);
+  gpu.backward(stream_);
+  gpu.end_step(stream_);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, InferenceForward, ::testing::Values("delayed", "current"));
+
 // ---- misuse -------------------------------------------------------------------------------------
 
 template <typename Call>

@@ -2,9 +2,12 @@
 // scaling and bf16 (GEMMs and their operands, casts, the scale update, buffer lifetimes), the
 // kernel sources (their .fuse lines, one kernel per instantiation, each compiling with NVRTC for
 // sm_90a), constant_scale and quantize, plan expressions, errors for groups without a GPU kernel,
-// and the goldens tests/golden/codegen/<example>/{plan.json,kernels/*.cu}
+// the inference variants of forward launches (no transposed FP8 copies), and the goldens
+// tests/golden/codegen/<example>/{plan.json,kernels/*.cu}
 // (OPFUSE_UPDATE_GOLDEN=1 rewrites them; scripts/update_goldens.sh does that).
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -18,6 +21,7 @@
 
 #include "../../runtime/jit/nvrtc_compiler.h"
 #include "codegen/kernel_source.h"
+#include "codegen/kernel_templates.h"
 #include "codegen/plan.h"
 #include "driver/frontend.h"
 #include "passes/pass_manager.h"
@@ -368,6 +372,217 @@ TEST(CodegenPlan, UnfusedOpsRunTheirOwnKernels) {
   EXPECT_EQ(std::get<LaunchStep>(adds[0]->body).name_expression,
             "opfuse::bias_add<__nv_bfloat16, __nv_bfloat16, false, true, false>");
   EXPECT_EQ(param(*adds[0], "bias").kind, codegen::ParamBinding::Kind::Null);
+}
+
+// ---- inference variants -------------------------------------------------------------------------
+
+// The buffers a launch binds to its transposed-copy pointers (y_t, dx_t).
+std::vector<int> transposed_copies(const LaunchStep& launch) {
+  std::vector<int> ids;
+  for (const auto& p : launch.params)
+    if ((p.field == "y_t" || p.field == "dx_t") && p.kind == codegen::ParamBinding::Kind::Buffer)
+      ids.push_back(p.buffers.at(0));
+  return ids;
+}
+
+std::vector<const Step*> steps_with_variants(const SequencePlan& s) {
+  std::vector<const Step*> found;
+  for (const Step& step : s.steps)
+    if (step.inference) found.push_back(&step);
+  return found;
+}
+
+// The value of the template parameter `name` in `kernel`'s instantiation.
+std::string template_arg(const codegen::Kernel& kernel, std::string_view name) {
+  const codegen::KernelTemplate* t = codegen::find_kernel_template(kernel.template_name);
+  EXPECT_NE(t, nullptr) << kernel.template_name;
+  for (size_t i = 0; t != nullptr && i < t->params.size() && i < kernel.template_args.size(); ++i)
+    if (t->params[i].name == name) return kernel.template_args[i];
+  return "(none)";
+}
+
+TEST(CodegenInference, Fp8MlpVariantsDropOnlyTheTransposedCopiesOfTheNormAndSwiglu) {
+  const auto c = compile_example("mlp");  // FP8 delayed scaling
+  const SequencePlan& s = c->plan.sequences[0];
+  const auto variants = steps_with_variants(s);
+  ASSERT_EQ(variants.size(), 2u) << "the weight casts get none: the executor caches them";
+  EXPECT_EQ(variants[0]->what, "layernorm bf16 -> e4m3 + transposed copy");
+  EXPECT_EQ(variants[1]->what, "swiglu bf16 -> e4m3 + transposed copy");
+  for (const Step* step : variants) {
+    SCOPED_TRACE(step->what);
+    EXPECT_EQ(step->phase, ir::Phase::Forward);
+    const auto& trained = std::get<LaunchStep>(step->body);
+    const LaunchStep& inference = step->inference->launch;
+    const codegen::Kernel* kernel = c->plan.find_kernel(inference.kernel);
+    ASSERT_NE(kernel, nullptr) << inference.kernel;
+    EXPECT_NE(inference.kernel, trained.kernel);
+    EXPECT_EQ(kernel->name_expression, inference.name_expression);
+    EXPECT_EQ(kernel->template_name, c->plan.find_kernel(trained.kernel)->template_name);
+    EXPECT_EQ(template_arg(*kernel, "kWriteTranspose"), "false");
+    EXPECT_EQ(template_arg(*c->plan.find_kernel(trained.kernel), "kWriteTranspose"), "true");
+    ASSERT_EQ(kernel->uses.size(), 1u);
+    EXPECT_NE(kernel->uses[0].what.find("(inference: without the transposed copy)"),
+              std::string::npos)
+        << kernel->uses[0].what;
+    // The same bindings, but the transposed copy's pointer is null and the copy is not written.
+    const std::vector<int> copies = transposed_copies(trained);
+    ASSERT_EQ(copies.size(), 1u);
+    EXPECT_TRUE(s.buffers.at(size_t(copies[0])).columnwise);
+    EXPECT_EQ(param(*step, "y_t").kind, codegen::ParamBinding::Kind::Buffer);
+    ASSERT_EQ(inference.params.size(), trained.params.size());
+    for (size_t i = 0; i < trained.params.size(); ++i) {
+      const auto& want = trained.params[i];
+      const auto& got = inference.params[i];
+      EXPECT_EQ(got.field, want.field);
+      if (want.field == "y_t") {
+        EXPECT_EQ(got.kind, codegen::ParamBinding::Kind::Null);
+        continue;
+      }
+      EXPECT_EQ(got.kind, want.kind) << want.field;
+      EXPECT_EQ(got.buffers, want.buffers) << want.field;
+      EXPECT_EQ(got.quantizer, want.quantizer) << want.field;
+      EXPECT_EQ(got.quantizer_field, want.quantizer_field) << want.field << ": amax kept";
+    }
+    std::vector<int> writes = step->writes;
+    writes.erase(std::find(writes.begin(), writes.end(), copies[0]));
+    EXPECT_EQ(step->inference->writes, writes);
+  }
+  // The norm's plain grid is not its transposing one (no staged tile in shared memory).
+  const Step& norm = *variants[0];
+  EXPECT_EQ(std::get<LaunchStep>(norm.body).grid.rule, "norm_fwd_transpose");
+  EXPECT_GT(std::get<LaunchStep>(norm.body).dynamic_smem_bytes, 0);
+  EXPECT_EQ(norm.inference->launch.grid.rule, "norm_fwd");
+  EXPECT_EQ(norm.inference->launch.dynamic_smem_bytes, 0);
+  EXPECT_EQ(norm.inference->launch.kernel, "layernorm_fwd_bf16_e4m3_4096");
+  EXPECT_EQ(variants[1]->inference->launch.kernel, "gated_activation_fwd_silu_bf16_e4m3");
+}
+
+TEST(CodegenInference, EveryVariantIsAForwardLaunchWhoseDroppedCopiesOnlyBackwardReads) {
+  for (const std::string& name : examples()) {
+    for (const bool fused : {true, kUnfused}) {
+      const auto c = compile_example(name, "", fused);
+      for (const SequencePlan& s : c->plan.sequences) {
+        const std::string where = name + "/" + s.name + (fused ? "" : " unfused");
+        EXPECT_FALSE(steps_with_variants(s).empty()) << where;
+        for (const Step* step : steps_with_variants(s)) {
+          ASSERT_EQ(step->phase, ir::Phase::Forward) << where << ": " << step->what;
+          for (int copy : transposed_copies(std::get<LaunchStep>(step->body))) {
+            EXPECT_TRUE(s.buffers.at(size_t(copy)).interface.empty()) << where;
+            for (const Step& reader : s.steps) {
+              const bool reads =
+                  std::find(reader.reads.begin(), reader.reads.end(), copy) != reader.reads.end();
+              if (reads) {
+                EXPECT_EQ(reader.phase, ir::Phase::Backward) << where << ": " << reader.what;
+              }
+            }
+          }
+          const std::vector<int>& reads = step->reads;
+          EXPECT_FALSE(std::all_of(
+              reads.begin(), reads.end(),
+              [&](int id) { return s.buffers.at(size_t(id)).role == codegen::BufferRole::Param; }))
+              << where << ": a weight cast has a variant: " << step->what;
+        }
+      }
+    }
+  }
+}
+
+TEST(CodegenInference, Bf16PlansHaveNoVariants) {
+  for (const std::string& name : examples()) {
+    for (const bool fused : {true, kUnfused}) {
+      const auto c = compile_example(name, "bf16", fused);
+      for (const SequencePlan& s : c->plan.sequences)
+        EXPECT_TRUE(steps_with_variants(s).empty()) << name << "/" << s.name;
+      for (const auto& k : c->plan.kernels)
+        for (const auto& use : k.uses) EXPECT_EQ(use.what.find("inference"), std::string::npos);
+    }
+  }
+}
+
+// No example reads a transposed copy in forward or returns one, so the test makes both: the
+// unfused mlp's fc1 input cast (a plain cast_transpose) loses its variant either way, while the
+// fc2 input cast keeps its own.
+TEST(CodegenInference, ACopyReadInForwardOrReturnedHasNoVariant) {
+  const auto c = compile_example("mlp", "", kUnfused);
+  const ir::Sequence& original = c->program.sequences[0];
+  const auto fc1_cast = std::find_if(original.ops.begin(), original.ops.end(), [](const auto& op) {
+    return op.kind == ir::OpKind::CastFp8 && op.instance == "fc1.input";
+  });
+  ASSERT_NE(fc1_cast, original.ops.end());
+  ASSERT_TRUE(ir::attr_bool(fc1_cast->attrs, "columnwise"));
+  const ir::ValueId copy = fc1_cast->results.back();
+  auto cast_variants = [&](const ir::Sequence& seq) {
+    std::vector<std::string> instances;
+    const Plan plan = codegen::build_plan(seq, {"sm_90a", &c->sources});
+    for (const Step* step : steps_with_variants(plan.sequences[0]))
+      instances.push_back(step->ops.at(0).instance);
+    return instances;
+  };
+  EXPECT_EQ(cast_variants(original), (std::vector<std::string>{"fc1.input", "fc2.input"}));
+
+  ir::Sequence read_in_forward = original;  // fc1's forward GEMM reads the transposed copy
+  for (ir::Operation& op : read_in_forward.ops)
+    if (op.kind == ir::OpKind::Linear && op.instance == "fc1") op.operands.at(0) = copy;
+  EXPECT_EQ(cast_variants(read_in_forward), std::vector<std::string>{"fc2.input"});
+
+  ir::Sequence returned = original;  // the copy is a sequence output
+  returned.outputs.push_back({"x_t", copy, {}});
+  EXPECT_EQ(cast_variants(returned), std::vector<std::string>{"fc2.input"});
+}
+
+TEST(CodegenInference, VariantsReadBackFromJsonExactly) {
+  for (const std::string& name : examples()) {
+    const auto c = compile_example(name);
+    const std::string text = codegen::plan_json_text(c->plan);
+    const Plan back = codegen::plan_from_json(nlohmann::ordered_json::parse(text));
+    EXPECT_EQ(codegen::plan_json_text(back), text) << name;
+    for (size_t q = 0; q < c->plan.sequences.size(); ++q) {
+      const SequencePlan& want = c->plan.sequences[q];
+      const SequencePlan& got = back.sequences.at(q);
+      for (size_t i = 0; i < want.steps.size(); ++i) {
+        ASSERT_EQ(got.steps.at(i).inference.has_value(), want.steps[i].inference.has_value());
+        if (!want.steps[i].inference) continue;
+        EXPECT_EQ(got.steps[i].inference->writes, want.steps[i].inference->writes);
+        EXPECT_EQ(got.steps[i].inference->launch.kernel, want.steps[i].inference->launch.kernel);
+        EXPECT_EQ(got.steps[i].inference->launch.grid.x, want.steps[i].inference->launch.grid.x);
+      }
+    }
+  }
+}
+
+// The message plan_from_json throws for `json`, or "" when it reads.
+std::string load_error(const nlohmann::ordered_json& json) {
+  try {
+    codegen::plan_from_json(json);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CodegenInference, AMalformedVariantIsRejectedNamingItsPath) {
+  const auto c = compile_example("mlp");
+  const auto plan = nlohmann::ordered_json::parse(codegen::plan_json_text(c->plan));
+  const std::string step = "plan.sequences[0].phases[0].steps[0]";
+  ASSERT_TRUE(plan["sequences"][0]["phases"][0]["steps"][0].contains("inference"));
+  ASSERT_EQ(load_error(plan), "");
+  auto edited = [&](auto edit) {
+    nlohmann::ordered_json copy = plan;
+    edit(copy["sequences"][0]["phases"][0]["steps"]);
+    return load_error(copy);
+  };
+  EXPECT_EQ(edited([](auto& steps) { steps[0]["inference"] = "none"; }),
+            step + ".inference: not an object");
+  EXPECT_EQ(edited([](auto& steps) { steps[0]["inference"].erase("writes"); }),
+            step + ".inference: missing \"writes\"");
+  EXPECT_EQ(edited([](auto& steps) { steps[0]["inference"]["grid"]["x"] = true; }),
+            step + ".inference.grid.x: not an integer or a plan expression");
+  EXPECT_EQ(edited([](auto& steps) { steps[0]["inference"]["writes"].push_back(0); }),
+            step + ".inference.writes: buffer 0 is not one the step writes");
+  // Step 2 is fc1's forward GEMM.
+  EXPECT_EQ(edited([](auto& steps) { steps[2]["inference"] = steps[0]["inference"]; }),
+            "plan.sequences[0].phases[0].steps[2].inference: only a forward launch has an "
+            "inference variant");
 }
 
 // ---- kernels and their sources ------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // cache (all hits the second time, corrupt entries recompiled with a warning, four builds sharing
 // one cache directory at once, a read-only cache directory), NVRTC failures and user errors.
 // Each test uses its own cache directory (OPFUSE_CACHE_DIR). Needs NVRTC, not a GPU; a cold mlp
-// build compiles 8 kernels (~2-3 s on 2 shared cores).
+// build compiles 10 kernels, 2 of them inference variants (~2-3 s on 2 shared cores).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -90,7 +90,7 @@ TEST(FusecBuild, WritesPlanKernelSourcesCubinsAndAReport) {
   const Build b = build_mlp("writes");
   ASSERT_EQ(b.result.exit_code, 0) << b.result.output;
   EXPECT_TRUE(contains(b.result.output,
-                       "fusec: built mlp.fuse for sm_90a: 8 kernels (8 compiled, "
+                       "fusec: built mlp.fuse for sm_90a: 10 kernels (10 compiled, "
                        "0 from the cache)"))
       << b.result.output;
   EXPECT_FALSE(contains(b.result.output, "compiling")) << "no progress line when not a terminal";
@@ -99,9 +99,9 @@ TEST(FusecBuild, WritesPlanKernelSourcesCubinsAndAReport) {
   EXPECT_TRUE(plan_text == test::read_text(test::source_path("tests/golden/codegen/mlp/plan.json")))
       << "build's plan.json differs from tests/golden/codegen/mlp/plan.json";
   const auto plan = nlohmann::json::parse(plan_text);
-  ASSERT_EQ(plan["kernels"].size(), 8u);
+  ASSERT_EQ(plan["kernels"].size(), 10u);
   const std::string report = test::read_text(b.out + "/report.txt");
-  EXPECT_TRUE(contains(report, "cache: 0 hits, 8 misses")) << report;
+  EXPECT_TRUE(contains(report, "cache: 0 hits, 10 misses")) << report;
   for (const auto& kernel : plan["kernels"]) {
     const std::string id = kernel["id"];
     const std::string source = test::read_text(b.out + "/kernels/" + id + ".cu");
@@ -129,9 +129,9 @@ TEST(FusecBuild, SecondBuildIsAllCacheHitsWithIdenticalOutputs) {
   const std::string again = fs::path(first.out).parent_path().string() + "/again";
   const auto second = fusec(first.cache, "build " + example("mlp") + " -o " + shell_quoted(again));
   ASSERT_EQ(second.exit_code, 0) << second.output;
-  EXPECT_TRUE(contains(second.output, "(0 compiled, 8 from the cache)")) << second.output;
+  EXPECT_TRUE(contains(second.output, "(0 compiled, 10 from the cache)")) << second.output;
   EXPECT_FALSE(contains(second.output, "warning")) << second.output;
-  EXPECT_TRUE(contains(test::read_text(again + "/report.txt"), "cache: 8 hits, 0 misses"));
+  EXPECT_TRUE(contains(test::read_text(again + "/report.txt"), "cache: 10 hits, 0 misses"));
   EXPECT_TRUE(stable_outputs(first.out) == stable_outputs(again));
 }
 
@@ -139,7 +139,7 @@ TEST(FusecBuild, BitFlippedAndTruncatedCacheEntriesAreRecompiledWithAWarning) {
   const Build first = build_mlp("corrupt");
   ASSERT_EQ(first.result.exit_code, 0) << first.result.output;
   const auto entries = cache_entries(first.cache);
-  ASSERT_EQ(entries.size(), 8u);
+  ASSERT_EQ(entries.size(), 10u);
   {
     std::string bytes = test::read_text(entries[0]);
     bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
@@ -152,11 +152,11 @@ TEST(FusecBuild, BitFlippedAndTruncatedCacheEntriesAreRecompiledWithAWarning) {
   EXPECT_EQ(count(second.output, "warning: kernel cache entry"), 2u) << second.output;
   EXPECT_TRUE(contains(second.output, "checksum mismatch")) << second.output;
   EXPECT_TRUE(contains(second.output, "truncated")) << second.output;
-  EXPECT_TRUE(contains(second.output, "(2 compiled, 6 from the cache)")) << second.output;
+  EXPECT_TRUE(contains(second.output, "(2 compiled, 8 from the cache)")) << second.output;
   EXPECT_TRUE(stable_outputs(first.out) == stable_outputs(again));
   // The recompiled kernels replaced the bad entries: a third build hits everywhere.
   const auto third = fusec(first.cache, "build " + example("mlp") + " -o " + shell_quoted(again));
-  EXPECT_TRUE(contains(third.output, "(0 compiled, 8 from the cache)")) << third.output;
+  EXPECT_TRUE(contains(third.output, "(0 compiled, 10 from the cache)")) << third.output;
 }
 
 TEST(FusecBuild, FourConcurrentBuildsIntoOneCacheAllSucceedWithIdenticalOutputs) {
@@ -172,14 +172,14 @@ TEST(FusecBuild, FourConcurrentBuildsIntoOneCacheAllSucceedWithIdenticalOutputs)
   const auto result = test::run_command(script + "wait");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto reference = stable_outputs(dir + "/0");
-  ASSERT_EQ(reference.size(), 2u + 2 * 8) << "plan.json, kernels.json, 8 .cu and 8 .cubin";
+  ASSERT_EQ(reference.size(), 2u + 2 * 10) << "plan.json, kernels.json, 10 .cu and 10 .cubin";
   for (int i = 0; i < 4; ++i) {
     const std::string out = dir + "/" + std::to_string(i);
     EXPECT_EQ(test::read_text(out + ".rc"), "0\n") << test::read_text(out + ".log");
     EXPECT_FALSE(contains(test::read_text(out + ".log"), "warning")) << out;
     EXPECT_TRUE(stable_outputs(out) == reference) << out << " differs from build 0";
   }
-  EXPECT_EQ(cache_entries(cache).size(), 8u);
+  EXPECT_EQ(cache_entries(cache).size(), 10u);
 }
 
 TEST(FusecBuild, ReadOnlyCacheDirectoryBuildsWithOneWarning) {
@@ -197,7 +197,7 @@ TEST(FusecBuild, ReadOnlyCacheDirectoryBuildsWithOneWarning) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count(result.output, "warning"), 1u) << result.output;
   EXPECT_TRUE(contains(result.output, "continuing without caching kernels")) << result.output;
-  EXPECT_EQ(stable_outputs(out).size(), 2u + 2 * 8);
+  EXPECT_EQ(stable_outputs(out).size(), 2u + 2 * 10);
   EXPECT_TRUE(cache_entries(cache).empty());
 }
 
@@ -276,7 +276,7 @@ TEST(FusecBuild, ProgressLineOnATerminalOnly) {
                               test::source_path("dsl_examples/mlp.fuse") + " -o " + out;
   const auto result = test::run_command("script -qec " + shell_quoted(command) + " /dev/null");
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_TRUE(contains(result.output, "/8] compiling ")) << result.output;
+  EXPECT_TRUE(contains(result.output, "/10] compiling ")) << result.output;
   EXPECT_TRUE(contains(result.output, "\r\033[K")) << "the line is cleared when done";
 }
 
@@ -303,7 +303,7 @@ TEST(FusecDumpKernels, WritesFormattedSourcesTheIrAroundFusionAndThePlan) {
     EXPECT_TRUE(contains(source, "template __global__ void")) << e.path();
     EXPECT_TRUE(contains(source, "// Parameter, by value")) << e.path();
   }
-  EXPECT_EQ(kernels, 8u);
+  EXPECT_EQ(kernels, 10u);
   const bool formatter = test::run_command("command -v clang-format").exit_code == 0;
   EXPECT_TRUE(contains(result.output,
                        formatter ? "formatted with clang-format" : "clang-format is not on PATH"))

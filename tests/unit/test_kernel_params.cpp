@@ -1,6 +1,7 @@
 // Packing a launch step's ParamBindings into its kernel's params struct
 // (runtime/gpu/kernel_params.h): the layout rules, the packed values, and, for every kernel every
-// dsl_examples program launches (its own recipe and bf16, fused and unfused), the layout checked
+// dsl_examples program launches (its own recipe and bf16, fused and unfused; training launches and
+// inference variants), the layout checked
 // against the CUDA compiler: NVRTC compiles the kernel with checks of each field's size,
 // alignment, name and position and of the struct's size, and the cubin's parameter records must
 // give the packed size. Needs NVRTC, not a GPU.
@@ -212,38 +213,52 @@ struct KernelCheck {
   int launches = 0;
 };
 
-// One check per distinct kernel of every example plan; every launch of a kernel must bind the
-// same fields in the same layout.
+// Adds `launch` to the check of its kernel; a later launch of a kernel must bind the same fields
+// in the same layout as the first.
+void add_launch_check(const codegen::Plan& plan, const codegen::SequencePlan& sequence,
+                      const codegen::LaunchStep& launch,
+                      std::map<std::string, KernelCheck>& checks) {
+  const codegen::Kernel* kernel = plan.find_kernel(launch.kernel);
+  EXPECT_NE(kernel, nullptr) << launch.kernel;
+  if (kernel == nullptr) return;
+  auto [it, inserted] = checks.try_emplace(kernel->name_expression);
+  KernelCheck& check = it->second;
+  ++check.launches;
+  if (inserted) {
+    check.id = kernel->id;
+    check.name_expression = kernel->name_expression;
+    check.params = launch.params;
+    check.params_struct = kernel->params_struct;
+    check.kernel_source = codegen::kernel_source(plan, *kernel);
+    return;
+  }
+  const ParamLayout first = param_layout(check.params);
+  const ParamLayout here = param_layout(launch.params);
+  EXPECT_EQ(here.bytes, first.bytes) << kernel->id << " in " << sequence.name;
+  EXPECT_EQ(launch.params.size(), check.params.size()) << kernel->id;
+  if (launch.params.size() != check.params.size()) return;
+  for (std::size_t i = 0; i < check.params.size(); ++i) {
+    EXPECT_EQ(launch.params[i].field, check.params[i].field) << kernel->id;
+    EXPECT_EQ(here.fields[i].offset, first.fields[i].offset) << kernel->id;
+  }
+}
+
+// The launches a step can make: its own, and its inference variant's where it has one.
+std::vector<const codegen::LaunchStep*> launches_of(const codegen::Step& step) {
+  std::vector<const codegen::LaunchStep*> launches;
+  if (const auto* launch = std::get_if<codegen::LaunchStep>(&step.body)) launches.push_back(launch);
+  if (step.inference) launches.push_back(&step.inference->launch);
+  return launches;
+}
+
+// One check per distinct kernel of every example plan, inference variants included.
 std::vector<KernelCheck> kernel_checks() {
   std::map<std::string, KernelCheck> checks;
   for (const codegen::Plan& plan : example_plans()) {
     for (const codegen::SequencePlan& sequence : plan.sequences) {
       for (const codegen::Step& step : sequence.steps) {
-        const auto* launch = std::get_if<codegen::LaunchStep>(&step.body);
-        if (launch == nullptr) continue;
-        const codegen::Kernel* kernel = plan.find_kernel(launch->kernel);
-        EXPECT_NE(kernel, nullptr) << launch->kernel;
-        if (kernel == nullptr) continue;
-        auto [it, inserted] = checks.try_emplace(kernel->name_expression);
-        KernelCheck& check = it->second;
-        ++check.launches;
-        if (inserted) {
-          check.id = kernel->id;
-          check.name_expression = kernel->name_expression;
-          check.params = launch->params;
-          check.params_struct = kernel->params_struct;
-          check.kernel_source = codegen::kernel_source(plan, *kernel);
-          continue;
-        }
-        const ParamLayout first = param_layout(check.params);
-        const ParamLayout here = param_layout(launch->params);
-        EXPECT_EQ(here.bytes, first.bytes) << kernel->id << " in " << sequence.name;
-        EXPECT_EQ(launch->params.size(), check.params.size()) << kernel->id;
-        if (launch->params.size() != check.params.size()) continue;
-        for (std::size_t i = 0; i < check.params.size(); ++i) {
-          EXPECT_EQ(launch->params[i].field, check.params[i].field) << kernel->id;
-          EXPECT_EQ(here.fields[i].offset, first.fields[i].offset) << kernel->id;
-        }
+        for (const codegen::LaunchStep* launch : launches_of(step))
+          add_launch_check(plan, sequence, *launch, checks);
       }
     }
   }
@@ -294,6 +309,10 @@ TEST(KernelParamsCubin, EveryExampleKernelsPackedLayoutIsTheCompilersLayout) {
   RecordProperty("kernels", static_cast<int>(checks.size()));
   RecordProperty("launches", static_cast<int>(launches));
   EXPECT_GE(templates.size(), 6u) << "too few distinct params structs were checked";
+  // Only inference variants launch this instantiation (training launches write the copy).
+  EXPECT_TRUE(std::any_of(checks.begin(), checks.end(), [](const KernelCheck& check) {
+    return check.id == "layernorm_fwd_bf16_e4m3_4096";
+  })) << "the inference variants' kernels were not checked";
 }
 
 // Compiles `check` expecting NVRTC to reject it with a log containing `reason`.

@@ -120,9 +120,21 @@ struct QuantizerStatus {
 };
 
 struct MemoryStats {
-  std::size_t live_bytes = 0;   // the session's activations and workspaces now
-  std::size_t peak_bytes = 0;   // most at once since the session began or reset_peak_memory()
+  std::size_t live_bytes = 0;  // the session's activations and workspaces now
+  std::size_t peak_bytes = 0;  // most at once since the session began or reset_peak_memory()
+  // The device allocation the activations and workspaces are placed in (at least the peak of
+  // the run mode used; made by the first forward, kept until the binding changes).
+  std::size_t reserved_bytes = 0;
   std::size_t owned_bytes = 0;  // parameters the session owns
+};
+
+struct SessionOptions {
+  // Time the first candidates cuBLASLt's heuristic offers for each GEMM at its first run and
+  // keep the fastest, instead of taking the heuristic's first. The first forward/backward then
+  // waits for the GPU once per GEMM shape; the choice holds for the whole process (sessions in
+  // one process compute bit-identical results), but another process may choose another
+  // algorithm (results may differ in the last bits). Accumulating GEMMs keep the heuristic's.
+  bool gemm_autotune = false;
 };
 
 // One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time
@@ -132,7 +144,7 @@ class Session {
   // `sequence` may be empty when the program has one. Throws UsageError without a GPU, for an
   // unknown sequence, or for kernels compiled for another arch than the current GPU's.
   explicit Session(const Program& program, std::string_view sequence = {},
-                   cudaStream_t stream = nullptr);
+                   cudaStream_t stream = nullptr, const SessionOptions& options = {});
   ~Session();
   Session(Session&&) noexcept;
   Session& operator=(Session&&) noexcept;
