@@ -74,6 +74,16 @@ def peer_mlp(peers):
     }
 
 
+def run_label(run):
+    """The mode column: fwd / fwdbwd, plus how the run differs from a default session."""
+    label = run["mode"] + (" graph" if run["graph"] else "")
+    if run.get("gemm_algorithms") == "autotuned":
+        label += " tuned"
+    if not run.get("auto_graph", True) and run["mode"] == "fwd" and not run["graph"]:
+        label += " step-by-step"
+    return label
+
+
 def workload_rows(runs, mlp):
     rows = []
     for run in runs:
@@ -85,7 +95,7 @@ def workload_rows(runs, mlp):
 
         row = {
             "workload": size,
-            "mode": mode + (" graph" if run["graph"] else ""),
+            "mode": run_label(run),
             "recipe": recipe_label(run["recipe"]),
             "opfuse_ms": run["time_ms"]["median"],
             "opfuse_device_ms": run["device_time_ms"]["median"],
@@ -134,31 +144,32 @@ def goals(rows, runs):
     found = []
     for row in rows:
         fp8 = row["recipe"].startswith("fp8")
-        if row["workload"] == "large" and fp8 and row["mode"] == "fwd":
+        first = row["mode"].split()[0]
+        if row["workload"] == "large" and fp8 and first == "fwd":
             found.append(
                 goal(
-                    f"large {row['recipe']} fwd vs torch.compile FP8",
+                    f"large {row['recipe']} {row['mode']} vs torch.compile FP8",
                     row["x_compile_fp8"],
                     GOAL_FWD_VS_COMPILE_FP8,
                 )
             )
             found.append(
                 goal(
-                    f"large {row['recipe']} fwd vs torch.compile bf16",
+                    f"large {row['recipe']} {row['mode']} vs torch.compile bf16",
                     row["x_compile"],
                     GOAL_FWD_VS_COMPILE,
                 )
             )
-        if row["workload"] == "large" and fp8 and row["mode"] == "fwdbwd":
+        if row["workload"] == "large" and fp8 and first == "fwdbwd":
             found.append(
                 goal(
-                    f"large {row['recipe']} fwdbwd vs torch.compile bf16",
+                    f"large {row['recipe']} {row['mode']} vs torch.compile bf16",
                     row["x_compile"],
                     GOAL_FWDBWD_VS_COMPILE,
                 )
             )
-        if row["workload"] == "tiny" and row["mode"] in ("fwd", "fwd graph"):
-            graph = row["mode"] == "fwd graph"
+        if row["workload"] == "tiny" and first == "fwd":
+            graph = "graph" in row["mode"]
             found.append(
                 goal(
                     f"tiny {row['recipe']} {row['mode']} host time per call",
@@ -232,7 +243,9 @@ def gemm_rows(runs, peers):
             variant = ("fp8_fast" if step["fast_accum"] else "fp8") if fp8 else "bf16"
             if fp8 and "e5m2" in step["dtypes"][:2] and not step["fast_accum"]:
                 variant = "fp8_e5m2"  # the same operand formats as opfuse's dgrad/wgrad
+            tuned = run.get("gemm_algorithms") == "autotuned"
             key = (size_of(run), step["role"], step["m"], step["n"], step["k"], tuple(step["dtypes"]))
+            key += (tuned,)
             if key in seen:
                 continue  # the same GEMM in fwd and fwdbwd runs
             seen.add(key)
@@ -241,7 +254,7 @@ def gemm_rows(runs, peers):
             rows.append(
                 {
                     "workload": size_of(run),
-                    "role": step["role"],
+                    "role": step["role"] + (" tuned" if tuned else ""),
                     "m": step["m"],
                     "n": step["n"],
                     "k": step["k"],

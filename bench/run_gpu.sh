@@ -7,9 +7,10 @@
 #
 # Steps: builds fusec (build/bench, Release, -j16) in the background while the copy-bandwidth and
 # GEMM peers run; `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse)
-# in fwd and fwdbwd under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph (host time
-# per call); JIT cold and warm build times (bench/build_times.sh); then the MLP peers (eager,
-# torch.compile, torch.compile FP8), largest size first, stopped when the time budget runs out
+# in fwd and fwdbwd under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph and with
+# --no-auto-graph (host time per call), large fp8_delayed also with --gemm-autotune; JIT cold
+# and warm build times (bench/build_times.sh); then the MLP peers (eager, torch.compile,
+# torch.compile FP8), largest size first, stopped when the time budget runs out
 # (their JSON keeps what was measured); finally compare.py. $OUT (default /tmp/opfuse-bench)
 # gets three files, since the device tool brings back at most eight: compare.txt, compare.json,
 # and bench_results.tar.gz with every opfuse_*.json/.txt, peers_*.json/.txt, build times and logs
@@ -71,7 +72,17 @@ for size in $sizes; do
       timeout 90 "$fusec" bench "bench/workloads/mlp_$size.fuse" --bind "tokens=${tokens[$size]}" \
         --mode "$mode" --recipe "$recipe" --json "$work/$name.json" >"$work/$name.txt" 2>&1 ||
         { echo "fusec bench $name failed: $(tail -2 "$work/$name.txt")"; status=1; }
+      if [[ $size == large && $recipe == fp8_delayed ]]; then
+        timeout 120 "$fusec" bench "bench/workloads/mlp_$size.fuse" --bind "tokens=${tokens[$size]}" \
+          --mode "$mode" --recipe "$recipe" --gemm-autotune --json "$work/${name}_tuned.json" \
+          >"$work/${name}_tuned.txt" 2>&1 ||
+          { echo "fusec bench ${name}_tuned failed: $(tail -2 "$work/${name}_tuned.txt")"; status=1; }
+      fi
       if [[ $size == tiny && $mode == fwd ]]; then
+        timeout 60 "$fusec" bench "bench/workloads/mlp_$size.fuse" --bind "tokens=${tokens[$size]}" \
+          --mode fwd --recipe "$recipe" --no-auto-graph --json "$work/${name}_eager.json" \
+          >"$work/${name}_eager.txt" 2>&1 ||
+          { echo "fusec bench ${name}_eager failed: $(tail -2 "$work/${name}_eager.txt")"; status=1; }
         timeout 60 "$fusec" bench "bench/workloads/mlp_$size.fuse" --bind "tokens=${tokens[$size]}" \
           --mode fwd --recipe "$recipe" --graph --json "$work/${name}_graph.json" \
           >"$work/${name}_graph.txt" 2>&1 ||

@@ -675,6 +675,7 @@ struct BenchCommandOptions {
   bool graph = false;
   bool recast_weights = false;
   bool gemm_autotune = false;
+  bool no_auto_graph = false;
   int iterations = 0;
   int warmup = 10;
   uint64_t seed = 0;
@@ -705,6 +706,7 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     bench.graph = opts.graph;
     bench.recast_weights = opts.recast_weights;
     bench.gemm_autotune = opts.gemm_autotune;
+    bench.auto_graph = !opts.no_auto_graph;
     bench.iterations = opts.iterations;
     bench.warmup = opts.warmup;
     bench.seed = opts.seed;
@@ -841,6 +843,9 @@ int main(int argc, char** argv) {
   bench->add_flag("--gemm-autotune", bench_opts.gemm_autotune,
                   "time cuBLASLt's first candidate algorithms per GEMM and keep the fastest "
                   "(SessionOptions::gemm_autotune)");
+  bench->add_flag("--no-auto-graph", bench_opts.no_auto_graph,
+                  "fwd: run every forward step by step, also when its inputs are small enough "
+                  "for the session's automatic CUDA graph (SessionOptions::auto_graph)");
   bench->add_flag("--recast-weights", bench_opts.recast_weights,
                   "fwd: cast the FP8 weights on every call instead of once (cached)");
   bench

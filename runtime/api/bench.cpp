@@ -428,6 +428,7 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   BenchReport report;
   SessionOptions session_options;
   session_options.gemm_autotune = options.gemm_autotune;
+  session_options.auto_graph = options.auto_graph;
   Session session(program, options.sequence, stream, session_options);
   session.bind(options.bindings);
   report.sequence = session.sequence();
@@ -513,16 +514,24 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
                              (options.graph && options.mode == BenchMode::Forward);
   report.weights = casts_weights ? "cast every call" : "cast once, cached";
   report.gemm_algorithms = options.gemm_autotune ? "autotuned" : "cuBLASLt heuristic";
+  report.auto_graph = options.auto_graph;
   if (options.graph && options.mode == BenchMode::Forward && !options.recast_weights) {
     report.notes.push_back("graph replay: the recording casts the FP8 weights on every replay");
   }
 
   events.reserve(2 * std::size_t(report.iterations));
+  const std::size_t replays_before = executor.graph_replays();
   report.host_us = host_pass(std::min(report.iterations, kHostIterations), iteration);
   report.time = back_to_back_pass(report.iterations, iteration, events, stream);
   double& gap_us = report.device_gap_us;
   report.device_time =
       queued_pass(report.iterations, report.host_us.p90, iteration, events, stream, gap_us);
+  if (const std::size_t replays = executor.graph_replays() - replays_before; replays > 0) {
+    report.notes.push_back(fmt::format(
+        "{} of the timed inference forwards replayed the session's automatic CUDA graph (inputs "
+        "copied into it; SessionOptions::auto_graph)",
+        replays));
+  }
   // Why 3 us: two back-to-back events read about 1.3 us apart on an H100 with nothing between.
   if (gap_us > 3.0) {
     report.notes.push_back(fmt::format(

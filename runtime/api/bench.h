@@ -33,6 +33,7 @@ struct BenchOptions {
   // on every call (as a peer that casts per call does) instead of once and cached.
   bool recast_weights = false;
   bool gemm_autotune = false;  // SessionOptions::gemm_autotune
+  bool auto_graph = true;      // SessionOptions::auto_graph
   int iterations = 0;          // timed iterations per pass; 0: about 0.3 s worth, 50 to 2000
   int warmup = 10;
   std::uint64_t seed = 0;
@@ -76,6 +77,7 @@ struct BenchReport {
   bool graph = false;
   std::string weights;          // "cached" (cast once, reused) or "recast every call"
   std::string gemm_algorithms;  // "cuBLASLt heuristic" or "autotuned"
+  bool auto_graph = true;       // SessionOptions::auto_graph of the session
   BuildStats build;
   double compile_wall_ms = 0;
 

@@ -145,6 +145,7 @@ std::string bench_report_json(const BenchReport& r) {
       {"graph", r.graph},
       {"weights", r.weights},
       {"gemm_algorithms", r.gemm_algorithms},
+      {"auto_graph", r.auto_graph},
       {"device",
        {{"name", r.device}, {"arch", r.arch}, {"sm_count", r.sm_count}, {"l2_bytes", r.l2_bytes}}},
       {"bindings", bindings},

@@ -155,6 +155,7 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   s.modules = std::make_unique<gpu::PlanModules>(p.plan, p.kernels);
   s.gemms = std::make_unique<gpu::GemmRunner>(stream, gpu::GemmOptions{options.gemm_autotune});
   s.executor = std::make_unique<gpu::SequenceExecutor>(*s.plan, *s.modules, *s.gemms, stream);
+  s.executor->set_auto_graph(options.auto_graph);
 }
 
 Session::~Session() = default;

@@ -13,6 +13,16 @@
 // peak (the pool kept its peak anyway). The allocation is made by the first forward that needs
 // it (its mode's size; a training forward after inference ones grows it once).
 //
+// Note "Automatic graphs": an inference forward whose inputs are small (kAutoGraphInputBytes) is
+// bound by host time, not the GPU: each cuBLASLt call costs 5-9 us of host time and each launch
+// 2-4 (H100 host, bench/RESULTS.md). So the second such forward with the same parameter
+// pointers and weight-cache state is recorded into a CUDA graph with its inputs read from
+// executor-owned staging buffers, and every later one copies the inputs there and replays the
+// graph: two or three calls instead of one per step. Only inputs are copied (parameters are
+// keyed by pointer; a change of either, of the weight cache, or of the allocation records the
+// graph again). Never during the application's own capture, with memory pinned, or with an
+// observer (benchmarks time the eager steps).
+//
 // Note "Weight cache": a forward group whose steps read nothing but parameters (the FP8 cast of a
 // weight, with its memset, amax and scale steps under current scaling) is skipped when it ran
 // since the last end_step() / invalidate_weight_cache() with the same parameter pointers.
@@ -23,6 +33,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <set>
@@ -98,6 +109,10 @@ QuantizerSettings settings_of(const codegen::QuantizerPlan& quantizer) {
 }
 
 constexpr int kModes = 2;
+// Inputs up to this size (all together) make an inference forward replay a graph (note
+// "Automatic graphs"). Why 4 MiB: copying them costs at most a few us of device time, which
+// the forward of a model that size saves in host time many times over.
+constexpr std::size_t kAutoGraphInputBytes = 4u << 20;
 constexpr int mode_index(RunMode mode) { return static_cast<int>(mode); }
 // Why 256: what cudaMalloc gives, so every placed buffer is as aligned as a pool allocation.
 constexpr std::size_t kBufferAlignment = 256;
@@ -219,7 +234,12 @@ struct SequenceExecutor::Impl {
   void require_set(int begin, int end, const char* call) const;
   void ensure_memory(std::size_t bytes, cudaStream_t stream);
   void free_memory(cudaStream_t stream);
-  void run_steps(int begin, int end, cudaStream_t stream, RunMode mode);
+  // `enqueue` false only updates what running them would (liveness, the weight cache): for a
+  // graph replay that ran them.
+  void run_steps(int begin, int end, cudaStream_t stream, RunMode mode, bool enqueue = true);
+  bool graph_forward(cudaStream_t stream);
+  void record_graph(cudaStream_t stream);
+  void drop_graph();
   void run_step(int index, cudaStream_t stream);
   void observed_step(int index, cudaStream_t stream);
   void mark_live(int root);
@@ -269,6 +289,18 @@ struct SequenceExecutor::Impl {
   cudaStream_t last_stream = nullptr;
   bool pinned = false;  // pin_memory(): the allocation serves both modes until unpin_memory()
   StepObserver* observer = nullptr;  // set_observer(): benchmarks time each step
+
+  // Note "Automatic graphs".
+  bool auto_graph = true;
+  std::vector<int> input_roots;        // the caller's inputs the forward reads
+  std::vector<int> keyed_roots;        // the other caller roots the forward reads (parameters)
+  std::size_t input_bytes = 0;         // of input_roots, under the binding
+  std::vector<DeviceBuffer> staging;   // per input_roots entry
+  cudaGraphExec_t graph = nullptr;     // the recorded inference forward
+  std::vector<const void*> graph_key;  // keyed_roots' pointers when it was recorded
+  std::vector<char> graph_skips;       // the weight-cast groups it skips
+  bool eager_run_seen = false;         // an eager inference forward ran with the current key
+  std::size_t graph_replays = 0;
 };
 
 SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& modules_in,
@@ -424,6 +456,12 @@ void SequenceExecutor::Impl::learn_buffers() {
         fact.last_touch[m] = step.index;
         if (fact.callers && mode == RunMode::Training && step.group >= 0) {
           callers_read[static_cast<std::size_t>(step.index)].push_back(root);
+          const bool input = plan.buffers[static_cast<std::size_t>(root)].role == BufferRole::Input;
+          std::vector<int>& roots = input ? input_roots : keyed_roots;
+          if (step.index < first_backward &&
+              std::find(roots.begin(), roots.end(), root) == roots.end()) {
+            roots.push_back(root);
+          }
         }
       }
       touched[m][static_cast<std::size_t>(step.index)].assign(roots.begin(), roots.end());
@@ -646,11 +684,105 @@ void SequenceExecutor::Impl::ensure_memory(std::size_t needed, cudaStream_t stre
 }
 
 void SequenceExecutor::Impl::free_memory(cudaStream_t stream) {
+  drop_graph();
   mark_all_dead(false);
   for (WeightCacheGroup& group : cache_groups) group.valid = false;
   if (memory.data() == nullptr) return;
   memory.set_stream(stream);
   memory.reset();
+}
+
+void SequenceExecutor::Impl::drop_graph() {
+  // Why the status is dropped: this runs in destructors; the exec holds only its own resources.
+  if (graph != nullptr) (void)cudaGraphExecDestroy(graph);
+  graph = nullptr;
+  graph_key.clear();
+  graph_skips.clear();
+  eager_run_seen = false;
+}
+
+// Note "Automatic graphs". Returns false when this forward must run eagerly.
+bool SequenceExecutor::Impl::graph_forward(cudaStream_t stream) {
+  if (!auto_graph || pinned || observer != nullptr || input_bytes > kAutoGraphInputBytes) {
+    return false;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  OPFUSE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture), "an inference forward");
+  if (capture != cudaStreamCaptureStatusNone) return false;  // the application's own graph
+  std::vector<const void*> key;
+  key.reserve(keyed_roots.size());
+  for (int root : keyed_roots) key.push_back(caller_pointers[static_cast<std::size_t>(root)]);
+  std::vector<char> skips(cache_groups.size());
+  for (std::size_t g = 0; g < cache_groups.size(); ++g)
+    skips[g] = cache_valid(cache_groups[g]) ? 1 : 0;
+  const bool allocated = memory.size() >= needed_bytes[mode_index(RunMode::Inference)];
+  if (graph == nullptr || key != graph_key || skips != graph_skips || !allocated) {
+    const bool seen =
+        eager_run_seen && graph == nullptr && key == graph_key && skips == graph_skips && allocated;
+    drop_graph();
+    graph_key = std::move(key);
+    graph_skips = std::move(skips);
+    // Why one eager run first: it makes the cuBLASLt plans and kernel attributes outside the
+    // recording, and a forward run once with these parameters is not worth a recording.
+    if (!seen) {
+      eager_run_seen = true;
+      return false;
+    }
+    record_graph(stream);
+  }
+  for (std::size_t i = 0; i < input_roots.size(); ++i) {
+    const auto root = static_cast<std::size_t>(input_roots[i]);
+    OPFUSE_CUDA_CHECK(cudaMemcpyAsync(staging[i].data(), caller_pointers[root], bytes[root],
+                                      cudaMemcpyDeviceToDevice, stream),
+                      "copying an input into the recorded inference forward");
+  }
+  OPFUSE_CUDA_CHECK(cudaGraphLaunch(graph, stream), "replaying the recorded inference forward");
+  layout = RunMode::Inference;
+  run_steps(0, first_backward, stream, RunMode::Inference, false);
+  ++graph_replays;
+  return true;
+}
+
+void SequenceExecutor::Impl::record_graph(cudaStream_t stream) {
+  ensure_memory(needed_bytes[mode_index(RunMode::Inference)], stream);
+  if (staging.size() != input_roots.size()) {
+    staging.clear();
+    for (int root : input_roots)
+      staging.emplace_back(bytes[static_cast<std::size_t>(root)], stream);
+  }
+  layout = RunMode::Inference;
+  // The recording reads the staging buffers where the caller's inputs would be.
+  std::vector<const void*> callers_inputs;
+  for (std::size_t i = 0; i < input_roots.size(); ++i) {
+    const auto root = static_cast<std::size_t>(input_roots[i]);
+    callers_inputs.push_back(caller_pointers[root]);
+    caller_pointers[root] = staging[i].data();
+  }
+  const auto restore = [&] {
+    for (std::size_t i = 0; i < input_roots.size(); ++i)
+      caller_pointers[static_cast<std::size_t>(input_roots[i])] = callers_inputs[i];
+  };
+  // Why the weight cache is saved: recording marks its groups cast, which only the replay does.
+  std::vector<WeightCacheGroup> cache_before = cache_groups;
+  cudaGraph_t recorded = nullptr;
+  OPFUSE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                    "recording an inference forward");
+  try {
+    run_steps(0, first_backward, stream, RunMode::Inference);
+  } catch (...) {
+    (void)cudaStreamEndCapture(stream, &recorded);
+    if (recorded != nullptr) (void)cudaGraphDestroy(recorded);
+    restore();
+    cache_groups = std::move(cache_before);
+    throw;
+  }
+  restore();
+  cache_groups = std::move(cache_before);
+  mark_all_dead(true);
+  OPFUSE_CUDA_CHECK(cudaStreamEndCapture(stream, &recorded), "recording an inference forward");
+  const cudaError_t instantiated = cudaGraphInstantiate(&graph, recorded, 0);
+  (void)cudaGraphDestroy(recorded);
+  OPFUSE_CUDA_CHECK(instantiated, "instantiating the recorded inference forward");
 }
 
 void SequenceExecutor::Impl::mark_live(int root) {
@@ -685,7 +817,8 @@ bool SequenceExecutor::Impl::cache_valid(const WeightCacheGroup& group) const {
   return true;
 }
 
-void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, RunMode mode) {
+void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, RunMode mode,
+                                       bool enqueue) {
   last_stream = stream;
   for (std::size_t g = 0; g < cache_groups.size(); ++g)
     skip_group[g] = cache_valid(cache_groups[g]) ? 1 : 0;
@@ -698,7 +831,7 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
     for (int root : touched[m][i]) {
       if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
     }
-    observed_step(index, stream);
+    if (enqueue) observed_step(index, stream);
     for (int root : free_after[m][i]) mark_dead(root);
   }
   for (WeightCacheGroup& group : cache_groups) {
@@ -797,6 +930,9 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
   s.steps = std::move(steps);
   s.inference_steps = std::move(inference_steps);
   s.place_buffers();
+  s.staging.clear();
+  s.input_bytes = 0;
+  for (int root : s.input_roots) s.input_bytes += s.bytes[static_cast<std::size_t>(root)];
   s.bound = true;
   s.training_forward_done = s.outputs_valid = s.grads_valid = false;
 }
@@ -870,6 +1006,10 @@ void SequenceExecutor::forward(cudaStream_t stream, RunMode mode) {
   s.require_set(0, s.first_backward, "forward");
   s.mark_all_dead(true);
   s.outputs_valid = s.grads_valid = s.training_forward_done = false;
+  if (mode == RunMode::Inference && s.graph_forward(stream)) {
+    s.outputs_valid = true;
+    return;
+  }
   s.ensure_memory(s.pinned ? s.memory.size() : s.needed_bytes[mode_index(mode)], stream);
   s.layout = mode;
   s.run_steps(0, s.first_backward, stream, mode);
@@ -976,6 +1116,13 @@ void SequenceExecutor::reset_peak() { impl_->peak_bytes = impl_->live_bytes; }
 
 void SequenceExecutor::set_observer(StepObserver* observer) { impl_->observer = observer; }
 
+void SequenceExecutor::set_auto_graph(bool enabled) {
+  impl_->auto_graph = enabled;
+  if (!enabled) impl_->drop_graph();
+}
+
+std::size_t SequenceExecutor::graph_replays() const { return impl_->graph_replays; }
+
 std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
   const Impl& s = *impl_;
   if (!s.bound) {
@@ -992,6 +1139,12 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     profile.end_of_step = step.group < 0;
     profile.weight_cast = s.cache_group_of_step[static_cast<std::size_t>(step.index)] >= 0;
     const bool variant = mode == RunMode::Inference && step.inference.has_value();
+    if (variant) {
+      // "layernorm bf16 -> e4m3 + transposed copy" names what the training launch writes.
+      const auto copy = profile.what.find(" + transposed copy");
+      if (copy != std::string::npos) profile.what.erase(copy, std::strlen(" + transposed copy"));
+      profile.what += " (inference variant: no transposed copy)";
+    }
     for (int id : step.reads) profile.bytes_read += s.bytes[static_cast<std::size_t>(id)];
     for (int id : variant ? step.inference->writes : step.writes)
       profile.bytes_written += s.bytes[static_cast<std::size_t>(id)];

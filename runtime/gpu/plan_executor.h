@@ -168,6 +168,12 @@ class SequenceExecutor {
   void set_observer(StepObserver* observer);
   std::vector<StepProfile> step_profiles(RunMode mode = RunMode::Training) const;
 
+  // Inference forwards with small inputs replay a CUDA graph the executor records itself (note
+  // "Automatic graphs" in plan_executor.cpp): on by default; off runs every forward eagerly.
+  // graph_replays() counts the forwards that replayed one.
+  void set_auto_graph(bool enabled);
+  std::size_t graph_replays() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -652,6 +652,62 @@ TEST_P(InferenceForward, MatchesTrainingWithoutTheTransposedCopies) {
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 
+// Small inference forwards replay a graph the executor records (note "Automatic graphs"): every
+// output equals the eager executor's, with new input values, a new input pointer, a new
+// parameter pointer and a recast weight cache in between.
+TEST_P(InferenceForward, AutomaticGraphReplaysMatchEagerForwards) {
+  const auto c = compile("mlp", kMlp, GetParam());
+  ASSERT_NE(c, nullptr);
+  const cpu::Bindings bindings = {{"tokens", 32}};
+  SideBySide graphed(*c, 0, bindings, *gemms_, stream_, 5);
+  SideBySide eager(*c, 0, bindings, *gemms_, stream_, 5);  // same seed: same weights and inputs
+  eager.gpu().set_auto_graph(false);
+  const std::size_t count = 32 * 256;
+  std::mt19937_64 rng(3);
+  DeviceArray other_x(count * 2);
+  DeviceArray other_w(1024 * 256 * 2);
+  for (int call = 0; call < 12; ++call) {
+    SCOPED_TRACE(call);
+    if (call % 2 == 0) {  // new input values in the same memory
+      graphed.new_inputs();
+      eager.new_inputs();
+    }
+    if (call == 7) {  // the input moves
+      const std::vector<float> x = random_bf16(count, 1.0, rng);
+      upload_bf16(other_x, x);
+      graphed.gpu().set_tensor("x", other_x.data());
+      eager.gpu().set_tensor("x", other_x.data());
+    }
+    if (call == 9) {  // a parameter moves: recorded again
+      upload_bf16(other_w, random_bf16(1024 * 256, 0.0625, rng));
+      graphed.gpu().set_tensor("fc1.weight", other_w.data());
+      eager.gpu().set_tensor("fc1.weight", other_w.data());
+    }
+    if (call == 10) {  // the FP8 weights are cast again
+      graphed.gpu().invalidate_weight_cache();
+      eager.gpu().invalidate_weight_cache();
+    }
+    graphed.gpu().forward(stream_, RunMode::Inference);
+    eager.gpu().forward(stream_, RunMode::Inference);
+    ASSERT_EQ(download_bf16(graphed.gpu().output("y"), count),
+              download_bf16(eager.gpu().output("y"), count));
+  }
+  EXPECT_EQ(eager.gpu().graph_replays(), 0u);
+  EXPECT_GE(graphed.gpu().graph_replays(), 5u);
+  // Training forwards never replay, and a training step in between keeps inference right.
+  const std::size_t replays = graphed.gpu().graph_replays();
+  graphed.gpu().forward(stream_, RunMode::Training);
+  EXPECT_EQ(graphed.gpu().graph_replays(), replays);
+  graphed.gpu().backward(stream_);
+  for (int call = 0; call < 3; ++call) {
+    graphed.gpu().forward(stream_, RunMode::Inference);
+    eager.gpu().forward(stream_, RunMode::Inference);
+    ASSERT_EQ(download_bf16(graphed.gpu().output("y"), count),
+              download_bf16(eager.gpu().output("y"), count));
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, InferenceForward, ::testing::Values("delayed", "current"));
 
 // ---- misuse -------------------------------------------------------------------------------------

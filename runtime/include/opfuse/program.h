@@ -135,6 +135,12 @@ struct SessionOptions {
   // one process compute bit-identical results), but another process may choose another
   // algorithm (results may differ in the last bits). Accumulating GEMMs keep the heuristic's.
   bool gemm_autotune = false;
+  // Inference forwards whose inputs total at most 4 MiB are host-bound (each cuBLASLt call and
+  // launch costs microseconds of CPU time): from the third such forward with the same parameter
+  // pointers on, the session records the forward into a CUDA graph once and replays it, copying
+  // the inputs into the recording's own buffers (a few us of device time). Same results; false
+  // runs every forward step by step.
+  bool auto_graph = true;
 };
 
 // One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time
