@@ -312,6 +312,43 @@ TEST_F(GemmGpu, Fp8FpropDgradWgradWithScaleInvMatchTheCpuReference) {
   }
 }
 
+// GemmOptions::autotune: the fastest of cuBLASLt's candidates computes the same GEMM within the
+// same bounds, and every runner in the process takes the same one (bit-identical results).
+TEST_F(GemmGpu, AutotunedGemmsMatchTheReferenceAndAgreeAcrossRunners) {
+  const LinearShape s{512, 1024, 768};
+  std::mt19937 rng(41);
+  const HostBf16 x_raw = random_bf16(s.tokens * s.in, rng);
+  const HostBf16 w_raw = random_bf16(s.out * s.in, rng, 0.05f);
+  const HostFp8 x =
+      quantize(x_raw.values, Fp8Format::E4M3, scale_for(x_raw.values, Fp8Format::E4M3));
+  const HostFp8 w =
+      quantize(w_raw.values, Fp8Format::E4M3, scale_for(w_raw.values, Fp8Format::E4M3));
+  DeviceBuffer d_x = to_device(x.codes, stream_), d_w = to_device(w.codes, stream_);
+  DeviceBuffer scale_invs =
+      to_device(std::vector<float>{x.scale_inv, 0, 0, 0, w.scale_inv, 0, 0, 0}, stream_);
+  std::vector<float> ref(s.tokens * s.out), l1(ref.size());
+  ops::linear_forward<float>(x.values, w.values, s.tokens, s.out, s.in, ref);
+  ops::linear_forward<float>(absolute(x.values), absolute(w.values), s.tokens, s.out, s.in, l1);
+  const GemmDesc desc = fprop_gemm(s.tokens, s.in, s.out, DType::E4M3, DType::E4M3, DType::BF16);
+  std::vector<std::vector<uint16_t>> results;
+  for (int runner_index = 0; runner_index < 2; ++runner_index) {
+    GemmRunner tuned(stream_, GemmOptions{true});
+    DeviceBuffer d_y(s.tokens * s.out * 2, stream_);
+    GemmArgs args;
+    args.a = d_x.data();
+    args.b = d_w.data();
+    args.d = d_y.data();
+    args.a_scale_inv = scale_invs.as<float>();
+    args.b_scale_inv = scale_invs.as<float>() + 4;
+    tuned.run(desc, args, stream_);  // the first run times the candidates
+    tuned.run(desc, args, stream_);
+    EXPECT_EQ(tuned.cached_plans(), 1u);
+    results.push_back(to_host<uint16_t>(d_y, stream_));
+    EXPECT_TRUE(close_to(bf16_to_floats(results.back()), ref, l1, kFastAccumulation, 1.0f / 64));
+  }
+  EXPECT_EQ(results[0], results[1]);
+}
+
 // Position of an FP8 code on the number line, so that neighbours differ by 1 (-0 and +0 both 0).
 int fp8_rank(uint8_t code) { return (code & 0x80) ? -(code & 0x7F) : (code & 0x7F); }
 
