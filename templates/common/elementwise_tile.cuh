@@ -67,21 +67,28 @@ __device__ __forceinline__ void write_transposed_tile(
   const long long row0 = tile_row0 + 16 * row_block;
   if (col >= args.cols || row0 >= args.rows) return;
 
+  unsigned char* out_t = reinterpret_cast<unsigned char*>(args.out_t);
+  const unsigned char* block = &staged[plane][16 * row_block][4 * column_group];
+  if (args.rows % 16 != 0) {
+#pragma unroll 1
+    for (int k = 0; k < 4; ++k) {
+      const long long out_row = static_cast<long long>(plane) * args.cols + col + k;
+      store_column_bytes(out_t + out_row * args.rows + row0, block + k, kTileStagePitch,
+                         args.rows - row0);
+    }
+    return;
+  }
   unsigned int words[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    words[i] = *reinterpret_cast<const unsigned int*>(
-        &staged[plane][16 * row_block + i][4 * column_group]);
+    words[i] = *reinterpret_cast<const unsigned int*>(block + i * kTileStagePitch);
   }
   uint4 columns[4];
   transpose_16x4_bytes(words, columns);
-  const bool rows_multiple_of_16 = (args.rows % 16) == 0;
-  unsigned char* out_t = reinterpret_cast<unsigned char*>(args.out_t);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const long long out_row = static_cast<long long>(plane) * args.cols + col + k;
-    store_column_segment(out_t + out_row * args.rows + row0, columns[k], args.rows - row0,
-                         rows_multiple_of_16);
+    *reinterpret_cast<uint4*>(out_t + out_row * args.rows + row0) = columns[k];
   }
 }
 
@@ -181,13 +188,22 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
       }
     }
     if constexpr (kTranspose) {
+      // On the block's last tile the barrier before the write phase also publishes the warps'
+      // amax, and no barrier follows the write phase: the block ends without the three barriers
+      // of a separate amax reduction and the staging buffer's release.
+      const bool last_tile = tile_row0 + static_cast<long long>(gridDim.y) * kTileRows >= args.rows;
+      if (last_tile && args.amax != nullptr) publish_warp_amax(amax, amax_scratch);
       __syncthreads();
       detail::write_transposed_tile<kPlanes>(staged, args, tile_row0, tile_col0);
-      __syncthreads();
+      if (last_tile) {
+        if (args.amax != nullptr) commit_published_amax<kWarps>(args.amax, amax_scratch);
+      } else {
+        __syncthreads();
+      }
     }
   }
 
-  commit_block_amax<kThreads>(amax, args.amax, amax_scratch);
+  if constexpr (!kTranspose) commit_block_amax<kThreads>(amax, args.amax, amax_scratch);
 
   if constexpr (kDbias) {
     // Threads of one column vector: lanes vec_in_row + k * kVecsPerTileRow of every warp. Add them

@@ -55,6 +55,23 @@ __device__ __forceinline__ void commit_block_amax(float thread_amax, float* amax
   if (threadIdx.x == 0 && block_amax > 0.0f) atomic_max_nonnegative(amax, block_amax);
 }
 
+// A block's amax commit split around a barrier the kernel holds anyway: every thread calls
+// publish_warp_amax before the barrier (each warp's max into scratch[warp]), then
+// commit_published_amax after it (thread 0 takes the max over the warps and raises *amax). Same
+// result as commit_block_amax, without its two barriers. scratch: one float per warp.
+__device__ __forceinline__ void publish_warp_amax(float thread_amax, float* scratch) {
+  const float warp_amax = warp_allreduce(thread_amax, MaxOp{});
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = warp_amax;
+}
+template <int kWarps>
+__device__ __forceinline__ void commit_published_amax(float* amax, const float* scratch) {
+  if (threadIdx.x != 0) return;
+  float block_amax = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) block_amax = fmaxf(block_amax, scratch[w]);
+  if (block_amax > 0.0f) atomic_max_nonnegative(amax, block_amax);
+}
+
 }  // namespace opfuse
 
 #endif  // OPFUSE_TEMPLATES_COMMON_FP8_CUH_

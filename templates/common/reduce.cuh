@@ -38,17 +38,26 @@ __device__ __forceinline__ float2 warp_allreduce_sum2(float2 value) {
   return value;
 }
 
-// All-reduce over a group of kWarps consecutive warps (e.g. the threads that own one row).
+// All-reduce over a group of kWarps consecutive warps (e.g. the threads that own one row), one of
+// kGroups such groups that make up the block.
 //
-// Every thread of the BLOCK must call it the same number of times (it holds a __syncthreads when
-// kWarps > 1). Each group owns two scratch slots of kWarps float2 and alternates between them, so
-// back-to-back reductions need only one barrier each: a slot is rewritten two calls later, after
-// the barrier of the call in between has ordered every read of it.
-template <int kWarps>
+// Every thread of the GROUP must call it the same number of times (it holds a barrier when
+// kWarps > 1). A block of one group uses __syncthreads; with 2 to 15 groups each group syncs on
+// its own named barrier (1 + group index, the group's threads only), so a group never waits for
+// the others' rows: with block-wide barriers every reduction of every row stalled the whole block
+// (more groups than named barriers: __syncthreads, and every thread of the block must call).
+// Each group owns two scratch slots of kWarps float2 and alternates between them, so back-to-back
+// reductions need only one barrier each: a slot is rewritten two calls later, after the barrier
+// of the call in between has ordered every read of it.
+template <int kWarps, int kGroups = 1>
 class GroupReducer {
  public:
-  // scratch: 2 * kWarps float2 owned by this group (unused when kWarps == 1).
-  __device__ __forceinline__ explicit GroupReducer(float2* scratch) : scratch_(scratch) {}
+  static_assert(kGroups >= 1, "a block holds at least one group");
+
+  // scratch: 2 * kWarps float2 owned by this group (unused when kWarps == 1); group: the index of
+  // this thread's group in the block (its warps are warps kWarps * group ...).
+  __device__ __forceinline__ GroupReducer(float2* scratch, int group)
+      : scratch_(scratch), group_(group) {}
 
   template <typename Op>
   __device__ __forceinline__ float allreduce(float value, Op op) {
@@ -57,7 +66,7 @@ class GroupReducer {
       float2* slot = next_slot();
       const int warp = warp_in_group();
       if ((threadIdx.x & 31) == 0) slot[warp].x = value;
-      __syncthreads();
+      sync_group();
       value = slot[0].x;
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) value = op(value, slot[w].x);
@@ -72,7 +81,7 @@ class GroupReducer {
       float2* slot = next_slot();
       const int warp = warp_in_group();
       if ((threadIdx.x & 31) == 0) slot[warp] = value;
-      __syncthreads();
+      sync_group();
       value = slot[0];
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) {
@@ -90,8 +99,17 @@ class GroupReducer {
     return slot;
   }
   __device__ __forceinline__ static int warp_in_group() { return (threadIdx.x >> 5) % kWarps; }
+  // Named barriers 1..15 (0 is __syncthreads); a block of more groups than that syncs whole.
+  __device__ __forceinline__ void sync_group() const {
+    if constexpr (kGroups == 1 || kGroups > 15) {
+      __syncthreads();
+    } else {
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + group_), "r"(kWarps * 32) : "memory");
+    }
+  }
 
   float2* scratch_;
+  int group_;
   int parity_ = 0;
 };
 

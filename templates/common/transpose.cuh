@@ -2,7 +2,8 @@
 //
 // A thread reads 16 rows x 4 columns of staged FP8 bytes as 16 32-bit words (one per row), turns
 // them into 4 columns x 16 rows with byte permutes (PRMT), and stores each column's 16 bytes with
-// one 16-byte store into the [cols, rows] transposed tensor.
+// one 16-byte store into the [cols, rows] transposed tensor (rows % 16 == 0; other row counts
+// store bytes).
 #ifndef OPFUSE_TEMPLATES_COMMON_TRANSPOSE_CUH_
 #define OPFUSE_TEMPLATES_COMMON_TRANSPOSE_CUH_
 
@@ -36,21 +37,15 @@ __device__ __forceinline__ void transpose_16x4_bytes(const unsigned int (&rows)[
   }
 }
 
-// Stores up to 16 bytes of one column of a transposed tensor at dst (rows from_row..from_row+15).
-// With rows % 16 == 0 every segment is whole and 16-byte aligned: one STG.128. Otherwise the
-// bytes are stored one by one, up to rows_left of them.
-__device__ __forceinline__ void store_column_segment(unsigned char* dst, const uint4& column,
-                                                     long long rows_left,
-                                                     bool rows_multiple_of_16) {
-  if (rows_multiple_of_16) {
-    *reinterpret_cast<uint4*>(dst) = column;
-    return;
-  }
-  const unsigned int words[4] = {column.x, column.y, column.z, column.w};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    if (i < rows_left) dst[i] = static_cast<unsigned char>(words[i / 4] >> (8 * (i % 4)));
-  }
+// Stores one column segment of a transposed tensor byte by byte, straight from the staged tile
+// (byte i at column[i * pitch]): up to 16 bytes, at most rows_left. The path of row counts that
+// are not a multiple of 16, where segments are not 16-byte aligned; reading shared memory again
+// keeps it free of the 16-word transpose's registers (the tiled kernels' budgets are tight).
+__device__ __forceinline__ void store_column_bytes(unsigned char* dst, const unsigned char* column,
+                                                   int pitch, long long rows_left) {
+  const int count = rows_left < 16 ? static_cast<int>(rows_left) : 16;
+#pragma unroll 1
+  for (int i = 0; i < count; ++i) dst[i] = column[i * pitch];
 }
 
 }  // namespace opfuse
