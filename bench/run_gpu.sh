@@ -44,6 +44,15 @@ stamp() { printf '[%4d s] %s\n' "$SECONDS" "$*"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader |
   tee "$work/device.txt"
+# What else runs on the GPU and how fast it is clocked, at the start and (gpu_state_end.txt) the
+# end: a throttled or shared GPU makes every ratio in the table meaningless.
+gpu_state() {
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+    --format=csv
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+}
+gpu_state >"$work/gpu_state_start.txt" 2>&1
+cat "$work/gpu_state_start.txt"
 git log -1 --format='commit %H %s' 2>/dev/null | tee "$work/commit.txt"
 git status --short 2>/dev/null | head -40 >"$work/uncommitted.txt"
 
@@ -109,6 +118,8 @@ else
   status=1
 fi
 stamp "peers done"
+gpu_state >"$work/gpu_state_end.txt" 2>&1
+cat "$work/gpu_state_end.txt"
 python3 bench/compare.py "$work" | tee "$work/compare.txt"
 stamp "done"
 exit $status
