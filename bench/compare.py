@@ -181,7 +181,7 @@ def goals(rows, runs):
     for run in runs:
         if size_of(run) == "large" and not run["graph"]:
             share = run["summary"]["kernel_copy_share"] or None
-            label = f"large {recipe_label(run['recipe'])} {run['mode']} generated kernels vs copy"
+            label = f"large {recipe_label(run['recipe'])} {run_label(run)} generated kernels vs copy"
             found.append(goal(label, share, GOAL_COPY_SHARE, smaller_is_better=False, unit=""))
     return found
 
@@ -349,7 +349,8 @@ def main(argv):
     print("\nGEMMs: opfuse's step (profiling pass) vs the peer on the same m, n, k (device-only):")
     print(table(GEMM_COLUMNS, gemms) if gemms else "  none measured")
     print(
-        "  (peer fp8 = torch._scaled_mm E4M3 x E4M3; opfuse's dgrad/wgrad take an E5M2 gradient)"
+        "  (peers: torch._scaled_mm with the same operand formats and accumulation: fp8_fast ="
+        " E4M3 x E4M3 with fast accumulation, fp8_e5m2 = E5M2 x E4M3 without)"
     )
     print("\nseed MLP, median ms per call issued back to back (x: opfuse / peer; < 1 is faster):")
     print(table(WORKLOAD_COLUMNS, rows))

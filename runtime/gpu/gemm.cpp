@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
@@ -50,9 +51,35 @@ cublasLtEpilogue_t cublaslt_epilogue(GemmEpilogue epilogue) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-// The alignment cuBLASLt is told to assume for A, B, C, D, bias and aux, and that
-// check_gemm_args demands, so any algorithm chosen once serves every later call of its desc.
+// The alignment check_gemm_args demands of A, B, C, D, bias and aux.
 constexpr std::uint32_t kPointerAlignment = 16;
+// cuBLASLt is told the alignment the pointers of a call have (16 to 256 bytes), and the algorithm
+// chosen for a desc is kept per alignment class: telling it 16 for 256-byte aligned operands (what
+// the executor's buffers are) excludes algorithms that need more, and on an H200 the fastest FP8
+// algorithm for some shapes may be among them (torch._scaled_mm, which passes the real
+// alignment, was up to 8% faster on one shape, bench/RESULTS.md).
+constexpr std::uint32_t kMaxPointerAlignment = 256;
+constexpr int kAlignmentClasses = 5;  // 16, 32, 64, 128, 256
+
+// The largest power of two from 16 to 256 that every pointer of `args` is a multiple of (16 for
+// less: check_gemm_args rejects those).
+std::uint32_t pointer_alignment(const GemmArgs& args) {
+  std::uintptr_t bits = 0;
+  for (const void* pointer :
+       {args.a, args.b, args.c, static_cast<const void*>(args.d),
+        static_cast<const void*>(args.bias), static_cast<const void*>(args.aux)}) {
+    bits |= reinterpret_cast<std::uintptr_t>(pointer);
+  }
+  std::uint32_t alignment = kMaxPointerAlignment;
+  while (alignment > kPointerAlignment && bits % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+int alignment_class(std::uint32_t alignment) {
+  int index = 0;
+  for (std::uint32_t a = kPointerAlignment; a < alignment; a *= 2) ++index;
+  return index;
+}
 // cuBLASLt 13 refuses FP8 GEMMs (NOT_SUPPORTED at cublasLtMatmul although the heuristic chose an
 // algorithm) whose scale or amax pointers are 4- or 8-byte aligned; 16 works (H100, cuBLASLt
 // 13.1). Checked here so the failure is a clear UsageError before anything is enqueued.
@@ -190,15 +217,17 @@ struct GemmRunner::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
   GemmOptions options;
-  std::unordered_map<GemmDesc, std::unique_ptr<Plan>, GemmDescHash> plans;
+  // Per desc, per alignment class (pointer_alignment).
+  std::unordered_map<GemmDesc, std::array<std::unique_ptr<Plan>, kAlignmentClasses>, GemmDescHash>
+      plans;
 
   ~Impl() {
     plans.clear();
     if (handle != nullptr) (void)cublasLtDestroy(handle);
   }
 
-  std::unique_ptr<Plan> make_plan(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream);
-  Plan& plan_for(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream);
+  std::unique_ptr<Plan> make_plan(const GemmDesc& desc, const GemmArgs& args,
+                                  std::uint32_t alignment, cudaStream_t stream);
   void matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const GemmDesc& desc,
               const GemmArgs& args, cudaStream_t stream) const;
   int fastest(const Plan& plan, const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
@@ -210,8 +239,9 @@ std::mutex& tuned_mutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::unordered_map<GemmDesc, int, GemmDescHash>& tuned_choices() {
-  static std::unordered_map<GemmDesc, int, GemmDescHash> choices;
+using TunedChoices = std::array<int, kAlignmentClasses>;  // -1: not tuned yet
+std::unordered_map<GemmDesc, TunedChoices, GemmDescHash>& tuned_choices() {
+  static std::unordered_map<GemmDesc, TunedChoices, GemmDescHash> choices;
   return choices;
 }
 
@@ -274,7 +304,7 @@ int GemmRunner::Impl::fastest(const Plan& plan,
 }
 
 std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const GemmArgs& args,
-                                                  cudaStream_t stream) {
+                                                  std::uint32_t alignment, cudaStream_t stream) {
   const CublasLtProblem problem = to_cublaslt(desc);
   auto plan = std::make_unique<Plan>();
   OPFUSE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->matmul, CUBLAS_COMPUTE_32F, CUDA_R_32F),
@@ -319,17 +349,17 @@ std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const Ge
   for (const auto attribute :
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    OPFUSE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-                            preference, attribute, &kPointerAlignment, sizeof(kPointerAlignment)),
-                        describe(desc));
+    OPFUSE_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment)),
+        describe(desc));
   }
   // Why a probe address: the heuristic reads the bias and aux pointers' values to learn their
-  // alignment. An address exactly 16-byte aligned (not 32) makes it pick an algorithm that works
-  // for every pointer check_gemm_args accepts, not only for this call's.
+  // alignment. An address exactly `alignment`-aligned (the workspace starts 256-aligned) makes it
+  // pick an algorithm that works for every pointer of this alignment class, not only this call's.
   GemmArgs probe = args;
-  void* const sixteen_aligned = static_cast<char*>(workspace.data()) + kPointerAlignment;
-  if (epilogue_has_bias(desc.epilogue)) probe.bias = sixteen_aligned;
-  if (epilogue_has_aux(desc.epilogue)) probe.aux = sixteen_aligned;
+  void* const class_aligned = static_cast<char*>(workspace.data()) + alignment;
+  if (epilogue_has_bias(desc.epilogue)) probe.bias = class_aligned;
+  if (epilogue_has_aux(desc.epilogue)) probe.aux = class_aligned;
   set_pointers(*plan, desc, probe);
 
   constexpr int kCandidates = 8;
@@ -350,23 +380,19 @@ std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const Ge
   int choice = 0;
   if (results.size() > 1 && !desc.accumulate) {
     const std::lock_guard<std::mutex> lock(tuned_mutex());
-    const auto tuned = tuned_choices().find(desc);
-    if (tuned != tuned_choices().end()) {
-      choice = std::min(tuned->second, found - 1);
+    TunedChoices& tuned =
+        tuned_choices().try_emplace(desc, TunedChoices{-1, -1, -1, -1, -1}).first->second;
+    int& tuned_choice = tuned[static_cast<std::size_t>(alignment_class(alignment))];
+    if (tuned_choice >= 0) {
+      choice = std::min(tuned_choice, found - 1);
     } else if (!capturing(stream)) {
       set_pointers(*plan, desc, args);
       choice = fastest(*plan, results, desc, args, stream);
-      tuned_choices().emplace(desc, choice);
+      tuned_choice = choice;
     }
   }
   plan->algo = results[static_cast<std::size_t>(choice)].algo;
   return plan;
-}
-
-Plan& GemmRunner::Impl::plan_for(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream) {
-  const auto found = plans.find(desc);
-  if (found != plans.end()) return *found->second;
-  return *plans.emplace(desc, make_plan(desc, args, stream)).first->second;
 }
 
 GemmRunner::GemmRunner(cudaStream_t stream, GemmOptions options) : impl_(std::make_unique<Impl>()) {
@@ -379,7 +405,13 @@ GemmRunner::GemmRunner(cudaStream_t stream, GemmOptions options) : impl_(std::ma
 
 GemmRunner::~GemmRunner() = default;
 
-std::size_t GemmRunner::cached_plans() const { return impl_->plans.size(); }
+std::size_t GemmRunner::cached_plans() const {
+  std::size_t count = 0;
+  for (const auto& [desc, by_alignment] : impl_->plans) {
+    for (const auto& plan : by_alignment) count += plan != nullptr ? 1 : 0;
+  }
+  return count;
+}
 
 void GemmRunner::run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream) {
   const auto known = impl_->plans.find(desc);
@@ -395,7 +427,11 @@ void GemmRunner::run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t st
     throw UsageError(fmt::format("bad arguments for {}:\n  - {}", describe(desc),
                                  fmt::join(problems, "\n  - ")));
   }
-  Plan& plan = known != impl_->plans.end() ? *known->second : impl_->plan_for(desc, args, stream);
+  const std::uint32_t alignment = pointer_alignment(args);
+  auto& by_alignment = known != impl_->plans.end() ? known->second : impl_->plans[desc];
+  std::unique_ptr<Plan>& slot = by_alignment[static_cast<std::size_t>(alignment_class(alignment))];
+  if (slot == nullptr) slot = impl_->make_plan(desc, args, alignment, stream);
+  Plan& plan = *slot;
   set_pointers(plan, desc, args);
   impl_->matmul(plan, plan.algo, desc, args, stream);
 }

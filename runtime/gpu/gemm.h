@@ -57,13 +57,14 @@ class GemmRunner {
 
   // Enqueues D = epilogue(A B (+ C)) on `stream`, no host sync (but see GemmOptions::autotune).
   // The first run of a desc checks it (check_gemm) and asks cuBLASLt's heuristic for an
-  // algorithm once; later runs reuse it.
+  // algorithm once per pointer alignment class (16, 32, 64, 128 or 256 bytes: cuBLASLt is told
+  // the alignment the pointers have); later runs reuse it.
   // Throws UsageError, before anything is enqueued, for a desc check_gemm rejects or args
   // check_gemm_args rejects; CudaError (naming the desc) when cuBLASLt fails or has no
   // algorithm.
   void run(const GemmDesc& desc, const GemmArgs& args, cudaStream_t stream);
 
-  // How many descs have a cached algorithm.
+  // How many (desc, alignment class) pairs have a cached algorithm.
   std::size_t cached_plans() const;
 
   static constexpr std::size_t kWorkspaceBytes = 32u << 20;

@@ -312,6 +312,35 @@ TEST_F(GemmGpu, Fp8FpropDgradWgradWithScaleInvMatchTheCpuReference) {
   }
 }
 
+// cuBLASLt is told the alignment a call's pointers have: 16-byte aligned operands get an algorithm
+// of their own (kept beside the 256-byte one) and the same results within the same bounds.
+TEST_F(GemmGpu, PointersOfAnotherAlignmentGetTheirOwnAlgorithm) {
+  const LinearShape s{256, 512, 384};
+  std::mt19937 rng(5);
+  const HostBf16 x = random_bf16(s.tokens * s.in, rng);
+  const HostBf16 w = random_bf16(s.out * s.in, rng, 0.05f);
+  std::vector<uint16_t> shifted(8, 0);  // x 16 bytes into its buffer
+  shifted.insert(shifted.end(), x.bits.begin(), x.bits.end());
+  DeviceBuffer d_x = to_device(x.bits, stream_), d_x16 = to_device(shifted, stream_),
+               d_w = to_device(w.bits, stream_);
+  std::vector<float> ref(s.tokens * s.out), l1(ref.size());
+  ops::linear_forward<float>(x.values, w.values, s.tokens, s.out, s.in, ref);
+  ops::linear_forward<float>(absolute(x.values), absolute(w.values), s.tokens, s.out, s.in, l1);
+  const GemmDesc desc = fprop_gemm(s.tokens, s.in, s.out, DType::BF16, DType::BF16, DType::BF16);
+  for (const void* a : {static_cast<const void*>(d_x.data()),
+                        static_cast<const void*>(static_cast<const char*>(d_x16.data()) + 16)}) {
+    DeviceBuffer d_y(s.tokens * s.out * 2, stream_);
+    GemmArgs args;
+    args.a = a;
+    args.b = d_w.data();
+    args.d = d_y.data();
+    runner_->run(desc, args, stream_);
+    EXPECT_TRUE(close_to(bf16_to_floats(to_host<uint16_t>(d_y, stream_)), ref, l1,
+                         kFp32Accumulation, 1.0f / 128));
+  }
+  EXPECT_EQ(runner_->cached_plans(), 2u);
+}
+
 // GemmOptions::autotune: the fastest of cuBLASLt's candidates computes the same GEMM within the
 // same bounds, and every runner in the process takes the same one (bit-identical results).
 TEST_F(GemmGpu, AutotunedGemmsMatchTheReferenceAndAgreeAcrossRunners) {
