@@ -53,7 +53,13 @@ gpu_state() {
 }
 gpu_state >"$work/gpu_state_start.txt" 2>&1
 cat "$work/gpu_state_start.txt"
-git log -1 --format='commit %H %s' 2>/dev/null | tee "$work/commit.txt"
+# OPFUSE_COMMIT names the tree when the copy's git metadata is not the tree's (the device tool's
+# copies carry the working tree, not always its history).
+if [[ -n ${OPFUSE_COMMIT:-} ]]; then
+  echo "commit $OPFUSE_COMMIT (given)" | tee "$work/commit.txt"
+else
+  git log -1 --format='commit %H %s' 2>/dev/null | tee "$work/commit.txt"
+fi
 git status --short 2>/dev/null | head -40 >"$work/uncommitted.txt"
 
 stamp "build fusec (background) while the copy and GEMM peers run"
