@@ -14,8 +14,8 @@
 
 #include "api/bench.h"
 #include "api/session_access.h"
-#include "gpu/device.h"
 #include "gpu/plan_executor.h"
+#include "gpu_test_support.h"
 #include "opfuse/program.h"
 
 namespace opfuse {
@@ -46,26 +46,14 @@ class Recorder : public gpu::StepObserver {
   std::vector<Call> calls;
 };
 
-class BenchGpu : public ::testing::Test {
+class BenchGpu : public test::GpuStreamTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    for (void* memory : memory_) cudaFree(memory);
-  }
+  // Device memory of `bytes` zero bytes, freed at the end of the test.
   void* zeros(std::size_t bytes) {
-    void* memory = nullptr;
-    EXPECT_EQ(cudaMalloc(&memory, bytes), cudaSuccess);
+    void* memory = new_array(bytes).data();
     EXPECT_EQ(cudaMemset(memory, 0, bytes), cudaSuccess);
-    memory_.push_back(memory);
     return memory;
   }
-  cudaStream_t stream_ = nullptr;
-  std::vector<void*> memory_;
 };
 
 TEST_F(BenchGpu, ObserverSeesEveryEnqueuedStepOnceInOrder) {

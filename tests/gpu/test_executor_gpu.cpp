@@ -21,21 +21,16 @@
 #include <utility>
 #include <vector>
 
-#include "api/program_impl.h"
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
 #include "cpu/numerics.h"
 #include "cpu/reference_executor.h"
-#include "driver/frontend.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
 #include "gpu/plan_executor.h"
-#include "jit/kernel_cache.h"
+#include "gpu_test_support.h"
 #include "jit/nvrtc_compiler.h"
 #include "opfuse/error.h"
-#include "passes/pass_manager.h"
-#include "passes/pipeline.h"
-#include "test_support.h"
 
 namespace opfuse::gpu {
 namespace {
@@ -102,95 +97,16 @@ sequence llama_mlp(x: bf16[batch, seq, hidden], residual: bf16[batch, seq, hidde
 }
 )";
 
-jit::KernelCache& kernel_cache() {
-  static jit::KernelCache cache(test::make_temp_dir("executor_gpu_kernels"));
-  return cache;
-}
+using test::DeviceArray;
+using test::download_bf16;
+using test::download_bytes;
+using test::random_bf16;
+using test::upload_bf16;
 
-// A program through the passes and codegen, its kernels compiled for this GPU and loaded.
-struct Compiled {
-  SourceManager sources;
-  ir::Program program;
-  codegen::Plan plan;
-  std::unique_ptr<PlanModules> modules;
-};
-
-std::unique_ptr<Compiled> compile(const std::string& name, const std::string& text,
-                                  const std::string& recipe) {
-  auto c = std::make_unique<Compiled>();
-  DiagnosticEngine diags(c->sources);
-  ir::BuildOptions options;
-  options.recipe_override = recipe;
-  auto program = load_program_from_source(name + ".fuse", std::string(kRecipes) + text, c->sources,
-                                          diags, options);
-  if (!program) {
-    ADD_FAILURE() << diags.format_all();
-    return nullptr;
-  }
-  passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
-  c->program = std::move(*program);
-  const std::string arch = current_device().arch;
-  c->plan = codegen::build_plan(c->program, {arch, &c->sources});
-  const jit::CompileAllResult result =
-      jit::compile_all(opfuse::kernel_requests(c->plan, arch), &kernel_cache());
-  c->modules = std::make_unique<PlanModules>(c->plan, result.kernels);
-  return c;
-}
-
-// Device memory owned by the test (plain cudaMalloc: the test may synchronize).
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t bytes) : bytes_(bytes) {
-    EXPECT_EQ(cudaMalloc(&data_, std::max<std::size_t>(bytes, 16)), cudaSuccess);
-  }
-  ~DeviceArray() { cudaFree(data_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  void* data() const { return data_; }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-std::vector<std::uint16_t> to_bf16(const std::vector<float>& values) {
-  std::vector<std::uint16_t> bits(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = cpu::float_to_bf16(values[i]);
-  return bits;
-}
-
-void upload_bf16(const DeviceArray& array, const std::vector<float>& values) {
-  const std::vector<std::uint16_t> bits = to_bf16(values);
-  ASSERT_EQ(bits.size() * 2, array.bytes());
-  ASSERT_EQ(cudaMemcpy(array.data(), bits.data(), array.bytes(), cudaMemcpyHostToDevice),
-            cudaSuccess);
-}
-
-std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes) {
-  std::vector<std::uint8_t> out(bytes);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  return out;
-}
-
-std::vector<float> download_bf16(const void* device, std::size_t count) {
-  const std::vector<std::uint8_t> bytes = download_bytes(device, count * 2);
-  std::vector<float> out(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    out[i] = cpu::bf16_to_float(static_cast<std::uint16_t>(bytes[2 * i] | bytes[2 * i + 1] << 8));
-  }
-  return out;
-}
-
-// N(0, stddev) values already rounded to bf16, so both executors see the same numbers.
-std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64& rng,
-                               double mean = 0.0) {
-  std::normal_distribution<double> normal(mean, stddev);
-  std::vector<float> values(count);
-  for (float& v : values)
-    v = cpu::bf16_to_float(cpu::float_to_bf16(static_cast<float>(normal(rng))));
-  return values;
+// Every program here may use the recipes of kRecipes; `recipe` picks one for all its sequences.
+std::unique_ptr<test::CompiledProgram> compile(const std::string& name, const std::string& text,
+                                               const std::string& recipe) {
+  return test::compile_program(name, std::string(kRecipes) + text, recipe);
 }
 
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
@@ -229,7 +145,7 @@ struct StepErrors {
 
 class SideBySide {
  public:
-  SideBySide(const Compiled& c, std::size_t sequence, const cpu::Bindings& bindings,
+  SideBySide(const test::CompiledProgram& c, std::size_t sequence, const cpu::Bindings& bindings,
              GemmRunner& gemms, cudaStream_t stream, std::uint64_t seed)
       : seq_(c.program.sequences.at(sequence)),
         plan_(c.plan.sequences.at(sequence)),

@@ -17,20 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "api/program_impl.h"
-#include "codegen/kernel_source.h"
 #include "codegen/plan.h"
 #include "cpu/numerics.h"
 #include "cpu/reference_executor.h"
-#include "driver/frontend.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
 #include "gpu/plan_executor.h"
-#include "jit/kernel_cache.h"
-#include "jit/nvrtc_compiler.h"
-#include "passes/pass_manager.h"
-#include "passes/pipeline.h"
-#include "test_support.h"
+#include "gpu_test_support.h"
 
 namespace opfuse::gpu {
 namespace {
@@ -60,73 +53,14 @@ sequence quantize_only(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses delaye
 }
 )";
 
-jit::KernelCache& kernel_cache() {
-  static jit::KernelCache cache(test::make_temp_dir("scale_quantize_gpu_kernels"));
-  return cache;
-}
+using test::DeviceArray;
+using test::download_bf16_bits;
+using test::random_bf16;
+using test::upload_bf16;
 
-struct Compiled {
-  SourceManager sources;
-  ir::Program program;
-  codegen::Plan plan;
-  std::unique_ptr<PlanModules> modules;
-};
-
-std::unique_ptr<Compiled> compile(const std::string& text, const std::string& recipe) {
-  auto c = std::make_unique<Compiled>();
-  DiagnosticEngine diags(c->sources);
-  ir::BuildOptions options;
-  options.recipe_override = recipe;
-  auto program = load_program_from_source("scale_quantize.fuse", std::string(kRecipes) + text,
-                                          c->sources, diags, options);
-  if (!program) {
-    ADD_FAILURE() << diags.format_all();
-    return nullptr;
-  }
-  passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
-  c->program = std::move(*program);
-  const std::string arch = current_device().arch;
-  c->plan = codegen::build_plan(c->program, {arch, &c->sources});
-  const jit::CompileAllResult result =
-      jit::compile_all(opfuse::kernel_requests(c->plan, arch), &kernel_cache());
-  c->modules = std::make_unique<PlanModules>(c->plan, result.kernels);
-  return c;
-}
-
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t bytes) {
-    EXPECT_EQ(cudaMalloc(&data_, std::max<std::size_t>(bytes, 16)), cudaSuccess);
-  }
-  ~DeviceArray() { cudaFree(data_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  void* data() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-};
-
-void upload_bf16(void* device, const std::vector<float>& values) {
-  std::vector<std::uint16_t> bits(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = cpu::float_to_bf16(values[i]);
-  ASSERT_EQ(cudaMemcpy(device, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-}
-
-std::vector<std::uint16_t> download_bf16_bits(const void* device, std::size_t count) {
-  std::vector<std::uint16_t> bits(count);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(bits.data(), device, count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  return bits;
-}
-
-// N(0, stddev) rounded to bf16, so both executors start from the same numbers.
-std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, stddev);
-  std::vector<float> values(count);
-  for (float& v : values)
-    v = cpu::bf16_to_float(cpu::float_to_bf16(static_cast<float>(normal(rng))));
-  return values;
+// An empty `recipe` keeps the sequences' own (delayed).
+std::unique_ptr<test::CompiledProgram> compile(const std::string& text, const std::string& recipe) {
+  return test::compile_program("scale_quantize", std::string(kRecipes) + text, recipe);
 }
 
 // Elements whose bf16 bits differ; prints the first few.
@@ -193,7 +127,7 @@ class ScaleQuantizeGpu : public ::testing::TestWithParam<std::string> {
       SCOPED_TRACE(recipe + ", step " + std::to_string(step));
       cpu::Tensor<float> x_host = cpu::Tensor<float>::zeros(ref.input_shapes().at(0));
       x_host.data = random_bf16(count, input_scales[step - 1], rng);
-      upload_bf16(x.data(), x_host.data);
+      upload_bf16(x, x_host.data);
       const std::vector<cpu::Tensor<float>> want_y = ref.forward({x_host});
       gpu.forward(stream_);
       EXPECT_EQ(
@@ -202,7 +136,7 @@ class ScaleQuantizeGpu : public ::testing::TestWithParam<std::string> {
 
       cpu::Tensor<float> dy_host = cpu::Tensor<float>::zeros(want_y.at(0).shape);
       dy_host.data = random_bf16(count, 0.05 * input_scales[step - 1], rng);
-      upload_bf16(dy.data(), dy_host.data);
+      upload_bf16(dy, dy_host.data);
       const cpu::Gradients<float> want_grads = ref.backward({dy_host});
       gpu.backward(stream_);
       EXPECT_EQ(count_mismatches(download_bf16_bits(gpu.input_grad(x_name), count),

@@ -7,10 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <random>
 #include <regex>
 #include <string>
@@ -20,6 +18,7 @@
 #include "cpu/run_driver.h"
 #include "driver/frontend.h"
 #include "gpu/device.h"
+#include "gpu_test_support.h"
 #include "opfuse/program.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
@@ -45,40 +44,23 @@ std::string program_text(const std::string& recipe, int hidden = 256) {
   return text;
 }
 
-class SessionGpu : public ::testing::Test {
+class SessionGpu : public test::GpuStreamTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-
-  // Device memory of `bytes` random bf16 values ~ N(0, 1), freed at the end of the test.
+  // Device memory of `elements` random bf16 values ~ N(0, 1), freed at the end of the test. Its
+  // own draws (std::mt19937, float normals), not test::random_bf16's.
   void* random_bf16(std::size_t elements, std::uint32_t seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal;
-    std::vector<std::uint16_t> host(elements);
-    for (auto& h : host) {
-      const float v = normal(rng);
-      std::uint32_t bits = 0;
-      std::memcpy(&bits, &v, 4);
-      h = static_cast<std::uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-    }
-    void* device = nullptr;
-    EXPECT_EQ(cudaMalloc(&device, elements * 2), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(device, host.data(), elements * 2, cudaMemcpyHostToDevice), cudaSuccess);
-    owned_.emplace_back(device, &cudaFree);
-    return device;
+    std::vector<float> values(elements);
+    for (float& v : values) v = normal(rng);
+    const test::DeviceArray& array = new_array(elements * 2);
+    test::upload_bf16(array, values);
+    return array.data();
   }
 
   std::vector<unsigned char> read(const void* device, std::size_t bytes) {
-    std::vector<unsigned char> host(bytes);
     EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
+    return test::download_bytes(device, bytes);
   }
 
   // A session on the small MLP with owned parameters from `seed`, inputs x and dy set.
@@ -99,9 +81,6 @@ class SessionGpu : public ::testing::Test {
   }
 
   std::size_t y_bytes(int tokens = 64) const { return static_cast<std::size_t>(tokens) * 256 * 2; }
-
-  cudaStream_t stream_ = nullptr;
-  std::vector<std::unique_ptr<void, cudaError_t (*)(void*)>> owned_;
 };
 
 std::vector<double> numbers_after(const std::string& text, const std::string& key) {

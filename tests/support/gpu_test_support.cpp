@@ -1,0 +1,121 @@
+#include "gpu_test_support.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "api/program_impl.h"
+#include "cpu/numerics.h"
+#include "driver/frontend.h"
+#include "gpu/device.h"
+#include "jit/kernel_cache.h"
+#include "jit/nvrtc_compiler.h"
+#include "passes/pass_manager.h"
+#include "passes/pipeline.h"
+#include "support/diagnostics.h"
+#include "test_support.h"
+
+namespace opfuse::test {
+
+namespace {
+
+// One cache object per directory for the whole process, so that programs compiled by several
+// tests share the kernels they have in common.
+jit::KernelCache& kernel_cache(const std::string& directory) {
+  static std::map<std::string, std::unique_ptr<jit::KernelCache>> caches;
+  std::unique_ptr<jit::KernelCache>& cache = caches[directory];
+  if (cache == nullptr) {
+    cache = std::make_unique<jit::KernelCache>(directory.empty() ? make_temp_dir("gpu_test_kernels")
+                                                                 : directory);
+  }
+  return *cache;
+}
+
+}  // namespace
+
+std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const std::string& text,
+                                                 const std::string& recipe_override,
+                                                 const std::string& kernel_cache_dir) {
+  auto compiled = std::make_unique<CompiledProgram>();
+  DiagnosticEngine diags(compiled->sources);
+  ir::BuildOptions options;
+  options.recipe_override = recipe_override;
+  auto program = load_program_from_source(name + ".fuse", text, compiled->sources, diags, options);
+  if (!program) {
+    ADD_FAILURE() << diags.format_all();
+    return nullptr;
+  }
+  passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
+  compiled->program = std::move(*program);
+  const std::string arch = gpu::current_device().arch;
+  compiled->plan = codegen::build_plan(compiled->program, {arch, &compiled->sources});
+  const jit::CompileAllResult result = jit::compile_all(
+      opfuse::kernel_requests(compiled->plan, arch), &kernel_cache(kernel_cache_dir));
+  compiled->modules = std::make_unique<gpu::PlanModules>(compiled->plan, result.kernels);
+  return compiled;
+}
+
+DeviceArray::DeviceArray(std::size_t bytes) : bytes_(bytes) {
+  EXPECT_EQ(cudaMalloc(&data_, std::max<std::size_t>(bytes, 16)), cudaSuccess);
+}
+
+DeviceArray::~DeviceArray() { cudaFree(data_); }
+
+void GpuStreamTest::SetUp() {
+  std::string why;
+  if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+}
+
+void GpuStreamTest::TearDown() {
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+DeviceArray& GpuStreamTest::new_array(std::size_t bytes) {
+  arrays_.push_back(std::make_unique<DeviceArray>(bytes));
+  return *arrays_.back();
+}
+
+void upload_bf16_bits(const DeviceArray& array, const std::vector<std::uint16_t>& bits) {
+  ASSERT_EQ(bits.size() * 2, array.bytes());
+  ASSERT_EQ(cudaMemcpy(array.data(), bits.data(), array.bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+}
+
+void upload_bf16(const DeviceArray& array, const std::vector<float>& values) {
+  std::vector<std::uint16_t> bits(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = cpu::float_to_bf16(values[i]);
+  upload_bf16_bits(array, bits);
+}
+
+std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes) {
+  std::vector<std::uint8_t> out(bytes);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+std::vector<std::uint16_t> download_bf16_bits(const void* device, std::size_t count) {
+  std::vector<std::uint16_t> bits(count);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(bits.data(), device, count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  return bits;
+}
+
+std::vector<float> download_bf16(const void* device, std::size_t count) {
+  const std::vector<std::uint16_t> bits = download_bf16_bits(device, count);
+  std::vector<float> values(count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = cpu::bf16_to_float(bits[i]);
+  return values;
+}
+
+std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64& rng,
+                               double mean) {
+  std::normal_distribution<double> normal(mean, stddev);
+  std::vector<float> values(count);
+  for (float& v : values)
+    v = cpu::bf16_to_float(cpu::float_to_bf16(static_cast<float>(normal(rng))));
+  return values;
+}
+
+}  // namespace opfuse::test

@@ -1,0 +1,86 @@
+// Helpers shared by the GPU test programs (tests/gpu): a .fuse program compiled and loaded on the
+// current device, test-owned device memory, and bf16 values moved between host and device. Only
+// the GPU tests link this (it needs the CUDA runtime); the CPU tests use test_support.h alone.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codegen/plan.h"
+#include "gpu/plan_executor.h"
+#include "ir/graph.h"
+#include "support/source_manager.h"
+
+namespace opfuse::test {
+
+// A program through the passes and codegen, its kernels compiled for the current GPU and loaded.
+// Held by pointer: the plan refers to `sources`, so it must not move.
+struct CompiledProgram {
+  SourceManager sources;
+  ir::Program program;
+  codegen::Plan plan;
+  std::unique_ptr<gpu::PlanModules> modules;
+};
+
+// Compiles `text` as the file `<name>.fuse`. A non-empty `recipe_override` (a declared recipe or
+// "bf16") replaces every sequence's own `uses`. Kernels go through the disk cache in
+// `kernel_cache_dir`, or, when it is empty, through one temporary cache this process shares.
+// Returns nullptr (and fails the current test with the diagnostics) when the text does not load.
+std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const std::string& text,
+                                                 const std::string& recipe_override = "",
+                                                 const std::string& kernel_cache_dir = "");
+
+// Device memory owned by the test (plain cudaMalloc: the test may synchronize). Never smaller
+// than 16 bytes, so even an empty tensor has an aligned address.
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t bytes);
+  ~DeviceArray();
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// A test with a non-blocking stream of its own, skipped (saying why) where no GPU is present.
+class GpuStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+  // Device memory that lives until the test ends.
+  DeviceArray& new_array(std::size_t bytes);
+
+  cudaStream_t stream_ = nullptr;
+
+ private:
+  std::vector<std::unique_ptr<DeviceArray>> arrays_;
+};
+
+// Copies bf16 bits (or values, rounded to bf16 to nearest even) into the whole of `array`; fails
+// the current test when the sizes differ.
+void upload_bf16_bits(const DeviceArray& array, const std::vector<std::uint16_t>& bits);
+void upload_bf16(const DeviceArray& array, const std::vector<float>& values);
+
+// The first `bytes` bytes (`count` bf16 elements) at `device`, after the whole device finished.
+std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes);
+std::vector<std::uint16_t> download_bf16_bits(const void* device, std::size_t count);
+std::vector<float> download_bf16(const void* device, std::size_t count);
+
+// N(mean, stddev) values already rounded to bf16, so a GPU run and the CPU reference see the same
+// numbers. The draws (std::normal_distribution<double> over `rng`) are part of the tests' inputs:
+// changing them changes every test's numbers.
+std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64& rng,
+                               double mean = 0.0);
+
+}  // namespace opfuse::test
