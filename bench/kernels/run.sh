@@ -10,13 +10,15 @@
 # opfuse_original (in $BUILD/opfuse_original/) and their include guards and macro renamed, so
 # the program holds both versions and checks the current outputs against them byte for byte.
 # BUILD (default build/kbench) is the build directory; NVCC_FLAGS are added to the nvcc line
-# (e.g. -Xptxas -v for the register report); NAME names the binary (default transpose_kernels).
+# (e.g. -Xptxas -v for the register report); NAME names the binary (default transpose_kernels);
+# TEMPLATES (default templates/) is the current version's tree, e.g. a patched copy to compare.
 # bench/kernels/NOTES.md has the measurements and what was tried.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD:-$root/build/kbench}
 name=${NAME:-transpose_kernels}
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+templates=${TEMPLATES:-$root/templates}
 
 original=$build/original-templates
 rm -rf "$original" && mkdir -p "$original" "$build/opfuse_original/common"
@@ -29,7 +31,7 @@ git -C "$root" archive "${ORIGINAL_REV:-16d5acf}" templates | tar -x -C "$origin
 done
 
 # shellcheck disable=SC2086  # NVCC_FLAGS is a list of flags
-"$nvcc" -std=c++20 -O3 -arch=sm_90a -lineinfo -Werror all-warnings -I "$root/templates" \
+"$nvcc" -std=c++20 -O3 -arch=sm_90a -lineinfo -Werror all-warnings -I "$templates" \
   -I "$build" ${NVCC_FLAGS:-} -o "$build/$name" "$root/bench/kernels/transpose_kernels.cu"
 [[ -n ${BUILD_ONLY:-} ]] && exit 0
 exec "$build/$name" "$@"

@@ -5,7 +5,8 @@
 // Each kernel runs twice per case: as the templates are now ("current") and as they were before
 // this work ("original": templates/ of commit 16d5acf from git, renamed to namespace
 // opfuse_original by run.sh so both versions live in one program). Every case first checks that
-// the current kernel's outputs equal the original's byte for byte (outputs poisoned with
+// the current kernel's outputs equal the original's byte for byte (dbias partial sums: their
+// column sums, within fp32 rounding, as the versions' tile heights differ) (outputs poisoned with
 // different bytes first, fresh random inputs with NaN/Inf planted), then the large cases are
 // timed: CUDA events around each launch, warm-up, median of --reps launches, inputs and outputs
 // rotated over sets whose inputs together hold 3x the L2, both versions timed twice in alternation
@@ -21,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -115,6 +117,10 @@ struct OutputSpec {
   std::string name;
   std::size_t bytes;  // 0: the case does not use this output (a null pointer is passed)
   bool zero_first;    // amax: must hold 0 before the launch; everything else is poisoned
+  // dbias partial sums: [rows of each version's grid.y, sum_cols] fp32, compared as column sums
+  // within fp32 rounding (the versions' tiles may sum the rows in another order); 0: byte compare.
+  std::size_t sum_cols = 0;
+  unsigned partial_rows_original = 0, partial_rows_current = 0;
 };
 
 struct Launch {
@@ -325,6 +331,7 @@ Case cast_case(long long rows, int cols, bool timed, unsigned grid_y = 0) {
       reinterpret_cast<const void*>(&opfuse_original::cast_transpose<In, Out, kTranspose, kDbias>);
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   const unsigned partial_rows = tile_launch<false>(current, rows, cols, grid_y).grid.y;
+  const unsigned partial_rows_original = tile_launch<true>(original, rows, cols, grid_y).grid.y;
   Case c;
   c.name = std::string("cast_transpose") + (kTranspose ? "+T" : "") + (kDbias ? "+dbias" : "");
   c.shape = "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
@@ -334,7 +341,9 @@ Case cast_case(long long rows, int cols, bool timed, unsigned grid_y = 0) {
   c.outputs = {{"y", n * sizeof(Out), false},
                {"y_t", kTranspose ? n * sizeof(Out) : 0, false},
                {"amax", 4, true},
-               {"dbias_partial", kDbias ? std::size_t{partial_rows} * cols * 4 : 0, false}};
+               {"dbias_partial",
+                kDbias ? std::size_t{std::max(partial_rows, partial_rows_original)} * cols * 4 : 0,
+                false, static_cast<std::size_t>(cols), partial_rows_original, partial_rows}};
   c.counted_bytes = n * sizeof(In) + n * sizeof(Out) * (kTranspose ? 2 : 1);
   c.launch = [=](bool orig) {
     return orig ? tile_launch<true>(original, rows, cols, grid_y)
@@ -406,6 +415,7 @@ Case act_bwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0) {
   const std::size_t n = static_cast<std::size_t>(rows) * n_cols;
   const std::size_t planes = kGated ? 2 : 1;
   const unsigned partial_rows = tile_launch<false>(current, rows, n_cols, grid_y).grid.y;
+  const unsigned partial_rows_original = tile_launch<true>(original, rows, n_cols, grid_y).grid.y;
   Case c;
   c.name = std::string(kGated ? "swiglu_bwd" : "gelu_bwd") + "->fp8" + (kTranspose ? "+T" : "") +
            (kDbias ? "+dbias" : "");
@@ -419,7 +429,10 @@ Case act_bwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0) {
       {"dx", planes * n * sizeof(Out), false},
       {"dx_t", kTranspose ? planes * n * sizeof(Out) : 0, false},
       {"amax", 4, true},
-      {"dbias_partial", kDbias ? std::size_t{partial_rows} * planes * n_cols * 4 : 0, false}};
+      {"dbias_partial",
+       kDbias ? std::size_t{std::max(partial_rows, partial_rows_original)} * planes * n_cols * 4
+              : 0,
+       false, planes * n_cols, partial_rows_original, partial_rows}};
   c.counted_bytes =
       n * sizeof(In) + planes * n * sizeof(In) + planes * n * sizeof(Out) * (kTranspose ? 2 : 1);
   c.launch = [=](bool orig) {
@@ -572,6 +585,40 @@ void reset_outputs(const Case& c, const Pointers& p, int poison) {
   }
 }
 
+// Column sums (in double) of `rows` fp32 partial rows of width `cols`, and the sums of |partial|.
+void column_sums(const void* device, unsigned rows, std::size_t cols, std::vector<double>& sums,
+                 std::vector<double>& magnitudes) {
+  std::vector<float> host(rows * cols);
+  CHECK_CUDA(cudaMemcpy(host.data(), device, host.size() * 4, cudaMemcpyDeviceToHost));
+  sums.assign(cols, 0.0);
+  magnitudes.assign(cols, 0.0);
+  for (unsigned r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < cols; ++c) {
+      sums[c] += host[r * cols + c];
+      magnitudes[c] += std::fabs(host[r * cols + c]);
+    }
+  }
+}
+
+// Columns whose sums differ by more than fp32 rounding of the partials (NaN matches NaN, an
+// infinity only the same infinity).
+std::size_t column_sum_mismatches(const OutputSpec& out, const void* original,
+                                  const void* current) {
+  std::vector<double> sums_original, sums_current, magnitudes, unused;
+  column_sums(original, out.partial_rows_original, out.sum_cols, sums_original, magnitudes);
+  column_sums(current, out.partial_rows_current, out.sum_cols, sums_current, unused);
+  std::size_t mismatches = 0;
+  for (std::size_t c = 0; c < out.sum_cols; ++c) {
+    const double a = sums_original[c], b = sums_current[c];
+    if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b)) {
+      mismatches += (std::isnan(a) && std::isnan(b)) || a == b ? 0 : 1;
+    } else if (std::fabs(a - b) > 1e-4 * magnitudes[c] + 1e-30) {
+      ++mismatches;
+    }
+  }
+  return mismatches;
+}
+
 // Runs both versions on one input set with differently poisoned outputs; true when every output
 // matches byte for byte.
 bool check_case(const Case& c, std::uint64_t seed) {
@@ -592,6 +639,15 @@ bool check_case(const Case& c, std::uint64_t seed) {
   std::string detail;
   for (std::size_t k = 0; k < c.outputs.size(); ++k) {
     if (c.outputs[k].bytes == 0) continue;
+    if (c.outputs[k].sum_cols > 0) {
+      const std::size_t bad = column_sum_mismatches(c.outputs[k], reference[first_output(c) + k],
+                                                    s.pointers[first_output(c) + k]);
+      if (bad != 0) {
+        ok = false;
+        detail += " " + c.outputs[k].name + ": " + std::to_string(bad) + " column sums differ";
+      }
+      continue;
+    }
     const unsigned long long init[2] = {0, ~0ULL};
     CHECK_CUDA(cudaMemcpy(counters, init, 16, cudaMemcpyHostToDevice));
     count_mismatches<<<4 * g_num_sms, 256>>>(

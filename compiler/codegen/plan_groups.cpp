@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "../../templates/common/launch_rules.h"
 #include "codegen/kernel_templates.h"
@@ -83,11 +84,16 @@ std::string fp8_output_text(DType out, bool transposed) {
   return fmt::format("{}{}", name_of(out), transposed ? " + transposed copy" : "");
 }
 
+// Known rows take the launch rule itself; symbolic rows spell its formula for run time (rows are
+// never 0 there, so the rule's max with 1 is left out).
+SymExpr tile_grid_y(const SymExpr& rows) {
+  if (const std::optional<int64_t> known = rows.value()) return rules::tile_grid_y(*known);
+  return min_of(ceil_div(rows, rules::kTileRows), rules::kTileMaxGridY);
+}
+
 GridRule tile_grid(const SymExpr& rows, int64_t cols) {
-  return GridRule{"tile",
-                  rules::tile_grid_x(int(cols)),
-                  min_of(ceil_div(rows, rules::kTileRows), rules::kTileMaxGridY),
-                  {{"rows", rows}, {"cols", cols}}};
+  return GridRule{
+      "tile", rules::tile_grid_x(int(cols)), tile_grid_y(rows), {{"rows", rows}, {"cols", cols}}};
 }
 
 // A value a GEMM epilogue writes: its buffer, or scratch when no one outside the group reads it.

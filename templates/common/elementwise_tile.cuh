@@ -5,11 +5,12 @@
 // engine tracks amax, stores the row-wise output (cast to bf16/fp16/fp32, or scaled and cast to
 // FP8), stages FP8 bytes in shared memory for the transposed copy, and sums columns for dbias.
 //
-// Geometry (launch_rules.h): a block of 256 threads owns a 64 x 64 tile of a plane. A thread owns
-// one 16-byte input vector per "pass" (kVec columns of one row); the block covers the tile in 2
-// passes (2-byte inputs, 8 threads per tile row) or 4 passes (fp32 inputs, 16 threads per tile
-// row). blockIdx.x picks the column tile; blockIdx.y walks row tiles with a stride of gridDim.y,
-// so a thread's columns never change and its dbias sums stay in registers until the end.
+// Geometry (launch_rules.h): a block of 256 threads owns a 128 x 64 tile of a plane. A thread owns
+// one 16-byte input vector per "pass" (kVec columns of one row); the block covers the tile in 4
+// passes (2-byte inputs, 8 threads per tile row) or 8 passes (fp32 inputs, 16 threads per tile
+// row), loaded in batches of launch::tile_passes_per_batch. blockIdx.x picks the column tile;
+// blockIdx.y walks row tiles with a stride of gridDim.y, so a thread's columns never change and its
+// dbias sums stay in registers until the end.
 //
 // The Op concept:
 //   static constexpr int kVec;     // elements per input vector: 16 / sizeof(input dtype)
@@ -108,7 +109,7 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
   constexpr int kVecsPerTileRow = kTileCols / kVec;
   constexpr int kRowsPerPass = kThreads / kVecsPerTileRow;
   constexpr int kPasses = kTileRows / kRowsPerPass;
-  constexpr int kPassesPerBatch = 2;
+  constexpr int kPassesPerBatch = launch::tile_passes_per_batch(kPasses, Op::kLoads);
   constexpr bool kIsFp8 = DtypeTraits<Output>::kIsFp8;
   static_assert(kVec == 4 || kVec == 8, "16-byte vectors of a 2- or 4-byte input dtype");
   static_assert(kPlanes == 1 || kPlanes == 2, "one or two output planes");
@@ -138,10 +139,10 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
 
   for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTileRows; tile_row0 < args.rows;
        tile_row0 += static_cast<long long>(gridDim.y) * kTileRows) {
-    // Issue the loads of kPassesPerBatch passes before any arithmetic: 2 passes of 16-byte
-    // vectors keep as many bytes in flight per thread for fp32 (4 passes) as for bf16 (2 passes)
-    // without holding all four passes' inputs in registers.
-#pragma unroll
+    // Issue the loads of kPassesPerBatch passes before any arithmetic (launch_rules.h: 64 bytes
+    // or 2 passes per thread). Batches stay a loop: unrolled, ptxas hoists the next batch's loads
+    // over this one's arithmetic and spills (the bf16 SwiGLU backward with its transposed copy).
+#pragma unroll 1
     for (int batch = 0; batch < kPasses; batch += kPassesPerBatch) {
       typename Op::Loaded loaded[kPassesPerBatch];
 #pragma unroll

@@ -310,18 +310,24 @@ TEST(TemplateLaunchRules, NormShapesMatchTheReadme) {
 
 TEST(TemplateLaunchRules, TileAndReductionGrids) {
   EXPECT_EQ(launch::tile_grid_x(28672), 448);
-  EXPECT_EQ(launch::tile_grid_x(200), 4);  // partial last column tile
-  EXPECT_EQ(launch::tile_grid_y(1000), 16);
+  EXPECT_EQ(launch::tile_grid_x(200), 4);   // partial last column tile
+  EXPECT_EQ(launch::tile_grid_y(1000), 8);  // 128-row tiles
   EXPECT_EQ(launch::tile_grid_y(0), 1);
   EXPECT_EQ(launch::tile_grid_y(1LL << 40), launch::kTileMaxGridY);
+  // Passes whose loads are in flight together: 64 bytes per thread, at least 2 passes.
+  EXPECT_EQ(launch::tile_passes_per_batch(/*passes=*/4, /*loads_per_element=*/1), 4);
+  EXPECT_EQ(launch::tile_passes_per_batch(8, 1), 4);  // fp32 input
+  EXPECT_EQ(launch::tile_passes_per_batch(4, 3), 2);  // SwiGLU backward
   EXPECT_EQ(launch::column_reduce_grid_x(4096), 32);
   EXPECT_EQ(launch::min_blocks(256, 64), 4);
   EXPECT_EQ(launch::min_blocks(256, 80), 3);
   EXPECT_EQ(launch::min_blocks(512, 128), 1);
-  // The seed MLP's budgets: 64 (4 blocks/SM) where it fits, 80 or 128 where measured necessary.
-  EXPECT_EQ(launch::tile_register_budget(2, 1, true, false), 64);  // cast_transpose bf16 -> FP8
-  EXPECT_EQ(launch::tile_register_budget(2, 2, true, false), 80);  // SwiGLU forward + transpose
-  EXPECT_EQ(launch::tile_register_budget(2, 3, true, true), 128);  // SwiGLU backward
+  // The seed MLP's budgets: 64 (4 blocks/SM) where it fits, 80 or 128 where measured necessary;
+  // the transposed cast takes 80 for its 4 passes in flight (20 bytes spilled at 64).
+  EXPECT_EQ(launch::tile_register_budget(2, 1, false, false), 64);  // cast bf16 -> FP8
+  EXPECT_EQ(launch::tile_register_budget(2, 1, true, false), 80);   // cast_transpose bf16 -> FP8
+  EXPECT_EQ(launch::tile_register_budget(2, 2, true, false), 80);   // SwiGLU forward + transpose
+  EXPECT_EQ(launch::tile_register_budget(2, 3, true, true), 128);   // SwiGLU backward
   EXPECT_EQ(launch::norm_fwd_register_budget(true, true, false), 64);
 }
 
