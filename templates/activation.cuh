@@ -85,19 +85,21 @@ struct ActivationFwdParams {
   Output* y;           // [rows, cols]; nullptr: only the transposed copy is written
   Output* y_t;         // [cols, rows] FP8 transposed copy (kWriteTranspose)
   const float* scale;  // FP8 output: y = fp8(value * *scale)
-  float* amax;         // max |value| before scaling; nullptr: not tracked
+  float* amax;         // max |value| (before scaling; as stored if not FP8); nullptr: not tracked
+  const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
   int rows;
   int cols;  // multiple of 16 / sizeof(Input)
 };
 
 template <typename Input, typename Output>
 struct ActivationBwdParams {
-  const Input* dy;       // [rows, cols]
-  const Input* x;        // saved forward input: plain [rows, cols]; gated [rows, 2 * cols]
-  Output* dx;            // plain [rows, cols]; gated [rows, 2 * cols]; nullptr: not written
-  Output* dx_t;          // plain [cols, rows]; gated [2 * cols, rows] (kWriteTranspose)
-  const float* scale;    // FP8 output (E5M2 for gradients): dx = fp8(value * *scale)
-  float* amax;           // max |dx| before scaling; nullptr: not tracked
+  const Input* dy;     // [rows, cols]
+  const Input* x;      // saved forward input: plain [rows, cols]; gated [rows, 2 * cols]
+  Output* dx;          // plain [rows, cols]; gated [rows, 2 * cols]; nullptr: not written
+  Output* dx_t;        // plain [cols, rows]; gated [2 * cols, rows] (kWriteTranspose)
+  const float* scale;  // FP8 output (E5M2 for gradients): dx = fp8(value * *scale)
+  float* amax;         // max |dx| (before scaling; as stored if not FP8); nullptr: not tracked
+  const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
   float* dbias_partial;  // plain [gridDim.y, cols]; gated [gridDim.y, 2 * cols] (kDbias)
   int rows;
   int cols;  // multiple of 16 / sizeof(Input)
@@ -233,8 +235,9 @@ __global__ void __launch_bounds__(
                                                     detail::ActivationFwdOp<Act, Input>::kLoads,
                                                     kWriteTranspose, false)))
     activation_fwd(ActivationFwdParams<Input, Output> params) {
-  const TileOutputs<Output> outputs{params.y, params.y_t,  params.scale, params.amax,
-                                    nullptr,  params.rows, params.cols};
+  const TileOutputs<Output> outputs{params.y,    params.y_t,          params.scale,
+                                    params.amax, params.scale_record, nullptr,
+                                    params.rows, params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, false>(
       outputs, detail::ActivationFwdOp<Act, Input>{params.x, params.cols});
 }
@@ -247,8 +250,9 @@ __global__ void __launch_bounds__(
                            sizeof(Input), detail::GatedActivationFwdOp<Act, Input>::kLoads,
                            kWriteTranspose, false)))
     gated_activation_fwd(ActivationFwdParams<Input, Output> params) {
-  const TileOutputs<Output> outputs{params.y, params.y_t,  params.scale, params.amax,
-                                    nullptr,  params.rows, params.cols};
+  const TileOutputs<Output> outputs{params.y,    params.y_t,          params.scale,
+                                    params.amax, params.scale_record, nullptr,
+                                    params.rows, params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, false>(
       outputs, detail::GatedActivationFwdOp<Act, Input>{params.x, params.cols});
 }
@@ -262,9 +266,9 @@ __global__ void __launch_bounds__(
                                                     detail::ActivationBwdOp<Act, Input>::kLoads,
                                                     kWriteTranspose, kDbias)))
     activation_bwd(ActivationBwdParams<Input, Output> params) {
-  const TileOutputs<Output> outputs{params.dx,   params.dx_t,          params.scale,
-                                    params.amax, params.dbias_partial, params.rows,
-                                    params.cols};
+  const TileOutputs<Output> outputs{params.dx,   params.dx_t,         params.scale,
+                                    params.amax, params.scale_record, params.dbias_partial,
+                                    params.rows, params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, kDbias>(
       outputs, detail::ActivationBwdOp<Act, Input>{params.dy, params.x, params.cols});
 }
@@ -278,9 +282,9 @@ __global__ void __launch_bounds__(
                            sizeof(Input), detail::GatedActivationBwdOp<Act, Input>::kLoads,
                            kWriteTranspose, kDbias)))
     gated_activation_bwd(ActivationBwdParams<Input, Output> params) {
-  const TileOutputs<Output> outputs{params.dx,   params.dx_t,          params.scale,
-                                    params.amax, params.dbias_partial, params.rows,
-                                    params.cols};
+  const TileOutputs<Output> outputs{params.dx,   params.dx_t,         params.scale,
+                                    params.amax, params.scale_record, params.dbias_partial,
+                                    params.rows, params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, kDbias>(
       outputs, detail::GatedActivationBwdOp<Act, Input>{params.dy, params.x, params.cols});
 }

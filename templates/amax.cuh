@@ -1,12 +1,15 @@
-// amax of a whole tensor (current scaling: amax first, then the scale, then the cast).
+// amax of a whole tensor (current scaling: the amax and, with a scale_record, the scale derived
+// from it by the last block; then the cast).
 //
 // Entry point: amax_reduce<Input>. The amax buffer must hold 0 (or a smaller running maximum)
-// before the launch: the kernel only raises it, with one atomicMax per block.
+// before the launch: the kernel only raises it, with one atomicMax per block; with a
+// scale_record, the arrival count after it must hold 0 too.
 #ifndef OPFUSE_TEMPLATES_AMAX_CUH_
 #define OPFUSE_TEMPLATES_AMAX_CUH_
 
 #include "common/fp8.cuh"
 #include "common/launch_rules.h"
+#include "common/quantizer_record.cuh"
 #include "common/vec.cuh"
 
 namespace opfuse {
@@ -16,6 +19,8 @@ struct AmaxParams {
   const Input* x;   // count elements, 16-byte aligned
   long long count;  // any value >= 0 (a tail that is not a whole vector is handled)
   float* amax;      // max over |x| (NaN ignored) is atomically merged into *amax
+  const QuantizerRecord* scale_record;  // current scaling: the last block derives the scale from
+                                        // *amax (derive_current_scale); nullptr: not derived
 };
 
 // Block: launch::kAmaxThreads (512). Grid: any gridDim.x >= 1; recommended
@@ -59,6 +64,7 @@ __global__ void __launch_bounds__(launch::kAmaxThreads,
     }
   }
   commit_block_amax<launch::kAmaxThreads>(amax, params.amax, scratch);
+  derive_current_scale(params.scale_record);  // thread 0, after its block's amax atomic
 }
 
 }  // namespace opfuse

@@ -20,7 +20,8 @@ struct BiasAddParams {
   Output* y;              // [rows, cols] = x + bias + residual; nullptr: only y_t is written
   Output* y_t;            // [cols, rows] FP8 transposed copy (kWriteTranspose)
   const float* scale;     // FP8 output: y = fp8(value * *scale)
-  float* amax;            // max |value| before scaling; nullptr: not tracked
+  float* amax;            // max |value| (before scaling; as stored if not FP8); nullptr: none
+  const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
   int rows;
   int cols;  // multiple of 16 / sizeof(Input)
 };
@@ -112,8 +113,9 @@ __global__ void __launch_bounds__(
                            sizeof(Input), detail::BiasAddOp<Input, kHasBias, kHasResidual>::kLoads,
                            kWriteTranspose, false))) bias_add(BiasAddParams<Input, Output> params) {
   static_assert(kHasBias || kHasResidual, "bias_add needs a bias, a residual or both");
-  const TileOutputs<Output> outputs{params.y, params.y_t,  params.scale, params.amax,
-                                    nullptr,  params.rows, params.cols};
+  const TileOutputs<Output> outputs{params.y,    params.y_t,          params.scale,
+                                    params.amax, params.scale_record, nullptr,
+                                    params.rows, params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, false>(
       outputs, detail::BiasAddOp<Input, kHasBias, kHasResidual>{params.x, params.bias,
                                                                 params.residual, params.cols});
@@ -130,8 +132,8 @@ __global__ void __launch_bounds__(
                                                     detail::ColumnSumOp<Input>::kLoads, false,
                                                     true)))
     dbias_partial(DbiasParams<Input> params) {
-  const TileOutputs<float> outputs{nullptr,     nullptr,    nullptr, nullptr, params.dbias_partial,
-                                   params.rows, params.cols};
+  const TileOutputs<float> outputs{
+      nullptr, nullptr, nullptr, nullptr, nullptr, params.dbias_partial, params.rows, params.cols};
   run_elementwise_tiles<float, false, true>(outputs,
                                             detail::ColumnSumOp<Input>{params.dy, params.cols});
 }

@@ -56,9 +56,8 @@ __global__ void __launch_bounds__(
                        launch::tile_register_budget(sizeof(Input), detail::CastOp<Input>::kLoads,
                                                     kWriteTranspose, kDbias)))
     cast_transpose(CastParams<Input, Output> params) {
-  const TileOutputs<Output> outputs{params.y,    params.y_t,           params.scale,
-                                    params.amax, params.dbias_partial, params.rows,
-                                    params.cols};
+  const TileOutputs<Output> outputs{params.y, params.y_t,           params.scale, params.amax,
+                                    nullptr,  params.dbias_partial, params.rows,  params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, kDbias>(
       outputs, detail::CastOp<Input>{params.x, params.cols});
 }

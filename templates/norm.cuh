@@ -17,6 +17,7 @@
 #include "common/column_partials.cuh"
 #include "common/fp8.cuh"
 #include "common/launch_rules.h"
+#include "common/quantizer_record.cuh"
 #include "common/reduce.cuh"
 #include "common/transpose.cuh"
 #include "common/types.cuh"
@@ -73,9 +74,11 @@ struct NormFwdParams {
   Output* y;           // [rows, hidden]; nullptr: only the transposed copy is written
   Output* y_t;         // [hidden, rows] FP8 transposed copy (kWriteTranspose)
   const float* scale;  // FP8 output: y = fp8(value * *scale)
-  float* amax;         // max |y| before scaling (one atomicMax per block); nullptr: not tracked
-  float* mean;         // [rows] saved mean (LayerNorm); nullptr: not saved
-  float* rstd;         // [rows] saved 1 / sqrt(var + epsilon); nullptr: not saved
+  float* amax;         // max |y| (before scaling; as stored if not FP8), one atomicMax per block;
+                       // nullptr: not tracked
+  const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
+  float* mean;                          // [rows] saved mean (LayerNorm); nullptr: not saved
+  float* rstd;                          // [rows] saved 1 / sqrt(var + epsilon); nullptr: not saved
   float epsilon;
   int rows;  // any value >= 0
 };
@@ -291,7 +294,8 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
       __syncthreads();
     }
   }
-  commit_block_amax<kBlockThreads>(amax, params.amax, amax_scratch);
+  commit_block_amax<kBlockThreads>(published_amax<Output>(amax), params.amax, amax_scratch);
+  derive_current_scale(params.scale_record);  // thread 0, after its block's amax atomic
 }
 
 template <bool kIsRms, typename Input, int kHidden, bool kZeroCenteredGamma>

@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(
                                                     detail::ConstantScaleOp<Input>::kLoads,
                                                     kWriteTranspose, false)))
     constant_scale(ConstantScaleParams<Input, Output> params) {
-  const TileOutputs<Output> outputs{params.y, params.y_t,  params.scale, params.amax,
-                                    nullptr,  params.rows, params.cols};
+  const TileOutputs<Output> outputs{params.y, params.y_t, params.scale, params.amax,
+                                    nullptr,  nullptr,    params.rows,  params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, false>(
       outputs, detail::ConstantScaleOp<Input>{params.x, params.factor, params.cols});
 }
@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(
   __shared__ float amax_scratch[launch::kTileThreads / 32];
   float thread_amax = 0.0f;
   // The engine tracks no amax (nullptr): its values are already dequantized.
-  const TileOutputs<Input> outputs{params.y, nullptr,     nullptr,    nullptr,
-                                   nullptr,  params.rows, params.cols};
+  const TileOutputs<Input> outputs{params.y, nullptr, nullptr,     nullptr,
+                                   nullptr,  nullptr, params.rows, params.cols};
   run_elementwise_tiles<Input, false, false>(
       outputs, detail::FakeQuantizeOp<Input, Fp8>{params.x, *params.scale, *params.scale_inv,
                                                   &thread_amax, params.cols});

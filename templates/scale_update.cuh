@@ -8,51 +8,16 @@
 #define OPFUSE_TEMPLATES_SCALE_UPDATE_CUH_
 
 #include "common/launch_rules.h"
+#include "common/quantizer_record.cuh"
 #include "common/reduce.cuh"
 #include "common/types.cuh"
 
 namespace opfuse {
 
-enum ScalingMode : int {
-  kDelayedScalingMax = 0,         // amax = fmaxf over the history from 0 (a NaN slot is skipped)
-  kDelayedScalingMostRecent = 1,  // amax = history[0] (this step's amax)
-  kCurrentScaling = 2,            // scale from amax_history[0] (the amax just measured)
-};
-
-// Device-resident state of one quantizer; the runtime keeps an array of these (one per quantized
-// tensor of the sequence) in device memory. 48 bytes, 8-byte aligned; host code mirrors it field
-// for field.
-struct QuantizerRecord {
-  float* amax_history;   // delayed: [history_length], slot 0 = this step's amax (kernels
-                         // atomicMax into it); current: [1], the measured amax
-  float* scale;          // [1] read by the cast kernels: fp8 = cast(value * scale)
-  float* scale_inv;      // [1] = 1 / scale, given to the GEMM as the operand's dequant factor
-  int history_length;    // delayed: >= 1 (any length); current: ignored
-  int mode;              // ScalingMode
-  float fp8_max;         // largest finite value of the format: 448 (E4M3) or 57344 (E5M2)
-  int margin;            // delayed: scale is divided by 2^margin
-  float epsilon;         // current: amax is clamped to at least epsilon
-  int power_of_2_scale;  // current: nonzero rounds the scale down to a power of 2
-};
-
 struct ScaleUpdateParams {
   const QuantizerRecord* records;  // [count], device memory
   int count;
 };
-
-// Current scaling: 1 for a non-finite amax or max(amax, epsilon) == 0, else
-// fp8_max / max(amax, epsilon), an infinite result clamped to FLT_MAX, optionally rounded down to
-// a power of 2 by masking the mantissa bits.
-__device__ __forceinline__ float current_scaling_scale(float amax, float fp8_max, float epsilon,
-                                                       bool power_of_2) {
-  if (!is_finite_float(amax)) return 1.0f;
-  const float clamped = fmaxf(amax, epsilon);
-  if (clamped == 0.0f) return 1.0f;
-  float scale = __fdiv_rn(fp8_max, clamped);
-  if (is_inf_float(scale)) scale = kFloatMax;
-  if (power_of_2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
-  return scale;
-}
 
 // Delayed scaling: (fp8_max / amax) / 2^margin when amax is finite and > 0, else the old scale;
 // an infinite scale is clamped to FLT_MAX.
@@ -81,12 +46,7 @@ __global__ void __launch_bounds__(kThreads,
   for (int index = blockIdx.x; index < params.count; index += gridDim.x) {
     const QuantizerRecord record = params.records[index];
     if (record.mode == kCurrentScaling) {
-      if (threadIdx.x == 0) {
-        const float scale = current_scaling_scale(record.amax_history[0], record.fp8_max,
-                                                  record.epsilon, record.power_of_2_scale != 0);
-        *record.scale = scale;
-        *record.scale_inv = __fdiv_rn(1.0f, scale);
-      }
+      if (threadIdx.x == 0) store_current_scale(record, record.amax_history[0]);
       continue;  // uniform across the block: the record is the same for every thread
     }
 

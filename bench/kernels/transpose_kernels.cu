@@ -141,9 +141,9 @@ struct Case {
   std::vector<OutputSpec> outputs;
   std::size_t counted_bytes;  // bytes read + written, for GB/s
   // Geometry and kernel of either version, and the params struct bytes for given pointers (the
-  // two versions' params structs have the same layout, as codegen relies on).
+  // current structs may have fields the original's lack, e.g. scale_record).
   std::function<Launch(bool original)> launch;
-  std::function<std::vector<unsigned char>(const Pointers&)> params;
+  std::function<std::vector<unsigned char>(const Pointers&, bool original)> params;
 };
 
 int g_num_sms = 0;
@@ -249,19 +249,22 @@ Case norm_fwd_case(long long rows, bool timed) {
                ? Rules<true>::norm_fwd(original, kHidden, b, kRms, is_fp8<Out>(), kTranspose, rows)
                : Rules<false>::norm_fwd(current, kHidden, b, kRms, is_fp8<Out>(), kTranspose, rows);
   };
-  c.params = [=](const Pointers& p) {
-    opfuse::NormFwdParams<In, Out> params{static_cast<const In*>(p[0]),
-                                          static_cast<const In*>(p[1]),
-                                          static_cast<const In*>(p[2]),
-                                          static_cast<Out*>(p[4]),
-                                          kTranspose ? static_cast<Out*>(p[5]) : nullptr,
-                                          static_cast<const float*>(p[3]),
-                                          static_cast<float*>(p[6]),
-                                          static_cast<float*>(p[7]),
-                                          static_cast<float*>(p[8]),
-                                          1e-5f,
-                                          static_cast<int>(rows)};
-    return bytes_of(params);
+  c.params = [=](const Pointers& p, bool orig) {
+    const auto* x = static_cast<const In*>(p[0]);
+    const auto* gamma = static_cast<const In*>(p[1]);
+    const auto* beta = static_cast<const In*>(p[2]);
+    auto* y = static_cast<Out*>(p[4]);
+    Out* y_t = kTranspose ? static_cast<Out*>(p[5]) : nullptr;
+    const auto* scale = static_cast<const float*>(p[3]);
+    auto *amax = static_cast<float*>(p[6]), *mean = static_cast<float*>(p[7]),
+         *rstd = static_cast<float*>(p[8]);
+    const int n_rows = static_cast<int>(rows);
+    if (orig) {
+      return bytes_of(opfuse_original::NormFwdParams<In, Out>{x, gamma, beta, y, y_t, scale, amax,
+                                                              mean, rstd, 1e-5f, n_rows});
+    }
+    return bytes_of(opfuse::NormFwdParams<In, Out>{x, gamma, beta, y, y_t, scale, amax, nullptr,
+                                                   mean, rstd, 1e-5f, n_rows});
   };
   return c;
 }
@@ -303,7 +306,7 @@ Case layernorm_bwd_case(long long rows) {
     }
     return l;
   };
-  c.params = [=](const Pointers& p) {
+  c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
     opfuse::NormBwdParams<In> params{
         static_cast<const In*>(p[0]),    static_cast<const In*>(p[1]),
         static_cast<const In*>(p[2]),    static_cast<const float*>(p[3]),
@@ -349,7 +352,7 @@ Case cast_case(long long rows, int cols, bool timed, unsigned grid_y = 0) {
     return orig ? tile_launch<true>(original, rows, cols, grid_y)
                 : tile_launch<false>(current, rows, cols, grid_y);
   };
-  c.params = [=](const Pointers& p) {
+  c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
     opfuse::CastParams<In, Out> params{static_cast<const In*>(p[0]),
                                        static_cast<Out*>(p[2]),
                                        kTranspose ? static_cast<Out*>(p[3]) : nullptr,
@@ -385,15 +388,19 @@ Case gated_fwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0)
     return orig ? tile_launch<true>(original, rows, n_cols, grid_y)
                 : tile_launch<false>(current, rows, n_cols, grid_y);
   };
-  c.params = [=](const Pointers& p) {
-    opfuse::ActivationFwdParams<In, Out> params{static_cast<const In*>(p[0]),
-                                                static_cast<Out*>(p[2]),
-                                                kTranspose ? static_cast<Out*>(p[3]) : nullptr,
-                                                static_cast<const float*>(p[1]),
-                                                static_cast<float*>(p[4]),
-                                                static_cast<int>(rows),
-                                                n_cols};
-    return bytes_of(params);
+  c.params = [=](const Pointers& p, bool orig) {
+    const auto* x = static_cast<const In*>(p[0]);
+    auto* y = static_cast<Out*>(p[2]);
+    Out* y_t = kTranspose ? static_cast<Out*>(p[3]) : nullptr;
+    const auto* scale = static_cast<const float*>(p[1]);
+    auto* amax = static_cast<float*>(p[4]);
+    const int n_rows = static_cast<int>(rows);
+    if (orig) {
+      return bytes_of(
+          opfuse_original::ActivationFwdParams<In, Out>{x, y, y_t, scale, amax, n_rows, n_cols});
+    }
+    return bytes_of(
+        opfuse::ActivationFwdParams<In, Out>{x, y, y_t, scale, amax, nullptr, n_rows, n_cols});
   };
   return c;
 }
@@ -439,17 +446,21 @@ Case act_bwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0) {
     return orig ? tile_launch<true>(original, rows, n_cols, grid_y)
                 : tile_launch<false>(current, rows, n_cols, grid_y);
   };
-  c.params = [=](const Pointers& p) {
-    opfuse::ActivationBwdParams<In, Out> params{static_cast<const In*>(p[0]),
-                                                static_cast<const In*>(p[1]),
-                                                static_cast<Out*>(p[3]),
-                                                kTranspose ? static_cast<Out*>(p[4]) : nullptr,
-                                                static_cast<const float*>(p[2]),
-                                                static_cast<float*>(p[5]),
-                                                kDbias ? static_cast<float*>(p[6]) : nullptr,
-                                                static_cast<int>(rows),
-                                                n_cols};
-    return bytes_of(params);
+  c.params = [=](const Pointers& p, bool orig) {
+    const auto* dy = static_cast<const In*>(p[0]);
+    const auto* x = static_cast<const In*>(p[1]);
+    auto* dx = static_cast<Out*>(p[3]);
+    Out* dx_t = kTranspose ? static_cast<Out*>(p[4]) : nullptr;
+    const auto* scale = static_cast<const float*>(p[2]);
+    auto* amax = static_cast<float*>(p[5]);
+    float* partial = kDbias ? static_cast<float*>(p[6]) : nullptr;
+    const int n_rows = static_cast<int>(rows);
+    if (orig) {
+      return bytes_of(opfuse_original::ActivationBwdParams<In, Out>{dy, x, dx, dx_t, scale, amax,
+                                                                    partial, n_rows, n_cols});
+    }
+    return bytes_of(opfuse::ActivationBwdParams<In, Out>{dy, x, dx, dx_t, scale, amax, nullptr,
+                                                         partial, n_rows, n_cols});
   };
   return c;
 }
@@ -569,7 +580,7 @@ void prepare_kernel(const Launch& l) {
 void launch_once(const Case& c, bool original, const Pointers& p, cudaStream_t stream) {
   const Launch l = c.launch(original);
   prepare_kernel(l);
-  std::vector<unsigned char> params = c.params(p);
+  std::vector<unsigned char> params = c.params(p, original);
   void* args[] = {params.data()};
   CHECK_CUDA(cudaLaunchKernel(l.kernel, l.grid, l.block, args, l.smem, stream));
   CHECK_CUDA(cudaGetLastError());

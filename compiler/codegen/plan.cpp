@@ -352,7 +352,7 @@ void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep
 
 void SequenceBuilder::add_memset(const Group& g, const std::string& what, int quantizer) {
   Step& s = add_step(&g, what);
-  s.body = MemsetStep{quantizer, "amax", 4};
+  s.body = MemsetStep{quantizer, "amax", 8};
 }
 
 void SequenceBuilder::plan_quantizers() {

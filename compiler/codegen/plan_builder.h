@@ -63,7 +63,16 @@ class SequenceBuilder {
                   int dynamic_smem_bytes, std::vector<ParamBinding> params,
                   std::optional<WithoutTranspose> without_transpose = std::nullopt);
   void add_gemm(const Group& g, const std::string& what, GemmStep gemm);
+  // Zeroes a current-scaling quantizer's amax and the arrival count after it (8 bytes).
   void add_memset(const Group& g, const std::string& what, int quantizer);
+  // Current scaling (note "Current scaling" in docs/codegen.md): the kernel producing `value`
+  // measures its amax for `quantizer` and derives the scale, so that cast needs neither.
+  void mark_amax_measured(ir::ValueId value, int quantizer) { measured_amax_[value] = quantizer; }
+  // The quantizer whose amax the producer of `value` measured; -1: none.
+  int measured_amax(ir::ValueId value) const {
+    const auto it = measured_amax_.find(value);
+    return it == measured_amax_.end() ? -1 : it->second;
+  }
 
   [[noreturn]] void fail(const ir::Operation& op, const std::string& message,
                          const std::string& hint = {}) const;
@@ -84,7 +93,8 @@ class SequenceBuilder {
   SequencePlan out_;
   std::vector<int> buffer_of_;  // per ValueId; -1: not materialized
   std::set<ir::ValueId> columnwise_;
-  std::map<int, KernelUse> inference_uses_;  // per step with a candidate inference variant
+  std::map<int, KernelUse> inference_uses_;   // per step with a candidate inference variant
+  std::map<ir::ValueId, int> measured_amax_;  // value -> quantizer (mark_amax_measured)
 };
 
 // Turns one group into steps (plan_groups.cpp); throws CodegenError when no kernel fits.

@@ -145,28 +145,59 @@ void emit_column_reduce(SequenceBuilder& b, const Group& g, const std::string& w
        bind_int("cols", cols), bind_int("accumulate", 0)});
 }
 
-// Current scaling (note "Current scaling" in docs/codegen.md): the amax of the whole input, then
-// this quantizer's scale, then the cast (cast_fp8 or quantize: `cast`); the cast itself then
-// tracks no amax.
+void add_current_memset(SequenceBuilder& b, const Group& g, int quantizer) {
+  b.add_memset(g,
+               fmt::format("zero the amax of quantizer {} (current scaling)",
+                           b.seq().quantizers.at(size_t(quantizer)).name),
+               quantizer);
+}
+
+// The scale_record field: the quantizer whose scale the kernel's last block derives, or null.
+ParamBinding bind_scale_record(int quantizer) {
+  return quantizer >= 0 ? bind_records("scale_record", {quantizer}) : bind_null("scale_record");
+}
+
+// Current scaling (note "Current scaling" in docs/codegen.md): before the cast (cast_fp8 or
+// quantize: `cast`) of `x`, the amax of the whole of x and the scale derived from it, unless the
+// kernel that produced x measured them (measure_for_cast); the cast itself then tracks no amax.
 void emit_current_amax(SequenceBuilder& b, const Group& g, const ir::Operation& cast, ValueId x,
                        int quantizer) {
+  if (b.measured_amax(x) == quantizer) return;
   const ir::Value& xv = b.value(x);
   const std::string& name = b.seq().quantizers.at(size_t(quantizer)).name;
-  b.add_memset(g, fmt::format("zero the amax of quantizer {} (current scaling)", name), quantizer);
+  add_current_memset(b, g, quantizer);
   const SymExpr count = element_count_expr(xv.type.shape);
   const int vector = rules::vector_elems(ir::dtype_bytes(xv.type.dtype));
   GridRule grid{"amax",
                 min_of(ceil_div(count, int64_t(vector) * 2048), SymExpr::symbol(kNumSmsSymbol) * 4),
                 1,
                 {{"count", count}}};
-  b.add_launch(g, fmt::format("amax of {} for quantizer {}", name_of(xv.type.dtype), name),
+  b.add_launch(g,
+               fmt::format("amax of {} and the scale of quantizer {} (current scaling)",
+                           name_of(xv.type.dtype), name),
                "amax_reduce", {spell(xv.type.dtype)}, std::move(grid), rules::kAmaxThreads, 0,
                {bind_in("x", b.buffer(x, cast)), bind_int64("count", count),
-                bind_quantizer("amax", quantizer, "amax")});
-  b.add_launch(g, fmt::format("scale of quantizer {} from its amax (current scaling)", name),
-               "update_scales", {"256"}, GridRule{"per_record", 1, 1, {{"records", 1}}},
-               rules::kScaleUpdateThreads, 0,
-               {bind_records("records", {quantizer}), bind_int("count", 1)});
+                bind_quantizer("amax", quantizer, "amax"), bind_scale_record(quantizer)});
+}
+
+// Current scaling: when `produced` (which this group's kernel writes whole, in high precision) is
+// the input of an unfused cast_fp8 or quantize of the same phase, the kernel measures the amax
+// for that cast's quantizer and its last block derives the scale (note "Current scaling"). Emits
+// the memset that must precede the kernel and returns the quantizer; -1 when there is no such cast.
+int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced) {
+  if (!current_scaling(b) || ir::dtype_is_fp8(b.value(produced).type.dtype) ||
+      b.measured_amax(produced) >= 0) {
+    return -1;
+  }
+  for (const ir::Operation& op : b.seq().ops) {
+    if ((op.kind == OpKind::CastFp8 || op.kind == OpKind::Quantize) && op.quantizer >= 0 &&
+        op.phase == g.op->phase && !op.operands.empty() && op.operands.front() == produced) {
+      add_current_memset(b, g, op.quantizer);
+      b.mark_amax_measured(produced, op.quantizer);
+      return op.quantizer;
+    }
+  }
+  return -1;
 }
 
 // A cast folded into a producing kernel: only under delayed scaling (its amax is this step's
@@ -296,24 +327,25 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
     y.rowwise = b.buffer(chain, *g.parts.back());
   }
   const bool transpose = y.columnwise >= 0;
+  const int measured = cast ? -1 : measure_for_cast(b, g, chain);
   std::string what = "y = x";
   if (bias != ir::kNoValue) what += " + bias";
   if (residual != ir::kNoValue) what += " + residual";
   auto text = [&](bool with_copy) {
     return fmt::format("{} ({} -> {})", what, name_of(in), fp8_output_text(out, with_copy));
   };
-  b.add_launch(
-      g, text(transpose), "bias_add",
-      {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
-       spell(transpose)},
-      tile_grid(rows, cols), rules::kTileThreads, 0,
-      {bind_in("x", b.buffer(x, first)),
-       bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
-       bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
-       bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
-       bind_quantizer("scale", quantizer, "scale"), bind_quantizer("amax", quantizer, "amax"),
-       bind_int("rows", rows), bind_int("cols", cols)},
-      WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
+  b.add_launch(g, text(transpose), "bias_add",
+               {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
+                spell(transpose)},
+               tile_grid(rows, cols), rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, first)),
+                bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
+                bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
+                bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
+                bind_quantizer("scale", quantizer, "scale"),
+                bind_quantizer("amax", cast ? quantizer : measured, "amax"),
+                bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
+               WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
 
 void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
@@ -384,6 +416,7 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
                        fp8_output_text(out, with_copy));
   };
   Shape launch = shape(transpose), plain = shape(false);
+  const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
   const std::string family = rms ? "rmsnorm_fwd" : "layernorm_fwd";
   const bool zero_centered = ir::attr_bool(norm.attrs, "zero_centered_gamma");
   b.add_launch(
@@ -393,7 +426,8 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
       {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
        bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y.rowwise),
        bind_out("y_t", y.columnwise), bind_quantizer("scale", quantizer, "scale"),
-       bind_quantizer("amax", quantizer, "amax"), bind_out("mean", mean), bind_out("rstd", rstd),
+       bind_quantizer("amax", cast ? quantizer : measured, "amax"), bind_scale_record(measured),
+       bind_out("mean", mean), bind_out("rstd", rstd),
        bind_float("epsilon", ir::attr_float(norm.attrs, "eps")), bind_int("rows", rows)},
       WithoutTranspose{what(false), std::move(plain.grid), plain.block, plain.smem});
 }
@@ -484,6 +518,7 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   }
   const bool transpose = y.columnwise >= 0;
   const SymExpr rows = rows_of(xv);
+  const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
   auto what = [&](bool with_copy) {
     return fmt::format("{} {} -> {}", name_of(act.kind), name_of(in),
                        fp8_output_text(out, with_copy));
@@ -493,7 +528,8 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
       {std::string(*activation_spelling(act.kind)), spell(in), spell(out), spell(transpose)},
       tile_grid(rows, cols), rules::kTileThreads, 0,
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
-       bind_quantizer("scale", quantizer, "scale"), bind_quantizer("amax", quantizer, "amax"),
+       bind_quantizer("scale", quantizer, "scale"),
+       bind_quantizer("amax", cast ? quantizer : measured, "amax"), bind_scale_record(measured),
        bind_int("rows", rows), bind_int("cols", cols)},
       WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
@@ -535,6 +571,7 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   const int partial = dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32,
                                               {partial_rows, dx_cols})
                             : -1;
+  const int measured = cast ? -1 : measure_for_cast(b, g, dx_value);
   b.add_launch(
       g,
       fmt::format("{} backward {} -> {}{}", forward->name, name_of(in),
@@ -545,8 +582,8 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
       std::move(grid), rules::kTileThreads, 0,
       {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", dx.rowwise),
        bind_out("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, "scale"),
-       bind_quantizer("amax", quantizer, "amax"), bind_out("dbias_partial", partial),
-       bind_int("rows", rows), bind_int("cols", cols)});
+       bind_quantizer("amax", cast ? quantizer : measured, "amax"), bind_scale_record(measured),
+       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)});
   if (dbias) {
     const ValueId db = dbias->results.at(0);
     emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},

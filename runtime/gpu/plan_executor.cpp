@@ -24,7 +24,7 @@
 // observer (benchmarks time the eager steps).
 //
 // Note "Weight cache": a forward group whose steps read nothing but parameters (the FP8 cast of a
-// weight, with its memset, amax and scale steps under current scaling) is skipped when it ran
+// weight, with its memset and amax steps under current scaling) is skipped when it ran
 // since the last end_step() / invalidate_weight_cache() with the same parameter pointers.
 #include "gpu/plan_executor.h"
 
@@ -366,12 +366,17 @@ void SequenceExecutor::Impl::check_plan() const {
     } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
       (void)epilogue_named(gemm->epilogue);
     } else {
+      // 4 bytes: the amax; 8: a current-scaling amax and the arrival count after it (the
+      // quantizer state's layout keeps that word for every current-scaling quantizer).
       const auto& memset = std::get<MemsetStep>(step.body);
-      if (memset.quantizer < 0 || memset.quantizer >= quantizer_count ||
-          memset.quantizer_field != "amax" || memset.bytes != static_cast<int>(sizeof(float))) {
+      const bool in_range = memset.quantizer >= 0 && memset.quantizer < quantizer_count;
+      const bool current =
+          in_range && plan.quantizers[static_cast<std::size_t>(memset.quantizer)].mode == 2;
+      if (!in_range || memset.quantizer_field != "amax" ||
+          (memset.bytes != 4 && !(memset.bytes == 8 && current))) {
         throw UsageError(fmt::format(
-            "{} clears {} bytes of '{}' of quantizer {}: only a "
-            "quantizer's 4-byte amax can be cleared",
+            "{} clears {} bytes of '{}' of quantizer {}: only a quantizer's 4-byte amax, or a "
+            "current-scaling quantizer's amax and arrival count (8 bytes), can be cleared",
             describe_step(step), memset.bytes, memset.quantizer_field, memset.quantizer));
       }
     }

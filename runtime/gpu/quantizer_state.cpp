@@ -69,9 +69,11 @@ QuantizerLayout plan_quantizer_layout(const std::vector<QuantizerSettings>& sett
           quantizer.name, quantizer.history_length));
     }
     const int length = quantizer.current_scaling ? 1 : quantizer.history_length;
+    // Current scaling: the amax, then the arrival count of derive_current_scale.
+    const int words = quantizer.current_scaling ? 2 : length;
     layout.history_offsets.push_back(offset);
     layout.history_lengths.push_back(length);
-    offset = align16(offset + static_cast<std::size_t>(length) * sizeof(float));
+    offset = align16(offset + static_cast<std::size_t>(words) * sizeof(float));
   }
   layout.total_bytes = offset;
   return layout;

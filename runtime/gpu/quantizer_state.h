@@ -37,7 +37,8 @@ struct QuantizerSettings {
 // `is_gradient` picks E5M2 under the HYBRID format.
 QuantizerSettings quantizer_settings(std::string name, const ir::Recipe& recipe, bool is_gradient);
 
-// Host mirror of templates/scale_update.cuh's QuantizerRecord, field for field (48 bytes).
+// Host mirror of templates/common/quantizer_record.cuh's QuantizerRecord, field for field (48
+// bytes).
 struct QuantizerRecord {
   float* amax_history;
   float* scale;
@@ -49,7 +50,7 @@ struct QuantizerRecord {
   float epsilon;
   int power_of_2_scale;
 };
-static_assert(sizeof(QuantizerRecord) == 48, "must match templates/scale_update.cuh");
+static_assert(sizeof(QuantizerRecord) == 48, "must match templates/common/quantizer_record.cuh");
 
 // Byte offsets inside the one allocation: the records, then all scales, all scale_invs, then
 // each history; every section starts 16-byte aligned, and so does every scale and scale_inv:
@@ -61,8 +62,9 @@ struct QuantizerLayout {
   std::size_t records_offset = 0;                      // QuantizerRecord[count]
   std::size_t scales_offset = 0;                       // float slot[count]
   std::size_t scale_invs_offset = 0;                   // float slot[count]
-  std::vector<std::size_t> history_offsets;
-  std::vector<int> history_lengths;  // 1 under current scaling
+  std::vector<std::size_t> history_offsets;  // current scaling: the amax, then a 4-byte arrival
+                                             // count (templates' derive_current_scale)
+  std::vector<int> history_lengths;          // 1 under current scaling
   std::size_t total_bytes = 0;
 };
 
@@ -81,8 +83,9 @@ class QuantizerState {
   const QuantizerSettings& settings(int index) const { return settings_.at(index); }
 
   // Slot 0 of the amax history: the amax the cast kernels of this step max-reduce into (the
-  // update zeroes it for the next step under delayed scaling; under current scaling memset it to
-  // 0 before amax_reduce). Device pointers; valid while this object lives.
+  // update zeroes it for the next step under delayed scaling; under current scaling a memset of 8
+  // bytes zeroes it and the arrival count after it before the kernel that measures it). Device
+  // pointers; valid while this object lives.
   float* amax(int index) const { return amax_history(index); }
   float* amax_history(int index) const;
   float* scale(int index) const;      // read by the cast kernels

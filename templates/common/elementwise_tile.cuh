@@ -25,6 +25,7 @@
 
 #include "fp8.cuh"
 #include "launch_rules.h"
+#include "quantizer_record.cuh"
 #include "transpose.cuh"
 #include "types.cuh"
 #include "vec.cuh"
@@ -37,7 +38,10 @@ struct TileOutputs {
   Output* out;         // [rows, kPlanes * cols] row-wise output; nullptr: not written
   Output* out_t;       // [kPlanes * cols, rows] FP8 transposed copy (kTranspose only)
   const float* scale;  // FP8 output only: values are cast as apply_scale(value, *scale)
-  float* amax;         // max |value| before scaling, one atomicMax per block; nullptr: not tracked
+  float* amax;  // max |value| (before scaling; as stored for a non-FP8 output), one atomicMax per
+                // block; nullptr: not tracked
+  const QuantizerRecord* scale_record;  // current scaling measured here: the last block derives
+                                        // the scale (derive_current_scale); nullptr: none
   float* dbias_partial;  // kDbias only: [gridDim.y, kPlanes * cols] fp32 column sums of the values
   int rows;
   int cols;  // width of one plane; multiple of kVec
@@ -193,7 +197,9 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
       // amax, and no barrier follows the write phase: the block ends without the three barriers
       // of a separate amax reduction and the staging buffer's release.
       const bool last_tile = tile_row0 + static_cast<long long>(gridDim.y) * kTileRows >= args.rows;
-      if (last_tile && args.amax != nullptr) publish_warp_amax(amax, amax_scratch);
+      if (last_tile && args.amax != nullptr) {
+        publish_warp_amax(published_amax<Output>(amax), amax_scratch);
+      }
       __syncthreads();
       detail::write_transposed_tile<kPlanes>(staged, args, tile_row0, tile_col0);
       if (last_tile) {
@@ -204,7 +210,10 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
     }
   }
 
-  if constexpr (!kTranspose) commit_block_amax<kThreads>(amax, args.amax, amax_scratch);
+  if constexpr (!kTranspose) {
+    commit_block_amax<kThreads>(published_amax<Output>(amax), args.amax, amax_scratch);
+  }
+  derive_current_scale(args.scale_record);  // thread 0, after its block's amax atomic
 
   if constexpr (kDbias) {
     // Threads of one column vector: lanes vec_in_row + k * kVecsPerTileRow of every warp. Add them

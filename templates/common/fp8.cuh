@@ -38,6 +38,19 @@ __device__ __forceinline__ float accumulate_amax(float amax, float value) {
   return fmaxf(amax, fabsf(value));
 }
 
+// The amax a kernel publishes for its output: of the values before scaling for an FP8 output
+// (delayed scaling's definition), else of the values as stored. Rounding to nearest is monotone
+// and odd, so the rounded running max equals the max of the rounded values: what amax_reduce
+// measures reading the output back (current scaling's amax of the cast's input).
+template <typename Output>
+__device__ __forceinline__ float published_amax(float amax) {
+  if constexpr (DtypeTraits<Output>::kIsFp8) {
+    return amax;
+  } else {
+    return to_float(from_float<Output>(amax));
+  }
+}
+
 // atomicMax on the int bits of a float: for non-negative floats (every amax) the int order of the
 // bit patterns equals the float order, and an int atomic is a single native instruction.
 __device__ __forceinline__ void atomic_max_nonnegative(float* address, float value) {

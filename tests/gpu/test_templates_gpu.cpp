@@ -18,7 +18,7 @@ namespace {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(call)
 
-// Mirrors templates/scale_update.cuh's QuantizerRecord field for field.
+// Mirrors templates/common/quantizer_record.cuh's QuantizerRecord field for field.
 struct QuantizerRecord {
   float* amax_history;
   float* scale;
@@ -94,7 +94,7 @@ struct CastParams {  // CastParams<__nv_bfloat16, __nv_fp8_e4m3>
 };
 
 TEST_F(TemplatesGpu, CastTransposeBf16ToE4m3MatchesCpuBitForBit) {
-  const int rows = 200, cols = 512;  // 200 is not a multiple of the 64-row tile: tails run
+  const int rows = 200, cols = 512;  // 200 is not a multiple of the 128-row tile: tails run
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<uint16_t> x(size_t(rows) * cols);
@@ -142,6 +142,117 @@ TEST_F(TemplatesGpu, CastTransposeBf16ToE4m3MatchesCpuBitForBit) {
   EXPECT_EQ(amax, expected_amax);
   EXPECT_EQ(y[5], 0x7E);  // +448
   cudaFree(d_x), cudaFree(d_y), cudaFree(d_yt), cudaFree(d_scale), cudaFree(d_amax);
+}
+
+// Current scaling measured in one launch: every block raises the amax, the last block to arrive
+// derives scale and scale_inv (derive_current_scale) and returns the arrival count to 0.
+struct CurrentScaleState {
+  float* words = nullptr;  // [amax, arrival count]
+  float* scale = nullptr;
+  float* scale_inv = nullptr;
+  QuantizerRecord* record = nullptr;
+  CurrentScaleState(float fp8_max, float epsilon, int power_of_2) {
+    words = device_copy(std::vector<float>{0.0f, 0.0f});
+    scale = device_copy(std::vector<float>{1.0f});
+    scale_inv = device_copy(std::vector<float>{1.0f});
+    record = device_copy(std::vector<QuantizerRecord>{
+        {words, scale, scale_inv, 1, 2, fp8_max, 0, epsilon, power_of_2}});
+  }
+  ~CurrentScaleState() { cudaFree(words), cudaFree(scale), cudaFree(scale_inv), cudaFree(record); }
+  // Expects the measured amax, its scale (CPU quantizer math) and a zero arrival count.
+  void expect(float amax, float fp8_max, float epsilon, bool power_of_2, const char* what) const {
+    const auto got = host_copy(words, 2);
+    const cpu::CurrentScale want = cpu::compute_current_scale(amax, fp8_max, epsilon, power_of_2);
+    EXPECT_EQ(got[0], amax) << what;
+    uint32_t arrivals = 0;
+    std::memcpy(&arrivals, &got[1], 4);
+    EXPECT_EQ(arrivals, 0u) << what << ": the last block resets the arrival count";
+    EXPECT_EQ(host_copy(scale, 1)[0], want.scale) << what;
+    EXPECT_EQ(host_copy(scale_inv, 1)[0], want.scale_inv) << what;
+  }
+};
+
+TEST_F(TemplatesGpu, AmaxReduceDerivesTheCurrentScaleInItsLastBlock) {
+  struct AmaxParams {  // AmaxParams<__nv_bfloat16>
+    const void* x;
+    long long count;
+    float* amax;
+    const QuantizerRecord* scale_record;
+  };
+  cudaKernel_t kernel = load("#include \"amax.cuh\"\n", "opfuse::amax_reduce<__nv_bfloat16>");
+  const long long count = 3 * (1 << 20) + 5;  // a tail that is not a whole vector
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(count));
+  const float fp8_max = 448.0f, epsilon = 1e-4f;
+  CurrentScaleState state(fp8_max, epsilon, 1);
+  uint16_t* d_x = nullptr;
+  CUDA_OK(cudaMalloc(&d_x, x.size() * 2));
+  // Three rounds, each with its own maximum (the last in the tail, the first in the middle); the
+  // grids of 1, 7 and 528 blocks each have a different last block.
+  const std::vector<std::pair<size_t, float>> planted = {
+      {x.size() / 2, 91.5f}, {17, -0.001f}, {x.size() - 1, -3000.0f}};
+  const unsigned grids[] = {528, 1, 7};
+  for (int round = 0; round < 3; ++round) {
+    float want = 0.0f;
+    for (auto& v : x) {
+      v = cpu::float_to_bf16(round == 1 ? normal(rng) * 1e-4f : normal(rng));
+    }
+    x[planted[round].first] = cpu::float_to_bf16(planted[round].second);
+    for (const uint16_t v : x) want = std::fmax(want, std::fabs(cpu::bf16_to_float(v)));
+    CUDA_OK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(state.words, 0, 8));
+    AmaxParams params{d_x, count, state.words, state.record};
+    void* args[] = {&params};
+    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(grids[round]),
+                             dim3(launch::kAmaxThreads), args, 0, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    state.expect(want, fp8_max, epsilon, true, ("round " + std::to_string(round)).c_str());
+  }
+  cudaFree(d_x);
+}
+
+TEST_F(TemplatesGpu, ProducerMeasuresTheAmaxOfItsStoredBf16Output) {
+  // SwiGLU forward to bf16 measuring the current-scaling amax of what it stores (the rounded
+  // values, as amax_reduce reading the output back would), over a 2-D grid.
+  struct ActivationFwdParams {  // ActivationFwdParams<__nv_bfloat16, __nv_bfloat16>
+    const void* x;
+    void* y;
+    void* y_t;
+    const float* scale;
+    float* amax;
+    const QuantizerRecord* scale_record;
+    int rows;
+    int cols;
+  };
+  cudaKernel_t kernel =
+      load("#include \"activation.cuh\"\n",
+           "opfuse::gated_activation_fwd<opfuse::Silu, __nv_bfloat16, __nv_bfloat16, false>");
+  ASSERT_EQ(kernel_.spill_store_bytes, 0);
+  const int rows = 300, cols = 512;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<uint16_t> x(size_t(rows) * 2 * cols);
+  for (auto& v : x) v = cpu::float_to_bf16(normal(rng));
+  const float fp8_max = 57344.0f;
+  CurrentScaleState state(fp8_max, 0.0f, 0);
+  uint16_t* d_x = device_copy(x);
+  uint16_t* d_y = nullptr;
+  CUDA_OK(cudaMalloc(&d_y, size_t(rows) * cols * 2));
+  ActivationFwdParams params{d_x, d_y, nullptr, nullptr, state.words, state.record, rows, cols};
+  void* args[] = {&params};
+  const dim3 grid(launch::tile_grid_x(cols), launch::tile_grid_y(rows));
+  ASSERT_GT(grid.x * grid.y, 1u);
+  CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(launch::kTileThreads),
+                           args, 0, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  float want = 0.0f;
+  for (const uint16_t v : host_copy(d_y, size_t(rows) * cols)) {
+    want = std::fmax(want, std::fabs(cpu::bf16_to_float(v)));
+  }
+  ASSERT_GT(want, 0.0f);
+  state.expect(want, fp8_max, 0.0f, false, "swiglu -> bf16");
+  cudaFree(d_x), cudaFree(d_y);
 }
 
 TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {

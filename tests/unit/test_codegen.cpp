@@ -228,23 +228,34 @@ TEST(CodegenPlan, DelayedScalingUpdatesEveryQuantizerInOneLaunchAtTheEndOfTheSte
   EXPECT_EQ(amax_writers, s.quantizers.size());
 }
 
-TEST(CodegenPlan, CurrentScalingMeasuresTheAmaxBeforeEachCast) {
+TEST(CodegenPlan, CurrentScalingMeasuresTheAmaxAndScaleBeforeEachCast) {
   const auto c = compile_example("rmsnorm_swiglu");  // current_scaling(power_of_2_scale = true)
   const SequencePlan& s = c->plan.sequences[0];
   const auto casts = launches_of(c->plan, s, "cast_transpose");
   ASSERT_EQ(casts.size(), s.quantizers.size());
+  // Who measures each quantizer's amax (and derives its scale): the kernel that produces the
+  // cast's input where one does, else amax_reduce (weights, the incoming gradient).
+  const std::map<std::string, std::string> measured_by = {
+      {"gate_up_proj.input", "rmsnorm_fwd"},
+      {"gate_up_proj.weight", "amax_reduce"},
+      {"down_proj.input", "gated_activation_fwd"},
+      {"down_proj.weight", "amax_reduce"},
+      {"down_proj.grad_output", "amax_reduce"},
+      {"gate_up_proj.grad_output", "gated_activation_bwd"}};
   for (const Step* cast : casts) {
     const int q = param(*cast, "scale").quantizer;
-    ASSERT_GE(cast->index, 3);
-    const Step& memset = s.steps[size_t(cast->index - 3)];
-    const Step& amax = s.steps[size_t(cast->index - 2)];
-    const Step& update = s.steps[size_t(cast->index - 1)];
+    const std::string& name = s.quantizers.at(size_t(q)).name;
+    ASSERT_GE(cast->index, 2);
+    const Step& memset = s.steps[size_t(cast->index - 2)];
+    const Step& measure = s.steps[size_t(cast->index - 1)];
     ASSERT_TRUE(std::holds_alternative<codegen::MemsetStep>(memset.body)) << memset.what;
     EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).quantizer, q);
-    EXPECT_EQ(c->plan.find_kernel(std::get<LaunchStep>(amax.body).kernel)->template_name,
-              "amax_reduce");
-    EXPECT_EQ(param(amax, "amax").quantizer, q);
-    EXPECT_EQ(param(update, "records").records, std::vector<int>{q});
+    EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).bytes, 8) << "amax and arrival count";
+    EXPECT_EQ(c->plan.find_kernel(std::get<LaunchStep>(measure.body).kernel)->template_name,
+              measured_by.at(name))
+        << name;
+    EXPECT_EQ(param(measure, "amax").quantizer, q) << name;
+    EXPECT_EQ(param(measure, "scale_record").records, std::vector<int>{q}) << name;
     EXPECT_EQ(param(*cast, "amax").kind, codegen::ParamBinding::Kind::Null)
         << "the amax was measured before the cast";
   }
@@ -252,8 +263,35 @@ TEST(CodegenPlan, CurrentScalingMeasuresTheAmaxBeforeEachCast) {
     EXPECT_EQ(q.mode, 2) << q.name;
     EXPECT_TRUE(q.power_of_2_scale) << q.name;
   }
-  // No end-of-step update: one per cast only.
-  EXPECT_EQ(launches_of(c->plan, s, "update_scales").size(), s.quantizers.size());
+  // The measuring kernels derive the scales: no update_scales launch at all.
+  EXPECT_TRUE(launches_of(c->plan, s, "update_scales").empty());
+}
+
+TEST(CodegenPlan, CurrentScalingProducerMeasuresOnlyForACastOfItsOwnPhase) {
+  // The layernorm's output feeds the cast (measured by the layernorm); the bias_add's output is
+  // the sequence's result, which no cast reads (no amax, no memset).
+  auto c = std::make_unique<Compiled>();
+  c->program =
+      load_and_run_passes("producer.fuse", "", c->sources, R"(recipe cur = current_scaling()
+sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 32]) uses cur {
+  layernorm(64)
+  linear(64, 32, bias = false) as fc
+  bias(32)
+}
+)");
+  c->plan = codegen::build_plan(c->program, {"sm_90a", &c->sources});
+  const SequencePlan& s = c->plan.sequences[0];
+  const auto norms = launches_of(c->plan, s, "layernorm_fwd");
+  ASSERT_EQ(norms.size(), 1u);
+  EXPECT_EQ(s.quantizers.at(size_t(param(*norms[0], "amax").quantizer)).name, "fc.input");
+  for (const Step* bias : launches_of(c->plan, s, "bias_add")) {
+    EXPECT_EQ(param(*bias, "amax").kind, codegen::ParamBinding::Kind::Null) << bias->what;
+    EXPECT_EQ(param(*bias, "scale_record").kind, codegen::ParamBinding::Kind::Null);
+  }
+  size_t memsets = 0;
+  for (const Step& step : s.steps)
+    memsets += std::holds_alternative<codegen::MemsetStep>(step.body);
+  EXPECT_EQ(memsets, s.quantizers.size()) << "one per quantizer, each before its measuring kernel";
 }
 
 // ---- buffers ------------------------------------------------------------------------------------
@@ -746,20 +784,19 @@ TEST(CodegenScaleQuantize, CurrentScalingMeasuresTheAmaxBeforeEachFakeQuantize) 
   ASSERT_EQ(fakes.size(), 4u);
   for (const Step* step : fakes) {
     const int q = param(*step, "scale").quantizer;
-    ASSERT_GE(step->index, 3);
-    const Step& memset = s.steps[size_t(step->index - 3)];
-    const Step& amax = s.steps[size_t(step->index - 2)];
-    const Step& update = s.steps[size_t(step->index - 1)];
+    ASSERT_GE(step->index, 2);
+    const Step& memset = s.steps[size_t(step->index - 2)];
+    const Step& amax = s.steps[size_t(step->index - 1)];
     ASSERT_TRUE(std::holds_alternative<codegen::MemsetStep>(memset.body)) << memset.what;
     EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).quantizer, q);
     EXPECT_EQ(c->plan.find_kernel(std::get<LaunchStep>(amax.body).kernel)->template_name,
               "amax_reduce");
     EXPECT_EQ(param(amax, "amax").quantizer, q);
+    EXPECT_EQ(param(amax, "scale_record").records, std::vector<int>{q}) << "derives the scale";
     EXPECT_EQ(param(amax, "x").buffers, param(*step, "x").buffers);
-    EXPECT_EQ(param(update, "records").records, std::vector<int>{q});
     EXPECT_EQ(param(*step, "amax").kind, codegen::ParamBinding::Kind::Null);
   }
-  EXPECT_EQ(launches_of(c->plan, s, "update_scales").size(), 4u);
+  EXPECT_TRUE(launches_of(c->plan, s, "update_scales").empty());
 }
 
 TEST(CodegenScaleQuantize, Bf16QuantizeIsTheIdentityAndConstantScaleStillRuns) {

@@ -4,29 +4,17 @@
 //
 // Used by:
 //   sequence llama_mlp, forward:
-//     cast_fp8 "gate_up_proj.input" (rmsnorm_swiglu.fuse:15)
-//     amax of bf16 for quantizer gate_up_proj.input
-//     quantizers: gate_up_proj.input (e4m3)
-//   sequence llama_mlp, forward:
 //     cast_fp8 "gate_up_proj.weight" (rmsnorm_swiglu.fuse:15)
-//     amax of bf16 for quantizer gate_up_proj.weight
+//     amax of bf16 and the scale of quantizer gate_up_proj.weight (current scaling)
 //     quantizers: gate_up_proj.weight (e4m3)
 //   sequence llama_mlp, forward:
-//     cast_fp8 "down_proj.input" (rmsnorm_swiglu.fuse:17)
-//     amax of bf16 for quantizer down_proj.input
-//     quantizers: down_proj.input (e4m3)
-//   sequence llama_mlp, forward:
 //     cast_fp8 "down_proj.weight" (rmsnorm_swiglu.fuse:17)
-//     amax of bf16 for quantizer down_proj.weight
+//     amax of bf16 and the scale of quantizer down_proj.weight (current scaling)
 //     quantizers: down_proj.weight (e4m3)
 //   sequence llama_mlp, backward:
 //     cast_fp8 "down_proj.grad_output" (rmsnorm_swiglu.fuse:17)
-//     amax of bf16 for quantizer down_proj.grad_output
+//     amax of bf16 and the scale of quantizer down_proj.grad_output (current scaling)
 //     quantizers: down_proj.grad_output (e5m2)
-//   sequence llama_mlp, backward:
-//     cast_fp8 "gate_up_proj.grad_output" (rmsnorm_swiglu.fuse:15)
-//     amax of bf16 for quantizer gate_up_proj.grad_output
-//     quantizers: gate_up_proj.grad_output (e5m2)
 //
 // Name expression (NVRTC):
 //   opfuse::amax_reduce<__nv_bfloat16>

@@ -1,0 +1,76 @@
+// The device-resident record of one FP8 quantizer, the current-scaling scale formula, and the
+// arrival count that lets the kernel measuring a current-scaling amax derive the scale itself.
+#ifndef OPFUSE_TEMPLATES_COMMON_QUANTIZER_RECORD_CUH_
+#define OPFUSE_TEMPLATES_COMMON_QUANTIZER_RECORD_CUH_
+
+#include "types.cuh"
+
+namespace opfuse {
+
+enum ScalingMode : int {
+  kDelayedScalingMax = 0,         // amax = fmaxf over the history from 0 (a NaN slot is skipped)
+  kDelayedScalingMostRecent = 1,  // amax = history[0] (this step's amax)
+  kCurrentScaling = 2,            // scale from amax_history[0] (the amax just measured)
+};
+
+// Device-resident state of one quantizer; the runtime keeps an array of these (one per quantized
+// tensor of the sequence) in device memory. 48 bytes, 8-byte aligned; host code mirrors it field
+// for field (runtime/gpu/quantizer_state.h).
+struct QuantizerRecord {
+  float* amax_history;   // delayed: [history_length], slot 0 = this step's amax (kernels
+                         // atomicMax into it); current: [2], the measured amax and then the
+                         // arrival count of derive_current_scale (an unsigned int)
+  float* scale;          // [1] read by the cast kernels: fp8 = cast(value * scale)
+  float* scale_inv;      // [1] = 1 / scale, given to the GEMM as the operand's dequant factor
+  int history_length;    // delayed: >= 1 (any length); current: ignored
+  int mode;              // ScalingMode
+  float fp8_max;         // largest finite value of the format: 448 (E4M3) or 57344 (E5M2)
+  int margin;            // delayed: scale is divided by 2^margin
+  float epsilon;         // current: amax is clamped to at least epsilon
+  int power_of_2_scale;  // current: nonzero rounds the scale down to a power of 2
+};
+
+// Current scaling: 1 for a non-finite amax or max(amax, epsilon) == 0, else
+// fp8_max / max(amax, epsilon), an infinite result clamped to FLT_MAX, optionally rounded down to
+// a power of 2 by masking the mantissa bits.
+__device__ __forceinline__ float current_scaling_scale(float amax, float fp8_max, float epsilon,
+                                                       bool power_of_2) {
+  if (!is_finite_float(amax)) return 1.0f;
+  const float clamped = fmaxf(amax, epsilon);
+  if (clamped == 0.0f) return 1.0f;
+  float scale = __fdiv_rn(fp8_max, clamped);
+  if (is_inf_float(scale)) scale = kFloatMax;
+  if (power_of_2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+  return scale;
+}
+
+// Writes a current-scaling quantizer's scale and scale_inv from its measured amax.
+__device__ __forceinline__ void store_current_scale(const QuantizerRecord& record, float amax) {
+  const float scale =
+      current_scaling_scale(amax, record.fp8_max, record.epsilon, record.power_of_2_scale != 0);
+  *record.scale = scale;
+  *record.scale_inv = __fdiv_rn(1.0f, scale);
+}
+
+// Current scaling fused into the kernel that measures the amax (amax_reduce, or the kernel that
+// produces the tensor): thread 0 of every block calls this once, after its block raised
+// *record->amax_history; the block that arrives last derives the scale, so no separate launch
+// does. The arrival count (amax_history[1]) starts at 0 (the runtime zeroes it with the amax
+// before the launch) and the last block returns it to 0. Any grid; record == nullptr: nothing.
+__device__ __forceinline__ void derive_current_scale(const QuantizerRecord* record) {
+  if (record == nullptr || threadIdx.x != 0) return;
+  float* amax = record->amax_history;
+  unsigned int* arrivals = reinterpret_cast<unsigned int*>(amax + 1);
+  const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+  __threadfence();  // this block's atomicMax is visible to whichever block arrives last
+  if (atomicAdd(arrivals, 1u) != blocks - 1) return;
+  __threadfence();
+  // An atomic read: it sees every block's atomicMax (the amax is a non-negative float, never NaN).
+  const float measured = __int_as_float(atomicOr(reinterpret_cast<int*>(amax), 0));
+  *arrivals = 0u;
+  store_current_scale(*record, measured);
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_COMMON_QUANTIZER_RECORD_CUH_
