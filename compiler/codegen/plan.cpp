@@ -350,11 +350,6 @@ void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep
   s.body = std::move(gemm);
 }
 
-void SequenceBuilder::add_memset(const Group& g, const std::string& what, int quantizer) {
-  Step& s = add_step(&g, what);
-  s.body = MemsetStep{quantizer, "amax", 8};
-}
-
 void SequenceBuilder::plan_quantizers() {
   const ir::Recipe& r = seq_.recipe;
   for (size_t i = 0; i < seq_.quantizers.size(); ++i) {

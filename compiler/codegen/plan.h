@@ -1,5 +1,5 @@
 // The execution plan of a compiled program (docs/codegen.md): per sequence, the steps forward and
-// backward run in order (generated-kernel launches, cuBLASLt GEMMs, memsets), the quantizers
+// backward run in order (generated-kernel launches and cuBLASLt GEMMs), the quantizers
 // they touch and every buffer with its size and lifetime; plus the generated kernels, each one
 // template instantiation, shared by every step that launches it. Pure: no device, no files.
 #pragma once
@@ -167,12 +167,6 @@ struct GemmStep {
   int d_quantizer = -1;           // FP8 D: its scale and amax
 };
 
-struct MemsetStep {
-  int quantizer = -1;
-  std::string quantizer_field;  // "amax"
-  int bytes = 0;
-};
-
 // A forward launch as an inference forward (RunMode::Inference) runs it: another instantiation of
 // the same op that leaves out the outputs only backward reads (the FP8 transposed copies), so an
 // inference forward neither computes nor allocates them.
@@ -188,7 +182,7 @@ struct Step {
   std::string pattern;  // the fusion pattern, empty for an unfused op
   std::vector<OpRef> ops;
   std::string what;  // one line for readers
-  std::variant<LaunchStep, GemmStep, MemsetStep> body;
+  std::variant<LaunchStep, GemmStep> body;
   std::vector<int> reads;  // buffer ids
   std::vector<int> writes;
   // Forward launches whose outputs include some only backward reads; absent otherwise.

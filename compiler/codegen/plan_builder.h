@@ -63,8 +63,6 @@ class SequenceBuilder {
                   int dynamic_smem_bytes, std::vector<ParamBinding> params,
                   std::optional<WithoutTranspose> without_transpose = std::nullopt);
   void add_gemm(const Group& g, const std::string& what, GemmStep gemm);
-  // Zeroes a current-scaling quantizer's amax and the arrival count after it (8 bytes).
-  void add_memset(const Group& g, const std::string& what, int quantizer);
   // Current scaling (note "Current scaling" in docs/codegen.md): the kernel producing `value`
   // measures its amax for `quantizer` and derives the scale, so that cast needs neither.
   void mark_amax_measured(ir::ValueId value, int quantizer) { measured_amax_[value] = quantizer; }

@@ -145,16 +145,17 @@ void emit_column_reduce(SequenceBuilder& b, const Group& g, const std::string& w
        bind_int("cols", cols), bind_int("accumulate", 0)});
 }
 
-void add_current_memset(SequenceBuilder& b, const Group& g, int quantizer) {
-  b.add_memset(g,
-               fmt::format("zero the amax of quantizer {} (current scaling)",
-                           b.seq().quantizers.at(size_t(quantizer)).name),
-               quantizer);
-}
-
 // The scale_record field: the quantizer whose scale the kernel's last block derives, or null.
 ParamBinding bind_scale_record(int quantizer) {
   return quantizer >= 0 ? bind_records("scale_record", {quantizer}) : bind_null("scale_record");
+}
+
+// The amax field of a kernel that casts to FP8 itself under delayed scaling (`folded`: history
+// slot 0), or measures a current-scaling amax (`measured`: the running max its scale_record's
+// last block takes); null for neither.
+ParamBinding bind_amax(int folded, int measured) {
+  if (measured >= 0) return bind_quantizer("amax", measured, "running_amax");
+  return bind_quantizer("amax", folded, "amax");
 }
 
 // Current scaling (note "Current scaling" in docs/codegen.md): before the cast (cast_fp8 or
@@ -165,7 +166,6 @@ void emit_current_amax(SequenceBuilder& b, const Group& g, const ir::Operation& 
   if (b.measured_amax(x) == quantizer) return;
   const ir::Value& xv = b.value(x);
   const std::string& name = b.seq().quantizers.at(size_t(quantizer)).name;
-  add_current_memset(b, g, quantizer);
   const SymExpr count = element_count_expr(xv.type.shape);
   const int vector = rules::vector_elems(ir::dtype_bytes(xv.type.dtype));
   GridRule grid{"amax",
@@ -177,13 +177,13 @@ void emit_current_amax(SequenceBuilder& b, const Group& g, const ir::Operation& 
                            name_of(xv.type.dtype), name),
                "amax_reduce", {spell(xv.type.dtype)}, std::move(grid), rules::kAmaxThreads, 0,
                {bind_in("x", b.buffer(x, cast)), bind_int64("count", count),
-                bind_quantizer("amax", quantizer, "amax"), bind_scale_record(quantizer)});
+                bind_amax(-1, quantizer), bind_scale_record(quantizer)});
 }
 
 // Current scaling: when `produced` (which this group's kernel writes whole, in high precision) is
 // the input of an unfused cast_fp8 or quantize of the same phase, the kernel measures the amax
-// for that cast's quantizer and its last block derives the scale (note "Current scaling"). Emits
-// the memset that must precede the kernel and returns the quantizer; -1 when there is no such cast.
+// for that cast's quantizer and its last block derives the scale (note "Current scaling"). Returns
+// the quantizer; -1 when there is no such cast.
 int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced) {
   if (!current_scaling(b) || ir::dtype_is_fp8(b.value(produced).type.dtype) ||
       b.measured_amax(produced) >= 0) {
@@ -192,7 +192,6 @@ int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced) {
   for (const ir::Operation& op : b.seq().ops) {
     if ((op.kind == OpKind::CastFp8 || op.kind == OpKind::Quantize) && op.quantizer >= 0 &&
         op.phase == g.op->phase && !op.operands.empty() && op.operands.front() == produced) {
-      add_current_memset(b, g, op.quantizer);
       b.mark_amax_measured(produced, op.quantizer);
       return op.quantizer;
     }
@@ -342,8 +341,7 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
                 bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
                 bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
                 bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
-                bind_quantizer("scale", quantizer, "scale"),
-                bind_quantizer("amax", cast ? quantizer : measured, "amax"),
+                bind_quantizer("scale", quantizer, "scale"), bind_amax(quantizer, measured),
                 bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
                WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
@@ -426,9 +424,9 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
       {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
        bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y.rowwise),
        bind_out("y_t", y.columnwise), bind_quantizer("scale", quantizer, "scale"),
-       bind_quantizer("amax", cast ? quantizer : measured, "amax"), bind_scale_record(measured),
-       bind_out("mean", mean), bind_out("rstd", rstd),
-       bind_float("epsilon", ir::attr_float(norm.attrs, "eps")), bind_int("rows", rows)},
+       bind_amax(quantizer, measured), bind_scale_record(measured), bind_out("mean", mean),
+       bind_out("rstd", rstd), bind_float("epsilon", ir::attr_float(norm.attrs, "eps")),
+       bind_int("rows", rows)},
       WithoutTranspose{what(false), std::move(plain.grid), plain.block, plain.smem});
 }
 
@@ -528,9 +526,8 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
       {std::string(*activation_spelling(act.kind)), spell(in), spell(out), spell(transpose)},
       tile_grid(rows, cols), rules::kTileThreads, 0,
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
-       bind_quantizer("scale", quantizer, "scale"),
-       bind_quantizer("amax", cast ? quantizer : measured, "amax"), bind_scale_record(measured),
-       bind_int("rows", rows), bind_int("cols", cols)},
+       bind_quantizer("scale", quantizer, "scale"), bind_amax(quantizer, measured),
+       bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
       WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
 
@@ -582,7 +579,7 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
       std::move(grid), rules::kTileThreads, 0,
       {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", dx.rowwise),
        bind_out("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, "scale"),
-       bind_quantizer("amax", cast ? quantizer : measured, "amax"), bind_scale_record(measured),
+       bind_amax(quantizer, measured), bind_scale_record(measured),
        bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)});
   if (dbias) {
     const ValueId db = dbias->results.at(0);

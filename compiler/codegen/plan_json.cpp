@@ -11,7 +11,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 // Bumped when a field changes meaning or disappears (adding a field does not bump it).
-constexpr int kPlanFormatVersion = 1;
+constexpr int kPlanFormatVersion = 2;
 
 Json expr(const SymExpr& e) {
   if (const auto v = e.value()) return *v;
@@ -173,23 +173,15 @@ Json gemm_json(const SequencePlan& s, const GemmStep& g) {
 
 Json step_json(const SequencePlan& s, const Step& step) {
   Json j{{"index", step.index}};
-  j["kind"] = std::holds_alternative<LaunchStep>(step.body) ? "launch"
-              : std::holds_alternative<GemmStep>(step.body) ? "gemm"
-                                                            : "memset";
+  j["kind"] = std::holds_alternative<LaunchStep>(step.body) ? "launch" : "gemm";
   j["group"] = step.group;
   if (!step.pattern.empty()) j["pattern"] = step.pattern;
   j["ops"] = op_refs(step.ops);
   j["what"] = step.what;
   if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
     j["launch"] = launch_json(s, *launch);
-  } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
-    j["gemm"] = gemm_json(s, *gemm);
   } else {
-    const auto& memset = std::get<MemsetStep>(step.body);
-    j["memset"] = {{"quantizer", memset.quantizer},
-                   {"name", quantizer_ref(s, memset.quantizer)},
-                   {"value", memset.quantizer_field},
-                   {"bytes", memset.bytes}};
+    j["gemm"] = gemm_json(s, std::get<GemmStep>(step.body));
   }
   j["reads"] = step.reads;
   j["writes"] = step.writes;

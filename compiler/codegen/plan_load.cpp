@@ -279,11 +279,6 @@ Step read_step(const Json& j, const std::string& path, ir::Phase phase,
     s.body = read_launch(field(j, path, "launch"), sub(path, "launch"));
   } else if (kind == "gemm") {
     s.body = read_gemm(field(j, path, "gemm"), sub(path, "gemm"), quantizers);
-  } else if (kind == "memset") {
-    const Json& m = field(j, path, "memset");
-    s.body = MemsetStep{get<int>(m, sub(path, "memset"), "quantizer"),
-                        get<std::string>(m, sub(path, "memset"), "value"),
-                        get<int>(m, sub(path, "memset"), "bytes")};
   } else {
     fail(sub(path, "kind"), fmt::format("unknown step kind \"{}\"", kind));
   }
@@ -356,9 +351,10 @@ Plan plan_from_json(const nlohmann::ordered_json& json) {
   const std::string root = "plan";
   if (get<std::string>(json, root, "format") != "opfuse-plan")
     fail(sub(root, "format"), "not an opfuse plan");
-  if (const int version = get<int>(json, root, "version"); version != 1)
+  // Version 2: current scaling measured by the producing kernels (no memset steps).
+  if (const int version = get<int>(json, root, "version"); version != 2)
     fail(sub(root, "version"),
-         fmt::format("version {} is not the version 1 this opfuse reads: rebuild with this "
+         fmt::format("version {} is not the version 2 this opfuse reads: rebuild with this "
                      "opfuse's fusec",
                      version));
   Plan plan;

@@ -342,8 +342,6 @@ std::string kind_name(gpu::StepProfile::Kind kind) {
   switch (kind) {
     case gpu::StepProfile::Kind::Gemm:
       return "gemm";
-    case gpu::StepProfile::Kind::Memset:
-      return "memset";
     case gpu::StepProfile::Kind::Kernel:
       break;
   }
@@ -351,7 +349,7 @@ std::string kind_name(gpu::StepProfile::Kind kind) {
 }
 
 // Per-step rows from the profiled times (the steps of the mode: no backward for a forward), and
-// the GEMM / kernel / memset sums.
+// the GEMM and kernel sums.
 void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
                      const std::map<int, std::vector<double>>& times,
                      const std::map<int, std::vector<double>>& host_times, BenchMode mode,
@@ -395,8 +393,6 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
       }
       if (step.kind == "gemm") {
         report.gemm_ms += step.time.median;
-      } else if (step.kind == "memset") {
-        report.memset_ms += step.time.median;
       } else {
         report.kernel_ms += step.time.median;
         report.kernel_bytes += step.bytes_read + step.bytes_written;

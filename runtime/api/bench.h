@@ -50,7 +50,7 @@ struct TimeStats {
 struct BenchStep {
   int index = 0;
   std::string phase;  // "forward", "backward"
-  std::string kind;   // "gemm", "kernel", "memset"
+  std::string kind;   // "gemm" or "kernel"
   std::string what;   // the plan's description
   std::string kernel;
   std::string gemm;       // describe(GemmDesc)
@@ -99,8 +99,8 @@ struct BenchReport {
   std::size_t copy_bytes = 0;  // bytes copied per cudaMemcpyAsync (moved: twice that)
   double copy_gb_per_s = 0;    // read + written, median
   int profile_iterations = 0;
-  std::vector<BenchStep> steps;  // the steps of the mode (fwd: the forward steps)
-  double gemm_ms = 0, kernel_ms = 0, memset_ms = 0;  // sums of the steps' medians
+  std::vector<BenchStep> steps;       // the steps of the mode (fwd: the forward steps)
+  double gemm_ms = 0, kernel_ms = 0;  // sums of the steps' medians
   std::size_t kernel_bytes = 0;
   double kernel_gb_per_s = 0, kernel_copy_share = 0;  // generated kernels together
   std::vector<std::string> notes;

@@ -82,7 +82,7 @@ std::string format_bench_report(const BenchReport& r) {
       "read + written)\n",
       r.copy_gb_per_s, mib(r.copy_bytes));
 
-  const double steps_ms = r.gemm_ms + r.kernel_ms + r.memset_ms;
+  const double steps_ms = r.gemm_ms + r.kernel_ms;
   out += fmt::format(
       "\nper step (median of {} profiled iterations, eager, one event pair per "
       "step):\n",
@@ -93,10 +93,9 @@ std::string format_bench_report(const BenchReport& r) {
   const auto percent = [&](double ms) { return steps_ms > 0 ? 100 * ms / steps_ms : 0.0; };
   out += fmt::format(
       "GEMMs {:.4f} ms ({:.0f}%), generated kernels {:.4f} ms ({:.0f}%; {:.0f} GB/s = {:.0f}% of "
-      "the copy), memsets {:.4f} ms; the steps sum to {:.4f} ms of the {:.4f} ms device-only "
-      "iteration\n",
+      "the copy); the steps sum to {:.4f} ms of the {:.4f} ms device-only iteration\n",
       r.gemm_ms, percent(r.gemm_ms), r.kernel_ms, percent(r.kernel_ms), r.kernel_gb_per_s,
-      100 * r.kernel_copy_share, r.memset_ms, steps_ms, r.device_time.median);
+      100 * r.kernel_copy_share, steps_ms, r.device_time.median);
   for (const std::string& note : r.notes) out += "note: " + note + "\n";
   return out;
 }
@@ -175,7 +174,6 @@ std::string bench_report_json(const BenchReport& r) {
       {"summary",
        {{"gemm_ms", r.gemm_ms},
         {"kernel_ms", r.kernel_ms},
-        {"memset_ms", r.memset_ms},
         {"kernel_bytes", r.kernel_bytes},
         {"kernel_gb_per_s", r.kernel_gb_per_s},
         {"kernel_copy_share", r.kernel_copy_share}}},

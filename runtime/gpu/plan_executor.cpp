@@ -54,7 +54,6 @@ namespace {
 using codegen::BufferRole;
 using codegen::GemmStep;
 using codegen::LaunchStep;
-using codegen::MemsetStep;
 using codegen::ParamBinding;
 using codegen::SequencePlan;
 using codegen::Step;
@@ -333,7 +332,6 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
 
 void SequenceExecutor::Impl::check_plan() const {
   const int buffer_count = static_cast<int>(plan.buffers.size());
-  const int quantizer_count = static_cast<int>(plan.quantizers.size());
   for (std::size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& step = plan.steps[i];
     if (step.index != static_cast<int>(i)) {
@@ -363,22 +361,8 @@ void SequenceExecutor::Impl::check_plan() const {
     }
     if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
       check_launch(step, *launch);
-    } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
-      (void)epilogue_named(gemm->epilogue);
     } else {
-      // 4 bytes: the amax; 8: a current-scaling amax and the arrival count after it (the
-      // quantizer state's layout keeps that word for every current-scaling quantizer).
-      const auto& memset = std::get<MemsetStep>(step.body);
-      const bool in_range = memset.quantizer >= 0 && memset.quantizer < quantizer_count;
-      const bool current =
-          in_range && plan.quantizers[static_cast<std::size_t>(memset.quantizer)].mode == 2;
-      if (!in_range || memset.quantizer_field != "amax" ||
-          (memset.bytes != 4 && !(memset.bytes == 8 && current))) {
-        throw UsageError(fmt::format(
-            "{} clears {} bytes of '{}' of quantizer {}: only a quantizer's 4-byte amax, or a "
-            "current-scaling quantizer's amax and arrival count (8 bytes), can be cleared",
-            describe_step(step), memset.bytes, memset.quantizer_field, memset.quantizer));
-      }
+      (void)epilogue_named(std::get<GemmStep>(step.body).epilogue);
     }
   }
 }
@@ -392,6 +376,17 @@ void SequenceExecutor::Impl::check_launch(const Step& step, const LaunchStep& la
         (param.quantizer < 0 || param.quantizer >= quantizer_count)) {
       throw UsageError(fmt::format("{} binds '{}' to quantizer {} of {}", describe_step(step),
                                    param.field, param.quantizer, quantizer_count));
+    }
+    if (param.kind == ParamBinding::Kind::Quantizer) {
+      const std::string& value = param.quantizer_field;
+      const bool current = plan.quantizers[static_cast<std::size_t>(param.quantizer)].mode == 2;
+      if (value != "scale" && value != "scale_inv" && value != "amax" &&
+          !(value == "running_amax" && current)) {
+        throw UsageError(fmt::format(
+            "{} binds '{}' to the value '{}' of quantizer {}: a quantizer has scale, scale_inv "
+            "and amax, and under current scaling running_amax",
+            describe_step(step), param.field, value, param.quantizer));
+      }
     }
     if (param.kind != ParamBinding::Kind::Records) continue;
     // Why contiguous: the kernel gets one pointer to the first record and a count.
@@ -527,9 +522,10 @@ const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) con
   if (param.quantizer_field == "scale") return quantizers->scale(param.quantizer);
   if (param.quantizer_field == "scale_inv") return quantizers->scale_inv(param.quantizer);
   if (param.quantizer_field == "amax") return quantizers->amax(param.quantizer);
+  if (param.quantizer_field == "running_amax") return quantizers->running_amax(param.quantizer);
   throw UsageError(
       fmt::format("params field '{}' binds the quantizer value '{}': only scale, "
-                  "scale_inv and amax exist",
+                  "scale_inv, amax and running_amax exist",
                   param.field, param.quantizer_field));
 }
 
@@ -859,16 +855,11 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
     bound_step.params.set_buffers([this](int buffer) { return pointer(buffer); });
     gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
                 stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
-  } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
-    const GemmArgs args = gemm_args(
-        *gemm, bound_step.gemm, [this](int buffer) { return pointer(buffer); },
-        quantizers ? &*quantizers : nullptr);
-    gemms.run(bound_step.gemm, args, stream);
   } else {
-    const auto& memset = std::get<MemsetStep>(step.body);
-    OPFUSE_CUDA_CHECK(cudaMemsetAsync(quantizers->amax(memset.quantizer), 0,
-                                      static_cast<std::size_t>(memset.bytes), stream),
-                      describe_step(step));
+    const GemmArgs args = gemm_args(
+        std::get<GemmStep>(step.body), bound_step.gemm,
+        [this](int buffer) { return pointer(buffer); }, quantizers ? &*quantizers : nullptr);
+    gemms.run(bound_step.gemm, args, stream);
   }
 }
 
@@ -1156,14 +1147,12 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     if (const LaunchStep* launch = launch_of(step, mode)) {
       profile.kind = StepProfile::Kind::Kernel;
       profile.kernel = launch->kernel;
-    } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
+    } else {
       const GemmDesc& desc = s.steps[static_cast<std::size_t>(step.index)].gemm;
       profile.kind = StepProfile::Kind::Gemm;
       profile.gemm = desc;
-      profile.gemm_role = std::string(codegen::gemm_role_name(gemm->role));
+      profile.gemm_role = std::string(codegen::gemm_role_name(std::get<GemmStep>(step.body).role));
       profile.flops = 2.0 * double(desc.m) * double(desc.n) * double(desc.k);
-    } else {
-      profile.kind = StepProfile::Kind::Memset;
     }
     profiles.push_back(std::move(profile));
   }

@@ -1,5 +1,5 @@
 // Runs one sequence of a codegen plan (docs/codegen.md) on the GPU: the plan's steps in order on
-// the caller's stream (generated-kernel launches, cuBLASLt GEMMs, memsets), its buffers placed
+// the caller's stream (generated-kernel launches and cuBLASLt GEMMs), its buffers placed
 // at bind() in one device allocation by their lifetimes (buffers never live at the same time
 // share memory), quantizer state on the device, FP8 weight copies cast once per step and reused,
 // and no host synchronization between bind() and the results. The public API
@@ -67,7 +67,7 @@ struct ExecutorMemory {
 // what it moves (the step's reads and writes lists at their bound sizes) and, for a GEMM, its
 // problem, so a report can give TFLOP/s for GEMMs and GB/s for memory-bound kernels.
 struct StepProfile {
-  enum class Kind : std::uint8_t { Kernel, Gemm, Memset };
+  enum class Kind : std::uint8_t { Kernel, Gemm };
   int index = 0;
   ir::Phase phase = ir::Phase::Forward;
   Kind kind = Kind::Kernel;

@@ -69,8 +69,9 @@ QuantizerLayout plan_quantizer_layout(const std::vector<QuantizerSettings>& sett
           quantizer.name, quantizer.history_length));
     }
     const int length = quantizer.current_scaling ? 1 : quantizer.history_length;
-    // Current scaling: the amax, then the arrival count of derive_current_scale.
-    const int words = quantizer.current_scaling ? 2 : length;
+    // Current scaling: the measured amax, the arrival count and the running max of
+    // templates/common/quantizer_record.cuh (kCurrentScalingWords).
+    const int words = quantizer.current_scaling ? QuantizerLayout::kCurrentScalingWords : length;
     layout.history_offsets.push_back(offset);
     layout.history_lengths.push_back(length);
     offset = align16(offset + static_cast<std::size_t>(words) * sizeof(float));
@@ -99,6 +100,14 @@ float* QuantizerState::float_at(std::size_t offset) const {
 
 float* QuantizerState::amax_history(int index) const {
   return float_at(layout_.history_offsets.at(static_cast<std::size_t>(index)));
+}
+
+float* QuantizerState::running_amax(int index) const {
+  if (!settings_.at(static_cast<std::size_t>(index)).current_scaling) {
+    throw UsageError(fmt::format("quantizer '{}' uses delayed scaling: it has no running amax",
+                                 settings_[static_cast<std::size_t>(index)].name));
+  }
+  return amax_history(index) + QuantizerLayout::kRunningAmaxWord;
 }
 
 float* QuantizerState::scale(int index) const {

@@ -59,11 +59,13 @@ static_assert(sizeof(QuantizerRecord) == 48, "must match templates/common/quanti
 // H100, bench/RESULTS.md).
 struct QuantizerLayout {
   static constexpr std::size_t kScalarSlotBytes = 16;  // one float per 16-byte slot
-  std::size_t records_offset = 0;                      // QuantizerRecord[count]
-  std::size_t scales_offset = 0;                       // float slot[count]
-  std::size_t scale_invs_offset = 0;                   // float slot[count]
-  std::vector<std::size_t> history_offsets;  // current scaling: the amax, then a 4-byte arrival
-                                             // count (templates' derive_current_scale)
+  // A current-scaling history: the measured amax, the arrival count, the running max, unused.
+  static constexpr int kCurrentScalingWords = 4;
+  static constexpr int kRunningAmaxWord = 2;
+  std::size_t records_offset = 0;            // QuantizerRecord[count]
+  std::size_t scales_offset = 0;             // float slot[count]
+  std::size_t scale_invs_offset = 0;         // float slot[count]
+  std::vector<std::size_t> history_offsets;  // current scaling: kCurrentScalingWords words
   std::vector<int> history_lengths;          // 1 under current scaling
   std::size_t total_bytes = 0;
 };
@@ -82,11 +84,14 @@ class QuantizerState {
   int count() const { return static_cast<int>(settings_.size()); }
   const QuantizerSettings& settings(int index) const { return settings_.at(index); }
 
-  // Slot 0 of the amax history: the amax the cast kernels of this step max-reduce into (the
-  // update zeroes it for the next step under delayed scaling; under current scaling a memset of 8
-  // bytes zeroes it and the arrival count after it before the kernel that measures it). Device
-  // pointers; valid while this object lives.
+  // Slot 0 of the amax history: under delayed scaling the amax the cast kernels of this step
+  // max-reduce into (the update zeroes it for the next step); under current scaling the measured
+  // amax, written by the last block of the kernel that measures it. Device pointers; valid while
+  // this object lives.
   float* amax(int index) const { return amax_history(index); }
+  // Current scaling only (UsageError otherwise): the running max the measuring kernel's blocks
+  // raise; 0 between measurements (templates/common/quantizer_record.cuh).
+  float* running_amax(int index) const;
   float* amax_history(int index) const;
   float* scale(int index) const;      // read by the cast kernels
   float* scale_inv(int index) const;  // given to the GEMM as the operand's scale_inv

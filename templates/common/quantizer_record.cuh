@@ -1,11 +1,23 @@
 // The device-resident record of one FP8 quantizer, the current-scaling scale formula, and the
 // arrival count that lets the kernel measuring a current-scaling amax derive the scale itself.
+//
+// A current-scaling quantizer's amax_history holds four words:
+//   [0] the measured amax (what the quantizer state reports; the scale's input),
+//   [1] the arrival count of derive_current_scale (an unsigned int),
+//   [2] the running max the measuring kernel's blocks raise (its `amax` pointer),
+//   [3] unused (16 bytes in all).
+// Words 1 and 2 hold 0 between launches: the runtime zeroes them once, and the last block of every
+// measuring launch returns them to 0, so no memset precedes a measurement.
 #ifndef OPFUSE_TEMPLATES_COMMON_QUANTIZER_RECORD_CUH_
 #define OPFUSE_TEMPLATES_COMMON_QUANTIZER_RECORD_CUH_
 
 #include "types.cuh"
 
 namespace opfuse {
+
+inline constexpr int kCurrentScalingWords = 4;
+inline constexpr int kArrivalsWord = 1;
+inline constexpr int kRunningAmaxWord = 2;
 
 enum ScalingMode : int {
   kDelayedScalingMax = 0,         // amax = fmaxf over the history from 0 (a NaN slot is skipped)
@@ -18,8 +30,7 @@ enum ScalingMode : int {
 // for field (runtime/gpu/quantizer_state.h).
 struct QuantizerRecord {
   float* amax_history;   // delayed: [history_length], slot 0 = this step's amax (kernels
-                         // atomicMax into it); current: [2], the measured amax and then the
-                         // arrival count of derive_current_scale (an unsigned int)
+                         // atomicMax into it); current: [4], see the top of this file
   float* scale;          // [1] read by the cast kernels: fp8 = cast(value * scale)
   float* scale_inv;      // [1] = 1 / scale, given to the GEMM as the operand's dequant factor
   int history_length;    // delayed: >= 1 (any length); current: ignored
@@ -53,21 +64,25 @@ __device__ __forceinline__ void store_current_scale(const QuantizerRecord& recor
 }
 
 // Current scaling fused into the kernel that measures the amax (amax_reduce, or the kernel that
-// produces the tensor): thread 0 of every block calls this once, after its block raised
-// *record->amax_history; the block that arrives last derives the scale, so no separate launch
-// does. The arrival count (amax_history[1]) starts at 0 (the runtime zeroes it with the amax
-// before the launch) and the last block returns it to 0. Any grid; record == nullptr: nothing.
+// produces the tensor), whose `amax` pointer is word kRunningAmaxWord of the record's history:
+// thread 0 of every block calls this once, after its block's atomicMax; the block that arrives
+// last takes the running max (resetting it to 0), stores it as the measured amax, returns the
+// arrival count to 0 and derives scale and scale_inv. No launch before or after is needed. Any
+// grid; record == nullptr: nothing.
 __device__ __forceinline__ void derive_current_scale(const QuantizerRecord* record) {
   if (record == nullptr || threadIdx.x != 0) return;
-  float* amax = record->amax_history;
-  unsigned int* arrivals = reinterpret_cast<unsigned int*>(amax + 1);
+  float* words = record->amax_history;
+  unsigned int* arrivals = reinterpret_cast<unsigned int*>(words + kArrivalsWord);
   const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
   __threadfence();  // this block's atomicMax is visible to whichever block arrives last
   if (atomicAdd(arrivals, 1u) != blocks - 1) return;
   __threadfence();
-  // An atomic read: it sees every block's atomicMax (the amax is a non-negative float, never NaN).
-  const float measured = __int_as_float(atomicOr(reinterpret_cast<int*>(amax), 0));
+  // An atomic exchange: it sees every block's atomicMax (a non-negative float, never NaN) and
+  // leaves 0 for the next measurement.
+  const float measured =
+      __int_as_float(atomicExch(reinterpret_cast<int*>(words + kRunningAmaxWord), 0));
   *arrivals = 0u;
+  words[0] = measured;
   store_current_scale(*record, measured);
 }
 

@@ -147,26 +147,29 @@ TEST_F(TemplatesGpu, CastTransposeBf16ToE4m3MatchesCpuBitForBit) {
 // Current scaling measured in one launch: every block raises the amax, the last block to arrive
 // derives scale and scale_inv (derive_current_scale) and returns the arrival count to 0.
 struct CurrentScaleState {
-  float* words = nullptr;  // [amax, arrival count]
+  float* words = nullptr;  // [measured amax, arrival count, running max, unused]
   float* scale = nullptr;
   float* scale_inv = nullptr;
   QuantizerRecord* record = nullptr;
   CurrentScaleState(float fp8_max, float epsilon, int power_of_2) {
-    words = device_copy(std::vector<float>{0.0f, 0.0f});
+    words = device_copy(std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f});
     scale = device_copy(std::vector<float>{1.0f});
     scale_inv = device_copy(std::vector<float>{1.0f});
     record = device_copy(std::vector<QuantizerRecord>{
         {words, scale, scale_inv, 1, 2, fp8_max, 0, epsilon, power_of_2}});
   }
   ~CurrentScaleState() { cudaFree(words), cudaFree(scale), cudaFree(scale_inv), cudaFree(record); }
-  // Expects the measured amax, its scale (CPU quantizer math) and a zero arrival count.
+  float* running_max() const { return words + 2; }  // the kernels' amax pointer
+  // Expects the measured amax, its scale (CPU quantizer math), and a zero arrival count and
+  // running max (ready for the next measurement without a memset).
   void expect(float amax, float fp8_max, float epsilon, bool power_of_2, const char* what) const {
-    const auto got = host_copy(words, 2);
+    const auto got = host_copy(words, 4);
     const cpu::CurrentScale want = cpu::compute_current_scale(amax, fp8_max, epsilon, power_of_2);
     EXPECT_EQ(got[0], amax) << what;
     uint32_t arrivals = 0;
     std::memcpy(&arrivals, &got[1], 4);
     EXPECT_EQ(arrivals, 0u) << what << ": the last block resets the arrival count";
+    EXPECT_EQ(got[2], 0.0f) << what << ": the last block resets the running max";
     EXPECT_EQ(host_copy(scale, 1)[0], want.scale) << what;
     EXPECT_EQ(host_copy(scale_inv, 1)[0], want.scale_inv) << what;
   }
@@ -188,8 +191,9 @@ TEST_F(TemplatesGpu, AmaxReduceDerivesTheCurrentScaleInItsLastBlock) {
   CurrentScaleState state(fp8_max, epsilon, 1);
   uint16_t* d_x = nullptr;
   CUDA_OK(cudaMalloc(&d_x, x.size() * 2));
-  // Three rounds, each with its own maximum (the last in the tail, the first in the middle); the
-  // grids of 1, 7 and 528 blocks each have a different last block.
+  // Three rounds with no reset between them, each with its own maximum (in the middle, near the
+  // front, in the tail; round 1's is far below round 0's, so a running max left over from round 0
+  // would show); grids of 528, 1 and 7 blocks.
   const std::vector<std::pair<size_t, float>> planted = {
       {x.size() / 2, 91.5f}, {17, -0.001f}, {x.size() - 1, -3000.0f}};
   const unsigned grids[] = {528, 1, 7};
@@ -201,8 +205,7 @@ TEST_F(TemplatesGpu, AmaxReduceDerivesTheCurrentScaleInItsLastBlock) {
     x[planted[round].first] = cpu::float_to_bf16(planted[round].second);
     for (const uint16_t v : x) want = std::fmax(want, std::fabs(cpu::bf16_to_float(v)));
     CUDA_OK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemset(state.words, 0, 8));
-    AmaxParams params{d_x, count, state.words, state.record};
+    AmaxParams params{d_x, count, state.running_max(), state.record};
     void* args[] = {&params};
     CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(grids[round]),
                              dim3(launch::kAmaxThreads), args, 0, nullptr));
@@ -239,7 +242,8 @@ TEST_F(TemplatesGpu, ProducerMeasuresTheAmaxOfItsStoredBf16Output) {
   uint16_t* d_x = device_copy(x);
   uint16_t* d_y = nullptr;
   CUDA_OK(cudaMalloc(&d_y, size_t(rows) * cols * 2));
-  ActivationFwdParams params{d_x, d_y, nullptr, nullptr, state.words, state.record, rows, cols};
+  ActivationFwdParams params{d_x,          d_y,  nullptr, nullptr, state.running_max(),
+                             state.record, rows, cols};
   void* args[] = {&params};
   const dim3 grid(launch::tile_grid_x(cols), launch::tile_grid_y(rows));
   ASSERT_GT(grid.x * grid.y, 1u);

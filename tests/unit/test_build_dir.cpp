@@ -91,7 +91,7 @@ TEST(PlanJson, Fp8AccumulationFollowsTheOptions) {
 
 TEST(PlanJson, AMalformedFieldIsNamedByItsPath) {
   nlohmann::ordered_json plan = {{"format", "opfuse-plan"},
-                                 {"version", 1},
+                                 {"version", 2},
                                  {"source", "x.fuse"},
                                  {"arch", "sm_90a"},
                                  {"sequences", nlohmann::ordered_json::array()},

@@ -245,16 +245,14 @@ TEST(CodegenPlan, CurrentScalingMeasuresTheAmaxAndScaleBeforeEachCast) {
   for (const Step* cast : casts) {
     const int q = param(*cast, "scale").quantizer;
     const std::string& name = s.quantizers.at(size_t(q)).name;
-    ASSERT_GE(cast->index, 2);
-    const Step& memset = s.steps[size_t(cast->index - 2)];
+    ASSERT_GE(cast->index, 1);
     const Step& measure = s.steps[size_t(cast->index - 1)];
-    ASSERT_TRUE(std::holds_alternative<codegen::MemsetStep>(memset.body)) << memset.what;
-    EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).quantizer, q);
-    EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).bytes, 8) << "amax and arrival count";
+    ASSERT_TRUE(std::holds_alternative<LaunchStep>(measure.body)) << measure.what;
     EXPECT_EQ(c->plan.find_kernel(std::get<LaunchStep>(measure.body).kernel)->template_name,
               measured_by.at(name))
         << name;
     EXPECT_EQ(param(measure, "amax").quantizer, q) << name;
+    EXPECT_EQ(param(measure, "amax").quantizer_field, "running_amax") << name;
     EXPECT_EQ(param(measure, "scale_record").records, std::vector<int>{q}) << name;
     EXPECT_EQ(param(*cast, "amax").kind, codegen::ParamBinding::Kind::Null)
         << "the amax was measured before the cast";
@@ -269,7 +267,7 @@ TEST(CodegenPlan, CurrentScalingMeasuresTheAmaxAndScaleBeforeEachCast) {
 
 TEST(CodegenPlan, CurrentScalingProducerMeasuresOnlyForACastOfItsOwnPhase) {
   // The layernorm's output feeds the cast (measured by the layernorm); the bias_add's output is
-  // the sequence's result, which no cast reads (no amax, no memset).
+  // the sequence's result, which no cast reads (no amax).
   auto c = std::make_unique<Compiled>();
   c->program =
       load_and_run_passes("producer.fuse", "", c->sources, R"(recipe cur = current_scaling()
@@ -288,10 +286,11 @@ sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 32]) uses cur {
     EXPECT_EQ(param(*bias, "amax").kind, codegen::ParamBinding::Kind::Null) << bias->what;
     EXPECT_EQ(param(*bias, "scale_record").kind, codegen::ParamBinding::Kind::Null);
   }
-  size_t memsets = 0;
-  for (const Step& step : s.steps)
-    memsets += std::holds_alternative<codegen::MemsetStep>(step.body);
-  EXPECT_EQ(memsets, s.quantizers.size()) << "one per quantizer, each before its measuring kernel";
+  // No amax_reduce or update_scales for fc.input: the layernorm measured it.
+  EXPECT_TRUE(launches_of(c->plan, s, "update_scales").empty());
+  for (const Step* reduce : launches_of(c->plan, s, "amax_reduce")) {
+    EXPECT_NE(s.quantizers.at(size_t(param(*reduce, "amax").quantizer)).name, "fc.input");
+  }
 }
 
 // ---- buffers ------------------------------------------------------------------------------------
@@ -784,11 +783,9 @@ TEST(CodegenScaleQuantize, CurrentScalingMeasuresTheAmaxBeforeEachFakeQuantize) 
   ASSERT_EQ(fakes.size(), 4u);
   for (const Step* step : fakes) {
     const int q = param(*step, "scale").quantizer;
-    ASSERT_GE(step->index, 2);
-    const Step& memset = s.steps[size_t(step->index - 2)];
+    ASSERT_GE(step->index, 1);
     const Step& amax = s.steps[size_t(step->index - 1)];
-    ASSERT_TRUE(std::holds_alternative<codegen::MemsetStep>(memset.body)) << memset.what;
-    EXPECT_EQ(std::get<codegen::MemsetStep>(memset.body).quantizer, q);
+    ASSERT_TRUE(std::holds_alternative<LaunchStep>(amax.body)) << amax.what;
     EXPECT_EQ(c->plan.find_kernel(std::get<LaunchStep>(amax.body).kernel)->template_name,
               "amax_reduce");
     EXPECT_EQ(param(amax, "amax").quantizer, q);
