@@ -471,7 +471,7 @@ std::string build_report(const opfuse::codegen::Plan& plan, const CompileOutcome
     size_t gemms = 0;
     for (const auto& step : s.steps)
       gemms += std::holds_alternative<opfuse::codegen::GemmStep>(step.body);
-    r += fmt::format("\nsequence {}: {} steps ({} GEMMs, {} launches or memsets)\n", s.name,
+    r += fmt::format("\nsequence {}: {} steps ({} GEMMs, {} kernel launches)\n", s.name,
                      s.steps.size(), gemms, s.steps.size() - gemms);
     for (const auto& step : s.steps) {
       r += fmt::format("  {:3} {:8} {}{}\n", step.index, opfuse::ir::phase_name(step.phase),

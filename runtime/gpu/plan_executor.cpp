@@ -24,7 +24,7 @@
 // observer (benchmarks time the eager steps).
 //
 // Note "Weight cache": a forward group whose steps read nothing but parameters (the FP8 cast of a
-// weight, with its memset and amax steps under current scaling) is skipped when it ran
+// weight, with its amax step under current scaling) is skipped when it ran
 // since the last end_step() / invalidate_weight_cache() with the same parameter pointers.
 #include "gpu/plan_executor.h"
 
