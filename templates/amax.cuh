@@ -2,8 +2,8 @@
 // from it by the last block; then the cast).
 //
 // Entry point: amax_reduce<Input>. The amax buffer must hold 0 (or a smaller running maximum)
-// before the launch: the kernel only raises it, with one atomicMax per block; with a
-// scale_record, the arrival count after it must hold 0 too.
+// before the launch: the kernel only raises it, with one atomicMax per block. With a
+// scale_record, amax is that record's running max (0 between launches; quantizer_record.cuh).
 #ifndef OPFUSE_TEMPLATES_AMAX_CUH_
 #define OPFUSE_TEMPLATES_AMAX_CUH_
 
