@@ -5,13 +5,14 @@
 #   bench/run_gpu.sh                 # everything; sized to finish within 9 minutes on an H100
 #   SIZES="medium" bench/run_gpu.sh  # a subset (also MODES, RECIPES)
 #
-# Steps: builds fusec (build/bench, Release, -j16) in the background while the copy-bandwidth and
-# GEMM peers run; `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse)
-# in fwd and fwdbwd under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph and with
-# --no-auto-graph (host time per call), large fp8_delayed also with --gemm-autotune; JIT cold
-# and warm build times (bench/build_times.sh); then the MLP peers (eager, torch.compile,
-# torch.compile FP8), largest size first, stopped when the time budget runs out
-# (their JSON keeps what was measured); finally compare.py. $OUT (default /tmp/opfuse-bench)
+# Steps: builds fusec and bench/gemm_shim (build/bench, Release, -j16) in the background while the
+# copy-bandwidth and GEMM peers run; the interleaved FP8 GEMM comparison (gemm_interleaved.py);
+# `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse) in fwd and fwdbwd
+# under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph and with --no-auto-graph
+# (host time per call), large fp8_delayed also with --gemm-autotune; JIT cold and warm build
+# times (bench/build_times.sh); then the MLP peers (eager, torch.compile, torch.compile FP8),
+# largest size first, stopped when the time budget runs out (their JSON keeps what was
+# measured); finally compare.py. $OUT (default /tmp/opfuse-bench)
 # gets three files, since the device tool brings back at most eight: compare.txt, compare.json,
 # and bench_results.tar.gz with every opfuse_*.json/.txt, peers_*.json/.txt, build times and logs
 # (packed on exit, also when a step fails or the time runs out).
@@ -64,7 +65,7 @@ git status --short 2>/dev/null | head -40 >"$work/uncommitted.txt"
 
 stamp "build fusec (background) while the copy and GEMM peers run"
 (cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DOPFUSE_BUILD_TESTS=OFF \
-  >"$work/configure.log" 2>&1 && cmake --build build/bench -j16 --target fusec \
+  >"$work/configure.log" 2>&1 && cmake --build build/bench -j16 --target fusec opfuse_gemm_shim \
   >"$work/build.log" 2>&1) &
 build_pid=$!
 python3 "$peers/copy_bw.py" --json "$work/peers_copy.json" --shapes x_medium,x_large,fc1_out_large \
@@ -79,6 +80,12 @@ if ! wait "$build_pid"; then
 fi
 fusec=build/bench/compiler/fusec
 stamp "fusec built"
+# The FP8 GEMM goal's measurement: opfuse's GEMM runner and torch._scaled_mm in one process,
+# alternating rounds on the same operands (bench/peers/gemm_interleaved.py).
+timeout 120 python3 "$peers/gemm_interleaved.py" --shim build/bench/bench/opfuse_gemm_shim.so \
+  --json "$work/peers_gemm_interleaved.json" >"$work/peers_gemm_interleaved.txt" 2>&1 ||
+  { echo "gemm_interleaved failed: $(tail -2 "$work/peers_gemm_interleaved.txt")"; status=1; }
+stamp "interleaved GEMMs done"
 
 for size in $sizes; do
   for mode in $modes; do

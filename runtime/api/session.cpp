@@ -248,7 +248,12 @@ void Session::set_tensor(std::string_view name, const void* device_ptr) {
   }
 }
 
-void Session::parameters_changed() { impl_->executor->invalidate_weight_cache(); }
+void Session::parameters_changed() {
+  Impl& s = *impl_;
+  s.executor->invalidate_weight_cache();
+  // A recording of an fp8_weights sequence holds no weight casts (capture()): cast them now.
+  if (s.graph_exec != nullptr && s.plan->fp8_weights) s.executor->cast_weights(s.graph_stream);
+}
 
 void Session::forward(cudaStream_t stream, RunMode mode) {
   impl_->require_bound("forward()");
@@ -347,9 +352,14 @@ void Session::capture(cudaStream_t stream, GraphScope scope) {
   }
   // Every buffer allocated now, outside the capture: the recording has no memory nodes and its
   // pointers stay valid across replays. The weights are cast inside the recording (so replays
-  // follow parameter changes).
+  // follow parameter changes), except under `with fp8_weights`: they are cast once, now and at
+  // each parameters_changed(), outside it.
   s.executor->pin_memory(stream);
-  s.executor->invalidate_weight_cache();
+  if (s.plan->fp8_weights) {
+    s.executor->cast_weights(stream);
+  } else {
+    s.executor->invalidate_weight_cache();
+  }
   OPFUSE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture()");
   try {
     if (scope == GraphScope::InferenceForward) {

@@ -26,6 +26,11 @@
 // Note "Weight cache": a forward group whose steps read nothing but parameters (the FP8 cast of a
 // weight, with its amax step under current scaling) is skipped when it ran
 // since the last end_step() / invalidate_weight_cache() with the same parameter pointers.
+// Under `with fp8_weights` (TE's quantized_model_init) end_step() keeps the copies: the FP8
+// weight is the parameter, cast once when the application says it changed (its quantizer
+// records the weight's amax then, not at every forward), as the CPU reference does. The copy
+// keeps the scale_inv it was cast with (cast_scale_inv, copied after each cast): end_step()
+// moves the quantizer's scale on for the next cast, and GEMMs on the copy read the kept one.
 #include "gpu/plan_executor.h"
 
 #include <fmt/format.h>
@@ -168,7 +173,8 @@ struct BufferFacts {
 
 struct WeightCacheGroup {
   std::vector<int> steps;
-  std::vector<int> params;  // the parameter buffers it reads
+  std::vector<int> params;      // the parameter buffers it reads
+  std::vector<int> quantizers;  // the quantizers of the FP8 copies it writes
   bool valid = false;
   std::vector<const void*> cast_from;  // their pointers when it last ran
 };
@@ -241,6 +247,8 @@ struct SequenceExecutor::Impl {
   void drop_graph();
   void run_step(int index, cudaStream_t stream);
   void observed_step(int index, cudaStream_t stream);
+  void keep_cast_scale_inv(const WeightCacheGroup& group, cudaStream_t stream);
+  float* cast_scale_inv_slot(int quantizer) const;
   void mark_live(int root);
   void mark_dead(int root);
   void mark_all_dead(bool keep_weight_cache);
@@ -263,6 +271,10 @@ struct SequenceExecutor::Impl {
   std::vector<std::vector<int>> callers_read;
   std::vector<WeightCacheGroup> cache_groups;
   std::vector<int> cache_group_of_step;  // -1: not part of a weight-cast group
+  // `with fp8_weights`: per quantizer a 16-byte slot holding the scale_inv its weight was cast
+  // with (note "Weight cache"); GEMMs reading the cached copies take it instead of the
+  // quantizer's, which end_step() moves on. Empty otherwise.
+  DeviceBuffer cast_scale_inv;
   std::map<std::string, int, std::less<>> callers_by_name, outputs, input_grads, param_grads;
 
   // After bind().
@@ -322,6 +334,7 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
       settings.push_back(settings_of(quantizer));
     }
     quantizers.emplace(std::move(settings), stream);
+    if (plan.fp8_weights) cast_scale_inv = DeviceBuffer(16 * plan.quantizers.size(), stream);
   }
   caller_pointers.assign(plan.buffers.size(), nullptr);
   live.assign(plan.buffers.size(), 0);
@@ -496,7 +509,14 @@ void SequenceExecutor::Impl::find_weight_cache_groups() {
     for (int index : step_indices) {
       cache_group_of_step[static_cast<std::size_t>(index)] = static_cast<int>(cache_groups.size());
     }
-    for (int root : writes) facts[static_cast<std::size_t>(root)].weight_cache = true;
+    for (int root : writes) {
+      facts[static_cast<std::size_t>(root)].weight_cache = true;
+      const int quantizer = plan.buffers[static_cast<std::size_t>(root)].quantizer;
+      if (quantizer >= 0 && std::find(cache.quantizers.begin(), cache.quantizers.end(),
+                                      quantizer) == cache.quantizers.end()) {
+        cache.quantizers.push_back(quantizer);
+      }
+    }
     cache_groups.push_back(std::move(cache));
   }
   // Last uses, now that the kept buffers are known (note "Executor buffers").
@@ -833,6 +853,9 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
       if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
     }
     if (enqueue) observed_step(index, stream);
+    if (enqueue && group >= 0 &&
+        cache_groups[static_cast<std::size_t>(group)].steps.back() == index)
+      keep_cast_scale_inv(cache_groups[static_cast<std::size_t>(group)], stream);
     for (int root : free_after[m][i]) mark_dead(root);
   }
   for (WeightCacheGroup& group : cache_groups) {
@@ -856,11 +879,37 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
     gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
                 stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
   } else {
-    const GemmArgs args = gemm_args(
-        std::get<GemmStep>(step.body), bound_step.gemm,
-        [this](int buffer) { return pointer(buffer); }, quantizers ? &*quantizers : nullptr);
+    const GemmStep& gemm = std::get<GemmStep>(step.body);
+    GemmArgs args = gemm_args(
+        gemm, bound_step.gemm, [this](int buffer) { return pointer(buffer); },
+        quantizers ? &*quantizers : nullptr);
+    if (cast_scale_inv.data() != nullptr) {  // fp8_weights: the scale the copy was cast with
+      const auto cached = [this](const codegen::GemmOperand& operand) {
+        return operand.quantizer >= 0 &&
+               facts[static_cast<std::size_t>(facts[static_cast<std::size_t>(operand.buffer)].root)]
+                   .weight_cache;
+      };
+      if (args.a_scale_inv != nullptr && cached(gemm.a))
+        args.a_scale_inv = cast_scale_inv_slot(gemm.a.quantizer);
+      if (args.b_scale_inv != nullptr && cached(gemm.b))
+        args.b_scale_inv = cast_scale_inv_slot(gemm.b.quantizer);
+    }
     gemms.run(bound_step.gemm, args, stream);
   }
+}
+
+void SequenceExecutor::Impl::keep_cast_scale_inv(const WeightCacheGroup& group,
+                                                 cudaStream_t stream) {
+  if (cast_scale_inv.data() == nullptr) return;
+  for (const int q : group.quantizers) {
+    OPFUSE_CUDA_CHECK(cudaMemcpyAsync(cast_scale_inv_slot(q), quantizers->scale_inv(q),
+                                      sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                      "keeping an FP8 weight's scale_inv");
+  }
+}
+
+float* SequenceExecutor::Impl::cast_scale_inv_slot(int quantizer) const {
+  return static_cast<float*>(cast_scale_inv.data()) + 4 * static_cast<std::size_t>(quantizer);
 }
 
 void SequenceExecutor::Impl::observed_step(int index, cudaStream_t stream) {
@@ -1039,7 +1088,38 @@ void SequenceExecutor::end_step(cudaStream_t stream) {
     if (step.group < 0) s.observed_step(step.index, stream);
   }
   s.last_stream = stream;
-  invalidate_weight_cache();
+  if (!s.plan.fp8_weights) invalidate_weight_cache();  // note "Weight cache"
+}
+
+void SequenceExecutor::cast_weights(cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.require_set(0, 0, "cast_weights");  // bound
+  std::vector<std::size_t> stale;
+  for (std::size_t g = 0; g < s.cache_groups.size(); ++g) {
+    if (!s.cache_valid(s.cache_groups[g])) stale.push_back(g);
+  }
+  for (const std::size_t g : stale) {
+    for (const int index : s.cache_groups[g].steps) s.require_set(index, index + 1, "cast_weights");
+  }
+  if (stale.empty()) return;
+  s.ensure_memory(s.pinned ? s.memory.size() : s.needed_bytes[mode_index(s.layout)], stream);
+  s.last_stream = stream;
+  const int m = mode_index(s.layout);
+  for (const std::size_t g : stale) {
+    WeightCacheGroup& group = s.cache_groups[g];
+    for (const int index : group.steps) {
+      for (int root : s.touched[m][static_cast<std::size_t>(index)]) {
+        if (!s.facts[static_cast<std::size_t>(root)].callers) s.mark_live(root);
+      }
+      s.observed_step(index, stream);
+    }
+    s.keep_cast_scale_inv(group, stream);
+    group.valid = true;
+    group.cast_from.clear();
+    for (int param : group.params) {
+      group.cast_from.push_back(s.caller_pointers[static_cast<std::size_t>(param)]);
+    }
+  }
 }
 
 void SequenceExecutor::pin_memory(cudaStream_t stream) {

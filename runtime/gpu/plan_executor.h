@@ -130,10 +130,16 @@ class SequenceExecutor {
   // since the last backward and every output gradient set; UsageError otherwise.
   void backward(cudaStream_t stream);
   // Ends a training step: the one update_scales launch over every quantizer, then the FP8
-  // weight copies are marked stale (the next forward casts the weights again).
+  // weight copies are marked stale (the next forward casts the weights again), except under
+  // `with fp8_weights`, where they stay until invalidate_weight_cache() or a new parameter
+  // pointer (note "Weight cache" in plan_executor.cpp).
   void end_step(cudaStream_t stream);
   // The parameters changed behind the executor's back (an optimizer step, a checkpoint load).
   void invalidate_weight_cache();
+  // Casts the stale FP8 weight copies now, on `stream` (the next forward would otherwise), e.g.
+  // before recording a graph that should not contain the casts. UsageError, launching nothing,
+  // before bind() or when a parameter they read was not set.
+  void cast_weights(cudaStream_t stream);
 
   // For CUDA graphs: pin_memory() makes the device allocation for both run modes now (on
   // `stream`, outside any capture) and keeps it until unpin_memory(), so a captured forward or

@@ -65,8 +65,8 @@ sequence gpt_mlp(x: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden]) uses dela
 }
 )";
 
-// mlp_residual.fuse without `with fp8_weights`: the CPU reference keeps FP8-only weights cast once
-// at params_changed(), the plan casts them every step, so the two part ways after a step.
+// mlp_residual.fuse: fc2 keeps its weight in FP8 only (`with fp8_weights`), cast when the
+// parameters change, not every step.
 constexpr const char* kResidual = R"(
 const hidden = 256
 const ffn = 1024
@@ -78,7 +78,7 @@ sequence fc1(x: bf16[tokens, hidden]) -> (h: bf16[tokens, ffn / 2], residual: bf
   swiglu()
 }
 sequence fc2(h: bf16[tokens, ffn / 2], residual: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden])
-    uses delayed {
+    uses delayed with fp8_weights {
   linear(ffn / 2, hidden, bias = false) as down_proj
   add_extra_input(residual)
 }
@@ -167,8 +167,10 @@ class SideBySide {
       p.data = matrix ? random_bf16(p.data.size(), 1.0 / std::sqrt(fan_in), rng_)
                       : random_bf16(p.data.size(), 0.1, rng_, bias ? 0.0 : 1.0);
     }
-    ref_.params_changed();
+    // Uploaded before params_changed(): under fp8_weights the reference then shows the weights'
+    // dequantized FP8 values, and both sides must cast (and take the amax of) the same values.
     upload_params();
+    ref_.params_changed();
   }
 
   SequenceExecutor& gpu() { return gpu_; }
@@ -195,7 +197,7 @@ class SideBySide {
 
   // One training step on both; returns the error norms. Checks the FP8 weight casts bit for bit
   // and the quantizer state after the step.
-  StepErrors train_step(int step, double lr) {
+  StepErrors train_step(int step, double lr, bool update_params = true) {
     StepErrors errors;
     const std::vector<cpu::Tensor<float>> inputs = new_inputs();
     const std::vector<cpu::Tensor<float>> ref_outputs = ref_.forward(inputs);
@@ -234,9 +236,18 @@ class SideBySide {
     gpu_.end_step(stream_);
     ref_.step();
     expect_quantizers_match(step);
-    // Same new weights on both sides (the reference's update, rounded to bf16).
-    ref_.sgd_step(ref_grads, lr);
+    if (!update_params) return errors;
+    // Same new weights on both sides (the reference's update, rounded to bf16), given to both
+    // before the reference casts them (under fp8_weights it keeps only the cast).
+    for (std::size_t j = 0; j < ref_.param_names().size(); ++j) {
+      cpu::Tensor<float>& p = ref_.param(ref_.param_names()[j]);
+      for (std::size_t k = 0; k < p.data.size(); ++k)
+        p.data[k] -= float(lr) * ref_grads.params[j].data[k];
+    }
     upload_params();
+    ref_.params_changed();
+    gpu_.invalidate_weight_cache();
+    weights_changed_ = true;
     return errors;
   }
 
@@ -301,10 +312,14 @@ class SideBySide {
   }
 
   // The FP8 copies of each weight (kept by the weight cache after forward) are fp8(W * scale)
-  // with the scale the GPU holds, and the transposed copy is their transpose, bit for bit.
+  // with the scale the GPU held when it cast them (this step's; under fp8_weights the one at
+  // the forward after the last parameter change), and the transposed copy is their transpose,
+  // bit for bit.
   void expect_weight_casts_bit_exact() {
     if (plan_.quantizers.empty()) return;
-    const std::vector<cpu::DelayedScalingState> states = gpu_.download_quantizers(stream_);
+    if (!seq_.fp8_weights || weights_changed_) cast_states_ = gpu_.download_quantizers(stream_);
+    weights_changed_ = false;
+    const std::vector<cpu::DelayedScalingState>& states = cast_states_;
     for (const codegen::Buffer& buffer : plan_.buffers) {
       if (buffer.quantizer < 0) continue;
       const codegen::QuantizerPlan& q =
@@ -344,6 +359,8 @@ class SideBySide {
   std::map<std::string, std::unique_ptr<DeviceArray>> arrays_;
   std::string worst_param_;
   double worst_quantizer_ = 0;
+  std::vector<cpu::DelayedScalingState> cast_states_;  // the quantizers when the weights were cast
+  bool weights_changed_ = true;
 };
 
 struct ProgramCase {
@@ -389,6 +406,24 @@ TEST_P(ExecutorMatchesReference, OutputsGradientsAndQuantizersOverThreeTrainingS
       EXPECT_LE(e.outputs, bound) << "step " << step;
       EXPECT_LE(e.input_grads, bound) << "step " << step;
       EXPECT_LE(e.param_grads, bound) << "step " << step << ", " << run.worst_param();
+    }
+  }
+}
+
+// `with fp8_weights`: steps without a parameter change keep the FP8 weight cast at the last
+// change, and its quantizer records the weight's amax only then (a forward recasting the weight
+// would record it at every step: the amax histories would then differ from the reference's).
+TEST_F(ExecutorGpu, Fp8WeightsAreCastOnlyWhenTheParametersChange) {
+  for (const std::string recipe : {"delayed", "current"}) {
+    SCOPED_TRACE(recipe);
+    const auto c = compile("mlp_residual", kResidual, recipe);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->plan.sequences.at(1).fp8_weights);
+    SideBySide run(*c, 1, {{"tokens", 96}}, *gemms_, stream_, 99);
+    for (int step = 1; step <= 4; ++step) {
+      const StepErrors e = run.train_step(step, 0.05, /*update_params=*/step == 2);
+      EXPECT_LE(e.outputs, bound_for(recipe)) << "step " << step;
+      EXPECT_LE(e.input_grads, bound_for(recipe)) << "step " << step;
     }
   }
 }

@@ -232,6 +232,43 @@ TEST_F(SessionGpu, GraphReplayOfTrainingStepsEqualsEagerSteps) {
   }
 }
 
+// Under `with fp8_weights` the recording holds no weight casts: the weights are cast at capture
+// and again when parameters_changed() says so, outside the graph, as the eager session does.
+TEST_F(SessionGpu, GraphReplayWithFp8WeightsRecastsOnlyWhenTheParametersChange) {
+  for (const std::string recipe : {"fp8", "fp8c"}) {
+    SCOPED_TRACE(recipe);
+    const std::string text = std::regex_replace(program_text(recipe), std::regex(recipe + " \\{"),
+                                                recipe + " with fp8_weights {");
+    const Program program = Program::compile(text, "small_mlp.fuse");
+    Session eager = make_session(program, 7);
+    Session graphed = make_session(program, 7);
+    graphed.capture(stream_, Session::GraphScope::TrainingStep);
+    for (int step = 0; step < 4; ++step) {
+      if (step == 2) {  // an optimizer step: new fc1 weights on both sides
+        for (Session* session : {&eager, &graphed}) {
+          ASSERT_EQ(
+              cudaMemcpyAsync(session->parameter("fc1.weight"), random_bf16(1024 * 256, 40 + step),
+                              1024 * 256 * 2, cudaMemcpyDeviceToDevice, stream_),
+              cudaSuccess);
+          session->parameters_changed();
+        }
+      }
+      train_step(eager);
+      graphed.replay(stream_);
+      EXPECT_EQ(read(graphed.output("y"), y_bytes()), read(eager.output("y"), y_bytes()))
+          << "step " << step;
+      const auto eager_q = eager.quantizers(stream_);
+      const auto graphed_q = graphed.quantizers(stream_);
+      for (std::size_t i = 0; i < eager_q.size(); ++i) {
+        EXPECT_EQ(graphed_q[i].amax_history, eager_q[i].amax_history)
+            << eager_q[i].name << ", step " << step;
+        EXPECT_EQ(graphed_q[i].scale, eager_q[i].scale) << eager_q[i].name << ", step " << step;
+      }
+    }
+    graphed.release_graph();
+  }
+}
+
 TEST_F(SessionGpu, GraphReplayOfAnInferenceForwardEqualsEager) {
   const Program program = Program::compile(program_text("fp8"), "small_mlp.fuse");
   Session eager = make_session(program, 9);

@@ -80,6 +80,9 @@ void upload_bf16_bits(const DeviceArray& array, const std::vector<std::uint16_t>
   ASSERT_EQ(bits.size() * 2, array.bytes());
   ASSERT_EQ(cudaMemcpy(array.data(), bits.data(), array.bytes(), cudaMemcpyHostToDevice),
             cudaSuccess);
+  // Why: from pageable memory cudaMemcpy may return before the DMA lands, and the tests' streams
+  // do not wait for the legacy stream (cudaStreamNonBlocking).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 void upload_bf16(const DeviceArray& array, const std::vector<float>& values) {

@@ -175,13 +175,14 @@ class Session {
   // weight copies.
   void set_tensor(std::string_view name, const void* device_ptr);
   // The parameters' contents changed (an optimizer step): the FP8 weight copies are recast at the
-  // next forward.
+  // next forward (under `with fp8_weights` while a graph is held: now, on the graph's stream).
   void parameters_changed();
 
   void forward(cudaStream_t stream, RunMode mode = RunMode::Training);
   void backward(cudaStream_t stream);
   // Ends a training step: every quantizer's amax history and scale updated in one launch; the
-  // FP8 weight copies are recast at the next forward.
+  // FP8 weight copies are recast at the next forward. Under `with fp8_weights` they are the
+  // weights: recast only after parameters_changed(), set_tensor() of a parameter or load().
   void step(cudaStream_t stream);
 
   // Results, device memory the session owns: outputs valid until the next forward, gradients
@@ -199,7 +200,8 @@ class Session {
   // CUDA graphs, for fixed sizes and tensor pointers: capture() records one inference forward
   // or one whole training step (forward, backward, step()) on `stream` (not the legacy default
   // stream) without running it; replay() launches the recording: one call, no per-kernel host
-  // work. The recording casts the FP8 weights itself, so parameters may change between replays.
+  // work. The recording casts the FP8 weights itself, so parameters may change between replays
+  // (under `with fp8_weights` the casts stay outside it: call parameters_changed()).
   // Until release_graph(), forward/backward/step/bind/set_tensor/load throw UsageError (they
   // would disagree with the recording); outputs and gradients are read as after eager calls.
   enum class GraphScope : std::uint8_t { InferenceForward, TrainingStep };
