@@ -189,17 +189,19 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
   // invalid row (past the end) computes on zeros and stores nothing.
   auto normalize_row = [&](const RowVectors& raw, long long row, bool valid,
                            unsigned char* staged_row) {
-    float x[kSlots][kVec];
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) vec_to_float(raw[s], x[s]);
+    // The row stays packed in `raw` and is widened to floats in each pass: holding kSlots * kVec
+    // floats across the reductions' barriers costs that many registers more, and with them the
+    // occupancy that hides the loads' latency (launch::norm_fwd_register_budget).
     // Two-pass statistics from registers: mean first, then the centered sum of squares.
     float mean = 0.0f;
     if constexpr (!kIsRms) {
       float sum = 0.0f;
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
+        float x[kVec];
+        vec_to_float(raw[s], x);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) sum += x[s][j];
+        for (int j = 0; j < kVec; ++j) sum += x[j];
       }
       mean = reducer.allreduce(sum, SumOp{}) / static_cast<float>(kHidden);
     }
@@ -207,9 +209,11 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       if (Shape::slot_in_row(Shape::vector_index(thread_in_row, s))) {
+        float x[kVec];
+        vec_to_float(raw[s], x);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float centered = x[s][j] - mean;
+          const float centered = x[j] - mean;
           squares += centered * centered;
         }
       }
@@ -223,13 +227,14 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
       if (!Shape::slot_in_row(vector)) continue;
       // gamma/beta are re-read per row (L1 hits after the first row): holding them in registers
       // across rows would cost 2 * kSlots * kVec registers and halve the occupancy.
-      float g[kVec], b[kVec], y[kVec];
+      float x[kVec], g[kVec], b[kVec], y[kVec];
+      vec_to_float(raw[s], x);
       vec_to_float(load_vec<Input, kVec>(params.gamma + vector * kVec), g);
       if constexpr (!kIsRms) vec_to_float(load_vec<Input, kVec>(params.beta + vector * kVec), b);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float weight = kZeroCenteredGamma ? g[j] + 1.0f : g[j];
-        const float normalized = (x[s][j] - mean) * rstd;
+        const float normalized = (x[j] - mean) * rstd;
         y[j] = kIsRms ? normalized * weight : normalized * weight + b[j];
         if (valid) amax = accumulate_amax(amax, y[j]);
       }
@@ -423,8 +428,7 @@ template <typename Input, typename Output, int kHidden, bool kZeroCenteredGamma 
 __global__ void __launch_bounds__(
     NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
     launch::min_blocks(NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
-                       launch::norm_fwd_register_budget(false, DtypeTraits<Output>::kIsFp8,
-                                                        kWriteTranspose)))
+                       launch::norm_fwd_register_budget(false, kWriteTranspose)))
     layernorm_fwd(NormFwdParams<Input, Output> params) {
   detail::norm_fwd<false, Input, Output, kHidden, kZeroCenteredGamma, kWriteTranspose>(params);
 }
@@ -434,8 +438,7 @@ template <typename Input, typename Output, int kHidden, bool kZeroCenteredGamma 
 __global__ void __launch_bounds__(
     NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
     launch::min_blocks(NormFwdShape<Input, kHidden, kWriteTranspose>::kBlockThreads,
-                       launch::norm_fwd_register_budget(true, DtypeTraits<Output>::kIsFp8,
-                                                        kWriteTranspose)))
+                       launch::norm_fwd_register_budget(true, kWriteTranspose)))
     rmsnorm_fwd(NormFwdParams<Input, Output> params) {
   detail::norm_fwd<true, Input, Output, kHidden, kZeroCenteredGamma, kWriteTranspose>(params);
 }

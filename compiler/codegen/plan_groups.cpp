@@ -399,8 +399,8 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
                         {{"rows", rows}, {"tile_rows", tile_rows}}};
     } else {
       const int rows_per_block = rules::norm_fwd_rows_per_block(int(hidden), bytes, false);
-      const int resident = rules::min_blocks(
-          out_shape.block, rules::norm_fwd_register_budget(rms, ir::dtype_is_fp8(out), false));
+      const int resident =
+          rules::min_blocks(out_shape.block, rules::norm_fwd_register_budget(rms, false));
       out_shape.grid = {
           "norm_fwd",
           min_of(ceil_div(rows, rows_per_block), SymExpr::symbol(kNumSmsSymbol) * resident),

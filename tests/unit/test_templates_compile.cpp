@@ -150,16 +150,16 @@ std::vector<TemplateCase> seed_mlp_cases() {
   const std::vector<Main> mains = {
       {"rmsnorm_fwd_e4m3_transpose", "norm.cuh",
        "opfuse::rmsnorm_fwd<" + args({bf16, kE4m3, "4096", "false", "true"}) + ">",
-       launch::norm_fwd_register_budget(/*is_rms=*/true, /*fp8_output=*/true, /*transpose=*/true)},
+       launch::norm_fwd_register_budget(/*is_rms=*/true, /*write_transpose=*/true)},
       {"rmsnorm_fwd_e4m3", "norm.cuh",
        "opfuse::rmsnorm_fwd<" + args({bf16, kE4m3, "4096", "false", "false"}) + ">",
-       launch::norm_fwd_register_budget(true, true, false)},
+       launch::norm_fwd_register_budget(true, false)},
       {"layernorm_fwd_e4m3_transpose", "norm.cuh",
        "opfuse::layernorm_fwd<" + args({bf16, kE4m3, "4096", "false", "true"}) + ">",
-       launch::norm_fwd_register_budget(false, true, true)},
+       launch::norm_fwd_register_budget(false, true)},
       {"layernorm_fwd_bf16", "norm.cuh",
        "opfuse::layernorm_fwd<" + args({bf16, bf16, "4096"}) + ">",
-       launch::norm_fwd_register_budget(false, false, false)},
+       launch::norm_fwd_register_budget(false, false)},
       {"rmsnorm_bwd", "norm.cuh", "opfuse::rmsnorm_bwd<" + args({bf16, "4096"}) + ">",
        launch::kNormBwdRegisterBudget},
       {"layernorm_bwd", "norm.cuh", "opfuse::layernorm_bwd<" + args({bf16, "4096"}) + ">",
@@ -328,7 +328,8 @@ TEST(TemplateLaunchRules, TileAndReductionGrids) {
   EXPECT_EQ(launch::tile_register_budget(2, 1, true, false), 80);   // cast_transpose bf16 -> FP8
   EXPECT_EQ(launch::tile_register_budget(2, 2, true, false), 80);   // SwiGLU forward + transpose
   EXPECT_EQ(launch::tile_register_budget(2, 3, true, true), 128);   // SwiGLU backward
-  EXPECT_EQ(launch::norm_fwd_register_budget(true, true, false), 64);
+  EXPECT_EQ(launch::norm_fwd_register_budget(true, false), 64);
+  EXPECT_EQ(launch::norm_fwd_register_budget(false, false), 80);  // LayerNorm: 6 blocks per SM
 }
 
 std::vector<std::string> template_headers() {
