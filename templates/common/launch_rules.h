@@ -51,7 +51,7 @@ inline constexpr int kTileWideRegisterBudget = 128;
 // shared memory), so it may use 128. The others keep the row packed between passes (norm.cuh):
 // RMSNorm fits 64 for any output; LayerNorm (two reductions per row) takes 80 (64 and 72 spill on
 // sm_89 or sm_100a): 6 blocks of 128 threads per SM where 96 left 5 (H200, in the seed MLP's
-// pipeline: the bf16 layernorm 80 -> 76 us, 81% -> 85% of copy).
+// pipeline: the bf16 layernorm 80 -> 76-77 us, 81% -> 84-85% of copy).
 OPFUSE_LAUNCH_RULE int norm_fwd_register_budget(bool is_rms, bool write_transpose) {
   return write_transpose ? 128 : (is_rms ? 64 : 80);
 }
