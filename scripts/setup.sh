@@ -7,6 +7,7 @@ packages=(
   cmake g++ clang clang-format libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev
+  python3  # tests/bench/test_compare.py runs bench/compare.py
 )
 # The template checker (compiler/tools/check_templates.cpp, cmake/template_checker.cmake) needs
 # libclang-16-dev and llvm-16-dev (libraries, headers), clang-16 (Clang's CMake package) and

@@ -27,3 +27,12 @@ endif()
 add_test(NAME no_libcuda_dependency
   COMMAND sh -c "! readelf -d $<TARGET_FILE:fusec> | grep -E 'NEEDED.*libcuda\\.so'")
 set_tests_properties(no_libcuda_dependency PROPERTIES LABELS "cpu")
+
+# bench/compare.py on a recorded device run (tests/bench/compare_fixture): ratios, goals and the
+# interleaved GEMM table, so the side-by-side report can be checked without a GPU.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME bench_compare_py
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/test_compare.py)
+  set_tests_properties(bench_compare_py PROPERTIES LABELS "cpu;bench")
+endif()

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""bench/compare.py on a recorded run (tests/bench/compare_fixture: JSON files of the H200 run at
+dec4690, bench/RESULTS.md): the side-by-side ratios, the goals it reports and the interleaved GEMM
+table. Runs on a copy, since compare.py writes compare.json next to its inputs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COMPARE = os.path.join(HERE, "..", "..", "bench", "compare.py")
+
+
+class CompareOnARecordedRun(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="opfuse-compare-")
+        fixture = os.path.join(HERE, "compare_fixture")
+        for name in os.listdir(fixture):
+            shutil.copy(os.path.join(fixture, name), cls.work)
+        result = subprocess.run(
+            [sys.executable, COMPARE, cls.work], capture_output=True, text=True, check=False
+        )
+        cls.returncode, cls.stdout, cls.stderr = result.returncode, result.stdout, result.stderr
+        with open(os.path.join(cls.work, "compare.json"), encoding="utf-8") as handle:
+            cls.summary = json.load(handle)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.work, ignore_errors=True)
+
+    def goal(self, text):
+        found = [g for g in self.summary["goals"] if g["text"].startswith(text)]
+        listed = [g["text"] for g in self.summary["goals"]]
+        self.assertEqual(len(found), 1, f"{text!r} in {listed}")
+        return found[0]["text"]
+
+    def test_runs_cleanly(self):
+        self.assertEqual(self.returncode, 0, self.stderr)
+
+    def test_large_ratios_against_the_peers_of_the_same_run(self):
+        rows = {(r["workload"], r["mode"], r["recipe"]): r for r in self.summary["workloads"]}
+        fwd = rows[("large", "fwd", "fp8 delayed")]
+        self.assertAlmostEqual(fwd["x_compile_fp8"], fwd["opfuse_ms"] / fwd["torch_compile_fp8_ms"])
+        text = self.goal("large fp8 delayed fwd vs torch.compile FP8")
+        self.assertIn("0.866x (limit 0.83x) MISSED", text)
+        self.assertIn("MISSED", self.goal("large fp8 delayed fwdbwd vs torch.compile bf16"))
+
+    def test_the_gemm_goal_comes_from_the_interleaved_measurement(self):
+        text = self.goal("worst FP8 GEMM vs torch._scaled_mm (interleaved)")
+        self.assertIn("1.004x (limit 1.03x) MET", text)
+        rows = self.summary["gemms_interleaved"]
+        self.assertEqual(len(rows), 12)
+        self.assertTrue(all(r["same_bits"] for r in rows))
+        self.assertIn("FP8 GEMMs interleaved", self.stdout)
+
+    def test_step_by_step_rows_are_not_host_time_goals(self):
+        self.assertIn("MET", self.goal("tiny fp8 delayed fwd host time per call"))
+        self.assertIn("MET", self.goal("tiny fp8 delayed fwd graph host time per call"))
+        self.assertFalse(any("step-by-step" in g["text"] for g in self.summary["goals"]))
+        modes = {r["mode"] for r in self.summary["workloads"] if r["workload"] == "tiny"}
+        self.assertIn("fwd step-by-step", modes)  # still in the table
+
+
+if __name__ == "__main__":
+    unittest.main()
