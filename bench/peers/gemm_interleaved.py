@@ -111,7 +111,7 @@ def measure(shape, opfuse, args):
     scale_b = torch.tensor([0.25], device=common.DEVICE)
 
     def torch_call(a, b, d):
-        torch._scaled_mm(
+        return torch._scaled_mm(
             a,
             b.t(),
             scale_a=scale_a,
@@ -121,50 +121,37 @@ def measure(shape, opfuse, args):
             out=d,
         )
 
-    def torch_call_result(a, b):
-        return torch._scaled_mm(
-            a,
-            b.t(),
-            scale_a=scale_a,
-            scale_b=scale_b,
-            out_dtype=torch.bfloat16,
-            use_fast_accum=fast_accum,
-        )
-
-    opfuse_call = opfuse.call(shape, a_e5m2, fast_accum, scale_a, scale_b)
-    # Same result from both (FP8 products are exact in fp32; only summation order may differ).
+    sides = {
+        "opfuse": opfuse.call(shape, a_e5m2, fast_accum, scale_a, scale_b),
+        "torch": torch_call,
+    }
+    # Same result from both (FP8 products are exact in fp32; only summation order may differ);
+    # bit-identical results mean the same kernel with the same configuration ran on both sides.
     a, b, d = sets[0]
-    opfuse_call(a, b, d)
-    rel_err = common.relative_error(d, torch_call_result(a, b))
+    sides["opfuse"](a, b, d)
+    expected = torch_call(a, b, torch.empty_like(d))
+    rel_err = common.relative_error(d, expected)
+    same_bits = bool(torch.equal(d, expected))
     # Warm both (cuBLASLt plans, clocks), then estimate the host time per call for the hold.
-    for call in (opfuse_call, torch_call):
+    for call in sides.values():
         common._run_calls(call, sets, 5)
     torch.cuda.synchronize()
     flops = 2 * m * n * k
     big = m * n * k >= 2**36
     iters = args.iters_large if big else args.iters_medium
     host_s = 0.0
-    for call in (opfuse_call, torch_call):
+    for call in sides.values():
         began = time.perf_counter()
         common._run_calls(call, sets, 10)
         host_s = max(host_s, (time.perf_counter() - began) / 10)
     torch.cuda.synchronize()
     per_round = {"opfuse": [], "torch": []}
-    ratios = []
     for r in range(args.rounds):
-        first, second = (opfuse_call, torch_call) if r % 2 == 0 else (torch_call, opfuse_call)
-        times_first, times_second = alternate(first, second, sets, iters, host_s)
-        if r % 2 == 0:
-            opfuse_round, torch_round = times_first, times_second
-        else:
-            opfuse_round, torch_round = times_second, times_first
-        per_round["opfuse"].append(statistics.median(opfuse_round))
-        per_round["torch"].append(statistics.median(torch_round))
-        ratios.append(per_round["opfuse"][-1] / per_round["torch"][-1])
-    # Bit-identical results mean the same kernel with the same configuration ran on both sides.
-    a, b, d = sets[0]
-    opfuse_call(a, b, d)
-    same_bits = bool(torch.equal(d, torch_call_result(a, b)))
+        order = ["opfuse", "torch"] if r % 2 == 0 else ["torch", "opfuse"]
+        times = alternate([sides[side] for side in order], sets, iters, host_s)
+        for side, side_times in zip(order, times, strict=True):
+            per_round[side].append(statistics.median(side_times))
+    ratios = [o / t for o, t in zip(per_round["opfuse"], per_round["torch"], strict=True)]
     del sets
     torch.cuda.empty_cache()
     opfuse_ms = statistics.median(per_round["opfuse"])
@@ -188,32 +175,35 @@ def measure(shape, opfuse, args):
     }
 
 
-def alternate(first, second, sets, iters, host_seconds_per_call):
-    """Device times (ms) of `iters` calls of each side, issued alternately (first, second,
-    first, ...) on rotated operands and queued behind a sleep kernel so that the events time the
-    GPU alone. Neighbouring calls see the same clocks and power state, which drift by up to 12%
-    over a few hundred ms on these GPUs under FP8 GEMM load."""
-    hold = int((2.0 * 2 * iters * host_seconds_per_call + 1e-4) * common.SLEEP_CLOCK_HZ)
-    events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(iters)]
+def alternate(calls, sets, iters, host_seconds_per_call):
+    """Device times (ms) of `iters` calls of each of the two `calls`, issued alternately (first,
+    second, first, ...) on rotated operands and queued behind a sleep kernel so that the events
+    time the GPU alone. Neighbouring calls see the same clocks and power state, which drift by up
+    to 12% over a few hundred ms on these GPUs under FP8 GEMM load."""
+    host_seconds = len(calls) * iters * host_seconds_per_call
+    hold = int((2.0 * host_seconds + 1e-4) * common.SLEEP_CLOCK_HZ)
+    events = [
+        [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in calls]
+        for _ in range(iters)
+    ]
     gc.collect()
     gc.disable()
     try:
         torch.cuda._sleep(hold)
         for i in range(iters):
             args = sets[i % len(sets)]
-            events[i][0].record()
-            first(*args)
-            events[i][1].record()
-            events[i][2].record()
-            second(*args)
-            events[i][3].record()
+            for call, (start, end) in zip(calls, events[i], strict=True):
+                start.record()
+                call(*args)
+                end.record()
         torch.cuda.synchronize()
     finally:
         gc.enable()
-    return (
-        [e[0].elapsed_time(e[1]) for e in events],
-        [e[2].elapsed_time(e[3]) for e in events],
-    )
+    times = [[] for _ in calls]
+    for pairs in events:
+        for side_times, (start, end) in zip(times, pairs, strict=True):
+            side_times.append(start.elapsed_time(end))
+    return times
 
 
 COLUMNS = [

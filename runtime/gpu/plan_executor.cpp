@@ -247,6 +247,10 @@ struct SequenceExecutor::Impl {
   void drop_graph();
   void run_step(int index, cudaStream_t stream);
   void observed_step(int index, cudaStream_t stream);
+  // One step of run mode `m`: its buffers marked live, enqueued (unless `enqueue` is false: a
+  // graph replay ran it), a finished weight cast's scale_inv kept, its last uses marked dead.
+  void run_listed_step(int index, int m, cudaStream_t stream, bool enqueue);
+  void mark_cast(WeightCacheGroup& group);  // valid, with the parameter pointers it read
   void keep_cast_scale_inv(const WeightCacheGroup& group, cudaStream_t stream);
   float* cast_scale_inv_slot(int quantizer) const;
   void mark_live(int root);
@@ -849,22 +853,33 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
     if (plan.steps[i].group < 0) continue;  // the end-of-step scale update: end_step() runs it
     const int group = cache_group_of_step[i];
     if (group >= 0 && skip_group[static_cast<std::size_t>(group)] != 0) continue;
-    for (int root : touched[m][i]) {
-      if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
-    }
-    if (enqueue) observed_step(index, stream);
-    if (enqueue && group >= 0 &&
-        cache_groups[static_cast<std::size_t>(group)].steps.back() == index)
-      keep_cast_scale_inv(cache_groups[static_cast<std::size_t>(group)], stream);
-    for (int root : free_after[m][i]) mark_dead(root);
+    run_listed_step(index, m, stream, enqueue);
   }
   for (WeightCacheGroup& group : cache_groups) {
     if (group.steps.front() < begin || group.steps.back() >= end) continue;
-    group.valid = true;
-    group.cast_from.clear();
-    for (int param : group.params) {
-      group.cast_from.push_back(caller_pointers[static_cast<std::size_t>(param)]);
-    }
+    mark_cast(group);
+  }
+}
+
+void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stream, bool enqueue) {
+  const auto i = static_cast<std::size_t>(index);
+  for (int root : touched[m][i]) {
+    if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
+  }
+  if (enqueue) {
+    observed_step(index, stream);
+    const int group = cache_group_of_step[i];
+    if (group >= 0 && cache_groups[static_cast<std::size_t>(group)].steps.back() == index)
+      keep_cast_scale_inv(cache_groups[static_cast<std::size_t>(group)], stream);
+  }
+  for (int root : free_after[m][i]) mark_dead(root);
+}
+
+void SequenceExecutor::Impl::mark_cast(WeightCacheGroup& group) {
+  group.valid = true;
+  group.cast_from.clear();
+  for (int param : group.params) {
+    group.cast_from.push_back(caller_pointers[static_cast<std::size_t>(param)]);
   }
 }
 
@@ -1107,18 +1122,8 @@ void SequenceExecutor::cast_weights(cudaStream_t stream) {
   const int m = mode_index(s.layout);
   for (const std::size_t g : stale) {
     WeightCacheGroup& group = s.cache_groups[g];
-    for (const int index : group.steps) {
-      for (int root : s.touched[m][static_cast<std::size_t>(index)]) {
-        if (!s.facts[static_cast<std::size_t>(root)].callers) s.mark_live(root);
-      }
-      s.observed_step(index, stream);
-    }
-    s.keep_cast_scale_inv(group, stream);
-    group.valid = true;
-    group.cast_from.clear();
-    for (int param : group.params) {
-      group.cast_from.push_back(s.caller_pointers[static_cast<std::size_t>(param)]);
-    }
+    for (const int index : group.steps) s.run_listed_step(index, m, stream, true);
+    s.mark_cast(group);
   }
 }
 
