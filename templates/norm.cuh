@@ -171,6 +171,64 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
   if constexpr (kIsFp8) scale = *params.scale;
   float amax = 0.0f;
 
+  // gamma (+ 1 when zero-centered) and beta widened to fp32 once per block, when they fit
+  // (launch::norm_affine_shared_bytes). A vector's kVec floats lie in kVec / 4 float4 planes
+  // ([plane][vector]), so a warp's reads of consecutive vectors are free of bank conflicts.
+  constexpr int kAffineBytes =
+      launch::norm_affine_shared_bytes(kHidden, Shape::kInputBytes, kIsRms, kWriteTranspose);
+  constexpr int kPlanes = kVec / 4;
+  constexpr int kBetaOffset = kHidden / 4;  // float4s of gamma before beta's
+  __shared__ float4 affine[kAffineBytes > 0 ? kAffineBytes / 16 : 1];
+  if constexpr (kAffineBytes > 0) {
+    for (int vector = threadIdx.x; vector < Shape::kVecsPerRow; vector += kBlockThreads) {
+      float g[kVec], b[kVec];
+      vec_to_float(load_vec<Input, kVec>(params.gamma + vector * kVec), g);
+      if constexpr (!kIsRms) vec_to_float(load_vec<Input, kVec>(params.beta + vector * kVec), b);
+#pragma unroll
+      for (int p = 0; p < kPlanes; ++p) {
+        const int j = 4 * p;
+        affine[p * Shape::kVecsPerRow + vector] =
+            kZeroCenteredGamma
+                ? make_float4(g[j] + 1.0f, g[j + 1] + 1.0f, g[j + 2] + 1.0f, g[j + 3] + 1.0f)
+                : make_float4(g[j], g[j + 1], g[j + 2], g[j + 3]);
+        if constexpr (!kIsRms) {
+          affine[kBetaOffset + p * Shape::kVecsPerRow + vector] =
+              make_float4(b[j], b[j + 1], b[j + 2], b[j + 3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  // gamma (+ 1 when zero-centered) and beta of one vector as fp32.
+  auto load_affine = [&](int vector, float(&g)[kVec], float(&b)[kVec]) {
+    if constexpr (kAffineBytes > 0) {
+#pragma unroll
+      for (int p = 0; p < kPlanes; ++p) {
+        const float4 gp = affine[p * Shape::kVecsPerRow + vector];
+        g[4 * p] = gp.x;
+        g[4 * p + 1] = gp.y;
+        g[4 * p + 2] = gp.z;
+        g[4 * p + 3] = gp.w;
+        if constexpr (!kIsRms) {
+          const float4 bp = affine[kBetaOffset + p * Shape::kVecsPerRow + vector];
+          b[4 * p] = bp.x;
+          b[4 * p + 1] = bp.y;
+          b[4 * p + 2] = bp.z;
+          b[4 * p + 3] = bp.w;
+        }
+      }
+    } else {
+      // Re-read per row (L1 hits after the first row): holding them in registers across rows
+      // would cost 2 * kSlots * kVec registers and halve the occupancy.
+      vec_to_float(load_vec<Input, kVec>(params.gamma + vector * kVec), g);
+      if constexpr (!kIsRms) vec_to_float(load_vec<Input, kVec>(params.beta + vector * kVec), b);
+      if constexpr (kZeroCenteredGamma) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) g[j] += 1.0f;
+      }
+    }
+  };
+
   using RowVectors = Vec<Input, kVec>[kSlots];
   // Issues the loads of one row (zeros past the end).
   auto load_row = [&](long long row, RowVectors& raw) {
@@ -220,22 +278,18 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
     }
     const float variance = reducer.allreduce(squares, SumOp{}) / static_cast<float>(kHidden);
     const float rstd = rsqrtf(variance + params.epsilon);
+    const float shift = -mean * rstd;  // (x - mean) * rstd as one fused multiply-add
 
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int vector = Shape::vector_index(thread_in_row, s);
       if (!Shape::slot_in_row(vector)) continue;
-      // gamma/beta are re-read per row (L1 hits after the first row): holding them in registers
-      // across rows would cost 2 * kSlots * kVec registers and halve the occupancy.
       float x[kVec], g[kVec], b[kVec], y[kVec];
       vec_to_float(raw[s], x);
-      vec_to_float(load_vec<Input, kVec>(params.gamma + vector * kVec), g);
-      if constexpr (!kIsRms) vec_to_float(load_vec<Input, kVec>(params.beta + vector * kVec), b);
+      load_affine(vector, g, b);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float weight = kZeroCenteredGamma ? g[j] + 1.0f : g[j];
-        const float normalized = (x[j] - mean) * rstd;
-        y[j] = kIsRms ? normalized * weight : normalized * weight + b[j];
+        y[j] = kIsRms ? x[j] * rstd * g[j] : fmaf(fmaf(x[j], rstd, shift), g[j], b[j]);
         if (valid) amax = accumulate_amax(amax, y[j]);
       }
       const Vec<Output, kVec> converted = float_to_vec<Output, kVec>(y, scale);
@@ -258,12 +312,13 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
 
   if constexpr (!kWriteTranspose) {
     // Row groups stride over the rows; the loop bound depends on blockIdx only, so every thread
-    // of the block runs the same iterations (the reductions' barriers stay matched). Latency is
-    // hidden by occupancy (8 blocks of 128 threads per SM at 64 registers), not by prefetching,
-    // which measured slower for want of registers.
+    // of the block runs the same iterations (the reductions' barriers stay matched).
     const long long stride = static_cast<long long>(gridDim.x) * kRowsPerBlock;
-    for (long long base = static_cast<long long>(blockIdx.x) * kRowsPerBlock; base < params.rows;
-         base += stride) {
+    const long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock;
+    // Latency is hidden by occupancy (768-1024 threads per SM), not by prefetching: loads ahead
+    // into registers measured slower for want of registers, and rows staged ahead in shared
+    // memory by cp.async slower too (H100: the FP8-output layernorm 92% -> 78% of copy).
+    for (long long base = first; base < params.rows; base += stride) {
       const long long row = base + group;
       RowVectors raw;
       load_row(row, raw);

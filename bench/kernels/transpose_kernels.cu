@@ -2,9 +2,9 @@
 // memory-bound kernel at >= 85% of the device copy bandwidth), built by nvcc straight from
 // templates/ (bench/kernels/run.sh).
 //
-// Each kernel runs twice per case: as the templates are now ("current") and as they were before
-// this work ("original": templates/ of commit 16d5acf from git, renamed to namespace
-// opfuse_original by run.sh so both versions live in one program). Every case first checks that
+// Each kernel runs twice per case: as the templates are now ("current") and as they were at a
+// reference commit ("original": templates/ of ORIGINAL_REV from git, see run.sh, renamed to
+// namespace opfuse_original so both versions live in one program). Every case first checks that
 // the current kernel's outputs equal the original's byte for byte (dbias partial sums: their
 // column sums, within fp32 rounding, as the versions' tile heights differ) (outputs poisoned with
 // different bytes first, fresh random inputs with NaN/Inf planted), then the large cases are
@@ -14,7 +14,7 @@
 // number of bytes (bytes read + bytes written) timed the same way.
 //
 //   transpose_kernels [--reps N] [--only SUBSTRING[,SUBSTRING...]] [--skip-checks]
-//                     [--ncu original|current|both]
+//                     [--ncu original|current|both] [--dirty-l2 MB]
 // --ncu runs each large case's kernel(s) once, nothing else, for `ncu -k regex:...`.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -160,40 +160,40 @@ std::vector<unsigned char> bytes_of(const Params& p) {
 template <bool kOriginal>
 struct Rules;
 // Why a macro: the two versions' rules are the same calls in two namespaces.
-#define OPFUSE_BENCH_RULES(ORIGINAL, NS)                                                          \
-  template <>                                                                                     \
-  struct Rules<ORIGINAL> {                                                                        \
-    static dim3 tile_grid(long long rows, int cols) {                                             \
-      return dim3(NS::launch::tile_grid_x(cols), NS::launch::tile_grid_y(rows));                  \
-    }                                                                                             \
-    static int tile_threads() { return NS::launch::kTileThreads; }                                \
-    static Launch norm_fwd(const void* kernel, int hidden, int bytes, bool rms, bool fp8, bool t, \
-                           long long rows) {                                                      \
-      namespace l = NS::launch;                                                                   \
-      const int block = l::norm_fwd_block_threads(hidden, bytes, t);                              \
-      const std::size_t smem = l::norm_fwd_dynamic_smem_bytes(hidden, t);                         \
-      long long grid = 0;                                                                         \
-      if (t) {                                                                                    \
-        grid = std::min<long long>(l::ceil_div(rows, l::norm_transpose_tile_rows(hidden)),        \
-                                   g_num_sms);                                                    \
-      } else {                                                                                    \
-        const int resident = l::min_blocks(block, l::norm_fwd_register_budget(rms, fp8, false));  \
-        grid = std::min<long long>(                                                               \
-            l::ceil_div(rows, l::norm_fwd_rows_per_block(hidden, bytes, false)),                  \
-            static_cast<long long>(g_num_sms) * resident);                                        \
-      }                                                                                           \
-      return {kernel, dim3(static_cast<unsigned>(std::max<long long>(grid, 1))), dim3(block),     \
-              smem};                                                                              \
-    }                                                                                             \
-    static Launch norm_bwd(const void* kernel, int hidden, int bytes) {                           \
-      namespace l = NS::launch;                                                                   \
-      const int block = l::norm_bwd_block_threads(hidden, bytes);                                 \
-      const int resident = l::min_blocks(block, l::kNormBwdRegisterBudget);                       \
-      return {kernel, dim3(g_num_sms * resident), dim3(block), 0};                                \
-    }                                                                                             \
-    static int norm_bwd_rows_per_block(int hidden, int bytes) {                                   \
-      return NS::launch::norm_bwd_rows_per_block(hidden, bytes);                                  \
-    }                                                                                             \
+#define OPFUSE_BENCH_RULES(ORIGINAL, NS)                                                      \
+  template <>                                                                                 \
+  struct Rules<ORIGINAL> {                                                                    \
+    static dim3 tile_grid(long long rows, int cols) {                                         \
+      return dim3(NS::launch::tile_grid_x(cols), NS::launch::tile_grid_y(rows));              \
+    }                                                                                         \
+    static int tile_threads() { return NS::launch::kTileThreads; }                            \
+    static Launch norm_fwd(const void* kernel, int hidden, int bytes, bool rms, bool t,       \
+                           long long rows) {                                                  \
+      namespace l = NS::launch;                                                               \
+      const int block = l::norm_fwd_block_threads(hidden, bytes, t);                          \
+      const std::size_t smem = l::norm_fwd_dynamic_smem_bytes(hidden, t);                     \
+      long long grid = 0;                                                                     \
+      if (t) {                                                                                \
+        grid = std::min<long long>(l::ceil_div(rows, l::norm_transpose_tile_rows(hidden)),    \
+                                   g_num_sms);                                                \
+      } else {                                                                                \
+        const int resident = l::min_blocks(block, l::norm_fwd_register_budget(rms, false));   \
+        grid = std::min<long long>(                                                           \
+            l::ceil_div(rows, l::norm_fwd_rows_per_block(hidden, bytes, false)),              \
+            static_cast<long long>(g_num_sms) * resident);                                    \
+      }                                                                                       \
+      return {kernel, dim3(static_cast<unsigned>(std::max<long long>(grid, 1))), dim3(block), \
+              smem};                                                                          \
+    }                                                                                         \
+    static Launch norm_bwd(const void* kernel, int hidden, int bytes) {                       \
+      namespace l = NS::launch;                                                               \
+      const int block = l::norm_bwd_block_threads(hidden, bytes);                             \
+      const int resident = l::min_blocks(block, l::kNormBwdRegisterBudget);                   \
+      return {kernel, dim3(g_num_sms * resident), dim3(block), 0};                            \
+    }                                                                                         \
+    static int norm_bwd_rows_per_block(int hidden, int bytes) {                               \
+      return NS::launch::norm_bwd_rows_per_block(hidden, bytes);                              \
+    }                                                                                         \
   };
 OPFUSE_BENCH_RULES(false, opfuse)
 OPFUSE_BENCH_RULES(true, opfuse_original)
@@ -245,11 +245,10 @@ Case norm_fwd_case(long long rows, bool timed) {
                {"rstd", static_cast<std::size_t>(rows) * 4, false}};
   c.counted_bytes = n * b + 2 * kHidden * b + n * ob * (kTranspose ? 2 : 1) + rows * 8;
   c.launch = [=](bool orig) {
-    return orig
-               ? Rules<true>::norm_fwd(original, kHidden, b, kRms, is_fp8<Out>(), kTranspose, rows)
-               : Rules<false>::norm_fwd(current, kHidden, b, kRms, is_fp8<Out>(), kTranspose, rows);
+    return orig ? Rules<true>::norm_fwd(original, kHidden, b, kRms, kTranspose, rows)
+                : Rules<false>::norm_fwd(current, kHidden, b, kRms, kTranspose, rows);
   };
-  c.params = [=](const Pointers& p, bool orig) {
+  c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
     const auto* x = static_cast<const In*>(p[0]);
     const auto* gamma = static_cast<const In*>(p[1]);
     const auto* beta = static_cast<const In*>(p[2]);
@@ -259,10 +258,6 @@ Case norm_fwd_case(long long rows, bool timed) {
     auto *amax = static_cast<float*>(p[6]), *mean = static_cast<float*>(p[7]),
          *rstd = static_cast<float*>(p[8]);
     const int n_rows = static_cast<int>(rows);
-    if (orig) {
-      return bytes_of(opfuse_original::NormFwdParams<In, Out>{x, gamma, beta, y, y_t, scale, amax,
-                                                              mean, rstd, 1e-5f, n_rows});
-    }
     return bytes_of(opfuse::NormFwdParams<In, Out>{x, gamma, beta, y, y_t, scale, amax, nullptr,
                                                    mean, rstd, 1e-5f, n_rows});
   };
@@ -270,7 +265,7 @@ Case norm_fwd_case(long long rows, bool timed) {
 }
 
 template <typename In, int kHidden>
-Case layernorm_bwd_case(long long rows) {
+Case layernorm_bwd_case(long long rows, bool timed = false) {
   const void* current = reinterpret_cast<const void*>(&opfuse::layernorm_bwd<In, kHidden>);
   const void* original =
       reinterpret_cast<const void*>(&opfuse_original::layernorm_bwd<In, kHidden>);
@@ -284,7 +279,7 @@ Case layernorm_bwd_case(long long rows) {
   Case c;
   c.name = "layernorm_bwd";
   c.shape = "[" + std::to_string(rows) + ", " + std::to_string(kHidden) + "]";
-  c.timed = false;
+  c.timed = timed;
   c.inputs = {{"dy", dtype_of<In>(), n, -1.0f, 1.0f},
               {"x", dtype_of<In>(), n, -3.0f, 3.0f},
               {"gamma", dtype_of<In>(), kHidden, 0.5f, 1.5f},
@@ -388,17 +383,13 @@ Case gated_fwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0)
     return orig ? tile_launch<true>(original, rows, n_cols, grid_y)
                 : tile_launch<false>(current, rows, n_cols, grid_y);
   };
-  c.params = [=](const Pointers& p, bool orig) {
+  c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
     const auto* x = static_cast<const In*>(p[0]);
     auto* y = static_cast<Out*>(p[2]);
     Out* y_t = kTranspose ? static_cast<Out*>(p[3]) : nullptr;
     const auto* scale = static_cast<const float*>(p[1]);
     auto* amax = static_cast<float*>(p[4]);
     const int n_rows = static_cast<int>(rows);
-    if (orig) {
-      return bytes_of(
-          opfuse_original::ActivationFwdParams<In, Out>{x, y, y_t, scale, amax, n_rows, n_cols});
-    }
     return bytes_of(
         opfuse::ActivationFwdParams<In, Out>{x, y, y_t, scale, amax, nullptr, n_rows, n_cols});
   };
@@ -446,7 +437,7 @@ Case act_bwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0) {
     return orig ? tile_launch<true>(original, rows, n_cols, grid_y)
                 : tile_launch<false>(current, rows, n_cols, grid_y);
   };
-  c.params = [=](const Pointers& p, bool orig) {
+  c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
     const auto* dy = static_cast<const In*>(p[0]);
     const auto* x = static_cast<const In*>(p[1]);
     auto* dx = static_cast<Out*>(p[3]);
@@ -455,10 +446,6 @@ Case act_bwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0) {
     auto* amax = static_cast<float*>(p[5]);
     float* partial = kDbias ? static_cast<float*>(p[6]) : nullptr;
     const int n_rows = static_cast<int>(rows);
-    if (orig) {
-      return bytes_of(opfuse_original::ActivationBwdParams<In, Out>{dy, x, dx, dx_t, scale, amax,
-                                                                    partial, n_rows, n_cols});
-    }
     return bytes_of(opfuse::ActivationBwdParams<In, Out>{dy, x, dx, dx_t, scale, amax, nullptr,
                                                          partial, n_rows, n_cols});
   };
@@ -472,6 +459,9 @@ std::vector<Case> all_cases() {
   // The large cases of bench/RESULTS.md (H100), each with its no-transpose twin where one exists.
   cases.push_back(norm_fwd_case<false, bf16, e4m3, 4096, false, true>(16384, true));
   cases.push_back(norm_fwd_case<false, bf16, e4m3, 4096, false, false>(16384, true));
+  cases.push_back(norm_fwd_case<false, bf16, bf16, 4096, false, false>(16384, true));
+  cases.push_back(norm_fwd_case<true, bf16, e4m3, 4096, false, false>(16384, true));
+  cases.push_back(layernorm_bwd_case<bf16, 4096>(16384, true));
   cases.push_back(act_bwd_case<true, Silu, bf16, e5m2, true, false>(16384, 28672, true));
   cases.push_back(act_bwd_case<true, Silu, bf16, e5m2, false, false>(16384, 28672, true));
   cases.push_back(cast_case<bf16, e4m3, true, false>(57344, 4096, true));
@@ -492,7 +482,10 @@ std::vector<Case> all_cases() {
   cases.push_back(norm_fwd_case<false, float, e4m3, 768, false, false>(515, false));
   cases.push_back(norm_fwd_case<true, __half, e4m3, 1000, false, true>(333, false));
   cases.push_back(norm_fwd_case<false, __half, __half, 1000, false, false>(333, false));
+  cases.push_back(norm_fwd_case<false, bf16, e4m3, 4096, false, false>(1037, false));
+  cases.push_back(norm_fwd_case<true, bf16, bf16, 4096, true, false>(777, false));
   cases.push_back(layernorm_bwd_case<bf16, 512>(333));
+  cases.push_back(layernorm_bwd_case<bf16, 4096>(1037));
   cases.push_back(layernorm_bwd_case<float, 768>(301));
   cases.push_back(cast_case<bf16, e4m3, true, false>(1037, 4104, false));
   cases.push_back(cast_case<bf16, e5m2, true, true>(1037, 4104, false, 7));
@@ -692,11 +685,23 @@ float median_of(std::vector<float> v) {
 }
 
 // Median time in ms of reps launches of `run(set index)`, after warm-up, one event pair each.
+// --dirty-l2 MB: before each timed launch (outside its events) a memset of this many bytes leaves
+// the L2 full of dirty lines, as a GEMM's output does for the kernel that follows it in a model.
+void* g_dirty_buffer = nullptr;
+std::size_t g_dirty_bytes = 0;
+void dirty_l2(int i) {
+  if (g_dirty_bytes > 0) CHECK_CUDA(cudaMemsetAsync(g_dirty_buffer, i & 0xFF, g_dirty_bytes));
+}
+
 float time_median(int reps, int warmup, int sets, const std::function<void(int)>& run) {
-  for (int i = 0; i < warmup; ++i) run(i % sets);
+  for (int i = 0; i < warmup; ++i) {
+    dirty_l2(i);
+    run(i % sets);
+  }
   std::vector<cudaEvent_t> events(2 * reps);
   for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
   for (int i = 0; i < reps; ++i) {
+    dirty_l2(i);
     CHECK_CUDA(cudaEventRecord(events[2 * i]));
     run(i % sets);
     CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
@@ -791,10 +796,12 @@ int main(int argc, char** argv) {
       o.skip_checks = true;
     } else if (arg == "--ncu" && i + 1 < argc) {
       o.ncu = argv[++i];
+    } else if (arg == "--dirty-l2" && i + 1 < argc) {
+      g_dirty_bytes = static_cast<std::size_t>(std::atol(argv[++i])) << 20;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--reps N] [--only SUBSTRING] [--skip-checks] "
-                   "[--ncu original|current|both]\n",
+                   "[--ncu original|current|both] [--dirty-l2 MB]\n",
                    argv[0]);
       return 2;
     }
@@ -803,6 +810,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   g_num_sms = prop.multiProcessorCount;
   g_l2_bytes = static_cast<std::size_t>(prop.l2CacheSize);
+  if (g_dirty_bytes > 0) g_dirty_buffer = device_alloc(g_dirty_bytes);
   std::printf("device: %s, %d SMs, L2 %zu MiB; reps %d (median), warm-up %d\n", prop.name,
               g_num_sms, g_l2_bytes >> 20, o.reps, o.warmup);
 

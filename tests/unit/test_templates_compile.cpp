@@ -284,11 +284,19 @@ INSTANTIATE_TEST_SUITE_P(Templates, TemplateCompileTest, ::testing::ValuesIn(all
 
 // The shapes the README promises to codegen, for the seed MLP and the edge cases.
 TEST(TemplateLaunchRules, NormShapesMatchTheReadme) {
-  // bf16, hidden 4096: 512 vectors of 8; 4 per thread; 128 threads per row; 1 row per block.
+  // bf16, hidden 4096: 512 vectors of 8; 4 per thread; 128 threads per row; 2 rows per block.
   EXPECT_EQ(launch::norm_vecs_per_thread(4096, 2, launch::kNormFwdMaxVecsPerThread), 4);
   EXPECT_EQ(launch::norm_threads_per_row(4096, 2, launch::kNormFwdMaxVecsPerThread), 128);
-  EXPECT_EQ(launch::norm_fwd_rows_per_block(4096, 2, false), 1);
-  EXPECT_EQ(launch::norm_fwd_block_threads(4096, 2, false), 128);
+  EXPECT_EQ(launch::norm_fwd_rows_per_block(4096, 2, false), 2);
+  EXPECT_EQ(launch::norm_fwd_block_threads(4096, 2, false), 256);
+  // gamma/beta as fp32 in shared memory: 32 KiB per LayerNorm block (3 blocks of 256 threads per
+  // SM at 80 registers), 16 KiB for RMSNorm; beside the transposed path's 131 KB tile too; not
+  // for rows whose fp32 gamma/beta exceed 32 KiB.
+  EXPECT_EQ(launch::norm_affine_shared_bytes(4096, 2, false, false), 32768);
+  EXPECT_EQ(launch::norm_affine_shared_bytes(4096, 2, true, false), 16384);
+  EXPECT_EQ(launch::norm_affine_shared_bytes(4096, 2, false, true), 32768);
+  EXPECT_EQ(launch::norm_affine_shared_bytes(8192, 2, false, false), 0);
+  EXPECT_EQ(launch::norm_affine_shared_bytes(8192, 2, true, false), 32768);
   // Transposed copy: 32-row tiles of 4100-byte rows, 4 row groups of 128 threads.
   EXPECT_EQ(launch::norm_transpose_tile_rows(4096), 32);
   EXPECT_EQ(launch::norm_fwd_rows_per_block(4096, 2, true), 4);
@@ -300,9 +308,9 @@ TEST(TemplateLaunchRules, NormShapesMatchTheReadme) {
   // Backward: one vector per thread, 512 threads for one bf16 row of 4096.
   EXPECT_EQ(launch::norm_bwd_block_threads(4096, 2), 512);
   EXPECT_EQ(launch::norm_bwd_rows_per_block(4096, 2), 1);
-  // fp16, hidden 1000: 125 vectors -> 4 per thread, 32 threads (3 idle slots), 4 rows a block.
+  // fp16, hidden 1000: 125 vectors -> 4 per thread, 32 threads (3 idle slots), 8 rows a block.
   EXPECT_EQ(launch::norm_threads_per_row(1000, 2, launch::kNormFwdMaxVecsPerThread), 32);
-  EXPECT_EQ(launch::norm_fwd_block_threads(1000, 2, false), 128);
+  EXPECT_EQ(launch::norm_fwd_block_threads(1000, 2, false), 256);
   EXPECT_EQ(launch::norm_fwd_rows_per_block(1000, 2, true), 16);
   // fp32, hidden 768: 192 vectors of 4 -> 4 per thread, 64 threads per row.
   EXPECT_EQ(launch::norm_threads_per_row(768, 4, launch::kNormFwdMaxVecsPerThread), 64);
