@@ -330,10 +330,38 @@ INTERLEAVED_COLUMNS = [
 
 
 def interleaved_rows(data):
-    """bench/peers/gemm_interleaved.py's results: both sides in one process, alternating."""
+    """The results of gemm_interleaved.py or mlp_interleaved.py (bench/peers): both sides in one
+    process, alternating; failed entries (no ratio) left out."""
     if not data:
         return []
     return [r for r in data["results"] if "ratio" in r]
+
+
+MLP_INTERLEAVED_COLUMNS = [
+    ("workload", "size", ""),
+    ("recipe", "recipe", ""),
+    ("peer", "peer", ""),
+    ("opfuse ms", "opfuse_ms", ".4f"),
+    ("peer ms", "peer_ms", ".4f"),
+    ("x peer", "ratio", ".3f"),
+    ("min", "ratio_min", ".3f"),
+    ("max", "ratio_max", ".3f"),
+]
+MLP_INTERLEAVED_GOALS = {
+    "compile_fp8": ("torch.compile FP8", GOAL_FWD_VS_COMPILE_FP8),
+    "compile": ("torch.compile bf16", GOAL_FWD_VS_COMPILE),
+}
+
+
+def mlp_interleaved_goals(rows):
+    """The large forward's goals as bench/peers/mlp_interleaved.py measured them."""
+    listed = []
+    for r in rows:
+        if r["peer"] in MLP_INTERLEAVED_GOALS:
+            name, limit = MLP_INTERLEAVED_GOALS[r["peer"]]
+            what = f"{r['size']} {r['recipe'].replace('_', ' ')} fwd vs {name} (interleaved)"
+            listed.append(goal(what, r["ratio"], limit))
+    return listed
 
 
 def main(argv):
@@ -372,6 +400,12 @@ def main(argv):
         fp8 = [g["x_peer"] for g in gemms if g["peer"] != "bf16" and g["x_peer"] is not None]
         worst = max(fp8) if fp8 else None
         goal_list.append(goal("worst FP8 GEMM vs torch._scaled_mm", worst, GOAL_GEMM_RATIO))
+    # The large forward against torch.compile, both in one process, call by call, after the
+    # quantizer scales were calibrated (bench/peers/mlp_interleaved.py).
+    mlp_interleaved = interleaved_rows(
+        load(os.path.join(args.directory, "peers_mlp_interleaved.json"))
+    )
+    goal_list += mlp_interleaved_goals(mlp_interleaved)
     copies = sorted({round(r["copy"]["gb_per_s"]) for r in runs})
     print(
         f"\nfused memory-bound kernels (large) vs device copy: opfuse's cudaMemcpyAsync "
@@ -391,6 +425,13 @@ def main(argv):
             " bits: identical results, i.e. the same kernel):"
         )
         print(table(INTERLEAVED_COLUMNS, interleaved))
+    if mlp_interleaved:
+        print(
+            "\nseed MLP forward interleaved: an opfuse Session and torch.compile in one process,"
+            " on the same inputs and parameters, issued alternately after the quantizer scales"
+            " were calibrated (x peer: median over rounds; min, max):"
+        )
+        print(table(MLP_INTERLEAVED_COLUMNS, mlp_interleaved))
     print("\nseed MLP, median ms per call issued back to back (x: opfuse / peer; < 1 is faster):")
     print(table(WORKLOAD_COLUMNS, rows))
     print("\ngoals (issue 6):")
@@ -400,6 +441,7 @@ def main(argv):
     summary = {"device": device, "workloads": rows, "goals": goal_list, "kernels": kernels}
     summary["gemms"] = gemms
     summary["gemms_interleaved"] = interleaved
+    summary["mlp_interleaved"] = mlp_interleaved
     with open(os.path.join(args.directory, "compare.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=1)
     return 0

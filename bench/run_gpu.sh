@@ -6,7 +6,8 @@
 #   SIZES="medium" bench/run_gpu.sh  # a subset (also MODES, RECIPES)
 #
 # Steps: builds fusec and bench/gemm_shim (build/bench, Release, -j16) in the background while the
-# copy-bandwidth and GEMM peers run; the interleaved FP8 GEMM comparison (gemm_interleaved.py);
+# copy-bandwidth and GEMM peers run; the interleaved FP8 GEMM comparison (gemm_interleaved.py)
+# and, for the large size, the interleaved MLP forward against torch.compile (mlp_interleaved.py);
 # `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse) in fwd and fwdbwd
 # under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph and with --no-auto-graph
 # (host time per call), large fp8_delayed also with --gemm-autotune; JIT cold and warm build
@@ -86,6 +87,21 @@ timeout 120 python3 "$peers/gemm_interleaved.py" --shim build/bench/bench/opfuse
   --json "$work/peers_gemm_interleaved.json" >"$work/peers_gemm_interleaved.txt" 2>&1 ||
   { echo "gemm_interleaved failed: $(tail -2 "$work/peers_gemm_interleaved.txt")"; status=1; }
 stamp "interleaved GEMMs done"
+# The large forward's goals measured in one process as well: an opfuse Session over a plan fusec
+# builds first and torch.compile (FP8 and bf16), call by call (bench/peers/mlp_interleaved.py).
+if [[ " $sizes " == *" large "* ]]; then
+  if ! timeout 60 "$fusec" build bench/workloads/mlp_large.fuse --recipe fp8_delayed \
+    -o build/mlp_large_fp8_delayed >"$work/mlp_large_build.txt" 2>&1; then
+    echo "fusec build of mlp_large failed: $(tail -2 "$work/mlp_large_build.txt")"
+    status=1
+  elif ! timeout 240 python3 "$peers/mlp_interleaved.py" \
+    --shim build/bench/bench/opfuse_gemm_shim.so --build build/mlp_large_fp8_delayed \
+    --json "$work/peers_mlp_interleaved.json" >"$work/peers_mlp_interleaved.txt" 2>&1; then
+    echo "mlp_interleaved failed: $(tail -2 "$work/peers_mlp_interleaved.txt")"
+    status=1
+  fi
+  stamp "interleaved MLP forward done"
+fi
 
 for size in $sizes; do
   for mode in $modes; do

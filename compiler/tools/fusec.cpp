@@ -23,7 +23,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,6 +36,7 @@
 #include "../../runtime/gpu/device.h"
 #include "../../runtime/jit/kernel_cache.h"
 #include "../../runtime/jit/nvrtc_compiler.h"
+#include "../../runtime/jit/ptxas_log.h"
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
 #include "driver/frontend.h"
@@ -678,6 +678,7 @@ struct BenchCommandOptions {
   bool no_auto_graph = false;
   int iterations = 0;
   int warmup = 10;
+  int calibrate = 4;
   uint64_t seed = 0;
   std::string json;
 };
@@ -709,6 +710,7 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     bench.auto_graph = !opts.no_auto_graph;
     bench.iterations = opts.iterations;
     bench.warmup = opts.warmup;
+    bench.calibrate = opts.calibrate;
     bench.seed = opts.seed;
     opfuse::api::BenchReport report = opfuse::api::run_benchmark(program, bench);
     report.file = opts.file;
@@ -806,8 +808,7 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Validator(
             [](const std::string& arch) -> std::string {
-              static const std::regex kArch("(sm|compute)_[0-9]+[af]?");
-              return std::regex_match(arch, kArch)
+              return opfuse::jit::is_arch_name(arch)
                          ? ""
                          : "'" + arch + "' is not an arch: use sm_90a, sm_89, compute_90, ...";
             },
@@ -854,6 +855,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   bench->add_option("--warmup", bench_opts.warmup, "untimed iterations first")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  bench
+      ->add_option("--calibrate", bench_opts.calibrate,
+                   "fwd: untimed forwards, each followed by a quantizer update, before the "
+                   "warm-up, so delayed scaling's scales come from the inputs; 0: initial scales")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   bench->add_option("--seed", bench_opts.seed, "seed of the parameters and inputs")

@@ -257,6 +257,15 @@ class Iteration {
     prepare(i);
     enqueue();
   }
+  // `steps` untimed inference forwards on the first set, each followed by a quantizer update.
+  void calibrate(int steps) {
+    prepare(0);
+    for (int i = 0; i < steps; ++i) {
+      session_.forward(stream_, RunMode::Inference);
+      session_.step(stream_);
+    }
+    sync();
+  }
   void sync() const { OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream_), "fusec bench"); }
 
  private:
@@ -412,9 +421,10 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
 BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   if (std::string why; !gpu::gpu_available(&why))
     throw UsageError(fmt::format("fusec bench needs a GPU: {}", why));
-  if (options.iterations < 0 || options.warmup < 0) {
-    throw UsageError(fmt::format("iterations ({}) and warm-up ({}) must not be negative",
-                                 options.iterations, options.warmup));
+  if (options.iterations < 0 || options.warmup < 0 || options.calibrate < 0) {
+    throw UsageError(
+        fmt::format("iterations ({}), warm-up ({}) and calibration steps ({}) must not be negative",
+                    options.iterations, options.warmup, options.calibrate));
   }
   const gpu::DeviceInfo device = gpu::current_device();
   OwnedStream owned_stream;
@@ -471,6 +481,13 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   iteration.allocate_sets(options.graph ? 1 : sets);
   report.rotation_sets = iteration.sets();
 
+  if (options.mode == BenchMode::Forward && options.calibrate > 0) {
+    iteration.calibrate(options.calibrate);
+    report.notes.push_back(fmt::format(
+        "quantizer scales from {} untimed forwards, each followed by a quantizer update (an "
+        "inference loop never updates them; --calibrate 0 keeps the initial scales)",
+        options.calibrate));
+  }
   gpu::reset_pool_peak();
   session.reset_peak_memory();
   for (int i = 0; i < options.warmup; ++i) iteration.run(i);

@@ -36,6 +36,12 @@ struct BenchOptions {
   bool auto_graph = true;      // SessionOptions::auto_graph
   int iterations = 0;          // timed iterations per pass; 0: about 0.3 s worth, 50 to 2000
   int warmup = 10;
+  // Forward only: untimed forwards, each followed by a quantizer update (Session::step), before
+  // the warm-up. A loop of inference forwards never updates the quantizers, so under delayed
+  // scaling they would keep their initial scale of 1 and the FP8 GEMMs would run on codes that
+  // draw less power: the large MLP's forward measured ~3% faster that way than with scales from
+  // the data (H200, bench/RESULTS.md). 0: keep the initial scales.
+  int calibrate = 4;
   std::uint64_t seed = 0;
   // Only for the report: the program's compile wall time as the caller measured it.
   double compile_wall_ms = 0;

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
-#include <regex>
 #include <set>
 #include <string_view>
 #include <thread>
@@ -18,6 +17,7 @@
 #include "jit/cubin_info.h"
 #include "jit/cuda_paths.h"
 #include "jit/kernel_cache.h"
+#include "jit/ptxas_log.h"
 #include "jit/sha256.h"
 #include "opfuse/version.h"
 
@@ -78,8 +78,7 @@ std::string failure_prefix(const CompileRequest& request) {
 }
 
 void check_arch(const CompileRequest& request) {
-  static const std::regex kArchPattern("(sm|compute)_[0-9]+[af]?");
-  if (!std::regex_match(request.arch, kArchPattern)) {
+  if (!is_arch_name(request.arch)) {
     throw JitError(fmt::format(
         "{} unsupported arch '{}'; use sm_XX, sm_XXa or sm_XXf for a cubin (e.g. sm_90a) or "
         "compute_XX for PTX",
@@ -131,35 +130,6 @@ std::vector<char> program_binary(nvrtcProgram program, bool is_ptx) {
     if (nvrtcGetCUBIN(program, binary.data()) != NVRTC_SUCCESS) return {};
   }
   return binary;
-}
-
-// The largest value of `pattern`'s capture group `group` over the log, or -1 when absent.
-int largest_match(const std::string& log, const std::regex& pattern, int group) {
-  int largest = -1;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), pattern);
-       it != std::sregex_iterator(); ++it) {
-    largest = std::max(largest, std::stoi((*it)[group].str()));
-  }
-  return largest;
-}
-
-// One "Function properties for NAME" block of a ptxas -v log.
-struct LogFunctionSpills {
-  std::string function;
-  int store_bytes = 0;
-  int load_bytes = 0;
-};
-
-std::vector<LogFunctionSpills> log_function_spills(const std::string& log) {
-  static const std::regex kBlock(
-      R"(Function properties for (\S+)\s*\n[^\n]*?([0-9]+) bytes stack frame, ([0-9]+) bytes )"
-      R"(spill stores, ([0-9]+) bytes spill loads)");
-  std::vector<LogFunctionSpills> blocks;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), kBlock); it != std::sregex_iterator();
-       ++it) {
-    blocks.push_back({(*it)[1].str(), std::stoi((*it)[3].str()), std::stoi((*it)[4].str())});
-  }
-  return blocks;
 }
 
 // Spill bytes from the log, counting only blocks of functions in this cubin (a callee's symbol
@@ -272,17 +242,16 @@ std::uint64_t nvrtc_compile_count() { return compile_program_calls.load(); }
 // for the cubin only where the cubin cannot be read or lacks a register record, which NVRTC 13's
 // output never does.
 void read_kernel_usage(CompiledKernel& kernel) {
-  static const std::regex kRegisters("Used ([0-9]+) registers");
-  static const std::regex kSpills("([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads");
   kernel.registers = kernel.spill_store_bytes = kernel.spill_load_bytes = kernel.stack_bytes = -1;
   if (kernel.is_ptx) return;  // no ptxas ran
   CubinInfo cubin;
   try {
     cubin = read_cubin_info(kernel.binary);
   } catch (const CubinFormatError&) {
-    kernel.registers = largest_match(kernel.log, kRegisters, 1);
-    kernel.spill_store_bytes = largest_match(kernel.log, kSpills, 1);
-    kernel.spill_load_bytes = largest_match(kernel.log, kSpills, 2);
+    kernel.registers = log_largest_registers(kernel.log);
+    const LogSpills spills = log_largest_spills(kernel.log);
+    kernel.spill_store_bytes = spills.store_bytes;
+    kernel.spill_load_bytes = spills.load_bytes;
     return;
   }
   const std::vector<CubinFunction> entries = cubin.entry_functions();
@@ -293,7 +262,7 @@ void read_kernel_usage(CompiledKernel& kernel) {
     const int entry_stack = entry.stack_bytes >= 0 ? entry.stack_bytes : entry.frame_bytes;
     stack_bytes = entry_stack < 0 || stack_bytes < 0 ? -1 : std::max(stack_bytes, entry_stack);
   }
-  if (kernel.registers < 0) kernel.registers = largest_match(kernel.log, kRegisters, 1);
+  if (kernel.registers < 0) kernel.registers = log_largest_registers(kernel.log);
   kernel.stack_bytes = stack_bytes;
   if (stack_bytes == 0) {
     kernel.spill_store_bytes = kernel.spill_load_bytes = 0;

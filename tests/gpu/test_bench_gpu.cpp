@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,6 +174,54 @@ TEST_F(BenchGpu, GraphReplayUsesOneInputSetAndSaysSo) {
   ASSERT_FALSE(report.steps.empty());
   for (const api::BenchStep& step : report.steps)
     EXPECT_EQ(step.phase, "forward") << "a forward benchmark lists no backward step: " << step.what;
+}
+
+// The forward benchmark's calibration (BenchOptions::calibrate) rests on inference forwards
+// recording the amaxes that step() turns into scales: without it, delayed scaling's quantizers
+// keep the initial scale of 1 however many forwards run.
+TEST_F(BenchGpu, InferenceForwardsAndStepsGiveDelayedScalingItsScales) {
+  const Program program = Program::compile(kProgram, "bench_mlp.fuse");
+  Session session(program, "mlp", stream_);
+  session.bind({{"tokens", kTokens}});
+  session.own_parameters(1, stream_);
+  std::mt19937_64 rng(5);
+  const test::DeviceArray& x = new_array(std::size_t(kTokens * kHidden) * 2);
+  test::upload_bf16(x, test::random_bf16(std::size_t(kTokens * kHidden), 1.0, rng));
+  session.set_tensor("x", x.data());
+  auto scale_of = [&](const std::string& name) {
+    for (const QuantizerStatus& q : session.quantizers(stream_))
+      if (q.name == name) return q.scale;
+    ADD_FAILURE() << "no quantizer " << name;
+    return 0.0f;
+  };
+  for (int i = 0; i < 3; ++i) session.forward(stream_, RunMode::Inference);
+  EXPECT_EQ(scale_of("fc1.input"), 1.0f) << "forwards alone do not update the quantizers";
+  EXPECT_EQ(scale_of("fc1.weight"), 1.0f);
+  session.step(stream_);
+  EXPECT_NE(scale_of("fc1.input"), 1.0f) << "step() turned the recorded amax into a scale";
+  EXPECT_NE(scale_of("fc1.weight"), 1.0f);
+  EXPECT_NE(scale_of("fc2.input"), 1.0f);
+}
+
+TEST_F(BenchGpu, ForwardBenchmarkCalibratesTheScalesAndSaysSo) {
+  const Program program = Program::compile(kProgram, "bench_mlp.fuse");
+  auto calibration_noted = [&](api::BenchMode mode, int calibrate) {
+    api::BenchOptions options;
+    options.bindings = {{"tokens", kTokens}};
+    options.mode = mode;
+    options.iterations = 5;
+    options.warmup = 1;
+    options.calibrate = calibrate;
+    const api::BenchReport report = api::run_benchmark(program, options);
+    bool noted = false;
+    for (const std::string& note : report.notes)
+      noted |= note.find("quantizer scales from " + std::to_string(calibrate)) != std::string::npos;
+    return noted;
+  };
+  EXPECT_TRUE(calibration_noted(api::BenchMode::Forward, 3));
+  EXPECT_FALSE(calibration_noted(api::BenchMode::Forward, 0));
+  EXPECT_FALSE(calibration_noted(api::BenchMode::ForwardBackward, 3))
+      << "a training benchmark updates the quantizers every iteration";
 }
 
 }  // namespace

@@ -28,8 +28,9 @@ bool contains(const std::string& haystack, const std::string& needle) {
 TEST(FusecBench, HelpNamesEveryOptionAndTheExitCodes) {
   const auto r = bench("--help");
   EXPECT_EQ(r.exit_code, kExitOk) << r.output;
-  for (const char* option : {"--sequence", "--bind", "--mode", "fwdbwd", "--recipe", "--graph",
-                             "--iterations", "--warmup", "--json", "--recast-weights"}) {
+  for (const char* option :
+       {"--sequence", "--bind", "--mode", "fwdbwd", "--recipe", "--graph", "--iterations",
+        "--warmup", "--calibrate", "--json", "--recast-weights"}) {
     EXPECT_TRUE(contains(r.output, option)) << option << " missing from:\n" << r.output;
   }
   EXPECT_TRUE(contains(r.output, "Exit codes:")) << r.output;
@@ -51,7 +52,8 @@ TEST(FusecBench, UnknownModeIsAUsageError) {
 }
 
 TEST(FusecBench, NegativeCountsAreUsageErrors) {
-  for (const char* option : {"--iterations -1", "--warmup -5", "--iterations many"}) {
+  for (const char* option :
+       {"--iterations -1", "--warmup -5", "--calibrate -2", "--iterations many"}) {
     const auto r = bench(mlp() + " --bind tokens=64 " + option);
     EXPECT_EQ(r.exit_code, kExitUsage) << option << ": " << r.output;
   }

@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""opfuse's forward of the seed MLP against torch.compile's, interleaved in one process.
+
+The large forward's goals (issue 6: at most 0.83x torch.compile FP8's time and 0.52x torch.compile
+bf16's) lie within the 2-3% by which whole runs of the same programs differ on an H200 (its clock
+under FP8 GEMM load, bench/RESULTS.md), and bench/run_gpu.sh times each side in its own process,
+minutes apart. Here both sides run in one process, on the same inputs and stream: opfuse's
+Session (bench/gemm_shim's session entry points, loaded with ctypes, over a `fusec build`
+directory; an inference forward as `fusec bench --mode fwd` times it, the FP8 weight copies cast
+once and kept, after --calibrate training steps that give delayed scaling scales from the data;
+the peer's parameters and inputs) and mlp_peers.py's
+variants (`compile_fp8`: torch.compile with torch._scaled_mm, current scaling, weights cast on
+every call; `compile`: torch.compile bf16). Each round issues opfuse and one peer alternately,
+call by call, queued behind a sleep kernel (gemm_interleaved.alternate), so neighbouring calls see
+the same clocks; which side goes first alternates between rounds. Per peer: the median over
+rounds of (opfuse median / peer median), with the rounds' min and max.
+
+  fusec build bench/workloads/mlp_large.fuse --recipe fp8_delayed -o build/mlp_large_fp8_delayed
+  python3 bench/peers/mlp_interleaved.py --shim build/bench/bench/opfuse_gemm_shim.so \
+      --build build/mlp_large_fp8_delayed
+"""
+
+import argparse
+import ctypes
+import statistics
+import sys
+import time
+
+import torch
+
+import peer_common as common
+from gemm_interleaved import alternate
+from mlp_peers import build_callable, make_call, make_rotation_sets
+
+ERROR_BYTES = 4096
+# The peers' parameters (mlp_peers.make_arg_set: x, ln weight, ln bias, fc1, fc2, grad) by the
+# names the .fuse programs give them.
+PARAMETERS = {1: "layernorm_0.weight", 2: "layernorm_0.bias", 3: "fc1.weight", 4: "fc2.weight"}
+RECIPE_GOALS = {"compile_fp8": 0.83, "compile": 0.52}  # issue 6, large FP8 forward
+
+
+class OpfuseSession:
+    """One opfuse Session over a `fusec build` directory (bench/gemm_shim's session entry points).
+
+    The plan is compiled by fusec beforehand: compiling it (NVRTC and opfuse's codegen) inside a
+    process that has imported torch 2.11 crashed, and so did importing torch after it.
+    """
+
+    def __init__(self, library, build_dir, tokens):
+        self.lib = ctypes.CDLL(library)
+        self.lib.opfuse_session_load.restype = ctypes.c_void_p
+        self.lib.opfuse_session_load.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
+        self.lib.opfuse_session_set_tensor.restype = ctypes.c_int
+        self.lib.opfuse_session_set_tensor.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
+        self.lib.opfuse_session_forward.restype = ctypes.c_int
+        self.lib.opfuse_session_forward.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
+        self.lib.opfuse_session_calibrate.restype = ctypes.c_int
+        self.lib.opfuse_session_calibrate.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
+        self.lib.opfuse_session_copy_output.restype = ctypes.c_int
+        self.lib.opfuse_session_copy_output.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
+        self.lib.opfuse_session_close.argtypes = [ctypes.c_void_p]
+        self.lib.opfuse_gemm_cublaslt_version.restype = ctypes.c_size_t
+        self.error = ctypes.create_string_buffer(ERROR_BYTES)
+        self.stream = torch.cuda.current_stream().cuda_stream
+        self.handle = self.lib.opfuse_session_load(
+            build_dir.encode(), b"tokens", tokens, self.stream, self.error, ERROR_BYTES
+        )
+        self.check(self.handle)
+
+    def check(self, ok):
+        if not ok:
+            raise RuntimeError(self.error.value.decode(errors="replace"))
+
+    def cublaslt_version(self):
+        return int(self.lib.opfuse_gemm_cublaslt_version())
+
+    def set_tensor(self, name, tensor):
+        status = self.lib.opfuse_session_set_tensor(
+            self.handle, name.encode(), tensor.data_ptr(), self.error, ERROR_BYTES
+        )
+        self.check(status == 0)
+
+    def forward(self, x):
+        status = self.lib.opfuse_session_forward(
+            self.handle, b"x", x.data_ptr(), self.stream, self.error, ERROR_BYTES
+        )
+        self.check(status == 0)
+
+    def calibrate(self, x, steps):
+        """`steps` training forwards on x, each followed by a quantizer update."""
+        self.set_tensor("x", x)
+        status = self.lib.opfuse_session_calibrate(
+            self.handle, steps, self.stream, self.error, ERROR_BYTES
+        )
+        self.check(status == 0)
+
+    def output(self, like):
+        """A copy of output y, shaped and typed as `like`."""
+        result = torch.empty_like(like)
+        status = self.lib.opfuse_session_copy_output(
+            self.handle,
+            b"y",
+            result.data_ptr(),
+            result.numel() * result.element_size(),
+            self.stream,
+            self.error,
+            ERROR_BYTES,
+        )
+        self.check(status == 0)
+        return result
+
+    def close(self):
+        if self.handle:
+            self.lib.opfuse_session_close(self.handle)
+            self.handle = None
+
+
+def host_seconds_per_call(call, sets):
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    common._run_calls(call, sets, 5)
+    seconds = (time.perf_counter() - began) / 5
+    torch.cuda.synchronize()
+    return seconds
+
+
+def measure(peer, opfuse, sets, args):
+    torch_call = make_call(build_callable(peer), "fwd")
+    began = time.perf_counter()
+    torch_call(*sets[0])  # compiles
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - began
+    sides = {"opfuse": lambda *s: opfuse.forward(s[0]), peer: torch_call}
+    for call in sides.values():
+        common._run_calls(call, sets, 5)
+    host_s = max(host_seconds_per_call(call, sets) for call in sides.values())
+    per_round = {side: [] for side in sides}
+    for r in range(args.rounds):
+        order = ["opfuse", peer] if r % 2 == 0 else [peer, "opfuse"]
+        times = alternate([sides[side] for side in order], sets, args.iters, host_s)
+        for side, side_times in zip(order, times, strict=True):
+            per_round[side].append(statistics.median(side_times))
+    ratios = [o / p for o, p in zip(per_round["opfuse"], per_round[peer], strict=True)]
+    return {
+        "peer": peer,
+        "opfuse_ms": statistics.median(per_round["opfuse"]),
+        "peer_ms": statistics.median(per_round[peer]),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "goal": RECIPE_GOALS.get(peer),
+        "rounds": args.rounds,
+        "iters": args.iters,
+        "peer_compile_s": compile_s,
+        "opfuse_rounds_ms": per_round["opfuse"],
+        "peer_rounds_ms": per_round[peer],
+    }
+
+
+COLUMNS = [
+    ("opfuse recipe", "recipe", ""),
+    ("peer", "peer", ""),
+    ("opfuse ms", "opfuse_ms", ".4f"),
+    ("peer ms", "peer_ms", ".4f"),
+    ("x peer", "ratio", ".3f"),
+    ("min", "ratio_min", ".3f"),
+    ("max", "ratio_max", ".3f"),
+    ("goal", "goal", ""),
+]
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shim", required=True, help="path to opfuse_gemm_shim.so")
+    parser.add_argument(
+        "--build",
+        required=True,
+        help="`fusec build bench/workloads/mlp_SIZE.fuse --recipe RECIPE -o DIR` output",
+    )
+    parser.add_argument("--json", help="write the results here (rewritten after every peer)")
+    parser.add_argument("--size", default="large", choices=["medium", "large"])
+    parser.add_argument("--recipe", default="fp8_delayed", help="the recipe --build used (a label)")
+    parser.add_argument("--peers", default="compile_fp8,compile", help="mlp_peers.py variants")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds per peer")
+    parser.add_argument("--iters", type=int, default=10, help="calls per side and round")
+    parser.add_argument(
+        "--calibrate",
+        type=int,
+        default=4,
+        help="training forwards + quantizer updates before timing (0: the initial scales)",
+    )
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args(argv)
+    args.peers = common.parse_list(args.peers, ["compile_fp8", "compile", "eager"], "peers")
+    if args.rounds < 2:
+        raise SystemExit("--rounds must be at least 2 (the sides alternate)")
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    common.require_cuda()
+    common.print_banner("mlp_interleaved")
+    size = common.MLP_SIZES[args.size]
+    opfuse = OpfuseSession(args.shim, args.build, size["tokens"])
+    version = opfuse.cublaslt_version()
+    print(f"# cuBLASLt {version} in this process (both sides)", flush=True)
+    report = common.JsonReport(
+        args.json, "mlp_interleaved", {**vars(args), "cublaslt_version": version}
+    )
+    sets = make_rotation_sets(size, "fwd", args.seed)
+    # opfuse runs on the first set's parameters (its FP8 weight copies are cast once and kept, as
+    # in fusec bench) and on every set's x; under delayed scaling its scales first come from
+    # --calibrate training steps on the first set; its output is compared with eager bf16's.
+    for index, name in PARAMETERS.items():
+        opfuse.set_tensor(name, sets[0][index])
+    if args.calibrate > 0:
+        opfuse.calibrate(sets[0][0], args.calibrate)
+    opfuse.forward(sets[0][0])
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        expected = build_callable("eager")(*sets[0][:5])
+    rel_err = common.relative_error(opfuse.output(expected), expected)
+    print(f"# opfuse vs eager bf16 on the first set: relative error {rel_err:.2e}", flush=True)
+    rows = []
+    try:
+        for peer in args.peers:
+            common.seed_everything(args.seed)
+            try:
+                row = {
+                    "size": args.size,
+                    "recipe": args.recipe,
+                    "opfuse_rel_err": rel_err,
+                    **measure(peer, opfuse, sets, args),
+                }
+            except Exception as error:  # one failing peer must not cost the others
+                first_line = str(error).splitlines()[0] if str(error) else ""
+                message = f"{type(error).__name__}: {first_line}"
+                print(f"FAILED {peer}: {message}", flush=True)
+                report.add({"size": args.size, "recipe": args.recipe, "peer": peer,
+                            "error": message})
+                continue
+            rows.append(row)
+            report.add(row)
+            print(f"{args.size} fwd {args.recipe} vs {peer}: x{row['ratio']:.3f} "
+                  f"[{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]", flush=True)
+    finally:
+        opfuse.close()
+    print(common.format_table(COLUMNS, rows))
+    report.write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
