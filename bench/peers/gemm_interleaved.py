@@ -257,8 +257,7 @@ def main(argv):
             try:
                 row = measure(shape, opfuse, args)
             except Exception as error:  # one failing shape must not cost the others
-                first_line = str(error).splitlines()[0] if str(error) else ""
-                message = f"{type(error).__name__}: {first_line}"
+                message = common.error_line(error)
                 print(f"FAILED {size} {shape['gemm']}: {message}", flush=True)
                 report.add({**shape, "error": message})
                 continue

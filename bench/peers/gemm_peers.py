@@ -148,8 +148,7 @@ def main(argv):
             try:
                 row = measure(shape, variant, args)
             except Exception as error:  # one failing shape must not cost the others
-                first_line = str(error).splitlines()[0] if str(error) else ""
-                message = f"{type(error).__name__}: {first_line}"
+                message = common.error_line(error)
                 print(f"FAILED {shape['gemm']} {variant}: {message}", flush=True)
                 report.add({**shape, "variant": variant, "error": message})
                 continue

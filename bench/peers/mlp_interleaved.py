@@ -39,6 +39,42 @@ PARAMETERS = {1: "layernorm_0.weight", 2: "layernorm_0.bias", 3: "fc1.weight", 4
 RECIPE_GOALS = {"compile_fp8": 0.83, "compile": 0.52}  # issue 6, large FP8 forward
 
 
+# bench/gemm_shim/session_shim.cpp's entry points: (restype, argtypes). Those that can fail end
+# with an error buffer and its size.
+_ERROR_ARGS = [ctypes.c_char_p, ctypes.c_int]
+SHIM_SIGNATURES = {
+    "opfuse_session_load": (
+        ctypes.c_void_p,
+        [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, *_ERROR_ARGS],
+    ),
+    "opfuse_session_set_tensor": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, *_ERROR_ARGS],
+    ),
+    "opfuse_session_forward": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, *_ERROR_ARGS],
+    ),
+    "opfuse_session_calibrate": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, *_ERROR_ARGS],
+    ),
+    "opfuse_session_copy_output": (
+        ctypes.c_int,
+        [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            *_ERROR_ARGS,
+        ],
+    ),
+    "opfuse_session_close": (None, [ctypes.c_void_p]),
+    "opfuse_gemm_cublaslt_version": (ctypes.c_size_t, []),
+}
+
+
 class OpfuseSession:
     """One opfuse Session over a `fusec build` directory (bench/gemm_shim's session entry points).
 
@@ -48,52 +84,9 @@ class OpfuseSession:
 
     def __init__(self, library, build_dir, tokens):
         self.lib = ctypes.CDLL(library)
-        self.lib.opfuse_session_load.restype = ctypes.c_void_p
-        self.lib.opfuse_session_load.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_int64,
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_int,
-        ]
-        self.lib.opfuse_session_set_tensor.restype = ctypes.c_int
-        self.lib.opfuse_session_set_tensor.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_int,
-        ]
-        self.lib.opfuse_session_forward.restype = ctypes.c_int
-        self.lib.opfuse_session_forward.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_int,
-        ]
-        self.lib.opfuse_session_calibrate.restype = ctypes.c_int
-        self.lib.opfuse_session_calibrate.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_int,
-        ]
-        self.lib.opfuse_session_copy_output.restype = ctypes.c_int
-        self.lib.opfuse_session_copy_output.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_int,
-        ]
-        self.lib.opfuse_session_close.argtypes = [ctypes.c_void_p]
-        self.lib.opfuse_gemm_cublaslt_version.restype = ctypes.c_size_t
+        for name, (restype, argtypes) in SHIM_SIGNATURES.items():
+            function = getattr(self.lib, name)
+            function.restype, function.argtypes = restype, argtypes
         self.error = ctypes.create_string_buffer(ERROR_BYTES)
         self.stream = torch.cuda.current_stream().cuda_stream
         self.handle = self.lib.opfuse_session_load(
@@ -268,8 +261,7 @@ def main(argv):
                     **measure(peer, opfuse, sets, args),
                 }
             except Exception as error:  # one failing peer must not cost the others
-                first_line = str(error).splitlines()[0] if str(error) else ""
-                message = f"{type(error).__name__}: {first_line}"
+                message = common.error_line(error)
                 print(f"FAILED {peer}: {message}", flush=True)
                 report.add({"size": args.size, "recipe": args.recipe, "peer": peer,
                             "error": message})

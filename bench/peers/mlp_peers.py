@@ -307,8 +307,7 @@ def run_size_mode(size_name, mode, variants, args, report, rows, started, state)
         try:
             row = measure(variant, size_name, mode, sets, set_bytes, reference, args)
         except Exception as error:  # one broken variant must not cost the whole run
-            first_line = str(error).splitlines()[0] if str(error) else ""
-            message = f"{type(error).__name__}: {first_line}"
+            message = common.error_line(error)
             print(f"FAILED {size_name} {mode} {variant}: {message}", flush=True)
             report.add({**key, "error": message})
             continue

@@ -204,6 +204,12 @@ def peak_memory_bytes(call, args):
     return peak - before
 
 
+def error_line(error):
+    """An exception as one line for a table or JSON: its type and its message's first line."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {first_line}"
+
+
 def relative_error(value, reference):
     """Relative L2 error of one tensor against another, computed in fp32."""
     value = value.float()
