@@ -2,10 +2,12 @@
 """opfuse next to its PyTorch peers: one side-by-side table from the JSON of one device run.
 
 Reads, from one directory, every `opfuse_*.json` that `fusec bench --json` wrote and the peers'
-`peers_mlp.json`, `peers_gemm.json` and `peers_copy.json` (bench/peers/run_peers.sh), and prints:
-the MLP workloads (opfuse vs eager bf16, torch.compile bf16 and torch.compile FP8, with ratios),
-the goals of issue 6 (met or missed), the fused memory-bound kernels against the device copy
-bandwidth, and opfuse's GEMMs against torch._scaled_mm / torch.matmul on the same shapes.
+`peers_mlp.json`, `peers_gemm.json` and `peers_copy.json` (bench/peers/run_peers.sh), and where
+present `peers_gemm_interleaved.json` and `peers_mlp_interleaved.json` (both sides in one
+process: bench/peers/gemm_interleaved.py, mlp_interleaved.py), and prints: the MLP workloads
+(opfuse vs eager bf16, torch.compile bf16 and torch.compile FP8, with ratios), the goals of issue
+6 (met or missed), the fused memory-bound kernels against the device copy bandwidth, and opfuse's
+GEMMs against torch._scaled_mm / torch.matmul on the same shapes.
 Writes everything it printed as data to DIR/compare.json.
 """
 

@@ -27,10 +27,10 @@ void copy_message(const char* what, char* error, int error_bytes) {
 
 extern "C" {
 
-// Loads a `fusec build` directory (no NVRTC in this process: compiling a plan in a process that
-// has imported torch crashed, as did importing torch after it), opens its only sequence on
-// `stream` and binds `size_name` = `size`. The caller gives every parameter (set_tensor).
-// Returns the session, or nullptr with the reason in `error`.
+// Loads a `fusec build` directory (the plan fusec built and its kernels: their compile stays out
+// of the timing process; the session still JIT-compiles its quantizer-update kernel), opens its
+// only sequence on `stream` and binds `size_name` = `size`. The caller gives every parameter
+// (set_tensor). Returns the session, or nullptr with the reason in `error`.
 void* opfuse_session_load(const char* build_dir, const char* size_name, std::int64_t size,
                           void* stream, char* error, int error_bytes) {
   try {

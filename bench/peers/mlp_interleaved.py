@@ -76,11 +76,8 @@ SHIM_SIGNATURES = {
 
 
 class OpfuseSession:
-    """One opfuse Session over a `fusec build` directory (bench/gemm_shim's session entry points).
-
-    The plan is compiled by fusec beforehand: compiling it (NVRTC and opfuse's codegen) inside a
-    process that has imported torch 2.11 crashed, and so did importing torch after it.
-    """
+    """One opfuse Session over a `fusec build` directory (bench/gemm_shim's session entry points):
+    the plan and kernels fusec built, so their compile stays out of this process."""
 
     def __init__(self, library, build_dir, tokens):
         self.lib = ctypes.CDLL(library)
