@@ -38,9 +38,9 @@ struct BenchOptions {
   int warmup = 10;
   // Forward only: untimed forwards, each followed by a quantizer update (Session::step), before
   // the warm-up. A loop of inference forwards never updates the quantizers, so under delayed
-  // scaling they would keep their initial scale of 1 and the FP8 GEMMs would run on codes that
-  // draw less power: the large MLP's forward measured ~3% faster that way than with scales from
-  // the data (H200, bench/RESULTS.md). 0: keep the initial scales.
+  // scaling they would keep their initial scale of 1 (weights on E4M3's subnormals): the large
+  // MLP's forward measured ~3% faster that way than with scales from the data, against the same
+  // peer in one process (H200, bench/RESULTS.md). 0: keep the initial scales.
   int calibrate = 4;
   std::uint64_t seed = 0;
   // Only for the report: the program's compile wall time as the caller measured it.
