@@ -6,20 +6,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <exception>
 #include <memory>
 
 #include "gpu/gemm.h"
+#include "shim_errors.h"
 
 namespace {
 
 std::unique_ptr<opfuse::gpu::GemmRunner> runner;
-
-void copy_message(const char* what, char* error, int error_bytes) {
-  if (error != nullptr && error_bytes > 0)
-    std::snprintf(error, std::size_t(error_bytes), "%s", what);
-}
 
 }  // namespace
 
@@ -36,7 +30,7 @@ std::size_t opfuse_gemm_cublaslt_version() { return cublasLtGetVersion(); }
 int opfuse_gemm_run(void* stream, std::int64_t m, std::int64_t n, std::int64_t k, int a_e5m2,
                     int fast_accum, const void* a, const void* b, void* d, const float* a_scale_inv,
                     const float* b_scale_inv, int count, char* error, int error_bytes) {
-  try {
+  return opfuse::bench::report_errors(error, error_bytes, [&] {
     const auto s = static_cast<cudaStream_t>(stream);
     if (!runner) runner = std::make_unique<opfuse::gpu::GemmRunner>(s);
     opfuse::gpu::GemmDesc desc;
@@ -54,11 +48,7 @@ int opfuse_gemm_run(void* stream, std::int64_t m, std::int64_t n, std::int64_t k
     args.a_scale_inv = a_scale_inv;
     args.b_scale_inv = b_scale_inv;
     for (int i = 0; i < count; ++i) runner->run(desc, args, s);
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), error, error_bytes);
-    return 1;
-  }
+  });
 }
 
 }  // extern "C"

@@ -6,10 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <exception>
 
+#include "gpu/cuda_check.h"
 #include "opfuse/program.h"
+#include "shim_errors.h"
 
 namespace {
 
@@ -17,11 +17,6 @@ struct BenchSession {
   opfuse::Program program;
   opfuse::Session session;
 };
-
-void copy_message(const char* what, char* error, int error_bytes) {
-  if (error != nullptr && error_bytes > 0)
-    std::snprintf(error, std::size_t(error_bytes), "%s", what);
-}
 
 }  // namespace
 
@@ -33,27 +28,22 @@ extern "C" {
 // (set_tensor). Returns the session, or nullptr with the reason in `error`.
 void* opfuse_session_load(const char* build_dir, const char* size_name, std::int64_t size,
                           void* stream, char* error, int error_bytes) {
-  try {
+  BenchSession* bench = nullptr;
+  opfuse::bench::report_errors(error, error_bytes, [&] {
     opfuse::Program program = opfuse::Program::load_build(build_dir);
     opfuse::Session session(program, {}, static_cast<cudaStream_t>(stream));
     session.bind({{size_name, size}});
-    return new BenchSession{std::move(program), std::move(session)};
-  } catch (const std::exception& e) {
-    copy_message(e.what(), error, error_bytes);
-    return nullptr;
-  }
+    bench = new BenchSession{std::move(program), std::move(session)};
+  });
+  return bench;
 }
 
 // Points tensor `name` (an input or a parameter) at `data`. Returns 0, or 1 with the reason.
 int opfuse_session_set_tensor(void* handle, const char* name, const void* data, char* error,
                               int error_bytes) {
-  try {
+  return opfuse::bench::report_errors(error, error_bytes, [&] {
     static_cast<BenchSession*>(handle)->session.set_tensor(name, data);
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), error, error_bytes);
-    return 1;
-  }
+  });
 }
 
 // Points input `input_name` at `data` and enqueues one inference forward on `stream`, as
@@ -61,15 +51,11 @@ int opfuse_session_set_tensor(void* handle, const char* name, const void* data, 
 // while the parameter pointers stay). Returns 0, or 1 with the reason in `error`.
 int opfuse_session_forward(void* handle, const char* input_name, const void* data, void* stream,
                            char* error, int error_bytes) {
-  try {
+  return opfuse::bench::report_errors(error, error_bytes, [&] {
     auto* bench = static_cast<BenchSession*>(handle);
     bench->session.set_tensor(input_name, data);
     bench->session.forward(static_cast<cudaStream_t>(stream), opfuse::RunMode::Inference);
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), error, error_bytes);
-    return 1;
-  }
+  });
 }
 
 // Runs `steps` training forwards on the inputs set last, each followed by step(): delayed
@@ -77,38 +63,26 @@ int opfuse_session_forward(void* handle, const char* input_name, const void* dat
 // steps (inference forwards alone never step, so their quantizers keep the initial scale of 1).
 // Returns 0, or 1 with the reason in `error`.
 int opfuse_session_calibrate(void* handle, int steps, void* stream, char* error, int error_bytes) {
-  try {
+  return opfuse::bench::report_errors(error, error_bytes, [&] {
     auto* bench = static_cast<BenchSession*>(handle);
     const auto s = static_cast<cudaStream_t>(stream);
     for (int i = 0; i < steps; ++i) {
       bench->session.forward(s, opfuse::RunMode::Training);
       bench->session.step(s);
     }
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), error, error_bytes);
-    return 1;
-  }
+  });
 }
 
 // Copies `bytes` of output `name` of the last forward to `dst` (device memory) on `stream` and
 // waits for it. Returns 0, or 1 with the reason in `error`.
 int opfuse_session_copy_output(void* handle, const char* name, void* dst, std::size_t bytes,
                                void* stream, char* error, int error_bytes) {
-  try {
+  return opfuse::bench::report_errors(error, error_bytes, [&] {
     const void* output = static_cast<BenchSession*>(handle)->session.output(name);
     const auto s = static_cast<cudaStream_t>(stream);
-    cudaError_t status = cudaMemcpyAsync(dst, output, bytes, cudaMemcpyDeviceToDevice, s);
-    if (status == cudaSuccess) status = cudaStreamSynchronize(s);
-    if (status != cudaSuccess) {
-      copy_message(cudaGetErrorString(status), error, error_bytes);
-      return 1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), error, error_bytes);
-    return 1;
-  }
+    OPFUSE_CUDA_CHECK(cudaMemcpyAsync(dst, output, bytes, cudaMemcpyDeviceToDevice, s));
+    OPFUSE_CUDA_CHECK(cudaStreamSynchronize(s));
+  });
 }
 
 void opfuse_session_close(void* handle) { delete static_cast<BenchSession*>(handle); }

@@ -132,26 +132,10 @@ def measure(shape, opfuse, args):
     expected = torch_call(a, b, torch.empty_like(d))
     rel_err = common.relative_error(d, expected)
     same_bits = bool(torch.equal(d, expected))
-    # Warm both (cuBLASLt plans, clocks), then estimate the host time per call for the hold.
-    for call in sides.values():
-        common._run_calls(call, sets, 5)
-    torch.cuda.synchronize()
     flops = 2 * m * n * k
     big = m * n * k >= 2**36
     iters = args.iters_large if big else args.iters_medium
-    host_s = 0.0
-    for call in sides.values():
-        began = time.perf_counter()
-        common._run_calls(call, sets, 10)
-        host_s = max(host_s, (time.perf_counter() - began) / 10)
-    torch.cuda.synchronize()
-    per_round = {"opfuse": [], "torch": []}
-    for r in range(args.rounds):
-        order = ["opfuse", "torch"] if r % 2 == 0 else ["torch", "opfuse"]
-        times = alternate([sides[side] for side in order], sets, iters, host_s)
-        for side, side_times in zip(order, times, strict=True):
-            per_round[side].append(statistics.median(side_times))
-    ratios = [o / t for o, t in zip(per_round["opfuse"], per_round["torch"], strict=True)]
+    per_round, ratios = interleaved_rounds(sides, sets, args.rounds, iters)
     del sets
     torch.cuda.empty_cache()
     opfuse_ms = statistics.median(per_round["opfuse"])
@@ -173,6 +157,32 @@ def measure(shape, opfuse, args):
         "rel_err": rel_err,
         "same_bits": same_bits,
     }
+
+
+def interleaved_rounds(sides, sets, rounds, iters):
+    """Both of `sides` ({name: call}, two entries) warmed (5 calls each: plans, clocks), their
+    host time per call estimated for the hold, then `rounds` rounds of `iters` alternating calls
+    each (alternate), which side goes first switching every round. Returns the per-round medians
+    {name: [ms, ...]} and the per-round ratios first side / second side."""
+    for call in sides.values():
+        common._run_calls(call, sets, 5)
+    torch.cuda.synchronize()
+    host_s = 0.0
+    for call in sides.values():
+        began = time.perf_counter()
+        common._run_calls(call, sets, 10)
+        host_s = max(host_s, (time.perf_counter() - began) / 10)
+    torch.cuda.synchronize()
+    names = list(sides)
+    per_round = {name: [] for name in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        times = alternate([sides[name] for name in order], sets, iters, host_s)
+        for name, side_times in zip(order, times, strict=True):
+            per_round[name].append(statistics.median(side_times))
+    first, second = names
+    ratios = [a / b for a, b in zip(per_round[first], per_round[second], strict=True)]
+    return per_round, ratios
 
 
 def alternate(calls, sets, iters, host_seconds_per_call):

@@ -11,7 +11,7 @@ once and kept, after --calibrate training steps that give delayed scaling scales
 the peer's parameters and inputs) and mlp_peers.py's
 variants (`compile_fp8`: torch.compile with torch._scaled_mm, current scaling, weights cast on
 every call; `compile`: torch.compile bf16). Each round issues opfuse and one peer alternately,
-call by call, queued behind a sleep kernel (gemm_interleaved.alternate), so neighbouring calls see
+call by call, queued behind a sleep kernel (gemm_interleaved.interleaved_rounds), so neighbouring calls see
 the same clocks; which side goes first alternates between rounds. Per peer: the median over
 rounds of (opfuse median / peer median), with the rounds' min and max.
 
@@ -29,7 +29,7 @@ import time
 import torch
 
 import peer_common as common
-from gemm_interleaved import alternate
+from gemm_interleaved import interleaved_rounds
 from mlp_peers import build_callable, make_call, make_rotation_sets
 
 ERROR_BYTES = 4096
@@ -139,15 +139,6 @@ class OpfuseSession:
             self.handle = None
 
 
-def host_seconds_per_call(call, sets):
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    common._run_calls(call, sets, 5)
-    seconds = (time.perf_counter() - began) / 5
-    torch.cuda.synchronize()
-    return seconds
-
-
 def measure(peer, opfuse, sets, args):
     torch_call = make_call(build_callable(peer), "fwd")
     began = time.perf_counter()
@@ -155,16 +146,7 @@ def measure(peer, opfuse, sets, args):
     torch.cuda.synchronize()
     compile_s = time.perf_counter() - began
     sides = {"opfuse": lambda *s: opfuse.forward(s[0]), peer: torch_call}
-    for call in sides.values():
-        common._run_calls(call, sets, 5)
-    host_s = max(host_seconds_per_call(call, sets) for call in sides.values())
-    per_round = {side: [] for side in sides}
-    for r in range(args.rounds):
-        order = ["opfuse", peer] if r % 2 == 0 else [peer, "opfuse"]
-        times = alternate([sides[side] for side in order], sets, args.iters, host_s)
-        for side, side_times in zip(order, times, strict=True):
-            per_round[side].append(statistics.median(side_times))
-    ratios = [o / p for o, p in zip(per_round["opfuse"], per_round[peer], strict=True)]
+    per_round, ratios = interleaved_rounds(sides, sets, args.rounds, args.iters)
     return {
         "peer": peer,
         "opfuse_ms": statistics.median(per_round["opfuse"]),
