@@ -49,14 +49,15 @@ __device__ __forceinline__ float2 warp_allreduce_sum2(float2 value) {
 // Each group owns two scratch slots of kWarps float2 and alternates between them, so back-to-back
 // reductions need only one barrier each: a slot is rewritten two calls later, after the barrier
 // of the call in between has ordered every read of it.
-template <int kWarps, int kGroups = 1>
+// Slot is float2, or float4 for allreduce_sum4.
+template <int kWarps, int kGroups = 1, typename Slot = float2>
 class GroupReducer {
  public:
   static_assert(kGroups >= 1, "a block holds at least one group");
 
-  // scratch: 2 * kWarps float2 owned by this group (unused when kWarps == 1); group: the index of
+  // scratch: 2 * kWarps slots owned by this group (unused when kWarps == 1); group: the index of
   // this thread's group in the block (its warps are warps kWarps * group ...).
-  __device__ __forceinline__ GroupReducer(float2* scratch, int group)
+  __device__ __forceinline__ GroupReducer(Slot* scratch, int group)
       : scratch_(scratch), group_(group) {}
 
   template <typename Op>
@@ -78,11 +79,14 @@ class GroupReducer {
   __device__ __forceinline__ float2 allreduce_sum2(float2 value) {
     value = warp_allreduce_sum2(value);
     if constexpr (kWarps > 1) {
-      float2* slot = next_slot();
+      Slot* slot = next_slot();
       const int warp = warp_in_group();
-      if ((threadIdx.x & 31) == 0) slot[warp] = value;
+      if ((threadIdx.x & 31) == 0) {
+        slot[warp].x = value.x;
+        slot[warp].y = value.y;
+      }
       sync_group();
-      value = slot[0];
+      value = make_float2(slot[0].x, slot[0].y);
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) {
         value.x += slot[w].x;
@@ -92,9 +96,32 @@ class GroupReducer {
     return value;
   }
 
+  // Four sums in one pass (float4 slots).
+  __device__ __forceinline__ float4 allreduce_sum4(float4 value) {
+    static_assert(sizeof(Slot) == sizeof(float4), "allreduce_sum4 needs float4 slots");
+    const float2 low = warp_allreduce_sum2(make_float2(value.x, value.y));
+    const float2 high = warp_allreduce_sum2(make_float2(value.z, value.w));
+    value = make_float4(low.x, low.y, high.x, high.y);
+    if constexpr (kWarps > 1) {
+      Slot* slot = next_slot();
+      const int warp = warp_in_group();
+      if ((threadIdx.x & 31) == 0) slot[warp] = value;
+      sync_group();
+      value = slot[0];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) {
+        value.x += slot[w].x;
+        value.y += slot[w].y;
+        value.z += slot[w].z;
+        value.w += slot[w].w;
+      }
+    }
+    return value;
+  }
+
  private:
-  __device__ __forceinline__ float2* next_slot() {
-    float2* slot = scratch_ + parity_ * kWarps;
+  __device__ __forceinline__ Slot* next_slot() {
+    Slot* slot = scratch_ + parity_ * kWarps;
     parity_ ^= 1;
     return slot;
   }
@@ -108,7 +135,7 @@ class GroupReducer {
     }
   }
 
-  float2* scratch_;
+  Slot* scratch_;
   int group_;
   int parity_ = 0;
 };

@@ -50,6 +50,19 @@ __host__ __device__ constexpr int vec_chunk_bytes() {
 
 }  // namespace detail
 
+// Makes the compiler treat a vector's bits as unknown (an empty asm that "changes" each 32-bit
+// word): values computed from it before and after are not recognised as equal, so a kernel that
+// recomputes them after a barrier does not get them held in registers across it instead.
+template <typename T, int N>
+__device__ __forceinline__ void hide_from_optimizer(Vec<T, N>& value) {
+  static_assert(sizeof(Vec<T, N>) % 4 == 0, "whole 32-bit words");
+  unsigned int* words = reinterpret_cast<unsigned int*>(&value);
+#pragma unroll
+  for (int w = 0; w < static_cast<int>(sizeof(Vec<T, N>) / 4); ++w) {
+    asm("" : "+r"(words[w]));
+  }
+}
+
 // Read-only load through the non-coherent path (the inputs of a kernel are never written by it).
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* ptr) {

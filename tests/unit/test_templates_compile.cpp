@@ -316,6 +316,23 @@ TEST(TemplateLaunchRules, NormShapesMatchTheReadme) {
   EXPECT_EQ(launch::norm_threads_per_row(768, 4, launch::kNormFwdMaxVecsPerThread), 64);
 }
 
+// The norm backward's partial sums: shared memory within 32 KiB per block, and two rows per step
+// only where they are there and a row is one vector per thread.
+TEST(TemplateLaunchRules, NormBackwardPartialsAndRowsPerStep) {
+  // bf16 4096: 512 threads x 8 elements x (dgamma, dbeta) x 4 bytes.
+  EXPECT_EQ(launch::norm_bwd_partials_shared_bytes(4096, 2, /*is_rms=*/false), 32768);
+  EXPECT_EQ(launch::norm_bwd_rows_per_step(4096, 2, false), 2);
+  EXPECT_EQ(launch::norm_bwd_partials_shared_bytes(4096, 2, /*is_rms=*/true), 16384);
+  // bf16 8192: 1024 threads, 64 KiB for LayerNorm: registers, one row per step; RMSNorm fits.
+  EXPECT_EQ(launch::norm_bwd_partials_shared_bytes(8192, 2, false), 0);
+  EXPECT_EQ(launch::norm_bwd_rows_per_step(8192, 2, false), 1);
+  EXPECT_EQ(launch::norm_bwd_partials_shared_bytes(8192, 2, true), 32768);
+  EXPECT_EQ(launch::norm_bwd_rows_per_step(8192, 2, true), 2);
+  // fp32 8192: two vectors per thread; the RMSNorm partials fit, but one row per step.
+  EXPECT_EQ(launch::norm_bwd_partials_shared_bytes(8192, 4, true), 32768);
+  EXPECT_EQ(launch::norm_bwd_rows_per_step(8192, 4, true), 1);
+}
+
 TEST(TemplateLaunchRules, TileAndReductionGrids) {
   EXPECT_EQ(launch::tile_grid_x(28672), 448);
   EXPECT_EQ(launch::tile_grid_x(200), 4);   // partial last column tile
