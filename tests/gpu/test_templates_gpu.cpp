@@ -336,5 +336,160 @@ TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
   cudaFree(d_records);
 }
 
+// LayerNorm/RMSNorm backward against a double-precision reference: the paths of
+// launch_rules.h's norm_bwd rules (partials in shared memory with two rows per step: fp32 768 and
+// bf16 256, the latter four row groups per block; partials in registers, one row per step: bf16
+// 8192 LayerNorm), a grid whose row groups get odd row counts (the last step's second row past the
+// end), zero-centered gamma and the residual gradient.
+struct NormBackwardCase {
+  bool bf16;
+  bool rms;
+  bool zero_centered;
+  bool residual;
+  int hidden;
+  int rows;
+  unsigned grid;
+};
+
+class NormBackwardGpu : public TemplatesGpu,
+                        public ::testing::WithParamInterface<NormBackwardCase> {};
+
+TEST_P(NormBackwardGpu, MatchesADoublePrecisionReference) {
+  const NormBackwardCase c = GetParam();
+  struct NormBwdParams {  // NormBwdParams<Input>
+    const void* dy;
+    const void* x;
+    const void* gamma;
+    const float* mean;
+    const float* rstd;
+    const void* dresidual;
+    void* dx;
+    float* dgamma_partial;
+    float* dbeta_partial;
+    int rows;
+  };
+  const std::string type = c.bf16 ? "__nv_bfloat16" : "float";
+  const std::string expression =
+      std::string(c.rms ? "opfuse::rmsnorm_bwd<" : "opfuse::layernorm_bwd<") + type + ", " +
+      std::to_string(c.hidden) + ", " + (c.zero_centered ? "true" : "false") + ">";
+  cudaKernel_t kernel = load("#include \"norm.cuh\"\n", expression);
+  ASSERT_EQ(kernel_.spill_store_bytes, 0) << expression;
+  const int bytes = c.bf16 ? 2 : 4;
+  const int h = c.hidden, rows = c.rows;
+  const size_t n = size_t(rows) * h;
+
+  // Inputs, rounded to the input dtype first so both sides read the same values.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto rounded = [&](float v) { return c.bf16 ? cpu::bf16_to_float(cpu::float_to_bf16(v)) : v; };
+  std::vector<float> x(n), dy(n), gamma(h), residual(c.residual ? n : 0);
+  for (auto& v : x) v = rounded(2.0f * normal(rng) + 0.5f);
+  for (auto& v : dy) v = rounded(normal(rng));
+  for (auto& v : gamma)
+    v = rounded(c.zero_centered ? 0.2f * normal(rng) : 1.0f + 0.2f * normal(rng));
+  for (auto& v : residual) v = rounded(normal(rng));
+  std::vector<float> mean(rows), rstd(rows);
+  for (int r = 0; r < rows; ++r) {
+    double sum = 0.0, squares = 0.0;
+    for (int j = 0; j < h; ++j) sum += x[size_t(r) * h + j];
+    const double m = c.rms ? 0.0 : sum / h;
+    for (int j = 0; j < h; ++j) squares += (x[size_t(r) * h + j] - m) * (x[size_t(r) * h + j] - m);
+    mean[r] = float(m);
+    rstd[r] = float(1.0 / std::sqrt(squares / h + 1e-5));
+  }
+  auto upload = [&](const std::vector<float>& values) -> void* {
+    if (values.empty()) return nullptr;
+    if (!c.bf16) return device_copy(values);
+    std::vector<uint16_t> bits(values.size());
+    for (size_t i = 0; i < values.size(); ++i) bits[i] = cpu::float_to_bf16(values[i]);
+    return device_copy(bits);
+  };
+  void* d_x = upload(x);
+  void* d_dy = upload(dy);
+  void* d_gamma = upload(gamma);
+  void* d_residual = upload(residual);
+  float* d_mean = device_copy(mean);
+  float* d_rstd = device_copy(rstd);
+  void* d_dx = nullptr;
+  CUDA_OK(cudaMalloc(&d_dx, n * bytes));
+  const int rows_per_block = launch::norm_bwd_rows_per_block(h, bytes);
+  const size_t partial_rows = size_t(c.grid) * rows_per_block;
+  float *d_dgamma = nullptr, *d_dbeta = nullptr;
+  CUDA_OK(cudaMalloc(&d_dgamma, partial_rows * h * 4));
+  CUDA_OK(cudaMalloc(&d_dbeta, partial_rows * h * 4));
+  NormBwdParams params{d_dy,       d_x,  d_gamma,  d_mean,  d_rstd,
+                       d_residual, d_dx, d_dgamma, d_dbeta, rows};
+  void* args[] = {&params};
+  CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(c.grid),
+                           dim3(launch::norm_bwd_block_threads(h, bytes)), args, 0, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<float> dx(n);
+  if (c.bf16) {
+    const auto bits = host_copy(static_cast<const uint16_t*>(d_dx), n);
+    for (size_t i = 0; i < n; ++i) dx[i] = cpu::bf16_to_float(bits[i]);
+  } else {
+    dx = host_copy(static_cast<const float*>(d_dx), n);
+  }
+  // dx within fp32 rounding of its terms (bf16 output: plus its own rounding).
+  const double output_ulp = c.bf16 ? std::ldexp(1.0, -8) : 0.0;
+  std::vector<double> dgamma(h, 0.0), dbeta(h, 0.0), magnitude(h, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    double sum_g = 0.0, sum_gx = 0.0, scale = 0.0;
+    for (int j = 0; j < h; ++j) {
+      const size_t i = size_t(r) * h + j;
+      const double w = gamma[j] + (c.zero_centered ? 1.0 : 0.0);
+      const double x_hat = (double(x[i]) - mean[r]) * rstd[r];
+      sum_g += dy[i] * w;
+      sum_gx += dy[i] * w * x_hat;
+      dgamma[j] += dy[i] * x_hat;
+      dbeta[j] += dy[i];
+      magnitude[j] += std::fabs(dy[i] * x_hat) + std::fabs(dy[i]);
+      scale += std::fabs(dy[i] * w);
+    }
+    const double mean_g = c.rms ? 0.0 : sum_g / h, mean_gx = sum_gx / h;
+    for (int j = 0; j < h; ++j) {
+      const size_t i = size_t(r) * h + j;
+      const double w = gamma[j] + (c.zero_centered ? 1.0 : 0.0);
+      const double x_hat = (double(x[i]) - mean[r]) * rstd[r];
+      const double want =
+          rstd[r] * (dy[i] * w - mean_g - x_hat * mean_gx) + (c.residual ? residual[i] : 0.0);
+      const double terms = rstd[r] * (std::fabs(dy[i] * w) + scale / h * (1.0 + std::fabs(x_hat)));
+      const double tolerance = 3e-5 * terms + output_ulp * std::fabs(want) + 1e-30;
+      ASSERT_LE(std::fabs(dx[i] - want), tolerance) << expression << " row " << r << " col " << j;
+    }
+  }
+  // The partial rows' column sums: dgamma = sum dy * x_hat, dbeta = sum dy.
+  const auto dgamma_partial = host_copy(d_dgamma, partial_rows * h);
+  const auto dbeta_partial = host_copy(d_dbeta, partial_rows * h);
+  for (int j = 0; j < h; ++j) {
+    double got_gamma = 0.0, got_beta = 0.0;
+    for (size_t p = 0; p < partial_rows; ++p) {
+      got_gamma += dgamma_partial[p * h + j];
+      got_beta += dbeta_partial[p * h + j];
+    }
+    ASSERT_NEAR(got_gamma, dgamma[j], 1e-5 * magnitude[j] + 1e-30) << expression << " col " << j;
+    if (!c.rms) {
+      ASSERT_NEAR(got_beta, dbeta[j], 1e-5 * magnitude[j] + 1e-30) << expression << " col " << j;
+    }
+  }
+  cudaFree(d_x), cudaFree(d_dy), cudaFree(d_gamma), cudaFree(d_residual), cudaFree(d_mean);
+  cudaFree(d_rstd), cudaFree(d_dx), cudaFree(d_dgamma), cudaFree(d_dbeta);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Templates, NormBackwardGpu,
+    ::testing::Values(NormBackwardCase{false, false, false, false, 768, 301, 7},
+                      NormBackwardCase{false, true, true, true, 768, 301, 7},
+                      NormBackwardCase{true, false, true, true, 256, 333, 5},
+                      NormBackwardCase{true, false, false, false, 4096, 1037, 13},
+                      NormBackwardCase{true, false, false, true, 8192, 130, 3}),
+    [](const ::testing::TestParamInfo<NormBackwardCase>& info) {
+      const NormBackwardCase& c = info.param;
+      return std::string(c.rms ? "rmsnorm_" : "layernorm_") + (c.bf16 ? "bf16_" : "fp32_") +
+             std::to_string(c.hidden) + (c.zero_centered ? "_zero_centered" : "") +
+             (c.residual ? "_residual" : "");
+    });
+
 }  // namespace
 }  // namespace opfuse
