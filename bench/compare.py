@@ -342,6 +342,7 @@ def interleaved_rows(data):
 MLP_INTERLEAVED_COLUMNS = [
     ("workload", "size", ""),
     ("recipe", "recipe", ""),
+    ("GEMMs", "gemm_algorithms", ""),
     ("peer", "peer", ""),
     ("opfuse ms", "opfuse_ms", ".4f"),
     ("peer ms", "peer_ms", ".4f"),
@@ -361,7 +362,9 @@ def mlp_interleaved_goals(rows):
     for r in rows:
         if r["peer"] in MLP_INTERLEAVED_GOALS:
             name, limit = MLP_INTERLEAVED_GOALS[r["peer"]]
-            what = f"{r['size']} {r['recipe'].replace('_', ' ')} fwd vs {name} (interleaved)"
+            tuned = " autotuned GEMMs" if r.get("gemm_algorithms") == "autotuned" else ""
+            what = (f"{r['size']} {r['recipe'].replace('_', ' ')} fwd{tuned} vs {name}"
+                    " (interleaved)")
             listed.append(goal(what, r["ratio"], limit))
     return listed
 
@@ -404,9 +407,11 @@ def main(argv):
         goal_list.append(goal("worst FP8 GEMM vs torch._scaled_mm", worst, GOAL_GEMM_RATIO))
     # The large forward against torch.compile, both in one process, call by call, after the
     # quantizer scales were calibrated (bench/peers/mlp_interleaved.py).
-    mlp_interleaved = interleaved_rows(
-        load(os.path.join(args.directory, "peers_mlp_interleaved.json"))
-    )
+    # (Runs before --gemm-algorithms measured cuBLASLt's heuristic choice only.)
+    mlp_interleaved = [
+        {"gemm_algorithms": "heuristic", **r}
+        for r in interleaved_rows(load(os.path.join(args.directory, "peers_mlp_interleaved.json")))
+    ]
     goal_list += mlp_interleaved_goals(mlp_interleaved)
     copies = sorted({round(r["copy"]["gb_per_s"]) for r in runs})
     print(

@@ -88,14 +88,16 @@ timeout 120 python3 "$peers/gemm_interleaved.py" --shim build/bench/bench/opfuse
   { echo "gemm_interleaved failed: $(tail -2 "$work/peers_gemm_interleaved.txt")"; status=1; }
 stamp "interleaved GEMMs done"
 # The large forward's goals measured in one process as well: an opfuse Session over a plan fusec
-# builds first and torch.compile (FP8 and bf16), call by call (bench/peers/mlp_interleaved.py).
+# builds first and torch.compile (FP8 and bf16), call by call (bench/peers/mlp_interleaved.py),
+# with cuBLASLt's heuristic GEMM algorithms and with autotuned ones (SessionOptions).
 if [[ " $sizes " == *" large "* ]]; then
   if ! timeout 60 "$fusec" build bench/workloads/mlp_large.fuse --recipe fp8_delayed \
     -o build/mlp_large_fp8_delayed >"$work/mlp_large_build.txt" 2>&1; then
     echo "fusec build of mlp_large failed: $(tail -2 "$work/mlp_large_build.txt")"
     status=1
-  elif ! timeout 240 python3 "$peers/mlp_interleaved.py" \
+  elif ! timeout 300 python3 "$peers/mlp_interleaved.py" \
     --shim build/bench/bench/opfuse_gemm_shim.so --build build/mlp_large_fp8_delayed \
+    --gemm-algorithms heuristic,autotuned \
     --json "$work/peers_mlp_interleaved.json" >"$work/peers_mlp_interleaved.txt" 2>&1; then
     echo "mlp_interleaved failed: $(tail -2 "$work/peers_mlp_interleaved.txt")"
     status=1

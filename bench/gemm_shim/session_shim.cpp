@@ -24,14 +24,17 @@ extern "C" {
 
 // Loads a `fusec build` directory (the plan fusec built and its kernels: their compile stays out
 // of the timing process; the session still JIT-compiles its quantizer-update kernel), opens its
-// only sequence on `stream` and binds `size_name` = `size`. The caller gives every parameter
+// only sequence on `stream` and binds `size_name` = `size`; nonzero `gemm_autotune` sets
+// SessionOptions::gemm_autotune (`fusec bench --gemm-autotune`). The caller gives every parameter
 // (set_tensor). Returns the session, or nullptr with the reason in `error`.
 void* opfuse_session_load(const char* build_dir, const char* size_name, std::int64_t size,
-                          void* stream, char* error, int error_bytes) {
+                          int gemm_autotune, void* stream, char* error, int error_bytes) {
   BenchSession* bench = nullptr;
   opfuse::bench::report_errors(error, error_bytes, [&] {
     opfuse::Program program = opfuse::Program::load_build(build_dir);
-    opfuse::Session session(program, {}, static_cast<cudaStream_t>(stream));
+    opfuse::SessionOptions options;
+    options.gemm_autotune = gemm_autotune != 0;
+    opfuse::Session session(program, {}, static_cast<cudaStream_t>(stream), options);
     session.bind({{size_name, size}});
     bench = new BenchSession{std::move(program), std::move(session)};
   });

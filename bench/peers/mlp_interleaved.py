@@ -13,7 +13,9 @@ variants (`compile_fp8`: torch.compile with torch._scaled_mm, current scaling, w
 every call; `compile`: torch.compile bf16). Each round issues opfuse and one peer alternately,
 call by call, queued behind a sleep kernel (gemm_interleaved.interleaved_rounds), so neighbouring calls see
 the same clocks; which side goes first alternates between rounds. Per peer: the median over
-rounds of (opfuse median / peer median), with the rounds' min and max.
+rounds of (opfuse median / peer median), with the rounds' min and max. --gemm-algorithms
+heuristic,autotuned measures two opfuse Sessions, the second with SessionOptions::gemm_autotune
+(`fusec bench --gemm-autotune`: each GEMM's fastest of cuBLASLt's first candidates, timed once).
 
   fusec build bench/workloads/mlp_large.fuse --recipe fp8_delayed -o build/mlp_large_fp8_delayed
   python3 bench/peers/mlp_interleaved.py --shim build/bench/bench/opfuse_gemm_shim.so \
@@ -45,7 +47,14 @@ _ERROR_ARGS = [ctypes.c_char_p, ctypes.c_int]
 SHIM_SIGNATURES = {
     "opfuse_session_load": (
         ctypes.c_void_p,
-        [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_void_p, *_ERROR_ARGS],
+        [
+            ctypes.c_char_p,
+            ctypes.c_char_p,
+            ctypes.c_int64,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            *_ERROR_ARGS,
+        ],
     ),
     "opfuse_session_set_tensor": (
         ctypes.c_int,
@@ -79,7 +88,7 @@ class OpfuseSession:
     """One opfuse Session over a `fusec build` directory (bench/gemm_shim's session entry points):
     the plan and kernels fusec built, so their compile stays out of this process."""
 
-    def __init__(self, library, build_dir, tokens):
+    def __init__(self, library, build_dir, tokens, gemm_autotune):
         self.lib = ctypes.CDLL(library)
         for name, (restype, argtypes) in SHIM_SIGNATURES.items():
             function = getattr(self.lib, name)
@@ -87,7 +96,13 @@ class OpfuseSession:
         self.error = ctypes.create_string_buffer(ERROR_BYTES)
         self.stream = torch.cuda.current_stream().cuda_stream
         self.handle = self.lib.opfuse_session_load(
-            build_dir.encode(), b"tokens", tokens, self.stream, self.error, ERROR_BYTES
+            build_dir.encode(),
+            b"tokens",
+            tokens,
+            int(gemm_autotune),
+            self.stream,
+            self.error,
+            ERROR_BYTES,
         )
         self.check(self.handle)
 
@@ -139,12 +154,16 @@ class OpfuseSession:
             self.handle = None
 
 
-def measure(peer, opfuse, sets, args):
+def compile_peer(peer, sets):
+    """The peer's forward, compiled by a first call; and that call's seconds."""
     torch_call = make_call(build_callable(peer), "fwd")
     began = time.perf_counter()
-    torch_call(*sets[0])  # compiles
+    torch_call(*sets[0])
     torch.cuda.synchronize()
-    compile_s = time.perf_counter() - began
+    return torch_call, time.perf_counter() - began
+
+
+def measure(peer, torch_call, compile_s, opfuse, sets, args):
     sides = {"opfuse": lambda *s: opfuse.forward(s[0]), peer: torch_call}
     per_round, ratios = interleaved_rounds(sides, sets, args.rounds, args.iters)
     return {
@@ -165,6 +184,7 @@ def measure(peer, opfuse, sets, args):
 
 COLUMNS = [
     ("opfuse recipe", "recipe", ""),
+    ("GEMMs", "gemm_algorithms", ""),
     ("peer", "peer", ""),
     ("opfuse ms", "opfuse_ms", ".4f"),
     ("peer ms", "peer_ms", ".4f"),
@@ -195,9 +215,17 @@ def parse_args(argv):
         default=4,
         help="training forwards + quantizer updates before timing (0: the initial scales)",
     )
+    parser.add_argument(
+        "--gemm-algorithms",
+        default="heuristic",
+        help="opfuse sessions to measure: heuristic (cuBLASLt's first choice), autotuned, or both",
+    )
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
     args.peers = common.parse_list(args.peers, ["compile_fp8", "compile", "eager"], "peers")
+    args.gemm_algorithms = common.parse_list(
+        args.gemm_algorithms, ["heuristic", "autotuned"], "gemm-algorithms"
+    )
     if args.rounds < 2:
         raise SystemExit("--rounds must be at least 2 (the sides alternate)")
     return args
@@ -208,49 +236,64 @@ def main(argv):
     common.require_cuda()
     common.print_banner("mlp_interleaved")
     size = common.MLP_SIZES[args.size]
-    opfuse = OpfuseSession(args.shim, args.build, size["tokens"])
-    version = opfuse.cublaslt_version()
-    print(f"# cuBLASLt {version} in this process (both sides)", flush=True)
-    report = common.JsonReport(
-        args.json, "mlp_interleaved", {**vars(args), "cublaslt_version": version}
-    )
     sets = make_rotation_sets(size, "fwd", args.seed)
-    # opfuse runs on the first set's parameters (its FP8 weight copies are cast once and kept, as
-    # in fusec bench) and on every set's x; under delayed scaling its scales first come from
-    # --calibrate training steps on the first set; its output is compared with eager bf16's.
-    for index, name in PARAMETERS.items():
-        opfuse.set_tensor(name, sets[0][index])
-    if args.calibrate > 0:
-        opfuse.calibrate(sets[0][0], args.calibrate)
-    opfuse.forward(sets[0][0])
-    torch.cuda.synchronize()
     with torch.no_grad():
         expected = build_callable("eager")(*sets[0][:5])
-    rel_err = common.relative_error(opfuse.output(expected), expected)
-    print(f"# opfuse vs eager bf16 on the first set: relative error {rel_err:.2e}", flush=True)
+    # One session per GEMM setting, each on the first set's parameters (its FP8 weight copies
+    # are cast once and kept, as in fusec bench) and on every set's x; under delayed scaling its
+    # scales first come from --calibrate training steps on the first set; its output is compared
+    # with eager bf16's.
+    sessions = {}
+    rel_errs = {}
+    report = None
     rows = []
     try:
+        for algorithms in args.gemm_algorithms:
+            opfuse = OpfuseSession(args.shim, args.build, size["tokens"], algorithms == "autotuned")
+            sessions[algorithms] = opfuse
+            if report is None:
+                version = opfuse.cublaslt_version()
+                print(f"# cuBLASLt {version} in this process (both sides)", flush=True)
+                report = common.JsonReport(
+                    args.json, "mlp_interleaved", {**vars(args), "cublaslt_version": version}
+                )
+            for index, name in PARAMETERS.items():
+                opfuse.set_tensor(name, sets[0][index])
+            if args.calibrate > 0:
+                opfuse.calibrate(sets[0][0], args.calibrate)
+            opfuse.forward(sets[0][0])
+            torch.cuda.synchronize()
+            rel_errs[algorithms] = common.relative_error(opfuse.output(expected), expected)
+            print(f"# opfuse ({algorithms} GEMMs) vs eager bf16 on the first set: relative error "
+                  f"{rel_errs[algorithms]:.2e}", flush=True)
         for peer in args.peers:
-            common.seed_everything(args.seed)
             try:
-                row = {
-                    "size": args.size,
-                    "recipe": args.recipe,
-                    "opfuse_rel_err": rel_err,
-                    **measure(peer, opfuse, sets, args),
-                }
+                torch_call, compile_s = compile_peer(peer, sets)
             except Exception as error:  # one failing peer must not cost the others
                 message = common.error_line(error)
                 print(f"FAILED {peer}: {message}", flush=True)
                 report.add({"size": args.size, "recipe": args.recipe, "peer": peer,
                             "error": message})
                 continue
-            rows.append(row)
-            report.add(row)
-            print(f"{args.size} fwd {args.recipe} vs {peer}: x{row['ratio']:.3f} "
-                  f"[{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]", flush=True)
+            for algorithms, opfuse in sessions.items():
+                common.seed_everything(args.seed)
+                label = {"size": args.size, "recipe": args.recipe, "gemm_algorithms": algorithms}
+                try:
+                    row = {**label, "opfuse_rel_err": rel_errs[algorithms],
+                           **measure(peer, torch_call, compile_s, opfuse, sets, args)}
+                except Exception as error:  # one failing peer must not cost the others
+                    message = common.error_line(error)
+                    print(f"FAILED {peer} ({algorithms} GEMMs): {message}", flush=True)
+                    report.add({**label, "peer": peer, "error": message})
+                    continue
+                rows.append(row)
+                report.add(row)
+                print(f"{args.size} fwd {args.recipe} ({algorithms} GEMMs) vs {peer}: "
+                      f"x{row['ratio']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]",
+                      flush=True)
     finally:
-        opfuse.close()
+        for opfuse in sessions.values():
+            opfuse.close()
     print(common.format_table(COLUMNS, rows))
     report.write()
     return 0

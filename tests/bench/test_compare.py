@@ -73,6 +73,36 @@ class CompareOnARecordedRun(unittest.TestCase):
         # The separate-runs goal is still listed, under its own name.
         self.assertIn("0.866x", self.goal("large fp8 delayed fwd vs torch.compile FP8"))
 
+    def test_autotuned_interleaved_rows_are_goals_of_their_own(self):
+        # mlp_interleaved.py --gemm-algorithms heuristic,autotuned: the fixture's rows (written
+        # before the option) count as heuristic; an autotuned row is listed under its own name.
+        work = tempfile.mkdtemp(prefix="opfuse-compare-tuned-")
+        self.addCleanup(shutil.rmtree, work, True)
+        fixture = os.path.join(HERE, "compare_fixture")
+        for name in os.listdir(fixture):
+            shutil.copy(os.path.join(fixture, name), work)
+        path = os.path.join(work, "peers_mlp_interleaved.json")
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        tuned = dict(next(r for r in data["results"] if r.get("peer") == "compile_fp8"))
+        tuned.update(gemm_algorithms="autotuned", ratio=0.82, ratio_min=0.81, ratio_max=0.84)
+        data["results"].append(tuned)
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+        subprocess.run([sys.executable, COMPARE, work], capture_output=True, check=True)
+        with open(os.path.join(work, "compare.json"), encoding="utf-8") as handle:
+            goals = [g["text"] for g in json.load(handle)["goals"]]
+        self.assertIn(
+            "large fp8 delayed fwd autotuned GEMMs vs torch.compile FP8 (interleaved): 0.820x"
+            " (limit 0.83x) MET",
+            goals,
+        )
+        self.assertIn("0.849x (limit 0.83x) MISSED",
+                      "".join(g for g in goals if g.startswith(
+                          "large fp8 delayed fwd vs torch.compile FP8 (interleaved)")))
+        rows = self.summary["mlp_interleaved"]
+        self.assertEqual({r["gemm_algorithms"] for r in rows}, {"heuristic"})
+
     def test_step_by_step_rows_are_not_host_time_goals(self):
         self.assertIn("MET", self.goal("tiny fp8 delayed fwd host time per call"))
         self.assertIn("MET", self.goal("tiny fp8 delayed fwd graph host time per call"))
