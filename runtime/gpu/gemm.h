@@ -36,11 +36,12 @@ struct GemmArgs {
 std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& args);
 
 struct GemmOptions {
-  // Time the first candidates cuBLASLt's heuristic offers for a desc at its first run and keep
-  // the fastest, instead of the heuristic's first. Costs a host sync and a few runs of the GEMM
-  // on that first run; skipped for accumulating GEMMs (a timing run would add into D twice) and
-  // during a graph capture. The choice is shared by every runner in the process, so sessions
-  // in one process compute bit-identical results; another process may choose differently.
+  // Time the first candidates cuBLASLt's heuristic offers for a desc at its first run (rounds
+  // over all of them in alternating order, a median per candidate) and keep the fastest,
+  // instead of the heuristic's first. Costs host syncs and about a dozen runs of the GEMM per
+  // candidate on that first run; skipped for accumulating GEMMs (a timing run would add into D
+  // twice) and during a graph capture. The choice is shared by every runner in the process, so
+  // sessions in one process compute bit-identical results; another process may choose differently.
   bool autotune = false;
 };
 
