@@ -525,7 +525,7 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams<Input>& params) {
         hide_from_optimizer(dy_raw[r][s]);
       }
     }
-    asm("" : "+r"(gamma_offset));  // gamma is read again, not held across the barrier
+    hide_from_optimizer(gamma_offset);  // gamma is read again, not held across the barrier
     if constexpr (kRowsPerStep == 2) {
       const float4 both =
           reducer.allreduce_sum4(make_float4(sums[0].x, sums[0].y, sums[1].x, sums[1].y));

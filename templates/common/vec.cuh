@@ -62,6 +62,8 @@ __device__ __forceinline__ void hide_from_optimizer(Vec<T, N>& value) {
     asm("" : "+r"(words[w]));
   }
 }
+// The same for an int (e.g. an offset of zero that makes a later load a new one).
+__device__ __forceinline__ void hide_from_optimizer(int& value) { asm("" : "+r"(value)); }
 
 // Read-only load through the non-coherent path (the inputs of a kernel are never written by it).
 template <typename T, int N>
