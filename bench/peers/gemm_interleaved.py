@@ -36,7 +36,8 @@ ERROR_BYTES = 1024
 
 
 class OpfuseGemm:
-    def __init__(self, library):
+    def __init__(self, library, autotune=False):
+        self.autotune = autotune
         self.lib = ctypes.CDLL(library)
         self.lib.opfuse_gemm_run.restype = ctypes.c_int
         self.lib.opfuse_gemm_run.argtypes = [
@@ -44,6 +45,7 @@ class OpfuseGemm:
             ctypes.c_int64,
             ctypes.c_int64,
             ctypes.c_int64,
+            ctypes.c_int,
             ctypes.c_int,
             ctypes.c_int,
             ctypes.c_void_p,
@@ -72,6 +74,7 @@ class OpfuseGemm:
                 k,
                 int(a_e5m2),
                 int(fast_accum),
+                int(self.autotune),
                 a.data_ptr(),
                 b.data_ptr(),
                 d.data_ptr(),
@@ -242,6 +245,12 @@ def parse_args(argv):
     parser.add_argument("--rounds", type=int, default=12, help="rounds per GEMM")
     parser.add_argument("--iters-large", type=int, default=30, help="calls per side and round")
     parser.add_argument("--iters-medium", type=int, default=200, help="calls per side and round")
+    parser.add_argument(
+        "--gemm-autotune",
+        action="store_true",
+        help="opfuse's runner autotunes (GemmOptions::autotune) instead of taking the heuristic's"
+        " first algorithm: same bits then only where it picks torch's algorithm",
+    )
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
     args.sizes = common.parse_list(args.sizes, ["medium", "large"], "sizes")
@@ -254,7 +263,7 @@ def main(argv):
     args = parse_args(argv)
     common.require_cuda()
     common.print_banner("gemm_interleaved")
-    opfuse = OpfuseGemm(args.shim)
+    opfuse = OpfuseGemm(args.shim, args.gemm_autotune)
     version = opfuse.cublaslt_version()
     print(f"# cuBLASLt {version} in this process (both sides)", flush=True)
     report = common.JsonReport(
@@ -265,7 +274,10 @@ def main(argv):
         for shape in mlp_gemm_shapes(size):
             common.seed_everything(args.seed)
             try:
-                row = measure(shape, opfuse, args)
+                row = {
+                    **measure(shape, opfuse, args),
+                    "gemm_algorithms": "autotuned" if args.gemm_autotune else "heuristic",
+                }
             except Exception as error:  # one failing shape must not cost the others
                 message = common.error_line(error)
                 print(f"FAILED {size} {shape['gemm']}: {message}", flush=True)
