@@ -249,7 +249,8 @@ def parse_args(argv):
         "--gemm-autotune",
         action="store_true",
         help="opfuse's runner autotunes (GemmOptions::autotune) instead of taking the heuristic's"
-        " first algorithm: same bits then only where it picks torch's algorithm",
+        " first algorithm ('same bits' then says whether the results agree, not that the"
+        " algorithm is torch's)",
     )
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
