@@ -275,8 +275,8 @@ int GemmRunner::Impl::fastest(const Plan& plan,
                               cudaStream_t stream) const {
   // Why rounds over all candidates, in alternating order, and a median per candidate: under
   // sustained FP8 GEMM load the GPU's clock drifts within tens of milliseconds (bench/RESULTS.md),
-  // so timing the candidates one after another favoured whichever ran while it was fast (H100:
-  // the pick for the seed MLP's large dgrad/wgrad ran 9-12% slower than the heuristic's first).
+  // so a candidate timed once, in its turn, is timed at whatever clock its turn had; rounds give
+  // every candidate the same mix of clocks.
   constexpr int kRounds = 5;
   constexpr int kRunsPerTiming = 2;
   const int count = static_cast<int>(candidates.size());
