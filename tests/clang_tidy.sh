@@ -4,6 +4,6 @@
 set -euo pipefail
 tidy="$1" build="$2" src="$3"
 grep -o '"file": *"[^"]*"' "$build/compile_commands.json" | sed 's/.*"\([^"]*\)"$/\1/' |
-  grep -E "^$src/(compiler|runtime)/.*\.cpp$" | sort -u |
+  grep -E "^$src/(compiler|runtime|plan)/.*\.cpp$" | sort -u |
   xargs -n 1 -P "$(nproc)" "$tidy" -p "$build" --quiet 2>/dev/null |
   tee /dev/stderr | { ! grep -E ': (warning|error):'; }

@@ -45,9 +45,9 @@ int opfuse_gemm_run(void* stream, std::int64_t m, std::int64_t n, std::int64_t k
     desc.m = m;
     desc.n = n;
     desc.k = k;
-    desc.a = a_e5m2 != 0 ? opfuse::ir::DType::E5M2 : opfuse::ir::DType::E4M3;
-    desc.b = opfuse::ir::DType::E4M3;
-    desc.d = opfuse::ir::DType::BF16;
+    desc.a = a_e5m2 != 0 ? opfuse::plan::DType::E5M2 : opfuse::plan::DType::E4M3;
+    desc.b = opfuse::plan::DType::E4M3;
+    desc.d = opfuse::plan::DType::BF16;
     desc.fast_accum = fast_accum != 0;
     opfuse::gpu::GemmArgs args;
     args.a = a;

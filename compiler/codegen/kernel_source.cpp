@@ -69,7 +69,7 @@ std::string use_comment(const Plan& plan, const KernelUse& use) {
     for (const std::string& name : use.quantizers) {
       const QuantizerPlan* q = find_quantizer(plan, use.sequence, name);
       list += fmt::format("{}{}{}", list.empty() ? "" : ", ", name,
-                          q ? fmt::format(" ({})", ir::dtype_name(q->format)) : "");
+                          q ? fmt::format(" ({})", ir::dtype_name(q->format())) : "");
     }
     out += fmt::format("//     quantizers: {}\n", list);
   }

@@ -37,8 +37,6 @@ std::vector<std::string> printed_value_names(const ir::Sequence& s) {
   return names;
 }
 
-float fp8_max(ir::DType format) { return format == ir::DType::E5M2 ? 57344.0f : 448.0f; }
-
 void add_unique(std::vector<int>& ids, int id) {
   if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
 }
@@ -47,55 +45,16 @@ void add_unique(std::vector<int>& ids, int id) {
 
 // ---- small helpers ------------------------------------------------------------------------------
 
-std::string_view buffer_role_name(BufferRole role) {
-  switch (role) {
-    case BufferRole::Input:
-      return "input";
-    case BufferRole::Param:
-      return "param";
-    case BufferRole::OutputGrad:
-      return "output_grad";
-    case BufferRole::Result:
-      return "result";
-    case BufferRole::Workspace:
-      return "workspace";
+SymExpr shape_product(const ir::Shape& shape, size_t begin, size_t end) {
+  SymExpr product = 1;
+  for (size_t i = begin; i < end && i < shape.size(); ++i) {
+    const ir::Dim& d = shape[i];
+    product = product * (d.is_symbolic() ? SymExpr::symbol(d.symbol) : SymExpr(d.size));
   }
-  return "?";
+  return product;
 }
 
-std::string_view param_kind_name(ParamBinding::Kind kind) {
-  switch (kind) {
-    case ParamBinding::Kind::Null:
-      return "null";
-    case ParamBinding::Kind::Buffer:
-      return "buffer";
-    case ParamBinding::Kind::Buffers:
-      return "buffers";
-    case ParamBinding::Kind::Quantizer:
-      return "quantizer";
-    case ParamBinding::Kind::Records:
-      return "quantizer_records";
-    case ParamBinding::Kind::Int:
-      return "int";
-    case ParamBinding::Kind::Int64:
-      return "int64";
-    case ParamBinding::Kind::Float:
-      return "float";
-  }
-  return "?";
-}
-
-std::string_view gemm_role_name(GemmRole role) {
-  switch (role) {
-    case GemmRole::Fprop:
-      return "fprop";
-    case GemmRole::Dgrad:
-      return "dgrad";
-    case GemmRole::Wgrad:
-      return "wgrad";
-  }
-  return "?";
-}
+SymExpr element_count_expr(const ir::Shape& shape) { return shape_product(shape, 0, shape.size()); }
 
 ParamBinding bind_null(std::string field) {
   ParamBinding p;
@@ -106,7 +65,7 @@ ParamBinding bind_null(std::string field) {
 ParamBinding bind_in(std::string field, int buffer) {
   ParamBinding p = bind_null(std::move(field));
   if (buffer < 0) return p;
-  p.kind = ParamBinding::Kind::Buffer;
+  p.kind = ParamKind::Buffer;
   p.buffers = {buffer};
   return p;
 }
@@ -119,44 +78,50 @@ ParamBinding bind_out(std::string field, int buffer) {
 
 ParamBinding bind_buffers(std::string field, std::vector<int> buffers, bool written) {
   ParamBinding p = bind_null(std::move(field));
-  p.kind = ParamBinding::Kind::Buffers;
+  p.kind = ParamKind::Buffers;
   p.written = written;
   p.buffers = std::move(buffers);
   return p;
 }
 
-ParamBinding bind_quantizer(std::string field, int quantizer, std::string quantizer_field) {
+ParamBinding bind_copy(std::string field, int buffer) {
+  ParamBinding p = bind_out(std::move(field), buffer);
+  p.columnwise_copy = buffer >= 0;
+  return p;
+}
+
+ParamBinding bind_quantizer(std::string field, int quantizer, QuantizerValue value) {
   ParamBinding p = bind_null(std::move(field));
   if (quantizer < 0) return p;
-  p.kind = ParamBinding::Kind::Quantizer;
+  p.kind = ParamKind::Quantizer;
   p.quantizer = quantizer;
-  p.quantizer_field = std::move(quantizer_field);
+  p.quantizer_value = value;
   return p;
 }
 
 ParamBinding bind_records(std::string field, std::vector<int> quantizers) {
   ParamBinding p = bind_null(std::move(field));
-  p.kind = ParamBinding::Kind::Records;
+  p.kind = ParamKind::Records;
   p.records = std::move(quantizers);
   return p;
 }
 
 ParamBinding bind_int(std::string field, SymExpr value) {
   ParamBinding p = bind_null(std::move(field));
-  p.kind = ParamBinding::Kind::Int;
+  p.kind = ParamKind::Int;
   p.int_value = std::move(value);
   return p;
 }
 
 ParamBinding bind_int64(std::string field, SymExpr value) {
   ParamBinding p = bind_int(std::move(field), std::move(value));
-  p.kind = ParamBinding::Kind::Int64;
+  p.kind = ParamKind::Int64;
   return p;
 }
 
 ParamBinding bind_float(std::string field, double value) {
   ParamBinding p = bind_null(std::move(field));
-  p.kind = ParamBinding::Kind::Float;
+  p.kind = ParamKind::Float;
   p.float_value = value;
   return p;
 }
@@ -171,12 +136,6 @@ bool Group::only(std::initializer_list<OpKind> kinds) const {
   return std::all_of(parts.begin(), parts.end(), [&](const ir::Operation* p) {
     return std::find(kinds.begin(), kinds.end(), p->kind) != kinds.end();
   });
-}
-
-const Kernel* Plan::find_kernel(std::string_view id) const {
-  for (const Kernel& k : kernels)
-    if (k.id == id) return &k;
-  return nullptr;
 }
 
 // ---- the sequence builder -----------------------------------------------------------------------
@@ -286,9 +245,9 @@ Kernel& kernel_for(Plan& plan, const std::string& template_name,
   return plan.kernels.back();
 }
 
-// The pointer to a transposed FP8 copy (templates/README.md: y_t, dx_t), bound to a buffer.
+// The pointer to a column-wise FP8 copy (templates/README.md: y_t, dx_t), bound to a buffer.
 bool binds_transposed_copy(const ParamBinding& p) {
-  return (p.field == "y_t" || p.field == "dx_t") && p.kind == ParamBinding::Kind::Buffer;
+  return p.columnwise_copy && p.kind == ParamKind::Buffer;
 }
 
 constexpr std::string_view kInferenceSuffix = " (inference: without the transposed copy)";
@@ -313,7 +272,7 @@ void SequenceBuilder::add_launch(const Group& g, const std::string& what,
   kernel.uses.push_back(use);
 
   for (const ParamBinding& p : params) {
-    if (p.kind != ParamBinding::Kind::Buffer && p.kind != ParamBinding::Kind::Buffers) continue;
+    if (p.kind != ParamKind::Buffer && p.kind != ParamKind::Buffers) continue;
     for (int b : p.buffers) add_unique(p.written ? s.writes : s.reads, b);
   }
   // A candidate only: add_inference_variants() keeps it where backward alone reads the copy.
@@ -342,8 +301,8 @@ void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep
   add_unique(s.reads, gemm.a.buffer);
   add_unique(s.reads, gemm.b.buffer);
   add_unique(s.reads, gemm.c);
-  const bool bias_written = gemm.epilogue == "dgelu_bias_grad";
-  const bool aux_written = gemm.epilogue == "gelu_aux_bias";
+  const bool bias_written = epilogue_writes_bias(gemm.epilogue);
+  const bool aux_written = epilogue_writes_aux(gemm.epilogue);
   add_unique(bias_written ? s.writes : s.reads, gemm.bias);
   add_unique(aux_written ? s.writes : s.reads, gemm.aux);
   add_unique(s.writes, gemm.d);
@@ -351,27 +310,16 @@ void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep
 }
 
 void SequenceBuilder::plan_quantizers() {
-  const ir::Recipe& r = seq_.recipe;
   for (size_t i = 0; i < seq_.quantizers.size(); ++i) {
     const ir::QuantizerDecl& d = seq_.quantizers[i];
     QuantizerPlan q;
     q.index = int(i);
     q.name = d.name;
     q.role = d.role;
-    q.format = d.format;
+    q.spec = d.spec;
+    q.usages = d.usages;
+    q.columnwise_layout = d.columnwise_layout;
     q.source_buffer = d.source == ir::kNoValue ? -1 : buffer_of_.at(d.source);
-    q.rowwise = d.rowwise;
-    q.columnwise = d.columnwise;
-    q.fp8_max = fp8_max(d.format);
-    if (r.kind == ir::RecipeKind::CurrentScaling) {
-      q.mode = 2;
-      q.epsilon = r.amax_epsilon;
-      q.power_of_2_scale = r.power_of_2_scale;
-    } else {
-      q.mode = r.amax_compute == ir::AmaxCompute::Max ? 0 : 1;
-      q.history_length = r.amax_history;
-      q.margin = r.margin;
-    }
     out_.quantizers.push_back(std::move(q));
   }
 }
@@ -412,29 +360,37 @@ void SequenceBuilder::plan_buffers() {
       b.shape.push_back(d.is_symbolic() ? SymExpr::symbol(d.symbol) : SymExpr(d.size));
     b.bytes = element_count_expr(v.type.shape) * ir::dtype_bytes(v.type.dtype);
     b.quantizer = v.quantizer;
-    b.columnwise = columnwise_.count(v.id) > 0;
+    if (v.quantizer >= 0) {
+      const ir::QuantizerDecl& q = seq_.quantizers.at(size_t(v.quantizer));
+      const bool columnwise = columnwise_.count(v.id) > 0;
+      b.usage = columnwise ? CopyUsage::Columnwise : CopyUsage::Rowwise;
+      b.layout = columnwise ? q.columnwise_layout : CopyLayout::AsIs;
+      // Per-tensor specs keep the scale-inverse as the quantizer's device scalar.
+      if (q.spec.per_tensor()) b.scale_inv.quantizer = v.quantizer;
+    }
     buffer_of_[v.id] = b.id;
     out_.buffers.push_back(std::move(b));
   }
-  auto tag = [&](ValueId v, std::string what) {
+  auto tag = [&](ValueId v, InterfaceKind kind, const std::string& name) {
     if (v != ir::kNoValue && buffer_of_.at(v) >= 0)
-      out_.buffers[size_t(buffer_of_[v])].interface.push_back(std::move(what));
+      out_.buffers[size_t(buffer_of_[v])].interface.push_back({kind, name});
   };
-  for (const ir::SequenceOutput& o : seq_.outputs) tag(o.value, "output " + o.name);
+  for (const ir::SequenceOutput& o : seq_.outputs) tag(o.value, InterfaceKind::Output, o.name);
   for (size_t i = 0; i < seq_.input_grads.size() && i < seq_.inputs.size(); ++i)
-    tag(seq_.input_grads[i], "input_grad " + seq_.value(seq_.inputs[i]).name);
+    tag(seq_.input_grads[i], InterfaceKind::InputGrad, seq_.value(seq_.inputs[i]).name);
   for (size_t i = 0; i < seq_.param_grads.size() && i < seq_.params.size(); ++i)
-    tag(seq_.param_grads[i], "param_grad " + seq_.value(seq_.params[i]).name);
+    tag(seq_.param_grads[i], InterfaceKind::ParamGrad, seq_.value(seq_.params[i]).name);
 }
 
-// Note "One scale update": delayed scaling updates every quantizer of the sequence once per
-// step, after backward, in one launch (DESIGN.md 3, "Quantizer state"); every kernel raised its
-// amax into history slot 0 during the step. Current scaling updates each quantizer before its
-// cast instead (plan_groups.cpp), so it has nothing to do here.
+// Note "One scale update": delayed scaling updates every delayed quantizer of the sequence once
+// per step, after backward, in one launch (docs/architecture.md, "Quantizer state"); every
+// kernel raised its amax into history slot 0 during the step. A current-scaling quantizer
+// updates before its cast instead (plan_groups.cpp), so it is not in the launch.
 void SequenceBuilder::add_scale_update() {
-  if (seq_.recipe.kind != ir::RecipeKind::DelayedScaling || seq_.quantizers.empty()) return;
   std::vector<int> records;
-  for (size_t i = 0; i < seq_.quantizers.size(); ++i) records.push_back(int(i));
+  for (size_t i = 0; i < seq_.quantizers.size(); ++i)
+    if (seq_.quantizers[i].spec.delayed()) records.push_back(int(i));
+  if (records.empty()) return;
   const int count = int(records.size());
   GridRule grid{"per_record", count, 1, {{"records", count}}};
   add_launch(Group{},
@@ -458,20 +414,11 @@ void SequenceBuilder::add_inference_variants() {
   std::vector<bool> read_in_forward(out_.buffers.size()), interface(out_.buffers.size());
   for (const Buffer& b : out_.buffers)
     if (!b.interface.empty()) interface[size_t(root_of(b.id))] = true;
-  std::map<int, std::set<int>> group_reads;  // forward groups: the roots their steps read
   for (const Step& s : out_.steps) {
     if (s.phase != ir::Phase::Forward) continue;
-    for (int id : s.reads) {
-      read_in_forward[size_t(root_of(id))] = true;
-      if (s.group >= 0) group_reads[s.group].insert(root_of(id));
-    }
+    for (int id : s.reads) read_in_forward[size_t(root_of(id))] = true;
   }
-  auto weight_cast = [&](int group) {
-    const std::set<int>& reads = group_reads[group];
-    return !reads.empty() && std::all_of(reads.begin(), reads.end(), [&](int root) {
-      return out_.buffers[size_t(root)].role == BufferRole::Param;
-    });
-  };
+  auto weight_cast = [&](const Step& s) { return s.weight_cache_group >= 0; };
   for (Step& s : out_.steps) {
     if (!s.inference) continue;
     const auto& launch = std::get<LaunchStep>(s.body);
@@ -481,7 +428,7 @@ void SequenceBuilder::add_inference_variants() {
     const bool only_backward_reads = std::none_of(dropped.begin(), dropped.end(), [&](int id) {
       return read_in_forward[size_t(root_of(id))] || interface[size_t(root_of(id))];
     });
-    if (!only_backward_reads || weight_cast(s.group)) {
+    if (!only_backward_reads || weight_cast(s)) {
       s.inference.reset();
       continue;
     }
@@ -528,6 +475,60 @@ void SequenceBuilder::compute_lifetimes() {
     }
   }
   for (Buffer& b : out_.buffers) b.saved = forward_use[size_t(b.id)] && backward_use[size_t(b.id)];
+  // Note "Executor buffers" (docs/architecture.md): each root's memory per run mode, over every
+  // buffer a step names as that mode runs it; an inference forward stops before backward.
+  for (const bool inference : {false, true}) {
+    for (const Step& s : out_.steps) {
+      if (inference && s.phase == ir::Phase::Backward) break;
+      for (int id : buffers_named_by(s, inference)) {
+        Lifetime& life = out_.buffers[size_t(out_.buffers[size_t(id)].root)].*
+                         (inference ? &Buffer::inference : &Buffer::training);
+        if (life.first < 0) life.first = s.index;
+        life.last = s.index;
+      }
+    }
+  }
+}
+
+// Note "Weight cache" (docs/architecture.md): a forward group whose steps read nothing but
+// parameters and write only memory of their own is a weight cast; the executor skips it while its
+// outputs are valid, and no inference variant is made for it.
+void SequenceBuilder::find_weight_cache_groups() {
+  auto is_callers = [&](int root) {
+    const BufferRole role = out_.buffers[size_t(root)].role;
+    return role == BufferRole::Input || role == BufferRole::Param || role == BufferRole::OutputGrad;
+  };
+  std::map<int, std::vector<int>> steps_of_group;
+  for (const Step& s : out_.steps)
+    if (s.group >= 0 && s.phase == ir::Phase::Forward) steps_of_group[s.group].push_back(s.index);
+  for (const auto& [group, indices] : steps_of_group) {
+    std::set<int> reads, writes;
+    for (int index : indices) {
+      const Step& s = out_.steps[size_t(index)];
+      for (int id : s.reads) reads.insert(out_.buffers[size_t(id)].root);
+      for (int id : s.writes) writes.insert(out_.buffers[size_t(id)].root);
+    }
+    const bool only_params = std::all_of(reads.begin(), reads.end(), [&](int root) {
+      return out_.buffers[size_t(root)].role == BufferRole::Param;
+    });
+    if (reads.empty() || writes.empty() || !only_params ||
+        std::any_of(writes.begin(), writes.end(), is_callers)) {
+      continue;
+    }
+    WeightCacheGroup cache;
+    cache.steps = indices;
+    cache.params.assign(reads.begin(), reads.end());
+    for (int root : writes) {
+      out_.buffers[size_t(root)].weight_cache = true;
+      const int q = out_.buffers[size_t(root)].quantizer;
+      if (q >= 0 &&
+          std::find(cache.quantizers.begin(), cache.quantizers.end(), q) == cache.quantizers.end())
+        cache.quantizers.push_back(q);
+    }
+    for (int index : indices)
+      out_.steps[size_t(index)].weight_cache_group = int(out_.weight_cache_groups.size());
+    out_.weight_cache_groups.push_back(std::move(cache));
+  }
 }
 
 SequencePlan SequenceBuilder::build() {
@@ -564,6 +565,12 @@ SequencePlan SequenceBuilder::build() {
     emit_group(*this, g);
   }
   add_scale_update();
+  for (Buffer& b : out_.buffers) {
+    b.root = b.id;
+    while (out_.buffers[size_t(b.root)].alias_of >= 0)
+      b.root = out_.buffers[size_t(b.root)].alias_of;
+  }
+  find_weight_cache_groups();
   add_inference_variants();
   compute_lifetimes();
   return std::move(out_);

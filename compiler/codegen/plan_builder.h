@@ -82,6 +82,7 @@ class SequenceBuilder {
   void plan_buffers();
   void plan_quantizers();
   void add_scale_update();
+  void find_weight_cache_groups();
   void add_inference_variants();
   void compute_lifetimes();
 
@@ -103,7 +104,9 @@ ParamBinding bind_null(std::string field);
 ParamBinding bind_in(std::string field, int buffer);   // a buffer the kernel reads
 ParamBinding bind_out(std::string field, int buffer);  // a buffer the kernel writes
 ParamBinding bind_buffers(std::string field, std::vector<int> buffers, bool written);
-ParamBinding bind_quantizer(std::string field, int quantizer, std::string quantizer_field);
+// The column-wise copy of a quantizer (y_t, dx_t): an output an inference forward may drop.
+ParamBinding bind_copy(std::string field, int buffer);
+ParamBinding bind_quantizer(std::string field, int quantizer, QuantizerValue value);
 ParamBinding bind_records(std::string field, std::vector<int> quantizers);
 ParamBinding bind_int(std::string field, SymExpr value);
 ParamBinding bind_int64(std::string field, SymExpr value);

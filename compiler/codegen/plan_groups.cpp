@@ -57,13 +57,15 @@ void require_vector_width(const SequenceBuilder& b, const ir::Operation& at, int
   }
 }
 
-bool current_scaling(const SequenceBuilder& b) {
-  return b.seq().recipe.kind == ir::RecipeKind::CurrentScaling;
+// Whether quantizer `q` derives its scale from this tensor's amax before the cast (its spec, not
+// the sequence's recipe: an override may make one tensor current-scaled under delayed scaling).
+bool current_scaling(const SequenceBuilder& b, int q) {
+  return q >= 0 && b.seq().quantizers.at(size_t(q)).spec.scaling == plan::ScalingKind::Current;
 }
 
 DType quantizer_format(const SequenceBuilder& b, const ir::Operation& cast) {
   OPFUSE_ASSERT(cast.quantizer >= 0, "cast_fp8 '{}' has no quantizer", cast.instance);
-  return b.seq().quantizers.at(size_t(cast.quantizer)).format;
+  return b.seq().quantizers.at(size_t(cast.quantizer)).format();
 }
 
 // The cast's row-wise and transposed results (-1 where it does not make them).
@@ -154,8 +156,8 @@ ParamBinding bind_scale_record(int quantizer) {
 // slot 0), or measures a current-scaling amax (`measured`: the running max its scale_record's
 // last block takes); null for neither.
 ParamBinding bind_amax(int folded, int measured) {
-  if (measured >= 0) return bind_quantizer("amax", measured, "running_amax");
-  return bind_quantizer("amax", folded, "amax");
+  if (measured >= 0) return bind_quantizer("amax", measured, QuantizerValue::RunningAmax);
+  return bind_quantizer("amax", folded, QuantizerValue::Amax);
 }
 
 // Current scaling (note "Current scaling" in docs/codegen.md): before the cast (cast_fp8 or
@@ -185,13 +187,11 @@ void emit_current_amax(SequenceBuilder& b, const Group& g, const ir::Operation& 
 // for that cast's quantizer and its last block derives the scale (note "Current scaling"). Returns
 // the quantizer; -1 when there is no such cast.
 int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced) {
-  if (!current_scaling(b) || ir::dtype_is_fp8(b.value(produced).type.dtype) ||
-      b.measured_amax(produced) >= 0) {
-    return -1;
-  }
+  if (ir::dtype_is_fp8(b.value(produced).type.dtype) || b.measured_amax(produced) >= 0) return -1;
   for (const ir::Operation& op : b.seq().ops) {
-    if ((op.kind == OpKind::CastFp8 || op.kind == OpKind::Quantize) && op.quantizer >= 0 &&
-        op.phase == g.op->phase && !op.operands.empty() && op.operands.front() == produced) {
+    if ((op.kind == OpKind::CastFp8 || op.kind == OpKind::Quantize) &&
+        current_scaling(b, op.quantizer) && op.phase == g.op->phase && !op.operands.empty() &&
+        op.operands.front() == produced) {
       b.mark_amax_measured(produced, op.quantizer);
       return op.quantizer;
     }
@@ -204,7 +204,7 @@ int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced) {
 int folded_cast_quantizer(const SequenceBuilder& b, const Group& g, const ir::Operation& cast,
                           ValueId produced) {
   if (cast.operands.at(0) != produced) no_kernel(b, g);
-  if (current_scaling(b)) {
+  if (current_scaling(b, cast.quantizer)) {
     b.fail(cast,
            fmt::format("cast_fp8 ({}) is fused into '{}', but current scaling needs the amax of "
                        "the whole tensor before the cast",
@@ -235,7 +235,7 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
   const CastOutputs y = cast_outputs(b, cast);
   const bool transpose = y.columnwise >= 0;
   int amax_quantizer = cast.quantizer;
-  if (current_scaling(b)) {
+  if (current_scaling(b, cast.quantizer)) {
     emit_current_amax(b, g, cast, x, cast.quantizer);
     amax_quantizer = -1;  // measured already
   }
@@ -249,14 +249,15 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
                        dbias ? " + dbias partial sums" : "");
   };
   WithoutTranspose plain{what(false), grid, rules::kTileThreads, 0};  // tiles launch alike
-  b.add_launch(g, what(transpose), "cast_transpose",
-               {spell(in), spell(out), spell(transpose), spell(dbias != nullptr)}, std::move(grid),
-               rules::kTileThreads, 0,
-               {bind_in("x", b.buffer(x, cast)), bind_out("y", y.rowwise),
-                bind_out("y_t", y.columnwise), bind_quantizer("scale", cast.quantizer, "scale"),
-                bind_quantizer("amax", amax_quantizer, "amax"), bind_out("dbias_partial", partial),
-                bind_int("rows", rows), bind_int("cols", cols)},
-               std::move(plain));
+  b.add_launch(
+      g, what(transpose), "cast_transpose",
+      {spell(in), spell(out), spell(transpose), spell(dbias != nullptr)}, std::move(grid),
+      rules::kTileThreads, 0,
+      {bind_in("x", b.buffer(x, cast)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
+       bind_quantizer("scale", cast.quantizer, QuantizerValue::Scale),
+       bind_quantizer("amax", amax_quantizer, QuantizerValue::Amax),
+       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)},
+      std::move(plain));
   if (dbias) {
     const ValueId db = dbias->results.at(0);
     emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},
@@ -333,17 +334,18 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
   auto text = [&](bool with_copy) {
     return fmt::format("{} ({} -> {})", what, name_of(in), fp8_output_text(out, with_copy));
   };
-  b.add_launch(g, text(transpose), "bias_add",
-               {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
-                spell(transpose)},
-               tile_grid(rows, cols), rules::kTileThreads, 0,
-               {bind_in("x", b.buffer(x, first)),
-                bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
-                bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
-                bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
-                bind_quantizer("scale", quantizer, "scale"), bind_amax(quantizer, measured),
-                bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
-               WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
+  b.add_launch(
+      g, text(transpose), "bias_add",
+      {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
+       spell(transpose)},
+      tile_grid(rows, cols), rules::kTileThreads, 0,
+      {bind_in("x", b.buffer(x, first)),
+       bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
+       bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
+       bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
+       bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
+       bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
+      WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
 
 void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
@@ -423,7 +425,7 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
       std::move(launch.grid), launch.block, launch.smem,
       {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
        bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y.rowwise),
-       bind_out("y_t", y.columnwise), bind_quantizer("scale", quantizer, "scale"),
+       bind_copy("y_t", y.columnwise), bind_quantizer("scale", quantizer, QuantizerValue::Scale),
        bind_amax(quantizer, measured), bind_scale_record(measured), bind_out("mean", mean),
        bind_out("rstd", rstd), bind_float("epsilon", ir::attr_float(norm.attrs, "eps")),
        bind_int("rows", rows)},
@@ -525,8 +527,8 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
       g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd",
       {std::string(*activation_spelling(act.kind)), spell(in), spell(out), spell(transpose)},
       tile_grid(rows, cols), rules::kTileThreads, 0,
-      {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_out("y_t", y.columnwise),
-       bind_quantizer("scale", quantizer, "scale"), bind_amax(quantizer, measured),
+      {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
+       bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
        bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
       WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
@@ -578,7 +580,7 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
        spell(dbias != nullptr)},
       std::move(grid), rules::kTileThreads, 0,
       {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", dx.rowwise),
-       bind_out("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, "scale"),
+       bind_copy("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, QuantizerValue::Scale),
        bind_amax(quantizer, measured), bind_scale_record(measured),
        bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)});
   if (dbias) {
@@ -610,9 +612,9 @@ void emit_constant_scale(SequenceBuilder& b, const Group& g) {
                            backward ? "dy" : "x", name_of(in), name_of(out)),
                "constant_scale", {spell(in), spell(out), spell(false)}, tile_grid(rows, cols),
                rules::kTileThreads, 0,
-               {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)), bind_out("y_t", -1),
-                bind_quantizer("scale", -1, "scale"), bind_quantizer("amax", -1, "amax"),
-                bind_float("factor", factor), bind_int("rows", rows), bind_int("cols", cols)});
+               {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)), bind_copy("y_t", -1),
+                bind_null("scale"), bind_null("amax"), bind_float("factor", factor),
+                bind_int("rows", rows), bind_int("cols", cols)});
 }
 
 // The user quantize op: fake quantization with the quantizer plan-quantization gave it (forward:
@@ -628,12 +630,12 @@ void emit_quantize(SequenceBuilder& b, const Group& g) {
   }
   const ir::Value& xv = b.value(x);
   const DType in = xv.type.dtype;
-  const DType format = b.seq().quantizers.at(size_t(op.quantizer)).format;
+  const DType format = b.seq().quantizers.at(size_t(op.quantizer)).format();
   const int64_t cols = width_of(b, op, xv);
   require_vector_width(b, op, cols, in, "fake_quantize");
   const SymExpr rows = rows_of(xv);
   int amax_quantizer = op.quantizer;
-  if (current_scaling(b)) {
+  if (current_scaling(b, op.quantizer)) {
     emit_current_amax(b, g, op, x, op.quantizer);
     amax_quantizer = -1;  // measured already
   }
@@ -643,17 +645,29 @@ void emit_quantize(SequenceBuilder& b, const Group& g) {
                "fake_quantize", {spell(in), spell(format)}, tile_grid(rows, cols),
                rules::kTileThreads, 0,
                {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)),
-                bind_quantizer("scale", op.quantizer, "scale"),
-                bind_quantizer("scale_inv", op.quantizer, "scale_inv"),
-                bind_quantizer("amax", amax_quantizer, "amax"), bind_int("rows", rows),
-                bind_int("cols", cols)});
+                bind_quantizer("scale", op.quantizer, QuantizerValue::Scale),
+                bind_quantizer("scale_inv", op.quantizer, QuantizerValue::ScaleInv),
+                bind_quantizer("amax", amax_quantizer, QuantizerValue::Amax),
+                bind_int("rows", rows), bind_int("cols", cols)});
 }
 
 // ---- GEMMs (note "Row-major GEMMs" in runtime/gpu/gemm_desc.h) ----------------------------------
 
 GemmOperand gemm_operand(const SequenceBuilder& b, ValueId v, const ir::Operation& at) {
   const ir::Value& value = b.value(v);
-  return GemmOperand{b.buffer(v, at), value.type.dtype, value.quantizer, b.is_columnwise_copy(v)};
+  GemmOperand operand;
+  operand.buffer = b.buffer(v, at);
+  operand.dtype = value.type.dtype;
+  if (value.quantizer >= 0) operand.scale_inv.quantizer = value.quantizer;
+  operand.usage = b.is_columnwise_copy(v) ? CopyUsage::Columnwise : CopyUsage::Rowwise;
+  return operand;
+}
+
+// A column-wise FP8 copy stored transposed ([k, rows...]): how TN-only GEMMs read K-major data.
+bool transposed_copy(const SequenceBuilder& b, ValueId v) {
+  const int q = b.value(v).quantizer;
+  return b.is_columnwise_copy(v) &&
+         b.seq().quantizers.at(size_t(q)).columnwise_layout == CopyLayout::Transposed;
 }
 
 void set_output(SequenceBuilder& b, GemmStep& gemm, ValueId d, const ir::Operation& at) {
@@ -664,9 +678,11 @@ void set_output(SequenceBuilder& b, GemmStep& gemm, ValueId d, const ir::Operati
 }
 
 std::string gemm_text(const GemmStep& gemm, std::string_view instance) {
-  return fmt::format("{} GEMM of {} ({} x {} -> {}{}{})", gemm_role_name(gemm.role), instance,
+  return fmt::format("{} GEMM of {} ({} x {} -> {}{}{})", plan::name(gemm.role), instance,
                      name_of(gemm.a.dtype), name_of(gemm.b.dtype), name_of(gemm.d_dtype),
-                     gemm.epilogue == "none" ? "" : ", epilogue " + gemm.epilogue,
+                     gemm.epilogue == GemmEpilogue::None
+                         ? std::string()
+                         : fmt::format(", epilogue {}", plan::name(gemm.epilogue)),
                      gemm.accumulate ? ", accumulate" : "");
 }
 
@@ -692,14 +708,14 @@ void emit_fprop(SequenceBuilder& b, const Group& g) {
   gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_fprop_fast_accum;
   if (own_bias) gemm.bias = b.buffer(linear.operands.at(2), linear);
   if (bias_op) gemm.bias = b.buffer(bias_op->operands.at(1), *bias_op);
-  if (gemm.bias >= 0) gemm.epilogue = "bias";
+  if (gemm.bias >= 0) gemm.epilogue = GemmEpilogue::Bias;
   if (gelu) {
     if (gemm.bias < 0) {
       b.fail(*gelu,
              "a linear followed by gelu fuses into one GEMM only with a bias "
              "(GELU_AUX_BIAS epilogue)");
     }
-    gemm.epilogue = "gelu_aux_bias";
+    gemm.epilogue = GemmEpilogue::GeluAuxBias;
     // The pre-activation, saved for the GELU backward.
     gemm.aux = epilogue_output(b, gelu->operands.at(0), gelu->instance + ".gelu_aux");
   }
@@ -726,8 +742,8 @@ void emit_dgrad(SequenceBuilder& b, const Group& g) {
   const ValueId dy = dgrad.operands.at(0), w = dgrad.operands.at(1);
   gemm.a = gemm_operand(b, dy, dgrad);
   gemm.b = gemm_operand(b, w, dgrad);
-  gemm.a_transposed = false;                   // dy [m, k]
-  gemm.b_transposed = gemm.b.columnwise_copy;  // W^T [n, k] (FP8) or W [k, n]
+  gemm.a_transposed = false;                  // dy [m, k]
+  gemm.b_transposed = transposed_copy(b, w);  // W^T [n, k] (FP8) or W [k, n]
   gemm.m = rows_of(b.value(dy));
   gemm.n = ir::attr_int(dgrad.attrs, "in");
   gemm.k = ir::attr_int(dgrad.attrs, "out");
@@ -737,10 +753,10 @@ void emit_dgrad(SequenceBuilder& b, const Group& g) {
       no_kernel(b, g);
     gemm.aux = b.buffer(dact->operands.at(1), *dact);  // the saved pre-activation
     d = dact->results.at(0);
-    gemm.epilogue = "dgelu";
+    gemm.epilogue = GemmEpilogue::DGelu;
     if (dbias) {
       if (dbias->operands.at(0) != d) no_kernel(b, g);
-      gemm.epilogue = "dgelu_bias_grad";
+      gemm.epilogue = GemmEpilogue::DGeluBiasGrad;
       gemm.bias = b.buffer(dbias->results.at(0), *dbias);
     }
     gemm.d = epilogue_output(b, d, dact->instance + ".dgelu");
@@ -766,14 +782,14 @@ void emit_wgrad(SequenceBuilder& b, const Group& g) {
   const ValueId dy = wgrad.operands.at(0), x = wgrad.operands.at(1);
   gemm.a = gemm_operand(b, dy, wgrad);
   gemm.b = gemm_operand(b, x, wgrad);
-  gemm.a_transposed = !gemm.a.columnwise_copy;  // dy [k, m], or dy^T [m, k] (FP8)
-  gemm.b_transposed = gemm.b.columnwise_copy;   // x [k, n], or x^T [n, k] (FP8)
+  gemm.a_transposed = !transposed_copy(b, dy);  // dy [k, m], or dy^T [m, k] (FP8)
+  gemm.b_transposed = transposed_copy(b, x);    // x [k, n], or x^T [n, k] (FP8)
   gemm.m = ir::attr_int(wgrad.attrs, "out");
   gemm.n = ir::attr_int(wgrad.attrs, "in");
   // k = tokens: the rows of x, whose transposed copy is [in, rows...].
   const ir::Shape& xs = b.value(x).type.shape;
-  gemm.k = gemm.b.columnwise_copy ? shape_product(xs, 1, xs.size())
-                                  : shape_product(xs, 0, xs.size() - 1);
+  gemm.k =
+      gemm.b_transposed ? shape_product(xs, 1, xs.size()) : shape_product(xs, 0, xs.size() - 1);
   set_output(b, gemm, wgrad.results.at(0), wgrad);
   const std::string what = gemm_text(gemm, wgrad.instance);
   gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_backward_fast_accum;

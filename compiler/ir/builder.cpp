@@ -9,6 +9,7 @@
 #include <set>
 #include <variant>
 
+#include "plan/gemm_caps.h"
 #include "support/assert.h"
 #include "support/spelling.h"
 
@@ -968,14 +969,18 @@ class Builder {
       return std::nullopt;
     }
     if (info.kind == OpKind::Linear && s.recipe.is_fp8()) {
+      // The strictest FP8 rule of the architectures the compiler targets (plan/gemm_caps.h).
+      const int64_t multiple = plan::gemm_dim_multiple(plan::gemm_caps(plan::kDefaultArch), true);
       for (const char* a : {"in", "out"}) {
         const int64_t n = attr_int(*attrs, a);
-        if (n % 16 != 0) {
+        if (n % multiple != 0) {
           diags_.error(
               attr_loc(stmt, info, a),
-              fmt::format("{} = {} is not a multiple of 16, which FP8 GEMMs need (cuBLASLt)", a, n),
+              fmt::format("{} = {} is not a multiple of {}, which FP8 GEMMs need "
+                          "(cuBLASLt)",
+                          a, n, multiple),
               fmt::format("pad the features to {} or use the bf16 recipe for this sequence",
-                          (n + 15) / 16 * 16));
+                          (n + multiple - 1) / multiple * multiple));
           return std::nullopt;
         }
       }

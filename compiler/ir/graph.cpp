@@ -24,24 +24,6 @@ ValueId Sequence::add_value(ValueKind kind, TensorType type, std::string name) {
   return values.back().id;
 }
 
-std::string_view phase_name(Phase p) { return p == Phase::Forward ? "forward" : "backward"; }
-
-std::string_view quantizer_role_name(QuantizerRole r) {
-  switch (r) {
-    case QuantizerRole::Input:
-      return "input";
-    case QuantizerRole::Weight:
-      return "weight";
-    case QuantizerRole::GradOutput:
-      return "grad_output";
-    case QuantizerRole::Output:
-      return "output";
-    case QuantizerRole::GradInput:
-      return "grad_input";
-  }
-  return "?";
-}
-
 const Sequence* Program::find_sequence(std::string_view name) const {
   for (const Sequence& s : sequences)
     if (s.name == name) return &s;

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ir/op_table.h"
 #include "ir/recipe.h"
 #include "ir/types.h"
+#include "plan/quant_spec.h"
 #include "support/source_manager.h"
 
 namespace opfuse::ir {
@@ -20,8 +22,8 @@ inline constexpr ValueId kNoValue = ~ValueId(0);
 enum class ValueKind : uint8_t { Input, Param, Result, OutputGrad };
 
 // Forward ops run in forward(); backward ops (made by the build-backward pass) in backward().
-enum class Phase : uint8_t { Forward, Backward };
-std::string_view phase_name(Phase p);
+using plan::Phase;
+using plan::phase_name;
 
 struct Value {
   ValueId id = 0;
@@ -36,17 +38,36 @@ struct Value {
 };
 
 // Which GEMM operand a quantizer serves (TE's names); gradients use E5M2 under HYBRID.
-enum class QuantizerRole : uint8_t { Input, Weight, GradOutput, Output, GradInput };
-std::string_view quantizer_role_name(QuantizerRole r);
+using plan::quantizer_role_name;
+using plan::QuantizerRole;
 
-// One FP8 quantizer: amax history, scale and scale_inv at run time (DESIGN.md 3).
+// One quantizer (note "Quantization specs" in docs/architecture.md): how it scales (its spec,
+// expanded from the sequence's recipe by plan-quantization, or an override's), which copies it
+// makes, and the high-precision value it casts. Its state (amax history, scale, scale_inv) lives
+// on the device at run time.
 struct QuantizerDecl {
   std::string name;  // "<layer>.<role>": "fc1.input", "fc1.weight", "fc1.grad_output"
   QuantizerRole role = QuantizerRole::Input;
-  DType format = DType::E4M3;
+  plan::QuantSpec spec;
+  plan::Usages usages;  // rowwise: the copy GEMMs read as is; columnwise: the K-major copy
+  // How the column-wise copy is stored: transposed ([k, rows...]) for TN-only FP8 GEMMs
+  // (plan/gemm_caps.h), else with the source's layout.
+  plan::CopyLayout columnwise_layout = plan::CopyLayout::Transposed;
   ValueId source = kNoValue;  // the high-precision value it casts
-  bool rowwise = false;       // row-major FP8 copy made
-  bool columnwise = false;    // transposed FP8 copy made (TN-only GEMMs of backward)
+  DType format() const { return spec.format; }
+};
+
+// Where an override applies: the quantizers of layers whose instance name matches `layer`
+// (empty: every layer), of one GEMM of the layer's (fprop / dgrad / wgrad; none: all three) and
+// one tensor role (none: all). The precision-debug features and tests write these.
+struct QuantOverride {
+  std::string layer;
+  std::optional<plan::GemmRole> gemm;
+  std::optional<QuantizerRole> tensor;
+  // High precision: the GEMMs it selects run in the sequence's high-precision dtype (no cast).
+  // Otherwise the quantizers it selects use `spec` instead of the recipe's.
+  bool high_precision = false;
+  plan::QuantSpec spec;
 };
 
 struct Operation {
@@ -87,6 +108,9 @@ struct Sequence {
   std::vector<ValueId> output_grads;  // ValueKind::OutputGrad values seeded by the caller
   std::vector<ValueId> input_grads;
   std::vector<ValueId> param_grads;
+  // Per-layer / per-GEMM / per-tensor quantization choices that replace the recipe's default,
+  // in order (a later one wins where two select the same quantizer). Read by plan-quantization.
+  std::vector<QuantOverride> quant_overrides;
   // Made by plan-quantization; empty under the bf16 recipe.
   std::vector<QuantizerDecl> quantizers;
 

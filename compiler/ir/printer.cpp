@@ -94,9 +94,11 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
     out += fmt::format("  param {}: {}\n", names[v.id], type_string(v.type));
   }
   for (const QuantizerDecl& q : s.quantizers) {
-    out += fmt::format("  quantizer \"{}\": {} {} of {}{}{}\n", q.name, quantizer_role_name(q.role),
-                       dtype_name(q.format), names[q.source], q.rowwise ? " rowwise" : "",
-                       q.columnwise ? " columnwise" : "");
+    out += fmt::format(
+        "  quantizer \"{}\": {} {} of {}{}{} {}\n", q.name, quantizer_role_name(q.role),
+        dtype_name(q.format()), names[q.source], q.usages.rowwise ? " rowwise" : "",
+        q.usages.columnwise ? fmt::format(" columnwise({})", plan::name(q.columnwise_layout)) : "",
+        plan::quant_spec_string(q.spec));
   }
   Phase phase = Phase::Forward;
   for (const Operation& op : s.ops) {

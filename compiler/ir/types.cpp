@@ -7,41 +7,11 @@
 
 namespace opfuse::ir {
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::BF16:
-      return "bf16";
-    case DType::FP16:
-      return "fp16";
-    case DType::FP32:
-      return "fp32";
-    case DType::E4M3:
-      return "e4m3";
-    case DType::E5M2:
-      return "e5m2";
-  }
-  return "?";
-}
-
 std::optional<DType> parse_user_dtype(std::string_view name) {
   if (name == "bf16") return DType::BF16;
   if (name == "fp16") return DType::FP16;
   if (name == "fp32") return DType::FP32;
   return std::nullopt;
-}
-
-int dtype_bytes(DType t) {
-  switch (t) {
-    case DType::BF16:
-    case DType::FP16:
-      return 2;
-    case DType::FP32:
-      return 4;
-    case DType::E4M3:
-    case DType::E5M2:
-      return 1;
-  }
-  return 0;
 }
 
 std::string dim_string(const Dim& d) {

@@ -7,15 +7,17 @@
 #include <string_view>
 #include <vector>
 
+#include "plan/enums.h"
+
 namespace opfuse::ir {
 
-enum class DType : uint8_t { BF16, FP16, FP32, E4M3, E5M2 };
-
-std::string_view dtype_name(DType t);  // "bf16", "fp16", "fp32", "e4m3", "e5m2"
+// The IR's element types are the plan's (plan/enums.h): one enum from the parser to the runtime.
+using plan::DType;
+using plan::dtype_bytes;
+using plan::dtype_is_fp8;
+using plan::dtype_name;  // "bf16", "fp16", "fp32", "e4m3", "e5m2"
 // Parses the dtypes a user may write in a signature (bf16, fp16, fp32).
 std::optional<DType> parse_user_dtype(std::string_view name);
-int dtype_bytes(DType t);
-inline bool dtype_is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
 
 // One dimension: a known size, or a symbol bound at run time (`tokens`).
 struct Dim {

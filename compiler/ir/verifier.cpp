@@ -95,7 +95,10 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
       const Shape& in = s.values[op.operands[0]].type.shape;
       std::vector<Shape> want;
       if (attr_bool(op.attrs, "rowwise")) want.push_back(in);
-      if (attr_bool(op.attrs, "columnwise")) want.push_back(transposed_shape(in));
+      const bool transposed =
+          op.quantizer >= 0 && size_t(op.quantizer) < s.quantizers.size() &&
+          s.quantizers[size_t(op.quantizer)].columnwise_layout == plan::CopyLayout::Transposed;
+      if (attr_bool(op.attrs, "columnwise")) want.push_back(transposed ? transposed_shape(in) : in);
       bool ok = want.size() == op.results.size();
       for (size_t r = 0; ok && r < want.size(); ++r)
         ok = s.values[op.results[r]].type.shape == want[r] &&

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "ir/rewrite.h"
@@ -13,9 +14,39 @@ namespace {
 
 using namespace opfuse::ir;
 
-DType format_for(const Recipe& r, QuantizerRole role) {
-  const bool gradient = role == QuantizerRole::GradOutput || role == QuantizerRole::GradInput;
-  return gradient && r.format == Fp8Format::Hybrid ? DType::E5M2 : DType::E4M3;
+bool is_gradient(QuantizerRole role) {
+  return role == QuantizerRole::GradOutput || role == QuantizerRole::GradInput;
+}
+
+}  // namespace
+
+plan::QuantSpec recipe_spec(const Recipe& r, QuantizerRole role) {
+  plan::QuantSpec spec;
+  spec.format = is_gradient(role) && r.format == Fp8Format::Hybrid ? DType::E5M2 : DType::E4M3;
+  if (r.kind == RecipeKind::CurrentScaling) {
+    spec.scaling = plan::ScalingKind::Current;
+    spec.epsilon = r.amax_epsilon;
+    spec.power_of_2_scale = r.power_of_2_scale;
+  } else {
+    spec.scaling = plan::ScalingKind::Delayed;
+    spec.history_length = r.amax_history;
+    spec.amax_compute =
+        r.amax_compute == AmaxCompute::Max ? plan::AmaxCompute::Max : plan::AmaxCompute::MostRecent;
+    spec.margin = r.margin;
+  }
+  return spec;
+}
+
+namespace {
+
+// Whether `o` selects the quantizer of `role` for layer `layer` (a GEMM selector matches the
+// quantizers that GEMM reads).
+bool selects(const QuantOverride& o, const std::string& layer, QuantizerRole role,
+             std::initializer_list<plan::GemmRole> read_by) {
+  if (!o.layer.empty() && o.layer != layer) return false;
+  if (o.tensor && *o.tensor != role) return false;
+  if (o.gemm && std::find(read_by.begin(), read_by.end(), *o.gemm) == read_by.end()) return false;
+  return true;
 }
 
 class Planner {
@@ -52,14 +83,15 @@ class Planner {
   // row-wise and/or column-wise copies; returns {rowwise, columnwise} (kNoValue where not made).
   std::pair<ValueId, ValueId> add_cast(const Operation& consumer, QuantizerRole role,
                                        ValueId source, bool rowwise, bool columnwise,
-                                       size_t position) {
+                                       size_t position,
+                                       std::initializer_list<plan::GemmRole> read_by) {
+    if (!rowwise && !columnwise) return {kNoValue, kNoValue};
     QuantizerDecl q;
     q.name = fmt::format("{}.{}", consumer.instance, quantizer_role_name(role));
     q.role = role;
-    q.format = format_for(s_.recipe, role);
+    q.spec = spec_for(consumer.instance, role, read_by);
     q.source = source;
-    q.rowwise = rowwise;
-    q.columnwise = columnwise;
+    q.usages = {rowwise, columnwise};
     const int32_t index = int32_t(s_.quantizers.size());
     s_.quantizers.push_back(q);
 
@@ -74,12 +106,15 @@ class Planner {
     const TensorType type = s_.value(source).type;  // a copy: add_value grows s_.values
     ValueId row = kNoValue, col = kNoValue;
     if (rowwise) {
-      row = s_.add_value(ValueKind::Result, TensorType{q.format, type.shape});
+      row = s_.add_value(ValueKind::Result, TensorType{q.format(), type.shape});
       s_.values[row].quantizer = index;
       cast.results.push_back(row);
     }
     if (columnwise) {
-      col = s_.add_value(ValueKind::Result, TensorType{q.format, transposed_shape(type.shape)});
+      const bool transposed = q.columnwise_layout == plan::CopyLayout::Transposed;
+      col = s_.add_value(
+          ValueKind::Result,
+          TensorType{q.format(), transposed ? transposed_shape(type.shape) : type.shape});
       s_.values[col].quantizer = index;
       cast.results.push_back(col);
     }
@@ -87,23 +122,50 @@ class Planner {
     return {row, col};
   }
 
+  // The spec of the quantizer of `role` in `layer`: the recipe's unless an override selects it.
+  plan::QuantSpec spec_for(const std::string& layer, QuantizerRole role,
+                           std::initializer_list<plan::GemmRole> read_by) const {
+    plan::QuantSpec spec = recipe_spec(s_.recipe, role);
+    for (const QuantOverride& o : s_.quant_overrides)
+      if (!o.high_precision && selects(o, layer, role, read_by)) spec = o.spec;
+    return spec;
+  }
+
+  // Whether an override keeps GEMM `gemm` of `layer` in high precision.
+  bool high_precision(const std::string& layer, plan::GemmRole gemm) const {
+    for (const QuantOverride& o : s_.quant_overrides)
+      if (o.high_precision && (o.layer.empty() || o.layer == layer) && (!o.gemm || *o.gemm == gemm))
+        return true;
+    return false;
+  }
+
+  // Each GEMM of the layer reads FP8 copies unless an override keeps it in high precision; the
+  // quantizers make only the copies the FP8 GEMMs read: fprop reads x and W row-wise, dgrad
+  // (dx = dy W) dy row-wise and W column-wise, wgrad (dW = dy^T x) dy and x column-wise.
   void plan_linear(size_t i) {
+    using plan::GemmRole;
     const Operation fprop = s_.ops[i];  // a copy: add_cast grows s_.values, not s_.ops
     const int dgrad = find_backward(OpKind::LinearDgrad, fprop.instance);
     const int wgrad = find_backward(OpKind::LinearWgrad, fprop.instance);
+    const bool fp8_fprop = !high_precision(fprop.instance, GemmRole::Fprop);
+    const bool fp8_dgrad = dgrad >= 0 && !high_precision(fprop.instance, GemmRole::Dgrad);
+    const bool fp8_wgrad = wgrad >= 0 && !high_precision(fprop.instance, GemmRole::Wgrad);
     const ValueId x = fprop.operands[0], w = fprop.operands[1];
-    // wgrad (dW = dy^T x) reads x and dy column-wise; dgrad (dx = dy W) reads W column-wise.
-    const auto [xq, xq_t] = add_cast(fprop, QuantizerRole::Input, x, true, wgrad >= 0, i);
-    const auto [wq, wq_t] = add_cast(fprop, QuantizerRole::Weight, w, true, dgrad >= 0, i);
-    s_.ops[i].operands[0] = xq;
-    s_.ops[i].operands[1] = wq;
-    if (dgrad < 0 && wgrad < 0) return;
+    const auto [xq, xq_t] = add_cast(fprop, QuantizerRole::Input, x, fp8_fprop, fp8_wgrad, i,
+                                     {GemmRole::Fprop, GemmRole::Wgrad});
+    const auto [wq, wq_t] = add_cast(fprop, QuantizerRole::Weight, w, fp8_fprop, fp8_dgrad, i,
+                                     {GemmRole::Fprop, GemmRole::Dgrad});
+    if (fp8_fprop) {
+      s_.ops[i].operands[0] = xq;
+      s_.ops[i].operands[1] = wq;
+    }
+    if (!fp8_dgrad && !fp8_wgrad) return;
     const int first = dgrad >= 0 && (wgrad < 0 || dgrad < wgrad) ? dgrad : wgrad;
     const ValueId dy = s_.ops[size_t(first)].operands[0];
-    const auto [dyq, dyq_t] =
-        add_cast(fprop, QuantizerRole::GradOutput, dy, dgrad >= 0, wgrad >= 0, size_t(first));
-    if (dgrad >= 0) s_.ops[size_t(dgrad)].operands = {dyq, wq_t};
-    if (wgrad >= 0) s_.ops[size_t(wgrad)].operands = {dyq_t, xq_t};
+    const auto [dyq, dyq_t] = add_cast(fprop, QuantizerRole::GradOutput, dy, fp8_dgrad, fp8_wgrad,
+                                       size_t(first), {GemmRole::Dgrad, GemmRole::Wgrad});
+    if (fp8_dgrad) s_.ops[size_t(dgrad)].operands = {dyq, wq_t};
+    if (fp8_wgrad) s_.ops[size_t(wgrad)].operands = {dyq_t, xq_t};
   }
 
   // TE's Quantize op keeps its dtype: the executor casts and dequantizes with these quantizers.
@@ -113,9 +175,9 @@ class Planner {
       QuantizerDecl q;
       q.name = fmt::format("{}.{}", op.instance, quantizer_role_name(role));
       q.role = role;
-      q.format = format_for(s_.recipe, role);
+      q.spec = spec_for(op.instance, role, {});
       q.source = target.operands[0];
-      q.rowwise = true;
+      q.usages.rowwise = true;
       target.quantizer = int32_t(s_.quantizers.size());
       s_.quantizers.push_back(q);
     };

@@ -365,12 +365,12 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
                      BenchReport& report) {
   for (const gpu::StepProfile& profile : profiles) {
     if (mode == BenchMode::Forward &&
-        (profile.phase != ir::Phase::Forward || profile.end_of_step)) {
+        (profile.phase != plan::Phase::Forward || profile.end_of_step)) {
       continue;
     }
     BenchStep step;
     step.index = profile.index;
-    step.phase = std::string(ir::phase_name(profile.phase));
+    step.phase = std::string(plan::phase_name(profile.phase));
     step.kind = kind_name(profile.kind);
     step.what = profile.what;
     step.kernel = profile.kernel;
@@ -380,9 +380,9 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
       step.m = profile.gemm.m;
       step.n = profile.gemm.n;
       step.k = profile.gemm.k;
-      step.a_dtype = std::string(ir::dtype_name(profile.gemm.a));
-      step.b_dtype = std::string(ir::dtype_name(profile.gemm.b));
-      step.d_dtype = std::string(ir::dtype_name(profile.gemm.d));
+      step.a_dtype = std::string(plan::dtype_name(profile.gemm.a));
+      step.b_dtype = std::string(plan::dtype_name(profile.gemm.b));
+      step.d_dtype = std::string(plan::dtype_name(profile.gemm.d));
       step.fast_accum = profile.gemm.fast_accum;
     }
     step.flops = profile.flops;

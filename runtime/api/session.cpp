@@ -121,8 +121,7 @@ struct Session::Impl {
     for (const codegen::QuantizerPlan& q : plan->quantizers) {
       api::StateQuantizer quantizer;
       quantizer.name = q.name;
-      quantizer.state.amax_history.assign(
-          static_cast<std::size_t>(q.mode == 2 ? 1 : q.history_length), 0.0f);
+      quantizer.state.amax_history.assign(static_cast<std::size_t>(q.spec.history_slots()), 0.0f);
       state.quantizers.push_back(std::move(quantizer));
     }
     return state;
@@ -412,7 +411,7 @@ std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
   std::vector<QuantizerStatus> result;
   for (std::size_t i = 0; i < states.size(); ++i) {
     const codegen::QuantizerPlan& q = s.plan->quantizers.at(i);
-    result.push_back({q.name, public_dtype(q.format), states[i].amax_history, states[i].scale,
+    result.push_back({q.name, public_dtype(q.format()), states[i].amax_history, states[i].scale,
                       states[i].scale_inv});
   }
   return result;

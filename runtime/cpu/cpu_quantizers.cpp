@@ -1,8 +1,12 @@
 #include "cpu_quantizers.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "cpu_tensor.h"
 
 namespace opfuse::cpu {
 
@@ -17,19 +21,24 @@ float tensor_amax(std::span<const float> values) {
 
 }  // namespace
 
-Quantizer make_quantizer(std::string name, const ir::Recipe& recipe, bool is_gradient) {
+Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec) {
+  if (!spec.per_tensor() || !plan::dtype_is_fp8(spec.format)) {
+    throw ReferenceError(fmt::format(
+        "quantizer '{}' uses {} scaling to {}, which the CPU reference does not run (per-tensor "
+        "FP8 delayed and current scaling only)",
+        name, plan::name(spec.scaling), plan::name(spec.format)));
+  }
   Quantizer q;
   q.name = std::move(name);
-  q.format = format_for(is_gradient, recipe.format == ir::Fp8Format::Hybrid);
-  q.current_scaling = recipe.kind == ir::RecipeKind::CurrentScaling;
+  q.format = spec.format == plan::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  q.current_scaling = spec.scaling == plan::ScalingKind::Current;
   q.delayed.fp8_max = fp8_max(q.format);
   q.delayed.algo =
-      recipe.amax_compute == ir::AmaxCompute::Max ? AmaxCompute::Max : AmaxCompute::MostRecent;
-  q.delayed.margin = recipe.margin;
-  q.amax_epsilon = static_cast<float>(recipe.amax_epsilon);
-  q.power_of_2_scale = recipe.power_of_2_scale;
-  const size_t history = q.current_scaling ? 1 : static_cast<size_t>(recipe.amax_history);
-  q.state.amax_history.assign(history, 0.0f);
+      spec.amax_compute == plan::AmaxCompute::Max ? AmaxCompute::Max : AmaxCompute::MostRecent;
+  q.delayed.margin = spec.margin;
+  q.amax_epsilon = static_cast<float>(spec.epsilon);
+  q.power_of_2_scale = spec.power_of_2_scale;
+  q.state.amax_history.assign(static_cast<size_t>(spec.history_slots()), 0.0f);
   return q;
 }
 

@@ -6,7 +6,7 @@
 #include <span>
 #include <string>
 
-#include "ir/recipe.h"
+#include "plan/quant_spec.h"
 #include "quantizer_math.h"
 
 namespace opfuse::cpu {
@@ -23,8 +23,8 @@ struct Quantizer {
   DelayedScalingState state;
 };
 
-// A quantizer for an FP8 recipe; `is_gradient` picks E5M2 under the HYBRID format.
-Quantizer make_quantizer(std::string name, const ir::Recipe& recipe, bool is_gradient);
+// A quantizer with `spec` (per-tensor delayed or current scaling; ReferenceError otherwise).
+Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec);
 
 // In place: values become fp8(x * scale) * scale_inv. Delayed scaling casts with the current scale
 // and max-reduces |x| into history slot 0; current scaling first takes this tensor's amax and

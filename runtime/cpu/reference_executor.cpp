@@ -135,7 +135,12 @@ void ReferenceExecutor<T>::State::cast_fp8(const ir::Operation& op) {
   }
   if (ir::attr_bool(op.attrs, "columnwise")) {
     Tensor<T>& y = out(op, r++);
-    const std::vector<float> t = transpose<float>(codes, x.rows(), x.cols());
+    // The column-wise copy holds the same codes (per-tensor scale); stored transposed for
+    // TN-only GEMMs (QuantizerDecl::columnwise_layout).
+    const std::vector<float> t =
+        seq.quantizers.at(size_t(op.quantizer)).columnwise_layout == plan::CopyLayout::Transposed
+            ? transpose<float>(codes, x.rows(), x.cols())
+            : codes;
     std::copy(t.begin(), t.end(), y.data.begin());
     scale_inv[op.results[r - 1]] = inv;
   }
@@ -354,7 +359,8 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
   s.scale_inv.assign(s.seq.values.size(), 1.0f);
   s.transposed.assign(s.seq.values.size(), false);
   auto mark_transposed = [&](const ir::Operation& op) {
-    if (op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise"))
+    if (op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") &&
+        s.seq.quantizers.at(size_t(op.quantizer)).columnwise_layout == plan::CopyLayout::Transposed)
       s.transposed[op.results.back()] = true;
   };
   for (const ir::Operation& op : s.seq.ops) {
@@ -366,9 +372,7 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
     s.values[p] = s.zeros_like(p);
   }
   for (const ir::QuantizerDecl& q : s.seq.quantizers) {
-    const bool gradient =
-        q.role == ir::QuantizerRole::GradOutput || q.role == ir::QuantizerRole::GradInput;
-    s.quantizers.push_back(make_quantizer(q.name, s.seq.recipe, gradient));
+    s.quantizers.push_back(make_quantizer(q.name, q.spec));
     if (s.seq.fp8_weights && q.role == ir::QuantizerRole::Weight) s.weight_codes[q.source] = {};
   }
 }

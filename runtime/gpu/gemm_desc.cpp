@@ -6,34 +6,6 @@
 
 namespace opfuse::gpu {
 
-std::string_view epilogue_name(GemmEpilogue epilogue) {
-  switch (epilogue) {
-    case GemmEpilogue::None:
-      return "none";
-    case GemmEpilogue::Bias:
-      return "bias";
-    case GemmEpilogue::GeluAuxBias:
-      return "gelu_aux_bias";
-    case GemmEpilogue::DGelu:
-      return "dgelu";
-    case GemmEpilogue::DGeluBiasGrad:
-      return "dgelu_bias_grad";
-    case GemmEpilogue::BiasGradA:
-      return "bias_grad_a";
-  }
-  return "?";
-}
-
-bool epilogue_has_aux(GemmEpilogue epilogue) {
-  return epilogue == GemmEpilogue::GeluAuxBias || epilogue == GemmEpilogue::DGelu ||
-         epilogue == GemmEpilogue::DGeluBiasGrad;
-}
-
-bool epilogue_has_bias(GemmEpilogue epilogue) {
-  return epilogue == GemmEpilogue::Bias || epilogue == GemmEpilogue::GeluAuxBias ||
-         epilogue == GemmEpilogue::DGeluBiasGrad || epilogue == GemmEpilogue::BiasGradA;
-}
-
 bool is_fp8(DType dtype) { return dtype == DType::E4M3 || dtype == DType::E5M2; }
 
 std::size_t GemmDescHash::operator()(const GemmDesc& desc) const {
@@ -76,12 +48,13 @@ std::string stored_shape(bool transposed, char rows, char cols) {
 void check_row_alignment(std::vector<std::string>& reasons, std::string_view matrix,
                          std::string_view shape_text, std::string_view length_name,
                          std::int64_t length, DType dtype) {
-  const std::int64_t bytes = ir::dtype_bytes(dtype);
+  const std::int64_t bytes = plan::dtype_bytes(dtype);
   if (length * bytes % 16 == 0) return;
   reasons.push_back(fmt::format(
       "{} is stored {} in {}, so its rows are {} bytes: cuBLASLt needs 16-byte aligned rows; "
       "make {} (now {}) a multiple of {} (pad with zeros)",
-      matrix, shape_text, ir::dtype_name(dtype), length * bytes, length_name, length, 16 / bytes));
+      matrix, shape_text, plan::dtype_name(dtype), length * bytes, length_name, length,
+      16 / bytes));
 }
 
 void check_dtypes(const GemmDesc& desc, std::vector<std::string>& reasons) {
@@ -90,18 +63,18 @@ void check_dtypes(const GemmDesc& desc, std::vector<std::string>& reasons) {
     reasons.push_back(fmt::format(
         "A is {} but B is {}: cuBLASLt multiplies FP8 only with FP8; quantize both operands or "
         "neither",
-        ir::dtype_name(desc.a), ir::dtype_name(desc.b)));
+        plan::dtype_name(desc.a), plan::dtype_name(desc.b)));
     return;
   }
   if (!fp8_a) {
     if (desc.a != desc.b) {
       reasons.push_back(fmt::format("A is {} but B is {}: 16-bit GEMMs take one dtype for both",
-                                    ir::dtype_name(desc.a), ir::dtype_name(desc.b)));
+                                    plan::dtype_name(desc.a), plan::dtype_name(desc.b)));
     }
     if (desc.d != desc.a && desc.d != DType::FP32) {
       reasons.push_back(fmt::format("D is {} but the operands are {}: write D in {} or fp32",
-                                    ir::dtype_name(desc.d), ir::dtype_name(desc.a),
-                                    ir::dtype_name(desc.a)));
+                                    plan::dtype_name(desc.d), plan::dtype_name(desc.a),
+                                    plan::dtype_name(desc.a)));
     }
     return;
   }
@@ -212,9 +185,9 @@ GemmDesc wgrad_gemm(std::int64_t tokens, std::int64_t in, std::int64_t out, DTyp
 std::string describe(const GemmDesc& desc) {
   std::string text =
       fmt::format("GEMM m={} n={} k={}: A {} {}, B {} {}, D {}, epilogue {}", desc.m, desc.n,
-                  desc.k, ir::dtype_name(desc.a), stored_shape(desc.a_transposed, 'm', 'k'),
-                  ir::dtype_name(desc.b), stored_shape(!desc.b_transposed, 'n', 'k'),
-                  ir::dtype_name(desc.d), epilogue_name(desc.epilogue));
+                  desc.k, plan::dtype_name(desc.a), stored_shape(desc.a_transposed, 'm', 'k'),
+                  plan::dtype_name(desc.b), stored_shape(!desc.b_transposed, 'n', 'k'),
+                  plan::dtype_name(desc.d), epilogue_name(desc.epilogue));
   if (desc.aux_ld != 0) text += fmt::format(" (aux_ld {})", desc.aux_ld);
   if (desc.accumulate) text += ", accumulate";
   if (desc.fast_accum) text += ", fast_accum";

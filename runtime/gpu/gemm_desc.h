@@ -21,27 +21,18 @@
 #include <string_view>
 #include <vector>
 
-#include "ir/types.h"
+#include "plan/enums.h"
 
 namespace opfuse::gpu {
 
-using ir::DType;
+using plan::DType;
 
-// What cuBLASLt does after the product (the fusions TE makes through its epilogues).
-enum class GemmEpilogue : std::uint8_t {
-  None,           // D = A B
-  Bias,           // D = A B + bias[n] (added to every row)
-  GeluAuxBias,    // aux = A B + bias[n] (output: the pre-activation backward needs); D = gelu(aux)
-  DGelu,          // D = (A B) * gelu'(aux), aux an input (the forward pre-activation)
-  DGeluBiasGrad,  // as DGelu, and bias[n] = sum of D over its m rows (output)
-  BiasGradA,      // D = A B, and bias[m] = sum over k of op(A) (output): wgrad's dbias, the sum of
-                  // dy over tokens (cuBLASLt's BGRADB: its B operand is our A, see to_cublaslt)
-};
-
-std::string_view epilogue_name(GemmEpilogue epilogue);  // "none", "bias", "gelu_aux_bias", ...
-bool epilogue_has_aux(GemmEpilogue epilogue);           // GeluAuxBias, DGelu, DGeluBiasGrad
-// Uses GemmArgs::bias: an input [n] for Bias and GeluAuxBias, an output for the two grads.
-bool epilogue_has_bias(GemmEpilogue epilogue);
+// The epilogues are the plan's (plan/enums.h): the plan names them, the runtime runs them.
+using plan::epilogue_has_aux;   // GeluAuxBias, DGelu, DGeluBiasGrad
+using plan::epilogue_has_bias;  // GemmArgs::bias: an input [n] for Bias and GeluAuxBias, an
+                                // output for the two grads
+using plan::GemmEpilogue;
+inline std::string_view epilogue_name(GemmEpilogue e) { return plan::name(e); }
 bool is_fp8(DType dtype);
 
 struct GemmDesc {

@@ -11,7 +11,7 @@
 namespace opfuse::gpu {
 namespace {
 
-using Kind = codegen::ParamBinding::Kind;
+using Kind = plan::ParamKind;
 
 constexpr std::size_t kPointerBytes = 8;
 
@@ -20,7 +20,7 @@ std::size_t round_up(std::size_t value, std::size_t alignment) {
 }
 
 // Size and alignment of one field as the templates declare it.
-ParamField field_shape(const codegen::ParamBinding& param) {
+ParamField field_shape(const plan::ParamBinding& param) {
   switch (param.kind) {
     case Kind::Int:
     case Kind::Float:
@@ -51,21 +51,21 @@ void put(std::vector<unsigned char>& bytes, std::size_t offset, const T& value) 
 
 }  // namespace
 
-std::int64_t evaluate_expr(const codegen::SymExpr& expr,
+std::int64_t evaluate_expr(const plan::SymExpr& expr,
                            const std::map<std::string, std::int64_t>& symbols) {
   if (const auto known = expr.value()) return *known;
   try {
-    return codegen::evaluate(expr.text(), symbols);
+    return plan::evaluate(expr.text(), symbols);
   } catch (const std::invalid_argument& error) {
     throw UsageError(
         fmt::format("cannot evaluate the plan expression '{}': {}", expr.text(), error.what()));
   }
 }
 
-ParamLayout param_layout(const std::vector<codegen::ParamBinding>& params) {
+ParamLayout param_layout(const std::vector<plan::ParamBinding>& params) {
   ParamLayout layout;
   std::size_t offset = 0;
-  for (const codegen::ParamBinding& param : params) {
+  for (const plan::ParamBinding& param : params) {
     ParamField field = field_shape(param);
     field.offset = round_up(offset, field.alignment);
     offset = field.offset + field.bytes;
@@ -76,14 +76,14 @@ ParamLayout param_layout(const std::vector<codegen::ParamBinding>& params) {
   return layout;
 }
 
-PackedParams pack_params(const std::vector<codegen::ParamBinding>& params,
+PackedParams pack_params(const std::vector<plan::ParamBinding>& params,
                          const std::map<std::string, std::int64_t>& symbols,
                          const StatePointer& state_pointer) {
   const ParamLayout layout = param_layout(params);
   PackedParams packed;
   packed.bytes.assign(layout.bytes, 0);  // nulls and padding stay zero
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const codegen::ParamBinding& param = params[i];
+    const plan::ParamBinding& param = params[i];
     const std::size_t offset = layout.fields[i].offset;
     switch (param.kind) {
       case Kind::Null:

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen/plan.h"
+#include "plan/plan.h"
 
 namespace opfuse::gpu {
 
@@ -30,7 +30,7 @@ struct ParamLayout {
 };
 
 // Throws UsageError for an array field (Kind::Buffers) without entries.
-ParamLayout param_layout(const std::vector<codegen::ParamBinding>& params);
+ParamLayout param_layout(const std::vector<plan::ParamBinding>& params);
 
 // A buffer pointer inside the struct, written at each launch because buffers are allocated per
 // step; `buffer` is a plan buffer id.
@@ -57,17 +57,17 @@ struct PackedParams {
 
 // The device pointer of a Quantizer binding (its scale, scale_inv or amax) or of a Records
 // binding (the first record); only called for those two kinds.
-using StatePointer = std::function<const void*(const codegen::ParamBinding&)>;
+using StatePointer = std::function<const void*(const plan::ParamBinding&)>;
 
 // Packs `params`: Int and Int64 values are evaluated with `symbols` (the bound sizes and
 // num_sms). Throws UsageError for an Int that does not fit 32 bits or a negative size, naming the
 // field.
-PackedParams pack_params(const std::vector<codegen::ParamBinding>& params,
+PackedParams pack_params(const std::vector<plan::ParamBinding>& params,
                          const std::map<std::string, std::int64_t>& symbols,
                          const StatePointer& state_pointer);
 
 // The value of a plan expression under `symbols` (a known expression needs none).
-std::int64_t evaluate_expr(const codegen::SymExpr& expr,
+std::int64_t evaluate_expr(const plan::SymExpr& expr,
                            const std::map<std::string, std::int64_t>& symbols);
 
 }  // namespace opfuse::gpu

@@ -52,16 +52,17 @@
 #include "gpu/plan_gemm.h"
 #include "gpu/quantizer_state.h"
 #include "opfuse/error.h"
+#include "plan/gemm_caps.h"
 
 namespace opfuse::gpu {
 namespace {
 
-using codegen::BufferRole;
-using codegen::GemmStep;
-using codegen::LaunchStep;
-using codegen::ParamBinding;
-using codegen::SequencePlan;
-using codegen::Step;
+using plan::BufferRole;
+using plan::GemmStep;
+using plan::LaunchStep;
+using plan::ParamBinding;
+using plan::SequencePlan;
+using plan::Step;
 
 bool is_callers(BufferRole role) {
   return role == BufferRole::Input || role == BufferRole::Param || role == BufferRole::OutputGrad;
@@ -74,7 +75,7 @@ std::string ir_name(const std::string& name) {
 // "fprop GEMM of fc1 (...) (mlp.fuse:15)": what a step is and where the .fuse file asks for it.
 std::string describe_step(const Step& step) {
   std::vector<std::string> locations;
-  for (const codegen::OpRef& op : step.ops) {
+  for (const plan::OpRef& op : step.ops) {
     if (!op.location.empty() &&
         std::find(locations.begin(), locations.end(), op.location) == locations.end()) {
       locations.push_back(op.location);
@@ -84,32 +85,8 @@ std::string describe_step(const Step& step) {
   return fmt::format("step {} ({}, {})", step.index, step.what, fmt::join(locations, ", "));
 }
 
-cpu::Fp8Format fp8_format(const codegen::QuantizerPlan& quantizer) {
-  if (quantizer.format == ir::DType::E4M3) return cpu::Fp8Format::E4M3;
-  if (quantizer.format == ir::DType::E5M2) return cpu::Fp8Format::E5M2;
-  throw UsageError(fmt::format("quantizer '{}' has the format {}, not an FP8 format",
-                               quantizer.name, ir::dtype_name(quantizer.format)));
-}
-
-QuantizerSettings settings_of(const codegen::QuantizerPlan& quantizer) {
-  QuantizerSettings settings;
-  settings.name = quantizer.name;
-  settings.format = fp8_format(quantizer);
-  settings.current_scaling = quantizer.mode == 2;
-  settings.amax_compute =
-      quantizer.mode == 1 ? cpu::AmaxCompute::MostRecent : cpu::AmaxCompute::Max;
-  settings.history_length = settings.current_scaling ? 1 : quantizer.history_length;
-  settings.margin = quantizer.margin;
-  settings.amax_epsilon = static_cast<float>(quantizer.epsilon);
-  settings.power_of_2_scale = quantizer.power_of_2_scale;
-  if (quantizer.mode < 0 || quantizer.mode > 2 ||
-      cpu::fp8_max(settings.format) != quantizer.fp8_max) {
-    throw UsageError(fmt::format(
-        "quantizer '{}' has mode {} and fp8_max {}, which do not match its format {}: rebuild the "
-        "plan",
-        quantizer.name, quantizer.mode, quantizer.fp8_max, ir::dtype_name(quantizer.format)));
-  }
-  return settings;
+QuantizerSettings settings_of(const plan::QuantizerPlan& quantizer) {
+  return quantizer_settings(quantizer.name, quantizer.spec);
 }
 
 constexpr int kModes = 2;
@@ -127,26 +104,9 @@ const LaunchStep* launch_of(const Step& step, RunMode mode) {
   return std::get_if<LaunchStep>(&step.body);
 }
 
-// Every buffer a step's body names, besides its reads and writes lists, as `mode` runs it.
+// Every buffer a step names as `mode` runs it (plan/plan.h).
 std::vector<int> buffers_named_by(const Step& step, RunMode mode) {
-  std::vector<int> ids(step.reads);
-  const bool variant = mode == RunMode::Inference && step.inference.has_value();
-  const std::vector<int>& writes = variant ? step.inference->writes : step.writes;
-  ids.insert(ids.end(), writes.begin(), writes.end());
-  if (const LaunchStep* launch = launch_of(step, mode)) {
-    for (const ParamBinding& param : launch->params) {
-      if (param.kind == ParamBinding::Kind::Buffer || param.kind == ParamBinding::Kind::Buffers) {
-        ids.insert(ids.end(), param.buffers.begin(), param.buffers.end());
-      }
-    }
-  } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
-    ids.insert(ids.end(),
-               {gemm->a.buffer, gemm->b.buffer, gemm->d, gemm->c, gemm->bias, gemm->aux});
-  }
-  std::erase_if(ids, [](int id) { return id < 0; });
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  return plan::buffers_named_by(step, mode == RunMode::Inference);
 }
 
 // A step's kernel launch or GEMM with the sizes of the current bind().
@@ -183,8 +143,7 @@ struct WeightCacheGroup {
 
 // ---- PlanModules -------------------------------------------------------------------------------
 
-PlanModules::PlanModules(const codegen::Plan& plan,
-                         const std::vector<jit::CompiledKernel>& compiled) {
+PlanModules::PlanModules(const plan::Plan& plan, const std::vector<jit::CompiledKernel>& compiled) {
   if (compiled.size() != plan.kernels.size()) {
     throw UsageError(fmt::format(
         "the plan of {} has {} kernels but {} compiled binaries were given: compile every "
@@ -194,7 +153,7 @@ PlanModules::PlanModules(const codegen::Plan& plan,
   const std::string device_arch = current_device().arch;
   modules_.reserve(compiled.size());
   for (std::size_t i = 0; i < compiled.size(); ++i) {
-    const codegen::Kernel& kernel = plan.kernels[i];
+    const plan::Kernel& kernel = plan.kernels[i];
     if (!compiled[i].is_ptx && compiled[i].arch != device_arch) {
       throw UsageError(fmt::format(
           "kernel '{}' was compiled for {} but this GPU runs {}: rebuild with --arch {}", kernel.id,
@@ -324,7 +283,7 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
   num_sms = current_device().sm_count;
   first_backward = static_cast<int>(plan.steps.size());
   for (const Step& step : plan.steps) {
-    if (step.phase == ir::Phase::Backward && step.group >= 0) {
+    if (step.phase == plan::Phase::Backward && step.group >= 0) {
       first_backward = step.index;
       break;
     }
@@ -334,7 +293,7 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
   find_weight_cache_groups();
   if (!plan.quantizers.empty()) {
     std::vector<QuantizerSettings> settings;
-    for (const codegen::QuantizerPlan& quantizer : plan.quantizers) {
+    for (const plan::QuantizerPlan& quantizer : plan.quantizers) {
       settings.push_back(settings_of(quantizer));
     }
     quantizers.emplace(std::move(settings), stream);
@@ -367,7 +326,7 @@ void SequenceExecutor::Impl::check_plan() const {
       const bool subset = std::all_of(writes.begin(), writes.end(), [&](int id) {
         return std::find(step.writes.begin(), step.writes.end(), id) != step.writes.end();
       });
-      if (!std::holds_alternative<LaunchStep>(step.body) || step.phase != ir::Phase::Forward ||
+      if (!std::holds_alternative<LaunchStep>(step.body) || step.phase != plan::Phase::Forward ||
           !subset) {
         throw UsageError(fmt::format(
             "{} has an inference variant, but only forward launches can, writing a subset of "
@@ -378,8 +337,19 @@ void SequenceExecutor::Impl::check_plan() const {
     }
     if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
       check_launch(step, *launch);
-    } else {
-      (void)epilogue_named(std::get<GemmStep>(step.body).epilogue);
+      continue;
+    }
+    // An FP8 operand's scale-inverse: a quantizer's scalar (block-scale grids are not run here).
+    const GemmStep& gemm = std::get<GemmStep>(step.body);
+    for (const plan::GemmOperand* operand : {&gemm.a, &gemm.b}) {
+      if (!plan::dtype_is_fp8(operand->dtype)) continue;
+      const int q = operand->scale_inv.quantizer;
+      if (q < 0 || q >= static_cast<int>(plan.quantizers.size())) {
+        throw UsageError(fmt::format(
+            "{} reads an FP8 operand without a per-tensor scale_inv this runtime can pass "
+            "(quantizer {}, scale grid buffer {}): rebuild the plan",
+            describe_step(step), q, operand->scale_inv.buffer));
+      }
     }
   }
 }
@@ -389,23 +359,20 @@ void SequenceExecutor::Impl::check_launch(const Step& step, const LaunchStep& la
   (void)modules.kernel(launch.kernel);
   (void)param_layout(launch.params);
   for (const ParamBinding& param : launch.params) {
-    if (param.kind == ParamBinding::Kind::Quantizer &&
+    if (param.kind == plan::ParamKind::Quantizer &&
         (param.quantizer < 0 || param.quantizer >= quantizer_count)) {
       throw UsageError(fmt::format("{} binds '{}' to quantizer {} of {}", describe_step(step),
                                    param.field, param.quantizer, quantizer_count));
     }
-    if (param.kind == ParamBinding::Kind::Quantizer) {
-      const std::string& value = param.quantizer_field;
-      const bool current = plan.quantizers[static_cast<std::size_t>(param.quantizer)].mode == 2;
-      if (value != "scale" && value != "scale_inv" && value != "amax" &&
-          !(value == "running_amax" && current)) {
-        throw UsageError(fmt::format(
-            "{} binds '{}' to the value '{}' of quantizer {}: a quantizer has scale, scale_inv "
-            "and amax, and under current scaling running_amax",
-            describe_step(step), param.field, value, param.quantizer));
-      }
+    if (param.kind == plan::ParamKind::Quantizer &&
+        param.quantizer_value == plan::QuantizerValue::RunningAmax &&
+        plan.quantizers[static_cast<std::size_t>(param.quantizer)].spec.scaling !=
+            plan::ScalingKind::Current) {
+      throw UsageError(fmt::format(
+          "{} binds '{}' to the running amax of quantizer {}, which only current scaling has",
+          describe_step(step), param.field, param.quantizer));
     }
-    if (param.kind != ParamBinding::Kind::Records) continue;
+    if (param.kind != plan::ParamKind::Records) continue;
     // Why contiguous: the kernel gets one pointer to the first record and a count.
     bool contiguous = !param.records.empty();
     for (std::size_t r = 0; r < param.records.size(); ++r) {
@@ -424,38 +391,64 @@ void SequenceExecutor::Impl::check_launch(const Step& step, const LaunchStep& la
 void SequenceExecutor::Impl::learn_buffers() {
   const std::size_t count = plan.buffers.size();
   facts.assign(count, {});
+  const int step_count = static_cast<int>(plan.steps.size());
+  auto bad_lifetime = [&](const plan::Lifetime& life, int end) {
+    return life.first < -1 || life.last >= end || life.last < life.first ||
+           (life.first < 0) != (life.last < 0);
+  };
   for (std::size_t id = 0; id < count; ++id) {
-    int root = static_cast<int>(id);
-    for (std::size_t hops = 0; plan.buffers[static_cast<std::size_t>(root)].alias_of >= 0; ++hops) {
-      root = plan.buffers[static_cast<std::size_t>(root)].alias_of;
-      if (hops > count || root >= static_cast<int>(count)) {
-        throw UsageError(fmt::format("buffer {} is a view of a view cycle or of no buffer", id));
-      }
+    // Codegen computed the root and its lifetimes (note "Executor buffers"); a plan.json that
+    // disagrees with its own views or steps is refused rather than trusted.
+    const int root = plan.buffers[id].root;
+    const int alias = plan.buffers[id].alias_of;
+    if (root < 0 || root >= static_cast<int>(count) ||
+        plan.buffers[static_cast<std::size_t>(root)].alias_of >= 0 ||
+        (alias < 0 ? root != static_cast<int>(id)
+                   : alias >= static_cast<int>(count) ||
+                         plan.buffers[static_cast<std::size_t>(alias)].root != root)) {
+      throw UsageError(
+          fmt::format("buffer {} names root {}, which is not where its views lead: rebuild the "
+                      "plan",
+                      id, root));
+    }
+    const plan::Buffer& root_buffer = plan.buffers[static_cast<std::size_t>(root)];
+    if (bad_lifetime(root_buffer.training, step_count) ||
+        bad_lifetime(root_buffer.inference, first_backward)) {
+      throw UsageError(
+          fmt::format("buffer {} has lifetimes outside the plan's steps: rebuild the "
+                      "plan",
+                      root));
     }
     BufferFacts& fact = facts[id];
     fact.root = root;
+    fact.first_touch[mode_index(RunMode::Training)] = root_buffer.training.first;
+    fact.last_touch[mode_index(RunMode::Training)] = root_buffer.training.last;
+    fact.first_touch[mode_index(RunMode::Inference)] = root_buffer.inference.first;
+    fact.last_touch[mode_index(RunMode::Inference)] = root_buffer.inference.last;
+    fact.weight_cache = root_buffer.weight_cache;
     fact.callers = is_callers(plan.buffers[static_cast<std::size_t>(root)].role);
-    const codegen::Buffer& buffer = plan.buffers[id];
+    const plan::Buffer& buffer = plan.buffers[id];
     if (is_callers(buffer.role) && buffer.alias_of < 0) {
       callers_by_name.emplace(ir_name(buffer.name), static_cast<int>(id));
     }
-    for (const std::string& entry : buffer.interface) {
-      const auto space = entry.find(' ');
-      const std::string kind = entry.substr(0, space);
-      const std::string name = space == std::string::npos ? "" : entry.substr(space + 1);
-      if (kind == "output") {
-        outputs.emplace(name, static_cast<int>(id));
-      } else if (kind == "input_grad") {
-        input_grads.emplace(name, static_cast<int>(id));
-      } else if (kind == "param_grad") {
-        param_grads.emplace(name, static_cast<int>(id));
+    for (const plan::InterfaceTag& tag : buffer.interface) {
+      switch (tag.kind) {
+        case plan::InterfaceKind::Output:
+          outputs.emplace(tag.name, static_cast<int>(id));
+          break;
+        case plan::InterfaceKind::InputGrad:
+          input_grads.emplace(tag.name, static_cast<int>(id));
+          break;
+        case plan::InterfaceKind::ParamGrad:
+          param_grads.emplace(tag.name, static_cast<int>(id));
+          break;
       }
     }
   }
   for (std::size_t id = 0; id < count; ++id) {
     BufferFacts& root = facts[static_cast<std::size_t>(facts[id].root)];
-    for (const std::string& entry : plan.buffers[id].interface) {
-      (entry.starts_with("output ") ? root.forward_result : root.backward_result) = true;
+    for (const plan::InterfaceTag& tag : plan.buffers[id].interface) {
+      (tag.kind == plan::InterfaceKind::Output ? root.forward_result : root.backward_result) = true;
     }
   }
   callers_read.assign(plan.steps.size(), {});
@@ -468,9 +461,7 @@ void SequenceExecutor::Impl::learn_buffers() {
       for (int id : buffers_named_by(step, mode))
         roots.insert(facts[static_cast<std::size_t>(id)].root);
       for (int root : roots) {
-        BufferFacts& fact = facts[static_cast<std::size_t>(root)];
-        if (fact.first_touch[m] < 0) fact.first_touch[m] = step.index;
-        fact.last_touch[m] = step.index;
+        const BufferFacts& fact = facts[static_cast<std::size_t>(root)];
         if (fact.callers && mode == RunMode::Training && step.group >= 0) {
           callers_read[static_cast<std::size_t>(step.index)].push_back(root);
           const bool input = plan.buffers[static_cast<std::size_t>(root)].role == BufferRole::Input;
@@ -487,41 +478,46 @@ void SequenceExecutor::Impl::learn_buffers() {
 }
 
 void SequenceExecutor::Impl::find_weight_cache_groups() {
+  // Codegen found the groups (note "Weight cache"); checked against the steps they name.
   cache_group_of_step.assign(plan.steps.size(), -1);
-  std::map<int, std::vector<int>> steps_of_group;
-  for (const Step& step : plan.steps) {
-    if (step.group >= 0 && step.index < first_backward)
-      steps_of_group[step.group].push_back(step.index);
-  }
-  for (const auto& [group, step_indices] : steps_of_group) {
-    std::set<int> reads, writes;
-    for (int index : step_indices) {
-      const Step& step = plan.steps[static_cast<std::size_t>(index)];
-      for (int id : step.reads) reads.insert(facts[static_cast<std::size_t>(id)].root);
-      for (int id : step.writes) writes.insert(facts[static_cast<std::size_t>(id)].root);
-    }
-    const bool only_params = std::all_of(reads.begin(), reads.end(), [&](int root) {
-      return plan.buffers[static_cast<std::size_t>(root)].role == BufferRole::Param;
-    });
-    const bool writes_owned = std::none_of(writes.begin(), writes.end(), [&](int root) {
-      return facts[static_cast<std::size_t>(root)].callers;
-    });
-    if (reads.empty() || writes.empty() || !only_params || !writes_owned) continue;
+  for (const plan::WeightCacheGroup& group : plan.weight_cache_groups) {
+    const int index = static_cast<int>(cache_groups.size());
     WeightCacheGroup cache;
-    cache.steps = step_indices;
-    cache.params.assign(reads.begin(), reads.end());
-    for (int index : step_indices) {
-      cache_group_of_step[static_cast<std::size_t>(index)] = static_cast<int>(cache_groups.size());
+    cache.steps = group.steps;
+    cache.params = group.params;
+    cache.quantizers = group.quantizers;
+    for (int step : group.steps) {
+      if (step < 0 || step >= first_backward ||
+          plan.steps[static_cast<std::size_t>(step)].weight_cache_group != index) {
+        throw UsageError(fmt::format(
+            "weight-cache group {} names step {}, which is not one of its forward steps: rebuild "
+            "the plan",
+            index, step));
+      }
+      cache_group_of_step[static_cast<std::size_t>(step)] = index;
     }
-    for (int root : writes) {
-      facts[static_cast<std::size_t>(root)].weight_cache = true;
-      const int quantizer = plan.buffers[static_cast<std::size_t>(root)].quantizer;
-      if (quantizer >= 0 && std::find(cache.quantizers.begin(), cache.quantizers.end(),
-                                      quantizer) == cache.quantizers.end()) {
-        cache.quantizers.push_back(quantizer);
+    for (int param : group.params) {
+      if (param < 0 || param >= static_cast<int>(plan.buffers.size()) ||
+          plan.buffers[static_cast<std::size_t>(param)].role != BufferRole::Param) {
+        throw UsageError(fmt::format(
+            "weight-cache group {} reads buffer {}, which is not a parameter: rebuild the plan",
+            index, param));
+      }
+    }
+    for (int q : group.quantizers) {
+      if (q < 0 || q >= static_cast<int>(plan.quantizers.size())) {
+        throw UsageError(fmt::format("weight-cache group {} names quantizer {} of {}", index, q,
+                                     plan.quantizers.size()));
       }
     }
     cache_groups.push_back(std::move(cache));
+  }
+  for (const Step& step : plan.steps) {
+    if (step.weight_cache_group >= 0 &&
+        cache_group_of_step[static_cast<std::size_t>(step.index)] != step.weight_cache_group) {
+      throw UsageError(fmt::format("{} claims weight-cache group {}, which does not list it",
+                                   describe_step(step), step.weight_cache_group));
+    }
   }
   // Last uses, now that the kept buffers are known (note "Executor buffers").
   for (auto& lists : free_after) lists.assign(plan.steps.size(), {});
@@ -540,24 +536,27 @@ void SequenceExecutor::Impl::find_weight_cache_groups() {
 }
 
 const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) const {
-  if (param.kind == ParamBinding::Kind::Records) {
+  if (param.kind == plan::ParamKind::Records) {
     return quantizers->records() + param.records.at(0);
   }
-  if (param.quantizer_field == "scale") return quantizers->scale(param.quantizer);
-  if (param.quantizer_field == "scale_inv") return quantizers->scale_inv(param.quantizer);
-  if (param.quantizer_field == "amax") return quantizers->amax(param.quantizer);
-  if (param.quantizer_field == "running_amax") return quantizers->running_amax(param.quantizer);
-  throw UsageError(
-      fmt::format("params field '{}' binds the quantizer value '{}': only scale, "
-                  "scale_inv, amax and running_amax exist",
-                  param.field, param.quantizer_field));
+  switch (param.quantizer_value) {
+    case plan::QuantizerValue::Scale:
+      return quantizers->scale(param.quantizer);
+    case plan::QuantizerValue::ScaleInv:
+      return quantizers->scale_inv(param.quantizer);
+    case plan::QuantizerValue::Amax:
+      return quantizers->amax(param.quantizer);
+    case plan::QuantizerValue::RunningAmax:
+      return quantizers->running_amax(param.quantizer);
+  }
+  throw UsageError(fmt::format("params field '{}' binds an unknown quantizer value", param.field));
 }
 
 std::map<std::string, std::int64_t> SequenceExecutor::Impl::checked_symbols(
     const std::map<std::string, std::int64_t>& given) const {
   std::map<std::string, std::int64_t> values;
   for (const std::string& symbol : plan.symbols) {
-    if (symbol == codegen::kNumSmsSymbol) continue;
+    if (symbol == plan::kNumSmsSymbol) continue;
     const auto found = given.find(symbol);
     if (found == given.end()) {
       throw UsageError(fmt::format("sequence '{}' needs a size for '{}': bind every one of [{}]",
@@ -573,11 +572,11 @@ std::map<std::string, std::int64_t> SequenceExecutor::Impl::checked_symbols(
     if (values.count(symbol) == 0) {
       throw UsageError(fmt::format(
           "sequence '{}' has no size '{}'{}: its sizes are [{}]", plan.name, symbol,
-          symbol == codegen::kNumSmsSymbol ? " to bind (num_sms comes from the device)" : "",
+          symbol == plan::kNumSmsSymbol ? " to bind (num_sms comes from the device)" : "",
           fmt::join(plan.symbols, ", ")));
     }
   }
-  values[codegen::kNumSmsSymbol] = num_sms;
+  values[plan::kNumSmsSymbol] = num_sms;
   return values;
 }
 
@@ -612,8 +611,9 @@ BoundStep SequenceExecutor::Impl::bind_step(
   if (gemm == nullptr) return bound_step;
   bound_step.gemm = gemm_desc(*gemm, values);
   const bool fp8 = is_fp8(gemm->a.dtype) || is_fp8(gemm->b.dtype);
-  const std::int64_t multiple = fp8 ? 16 : 8;
-  const std::pair<const char*, const codegen::SymExpr*> dims[] = {
+  const std::int64_t multiple =
+      plan::gemm_dim_multiple(plan::gemm_caps(current_device().arch), fp8);
+  const std::pair<const char*, const plan::SymExpr*> dims[] = {
       {"m", &gemm->m}, {"n", &gemm->n}, {"k", &gemm->k}};
   for (const auto& [dim, expr] : dims) {
     const std::int64_t value = evaluate_expr(*expr, values);
@@ -899,15 +899,15 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
         gemm, bound_step.gemm, [this](int buffer) { return pointer(buffer); },
         quantizers ? &*quantizers : nullptr);
     if (cast_scale_inv.data() != nullptr) {  // fp8_weights: the scale the copy was cast with
-      const auto cached = [this](const codegen::GemmOperand& operand) {
-        return operand.quantizer >= 0 &&
+      const auto cached = [this](const plan::GemmOperand& operand) {
+        return operand.scale_inv.quantizer >= 0 &&
                facts[static_cast<std::size_t>(facts[static_cast<std::size_t>(operand.buffer)].root)]
                    .weight_cache;
       };
       if (args.a_scale_inv != nullptr && cached(gemm.a))
-        args.a_scale_inv = cast_scale_inv_slot(gemm.a.quantizer);
+        args.a_scale_inv = cast_scale_inv_slot(gemm.a.scale_inv.quantizer);
       if (args.b_scale_inv != nullptr && cached(gemm.b))
-        args.b_scale_inv = cast_scale_inv_slot(gemm.b.quantizer);
+        args.b_scale_inv = cast_scale_inv_slot(gemm.b.scale_inv.quantizer);
     }
     gemms.run(bound_step.gemm, args, stream);
   }
@@ -966,7 +966,7 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
   Impl& s = *impl_;
   std::map<std::string, std::int64_t> values = s.checked_symbols(symbols);
   std::vector<std::size_t> bytes;
-  for (const codegen::Buffer& buffer : s.plan.buffers) {
+  for (const plan::Buffer& buffer : s.plan.buffers) {
     bytes.push_back(static_cast<std::size_t>(evaluate_expr(buffer.bytes, values)));
   }
   std::vector<BoundStep> steps;
@@ -1005,19 +1005,19 @@ std::vector<TensorInfo> SequenceExecutor::tensors() const {
   }
   std::vector<TensorInfo> infos;
   auto add = [&](int id, std::string name, BufferRole role, std::string_view result_kind) {
-    const codegen::Buffer& buffer = s.plan.buffers[static_cast<std::size_t>(id)];
+    const plan::Buffer& buffer = s.plan.buffers[static_cast<std::size_t>(id)];
     TensorInfo info;
     info.name = std::move(name);
     info.role = role;
     info.result_kind = std::string(result_kind);
     info.dtype = buffer.dtype;
-    for (const codegen::SymExpr& dim : buffer.shape) {
+    for (const plan::SymExpr& dim : buffer.shape) {
       info.shape.push_back(evaluate_expr(dim, s.symbols));
     }
     info.bytes = s.bytes[static_cast<std::size_t>(id)];
     infos.push_back(std::move(info));
   };
-  for (const codegen::Buffer& buffer : s.plan.buffers) {
+  for (const plan::Buffer& buffer : s.plan.buffers) {
     if (is_callers(buffer.role) && buffer.alias_of < 0)
       add(buffer.id, ir_name(buffer.name), buffer.role, "");
   }
@@ -1236,7 +1236,7 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
       const GemmDesc& desc = s.steps[static_cast<std::size_t>(step.index)].gemm;
       profile.kind = StepProfile::Kind::Gemm;
       profile.gemm = desc;
-      profile.gemm_role = std::string(codegen::gemm_role_name(std::get<GemmStep>(step.body).role));
+      profile.gemm_role = std::string(plan::name(std::get<GemmStep>(step.body).role));
       profile.flops = 2.0 * double(desc.m) * double(desc.n) * double(desc.k);
     }
     profiles.push_back(std::move(profile));

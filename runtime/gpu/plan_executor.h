@@ -16,11 +16,11 @@
 #include <string_view>
 #include <vector>
 
-#include "codegen/plan.h"
 #include "cpu/quantizer_math.h"
 #include "gpu/gemm.h"
 #include "gpu/module.h"
 #include "jit/nvrtc_compiler.h"
+#include "plan/plan.h"
 
 namespace opfuse::gpu {
 
@@ -30,8 +30,8 @@ class PlanModules {
   // `compiled[i]` is plan.kernels[i] compiled (fusec build's cubins, or the JIT cache's). Throws
   // UsageError when the counts differ or a binary is for another arch than the current device,
   // CudaError when a module does not load.
-  PlanModules(const codegen::Plan& plan, const std::vector<jit::CompiledKernel>& compiled);
-  // The entry of kernel `id` (codegen::Kernel::id). Throws UsageError for an unknown id.
+  PlanModules(const plan::Plan& plan, const std::vector<jit::CompiledKernel>& compiled);
+  // The entry of kernel `id` (plan::Kernel::id). Throws UsageError for an unknown id.
   const Kernel& kernel(std::string_view id) const;
 
  private:
@@ -48,11 +48,11 @@ enum class RunMode : uint8_t {
 // Where an interface tensor lives and what it is, with its sizes evaluated under the bindings.
 struct TensorInfo {
   std::string name;  // IR name without '%': "x", "fc1.weight", "dy", "y"
-  codegen::BufferRole role = codegen::BufferRole::Input;
+  plan::BufferRole role = plan::BufferRole::Input;
   // Results: "output", "input_grad" or "param_grad" (an input and its gradient share a name);
   // empty for the caller's tensors.
   std::string result_kind;
-  ir::DType dtype = ir::DType::BF16;
+  plan::DType dtype = plan::DType::BF16;
   std::vector<std::int64_t> shape;
   std::size_t bytes = 0;
 };
@@ -69,10 +69,10 @@ struct ExecutorMemory {
 struct StepProfile {
   enum class Kind : std::uint8_t { Kernel, Gemm };
   int index = 0;
-  ir::Phase phase = ir::Phase::Forward;
+  plan::Phase phase = plan::Phase::Forward;
   Kind kind = Kind::Kernel;
   std::string what;       // the plan's one-line description
-  std::string kernel;     // Kernel: codegen::Kernel::id
+  std::string kernel;     // Kernel: plan::Kernel::id
   std::string pattern;    // the fusion pattern, empty for an unfused op
   GemmDesc gemm;          // Gemm only
   std::string gemm_role;  // Gemm: "fprop", "dgrad" or "wgrad"
@@ -98,7 +98,7 @@ class SequenceExecutor {
   // Builds the quantizer state of `plan` on `stream` (delayed: scale 1, history zero) and keeps
   // references to `plan`, `modules` and `gemms`, which must outlive it. Nothing else is
   // allocated until the first forward.
-  SequenceExecutor(const codegen::SequencePlan& plan, const PlanModules& modules, GemmRunner& gemms,
+  SequenceExecutor(const plan::SequencePlan& plan, const PlanModules& modules, GemmRunner& gemms,
                    cudaStream_t stream);
   ~SequenceExecutor();
   SequenceExecutor(const SequenceExecutor&) = delete;
@@ -155,7 +155,7 @@ class SequenceExecutor {
   const void* output(std::string_view name) const;
   const void* input_grad(std::string_view name) const;
   const void* param_grad(std::string_view name) const;
-  // Any plan buffer's device memory by id (codegen::Buffer::id), intermediates included, for tests
+  // Any plan buffer's device memory by id (plan::Buffer::id), intermediates included, for tests
   // and debugging: the caller's pointer, the live allocation, or nullptr where none is live now.
   // Throws UsageError for an id the plan does not have.
   const void* debug_buffer(int buffer_id) const;

@@ -7,20 +7,7 @@
 
 namespace opfuse::gpu {
 
-GemmEpilogue epilogue_named(std::string_view name) {
-  for (const GemmEpilogue epilogue :
-       {GemmEpilogue::None, GemmEpilogue::Bias, GemmEpilogue::GeluAuxBias, GemmEpilogue::DGelu,
-        GemmEpilogue::DGeluBiasGrad, GemmEpilogue::BiasGradA}) {
-    if (epilogue_name(epilogue) == name) return epilogue;
-  }
-  throw UsageError(fmt::format(
-      "the plan names the GEMM epilogue '{}', which this runtime does not know: rebuild the plan "
-      "with the fusec of this runtime",
-      name));
-}
-
-GemmDesc gemm_desc(const codegen::GemmStep& step,
-                   const std::map<std::string, std::int64_t>& symbols) {
+GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::int64_t>& symbols) {
   GemmDesc desc;
   desc.m = evaluate_expr(step.m, symbols);
   desc.n = evaluate_expr(step.n, symbols);
@@ -30,7 +17,7 @@ GemmDesc gemm_desc(const codegen::GemmStep& step,
   desc.d = step.d_dtype;
   desc.a_transposed = step.a_transposed;
   desc.b_transposed = step.b_transposed;
-  desc.epilogue = epilogue_named(step.epilogue);
+  desc.epilogue = step.epilogue;
   desc.accumulate = step.accumulate;
   desc.fast_accum = step.fast_accum;
   return desc;

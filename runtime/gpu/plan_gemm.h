@@ -1,4 +1,4 @@
-// A plan's GEMM step (codegen::GemmStep, docs/codegen.md "GEMMs in row-major terms") as the
+// A plan's GEMM step (plan::GemmStep, docs/codegen.md "GEMMs in row-major terms") as the
 // cuBLASLt runner takes it: the GemmDesc under the bound sizes, and the GemmArgs pointing at the
 // step's buffers and its operands' quantizer state.
 #pragma once
@@ -8,25 +8,21 @@
 #include <string>
 #include <string_view>
 
-#include "codegen/plan.h"
 #include "gpu/gemm.h"
 #include "gpu/quantizer_state.h"
+#include "plan/plan.h"
 
 namespace opfuse::gpu {
 
-// The epilogue spelled as epilogue_name() spells it; UsageError for another spelling.
-GemmEpilogue epilogue_named(std::string_view name);
-
 // Evaluates m, n and k with `symbols` and maps dtypes, layout, epilogue, accumulate, fast_accum.
-GemmDesc gemm_desc(const codegen::GemmStep& step,
-                   const std::map<std::string, std::int64_t>& symbols);
+GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::int64_t>& symbols);
 
 // The pointers of one run: `buffer_pointer(id)` gives a plan buffer's device memory; FP8 operands
-// take their quantizers' scale_inv, an FP8 D its quantizer's scale and amax (`quantizers` may be
-// null for a GEMM without FP8).
+// take the scale_inv scalar of the quantizer their ScaleInvRef names, an FP8 D its quantizer's
+// scale and amax (`quantizers` may be null for a GEMM without FP8).
 template <typename BufferPointer>
-GemmArgs gemm_args(const codegen::GemmStep& step, const GemmDesc& desc,
-                   BufferPointer&& buffer_pointer, const QuantizerState* quantizers) {
+GemmArgs gemm_args(const plan::GemmStep& step, const GemmDesc& desc, BufferPointer&& buffer_pointer,
+                   const QuantizerState* quantizers) {
   GemmArgs args;
   args.a = buffer_pointer(step.a.buffer);
   args.b = buffer_pointer(step.b.buffer);
@@ -35,8 +31,8 @@ GemmArgs gemm_args(const codegen::GemmStep& step, const GemmDesc& desc,
   if (epilogue_has_bias(desc.epilogue)) args.bias = buffer_pointer(step.bias);
   if (epilogue_has_aux(desc.epilogue)) args.aux = buffer_pointer(step.aux);
   if (quantizers != nullptr) {
-    if (is_fp8(desc.a)) args.a_scale_inv = quantizers->scale_inv(step.a.quantizer);
-    if (is_fp8(desc.b)) args.b_scale_inv = quantizers->scale_inv(step.b.quantizer);
+    if (is_fp8(desc.a)) args.a_scale_inv = quantizers->scale_inv(step.a.scale_inv.quantizer);
+    if (is_fp8(desc.b)) args.b_scale_inv = quantizers->scale_inv(step.b.scale_inv.quantizer);
     if (is_fp8(desc.d)) {
       args.d_scale = quantizers->scale(step.d_quantizer);
       args.d_amax = quantizers->amax(step.d_quantizer);

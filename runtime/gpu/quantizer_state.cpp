@@ -40,18 +40,28 @@ jit::CompiledKernel compile_update_kernel(jit::KernelCache* cache) {
 
 }  // namespace
 
-QuantizerSettings quantizer_settings(std::string name, const ir::Recipe& recipe, bool is_gradient) {
+QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& spec) {
+  if (!spec.per_tensor()) {
+    throw UsageError(fmt::format(
+        "quantizer '{}' uses {} scaling, which this runtime's quantizer state does not hold "
+        "(per-tensor delayed and current scaling only)",
+        name, plan::name(spec.scaling)));
+  }
+  if (!plan::dtype_is_fp8(spec.format)) {
+    throw UsageError(fmt::format("quantizer '{}' has the format {}, not an FP8 format", name,
+                                 plan::name(spec.format)));
+  }
   QuantizerSettings settings;
   settings.name = std::move(name);
-  settings.format = cpu::format_for(is_gradient, recipe.format == ir::Fp8Format::Hybrid);
-  settings.current_scaling = recipe.kind == ir::RecipeKind::CurrentScaling;
-  settings.history_length = settings.current_scaling ? 1 : recipe.amax_history;
-  settings.amax_compute = recipe.amax_compute == ir::AmaxCompute::Max
+  settings.format = spec.format == plan::DType::E5M2 ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3;
+  settings.current_scaling = spec.scaling == plan::ScalingKind::Current;
+  settings.history_length = spec.history_slots();
+  settings.amax_compute = spec.amax_compute == plan::AmaxCompute::Max
                               ? cpu::AmaxCompute::Max
                               : cpu::AmaxCompute::MostRecent;
-  settings.margin = recipe.margin;
-  settings.amax_epsilon = static_cast<float>(recipe.amax_epsilon);
-  settings.power_of_2_scale = recipe.power_of_2_scale;
+  settings.margin = spec.margin;
+  settings.amax_epsilon = static_cast<float>(spec.epsilon);
+  settings.power_of_2_scale = spec.power_of_2_scale;
   return settings;
 }
 

@@ -13,7 +13,7 @@
 #include "cpu/quantizer_math.h"
 #include "gpu/device_memory.h"
 #include "gpu/module.h"
-#include "ir/recipe.h"
+#include "plan/quant_spec.h"
 
 namespace opfuse::jit {
 class KernelCache;
@@ -33,9 +33,9 @@ struct QuantizerSettings {
   bool power_of_2_scale = false;  // current scaling
 };
 
-// The settings of a quantizer of `recipe` (an FP8 recipe), derived as cpu::make_quantizer does:
-// `is_gradient` picks E5M2 under the HYBRID format.
-QuantizerSettings quantizer_settings(std::string name, const ir::Recipe& recipe, bool is_gradient);
+// The settings of a quantizer with `spec`, derived as cpu::make_quantizer does. Throws
+// UsageError for a spec this state cannot hold (block and micro-scaled specs: not yet).
+QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& spec);
 
 // Host mirror of templates/common/quantizer_record.cuh's QuantizerRecord, field for field (48
 // bytes).

@@ -305,7 +305,7 @@ class SideBySide {
         EXPECT_LE(error, 2e-2) << "slot " << k << ": " << a << " vs " << b;
       }
       const double ratio = double(got[i].scale) / want[i].scale;
-      const double allowed = q.power_of_2_scale ? 2.0 : 1.02;
+      const double allowed = q.spec.power_of_2_scale ? 2.0 : 1.02;
       EXPECT_TRUE(ratio <= allowed && ratio >= 1 / allowed)
           << got[i].scale << " vs " << want[i].scale;
     }
@@ -330,7 +330,7 @@ class SideBySide {
           plan_.buffers[static_cast<std::size_t>(q.source_buffer)].name.substr(1);
       const cpu::Tensor<float>& w = ref_.param(weight);
       const cpu::Fp8Format format =
-          q.format == ir::DType::E4M3 ? cpu::Fp8Format::E4M3 : cpu::Fp8Format::E5M2;
+          q.format() == ir::DType::E4M3 ? cpu::Fp8Format::E4M3 : cpu::Fp8Format::E5M2;
       std::vector<std::uint8_t> want(w.data.size());
       cpu::quantize_fp8(w.data, states[static_cast<std::size_t>(q.index)].scale, format, want,
                         nullptr);
@@ -341,8 +341,9 @@ class SideBySide {
       std::size_t mismatches = 0;
       for (std::int64_t r = 0; r < rows; ++r) {
         for (std::int64_t col = 0; col < cols; ++col) {
-          const std::size_t at =
-              buffer.columnwise ? std::size_t(col * rows + r) : std::size_t(r * cols + col);
+          const std::size_t at = buffer.layout == plan::CopyLayout::Transposed
+                                     ? std::size_t(col * rows + r)
+                                     : std::size_t(r * cols + col);
           mismatches += got[at] != want[std::size_t(r * cols + col)];
         }
       }

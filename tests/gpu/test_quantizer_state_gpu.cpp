@@ -37,23 +37,24 @@ class QuantizerStateGpu : public ::testing::Test {
   cudaStream_t stream_ = nullptr;
 };
 
-ir::Recipe delayed_recipe(ir::AmaxCompute compute) {
-  ir::Recipe recipe;
-  recipe.kind = ir::RecipeKind::DelayedScaling;
-  recipe.format = ir::Fp8Format::Hybrid;
-  recipe.amax_history = 16;
-  recipe.amax_compute = compute;
-  recipe.margin = 1;
-  return recipe;
+// The specs HYBRID delayed / current recipes give a tensor (E5M2 for gradients).
+plan::QuantSpec delayed_spec(plan::AmaxCompute compute, bool gradient = false) {
+  plan::QuantSpec spec;
+  spec.scaling = plan::ScalingKind::Delayed;
+  spec.format = gradient ? plan::DType::E5M2 : plan::DType::E4M3;
+  spec.history_length = 16;
+  spec.amax_compute = compute;
+  spec.margin = 1;
+  return spec;
 }
 
-ir::Recipe current_recipe(bool power_of_2) {
-  ir::Recipe recipe;
-  recipe.kind = ir::RecipeKind::CurrentScaling;
-  recipe.format = ir::Fp8Format::Hybrid;
-  recipe.amax_epsilon = power_of_2 ? 0.0 : 1e-4;
-  recipe.power_of_2_scale = power_of_2;
-  return recipe;
+plan::QuantSpec current_spec(bool power_of_2, bool gradient = false) {
+  plan::QuantSpec spec;
+  spec.scaling = plan::ScalingKind::Current;
+  spec.format = gradient ? plan::DType::E5M2 : plan::DType::E4M3;
+  spec.epsilon = power_of_2 ? 0.0 : 1e-4;
+  spec.power_of_2_scale = power_of_2;
+  return spec;
 }
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
@@ -61,20 +62,20 @@ bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 TEST_F(QuantizerStateGpu, TwentyStepsMatchTheCpuQuantizersBitForBit) {
   // (recipe, is_gradient): delayed max and most_recent in both formats, current scaling with and
   // without power-of-2 scales.
-  const std::vector<std::pair<ir::Recipe, bool>> quantizers = {
-      {delayed_recipe(ir::AmaxCompute::Max), false},
-      {delayed_recipe(ir::AmaxCompute::Max), true},
-      {delayed_recipe(ir::AmaxCompute::MostRecent), false},
-      {delayed_recipe(ir::AmaxCompute::MostRecent), true},
-      {current_recipe(true), false},
-      {current_recipe(false), true},
+  const std::vector<plan::QuantSpec> quantizers = {
+      delayed_spec(plan::AmaxCompute::Max, false),
+      delayed_spec(plan::AmaxCompute::Max, true),
+      delayed_spec(plan::AmaxCompute::MostRecent, false),
+      delayed_spec(plan::AmaxCompute::MostRecent, true),
+      current_spec(true, false),
+      current_spec(false, true),
   };
   std::vector<QuantizerSettings> settings;
   std::vector<cpu::Quantizer> twins;
   for (std::size_t i = 0; i < quantizers.size(); ++i) {
     const std::string name = "q" + std::to_string(i);
-    settings.push_back(quantizer_settings(name, quantizers[i].first, quantizers[i].second));
-    twins.push_back(cpu::make_quantizer(name, quantizers[i].first, quantizers[i].second));
+    settings.push_back(quantizer_settings(name, quantizers[i]));
+    twins.push_back(cpu::make_quantizer(name, quantizers[i]));
   }
   QuantizerState state(settings, stream_);
   ASSERT_EQ(state.count(), 6);
@@ -127,8 +128,8 @@ TEST_F(QuantizerStateGpu, TwentyStepsMatchTheCpuQuantizersBitForBit) {
 
 TEST_F(QuantizerStateGpu, RecordsPointIntoTheOneAllocation) {
   std::vector<QuantizerSettings> settings = {
-      quantizer_settings("a", delayed_recipe(ir::AmaxCompute::Max), false),
-      quantizer_settings("b", current_recipe(true), true)};
+      quantizer_settings("a", delayed_spec(plan::AmaxCompute::Max)),
+      quantizer_settings("b", current_spec(true, true))};
   QuantizerState state(settings, stream_);
   std::vector<QuantizerRecord> records(2);
   ASSERT_EQ(cudaMemcpyAsync(records.data(), state.records(), sizeof(QuantizerRecord) * 2,
@@ -155,8 +156,8 @@ TEST_F(QuantizerStateGpu, RecordsPointIntoTheOneAllocation) {
 
 TEST_F(QuantizerStateGpu, UploadRoundTripsAndRefusesAMismatchedCheckpoint) {
   std::vector<QuantizerSettings> settings = {
-      quantizer_settings("a", delayed_recipe(ir::AmaxCompute::Max), false),
-      quantizer_settings("b", current_recipe(false), false)};
+      quantizer_settings("a", delayed_spec(plan::AmaxCompute::Max)),
+      quantizer_settings("b", current_spec(false))};
   QuantizerState state(settings, stream_);
   std::vector<cpu::DelayedScalingState> saved(2);
   saved[0].amax_history = {0.0f, 1.5f, 2.5f, 3.0f, 0.25f, 9.0f, 1.0f, 2.0f,

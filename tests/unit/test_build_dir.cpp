@@ -11,10 +11,10 @@
 
 #include "../../runtime/api/build_dir.h"
 #include "codegen/plan.h"
-#include "codegen/sym_expr.h"
 #include "driver/frontend.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
+#include "plan/sym_expr.h"
 #include "test_support.h"
 
 namespace opfuse {
@@ -91,7 +91,7 @@ TEST(PlanJson, Fp8AccumulationFollowsTheOptions) {
 
 TEST(PlanJson, AMalformedFieldIsNamedByItsPath) {
   nlohmann::ordered_json plan = {{"format", "opfuse-plan"},
-                                 {"version", 2},
+                                 {"version", plan::kPlanFormatVersion},
                                  {"source", "x.fuse"},
                                  {"arch", "sm_90a"},
                                  {"sequences", nlohmann::ordered_json::array()},
@@ -105,7 +105,7 @@ TEST(PlanJson, AMalformedFieldIsNamedByItsPath) {
     EXPECT_NE(std::string(e.what()).find("plan.sequences[0].fp8_weights"), std::string::npos)
         << e.what();
   }
-  plan["version"] = 2;
+  plan["version"] = plan::kPlanFormatVersion - 1;  // an older opfuse's plan
   EXPECT_THROW(codegen::plan_from_json(plan), std::invalid_argument);
 }
 

@@ -104,7 +104,12 @@ const codegen::ParamBinding& param(const Step& step, const std::string& field) {
 
 const std::string& quantizer_of(const SequencePlan& s, const codegen::GemmOperand& o) {
   static const std::string none = "(none)";
-  return o.quantizer >= 0 ? s.quantizers.at(size_t(o.quantizer)).name : none;
+  return o.scale_inv.quantizer >= 0 ? s.quantizers.at(size_t(o.scale_inv.quantizer)).name : none;
+}
+
+bool has_tag(const codegen::Buffer& b, plan::InterfaceKind kind, const std::string& name) {
+  return std::find(b.interface.begin(), b.interface.end(), plan::InterfaceTag{kind, name}) !=
+         b.interface.end();
 }
 
 int first_backward_step(const SequencePlan& s) {
@@ -142,7 +147,7 @@ TEST(CodegenPlan, MlpHasTheSixGemmsOfTwoLinearsWithTeAccumulationDefaults) {
   }
   for (const GemmRole role : {GemmRole::Dgrad, GemmRole::Wgrad}) {
     for (const GemmStep* g : gemms(s, role)) {
-      EXPECT_FALSE(g->fast_accum) << codegen::gemm_role_name(role);
+      EXPECT_FALSE(g->fast_accum) << plan::name(role);
       EXPECT_EQ(g->a.dtype, ir::DType::E5M2) << "gradients are E5M2 under HYBRID";
     }
   }
@@ -157,15 +162,17 @@ TEST(CodegenPlan, Fp8GemmsReadColumnwiseCopiesInTheTnLayout) {
   const auto c = compile_example("mlp");
   const SequencePlan& s = c->plan.sequences[0];
   for (const GemmStep* g : gemms(s, GemmRole::Dgrad)) {
-    EXPECT_FALSE(g->a.columnwise_copy);
-    EXPECT_TRUE(g->b.columnwise_copy) << "dgrad reads W^T";
-    EXPECT_TRUE(s.buffers.at(size_t(g->b.buffer)).columnwise);
+    EXPECT_EQ(g->a.usage, plan::CopyUsage::Rowwise);
+    EXPECT_EQ(g->b.usage, plan::CopyUsage::Columnwise) << "dgrad reads W^T";
+    EXPECT_TRUE(g->b_transposed) << "the column-wise copy is stored transposed on sm_90";
+    EXPECT_EQ(s.buffers.at(size_t(g->b.buffer)).usage, plan::CopyUsage::Columnwise);
+    EXPECT_EQ(s.buffers.at(size_t(g->b.buffer)).layout, plan::CopyLayout::Transposed);
     EXPECT_TRUE(quantizer_of(s, g->b).ends_with(".weight")) << quantizer_of(s, g->b);
     EXPECT_TRUE(quantizer_of(s, g->a).ends_with(".grad_output")) << quantizer_of(s, g->a);
   }
   for (const GemmStep* g : gemms(s, GemmRole::Wgrad)) {
-    EXPECT_TRUE(g->a.columnwise_copy) << "wgrad reads dy^T";
-    EXPECT_TRUE(g->b.columnwise_copy) << "wgrad reads x^T";
+    EXPECT_EQ(g->a.usage, plan::CopyUsage::Columnwise) << "wgrad reads dy^T";
+    EXPECT_EQ(g->b.usage, plan::CopyUsage::Columnwise) << "wgrad reads x^T";
     EXPECT_TRUE(quantizer_of(s, g->a).ends_with(".grad_output")) << quantizer_of(s, g->a);
     EXPECT_TRUE(quantizer_of(s, g->b).ends_with(".input")) << quantizer_of(s, g->b);
     EXPECT_EQ(g->k.text(), "tokens");
@@ -218,12 +225,15 @@ TEST(CodegenPlan, DelayedScalingUpdatesEveryQuantizerInOneLaunchAtTheEndOfTheSte
   EXPECT_EQ(records.size(), s.quantizers.size());
   EXPECT_EQ(records.size(), 6u);
   // Every cast raises its quantizer's amax (history slot 0) for that update.
-  for (const auto& q : s.quantizers) EXPECT_EQ(q.mode, 0) << q.name;
+  for (const auto& q : s.quantizers) {
+    EXPECT_EQ(q.spec.scaling, plan::ScalingKind::Delayed) << q.name;
+    EXPECT_EQ(q.spec.amax_compute, plan::AmaxCompute::Max) << q.name;
+  }
   size_t amax_writers = 0;
   for (const Step& step : s.steps) {
     if (!std::holds_alternative<LaunchStep>(step.body)) continue;
     for (const auto& p : std::get<LaunchStep>(step.body).params)
-      amax_writers += p.field == "amax" && p.kind == codegen::ParamBinding::Kind::Quantizer;
+      amax_writers += p.field == "amax" && p.kind == plan::ParamKind::Quantizer;
   }
   EXPECT_EQ(amax_writers, s.quantizers.size());
 }
@@ -252,14 +262,14 @@ TEST(CodegenPlan, CurrentScalingMeasuresTheAmaxAndScaleBeforeEachCast) {
               measured_by.at(name))
         << name;
     EXPECT_EQ(param(measure, "amax").quantizer, q) << name;
-    EXPECT_EQ(param(measure, "amax").quantizer_field, "running_amax") << name;
+    EXPECT_EQ(param(measure, "amax").quantizer_value, plan::QuantizerValue::RunningAmax) << name;
     EXPECT_EQ(param(measure, "scale_record").records, std::vector<int>{q}) << name;
-    EXPECT_EQ(param(*cast, "amax").kind, codegen::ParamBinding::Kind::Null)
+    EXPECT_EQ(param(*cast, "amax").kind, plan::ParamKind::Null)
         << "the amax was measured before the cast";
   }
   for (const auto& q : s.quantizers) {
-    EXPECT_EQ(q.mode, 2) << q.name;
-    EXPECT_TRUE(q.power_of_2_scale) << q.name;
+    EXPECT_EQ(q.spec.scaling, plan::ScalingKind::Current) << q.name;
+    EXPECT_TRUE(q.spec.power_of_2_scale) << q.name;
   }
   // The measuring kernels derive the scales: no update_scales launch at all.
   EXPECT_TRUE(launches_of(c->plan, s, "update_scales").empty());
@@ -283,8 +293,8 @@ sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 32]) uses cur {
   ASSERT_EQ(norms.size(), 1u);
   EXPECT_EQ(s.quantizers.at(size_t(param(*norms[0], "amax").quantizer)).name, "fc.input");
   for (const Step* bias : launches_of(c->plan, s, "bias_add")) {
-    EXPECT_EQ(param(*bias, "amax").kind, codegen::ParamBinding::Kind::Null) << bias->what;
-    EXPECT_EQ(param(*bias, "scale_record").kind, codegen::ParamBinding::Kind::Null);
+    EXPECT_EQ(param(*bias, "amax").kind, plan::ParamKind::Null) << bias->what;
+    EXPECT_EQ(param(*bias, "scale_record").kind, plan::ParamKind::Null);
   }
   // No amax_reduce or update_scales for fc.input: the layernorm measured it.
   EXPECT_TRUE(launches_of(c->plan, s, "update_scales").empty());
@@ -351,8 +361,7 @@ TEST(CodegenPlan, ExtraOutputIsAnAliasAndResidualsAccumulateInTheGemm) {
   ASSERT_EQ(c->plan.sequences.size(), 2u);
   const SequencePlan& fc1 = c->plan.sequences[0];
   const auto residual = std::find_if(fc1.buffers.begin(), fc1.buffers.end(), [](const Buffer& b) {
-    return std::find(b.interface.begin(), b.interface.end(), "output residual") !=
-           b.interface.end();
+    return has_tag(b, plan::InterfaceKind::Output, "residual");
   });
   ASSERT_NE(residual, fc1.buffers.end());
   ASSERT_GE(residual->alias_of, 0) << "make_extra_output copies nothing";
@@ -373,18 +382,16 @@ TEST(CodegenPlan, GeluFusionsBecomeGemmEpilogues) {
   const auto c = compile_example("gelu_bias_mlp", "plain");  // bf16: GELU stays in the GEMMs
   const SequencePlan& s = c->plan.sequences[0];
   const GemmStep& fc = *gemms(s, GemmRole::Fprop).at(0);
-  EXPECT_EQ(fc.epilogue, "gelu_aux_bias");
+  EXPECT_EQ(fc.epilogue, plan::GemmEpilogue::GeluAuxBias);
   ASSERT_GE(fc.aux, 0);
   EXPECT_TRUE(s.buffers[size_t(fc.aux)].saved) << "the pre-activation is saved for backward";
-  EXPECT_EQ(gemms(s, GemmRole::Fprop).at(1)->epilogue, "bias");
+  EXPECT_EQ(gemms(s, GemmRole::Fprop).at(1)->epilogue, plan::GemmEpilogue::Bias);
   bool dgelu = false;
   for (const GemmStep* g : gemms(s, GemmRole::Dgrad)) {
-    if (g->epilogue != "dgelu_bias_grad") continue;
+    if (g->epilogue != plan::GemmEpilogue::DGeluBiasGrad) continue;
     dgelu = true;
     EXPECT_EQ(g->aux, fc.aux) << "DGELU reads the aux the forward GEMM wrote";
-    EXPECT_TRUE(std::find(s.buffers[size_t(g->bias)].interface.begin(),
-                          s.buffers[size_t(g->bias)].interface.end(),
-                          "param_grad c_fc.bias") != s.buffers[size_t(g->bias)].interface.end());
+    EXPECT_TRUE(has_tag(s.buffers[size_t(g->bias)], plan::InterfaceKind::ParamGrad, "c_fc.bias"));
   }
   EXPECT_TRUE(dgelu);
 }
@@ -408,7 +415,7 @@ TEST(CodegenPlan, UnfusedOpsRunTheirOwnKernels) {
   ASSERT_EQ(adds.size(), 1u);
   EXPECT_EQ(std::get<LaunchStep>(adds[0]->body).name_expression,
             "opfuse::bias_add<__nv_bfloat16, __nv_bfloat16, false, true, false>");
-  EXPECT_EQ(param(*adds[0], "bias").kind, codegen::ParamBinding::Kind::Null);
+  EXPECT_EQ(param(*adds[0], "bias").kind, plan::ParamKind::Null);
 }
 
 // ---- inference variants -------------------------------------------------------------------------
@@ -417,7 +424,7 @@ TEST(CodegenPlan, UnfusedOpsRunTheirOwnKernels) {
 std::vector<int> transposed_copies(const LaunchStep& launch) {
   std::vector<int> ids;
   for (const auto& p : launch.params)
-    if ((p.field == "y_t" || p.field == "dx_t") && p.kind == codegen::ParamBinding::Kind::Buffer)
+    if ((p.field == "y_t" || p.field == "dx_t") && p.kind == plan::ParamKind::Buffer)
       ids.push_back(p.buffers.at(0));
   return ids;
 }
@@ -464,21 +471,21 @@ TEST(CodegenInference, Fp8MlpVariantsDropOnlyTheTransposedCopiesOfTheNormAndSwig
     // The same bindings, but the transposed copy's pointer is null and the copy is not written.
     const std::vector<int> copies = transposed_copies(trained);
     ASSERT_EQ(copies.size(), 1u);
-    EXPECT_TRUE(s.buffers.at(size_t(copies[0])).columnwise);
-    EXPECT_EQ(param(*step, "y_t").kind, codegen::ParamBinding::Kind::Buffer);
+    EXPECT_EQ(s.buffers.at(size_t(copies[0])).usage, plan::CopyUsage::Columnwise);
+    EXPECT_EQ(param(*step, "y_t").kind, plan::ParamKind::Buffer);
     ASSERT_EQ(inference.params.size(), trained.params.size());
     for (size_t i = 0; i < trained.params.size(); ++i) {
       const auto& want = trained.params[i];
       const auto& got = inference.params[i];
       EXPECT_EQ(got.field, want.field);
       if (want.field == "y_t") {
-        EXPECT_EQ(got.kind, codegen::ParamBinding::Kind::Null);
+        EXPECT_EQ(got.kind, plan::ParamKind::Null);
         continue;
       }
       EXPECT_EQ(got.kind, want.kind) << want.field;
       EXPECT_EQ(got.buffers, want.buffers) << want.field;
       EXPECT_EQ(got.quantizer, want.quantizer) << want.field;
-      EXPECT_EQ(got.quantizer_field, want.quantizer_field) << want.field << ": amax kept";
+      EXPECT_EQ(got.quantizer_value, want.quantizer_value) << want.field << ": amax kept";
     }
     std::vector<int> writes = step->writes;
     writes.erase(std::find(writes.begin(), writes.end(), copies[0]));
@@ -732,16 +739,16 @@ TEST(CodegenScaleQuantize, ConstantScaleRunsItsKernelForwardAndBackward) {
   for (const Step* step : scales) {
     EXPECT_EQ(std::get<LaunchStep>(step->body).name_expression,
               "opfuse::constant_scale<__nv_bfloat16, __nv_bfloat16, false>");
-    EXPECT_EQ(param(*step, "factor").kind, codegen::ParamBinding::Kind::Float);
+    EXPECT_EQ(param(*step, "factor").kind, plan::ParamKind::Float);
     EXPECT_EQ(param(*step, "factor").float_value, 0.5);
     EXPECT_EQ(param(*step, "cols").int_value.value(), 64);
     EXPECT_EQ(param(*step, "rows").int_value.text(), "tokens");
-    EXPECT_EQ(param(*step, "amax").kind, codegen::ParamBinding::Kind::Null);
+    EXPECT_EQ(param(*step, "amax").kind, plan::ParamKind::Null);
     EXPECT_EQ(std::get<LaunchStep>(step->body).grid.x.value(), 1);
   }
   // The backward one writes the input gradient.
   const Buffer& dx = s.buffers.at(size_t(param(*scales[1], "y").buffers.at(0)));
-  EXPECT_EQ(dx.interface, std::vector<std::string>{"input_grad x"});
+  EXPECT_EQ(dx.interface, (std::vector<plan::InterfaceTag>{{plan::InterfaceKind::InputGrad, "x"}}));
 }
 
 TEST(CodegenScaleQuantize, DelayedScalingFakeQuantizesWithEachQuantizerAndRaisesItsAmax) {
@@ -756,7 +763,7 @@ TEST(CodegenScaleQuantize, DelayedScalingFakeQuantizesWithEachQuantizerAndRaises
     names.push_back(q);
     EXPECT_EQ(quantizer_name(s, *step, "scale_inv"), q);
     EXPECT_EQ(quantizer_name(s, *step, "amax"), q) << "delayed scaling raises history slot 0";
-    EXPECT_EQ(param(*step, "scale_inv").quantizer_field, "scale_inv");
+    EXPECT_EQ(param(*step, "scale_inv").quantizer_value, plan::QuantizerValue::ScaleInv);
     const bool gradient = q.ends_with(".grad_input");
     EXPECT_EQ(step->phase, gradient ? ir::Phase::Backward : ir::Phase::Forward) << q;
     EXPECT_EQ(std::get<LaunchStep>(step->body).name_expression,
@@ -791,7 +798,7 @@ TEST(CodegenScaleQuantize, CurrentScalingMeasuresTheAmaxBeforeEachFakeQuantize) 
     EXPECT_EQ(param(amax, "amax").quantizer, q);
     EXPECT_EQ(param(amax, "scale_record").records, std::vector<int>{q}) << "derives the scale";
     EXPECT_EQ(param(amax, "x").buffers, param(*step, "x").buffers);
-    EXPECT_EQ(param(*step, "amax").kind, codegen::ParamBinding::Kind::Null);
+    EXPECT_EQ(param(*step, "amax").kind, plan::ParamKind::Null);
   }
   EXPECT_TRUE(launches_of(c->plan, s, "update_scales").empty());
 }
@@ -807,7 +814,7 @@ TEST(CodegenScaleQuantize, Bf16QuantizeIsTheIdentityAndConstantScaleStillRuns) {
   const Step& forward = *launches_of(c->plan, s, "constant_scale")[0];
   const int scaled = param(forward, "y").buffers.at(0);
   for (const Buffer& b : s.buffers) {
-    if (std::find(b.interface.begin(), b.interface.end(), "output y") != b.interface.end()) {
+    if (has_tag(b, plan::InterfaceKind::Output, "y")) {
       EXPECT_EQ(b.alias_of, scaled) << b.name;
     }
   }

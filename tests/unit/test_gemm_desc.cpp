@@ -19,6 +19,7 @@
 #include "gpu/gemm_desc.h"
 #include "gpu/quantizer_state.h"
 #include "opfuse/error.h"
+#include "passes/plan_quantization.h"
 #include "test_support.h"
 
 namespace opfuse::gpu {
@@ -396,10 +397,14 @@ TEST(QuantizerSettings, MatchTheCpuTwinForDelayedAndCurrentRecipes) {
   current.format = ir::Fp8Format::E4M3;
   current.amax_epsilon = 1e-4;
   current.power_of_2_scale = true;
+  auto spec = [](const ir::Recipe& recipe, bool gradient) {
+    return passes::recipe_spec(recipe,
+                               gradient ? ir::QuantizerRole::GradOutput : ir::QuantizerRole::Input);
+  };
   for (const ir::Recipe& recipe : {delayed, current}) {
     for (const bool gradient : {false, true}) {
-      const QuantizerSettings gpu = quantizer_settings("fc1.input", recipe, gradient);
-      const cpu::Quantizer cpu = cpu::make_quantizer("fc1.input", recipe, gradient);
+      const QuantizerSettings gpu = quantizer_settings("fc1.input", spec(recipe, gradient));
+      const cpu::Quantizer cpu = cpu::make_quantizer("fc1.input", spec(recipe, gradient));
       EXPECT_EQ(gpu.format, cpu.format);
       EXPECT_EQ(gpu.current_scaling, cpu.current_scaling);
       EXPECT_EQ(static_cast<std::size_t>(gpu.history_length), cpu.state.amax_history.size());
@@ -409,8 +414,21 @@ TEST(QuantizerSettings, MatchTheCpuTwinForDelayedAndCurrentRecipes) {
       EXPECT_EQ(gpu.power_of_2_scale, cpu.power_of_2_scale);
     }
   }
-  EXPECT_EQ(quantizer_settings("g", delayed, true).format, cpu::Fp8Format::E5M2);  // HYBRID
-  EXPECT_EQ(quantizer_settings("g", current, true).format, cpu::Fp8Format::E4M3);
+  EXPECT_EQ(quantizer_settings("g", spec(delayed, true)).format, cpu::Fp8Format::E5M2);  // HYBRID
+  EXPECT_EQ(quantizer_settings("g", spec(current, true)).format, cpu::Fp8Format::E4M3);
+  EXPECT_EQ(quantizer_settings("g", spec(delayed, false)).history_length, 16);
+  EXPECT_EQ(quantizer_settings("g", spec(current, false)).history_length, 1);
+}
+
+TEST(QuantizerSettings, BlockScaledSpecsAreRefusedByBothStates) {
+  plan::QuantSpec block;
+  block.scaling = plan::ScalingKind::Block1D;
+  block.block = {1, 128};
+  EXPECT_THROW(quantizer_settings("fc1.input", block), UsageError);
+  EXPECT_THROW(cpu::make_quantizer("fc1.input", block), opfuse::Error);
+  plan::QuantSpec bf16;
+  bf16.format = plan::DType::BF16;
+  EXPECT_THROW(quantizer_settings("fc1.input", bf16), UsageError);
 }
 
 TEST(QuantizerLayout, SectionsAreAlignedAndDisjoint) {

@@ -33,7 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using codegen::ParamBinding;
-using Kind = ParamBinding::Kind;
+using Kind = plan::ParamKind;
 
 ParamBinding binding(std::string field, Kind kind, std::vector<int> buffers = {}) {
   ParamBinding p;
@@ -101,7 +101,7 @@ T read_at(const std::vector<unsigned char>& bytes, std::size_t offset) {
 TEST(KernelParamsPack, ValuesLandAtTheirOffsetsAndBufferSlotsAreFilledPerLaunch) {
   ParamBinding quantizer = binding("scale", Kind::Quantizer);
   quantizer.quantizer = 3;
-  quantizer.quantizer_field = "scale";
+  quantizer.quantizer_value = plan::QuantizerValue::Scale;
   ParamBinding epsilon = binding("epsilon", Kind::Float);
   epsilon.float_value = 1e-5;
   const std::vector<ParamBinding> params = {

@@ -92,10 +92,11 @@ sequence b(x: bf16[t, 32], r: bf16[t, 32]) -> (y: bf16[t, 32], skip: bf16[t, 32]
 TEST(PlanQuantization, HybridGivesGradientsE5M2AndTheTransposedCopiesTnNeeds) {
   const ir::Sequence s = lower(kMlp);
   ASSERT_EQ(s.quantizers.size(), 6u);
-  EXPECT_EQ(quantizer(s, "up.input")->format, ir::DType::E4M3);
-  EXPECT_EQ(quantizer(s, "up.weight")->format, ir::DType::E4M3);
-  EXPECT_EQ(quantizer(s, "up.grad_output")->format, ir::DType::E5M2);
-  for (const ir::QuantizerDecl& q : s.quantizers) EXPECT_TRUE(q.rowwise && q.columnwise) << q.name;
+  EXPECT_EQ(quantizer(s, "up.input")->format(), ir::DType::E4M3);
+  EXPECT_EQ(quantizer(s, "up.weight")->format(), ir::DType::E4M3);
+  EXPECT_EQ(quantizer(s, "up.grad_output")->format(), ir::DType::E5M2);
+  for (const ir::QuantizerDecl& q : s.quantizers)
+    EXPECT_TRUE(q.usages.rowwise && q.usages.columnwise) << q.name;
   // dgrad reads the weight's column-wise copy, wgrad the column-wise copies of dy and x.
   const ir::Operation* dgrad = find(s, OpKind::LinearDgrad, "down");
   const ir::Operation* wgrad = find(s, OpKind::LinearWgrad, "down");
@@ -110,10 +111,11 @@ TEST(PlanQuantization, HybridGivesGradientsE5M2AndTheTransposedCopiesTnNeeds) {
 TEST(PlanQuantization, E4M3FormatAndInferenceAndBf16) {
   std::string e4m3 = kMlp;
   e4m3.replace(e4m3.find("delayed_scaling()"), 17, "delayed_scaling(format = e4m3)");
-  EXPECT_EQ(quantizer(lower(e4m3), "down.grad_output")->format, ir::DType::E4M3);
+  EXPECT_EQ(quantizer(lower(e4m3), "down.grad_output")->format(), ir::DType::E4M3);
   // Without backward no GEMM needs a transposed copy.
   const ir::Sequence inference = lower(kMlp, false);
-  for (const ir::QuantizerDecl& q : inference.quantizers) EXPECT_FALSE(q.columnwise) << q.name;
+  for (const ir::QuantizerDecl& q : inference.quantizers)
+    EXPECT_FALSE(q.usages.columnwise) << q.name;
   EXPECT_EQ(inference.quantizers.size(), 4u);
   std::string bf16 = kMlp;
   bf16.replace(bf16.find("delayed_scaling()"), 17, "bf16()");
@@ -128,7 +130,7 @@ sequence q(x: bf16[t, 32]) -> (y: bf16[t, 32]) uses r { quantize(backward = true
 )");
   ASSERT_NE(quantizer(s, "cast.output"), nullptr);
   ASSERT_NE(quantizer(s, "cast.grad_input"), nullptr);
-  EXPECT_EQ(quantizer(s, "cast.grad_input")->format, ir::DType::E5M2);
+  EXPECT_EQ(quantizer(s, "cast.grad_input")->format(), ir::DType::E5M2);
 }
 
 }  // namespace

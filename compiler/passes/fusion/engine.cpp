@@ -187,8 +187,9 @@ bool apply_patterns(Sequence& seq, Phase phase, std::span<const FusionPattern* c
   return changed;
 }
 
-bool cast_can_fold(const Sequence& seq, const Operation& /*cast*/) {
-  return seq.recipe.kind == RecipeKind::DelayedScaling;
+bool cast_can_fold(const Sequence& seq, const Operation& cast) {
+  return cast.quantizer >= 0 && size_t(cast.quantizer) < seq.quantizers.size() &&
+         seq.quantizers[size_t(cast.quantizer)].spec.delayed();
 }
 
 }  // namespace opfuse::passes::fusion

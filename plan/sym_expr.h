@@ -9,9 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ir/types.h"
-
-namespace opfuse::codegen {
+namespace opfuse::plan {
 
 // The run-time symbol for the number of SMs of the device a plan runs on.
 inline constexpr const char* kNumSmsSymbol = "num_sms";
@@ -50,12 +48,8 @@ SymExpr ceil_div(const SymExpr& a, int64_t divisor);
 SymExpr min_of(const SymExpr& a, const SymExpr& b);
 SymExpr max_of(const SymExpr& a, const SymExpr& b);
 
-// Product of the dimensions of `shape` (begin..end), e.g. rows of [batch, seq, 4096] = batch * seq.
-SymExpr shape_product(const ir::Shape& shape, size_t begin, size_t end);
-SymExpr element_count_expr(const ir::Shape& shape);
-
 // Evaluates a plan expression (integers, symbols, `*`, ceil_div/min/max calls) with `bindings`;
 // throws std::invalid_argument naming the first unbound symbol or the malformed text.
 int64_t evaluate(const std::string& text, const std::map<std::string, int64_t>& bindings);
 
-}  // namespace opfuse::codegen
+}  // namespace opfuse::plan

@@ -7,9 +7,9 @@
 
 #include <algorithm>
 
-#include "codegen/plan.h"
+#include "plan/plan.h"
 
-namespace opfuse::codegen {
+namespace opfuse::plan {
 
 namespace {
 
@@ -67,19 +67,28 @@ const Json& array(const Json& j, const std::string& path, const char* key) {
   return v;
 }
 
-// The enum value whose printed name is `name` (the writers' *_name functions).
-template <typename Enum, std::size_t N, typename NameOf>
-Enum by_name(const std::string& name, const Enum (&values)[N], NameOf name_of,
-             const std::string& path) {
-  for (Enum v : values)
-    if (name_of(v) == name) return v;
-  fail(path, fmt::format("unknown value \"{}\"", name));
+// The enum value spelled by field `key` (plan/enums.h's name tables).
+template <typename Enum>
+Enum enum_field(const Json& j, const std::string& path, const char* key) {
+  const std::string text = get<std::string>(j, path, key);
+  const std::optional<Enum> value = parse<Enum>(text);
+  if (!value) fail(sub(path, key), fmt::format("unknown value \"{}\"", text));
+  return *value;
 }
 
-constexpr ir::DType kDTypes[] = {ir::DType::BF16, ir::DType::FP16, ir::DType::FP32, ir::DType::E4M3,
-                                 ir::DType::E5M2};
-ir::DType dtype(const Json& j, const std::string& path, const char* key) {
-  return by_name(get<std::string>(j, path, key), kDTypes, ir::dtype_name, sub(path, key));
+DType dtype(const Json& j, const std::string& path, const char* key) {
+  return enum_field<DType>(j, path, key);
+}
+
+ScaleInvRef read_scale_inv(const Json& j, const std::string& path, const char* key) {
+  const Json& v = field(j, path, key);
+  ScaleInvRef r;
+  if (v.is_null()) return r;
+  const std::string p = sub(path, key);
+  if (v.contains("quantizer")) r.quantizer = get<int>(v, p, "quantizer");
+  if (v.contains("buffer")) r.buffer = get<int>(v, p, "buffer");
+  if (!r.present()) fail(p, "names neither a quantizer nor a buffer");
+  return r;
 }
 
 std::vector<OpRef> op_refs(const Json& j, const std::string& path, const char* key) {
@@ -93,13 +102,18 @@ std::vector<OpRef> op_refs(const Json& j, const std::string& path, const char* k
   return ops;
 }
 
+Lifetime lifetime(const Json& j, const std::string& path, const char* key) {
+  const auto steps = get<std::vector<int>>(j, path, key);
+  if (steps.size() != 2 || steps[0] < -1 || steps[1] < steps[0] || (steps[0] < 0) != (steps[1] < 0))
+    fail(sub(path, key), "not [first, last] step indices (-1, -1 for none)");
+  return {steps[0], steps[1]};
+}
+
 Buffer read_buffer(const Json& j, const std::string& path) {
-  constexpr BufferRole kRoles[] = {BufferRole::Input, BufferRole::Param, BufferRole::OutputGrad,
-                                   BufferRole::Result, BufferRole::Workspace};
   Buffer b;
   b.id = get<int>(j, path, "id");
   b.name = get<std::string>(j, path, "name");
-  b.role = by_name(get<std::string>(j, path, "role"), kRoles, buffer_role_name, sub(path, "role"));
+  b.role = enum_field<BufferRole>(j, path, "role");
   b.dtype = dtype(j, path, "dtype");
   const Json& shape = array(j, path, "shape");
   for (std::size_t i = 0; i < shape.size(); ++i)
@@ -109,72 +123,110 @@ Buffer read_buffer(const Json& j, const std::string& path) {
   b.last_use = get<int>(j, path, "last_use");
   b.saved = get<bool>(j, path, "saved");
   if (j.contains("alias_of")) b.alias_of = get<int>(j, path, "alias_of");
+  b.root = get<int>(j, path, "root");
+  if (b.root == b.id) {
+    b.training = lifetime(j, path, "training");
+    b.inference = lifetime(j, path, "inference");
+  }
+  if (j.contains("weight_cache")) b.weight_cache = get<bool>(j, path, "weight_cache");
   if (j.contains("quantizer")) {
     b.quantizer = get<int>(j, path, "quantizer");
-    b.columnwise = get<bool>(j, path, "columnwise");
+    b.usage = enum_field<CopyUsage>(j, path, "usage");
+    b.layout = enum_field<CopyLayout>(j, path, "layout");
+    b.scale_inv = read_scale_inv(j, path, "scale_inv");
   }
-  if (j.contains("interface")) b.interface = get<std::vector<std::string>>(j, path, "interface");
+  if (j.contains("interface")) {
+    const Json& tags = array(j, path, "interface");
+    for (std::size_t i = 0; i < tags.size(); ++i) {
+      const std::string p = at(sub(path, "interface"), i);
+      if (!tags[i].is_string()) fail(p, "not a string");
+      const std::string text = tags[i].get<std::string>();
+      const std::size_t space = text.find(' ');
+      const std::optional<InterfaceKind> kind =
+          space == std::string::npos ? std::nullopt : parse<InterfaceKind>(text.substr(0, space));
+      if (!kind || space + 1 >= text.size())
+        fail(p, fmt::format("\"{}\" is not \"output|input_grad|param_grad NAME\"", text));
+      b.interface.push_back({*kind, text.substr(space + 1)});
+    }
+  }
   return b;
 }
 
-QuantizerPlan read_quantizer(const Json& j, const std::string& path) {
-  constexpr ir::QuantizerRole kRoles[] = {ir::QuantizerRole::Input, ir::QuantizerRole::Weight,
-                                          ir::QuantizerRole::GradOutput, ir::QuantizerRole::Output,
-                                          ir::QuantizerRole::GradInput};
-  QuantizerPlan q;
-  q.index = get<int>(j, path, "index");
-  q.name = get<std::string>(j, path, "name");
-  q.role = by_name(get<std::string>(j, path, "role"), kRoles, ir::quantizer_role_name,
-                   sub(path, "role"));
+QuantSpec read_spec(const Json& j, const std::string& path) {
+  QuantSpec q;
+  q.scaling = enum_field<ScalingKind>(j, path, "scaling");
   q.format = dtype(j, path, "format");
-  q.source_buffer = optional_index(j, path, "source_buffer");
-  q.rowwise = get<bool>(j, path, "rowwise");
-  q.columnwise = get<bool>(j, path, "columnwise");
-  q.mode = get<int>(j, path, "mode");
-  q.fp8_max = get<float>(j, path, "fp8_max");
-  if (q.mode == 2) {
-    q.epsilon = get<double>(j, path, "epsilon");
-    q.power_of_2_scale = get<bool>(j, path, "power_of_2_scale");
-  } else {
-    q.history_length = get<int>(j, path, "history_length");
-    q.margin = get<int>(j, path, "margin");
+  if (!dtype_is_fp8(q.format)) fail(sub(path, "format"), "not an FP8 format");
+  switch (q.scaling) {
+    case ScalingKind::Delayed:
+      q.history_length = get<int>(j, path, "history_length");
+      if (q.history_length < 1) fail(sub(path, "history_length"), "must be at least 1");
+      q.amax_compute = enum_field<AmaxCompute>(j, path, "amax_compute");
+      q.margin = get<int>(j, path, "margin");
+      break;
+    case ScalingKind::Current:
+      q.epsilon = get<double>(j, path, "epsilon");
+      q.power_of_2_scale = get<bool>(j, path, "power_of_2_scale");
+      break;
+    case ScalingKind::Block1D:
+    case ScalingKind::Block2D:
+    case ScalingKind::MicroScaled: {
+      const auto block = get<std::vector<int>>(j, path, "block");
+      if (block.size() != 2 || block[0] < 1 || block[1] < 1)
+        fail(sub(path, "block"), "not [rows, cols] of positive sizes");
+      q.block = {block[0], block[1]};
+      q.scale_dtype = enum_field<ScaleDType>(j, path, "scale_dtype");
+      q.epsilon = get<double>(j, path, "epsilon");
+      q.power_of_2_scale = get<bool>(j, path, "power_of_2_scale");
+      break;
+    }
   }
   return q;
 }
 
+QuantizerPlan read_quantizer(const Json& j, const std::string& path) {
+  QuantizerPlan q;
+  q.index = get<int>(j, path, "index");
+  q.name = get<std::string>(j, path, "name");
+  q.role = enum_field<QuantizerRole>(j, path, "role");
+  q.spec = read_spec(field(j, path, "spec"), sub(path, "spec"));
+  q.source_buffer = optional_index(j, path, "source_buffer");
+  q.usages.rowwise = get<bool>(j, path, "rowwise");
+  q.usages.columnwise = get<bool>(j, path, "columnwise");
+  q.columnwise_layout = enum_field<CopyLayout>(j, path, "columnwise_layout");
+  return q;
+}
+
 ParamBinding read_param(const Json& j, const std::string& path) {
-  constexpr ParamBinding::Kind kKinds[] = {
-      ParamBinding::Kind::Null,      ParamBinding::Kind::Buffer,  ParamBinding::Kind::Buffers,
-      ParamBinding::Kind::Quantizer, ParamBinding::Kind::Records, ParamBinding::Kind::Int,
-      ParamBinding::Kind::Int64,     ParamBinding::Kind::Float};
   ParamBinding p;
   p.field = get<std::string>(j, path, "field");
-  p.kind = by_name(get<std::string>(j, path, "kind"), kKinds, param_kind_name, sub(path, "kind"));
+  p.kind = enum_field<ParamKind>(j, path, "kind");
   switch (p.kind) {
-    case ParamBinding::Kind::Null:
+    case ParamKind::Null:
       break;
-    case ParamBinding::Kind::Buffer:
+    case ParamKind::Buffer:
       p.buffers = {get<int>(j, path, "buffer")};
       p.written = get<bool>(j, path, "written");
+      if (j.contains("columnwise_copy")) p.columnwise_copy = get<bool>(j, path, "columnwise_copy");
       break;
-    case ParamBinding::Kind::Buffers: {
+    case ParamKind::Buffers: {
       const Json& list = array(j, path, "buffers");
       for (const Json& b : list) p.buffers.push_back(b.is_null() ? -1 : b.get<int>());
       p.written = get<bool>(j, path, "written");
       break;
     }
-    case ParamBinding::Kind::Quantizer:
+    case ParamKind::Quantizer:
       p.quantizer = get<int>(j, path, "quantizer");
-      p.quantizer_field = get<std::string>(j, path, "value");
+      p.quantizer_value = enum_field<QuantizerValue>(j, path, "value");
       break;
-    case ParamBinding::Kind::Records:
+    case ParamKind::Records:
       p.records = get<std::vector<int>>(j, path, "quantizers");
       break;
-    case ParamBinding::Kind::Int:
-    case ParamBinding::Kind::Int64:
+    case ParamKind::Int:
+    case ParamKind::Int64:
       p.int_value = expr(j, path, "value");
       break;
-    case ParamBinding::Kind::Float:
+    case ParamKind::Float:
       p.float_value = get<double>(j, path, "value");
       break;
   }
@@ -203,33 +255,25 @@ LaunchStep read_launch(const Json& j, const std::string& path) {
   return l;
 }
 
-GemmOperand read_operand(const Json& j, const std::string& path,
-                         const std::vector<QuantizerPlan>& quantizers, bool* transposed) {
+GemmOperand read_operand(const Json& j, const std::string& path, bool* transposed) {
   GemmOperand o;
   o.buffer = get<int>(j, path, "buffer");
   o.dtype = dtype(j, path, "dtype");
   *transposed = get<bool>(j, path, "transposed");
-  o.columnwise_copy = get<bool>(j, path, "columnwise_copy");
-  const Json& scale = field(j, path, "scale_inv");
-  if (!scale.is_null()) {
-    const std::string name = scale.get<std::string>();
-    for (const QuantizerPlan& q : quantizers)
-      if (q.name == name) o.quantizer = q.index;
-    if (o.quantizer < 0) fail(sub(path, "scale_inv"), fmt::format("no quantizer \"{}\"", name));
-  }
+  o.usage = enum_field<CopyUsage>(j, path, "usage");
+  o.scale_inv = read_scale_inv(j, path, "scale_inv");
   return o;
 }
 
 GemmStep read_gemm(const Json& j, const std::string& path,
                    const std::vector<QuantizerPlan>& quantizers) {
-  constexpr GemmRole kRoles[] = {GemmRole::Fprop, GemmRole::Dgrad, GemmRole::Wgrad};
   GemmStep g;
-  g.role = by_name(get<std::string>(j, path, "role"), kRoles, gemm_role_name, sub(path, "role"));
+  g.role = enum_field<GemmRole>(j, path, "role");
   g.m = expr(j, path, "m");
   g.n = expr(j, path, "n");
   g.k = expr(j, path, "k");
-  g.a = read_operand(field(j, path, "a"), sub(path, "a"), quantizers, &g.a_transposed);
-  g.b = read_operand(field(j, path, "b"), sub(path, "b"), quantizers, &g.b_transposed);
+  g.a = read_operand(field(j, path, "a"), sub(path, "a"), &g.a_transposed);
+  g.b = read_operand(field(j, path, "b"), sub(path, "b"), &g.b_transposed);
   const Json& d = field(j, path, "d");
   g.d = get<int>(d, sub(path, "d"), "buffer");
   g.d_dtype = dtype(d, sub(path, "d"), "dtype");
@@ -239,7 +283,7 @@ GemmStep read_gemm(const Json& j, const std::string& path,
       if (q.name == name) g.d_quantizer = q.index;
     if (g.d_quantizer < 0) fail(sub(path, "d.scale"), fmt::format("no quantizer \"{}\"", name));
   }
-  g.epilogue = get<std::string>(j, path, "epilogue");
+  g.epilogue = enum_field<GemmEpilogue>(j, path, "epilogue");
   g.bias = optional_index(j, path, "bias");
   g.aux = optional_index(j, path, "aux");
   g.accumulate = get<bool>(j, path, "accumulate");
@@ -253,7 +297,7 @@ GemmStep read_gemm(const Json& j, const std::string& path,
 InferenceVariant read_inference(const Json& j, const std::string& path, const Step& step) {
   const std::string variant_path = sub(path, "inference");
   const Json& v = field(j, path, "inference");
-  if (!std::holds_alternative<LaunchStep>(step.body) || step.phase != ir::Phase::Forward)
+  if (!std::holds_alternative<LaunchStep>(step.body) || step.phase != Phase::Forward)
     fail(variant_path, "only a forward launch has an inference variant");
   InferenceVariant variant;
   variant.launch = read_launch(v, variant_path);
@@ -265,7 +309,7 @@ InferenceVariant read_inference(const Json& j, const std::string& path, const St
   return variant;
 }
 
-Step read_step(const Json& j, const std::string& path, ir::Phase phase,
+Step read_step(const Json& j, const std::string& path, Phase phase,
                const std::vector<QuantizerPlan>& quantizers) {
   Step s;
   s.index = get<int>(j, path, "index");
@@ -285,6 +329,8 @@ Step read_step(const Json& j, const std::string& path, ir::Phase phase,
   s.reads = get<std::vector<int>>(j, path, "reads");
   s.writes = get<std::vector<int>>(j, path, "writes");
   if (j.contains("inference")) s.inference = read_inference(j, path, s);
+  if (j.contains("weight_cache_group"))
+    s.weight_cache_group = get<int>(j, path, "weight_cache_group");
   return s;
 }
 
@@ -303,14 +349,17 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
     if (s.buffers.back().id != static_cast<int>(i))
       fail(at(sub(path, "buffers"), i), "id != index");
   }
+  const Json& caches = array(j, path, "weight_cache_groups");
+  for (std::size_t i = 0; i < caches.size(); ++i) {
+    const std::string p = at(sub(path, "weight_cache_groups"), i);
+    s.weight_cache_groups.push_back({get<std::vector<int>>(caches[i], p, "steps"),
+                                     get<std::vector<int>>(caches[i], p, "params"),
+                                     get<std::vector<int>>(caches[i], p, "quantizers")});
+  }
   const Json& phases = array(j, path, "phases");
   for (std::size_t p = 0; p < phases.size(); ++p) {
     const std::string phase_path = at(sub(path, "phases"), p);
-    const std::string name = get<std::string>(phases[p], phase_path, "phase");
-    const ir::Phase phase = name == "forward"    ? ir::Phase::Forward
-                            : name == "backward" ? ir::Phase::Backward
-                                                 : (fail(sub(phase_path, "phase"), "unknown phase"),
-                                                    ir::Phase::Forward);
+    const Phase phase = enum_field<Phase>(phases[p], phase_path, "phase");
     const Json& steps = array(phases[p], phase_path, "steps");
     for (std::size_t i = 0; i < steps.size(); ++i) {
       s.steps.push_back(read_step(steps[i], at(sub(phase_path, "steps"), i), phase, s.quantizers));
@@ -334,8 +383,7 @@ Kernel read_kernel(const Json& j, const std::string& path) {
     const std::string p = at(sub(path, "uses"), i);
     KernelUse use;
     use.sequence = get<std::string>(uses[i], p, "sequence");
-    use.phase = get<std::string>(uses[i], p, "phase") == "backward" ? ir::Phase::Backward
-                                                                    : ir::Phase::Forward;
+    use.phase = enum_field<Phase>(uses[i], p, "phase");
     use.pattern = get<std::string>(uses[i], p, "pattern");
     use.ops = op_refs(uses[i], p, "ops");
     use.what = get<std::string>(uses[i], p, "what");
@@ -351,12 +399,13 @@ Plan plan_from_json(const nlohmann::ordered_json& json) {
   const std::string root = "plan";
   if (get<std::string>(json, root, "format") != "opfuse-plan")
     fail(sub(root, "format"), "not an opfuse plan");
-  // Version 2: current scaling measured by the producing kernels (no memset steps).
-  if (const int version = get<int>(json, root, "version"); version != 2)
+  // Version 3: typed quantizer specs (scaling kind, usages, layouts), scale-inverse references
+  // and enum spellings where version 2 had mode numbers and field names.
+  if (const int version = get<int>(json, root, "version"); version != kPlanFormatVersion)
     fail(sub(root, "version"),
-         fmt::format("version {} is not the version 2 this opfuse reads: rebuild with this "
-                     "opfuse's fusec",
-                     version));
+         fmt::format("plan.json is format version {}, but this opfuse reads version {}: rebuild "
+                     "it with this opfuse's `fusec build`",
+                     version, kPlanFormatVersion));
   Plan plan;
   plan.source = get<std::string>(json, root, "source");
   plan.arch = get<std::string>(json, root, "arch");
@@ -369,4 +418,4 @@ Plan plan_from_json(const nlohmann::ordered_json& json) {
   return plan;
 }
 
-}  // namespace opfuse::codegen
+}  // namespace opfuse::plan

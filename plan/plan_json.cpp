@@ -2,16 +2,13 @@
 // known and as plan expressions otherwise, no times and no absolute paths, so goldens compare it.
 #include <nlohmann/json.hpp>
 
-#include "codegen/plan.h"
+#include "plan/plan.h"
 
-namespace opfuse::codegen {
+namespace opfuse::plan {
 
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// Bumped when a field changes meaning or disappears (adding a field does not bump it).
-constexpr int kPlanFormatVersion = 2;
 
 Json expr(const SymExpr& e) {
   if (const auto v = e.value()) return *v;
@@ -36,74 +33,108 @@ Json quantizer_ref(const SequencePlan& s, int index) {
   return s.quantizers.at(size_t(index)).name;
 }
 
+Json scale_inv_json(const ScaleInvRef& r) {
+  if (r.quantizer >= 0) return Json{{"quantizer", r.quantizer}};
+  if (r.buffer >= 0) return Json{{"buffer", r.buffer}};
+  return nullptr;
+}
+
 Json buffer_json(const Buffer& b) {
   Json j{{"id", b.id},
          {"name", b.name},
-         {"role", buffer_role_name(b.role)},
-         {"dtype", ir::dtype_name(b.dtype)},
+         {"role", name(b.role)},
+         {"dtype", name(b.dtype)},
          {"shape", exprs(b.shape)},
          {"bytes", expr(b.bytes)},
          {"first_use", b.first_use},
          {"last_use", b.last_use},
          {"saved", b.saved}};
   if (b.alias_of >= 0) j["alias_of"] = b.alias_of;
+  j["root"] = b.root;
+  if (b.root == b.id) {
+    j["training"] = Json::array({b.training.first, b.training.last});
+    j["inference"] = Json::array({b.inference.first, b.inference.last});
+  }
+  if (b.weight_cache) j["weight_cache"] = true;
   if (b.quantizer >= 0) {
     j["quantizer"] = b.quantizer;
-    j["columnwise"] = b.columnwise;
+    j["usage"] = name(b.usage);
+    j["layout"] = name(b.layout);
+    j["scale_inv"] = scale_inv_json(b.scale_inv);
   }
-  if (!b.interface.empty()) j["interface"] = b.interface;
+  if (!b.interface.empty()) {
+    Json tags = Json::array();
+    for (const InterfaceTag& t : b.interface) tags.push_back(interface_string(t));
+    j["interface"] = tags;
+  }
+  return j;
+}
+
+Json spec_json(const QuantSpec& q) {
+  Json j{{"scaling", name(q.scaling)}, {"format", name(q.format)}, {"fp8_max", q.fp8_max()}};
+  switch (q.scaling) {
+    case ScalingKind::Delayed:
+      j["history_length"] = q.history_length;
+      j["amax_compute"] = name(q.amax_compute);
+      j["margin"] = q.margin;
+      break;
+    case ScalingKind::Current:
+      j["epsilon"] = q.epsilon;
+      j["power_of_2_scale"] = q.power_of_2_scale;
+      break;
+    case ScalingKind::Block1D:
+    case ScalingKind::Block2D:
+    case ScalingKind::MicroScaled:
+      j["block"] = Json::array({q.block.rows, q.block.cols});
+      j["scale_dtype"] = name(q.scale_dtype);
+      j["epsilon"] = q.epsilon;
+      j["power_of_2_scale"] = q.power_of_2_scale;
+      break;
+  }
   return j;
 }
 
 Json quantizer_json(const QuantizerPlan& q) {
-  Json j{{"index", q.index},
-         {"name", q.name},
-         {"role", ir::quantizer_role_name(q.role)},
-         {"format", ir::dtype_name(q.format)},
-         {"source_buffer", q.source_buffer >= 0 ? Json(q.source_buffer) : Json(nullptr)},
-         {"rowwise", q.rowwise},
-         {"columnwise", q.columnwise},
-         {"mode", q.mode},
-         {"fp8_max", q.fp8_max}};
-  if (q.mode == 2) {
-    j["epsilon"] = q.epsilon;
-    j["power_of_2_scale"] = q.power_of_2_scale;
-  } else {
-    j["history_length"] = q.history_length;
-    j["margin"] = q.margin;
-  }
-  return j;
+  return Json{{"index", q.index},
+              {"name", q.name},
+              {"role", name(q.role)},
+              {"spec", spec_json(q.spec)},
+              {"source_buffer", q.source_buffer >= 0 ? Json(q.source_buffer) : Json(nullptr)},
+              {"rowwise", q.usages.rowwise},
+              {"columnwise", q.usages.columnwise},
+              {"columnwise_layout", name(q.columnwise_layout)}};
 }
 
 Json param_json(const SequencePlan& s, const ParamBinding& p) {
-  Json j{{"field", p.field}, {"kind", param_kind_name(p.kind)}};
+  Json j{{"field", p.field}, {"kind", name(p.kind)}};
   switch (p.kind) {
-    case ParamBinding::Kind::Null:
+    case ParamKind::Null:
       break;
-    case ParamBinding::Kind::Buffer:
+    case ParamKind::Buffer:
       j["buffer"] = p.buffers.at(0);
       j["written"] = p.written;
+      if (p.columnwise_copy) j["columnwise_copy"] = true;
       break;
-    case ParamBinding::Kind::Buffers: {
+    case ParamKind::Buffers: {
       Json list = Json::array();
       for (int b : p.buffers) list.push_back(b >= 0 ? Json(b) : Json(nullptr));
       j["buffers"] = list;
       j["written"] = p.written;
       break;
     }
-    case ParamBinding::Kind::Quantizer:
+    case ParamKind::Quantizer:
       j["quantizer"] = p.quantizer;
       j["name"] = quantizer_ref(s, p.quantizer);
-      j["value"] = p.quantizer_field;
+      j["value"] = name(p.quantizer_value);
       break;
-    case ParamBinding::Kind::Records:
+    case ParamKind::Records:
       j["quantizers"] = p.records;
       break;
-    case ParamBinding::Kind::Int:
-    case ParamBinding::Kind::Int64:
+    case ParamKind::Int:
+    case ParamKind::Int64:
       j["value"] = expr(p.int_value);
       break;
-    case ParamBinding::Kind::Float:
+    case ParamKind::Float:
       j["value"] = p.float_value;
       break;
   }
@@ -125,12 +156,12 @@ Json launch_json(const SequencePlan& s, const LaunchStep& l) {
       {"params", params}};
 }
 
-Json operand_json(const SequencePlan& s, const GemmOperand& o, bool transposed) {
+Json operand_json(const GemmOperand& o, bool transposed) {
   return Json{{"buffer", o.buffer},
-              {"dtype", ir::dtype_name(o.dtype)},
+              {"dtype", name(o.dtype)},
               {"transposed", transposed},
-              {"columnwise_copy", o.columnwise_copy},
-              {"scale_inv", quantizer_ref(s, o.quantizer)}};
+              {"usage", name(o.usage)},
+              {"scale_inv", scale_inv_json(o.scale_inv)}};
 }
 
 // The row-major -> column-major mapping of runtime/gpu/gemm_desc.h's to_cublaslt(): cuBLASLt's
@@ -150,19 +181,19 @@ Json cublaslt_json(const GemmStep& g) {
 }
 
 Json gemm_json(const SequencePlan& s, const GemmStep& g) {
-  Json d{{"buffer", g.d}, {"dtype", ir::dtype_name(g.d_dtype)}};
+  Json d{{"buffer", g.d}, {"dtype", name(g.d_dtype)}};
   if (g.d_quantizer >= 0) {
     d["scale"] = quantizer_ref(s, g.d_quantizer);
     d["amax"] = quantizer_ref(s, g.d_quantizer);
   }
-  return Json{{"role", gemm_role_name(g.role)},
+  return Json{{"role", name(g.role)},
               {"m", expr(g.m)},
               {"n", expr(g.n)},
               {"k", expr(g.k)},
-              {"a", operand_json(s, g.a, g.a_transposed)},
-              {"b", operand_json(s, g.b, g.b_transposed)},
+              {"a", operand_json(g.a, g.a_transposed)},
+              {"b", operand_json(g.b, g.b_transposed)},
               {"d", d},
-              {"epilogue", g.epilogue},
+              {"epilogue", name(g.epilogue)},
               {"bias", g.bias >= 0 ? Json(g.bias) : Json(nullptr)},
               {"aux", g.aux >= 0 ? Json(g.aux) : Json(nullptr)},
               {"accumulate", g.accumulate},
@@ -190,6 +221,7 @@ Json step_json(const SequencePlan& s, const Step& step) {
     variant["writes"] = step.inference->writes;
     j["inference"] = std::move(variant);
   }
+  if (step.weight_cache_group >= 0) j["weight_cache_group"] = step.weight_cache_group;
   return j;
 }
 
@@ -199,13 +231,17 @@ Json sequence_json(const SequencePlan& s) {
   for (const Buffer& b : s.buffers) buffers.push_back(buffer_json(b));
   Json forward = Json::array(), backward = Json::array();
   for (const Step& step : s.steps)
-    (step.phase == ir::Phase::Forward ? forward : backward).push_back(step_json(s, step));
+    (step.phase == Phase::Forward ? forward : backward).push_back(step_json(s, step));
+  Json caches = Json::array();
+  for (const WeightCacheGroup& g : s.weight_cache_groups)
+    caches.push_back({{"steps", g.steps}, {"params", g.params}, {"quantizers", g.quantizers}});
   return Json{{"name", s.name},
               {"recipe", s.recipe},
               {"fp8_weights", s.fp8_weights},
               {"symbols", s.symbols},
               {"quantizers", quantizers},
               {"buffers", buffers},
+              {"weight_cache_groups", caches},
               {"phases", Json::array({Json{{"phase", "forward"}, {"steps", forward}},
                                       Json{{"phase", "backward"}, {"steps", backward}}})}};
 }
@@ -214,7 +250,7 @@ Json kernel_json(const Kernel& k) {
   Json uses = Json::array();
   for (const KernelUse& u : k.uses) {
     uses.push_back({{"sequence", u.sequence},
-                    {"phase", ir::phase_name(u.phase)},
+                    {"phase", name(u.phase)},
                     {"pattern", u.pattern},
                     {"ops", op_refs(u.ops)},
                     {"what", u.what},
@@ -242,4 +278,14 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
 
 std::string plan_json_text(const Plan& plan) { return plan_to_json(plan).dump(2) + "\n"; }
 
-}  // namespace opfuse::codegen
+std::string interface_string(const InterfaceTag& tag) {
+  return std::string(name(tag.kind)) + " " + tag.name;
+}
+
+const Kernel* Plan::find_kernel(std::string_view id) const {
+  for (const Kernel& k : kernels)
+    if (k.id == id) return &k;
+  return nullptr;
+}
+
+}  // namespace opfuse::plan

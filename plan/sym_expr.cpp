@@ -1,4 +1,4 @@
-#include "codegen/sym_expr.h"
+#include "plan/sym_expr.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <cctype>
 #include <stdexcept>
 
-namespace opfuse::codegen {
+namespace opfuse::plan {
 
 SymExpr SymExpr::symbol(std::string name) {
   SymExpr e;
@@ -95,17 +95,6 @@ SymExpr max_of(const SymExpr& a, const SymExpr& b) {
   return SymExpr::opaque(fmt::format("max({}, {})", a.text(), b.text()));
 }
 
-SymExpr shape_product(const ir::Shape& shape, size_t begin, size_t end) {
-  SymExpr product = 1;
-  for (size_t i = begin; i < end && i < shape.size(); ++i) {
-    const ir::Dim& d = shape[i];
-    product = product * (d.is_symbolic() ? SymExpr::symbol(d.symbol) : SymExpr(d.size));
-  }
-  return product;
-}
-
-SymExpr element_count_expr(const ir::Shape& shape) { return shape_product(shape, 0, shape.size()); }
-
 namespace {
 
 // Recursive descent over: expr := term ('*' term)*; term := integer | name | name '(' expr ','
@@ -188,4 +177,4 @@ int64_t evaluate(const std::string& text, const std::map<std::string, int64_t>& 
   return Evaluator(text, bindings).run();
 }
 
-}  // namespace opfuse::codegen
+}  // namespace opfuse::plan
