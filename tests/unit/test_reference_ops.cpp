@@ -14,6 +14,7 @@
 
 #include "../../runtime/cpu/reference_executor.h"
 #include "driver/frontend.h"
+#include "ir/pointwise_ops.h"
 
 namespace opfuse::cpu {
 namespace {
@@ -112,6 +113,10 @@ std::vector<OpCase> every_op_kind() {
       {"silu", x8, "silu()"},
       {"swiglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "swiglu()"},
       {"geglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "geglu()"},
+      {"qgeglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "qgeglu()"},
+      // limit 0.5: normal(0, 1) inputs cross both clamps.
+      {"clamped_swiglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])",
+       "clamped_swiglu(limit = 0.5, alpha = 1.702)"},
       {"reglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "reglu()"},
       {"add_extra_input", "(x: fp32[tokens, 8], r: fp32[tokens, 8]) -> (y: fp32[tokens, 8])",
        "add_extra_input(r)"},
@@ -125,7 +130,7 @@ std::vector<OpCase> every_op_kind() {
 }
 
 TEST(ReferenceOps, FiniteDifferenceGradientOfEveryOpKind) {
-  std::vector<bool> covered(ir::kNumOpKinds, false);
+  std::vector<bool> covered(256, false);  // fixed and pointwise kinds (ir::OpKind)
   for (const OpCase& c : every_op_kind()) {
     const ir::Program program =
         compile(fmt::format("sequence {}{} {{\n {}\n}}\n", c.name, c.signature, c.body));
@@ -136,10 +141,17 @@ TEST(ReferenceOps, FiniteDifferenceGradientOfEveryOpKind) {
   }
   // FP8 casts and fused ops are not differentiable math of their own: test_fusion and
   // test_reference_executor check them.
-  for (size_t k = 0; k < ir::kNumOpKinds; ++k) {
-    const auto kind = ir::OpKind(k);
+  std::vector<ir::OpKind> kinds;
+  for (size_t k = 0; k < ir::kNumOpKinds; ++k) kinds.push_back(ir::OpKind(k));
+  for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
+    kinds.push_back(ir::pointwise_kind(*def));
+    kinds.push_back(ir::pointwise_backward_kind(*def));
+  }
+  for (const ir::OpKind kind : kinds) {
     if (kind == ir::OpKind::CastFp8 || kind == ir::OpKind::Fused) continue;
-    EXPECT_TRUE(covered[k]) << "no gradient check for " << ir::op_info(kind).name;
+    EXPECT_TRUE(covered[size_t(kind)])
+        << "no gradient check for " << ir::op_info(kind).name << " "
+        << (ir::pointwise_def(kind) ? ir::pointwise_def(kind)->name : "");
   }
 }
 
