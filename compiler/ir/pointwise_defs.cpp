@@ -71,6 +71,12 @@ NodeId silu(scalar::Graph& g, NodeId x) {
   return value;
 }
 
+// Squared ReLU (TE's srelu): x > 0 ? x^2 : 0; the derivative is derived (x > 0 ? x + x : 0).
+NodeId srelu(scalar::Graph& g, NodeId x) {
+  const NodeId zero = g.constant(0);
+  return g.select(Cmp::Gt, x, zero, g.mul(x, x), zero);
+}
+
 // ---- gated: act(gate) * linear -------------------------------------------------------------
 
 template <NodeId (*Act)(scalar::Graph&, NodeId)>
@@ -114,6 +120,8 @@ constexpr PointwiseDef kQGelu{
     .name = "qgelu", .doc = "quick GELU: x * sigmoid(1.702 x)", .build = plain<qgelu>};
 constexpr PointwiseDef kRelu{.name = "relu", .doc = "max(x, 0)", .build = plain<relu>};
 constexpr PointwiseDef kSilu{.name = "silu", .doc = "x * sigmoid(x)", .build = plain<silu>};
+constexpr PointwiseDef kSrelu{
+    .name = "srelu", .doc = "squared ReLU: max(x, 0)^2", .build = plain<srelu>};
 constexpr PointwiseDef kSwiglu{
     .name = "swiglu", .gated = true, .doc = "silu(first half) * second half", .build = gated<silu>};
 constexpr PointwiseDef kGeglu{
@@ -124,6 +132,10 @@ constexpr PointwiseDef kQGeglu{.name = "qgeglu",
                                .gated = true,
                                .doc = "qgelu(first half) * second half",
                                .build = gated<qgelu>};
+constexpr PointwiseDef kSReglu{.name = "sreglu",
+                               .gated = true,
+                               .doc = "srelu(first half) * second half",
+                               .build = gated<srelu>};
 constexpr PointwiseDef kClampedSwiglu{
     .name = "clamped_swiglu",
     .gated = true,
@@ -134,8 +146,9 @@ constexpr PointwiseDef kClampedSwiglu{
     .build = clamped_swiglu};
 
 // Table order is the order `fusec ops` and docs/language.md list them in.
-constexpr std::array<const PointwiseDef*, 9> kDefs = {
-    &kGelu, &kQGelu, &kRelu, &kSilu, &kSwiglu, &kGeglu, &kReglu, &kQGeglu, &kClampedSwiglu,
+constexpr std::array<const PointwiseDef*, 11> kDefs = {
+    &kGelu,  &kQGelu, &kRelu,   &kSilu,   &kSrelu,         &kSwiglu,
+    &kGeglu, &kReglu, &kQGeglu, &kSReglu, &kClampedSwiglu,
 };
 
 }  // namespace
