@@ -1,78 +1,42 @@
-// Activations, plain and gated, forward and backward, with the output cast fused: gelu (tanh
-// approximation), qgelu, relu, silu, and the gated swiglu/geglu/reglu/qgeglu (TE convention: for an
-// input [rows, 2n] the FIRST half is the gate that goes through the activation, the second half is
-// the linear part: out = act(x[:, :n]) * x[:, n:]).
+// Activations, plain and gated, forward and backward, with the output cast fused. The math is a
+// functor template argument `Act`, generated per op from its scalar-expression definition
+// (compiler/ir/pointwise_ops.h, prepended to each kernel's source by codegen):
+//   static constexpr int kInputs;   // 1 (plain) or 2 (gated: gate, linear)
+//   static float forward(const float (&in)[kInputs]);
+//   static void backward(const float (&in)[kInputs], float dy, float (&grad)[kInputs]);
+// Gated ops follow TE's convention: for an input [rows, 2n] the FIRST half is the gate, the
+// second half the linear part, in[0] and in[1].
 //
 // Entry points: activation_fwd, gated_activation_fwd, activation_bwd, gated_activation_bwd, each
-// <Act, Input, Output, kWriteTranspose[, kDbias]> with Act one of Gelu, QGelu, Relu, Silu.
+// <Act, Input, Output, kWriteTranspose[, kDbias]>. ExampleIdentity and ExampleProduct below are
+// the contract's examples (so this header compiles and instantiates on its own).
 // Launch rules, shapes and alignment: templates/README.md ("Tiled elementwise families").
 #ifndef OPFUSE_TEMPLATES_ACTIVATION_CUH_
 #define OPFUSE_TEMPLATES_ACTIVATION_CUH_
 
 #include "common/column_partials.cuh"
 #include "common/elementwise_tile.cuh"
+#include "common/scalar_math.cuh"
 
 namespace opfuse {
 
-// ---------------------------------------------------------------------------------------------
-// Activation functions: value(x) and both value and derivative from one exponential.
-// sigmoid(z) = __fdividef(1, 1 + __expf(-z)): the hardware ex2/rcp approximations (relative error
-// ~1e-7, far below bf16/FP8 resolution). With IEEE expf and division the activation kernels were
-// compute-bound (SwiGLU forward 2.6 TB/s vs 3.8 TB/s on H200, measured).
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
-
-// GELU, tanh approximation (TE's gelu): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
-// computed as x * sigmoid(2u) (the same function: 0.5 (1 + tanh(u)) = sigmoid(2u)).
-// d/dx = s + 2 x s (1 - s) (sqrt(2/pi) + 3 * 0.044715 * sqrt(2/pi) x^2), s = sigmoid(2u).
-struct Gelu {
-  static constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  static constexpr float kCubicCoefficient = 0.044715f;
-  __device__ __forceinline__ static float value(float x) {
-    const float u = kSqrt2OverPi * x * (1.0f + kCubicCoefficient * x * x);
-    return x * sigmoid(2.0f * u);
-  }
-  __device__ __forceinline__ static void value_and_derivative(float x, float& value,
-                                                              float& derivative) {
-    const float x2 = x * x;
-    const float u = kSqrt2OverPi * x * (1.0f + kCubicCoefficient * x2);
-    const float s = sigmoid(2.0f * u);
-    value = x * s;
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubicCoefficient * x2);
-    derivative = s + 2.0f * x * s * (1.0f - s) * du;
+// y = x: the plain contract's example.
+struct ExampleIdentity {
+  static constexpr int kInputs = 1;
+  __device__ __forceinline__ static float forward(const float (&in)[1]) { return in[0]; }
+  __device__ __forceinline__ static void backward(const float (&)[1], float dy, float (&grad)[1]) {
+    grad[0] = dy;
   }
 };
 
-// Quick GELU: x * sigmoid(1.702 x); d/dx = s + 1.702 x s (1 - s).
-struct QGelu {
-  static constexpr float kAlpha = 1.702f;
-  __device__ __forceinline__ static float value(float x) { return x * sigmoid(kAlpha * x); }
-  __device__ __forceinline__ static void value_and_derivative(float x, float& value,
-                                                              float& derivative) {
-    const float s = sigmoid(kAlpha * x);
-    value = x * s;
-    derivative = s + kAlpha * x * s * (1.0f - s);
-  }
-};
-
-// ReLU: x > 0 ? x : 0 (NaN -> 0, as TE); d/dx = x > 0 ? 1 : 0.
-struct Relu {
-  __device__ __forceinline__ static float value(float x) { return x > 0.0f ? x : 0.0f; }
-  __device__ __forceinline__ static void value_and_derivative(float x, float& value,
-                                                              float& derivative) {
-    value = x > 0.0f ? x : 0.0f;
-    derivative = x > 0.0f ? 1.0f : 0.0f;
-  }
-};
-
-// SiLU (swish): x * sigmoid(x); d/dx = s + x s (1 - s).
-struct Silu {
-  __device__ __forceinline__ static float value(float x) { return x * sigmoid(x); }
-  __device__ __forceinline__ static void value_and_derivative(float x, float& value,
-                                                              float& derivative) {
-    const float s = sigmoid(x);
-    value = x * s;
-    derivative = s + x * s * (1.0f - s);
+// y = gate * linear: the gated contract's example.
+struct ExampleProduct {
+  static constexpr int kInputs = 2;
+  __device__ __forceinline__ static float forward(const float (&in)[2]) { return in[0] * in[1]; }
+  __device__ __forceinline__ static void backward(const float (&in)[2], float dy,
+                                                  float (&grad)[2]) {
+    grad[0] = in[1] * dy;
+    grad[1] = in[0] * dy;
   }
 };
 
@@ -125,8 +89,12 @@ struct ActivationFwdOp {
                                           float (&values)[kPlanes][kVec]) const {
     float in[kVec];
     vec_to_float(loaded.x, in);
+    static_assert(Act::kInputs == 1, "activation_fwd takes a plain (one-input) functor");
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) values[0][j] = Act::value(in[j]);
+    for (int j = 0; j < kVec; ++j) {
+      const float args[1] = {in[j]};
+      values[0][j] = Act::forward(args);
+    }
   }
 };
 
@@ -151,8 +119,12 @@ struct GatedActivationFwdOp {
     float gate[kVec], linear[kVec];
     vec_to_float(loaded.gate, gate);
     vec_to_float(loaded.linear, linear);
+    static_assert(Act::kInputs == 2, "gated_activation_fwd takes a gated (two-input) functor");
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) values[0][j] = Act::value(gate[j]) * linear[j];
+    for (int j = 0; j < kVec; ++j) {
+      const float args[2] = {gate[j], linear[j]};
+      values[0][j] = Act::forward(args);
+    }
   }
 };
 
@@ -178,16 +150,18 @@ struct ActivationBwdOp {
     float grad[kVec], in[kVec];
     vec_to_float(loaded.dy, grad);
     vec_to_float(loaded.x, in);
+    static_assert(Act::kInputs == 1, "activation_bwd takes a plain (one-input) functor");
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      float value, derivative;
-      Act::value_and_derivative(in[j], value, derivative);
-      values[0][j] = grad[j] * derivative;
+      const float args[1] = {in[j]};
+      float dx[1];
+      Act::backward(args, grad[j], dx);
+      values[0][j] = dx[0];
     }
   }
 };
 
-// d gate = dy * linear * act'(gate) (plane 0), d linear = dy * act(gate) (plane 1).
+// d gate (plane 0) and d linear (plane 1), as the functor's backward gives them.
 template <typename Act, typename Input>
 struct GatedActivationBwdOp {
   static constexpr int kVec = launch::vector_elems(sizeof(Input));
@@ -213,12 +187,14 @@ struct GatedActivationBwdOp {
     vec_to_float(loaded.dy, grad);
     vec_to_float(loaded.gate, gate);
     vec_to_float(loaded.linear, linear);
+    static_assert(Act::kInputs == 2, "gated_activation_bwd takes a gated (two-input) functor");
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      float value, derivative;
-      Act::value_and_derivative(gate[j], value, derivative);
-      values[0][j] = grad[j] * linear[j] * derivative;
-      values[1][j] = grad[j] * value;
+      const float args[2] = {gate[j], linear[j]};
+      float d[2];
+      Act::backward(args, grad[j], d);
+      values[0][j] = d[0];
+      values[1][j] = d[1];
     }
   }
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "ir/pointwise_ops.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen {
@@ -31,7 +32,8 @@ std::string arg_word(const TemplateParam& param, const std::string& arg) {
       return dtype ? std::string(ir::dtype_name(*dtype)) : arg;
     }
     case TemplateParamKind::Activation: {
-      std::string word = arg.substr(arg.rfind(':') + 1);  // opfuse::Silu -> silu
+      std::string word = arg.substr(arg.rfind(':') + 1);  // opfuse::pointwise_silu -> silu
+      if (word.starts_with("pointwise_")) word = word.substr(std::string_view("pointwise_").size());
       std::transform(word.begin(), word.end(), word.begin(),
                      [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
       return word;
@@ -112,6 +114,14 @@ std::string kernel_source(const Plan& plan, const Kernel& kernel) {
   out +=
       fmt::format("// Parameter, by value (templates/README.md):\n//   {}\n", kernel.params_struct);
   out += fmt::format("#include \"{}\"\n\n", kernel.header);
+  // A pointwise op's functor is generated from its definition (compiler/ir/pointwise_ops.h): the
+  // name expression's first template argument names it.
+  const size_t open = kernel.name_expression.find('<');
+  if (open != std::string::npos) {
+    const size_t end = kernel.name_expression.find_first_of(",>", open);
+    const std::string first = kernel.name_expression.substr(open + 1, end - open - 1);
+    if (const auto functor = ir::pointwise_functor_source(first)) out += *functor + "\n";
+  }
   // For readers and tools: the same instantiation NVRTC makes from the name expression.
   out += fmt::format("template __global__ void {}({});\n", kernel.name_expression,
                      kernel.params_struct);

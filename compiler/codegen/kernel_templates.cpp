@@ -7,6 +7,8 @@
 #include <charconv>
 #include <stdexcept>
 
+#include "ir/pointwise_ops.h"
+
 namespace opfuse::codegen {
 namespace {
 
@@ -75,14 +77,14 @@ constexpr std::string_view kRmsNormFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4
                                                    "false", "true"};
 constexpr std::string_view kLayerNormBwdExample[] = {"__half", "1000", "true"};
 constexpr std::string_view kRmsNormBwdExample[] = {"__nv_bfloat16", "4096"};
-constexpr std::string_view kActivationFwdExample[] = {"opfuse::Gelu", "__nv_bfloat16",
+constexpr std::string_view kActivationFwdExample[] = {"opfuse::ExampleIdentity", "__nv_bfloat16",
                                                       "__nv_fp8_e4m3", "true"};
-constexpr std::string_view kGatedActivationFwdExample[] = {"opfuse::Silu", "__nv_bfloat16",
-                                                           "__nv_fp8_e4m3", "true"};
-constexpr std::string_view kActivationBwdExample[] = {"opfuse::Gelu", "__nv_bfloat16",
+constexpr std::string_view kGatedActivationFwdExample[] = {
+    "opfuse::ExampleProduct", "__nv_bfloat16", "__nv_fp8_e4m3", "true"};
+constexpr std::string_view kActivationBwdExample[] = {"opfuse::ExampleIdentity", "__nv_bfloat16",
                                                       "__nv_bfloat16", "false", "true"};
-constexpr std::string_view kGatedActivationBwdExample[] = {"opfuse::Silu", "__nv_bfloat16",
-                                                           "__nv_fp8_e5m2", "true", "true"};
+constexpr std::string_view kGatedActivationBwdExample[] = {
+    "opfuse::ExampleProduct", "__nv_bfloat16", "__nv_fp8_e5m2", "true", "true"};
 constexpr std::string_view kCastTransposeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true",
                                                       "false"};
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
@@ -140,8 +142,10 @@ constexpr KernelTemplate kTable[] = {
 
 constexpr std::array<ir::DType, 5> kDTypes = {ir::DType::BF16, ir::DType::FP16, ir::DType::FP32,
                                               ir::DType::E4M3, ir::DType::E5M2};
-constexpr std::string_view kActivationSpellings[] = {"opfuse::Gelu", "opfuse::QGelu",
-                                                     "opfuse::Relu", "opfuse::Silu"};
+// The functors templates/activation.cuh defines itself (its contract's examples); the real ones
+// are generated per op (ir::pointwise_functor_name / pointwise_functor_source).
+constexpr std::string_view kActivationSpellings[] = {"opfuse::ExampleIdentity",
+                                                     "opfuse::ExampleProduct"};
 
 // A decimal int as C++ reads it: no leading zeros (those would be octal), no '+', fits in int.
 bool is_decimal_int(std::string_view text) {
@@ -157,7 +161,8 @@ bool fits_kind(TemplateParamKind kind, std::string_view arg) {
     case Kind::DType:
       return parse_cuda_dtype_spelling(arg).has_value();
     case Kind::Activation:
-      return std::ranges::find(kActivationSpellings, arg) != std::end(kActivationSpellings);
+      return std::ranges::find(kActivationSpellings, arg) != std::end(kActivationSpellings) ||
+             ir::pointwise_functor_source(arg).has_value();
     case Kind::Int:
       return is_decimal_int(arg);
     case Kind::Bool:
@@ -171,7 +176,8 @@ std::string_view expected_spelling(TemplateParamKind kind) {
     case Kind::DType:
       return "one of __nv_bfloat16, __half, float, __nv_fp8_e4m3, __nv_fp8_e5m2";
     case Kind::Activation:
-      return "one of opfuse::Gelu, opfuse::QGelu, opfuse::Relu, opfuse::Silu";
+      return "a generated pointwise functor (opfuse::pointwise_<op>...) or "
+             "opfuse::ExampleIdentity / opfuse::ExampleProduct";
     case Kind::Int:
       return "a decimal int";
     case Kind::Bool:
@@ -271,23 +277,5 @@ std::optional<ir::DType> parse_cuda_dtype_spelling(std::string_view spelling) {
 }
 
 std::span<const std::string_view> activation_spellings() { return kActivationSpellings; }
-
-std::optional<std::string_view> activation_spelling(ir::OpKind op) {
-  switch (op) {
-    case ir::OpKind::GELU:
-    case ir::OpKind::GEGLU:
-      return "opfuse::Gelu";
-    case ir::OpKind::QGELU:
-      return "opfuse::QGelu";
-    case ir::OpKind::ReLU:
-    case ir::OpKind::ReGLU:
-      return "opfuse::Relu";
-    case ir::OpKind::SiLU:
-    case ir::OpKind::SwiGLU:
-      return "opfuse::Silu";
-    default:
-      return std::nullopt;
-  }
-}
 
 }  // namespace opfuse::codegen

@@ -23,8 +23,8 @@ namespace opfuse::codegen {
 // What a template argument is, as codegen spells it in a name expression.
 enum class TemplateParamKind : uint8_t {
   DType,       // a storage type: __nv_bfloat16, __half, float, __nv_fp8_e4m3, __nv_fp8_e5m2
-  Activation,  // an activation functor type: opfuse::Gelu, opfuse::QGelu, opfuse::Relu,
-               // opfuse::Silu
+  Activation,  // a pointwise functor type: generated per op (ir::pointwise_functor_name), or
+               // one of the examples templates/activation.cuh defines
   Int,         // an int constant, decimal
   Bool,        // true / false
 };
@@ -58,7 +58,7 @@ std::vector<const KernelTemplate*> kernel_templates_for(ir::KernelFamily family)
 // "opfuse::rmsnorm_fwd<__nv_bfloat16, __nv_fp8_e4m3, 4096, false, true>"; args as spelled in
 // CUDA; throws std::invalid_argument when the count is wrong (trailing defaults may be omitted)
 // or an argument does not fit its kind (Bool: true/false; Int: decimal; DType: one of the five
-// spellings; Activation: opfuse::Gelu|QGelu|Relu|Silu).
+// spellings; Activation: a generated pointwise functor name or an example functor).
 std::string name_expression(const KernelTemplate& t, std::span<const std::string> args);
 // The same, for arguments held as views (the table's own example_args).
 std::string name_expression(const KernelTemplate& t, std::span<const std::string_view> args);
@@ -66,10 +66,9 @@ std::string name_expression(const KernelTemplate& t, std::span<const std::string
 // __nv_bfloat16, __half, float, __nv_fp8_e4m3, __nv_fp8_e5m2
 std::string_view cuda_dtype_spelling(ir::DType d);
 std::optional<ir::DType> parse_cuda_dtype_spelling(std::string_view spelling);
-// opfuse::Gelu, opfuse::QGelu, opfuse::Relu, opfuse::Silu
+// The functors templates/activation.cuh defines (opfuse::ExampleIdentity, opfuse::ExampleProduct):
+// its contract's examples, which the table's example instantiations and the template checker use.
+// An op's own functor is generated: ir::pointwise_functor_name and pointwise_functor_source.
 std::span<const std::string_view> activation_spellings();
-// The functor an activation op runs (gelu and geglu: opfuse::Gelu, swiglu: opfuse::Silu, ...);
-// nullopt for ops that are not activations.
-std::optional<std::string_view> activation_spelling(ir::OpKind op);
 
 }  // namespace opfuse::codegen

@@ -10,6 +10,7 @@
 #include "../../templates/common/launch_rules.h"
 #include "codegen/kernel_templates.h"
 #include "codegen/plan_builder.h"
+#include "ir/pointwise_ops.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen {
@@ -21,9 +22,17 @@ using ir::DType;
 using ir::OpKind;
 using ir::ValueId;
 
-constexpr std::initializer_list<OpKind> kForwardActivations = {
-    OpKind::GELU,   OpKind::QGELU, OpKind::ReLU, OpKind::SiLU,
-    OpKind::SwiGLU, OpKind::GEGLU, OpKind::ReGLU};
+// Pointwise ops are selected by what they are (ir::is_pointwise...), never by a list of kinds,
+// so a new one needs nothing here.
+const ir::Operation* find_part(const Group& g, bool (*is)(OpKind)) {
+  for (const ir::Operation* p : g.parts)
+    if (is(p->kind)) return p;
+  return nullptr;
+}
+
+// Every part is a kind `is` accepts or one of `others`.
+void require_only(const SequenceBuilder& b, const Group& g, bool (*is)(OpKind),
+                  std::initializer_list<OpKind> others);
 
 std::string spell(DType d) { return std::string(cuda_dtype_spelling(d)); }
 std::string spell(bool b) { return b ? "true" : "false"; }
@@ -126,6 +135,13 @@ int epilogue_output(SequenceBuilder& b, ValueId v, const std::string& what) {
 
 void require_only(const SequenceBuilder& b, const Group& g, std::initializer_list<OpKind> kinds) {
   if (!g.only(kinds)) no_kernel(b, g);
+}
+
+void require_only(const SequenceBuilder& b, const Group& g, bool (*is)(OpKind),
+                  std::initializer_list<OpKind> others) {
+  for (const ir::Operation* p : g.parts)
+    if (!is(p->kind) && std::find(others.begin(), others.end(), p->kind) == others.end())
+      no_kernel(b, g);
 }
 
 // reduce_column_partials: the fixed-order second stage of every dbias/dgamma/dbeta sum.
@@ -493,14 +509,12 @@ void emit_norm_bwd(SequenceBuilder& b, const Group& g) {
 }
 
 void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
-  std::initializer_list<OpKind> accepted = {OpKind::GELU,  OpKind::QGELU,  OpKind::ReLU,
-                                            OpKind::SiLU,  OpKind::SwiGLU, OpKind::GEGLU,
-                                            OpKind::ReGLU, OpKind::CastFp8};
-  require_only(b, g, accepted);
-  const ir::Operation& act = *g.find(kForwardActivations);
+  require_only(b, g, ir::is_pointwise, {OpKind::CastFp8});
+  const ir::Operation& act = *find_part(g, ir::is_pointwise);
   const ir::Operation* cast = g.find({OpKind::CastFp8});
   if (g.parts.front() != &act) no_kernel(b, g);
-  const bool gated = ir::op_info(act.kind).family == ir::KernelFamily::GatedActivation;
+  const ir::PointwiseDef& def = *ir::pointwise_def(act.kind);
+  const bool gated = def.gated;
   const ValueId x = act.operands.at(0), y_value = act.results.at(0);
   const ir::Value& xv = b.value(x);
   const DType in = xv.type.dtype;
@@ -525,7 +539,7 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   };
   b.add_launch(
       g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd",
-      {std::string(*activation_spelling(act.kind)), spell(in), spell(out), spell(transpose)},
+      {ir::pointwise_functor_name(def, act.attrs), spell(in), spell(out), spell(transpose)},
       tile_grid(rows, cols), rules::kTileThreads, 0,
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
        bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
@@ -534,17 +548,13 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
 }
 
 void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
-  require_only(b, g,
-               {OpKind::ActivationBackward, OpKind::GatedActivationBackward, OpKind::BiasGrad,
-                OpKind::CastFp8});
-  const ir::Operation& act = *g.find({OpKind::ActivationBackward, OpKind::GatedActivationBackward});
+  require_only(b, g, ir::is_pointwise_backward, {OpKind::BiasGrad, OpKind::CastFp8});
+  const ir::Operation& act = *find_part(g, ir::is_pointwise_backward);
   const ir::Operation* dbias = g.find({OpKind::BiasGrad});
   const ir::Operation* cast = g.find({OpKind::CastFp8});
   if (g.parts.front() != &act) no_kernel(b, g);
-  const bool gated = act.kind == OpKind::GatedActivationBackward;
-  const ir::OpInfo* forward = ir::find_op(ir::attr_name(act.attrs, "activation"));
-  OPFUSE_ASSERT(forward != nullptr, "activation_backward of unknown '{}'",
-                ir::attr_name(act.attrs, "activation"));
+  const ir::PointwiseDef& forward = *ir::pointwise_def(act.kind);
+  const bool gated = forward.gated;
   const ValueId dy = act.operands.at(0), x = act.operands.at(1), dx_value = act.results.at(0);
   const ir::Value& dyv = b.value(dy);
   const DType in = dyv.type.dtype;
@@ -573,10 +583,10 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   const int measured = cast ? -1 : measure_for_cast(b, g, dx_value);
   b.add_launch(
       g,
-      fmt::format("{} backward {} -> {}{}", forward->name, name_of(in),
+      fmt::format("{} backward {} -> {}{}", forward.name, name_of(in),
                   fp8_output_text(out, transpose), dbias ? " + dbias partial sums" : ""),
       gated ? "gated_activation_bwd" : "activation_bwd",
-      {std::string(*activation_spelling(forward->kind)), spell(in), spell(out), spell(transpose),
+      {ir::pointwise_functor_name(forward, act.attrs), spell(in), spell(out), spell(transpose),
        spell(dbias != nullptr)},
       std::move(grid), rules::kTileThreads, 0,
       {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", dx.rowwise),
@@ -687,10 +697,10 @@ std::string gemm_text(const GemmStep& gemm, std::string_view instance) {
 }
 
 void emit_fprop(SequenceBuilder& b, const Group& g) {
-  require_only(b, g, {OpKind::Linear, OpKind::Bias, OpKind::GELU, OpKind::AddExtraInput});
+  require_only(b, g, ir::has_gelu_epilogue, {OpKind::Linear, OpKind::Bias, OpKind::AddExtraInput});
   const ir::Operation& linear = *g.find({OpKind::Linear});
   const ir::Operation* bias_op = g.find({OpKind::Bias});
-  const ir::Operation* gelu = g.find({OpKind::GELU});
+  const ir::Operation* gelu = find_part(g, ir::has_gelu_epilogue);
   const ir::Operation* add = g.find({OpKind::AddExtraInput});
   if (g.parts.front() != &linear || (gelu && add)) no_kernel(b, g);
   const bool own_bias = ir::attr_bool(linear.attrs, "bias");
@@ -730,11 +740,11 @@ void emit_fprop(SequenceBuilder& b, const Group& g) {
 }
 
 void emit_dgrad(SequenceBuilder& b, const Group& g) {
-  require_only(
-      b, g, {OpKind::LinearDgrad, OpKind::GradAdd, OpKind::ActivationBackward, OpKind::BiasGrad});
+  require_only(b, g, ir::has_gelu_epilogue,
+               {OpKind::LinearDgrad, OpKind::GradAdd, OpKind::BiasGrad});
   const ir::Operation& dgrad = *g.find({OpKind::LinearDgrad});
   const ir::Operation* add = g.find({OpKind::GradAdd});
-  const ir::Operation* dact = g.find({OpKind::ActivationBackward});
+  const ir::Operation* dact = find_part(g, ir::has_gelu_epilogue);
   const ir::Operation* dbias = g.find({OpKind::BiasGrad});
   if (g.parts.front() != &dgrad || (add && dact) || (dbias && !dact)) no_kernel(b, g);
   GemmStep gemm;
@@ -749,8 +759,7 @@ void emit_dgrad(SequenceBuilder& b, const Group& g) {
   gemm.k = ir::attr_int(dgrad.attrs, "out");
   ValueId d = dgrad.results.at(0);
   if (dact) {
-    if (ir::attr_name(dact->attrs, "activation") != "gelu" || dact->operands.at(0) != d)
-      no_kernel(b, g);
+    if (!ir::is_pointwise_backward(dact->kind) || dact->operands.at(0) != d) no_kernel(b, g);
     gemm.aux = b.buffer(dact->operands.at(1), *dact);  // the saved pre-activation
     d = dact->results.at(0);
     gemm.epilogue = GemmEpilogue::DGelu;
@@ -805,9 +814,8 @@ void emit_group(SequenceBuilder& b, const Group& g) {
   if (g.find({OpKind::LinearWgrad})) return emit_wgrad(b, g);
   if (g.find({OpKind::LayerNorm, OpKind::RMSNorm})) return emit_norm_fwd(b, g);
   if (g.find({OpKind::LayerNormBackward, OpKind::RMSNormBackward})) return emit_norm_bwd(b, g);
-  if (g.find(kForwardActivations)) return emit_activation_fwd(b, g);
-  if (g.find({OpKind::ActivationBackward, OpKind::GatedActivationBackward}))
-    return emit_activation_bwd(b, g);
+  if (find_part(g, ir::is_pointwise)) return emit_activation_fwd(b, g);
+  if (find_part(g, ir::is_pointwise_backward)) return emit_activation_bwd(b, g);
   if (g.find({OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd})) return emit_bias_add(b, g);
   if (g.find({OpKind::CastFp8})) return emit_cast(b, g);
   if (g.find({OpKind::BiasGrad})) return emit_dbias(b, g);

@@ -16,10 +16,6 @@ TensorType row_stat_type(const TensorType& x) {
   return TensorType{DType::FP32, std::move(rows)};
 }
 
-Attr name_attr(std::string_view name, std::string_view value) {
-  return Attr{std::string(name), std::string(value)};
-}
-
 void norm_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0], gamma = f.operands[1];
   const TensorType stat = row_stat_type(type_of(b, x));
@@ -58,13 +54,12 @@ void bias_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
   b.accumulate(f.operands[0], dy);
 }
 
-void activation_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+// Every pointwise op: its backward kind names the definition (compiler/ir/pointwise_ops.h); the
+// attributes are the forward's (the constants the expression bakes in).
+void pointwise_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0];
-  const OpKind kind = op_info(f.kind).family == KernelFamily::GatedActivation
-                          ? OpKind::GatedActivationBackward
-                          : OpKind::ActivationBackward;
-  AttrList attrs{name_attr("activation", op_info(f.kind).name)};
-  b.accumulate(x, b.emit(f, kind, {dy, x}, {type_of(b, x)}, std::move(attrs))[0]);
+  const OpKind kind = pointwise_backward_kind(*pointwise_def(f.kind));
+  b.accumulate(x, b.emit(f, kind, {dy, x}, {type_of(b, x)}, f.attrs)[0]);
 }
 
 // The gradient passes through unchanged (residual adds, aliases).
@@ -106,14 +101,6 @@ BackwardRule backward_rule(OpKind kind) {
       return linear_backward;
     case OpKind::Bias:
       return bias_backward;
-    case OpKind::GELU:
-    case OpKind::QGELU:
-    case OpKind::ReLU:
-    case OpKind::SiLU:
-    case OpKind::SwiGLU:
-    case OpKind::GEGLU:
-    case OpKind::ReGLU:
-      return activation_backward;
     case OpKind::AddExtraInput:
     case OpKind::MakeExtraOutput:
     case OpKind::Identity:
@@ -125,6 +112,7 @@ BackwardRule backward_rule(OpKind kind) {
     case OpKind::Quantize:
       return quantize_backward;
     default:
+      if (is_pointwise(kind)) return pointwise_backward;
       internal_failure(__FILE__, __LINE__,
                        fmt::format("op '{}' has no backward rule", op_info(kind).name));
   }

@@ -1,6 +1,8 @@
-// The backward of every op in IR terms (note "Training graph" in docs/architecture.md). The op
-// table points each user op at one rule here; the build-backward pass calls them in reverse op
-// order through a BackwardBuilder, which owns the gradient bookkeeping.
+// The backward of every op in IR terms (note "Training graph" in docs/architecture.md):
+// backward_rule maps each fixed user op to one rule here (a new fixed op adds a case), and every
+// pointwise op to one shared rule whose backward op names the op's definition; the derivative
+// itself comes from that definition (compiler/ir/pointwise_ops.h). The build-backward pass calls
+// the rules in reverse op order through a BackwardBuilder, which owns the gradient bookkeeping.
 #pragma once
 
 #include <vector>

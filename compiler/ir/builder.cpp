@@ -995,6 +995,7 @@ class Builder {
     op.operands.push_back(cur);
     for (const ParamDecl& p : shape.params) {
       const ValueId v = add_value(s, ValueKind::Param, p.type, instance + "." + p.role, -1);
+      s.values[v].init = p.init;
       s.params.push_back(v);
       op.operands.push_back(v);
     }

@@ -35,6 +35,8 @@ struct Value {
   // An FP8 value made by cast_fp8: the index of its quantizer in Sequence::quantizers (GEMMs
   // read its scale_inv); -1 otherwise.
   int32_t quantizer = -1;
+  // Param: how it starts out, as the owning op's shape rule declared it.
+  ParamInit init{};
 };
 
 // Which GEMM operand a quantizer serves (TE's names); gradients use E5M2 under HYBRID.

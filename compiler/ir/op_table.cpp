@@ -6,6 +6,7 @@
 #include <array>
 #include <limits>
 
+#include "ir/pointwise_ops.h"
 #include "support/assert.h"
 #include "support/spelling.h"
 
@@ -50,9 +51,6 @@ constexpr AttrSpec kCastFp8Attrs[] = {
     {"rowwise", AttrType::Bool, false, 1, 0, 1, "write the row-major FP8 copy"},
     {"columnwise", AttrType::Bool, false, 0, 0, 1, "write the transposed FP8 copy (for TN GEMMs)"},
 };
-constexpr AttrSpec kActivationBackwardAttrs[] = {
-    {"activation", AttrType::Name, true, 0, 0, 0, "the forward op's name (gelu, swiglu, ...)"},
-};
 constexpr AttrSpec kFusedAttrs[] = {
     {"pattern", AttrType::Name, true, 0, 0, 0, "the fusion pattern that formed the op"},
 };
@@ -86,12 +84,17 @@ bool last_dim_is(const ShapeInput& in, int64_t size, const char* attr, const cha
 
 ShapeResult same_shape(const ShapeInput& in) { return {in.in, {}, {}}; }
 
+// A norm's gamma starts as the identity scale: 1, or 0 when stored minus one (zero centered).
+ParamInit gamma_init(const AttrList& attrs) {
+  return ParamInit::constant(attr_bool(attrs, "zero_centered_gamma") ? 0.0 : 1.0);
+}
+
 ShapeResult layernorm_shape(const ShapeInput& in) {
   ShapeResult r{in.in, {}, {}};
   const int64_t size = attr_int(in.attrs, "size");
   if (!last_dim_is(in, size, "size", "layernorm", r)) return r;
   const TensorType vec{in.in.dtype, {Dim::known(size)}};
-  r.params = {{"weight", vec}, {"bias", vec}};
+  r.params = {{"weight", vec, gamma_init(in.attrs)}, {"bias", vec, ParamInit::constant(0)}};
   return r;
 }
 
@@ -99,7 +102,7 @@ ShapeResult rmsnorm_shape(const ShapeInput& in) {
   ShapeResult r{in.in, {}, {}};
   const int64_t size = attr_int(in.attrs, "size");
   if (!last_dim_is(in, size, "size", "rmsnorm", r)) return r;
-  r.params = {{"weight", TensorType{in.in.dtype, {Dim::known(size)}}}};
+  r.params = {{"weight", TensorType{in.in.dtype, {Dim::known(size)}}, gamma_init(in.attrs)}};
   return r;
 }
 
@@ -109,10 +112,13 @@ ShapeResult linear_shape(const ShapeInput& in) {
   const int64_t out_features = attr_int(in.attrs, "out");
   if (!last_dim_is(in, in_features, "in", "linear", r)) return r;
   r.out.shape.back() = Dim::known(out_features);
-  r.params = {
-      {"weight", TensorType{in.in.dtype, {Dim::known(out_features), Dim::known(in_features)}}}};
+  // TE's default init_method: normal with std 0.02; biases start at zero.
+  r.params = {{"weight",
+               TensorType{in.in.dtype, {Dim::known(out_features), Dim::known(in_features)}},
+               ParamInit::normal(0.02)}};
   if (attr_bool(in.attrs, "bias"))
-    r.params.push_back({"bias", TensorType{in.in.dtype, {Dim::known(out_features)}}});
+    r.params.push_back(
+        {"bias", TensorType{in.in.dtype, {Dim::known(out_features)}}, ParamInit::constant(0)});
   return r;
 }
 
@@ -120,7 +126,7 @@ ShapeResult bias_shape(const ShapeInput& in) {
   ShapeResult r{in.in, {}, {}};
   const int64_t size = attr_int(in.attrs, "size");
   if (!last_dim_is(in, size, "size", "bias", r)) return r;
-  r.params = {{"bias", TensorType{in.in.dtype, {Dim::known(size)}}}};
+  r.params = {{"bias", TensorType{in.in.dtype, {Dim::known(size)}}, ParamInit::constant(0)}};
   return r;
 }
 
@@ -237,20 +243,6 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "[..., in] -> [..., out]", "y = x W^T (+ b); W is [out, in]"},
     {OpKind::Bias, "bias", KernelFamily::Bias, kBiasAttrs, bias_shape, "[..., size] -> [..., size]",
      "adds a learned bias over the last dimension"},
-    {OpKind::GELU, "gelu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
-     "GELU, tanh approximation"},
-    {OpKind::QGELU, "qgelu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
-     "quick GELU: x * sigmoid(1.702 x)"},
-    {OpKind::ReLU, "relu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
-     "max(x, 0)"},
-    {OpKind::SiLU, "silu", KernelFamily::Activation, kNoAttrs, same_shape, "[...] -> [...]",
-     "x * sigmoid(x)"},
-    {OpKind::SwiGLU, "swiglu", KernelFamily::GatedActivation, kNoAttrs, gated_shape,
-     "[..., 2n] -> [..., n]", "silu(first half) * second half"},
-    {OpKind::GEGLU, "geglu", KernelFamily::GatedActivation, kNoAttrs, gated_shape,
-     "[..., 2n] -> [..., n]", "gelu(first half) * second half"},
-    {OpKind::ReGLU, "reglu", KernelFamily::GatedActivation, kNoAttrs, gated_shape,
-     "[..., 2n] -> [..., n]", "relu(first half) * second half"},
     {OpKind::AddExtraInput, "add_extra_input", KernelFamily::Residual, kExtraAttrs,
      add_extra_input_shape, "[...] -> [...]",
      "adds the named extra sequence input (a residual) to the tensor"},
@@ -278,16 +270,47 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "(dy or dy^T, x or x^T) -> dW[out, in]", "dW = dy^T x"},
     {OpKind::BiasGrad, "bias_grad", KernelFamily::Bias, kBiasAttrs, nullptr,
      "[..., size] -> [size]", "column sums of the gradient"},
-    {OpKind::ActivationBackward, "activation_backward", KernelFamily::Activation,
-     kActivationBackwardAttrs, nullptr, "(dy, x) -> dx", "dx = dy * act'(x)"},
-    {OpKind::GatedActivationBackward, "gated_activation_backward", KernelFamily::GatedActivation,
-     kActivationBackwardAttrs, nullptr, "(dy[..., n], x[..., 2n]) -> dx[..., 2n]",
-     "gradient of both halves"},
     {OpKind::GradAdd, "grad_add", KernelFamily::Residual, kNoAttrs, nullptr, "(a, b) -> a + b",
      "sums two gradients of one value"},
     {OpKind::Fused, "fused", KernelFamily::Alias, kFusedAttrs, nullptr, "parts",
      "a fusion; its meaning is its parts run in order"},
 }};
+
+// The pointwise ops' entries, made once from their definitions (compiler/ir/pointwise_defs.cpp).
+struct PointwiseTables {
+  std::vector<OpInfo> forward, backward;
+  std::vector<OpInfo> user;  // all_ops(): the fixed user ops with the pointwise ones after bias
+};
+
+const PointwiseTables& pointwise_tables() {
+  static const PointwiseTables tables = [] {
+    PointwiseTables t;
+    const auto defs = pointwise_defs();
+    OPFUSE_ASSERT(kFirstPointwise + defs.size() <= kFirstPointwiseBackward &&
+                      kFirstPointwiseBackward + defs.size() <= 256,
+                  "{} pointwise ops do not fit the OpKind ranges", defs.size());
+    for (size_t i = 0; i < defs.size(); ++i) {
+      const PointwiseDef& d = *defs[i];
+      const KernelFamily family =
+          d.gated ? KernelFamily::GatedActivation : KernelFamily::Activation;
+      t.forward.push_back({OpKind(kFirstPointwise + i), d.name, family, d.attrs,
+                           d.gated ? gated_shape : same_shape,
+                           d.gated ? "[..., 2n] -> [..., n]" : "[...] -> [...]", d.doc, &d});
+      t.backward.push_back({OpKind(kFirstPointwiseBackward + i),
+                            d.gated ? "gated_activation_backward" : "activation_backward", family,
+                            d.attrs, nullptr,
+                            d.gated ? "(dy[..., n], x[..., 2n]) -> dx[..., 2n]" : "(dy, x) -> dx",
+                            d.gated ? "gradient of both halves" : "dx = dy * act'(x)", &d});
+    }
+    const auto fixed = std::span(kOps).first(kNumUserOpKinds);
+    for (const OpInfo& op : fixed) {
+      t.user.push_back(op);
+      if (op.kind == OpKind::Bias) t.user.insert(t.user.end(), t.forward.begin(), t.forward.end());
+    }
+    return t;
+  }();
+  return tables;
+}
 
 template <typename T>
 const T& get_attr(const AttrList& attrs, std::string_view name) {
@@ -316,6 +339,11 @@ std::string_view attr_type_name(AttrType t) {
       return "shape";
   }
   return "?";
+}
+
+std::string param_init_string(const ParamInit& init) {
+  return fmt::format("{}({})", init.kind == ParamInit::Kind::Normal ? "normal" : "constant",
+                     init.value);
 }
 
 std::string_view kernel_family_name(KernelFamily f) {
@@ -368,12 +396,51 @@ std::string attr_value_string(const AttrValue& v) {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  const OpInfo& info = kOps.at(static_cast<size_t>(kind));
-  OPFUSE_ASSERT(info.kind == kind, "op table out of order at {}", static_cast<int>(kind));
-  return info;
+  const auto k = static_cast<size_t>(kind);
+  const PointwiseTables& pointwise = pointwise_tables();
+  const OpInfo* info = nullptr;
+  if (k < kNumOpKinds) {
+    info = &kOps[k];
+  } else if (k >= kFirstPointwiseBackward &&
+             k - kFirstPointwiseBackward < pointwise.backward.size()) {
+    info = &pointwise.backward[k - kFirstPointwiseBackward];
+  } else if (k >= kFirstPointwise && k - kFirstPointwise < pointwise.forward.size()) {
+    info = &pointwise.forward[k - kFirstPointwise];
+  }
+  OPFUSE_ASSERT(info != nullptr, "no op kind {}", k);
+  OPFUSE_ASSERT(info->kind == kind, "op table out of order at {}", k);
+  return *info;
 }
 
-bool is_internal(OpKind kind) { return static_cast<size_t>(kind) >= kNumUserOpKinds; }
+bool is_internal(OpKind kind) {
+  return static_cast<size_t>(kind) >= kNumUserOpKinds && !is_pointwise(kind);
+}
+
+OpKind pointwise_kind(const PointwiseDef& def) {
+  const auto defs = pointwise_defs();
+  const auto it = std::ranges::find(defs, &def);
+  OPFUSE_ASSERT(it != defs.end(), "'{}' is not in pointwise_defs()", def.name);
+  return OpKind(kFirstPointwise + size_t(it - defs.begin()));
+}
+
+OpKind pointwise_backward_kind(const PointwiseDef& def) {
+  return OpKind(static_cast<size_t>(pointwise_kind(def)) - kFirstPointwise +
+                kFirstPointwiseBackward);
+}
+
+bool is_pointwise(OpKind kind) {
+  const auto k = static_cast<size_t>(kind);
+  return k >= kFirstPointwise && k - kFirstPointwise < pointwise_defs().size();
+}
+
+bool is_pointwise_backward(OpKind kind) {
+  const auto k = static_cast<size_t>(kind);
+  return k >= kFirstPointwiseBackward && k - kFirstPointwiseBackward < pointwise_defs().size();
+}
+
+const PointwiseDef* pointwise_def(OpKind kind) {
+  return is_pointwise(kind) || is_pointwise_backward(kind) ? op_info(kind).pointwise : nullptr;
+}
 
 const OpInfo* find_op(std::string_view name) {
   for (const OpInfo& op : all_ops())
@@ -381,11 +448,11 @@ const OpInfo* find_op(std::string_view name) {
   return nullptr;
 }
 
-std::span<const OpInfo> all_ops() { return std::span(kOps).first(kNumUserOpKinds); }
+std::span<const OpInfo> all_ops() { return pointwise_tables().user; }
 
 std::string suggest_op(std::string_view name) {
   std::vector<std::string> names;
-  names.reserve(kNumUserOpKinds);
+  names.reserve(all_ops().size());
   for (const OpInfo& op : all_ops()) names.emplace_back(op.name);
   return closest_spelling(name, names);
 }

@@ -1,6 +1,10 @@
-// The op table: the one place that describes every op a .fuse program can use — its name,
-// attributes with defaults and ranges, shape rule, parameters and kernel family.
-// Adding an op means one entry here (plus its CPU reference and kernel template).
+// The op table: the one place that describes every op a .fuse program can use: its name,
+// attributes with defaults and ranges, shape rule, parameters (with their init) and kernel
+// family. Pointwise ops (activations) are not listed here: each is one definition in
+// compiler/ir/pointwise_defs.cpp, and this table gives it an OpKind past kFirstPointwise (and one
+// for its backward) made from that definition. docs/architecture.md, "Adding an op", says which
+// files a new op touches (a pointwise op: its definition, docs/language.md and its test; another
+// op: an entry here, its backward rule, CPU reference and kernel lowering).
 #pragma once
 
 #include <cstdint>
@@ -19,13 +23,6 @@ enum class OpKind : uint8_t {
   RMSNorm,
   Linear,
   Bias,
-  GELU,
-  QGELU,
-  ReLU,
-  SiLU,
-  SwiGLU,
-  GEGLU,
-  ReGLU,
   AddExtraInput,
   MakeExtraOutput,
   Quantize,
@@ -33,20 +30,23 @@ enum class OpKind : uint8_t {
   Identity,
   Reshape,
   // Internal ops (note "Training graph" in docs/architecture.md): made by passes, never parsed.
-  CastFp8,                  // quantize to FP8 (row-wise and/or column-wise copy), one quantizer
-  LayerNormBackward,        // (dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)
-  RMSNormBackward,          // (dy, x, gamma, rstd) -> (dx, dgamma)
-  LinearDgrad,              // (dy, W or W^T) -> dx
-  LinearWgrad,              // (dy or dy^T, x or x^T) -> dW
-  BiasGrad,                 // (dy) -> dbias
-  ActivationBackward,       // (dy, x) -> dx, activation named by attribute
-  GatedActivationBackward,  // (dy, x) -> dx over both halves
-  GradAdd,                  // (a, b) -> a + b: gradient accumulation where a value fans out
-  Fused,                    // a fusion: `parts` run as one kernel or one GEMM call
+  CastFp8,            // quantize to FP8 (row-wise and/or column-wise copy), one quantizer
+  LayerNormBackward,  // (dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)
+  RMSNormBackward,    // (dy, x, gamma, rstd) -> (dx, dgamma)
+  LinearDgrad,        // (dy, W or W^T) -> dx
+  LinearWgrad,        // (dy or dy^T, x or x^T) -> dW
+  BiasGrad,           // (dy) -> dbias
+  GradAdd,            // (a, b) -> a + b: gradient accumulation where a value fans out
+  Fused,              // a fusion: `parts` run as one kernel or one GEMM call
+  // Pointwise ops have no enumerator: kFirstPointwise + i is pointwise_defs()[i] (a user op),
+  // kFirstPointwiseBackward + i its backward (internal: (dy, x) -> dx, both halves when gated),
+  // so the kind itself names the definition.
 };
-inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Fused) + 1;
-// Ops a .fuse program can name come first; the rest are internal.
+inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Fused) + 1;  // fixed kinds
+// Fixed ops a .fuse program can name come first; the rest are internal.
 inline constexpr size_t kNumUserOpKinds = static_cast<size_t>(OpKind::Reshape) + 1;
+inline constexpr size_t kFirstPointwise = 64;
+inline constexpr size_t kFirstPointwiseBackward = 160;
 
 enum class AttrType : uint8_t {
   Int,    // integer constant expression
@@ -112,10 +112,23 @@ struct ShapeError {
   std::string hint;
 };
 
-// A trainable parameter the op owns, e.g. {"weight", bf16[28672, 4096]}.
+// How a parameter starts out (fusec run, Session::own_parameters): declared by the op that owns
+// it, carried on the IR value, so nothing downstream guesses from names or ranks.
+struct ParamInit {
+  enum class Kind : uint8_t { Normal, Constant };
+  Kind kind = Kind::Constant;
+  double value = 0;  // Normal: the standard deviation (mean 0); Constant: the value
+  static ParamInit normal(double stddev) { return {Kind::Normal, stddev}; }
+  static ParamInit constant(double value) { return {Kind::Constant, value}; }
+  friend bool operator==(const ParamInit&, const ParamInit&) = default;
+};
+std::string param_init_string(const ParamInit& init);  // "normal(0.02)", "constant(1)"
+
+// A trainable parameter the op owns, e.g. {"weight", bf16[28672, 4096], normal(0.02)}.
 struct ParamDecl {
   std::string role;
   TensorType type;
+  ParamInit init{};
 };
 
 struct ShapeResult {
@@ -125,6 +138,8 @@ struct ShapeResult {
 };
 using ShapeRule = ShapeResult (*)(const ShapeInput&);
 
+struct PointwiseDef;  // compiler/ir/pointwise_ops.h
+
 struct OpInfo {
   OpKind kind;
   std::string_view name;  // as written in .fuse (internal ops: as printed)
@@ -133,13 +148,23 @@ struct OpInfo {
   ShapeRule shape_rule;        // user ops; internal ops are typed by the pass that makes them
   std::string_view shape_doc;  // e.g. "[..., in] -> [..., out]"
   std::string_view doc;        // one sentence for docs/language.md and `fusec ops`
+  // Pointwise ops and their backward: the definition (nullptr for the other ops).
+  const PointwiseDef* pointwise = nullptr;
 };
 
-const OpInfo& op_info(OpKind kind);
+const OpInfo& op_info(OpKind kind);  // every kind, pointwise ones included
 bool is_internal(OpKind kind);
 // User ops only: internal ops cannot be written in a .fuse file.
 const OpInfo* find_op(std::string_view name);
-std::span<const OpInfo> all_ops();  // user ops, in table order
+std::span<const OpInfo> all_ops();  // user ops, in table order (pointwise ops after bias)
+
+// Pointwise kinds (see OpKind): the forward op of a definition, its backward, and the tests.
+OpKind pointwise_kind(const PointwiseDef& def);
+OpKind pointwise_backward_kind(const PointwiseDef& def);
+bool is_pointwise(OpKind kind);           // a forward pointwise op (plain or gated)
+bool is_pointwise_backward(OpKind kind);  // the backward of one
+// The definition of a pointwise op or of its backward; nullptr for other kinds.
+const PointwiseDef* pointwise_def(OpKind kind);
 // Closest op name within edit distance 2, for "did you mean" hints; empty if none.
 std::string suggest_op(std::string_view name);
 

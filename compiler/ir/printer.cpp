@@ -1,6 +1,9 @@
 #include "ir/printer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ir/pointwise_ops.h"
 
 namespace opfuse::ir {
 
@@ -48,13 +51,13 @@ void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
               const SourceManager* sources, const std::string& indent, std::string& out) {
   std::string line = indent + list(op.results, names);
   line += fmt::format(" = {}({})", op_info(op.kind).name, list(op.operands, names));
-  if (!op.attrs.empty()) {
-    line += " {";
-    for (size_t i = 0; i < op.attrs.size(); ++i)
-      line += fmt::format("{}{} = {}", i ? ", " : "", op.attrs[i].name,
-                          attr_value_string(op.attrs[i].value));
-    line += "}";
-  }
+  // A pointwise backward op's kind names its forward definition: printed as its first attribute.
+  std::vector<std::string> attrs;
+  if (is_pointwise_backward(op.kind))
+    attrs.push_back(fmt::format("activation = {}", pointwise_def(op.kind)->name));
+  for (const Attr& a : op.attrs)
+    attrs.push_back(fmt::format("{} = {}", a.name, attr_value_string(a.value)));
+  if (!attrs.empty()) line += fmt::format(" {{{}}}", fmt::join(attrs, ", "));
   line += fmt::format(" as \"{}\"", op.instance);
   if (op.quantizer >= 0)
     line += fmt::format(" quantizer \"{}\"", s.quantizers.at(op.quantizer).name);

@@ -55,15 +55,6 @@ void fake_quantize_values(Quantizer& quantizer, std::span<T> values) {
   }
 }
 
-// activation_backward names its forward op (gelu, swiglu, ...); gated ones map to their gate.
-std::optional<ops::Activation> activation_named(std::string_view name) {
-  if (name == "gelu" || name == "geglu") return ops::Activation::GELU;
-  if (name == "qgelu") return ops::Activation::QGELU;
-  if (name == "relu" || name == "reglu") return ops::Activation::ReLU;
-  if (name == "silu" || name == "swiglu") return ops::Activation::SiLU;
-  return std::nullopt;
-}
-
 // [rows, cols] row-major -> [cols, rows].
 template <typename T>
 std::vector<T> transpose(std::span<const T> x, int64_t rows, int64_t cols) {
@@ -72,9 +63,6 @@ std::vector<T> transpose(std::span<const T> x, int64_t rows, int64_t cols) {
     for (int64_t c = 0; c < cols; ++c) out[size_t(c * rows + r)] = x[size_t(r * cols + c)];
   return out;
 }
-
-// The forward op kinds by their names, which are also what activation_backward records.
-ops::Activation activation_of(OpKind kind) { return *activation_named(ir::op_info(kind).name); }
 
 }  // namespace
 
@@ -149,6 +137,19 @@ void ReferenceExecutor<T>::State::cast_fp8(const ir::Operation& op) {
 template <typename T>
 void ReferenceExecutor<T>::State::run_op(const ir::Operation& op) {
   const auto& attrs = op.attrs;
+  // Pointwise ops and their backward: evaluated from their definition (compiler/ir/pointwise_ops.h)
+  // with the op's attributes.
+  if (const ir::PointwiseDef* def = ir::pointwise_def(op.kind)) {
+    const ir::PointwiseExpr expr(*def, attrs, /*device=*/false);
+    if (ir::is_pointwise(op.kind)) {
+      Tensor<T>& y = out(op, 0);
+      ops::pointwise_forward<T>(expr, in(op, 0).data, y.cols(), y.data);
+    } else {
+      const Tensor<T>& dy = in(op, 0);
+      ops::pointwise_backward<T>(expr, in(op, 1).data, dy.data, dy.cols(), out(op, 0).data);
+    }
+    return;
+  }
   switch (op.kind) {
     case OpKind::LayerNorm:
     case OpKind::RMSNorm: {
@@ -219,37 +220,6 @@ void ReferenceExecutor<T>::State::run_op(const ir::Operation& op) {
     case OpKind::BiasGrad: {
       const Tensor<T>& dy = in(op, 0);
       ops::bias_grad<T>(dy.data, dy.cols(), out(op, 0).data);
-      break;
-    }
-    case OpKind::GELU:
-    case OpKind::QGELU:
-    case OpKind::ReLU:
-    case OpKind::SiLU: {
-      const Tensor<T>& x = in(op, 0);
-      Tensor<T>& y = out(op, 0);
-      for (size_t i = 0; i < y.data.size(); ++i)
-        y.data[i] = ops::activation(activation_of(op.kind), x.data[i]);
-      break;
-    }
-    case OpKind::SwiGLU:
-    case OpKind::GEGLU:
-    case OpKind::ReGLU: {
-      Tensor<T>& y = out(op, 0);
-      ops::gated_forward<T>(activation_of(op.kind), in(op, 0).data, y.cols(), y.data);
-      break;
-    }
-    case OpKind::ActivationBackward:
-    case OpKind::GatedActivationBackward: {
-      const ops::Activation act = *activation_named(ir::attr_name(attrs, "activation"));
-      const Tensor<T>& dy = in(op, 0);
-      const Tensor<T>& x = in(op, 1);
-      Tensor<T>& dx = out(op, 0);
-      if (op.kind == OpKind::GatedActivationBackward) {
-        ops::gated_backward<T>(act, x.data, dy.data, dy.cols(), dx.data);
-      } else {
-        for (size_t i = 0; i < dx.data.size(); ++i)
-          dx.data[i] = ops::activation_derivative(act, x.data[i]) * dy.data[i];
-      }
       break;
     }
     case OpKind::LayerNormBackward:

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 namespace opfuse::cpu::ops {
 
@@ -24,16 +25,6 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
   }
 }
 
-template <typename T>
-T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
-
-// tanh-approximation GELU constants (TE's gelu and dgelu).
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-constexpr double kGeluCubic = 0.044715;
-constexpr double kQuickGelu = 1.702;
-
 // zero_centered_gamma stores gamma - 1 (TE), so the effective weight adds the one back.
 template <typename T>
 T effective_gamma(const T* gamma, int64_t c, bool zero_centered) {
@@ -43,43 +34,35 @@ T effective_gamma(const T* gamma, int64_t c, bool zero_centered) {
 }  // namespace
 
 template <typename T>
-T activation(Activation kind, T x) {
-  switch (kind) {
-    case Activation::GELU: {
-      const T inner = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
-      return T(0.5) * x * (T(1) + std::tanh(inner));
+void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x, int64_t cols,
+                       std::span<T> y) {
+  std::vector<T> scratch(op.graph().size());
+  const int inputs = op.inputs();
+  const int64_t rows = cols == 0 ? 0 : int64_t(y.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      // Plain: x[r, c]; gated: gate x[r, c] and linear x[r, n + c] of the row [gate | linear].
+      const T in[2] = {x[r * inputs * cols + c], inputs == 2 ? x[r * 2 * cols + cols + c] : T(0)};
+      y[r * cols + c] = op.forward<T>(std::span<const T>(in, size_t(inputs)), scratch);
     }
-    case Activation::QGELU:
-      return x * sigmoid(T(kQuickGelu) * x);
-    case Activation::ReLU:
-      return x > T(0) ? x : T(0);
-    case Activation::SiLU:
-      return x * sigmoid(x);
-  }
-  return x;
 }
 
 template <typename T>
-T activation_derivative(Activation kind, T x) {
-  switch (kind) {
-    case Activation::GELU: {
-      const T inner = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
-      const T t = std::tanh(inner);
-      const T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
-      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dinner;
+void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x, std::span<const T> dy,
+                        int64_t cols, std::span<T> dx) {
+  std::vector<T> scratch(op.graph().size());
+  const int inputs = op.inputs();
+  const int64_t rows = cols == 0 ? 0 : int64_t(dy.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t at = r * inputs * cols + c;
+      const T in[2] = {x[at], inputs == 2 ? x[at + cols] : T(0)};
+      T grads[2] = {};
+      op.backward<T>(std::span<const T>(in, size_t(inputs)), dy[r * cols + c],
+                     std::span<T>(grads, size_t(inputs)), scratch);
+      dx[at] = grads[0];
+      if (inputs == 2) dx[at + cols] = grads[1];
     }
-    case Activation::QGELU: {
-      const T s = sigmoid(T(kQuickGelu) * x);
-      return s + T(kQuickGelu) * x * s * (T(1) - s);
-    }
-    case Activation::ReLU:
-      return x > T(0) ? T(1) : T(0);
-    case Activation::SiLU: {
-      const T s = sigmoid(x);
-      return s * (T(1) + x * (T(1) - s));
-    }
-  }
-  return T(1);
 }
 
 template <typename T>
@@ -197,34 +180,11 @@ void bias_grad(std::span<const T> dy, int64_t cols, std::span<T> dbias) {
   for (size_t i = 0; i < dy.size(); ++i) dbias[i % size_t(cols)] += dy[i];
 }
 
-template <typename T>
-void gated_forward(Activation kind, std::span<const T> x, int64_t half, std::span<T> y) {
-  const int64_t rows = half == 0 ? 0 : int64_t(y.size()) / half;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < half; ++c) {
-      const T gate = x[r * 2 * half + c];
-      const T linear = x[r * 2 * half + half + c];
-      y[r * half + c] = activation(kind, gate) * linear;
-    }
-}
-
-template <typename T>
-void gated_backward(Activation kind, std::span<const T> x, std::span<const T> dy, int64_t half,
-                    std::span<T> dx) {
-  const int64_t rows = half == 0 ? 0 : int64_t(dy.size()) / half;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < half; ++c) {
-      const T gate = x[r * 2 * half + c];
-      const T linear = x[r * 2 * half + half + c];
-      const T g = dy[r * half + c];
-      dx[r * 2 * half + c] = activation_derivative(kind, gate) * linear * g;
-      dx[r * 2 * half + half + c] = activation(kind, gate) * g;
-    }
-}
-
 #define OPFUSE_INSTANTIATE_REFERENCE_OPS(T)                                                        \
-  template T activation<T>(Activation, T);                                                         \
-  template T activation_derivative<T>(Activation, T);                                              \
+  template void pointwise_forward<T>(const ir::PointwiseExpr&, std::span<const T>, int64_t,        \
+                                     std::span<T>);                                                \
+  template void pointwise_backward<T>(const ir::PointwiseExpr&, std::span<const T>,                \
+                                      std::span<const T>, int64_t, std::span<T>);                  \
   template void layernorm_forward<T>(std::span<const T>, std::span<const T>, std::span<const T>,   \
                                      int64_t, double, bool, std::span<T>, std::span<T>,            \
                                      std::span<T>);                                                \
@@ -243,10 +203,7 @@ void gated_backward(Activation kind, std::span<const T> x, std::span<const T> dy
   template void linear_wgrad<T>(std::span<const T>, std::span<const T>, int64_t, int64_t, int64_t, \
                                 std::span<T>);                                                     \
   template void add_bias<T>(std::span<T>, std::span<const T>, int64_t);                            \
-  template void bias_grad<T>(std::span<const T>, int64_t, std::span<T>);                           \
-  template void gated_forward<T>(Activation, std::span<const T>, int64_t, std::span<T>);           \
-  template void gated_backward<T>(Activation, std::span<const T>, std::span<const T>, int64_t,     \
-                                  std::span<T>);
+  template void bias_grad<T>(std::span<const T>, int64_t, std::span<T>);
 
 OPFUSE_INSTANTIATE_REFERENCE_OPS(float)
 OPFUSE_INSTANTIATE_REFERENCE_OPS(double)

@@ -7,15 +7,19 @@
 #include <cstdint>
 #include <span>
 
+#include "ir/pointwise_ops.h"
+
 namespace opfuse::cpu::ops {
 
-enum class Activation { GELU, QGELU, ReLU, SiLU };
-
-// act(x) and d act / dx. GELU is the tanh approximation; QGELU is x * sigmoid(1.702 x).
+// A pointwise op (compiler/ir/pointwise_ops.h), evaluated from its reference definition. Plain:
+// y = f(x) elementwise. Gated (TE): x is [rows, 2n], the first half the gate: y = f(gate, linear).
+// `cols` is y's width (n). backward: dx (x's shape) = the definition's gradients times dy.
 template <typename T>
-T activation(Activation kind, T x);
+void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x, int64_t cols,
+                       std::span<T> y);
 template <typename T>
-T activation_derivative(Activation kind, T x);
+void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x, std::span<const T> dy,
+                        int64_t cols, std::span<T> dx);
 
 // LayerNorm over the last dimension (TE: biased variance, rstd = 1 / sqrt(var + eps),
 // zero_centered_gamma uses gamma + 1). mean and rstd (one per row) are saved for backward.
@@ -55,13 +59,5 @@ template <typename T>
 void add_bias(std::span<T> y, std::span<const T> bias, int64_t cols);
 template <typename T>
 void bias_grad(std::span<const T> dy, int64_t cols, std::span<T> dbias);
-
-// Gated activations (TE): input [rows, 2n], the first half is the gate: y = act(a) * b.
-template <typename T>
-void gated_forward(Activation kind, std::span<const T> x, int64_t half, std::span<T> y);
-// da = act'(a) * b * dy, db = act(a) * dy.
-template <typename T>
-void gated_backward(Activation kind, std::span<const T> x, std::span<const T> dy, int64_t half,
-                    std::span<T> dx);
 
 }  // namespace opfuse::cpu::ops

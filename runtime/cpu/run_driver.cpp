@@ -45,30 +45,15 @@ Tensor<float> seeded_normal(const std::vector<int64_t>& shape, uint64_t seed, do
 void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed) {
   const ir::Sequence& seq = executor.sequence();
   std::mt19937_64 rng(seed);
-  // Parameters in creation order (op order, then operand order); each belongs to the user op
-  // whose layer name prefixes it ("fc1.weight" -> fc1).
+  // Parameters in creation order (op order, then operand order), each as its op declared it
+  // (ir::ParamDecl::init); normal draws come from the one generator in that order.
   for (ir::ValueId id : seq.params) {
     const ir::Value& v = seq.value(id);
-    const std::string layer = v.name.substr(0, v.name.rfind('.'));
-    const ir::Operation* owner = nullptr;
-    auto consider = [&](const ir::Operation& op) {
-      if (!ir::is_internal(op.kind) && op.phase == ir::Phase::Forward && op.instance == layer)
-        owner = &op;
-    };
-    for (const ir::Operation& op : seq.ops) {
-      consider(op);
-      for (const ir::Operation& part : op.parts) consider(part);  // fused ops hold user ops
-    }
-    OPFUSE_ASSERT(owner != nullptr, "parameter '{}' has no op", v.name);
     Tensor<float>& p = executor.param(v.name);
-    const bool is_weight = v.name.ends_with(".weight");
-    if (owner->kind == ir::OpKind::Linear && is_weight) {
-      for (float& x : p.data) x = float(0.02 * next_normal(rng));
-    } else if (is_weight) {  // a norm's gamma
-      const bool zero_centered = ir::attr_bool(owner->attrs, "zero_centered_gamma");
-      std::fill(p.data.begin(), p.data.end(), zero_centered ? 0.0f : 1.0f);
+    if (v.init.kind == ir::ParamInit::Kind::Normal) {
+      for (float& x : p.data) x = float(v.init.value * next_normal(rng));
     } else {
-      std::fill(p.data.begin(), p.data.end(), 0.0f);
+      std::fill(p.data.begin(), p.data.end(), float(v.init.value));
     }
   }
   executor.params_changed();

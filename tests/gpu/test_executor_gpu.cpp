@@ -29,6 +29,7 @@
 #include "gpu/gemm.h"
 #include "gpu/plan_executor.h"
 #include "gpu_test_support.h"
+#include "ir/pointwise_ops.h"
 #include "jit/nvrtc_compiler.h"
 #include "opfuse/error.h"
 
@@ -450,7 +451,7 @@ INSTANTIATE_TEST_SUITE_P(
 // the op table, under every recipe, at a token count that fills whole 64-row tiles and one that
 // does not (FP8 GEMMs need multiples of 16).
 struct ActivationCase {
-  const char* activation;
+  std::string_view activation;
   bool gated;
   std::string recipe;
   int tokens;
@@ -473,7 +474,7 @@ class ActivationsMatchReference : public ExecutorGpu,
 
 TEST_P(ActivationsMatchReference, ForwardAndBackwardOverTwoTrainingSteps) {
   const ActivationCase a = GetParam();
-  const auto c = compile(std::string("act_") + a.activation, activation_program(a), a.recipe);
+  const auto c = compile("act_" + std::string(a.activation), activation_program(a), a.recipe);
   ASSERT_NE(c, nullptr);
   SideBySide run(*c, 0, {{"tokens", a.tokens}}, *gemms_, stream_, 99);
   for (int step = 1; step <= 2; ++step) {
@@ -488,8 +489,7 @@ TEST_P(ActivationsMatchReference, ForwardAndBackwardOverTwoTrainingSteps) {
     // (H100): up to 1.2e-2 for relu/reglu gradients, once 4.6e-2 (reglu, current scaling, 32
     // tokens, first step: the layernorm weight's gradient sums only 32 rows). A wrong backward
     // is off by O(1).
-    const bool relu_family = std::string_view(a.activation).ends_with("relu") ||
-                             std::string_view(a.activation) == "reglu";
+    const bool relu_family = a.activation.ends_with("relu") || a.activation.ends_with("reglu");
     const double grad_bound = relu_family && a.recipe != "bf16" ? 6e-2 : bound;
     EXPECT_LE(e.input_grads, grad_bound) << "step " << step;
     EXPECT_LE(e.param_grads, grad_bound) << "step " << step << ", " << run.worst_param();
@@ -498,12 +498,10 @@ TEST_P(ActivationsMatchReference, ForwardAndBackwardOverTwoTrainingSteps) {
 
 std::vector<ActivationCase> activation_cases() {
   std::vector<ActivationCase> cases;
-  const std::pair<const char*, bool> activations[] = {
-      {"gelu", false},  {"qgelu", false}, {"relu", false}, {"silu", false},
-      {"swiglu", true}, {"geglu", true},  {"reglu", true}};
-  for (const auto& [activation, gated] : activations) {
+  // Every pointwise op (compiler/ir/pointwise_defs.cpp) with its default attributes.
+  for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
     for (const char* recipe : {"bf16", "delayed", "current"}) {
-      for (const int tokens : {32, 176}) cases.push_back({activation, gated, recipe, tokens});
+      for (const int tokens : {32, 176}) cases.push_back({def->name, def->gated, recipe, tokens});
     }
   }
   return cases;

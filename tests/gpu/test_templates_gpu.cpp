@@ -11,6 +11,7 @@
 #include "../../templates/common/launch_rules.h"
 #include "cpu/numerics.h"
 #include "cpu/quantizer_math.h"
+#include "ir/pointwise_ops.h"
 #include "jit/nvrtc_compiler.h"
 
 namespace opfuse {
@@ -228,9 +229,10 @@ TEST_F(TemplatesGpu, ProducerMeasuresTheAmaxOfItsStoredBf16Output) {
     int rows;
     int cols;
   };
-  cudaKernel_t kernel =
-      load("#include \"activation.cuh\"\n",
-           "opfuse::gated_activation_fwd<opfuse::Silu, __nv_bfloat16, __nv_bfloat16, false>");
+  cudaKernel_t kernel = load(
+      "#include \"activation.cuh\"\n" + *ir::pointwise_functor_source("opfuse::pointwise_swiglu"),
+      "opfuse::gated_activation_fwd<opfuse::pointwise_swiglu, __nv_bfloat16, __nv_bfloat16, "
+      "false>");
   ASSERT_EQ(kernel_.spill_store_bytes, 0);
   const int rows = 300, cols = 512;
   std::mt19937 rng(9);

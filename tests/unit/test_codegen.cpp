@@ -5,6 +5,7 @@
 // the inference variants of forward launches (no transposed FP8 copies), and the goldens
 // tests/golden/codegen/<example>/{plan.json,kernels/*.cu}
 // (OPFUSE_UPDATE_GOLDEN=1 rewrites them; scripts/update_goldens.sh does that).
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "codegen/kernel_templates.h"
 #include "codegen/plan.h"
 #include "driver/frontend.h"
+#include "ir/pointwise_ops.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
 #include "test_support.h"
@@ -402,7 +404,7 @@ TEST(CodegenPlan, UnfusedOpsRunTheirOwnKernels) {
   const SequencePlan& s = mlp->plan.sequences[0];
   EXPECT_EQ(launches_of(mlp->plan, s, "cast_transpose").size(), 6u) << "one per quantizer";
   ASSERT_NE(mlp->plan.find_kernel("layernorm_fwd_bf16_bf16_4096"), nullptr);
-  ASSERT_NE(mlp->plan.find_kernel("gated_activation_bwd_silu_bf16_bf16"), nullptr);
+  ASSERT_NE(mlp->plan.find_kernel("gated_activation_bwd_swiglu_bf16_bf16"), nullptr);
   // gelu_bias_mlp: bias_grad is dbias partial sums, then their column reduction.
   const auto gelu = compile_example("gelu_bias_mlp", "", kUnfused);
   const auto dbias = launches_of(gelu->plan, gelu->plan.sequences[0], "dbias_partial");
@@ -498,7 +500,7 @@ TEST(CodegenInference, Fp8MlpVariantsDropOnlyTheTransposedCopiesOfTheNormAndSwig
   EXPECT_EQ(norm.inference->launch.grid.rule, "norm_fwd");
   EXPECT_EQ(norm.inference->launch.dynamic_smem_bytes, 0);
   EXPECT_EQ(norm.inference->launch.kernel, "layernorm_fwd_bf16_e4m3_4096");
-  EXPECT_EQ(variants[1]->inference->launch.kernel, "gated_activation_fwd_silu_bf16_e4m3");
+  EXPECT_EQ(variants[1]->inference->launch.kernel, "gated_activation_fwd_swiglu_bf16_e4m3");
 }
 
 TEST(CodegenInference, EveryVariantIsAForwardLaunchWhoseDroppedCopiesOnlyBackwardReads) {
@@ -700,6 +702,58 @@ TEST(CodegenKernels, EveryEmittedKernelCompilesWithNvrtcForSm90a) {
     EXPECT_FALSE(k.is_ptx) << k.kernel_name;
     EXPECT_EQ(k.lowered_names.count(list[i].name_expressions[0]), 1u) << k.kernel_name;
     EXPECT_EQ(k.spill_store_bytes, 0) << k.kernel_name << " spills";
+  }
+}
+
+// Every pointwise op (compiler/ir/pointwise_defs.cpp: a new one is covered with no change here)
+// between two FP8 linears: its forward kernel writes the next GEMM's E4M3 input (+ transposed
+// copy) itself, its backward kernel the E5M2 gradient (+ transposed copy, + dbias), each through
+// the op's generated functor with its attributes; and every such kernel compiles with NVRTC.
+TEST(CodegenKernels, EveryPointwiseOpCastsToFp8InItsOwnKernelAndCompiles) {
+  std::vector<jit::CompileRequest> requests;
+  for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
+    const std::string text = fmt::format(R"(recipe fp8 = delayed_scaling()
+sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {{
+  linear(64, 128) as up
+  {}()
+  linear({}, 64) as down
+}}
+)",
+                                         def->name, def->gated ? 64 : 128);
+    auto c = std::make_unique<Compiled>();
+    c->program = load_and_run_passes("pointwise.fuse", "", c->sources, text);
+    c->plan = codegen::build_plan(c->program, {"sm_90a", &c->sources});
+    ir::AttrList attrs;
+    for (const ir::AttrSpec& spec : def->attrs)
+      attrs.push_back({std::string(spec.name), spec.default_value});
+    const std::string functor = ir::pointwise_functor_name(*def, attrs);
+    const std::string prefix = def->gated ? "opfuse::gated_activation_" : "opfuse::activation_";
+    std::set<std::string> expressions;
+    for (const codegen::Kernel& k : c->plan.kernels) {
+      if (k.name_expression.find(functor) == std::string::npos) continue;
+      expressions.insert(k.name_expression);
+      jit::CompileRequest r;
+      r.kernel_name = k.id;
+      r.source = codegen::kernel_source(c->plan, k);
+      EXPECT_NE(r.source.find("struct " + functor.substr(8) + " {"), std::string::npos) << r.source;
+      r.name_expressions = {k.name_expression};
+      r.arch = "sm_90a";
+      requests.push_back(std::move(r));
+    }
+    EXPECT_TRUE(
+        expressions.contains(prefix + "fwd<" + functor + ", __nv_bfloat16, __nv_fp8_e4m3, true>"))
+        << def->name << ": " << fmt::format("{}", fmt::join(expressions, " | "));
+    EXPECT_TRUE(expressions.contains(prefix + "bwd<" + functor +
+                                     ", __nv_bfloat16, __nv_fp8_e5m2, true, true>"))
+        << def->name << ": " << fmt::format("{}", fmt::join(expressions, " | "));
+  }
+  const jit::CompileAllResult result = jit::compile_all(requests, nullptr);
+  ASSERT_EQ(result.kernels.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_FALSE(result.kernels[i].is_ptx) << requests[i].kernel_name;
+    EXPECT_EQ(result.kernels[i].lowered_names.count(requests[i].name_expressions[0]), 1u)
+        << requests[i].kernel_name;
+    EXPECT_EQ(result.kernels[i].spill_store_bytes, 0) << requests[i].kernel_name << " spills";
   }
 }
 

@@ -12,6 +12,7 @@
 #include "../../runtime/cpu/reference_executor.h"
 #include "../../runtime/cpu/run_driver.h"
 #include "driver/frontend.h"
+#include "ir/pointwise_ops.h"
 #include "ir/verifier.h"
 #include "passes/fusion/patterns.h"
 #include "passes/pass_manager.h"
@@ -305,6 +306,46 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<NumericCase>& info) {
       return std::string(info.param.pattern->name);
     });
+
+// Every pointwise op (compiler/ir/pointwise_defs.cpp, so a new one is covered with no change
+// here) between two linears: its forward fuses with the next FP8 cast (activation_cast), its
+// backward with the gradient's cast (dact_cast), and the fused runs agree with the unfused ones
+// within FP8 rounding while differing from them.
+std::string pointwise_mlp(const ir::PointwiseDef& def) {
+  return fmt::format("  layernorm(64)\n  linear(64, 128) as up\n  {}()\n  linear({}, 64) as down",
+                     def.name, def.gated ? 64 : 128);
+}
+
+TEST(FusionByTrait, EveryPointwiseOpFusesWithItsCasts) {
+  for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
+    const ir::Sequence s = lower(program(kDelayed, kSig, pointwise_mlp(*def)), true);
+    const std::string name(def->name);
+    const std::string backward = def->gated ? "gated_activation_backward" : "activation_backward";
+    EXPECT_EQ(fused(s, "activation_cast"), (Parts{{name, "cast_fp8"}})) << name;
+    EXPECT_EQ(fused(s, "dact_cast"), (Parts{{backward, "bias_grad", "cast_fp8"}})) << name;
+    for (const passes::fusion::FusionPattern* pattern :
+         {&passes::fusion::activation_cast(), &passes::fusion::dact_cast()}) {
+      const Agreement a = compare(program(kDelayed, kSig, pointwise_mlp(*def)), *pattern);
+      EXPECT_LT(a.worst, kFp8Tolerance) << name << " " << pattern->name;
+      // relu's value and gradient (x or 0, dy or 0) are exact in bf16: the rounding the fusion
+      // drops changes nothing there. Every other op must show the dropped rounding.
+      if (name != "relu") {
+        EXPECT_FALSE(a.identical) << name << " " << pattern->name;
+      }
+    }
+  }
+}
+
+// cuBLASLt's GELU epilogue computes gelu only: a linear with a bias before any other pointwise
+// op stays a GEMM plus an activation kernel (linear_bias fuses instead).
+TEST(FusionByTrait, OnlyTheGeluEpilogueTraitFusesIntoTheGemm) {
+  for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
+    const ir::Sequence s = lower(program(kBf16, kSig, pointwise_mlp(*def)), true);
+    const bool fused_gelu = !fused(s, "linear_bias_gelu").empty();
+    EXPECT_EQ(fused_gelu, def->cublaslt_gelu_epilogue) << def->name;
+    EXPECT_EQ(!fused(s, "dgelu_bgrad").empty(), def->cublaslt_gelu_epilogue) << def->name;
+  }
+}
 
 TEST(FusedVsUnfusedExact, CastDbiasIsBitIdenticalToItsParts) {
   // Both parts read the same gradient and nothing between them was rounded: fusing them changes

@@ -58,6 +58,28 @@ TEST(IrBuilder, BuildsTheSeedMlpWithShapesAndParams) {
   EXPECT_TRUE(ir::verify_sequence(s).empty());
 }
 
+// Every parameter carries the init its op declared: linear weights normal(0.02), biases 0, a
+// norm's gamma 1, or 0 when it is stored minus one (zero_centered_gamma).
+TEST(IrBuilder, ParamsCarryTheirDeclaredInit) {
+  auto b = build(R"(const hidden = 64
+sequence s(x: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden]) {
+  layernorm(hidden)
+  rmsnorm(hidden, zero_centered_gamma = true)
+  linear(hidden, hidden)
+  bias(hidden)
+}
+)");
+  ASSERT_TRUE(b->program) << b->messages();
+  const ir::Sequence& s = b->program->sequences[0];
+  std::vector<std::string> inits;
+  for (ir::ValueId id : s.params)
+    inits.push_back(s.value(id).name + " " + ir::param_init_string(s.value(id).init));
+  EXPECT_EQ(inits, (std::vector<std::string>{
+                       "layernorm_0.weight constant(1)", "layernorm_0.bias constant(0)",
+                       "rmsnorm_0.weight constant(0)", "linear_0.weight normal(0.02)",
+                       "linear_0.bias constant(0)", "bias_0.bias constant(0)"}));
+}
+
 TEST(IrBuilder, DefaultAttributesComeFromTheOpTable) {
   auto b = build("sequence s(x: fp32[4, 8]) -> (y: fp32[4, 8]) { rmsnorm(8) }\n");
   ASSERT_TRUE(b->program) << b->messages();

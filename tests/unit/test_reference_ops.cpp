@@ -14,6 +14,7 @@
 
 #include "../../runtime/cpu/reference_executor.h"
 #include "driver/frontend.h"
+#include "ir/pointwise_ops.h"
 
 namespace opfuse::cpu {
 namespace {
@@ -112,6 +113,12 @@ std::vector<OpCase> every_op_kind() {
       {"silu", x8, "silu()"},
       {"swiglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "swiglu()"},
       {"geglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "geglu()"},
+      {"srelu", x8, "srelu()"},
+      {"sreglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "sreglu()"},
+      {"qgeglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "qgeglu()"},
+      // limit 0.5: normal(0, 1) inputs cross both clamps.
+      {"clamped_swiglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])",
+       "clamped_swiglu(limit = 0.5, alpha = 1.702)"},
       {"reglu", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 4])", "reglu()"},
       {"add_extra_input", "(x: fp32[tokens, 8], r: fp32[tokens, 8]) -> (y: fp32[tokens, 8])",
        "add_extra_input(r)"},
@@ -125,7 +132,7 @@ std::vector<OpCase> every_op_kind() {
 }
 
 TEST(ReferenceOps, FiniteDifferenceGradientOfEveryOpKind) {
-  std::vector<bool> covered(ir::kNumOpKinds, false);
+  std::vector<bool> covered(256, false);  // fixed and pointwise kinds (ir::OpKind)
   for (const OpCase& c : every_op_kind()) {
     const ir::Program program =
         compile(fmt::format("sequence {}{} {{\n {}\n}}\n", c.name, c.signature, c.body));
@@ -136,10 +143,17 @@ TEST(ReferenceOps, FiniteDifferenceGradientOfEveryOpKind) {
   }
   // FP8 casts and fused ops are not differentiable math of their own: test_fusion and
   // test_reference_executor check them.
-  for (size_t k = 0; k < ir::kNumOpKinds; ++k) {
-    const auto kind = ir::OpKind(k);
+  std::vector<ir::OpKind> kinds;
+  for (size_t k = 0; k < ir::kNumOpKinds; ++k) kinds.push_back(ir::OpKind(k));
+  for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
+    kinds.push_back(ir::pointwise_kind(*def));
+    kinds.push_back(ir::pointwise_backward_kind(*def));
+  }
+  for (const ir::OpKind kind : kinds) {
     if (kind == ir::OpKind::CastFp8 || kind == ir::OpKind::Fused) continue;
-    EXPECT_TRUE(covered[k]) << "no gradient check for " << ir::op_info(kind).name;
+    EXPECT_TRUE(covered[size_t(kind)])
+        << "no gradient check for " << ir::op_info(kind).name << " "
+        << (ir::pointwise_def(kind) ? ir::pointwise_def(kind)->name : "");
   }
 }
 
@@ -218,7 +232,9 @@ TEST(ReferenceOps, ActivationsMatchTheirFormulas) {
       {"qgelu", 1.0, 1 / (1 + std::exp(-1.702))},
       {"silu", -1.0, -1 / (1 + std::exp(1.0))},
       {"relu", -1.0, 0.0},
-      {"relu", 2.0, 2.0}};
+      {"relu", 2.0, 2.0},
+      {"srelu", 3.0, 9.0},
+      {"srelu", -3.0, 0.0}};
   for (const auto& [op, x, want] : cases) {
     ir::Program p;
     const auto y = run_forward<double>(fmt::format(fmt::runtime(text), op), {{{1, 1}, {x}}}, {}, p);
@@ -233,6 +249,20 @@ TEST(ReferenceOps, GatedActivationGatesWithTheFirstHalf) {
                                      {{{1, 4}, {1, -2, 3, 4}}}, {}, p);
   EXPECT_NEAR(y[0].data[0], 3 / (1 + std::exp(-1.0)), 1e-12);
   EXPECT_NEAR(y[0].data[1], 4 * -2 / (1 + std::exp(2.0)), 1e-12);
+}
+
+TEST(ReferenceOps, SquaredReluGatesWithTheFirstHalfAndDoublesItsSlope) {
+  // sreglu([a | b]) = max(a, 0)^2 * b; d/da = (a > 0 ? 2a : 0) * b * dy, d/db = max(a, 0)^2 * dy.
+  ir::Program p;
+  const auto y = run_forward<double>("sequence s(x: fp32[1, 4]) -> (y: fp32[1, 2]) { sreglu() }",
+                                     {{{1, 4}, {2, -1, -1.5, 4}}}, {}, p);
+  EXPECT_EQ(y[0].data, (std::vector<double>{-6, 0}));
+  ReferenceOptions exact;
+  exact.round_outputs = false;
+  ReferenceExecutor<double> exec(p.sequences[0], {}, exact);
+  exec.forward({{{1, 4}, {2, -1, -1.5, 4}}});
+  const Gradients<double> g = exec.backward({{{1, 2}, {0.5, 1}}});
+  EXPECT_EQ(g.inputs[0].data, (std::vector<double>{2 * 2 * -1.5 * 0.5, 0, 4 * 0.5, 0}));
 }
 
 TEST(ReferenceOps, Bf16StorageRoundsEveryOpResult) {

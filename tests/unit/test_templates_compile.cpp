@@ -21,6 +21,7 @@
 
 #include "../../runtime/jit/nvrtc_compiler.h"
 #include "../../templates/common/launch_rules.h"
+#include "ir/pointwise_ops.h"
 #include "test_support.h"
 
 namespace opfuse {
@@ -35,6 +36,7 @@ struct TemplateCase {
   std::string arch;
   // > 0: a single-kernel case whose ptxas register count must stay within this budget.
   int register_budget = 0;
+  std::string prelude = {};  // source after the header's #include (generated functors)
 };
 
 struct Dtype {
@@ -81,22 +83,44 @@ TemplateCase norm_case(const std::string& arch, const Dtype& in) {
           arch};
 }
 
-// Every activation in a plain and a gated kernel, forward and backward, across outputs/options.
+// The generated functor of every pointwise op (compiler/ir/pointwise_ops.h) of one kind (plain or
+// gated) with its default attributes: their names, and their sources to compile with the header.
+std::vector<std::string> pointwise_functors(bool gated, std::string& sources) {
+  std::vector<std::string> names;
+  for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
+    if (def->gated != gated) continue;
+    ir::AttrList attrs;
+    for (const ir::AttrSpec& spec : def->attrs)
+      attrs.push_back({std::string(spec.name), spec.default_value});
+    names.push_back(ir::pointwise_functor_name(*def, attrs));
+    sources += *ir::pointwise_functor_source(names.back());
+  }
+  return names;
+}
+
+// Every pointwise op in a plain or gated kernel, forward and backward, across outputs/options.
 TemplateCase activation_case(const std::string& arch, const Dtype& in, bool gated) {
   const std::string t = in.type;
   const std::string fwd = gated ? "opfuse::gated_activation_fwd<" : "opfuse::activation_fwd<";
   const std::string bwd = gated ? "opfuse::gated_activation_bwd<" : "opfuse::activation_bwd<";
-  return {std::string(gated ? "gated_activation_" : "activation_") + in.tag + "_" + arch,
-          "activation.cuh",
-          {fwd + args({"opfuse::Silu", t, kE4m3, "true"}) + ">",
-           fwd + args({"opfuse::Gelu", t, t}) + ">",
-           fwd + args({"opfuse::Relu", t, kE5m2, "false"}) + ">",
-           fwd + args({"opfuse::QGelu", t, kE4m3, "true"}) + ">",
-           bwd + args({"opfuse::Silu", t, kE5m2, "true", "true"}) + ">",
-           bwd + args({"opfuse::Gelu", t, t, "false", "true"}) + ">",
-           bwd + args({"opfuse::Relu", t, kE5m2, "true", "false"}) + ">",
-           bwd + args({"opfuse::QGelu", t, t}) + ">"},
-          arch};
+  TemplateCase c{std::string(gated ? "gated_activation_" : "activation_") + in.tag + "_" + arch,
+                 "activation.cuh",
+                 {},
+                 arch};
+  // The options rotate over the ops so every op meets FP8 outputs, transposes and dbias.
+  const std::vector<std::vector<std::string>> fwd_options = {
+      {kE4m3, "true"}, {t}, {kE5m2, "false"}, {kE4m3, "false"}};
+  const std::vector<std::vector<std::string>> bwd_options = {
+      {kE5m2, "true", "true"}, {t, "false", "true"}, {kE5m2, "true", "false"}, {t}};
+  const std::vector<std::string> functors = pointwise_functors(gated, c.prelude);
+  for (size_t i = 0; i < functors.size(); ++i) {
+    std::string f = functors[i] + ", " + t, b = f;
+    for (const std::string& o : fwd_options[i % fwd_options.size()]) f += ", " + o;
+    for (const std::string& o : bwd_options[i % bwd_options.size()]) b += ", " + o;
+    c.name_expressions.push_back(fwd + f + ">");
+    c.name_expressions.push_back(bwd + b + ">");
+  }
+  return c;
 }
 
 TemplateCase cast_case(const std::string& arch, const Dtype& in) {
@@ -143,6 +167,7 @@ TemplateCase amax_case(const std::string& arch, const Dtype& in) {
 // activations, E4M3 forward, E5M2 gradients, on sm_90a. Budgets are the launch rules' own.
 std::vector<TemplateCase> seed_mlp_cases() {
   const std::string bf16 = "__nv_bfloat16";
+  const std::string silu_gated = ir::pointwise_functor_name(*ir::find_pointwise("swiglu"), {});
   struct Main {
     std::string name, header, expression;
     int budget;
@@ -165,14 +190,14 @@ std::vector<TemplateCase> seed_mlp_cases() {
       {"layernorm_bwd", "norm.cuh", "opfuse::layernorm_bwd<" + args({bf16, "4096"}) + ">",
        launch::kNormBwdRegisterBudget},
       {"swiglu_fwd_e4m3_transpose", "activation.cuh",
-       "opfuse::gated_activation_fwd<" + args({"opfuse::Silu", bf16, kE4m3, "true"}) + ">",
+       "opfuse::gated_activation_fwd<" + args({silu_gated, bf16, kE4m3, "true"}) + ">",
        launch::tile_register_budget(/*input_bytes=*/2, /*loads_per_element=*/2, /*transpose=*/true,
                                     /*dbias=*/false)},
       {"swiglu_bwd_e5m2_transpose", "activation.cuh",
-       "opfuse::gated_activation_bwd<" + args({"opfuse::Silu", bf16, kE5m2, "true", "false"}) + ">",
+       "opfuse::gated_activation_bwd<" + args({silu_gated, bf16, kE5m2, "true", "false"}) + ">",
        launch::tile_register_budget(2, 3, true, false)},
       {"swiglu_bwd_e5m2_transpose_dbias", "activation.cuh",
-       "opfuse::gated_activation_bwd<" + args({"opfuse::Silu", bf16, kE5m2, "true", "true"}) + ">",
+       "opfuse::gated_activation_bwd<" + args({silu_gated, bf16, kE5m2, "true", "true"}) + ">",
        launch::tile_register_budget(2, 3, true, true)},
       {"cast_transpose_e4m3", "cast_transpose.cuh",
        "opfuse::cast_transpose<" + args({bf16, kE4m3, "true", "false"}) + ">",
@@ -191,9 +216,14 @@ std::vector<TemplateCase> seed_mlp_cases() {
        launch::kSmallKernelRegisterBudget},
   };
   std::vector<TemplateCase> cases;
+  const std::string swiglu_source = *ir::pointwise_functor_source(silu_gated);
   for (const Main& main : mains) {
-    cases.push_back(
-        {"seed_mlp_" + main.name, main.header, {main.expression}, "sm_90a", main.budget});
+    cases.push_back({"seed_mlp_" + main.name,
+                     main.header,
+                     {main.expression},
+                     "sm_90a",
+                     main.budget,
+                     main.header == "activation.cuh" ? swiglu_source : ""});
   }
   return cases;
 }
@@ -248,7 +278,7 @@ TEST_P(TemplateCompileTest, CompilesToCubinWithoutSpills) {
   const TemplateCase& test_case = GetParam();
   jit::CompileRequest request;
   request.kernel_name = test_case.name;
-  request.source = "#include \"" + test_case.header + "\"\n";
+  request.source = "#include \"" + test_case.header + "\"\n" + test_case.prelude;
   request.name_expressions = test_case.name_expressions;
   request.arch = test_case.arch;
 

@@ -6,11 +6,9 @@ namespace opfuse::passes::fusion {
 
 namespace {
 using ir::OpKind;
-constexpr OpKind kActivations[] = {OpKind::GELU,   OpKind::QGELU, OpKind::ReLU, OpKind::SiLU,
-                                   OpKind::SwiGLU, OpKind::GEGLU, OpKind::ReGLU};
 constexpr OpKind kCast[] = {OpKind::CastFp8};
 constexpr Step kSteps[] = {
-    {.kinds = kActivations, .link = Link::Start},
+    {.is = ir::is_pointwise, .link = Link::Start},
     {.kinds = kCast, .link = Link::Consumes, .from = 0, .when = cast_can_fold},
 };
 }  // namespace

@@ -7,12 +7,10 @@ namespace opfuse::passes::fusion {
 
 namespace {
 using ir::OpKind;
-constexpr OpKind kActivationBackward[] = {OpKind::ActivationBackward,
-                                          OpKind::GatedActivationBackward};
 constexpr OpKind kBiasGrad[] = {OpKind::BiasGrad};
 constexpr OpKind kCast[] = {OpKind::CastFp8};
 constexpr Step kSteps[] = {
-    {.kinds = kActivationBackward, .link = Link::Start},
+    {.is = ir::is_pointwise_backward, .link = Link::Start},
     {.kinds = kBiasGrad, .link = Link::Consumes, .from = 0, .optional = true},
     {.kinds = kCast, .link = Link::Consumes, .from = 0, .when = cast_can_fold},
 };

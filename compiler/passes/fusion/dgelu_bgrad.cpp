@@ -1,6 +1,7 @@
 // dgelu_bgrad: the backward of linear_bias_gelu's GELU folded into the dgrad GEMM of the next
 // linear: cuBLASLt's DGELU_BGRAD epilogue multiplies by GELU'(aux) and sums the bias gradient
 // (DGELU alone when the bias gradient is not there).
+#include "ir/pointwise_ops.h"
 #include "passes/fusion/patterns.h"
 
 namespace opfuse::passes::fusion {
@@ -8,21 +9,17 @@ namespace opfuse::passes::fusion {
 namespace {
 using ir::OpKind;
 constexpr OpKind kDgrad[] = {OpKind::LinearDgrad};
-constexpr OpKind kActivationBackward[] = {OpKind::ActivationBackward};
 constexpr OpKind kBiasGrad[] = {OpKind::BiasGrad};
 
-bool is_gelu(const ir::Sequence&, const ir::Operation& op) {
-  return ir::attr_name(op.attrs, "activation") == "gelu";
+// The backward of an op with cuBLASLt's GELU epilogue (gelu's), not the forward op itself.
+bool is_gelu_backward(ir::OpKind kind) {
+  return ir::is_pointwise_backward(kind) && ir::has_gelu_epilogue(kind);
 }
 
 constexpr Step kSteps[] = {
     {.kinds = kDgrad, .link = Link::Start},
     // The GELU gradient goes on to the previous linear's GEMMs: the epilogue writes it as D.
-    {.kinds = kActivationBackward,
-     .link = Link::Consumes,
-     .from = 0,
-     .escapes_ok = true,
-     .when = is_gelu},
+    {.is = is_gelu_backward, .link = Link::Consumes, .from = 0, .escapes_ok = true},
     {.kinds = kBiasGrad, .link = Link::Consumes, .from = 1, .optional = true},
 };
 

@@ -32,7 +32,10 @@ bool used_by_interface(const Sequence& s, ValueId v) {
 
 bool step_accepts(const Sequence& s, const Step& step, const Operation& op) {
   if (op.kind == OpKind::Fused) return false;
-  if (std::find(step.kinds.begin(), step.kinds.end(), op.kind) == step.kinds.end()) return false;
+  const bool kind_ok = step.is != nullptr ? step.is(op.kind)
+                                          : std::find(step.kinds.begin(), step.kinds.end(),
+                                                      op.kind) != step.kinds.end();
+  if (!kind_ok) return false;
   return step.when == nullptr || step.when(s, op);
 }
 

@@ -18,7 +18,10 @@ enum class Link : uint8_t {
 };
 
 struct Step {
-  std::span<const ir::OpKind> kinds;
+  std::span<const ir::OpKind> kinds{};
+  // Instead of `kinds`: a trait of the op kind (ir::is_pointwise, ir::has_gelu_epilogue, ...), so
+  // a new op with the trait fuses with no change here.
+  bool (*is)(ir::OpKind) = nullptr;
   Link link = Link::Consumes;
   int from = 0;
   bool optional = false;

@@ -1,0 +1,204 @@
+#include "ir/pointwise_ops.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "support/assert.h"
+
+namespace opfuse::ir {
+
+namespace {
+
+constexpr std::string_view kFunctorPrefix = "opfuse::pointwise_";
+
+// An attribute value as part of a C++ identifier: 1.702 -> 1p702, -1e-05 -> m1em05.
+std::string encode_number(double v) {
+  std::string s = fmt::format("{}", v);
+  std::string out;
+  for (char c : s) {
+    if (c == '.')
+      out += 'p';
+    else if (c == '-')
+      out += 'm';
+    else if (c != '+')
+      out += c;
+  }
+  return out;
+}
+
+std::optional<double> decode_number(std::string_view s) {
+  std::string text;
+  for (char c : s) text += c == 'p' ? '.' : c == 'm' ? '-' : c;
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return std::nullopt;
+  return v;
+}
+
+double attr_number(const Attr& a) {
+  if (const auto* d = std::get_if<double>(&a.value)) return *d;
+  if (const auto* i = std::get_if<int64_t>(&a.value)) return double(*i);
+  if (const auto* b = std::get_if<bool>(&a.value)) return *b ? 1 : 0;
+  internal_failure(__FILE__, __LINE__,
+                   fmt::format("pointwise attribute '{}' is not a number", a.name));
+}
+
+Attr number_attr(const AttrSpec& spec, double v) {
+  switch (spec.type) {
+    case AttrType::Int:
+      return {std::string(spec.name), int64_t(v)};
+    case AttrType::Bool:
+      return {std::string(spec.name), v != 0};
+    default:
+      return {std::string(spec.name), v};
+  }
+}
+
+// name_limit_7_alpha_1p702 -> the def and its attributes, in the def's attribute order.
+std::optional<std::pair<const PointwiseDef*, AttrList>> parse_functor_name(std::string_view name) {
+  if (!name.starts_with(kFunctorPrefix)) return std::nullopt;
+  name.remove_prefix(kFunctorPrefix.size());
+  for (const PointwiseDef* def : pointwise_defs()) {
+    if (!name.starts_with(def->name)) continue;
+    std::string_view rest = name.substr(def->name.size());
+    AttrList attrs;
+    bool ok = true;
+    for (size_t i = 0; i < def->attrs.size() && ok; ++i) {
+      const std::string key = fmt::format("_{}_", def->attrs[i].name);
+      if (!rest.starts_with(key)) {
+        ok = false;
+        break;
+      }
+      rest.remove_prefix(key.size());
+      size_t end = rest.size();
+      if (i + 1 < def->attrs.size()) end = rest.find(fmt::format("_{}_", def->attrs[i + 1].name));
+      const auto v = decode_number(rest.substr(0, end));
+      if (end == std::string_view::npos || !v) {
+        ok = false;
+        break;
+      }
+      attrs.push_back(number_attr(def->attrs[i], *v));
+      rest.remove_prefix(end);
+    }
+    if (ok && rest.empty()) return std::make_pair(def, std::move(attrs));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const PointwiseDef* find_pointwise(std::string_view name) {
+  const auto defs = pointwise_defs();
+  const auto it = std::ranges::find(defs, name, &PointwiseDef::name);
+  return it == defs.end() ? nullptr : *it;
+}
+
+bool has_gelu_epilogue(OpKind kind) {
+  const PointwiseDef* def = pointwise_def(kind);
+  return def != nullptr && def->cublaslt_gelu_epilogue;
+}
+
+PointwiseExpr::PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, bool device) {
+  inputs_ = def.gated ? 2 : 1;
+  std::vector<scalar::NodeId> in(size_t(inputs_), 0);
+  for (int i = 0; i < inputs_; ++i) in[size_t(i)] = graph_.var(i);
+  value_ = def.build(PointwiseBuilder{graph_, in, attrs, device});
+  // The backward multiplies each partial derivative by dy last, as the hand-written kernels did.
+  const scalar::NodeId dy = graph_.var(inputs_);
+  for (int i = 0; i < inputs_; ++i) {
+    const scalar::NodeId d = graph_.derivative(value_, i);
+    gradients_.push_back(graph_.is_constant(d, 0)   ? d
+                         : graph_.is_constant(d, 1) ? dy
+                                                    : graph_.mul(d, dy));
+  }
+  const scalar::NodeId roots[] = {value_};
+  forward_order_ = graph_.schedule(roots);
+  backward_order_ = graph_.schedule(gradients_);
+}
+
+template <typename T>
+T PointwiseExpr::forward(std::span<const T> in, std::span<T> scratch) const {
+  graph_.evaluate<T>(forward_order_, in, scratch);
+  return scratch[value_];
+}
+
+template <typename T>
+void PointwiseExpr::backward(std::span<const T> in, T dy, std::span<T> grads,
+                             std::span<T> scratch) const {
+  T vars[3] = {};
+  std::copy(in.begin(), in.end(), vars);
+  vars[inputs_] = dy;
+  graph_.evaluate<T>(backward_order_, std::span<const T>(vars, size_t(inputs_) + 1), scratch);
+  for (int i = 0; i < inputs_; ++i) grads[size_t(i)] = scratch[gradients_[size_t(i)]];
+}
+
+template float PointwiseExpr::forward<float>(std::span<const float>, std::span<float>) const;
+template double PointwiseExpr::forward<double>(std::span<const double>, std::span<double>) const;
+template void PointwiseExpr::backward<float>(std::span<const float>, float, std::span<float>,
+                                             std::span<float>) const;
+template void PointwiseExpr::backward<double>(std::span<const double>, double, std::span<double>,
+                                              std::span<double>) const;
+
+std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attrs) {
+  std::string name = fmt::format("{}{}", kFunctorPrefix, def.name);
+  for (const AttrSpec& spec : def.attrs) {
+    const auto it = std::ranges::find(attrs, spec.name, &Attr::name);
+    OPFUSE_ASSERT(it != attrs.end(), "{} has no attribute '{}'", def.name, spec.name);
+    name += fmt::format("_{}_{}", spec.name, encode_number(attr_number(*it)));
+  }
+  return name;
+}
+
+std::optional<std::string> pointwise_functor_source(std::string_view functor_name) {
+  const auto parsed = parse_functor_name(functor_name);
+  if (!parsed) return std::nullopt;
+  const auto& [def, attrs] = *parsed;
+  const PointwiseExpr expr(*def, attrs, /*device=*/true);
+  const int n = expr.inputs();
+  std::vector<std::string> vars;
+  vars.reserve(size_t(n) + 1);
+  for (int i = 0; i < n; ++i) vars.push_back(fmt::format("in[{}]", i));
+  const std::vector<std::string> forward_vars = vars;
+  vars.push_back("dy");
+  std::vector<std::string> grads;
+  grads.reserve(size_t(n));
+  for (int i = 0; i < n; ++i) grads.push_back(fmt::format("grad[{}]", i));
+  const scalar::NodeId value[] = {expr.value()};
+  const std::string value_name[] = {"value"};
+  auto indent = [](const std::string& body) {
+    std::string out;
+    size_t start = 0;
+    while (start < body.size()) {
+      const size_t end = body.find('\n', start);
+      out += "    " + body.substr(start, end - start + 1);
+      start = end + 1;
+    }
+    return out;
+  };
+  std::string attr_text;
+  for (const Attr& a : attrs)
+    attr_text += fmt::format(", {} = {}", a.name, attr_value_string(a.value));
+  const std::string type = std::string(functor_name.substr(std::string_view("opfuse::").size()));
+  return fmt::format(
+      "// The pointwise op {}{} (compiler/ir/pointwise_defs.cpp), generated from its definition.\n"
+      "#include \"common/scalar_math.cuh\"\n"
+      "namespace opfuse {{\n"
+      "struct {} {{\n"
+      "  static constexpr int kInputs = {};\n"
+      "  __device__ __forceinline__ static float forward(const float (&in)[{}]) {{\n"
+      "    float value;\n{}"
+      "    return value;\n"
+      "  }}\n"
+      "  __device__ __forceinline__ static void backward(const float (&in)[{}], float dy,\n"
+      "                                                  float (&grad)[{}]) {{\n{}"
+      "  }}\n"
+      "}};\n"
+      "}}  // namespace opfuse\n",
+      def->name, attr_text, type, n, n, indent(expr.graph().cuda(value, forward_vars, value_name)),
+      n, n, indent(expr.graph().cuda(expr.gradients(), vars, grads)));
+}
+
+}  // namespace opfuse::ir

@@ -1,0 +1,83 @@
+// Pointwise ops (activations, plain and gated), each defined once as a scalar expression
+// (compiler/ir/scalar_expr.h): its value over its inputs, the derivative where the definition
+// gives its own form (otherwise derived), and an optional device form that is mathematically
+// equal to the reference form. Everything else comes from that definition: the op table entry
+// (name, attributes, shape rule, kernel family), the backward op, the CPU reference
+// (PointwiseExpr::forward/backward) and the CUDA functor of the generated kernels
+// (pointwise_functor_source). docs/architecture.md, "Adding an op", lists what a new one touches.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/op_table.h"
+#include "ir/scalar_expr.h"
+
+namespace opfuse::ir {
+
+// What the expression builder sees: the graph, its inputs (x; gated: gate, linear), the op's
+// attributes (compile-time constants of the program) and whether the device form is wanted.
+struct PointwiseBuilder {
+  scalar::Graph& g;
+  std::span<const scalar::NodeId> inputs;
+  const AttrList& attrs;
+  bool device;
+};
+
+struct PointwiseDef {
+  std::string_view name{};  // as written in .fuse
+  // Gated (TE convention): [..., 2n] -> [..., n], the first half is the gate, the second the
+  // linear part; inputs are (gate, linear). Plain: [...] -> [...], one input.
+  bool gated = false;
+  std::span<const AttrSpec> attrs{};
+  std::string_view doc{};  // one sentence for docs/language.md and `fusec ops`
+  // Traits codegen and the fusions select on.
+  bool cublaslt_gelu_epilogue = false;  // cuBLASLt's GELU_AUX / DGELU epilogues compute it
+  // Returns the value node; may hint derivatives (scalar::Graph::hint_derivative).
+  scalar::NodeId (*build)(const PointwiseBuilder& b) = nullptr;
+};
+
+std::span<const PointwiseDef* const> pointwise_defs();
+const PointwiseDef* find_pointwise(std::string_view name);
+// A pointwise op, or its backward, with the cublaslt_gelu_epilogue trait.
+bool has_gelu_epilogue(OpKind kind);
+
+// A definition instantiated with its attributes: the value and, per input, d value / d input
+// times the incoming gradient dy (scalar::Graph::var(inputs)).
+class PointwiseExpr {
+ public:
+  PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, bool device);
+  int inputs() const { return inputs_; }
+  const scalar::Graph& graph() const { return graph_; }
+  scalar::NodeId value() const { return value_; }
+  std::span<const scalar::NodeId> gradients() const { return gradients_; }
+
+  // CPU evaluation in the definition's operation order; `scratch` has graph().size() entries.
+  template <typename T>
+  T forward(std::span<const T> in, std::span<T> scratch) const;
+  template <typename T>
+  void backward(std::span<const T> in, T dy, std::span<T> grads, std::span<T> scratch) const;
+
+ private:
+  scalar::Graph graph_;
+  int inputs_ = 1;
+  scalar::NodeId value_ = 0;
+  std::vector<scalar::NodeId> gradients_;
+  std::vector<scalar::NodeId> forward_order_, backward_order_;
+};
+
+// The CUDA functor type a kernel instantiates for the op with these attributes, e.g.
+// "opfuse::pointwise_gelu" or "opfuse::pointwise_clamped_swiglu_limit_7_alpha_1p702": the
+// attribute values are spelled into the name, so one name means one functor.
+std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attrs);
+// The functor's CUDA source for a name pointwise_functor_name made (nullopt for other names):
+// `static constexpr int kInputs`, `forward(const float (&in)[kInputs])` and
+// `backward(const float (&in)[kInputs], float dy, float (&grad)[kInputs])`, both from the
+// definition's device form. It needs templates/common/scalar_math.cuh, which it includes.
+std::optional<std::string> pointwise_functor_source(std::string_view functor_name);
+
+}  // namespace opfuse::ir
