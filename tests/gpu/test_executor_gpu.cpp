@@ -24,13 +24,13 @@
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
 #include "cpu/numerics.h"
-#include "cpu/reference_executor.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
 #include "gpu/plan_executor.h"
 #include "gpu_test_support.h"
 #include "jit/nvrtc_compiler.h"
 #include "opfuse/error.h"
+#include "reference/reference_executor.h"
 
 namespace opfuse::gpu {
 namespace {

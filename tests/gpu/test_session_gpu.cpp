@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "api/gpu_run.h"
-#include "cpu/run_driver.h"
 #include "driver/frontend.h"
 #include "gpu/device.h"
 #include "gpu_test_support.h"
 #include "opfuse/program.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
+#include "reference/run_driver.h"
+#include "run/gpu_run.h"
 #include "test_support.h"
 
 namespace opfuse {

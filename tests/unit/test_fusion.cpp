@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "../../runtime/cpu/reference_executor.h"
-#include "../../runtime/cpu/run_driver.h"
 #include "driver/frontend.h"
 #include "ir/verifier.h"
 #include "passes/fusion/patterns.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
+#include "reference/reference_executor.h"
+#include "reference/run_driver.h"
 
 namespace opfuse {
 namespace {

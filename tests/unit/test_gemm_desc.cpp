@@ -12,13 +12,13 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cpu/cpu_quantizers.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
 #include "gpu/gemm_desc.h"
 #include "gpu/quantizer_state.h"
 #include "opfuse/error.h"
+#include "reference/cpu_quantizers.h"
 #include "test_support.h"
 
 namespace opfuse::gpu {

@@ -12,8 +12,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../runtime/cpu/reference_executor.h"
 #include "driver/frontend.h"
+#include "reference/reference_executor.h"
 
 namespace opfuse::cpu {
 namespace {
