@@ -6,8 +6,7 @@
 #include <numbers>
 #include <random>
 
-#include "passes/pass_manager.h"
-#include "passes/pipeline.h"
+#include "driver/compile.h"
 #include "support/assert.h"
 
 namespace opfuse::cpu {
@@ -81,8 +80,11 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
   // its parts with rounding only where values leave it, like the GPU kernel).
   ir::Program program;
   program.sequences.push_back(sequence);
-  if (!sequence.has_backward)
-    passes::PassManager(passes::default_pipeline()).run(program, {}, nullptr);
+  if (!sequence.has_backward) {
+    driver::CompileOptions passes_only;
+    passes_only.last_stage = driver::Stage::Passes;
+    program = driver::compile_ir(std::move(program), nullptr, nullptr, passes_only).program;
+  }
   ReferenceExecutor<float> exec(program.sequences[0], options.bindings);
   init_params_from_seed(exec, options.seed);
   // Inputs come from a second stream of the same seed so that they do not depend on the

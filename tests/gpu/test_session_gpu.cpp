@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/compile.h"
 #include "driver/frontend.h"
 #include "gpu/device.h"
 #include "gpu_test_support.h"
@@ -108,15 +109,17 @@ TEST_F(SessionGpu, FusecRunOnTheGpuMatchesTheCpuReference) {
 
     SourceManager sources;
     DiagnosticEngine diags(sources);
-    auto ir = load_program_from_source("small_mlp.fuse", text, sources, diags);
-    ASSERT_TRUE(ir.has_value());
-    passes::PassManager(passes::default_pipeline()).run(*ir, {}, nullptr);
+    driver::CompileOptions passes_only;
+    passes_only.last_stage = driver::Stage::Passes;
+    const auto ir = driver::compile_source("small_mlp.fuse", text, sources, diags, passes_only);
+    ASSERT_TRUE(ir.ok()) << diags.format_all();
     cpu::RunOptions cpu_options;
     cpu_options.bindings = {{"tokens", 64}};
     cpu_options.steps = 3;
     cpu_options.seed = 5;
     cpu_options.lr = 0.5;
-    const std::string cpu_report = cpu::run_reference_training(ir->sequences[0], cpu_options);
+    const std::string cpu_report =
+        cpu::run_reference_training(ir.program.sequences[0], cpu_options);
 
     const double bound = recipe == "bf16" ? 1e-2 : 3e-2;
     for (const std::string key : {"loss", "\\|g\\|"}) {
