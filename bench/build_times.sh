@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${1:-build/release}"
 runs="${2:-5}"
-fusec="$build_dir/compiler/fusec"
+fusec="$build_dir/tools/fusec"
 program=dsl_examples/mlp.fuse
 if [ ! -x "$fusec" ]; then
   echo "build_times: no $fusec; build it first: cmake --build $build_dir --target fusec" >&2

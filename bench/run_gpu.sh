@@ -79,7 +79,7 @@ if ! wait "$build_pid"; then
   grep -E "error|Error" "$work/configure.log" "$work/build.log" | head -30
   exit 1
 fi
-fusec=build/bench/compiler/fusec
+fusec=build/bench/tools/fusec
 stamp "fusec built"
 # The FP8 GEMM goal's measurement: opfuse's GEMM runner and torch._scaled_mm in one process,
 # alternating rounds on the same operands (bench/peers/gemm_interleaved.py).

@@ -1,6 +1,6 @@
-# The template checker: compiler/tools/check_templates.cpp (command line, comparison with the
-# table) and template_scan.cpp (the Clang side), a Clang libTooling program that
-# parses templates/ as CUDA device code and checks it against the kernel-template table
+# The template checker: tools/check_templates/check_templates.cpp (command line, comparison with
+# the table) and template_scan.cpp (the Clang side), a Clang libTooling program that parses
+# templates/ as CUDA device code and checks it against the kernel-template table
 # (compiler/codegen/kernel_templates.h). Optional because the GPU machine has no libclang-16;
 # CI installs clang-16, libclang-16-dev, libclang-common-16-dev and llvm-16-dev (scripts/setup.sh).
 #
@@ -82,8 +82,8 @@ function(opfuse_add_template_checker)
   endif()
   message(STATUS "template checker: Clang ${LLVM_PACKAGE_VERSION} from ${Clang_DIR}")
 
-  add_executable(check_templates compiler/tools/check_templates.cpp
-                                 compiler/tools/template_scan.cpp)
+  add_executable(check_templates tools/check_templates/check_templates.cpp
+                                 tools/check_templates/template_scan.cpp)
   target_include_directories(check_templates SYSTEM PRIVATE ${CLANG_INCLUDE_DIRS}
                                                             ${LLVM_INCLUDE_DIRS})
   separate_arguments(OPFUSE_LLVM_DEFINITIONS NATIVE_COMMAND "${LLVM_DEFINITIONS}")

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "plan/enums.h"
+#include "plan/param_init.h"
 #include "plan/quant_spec.h"
 #include "plan/sym_expr.h"
 
@@ -77,6 +78,7 @@ struct Buffer {
   Lifetime training;
   Lifetime inference;
   bool weight_cache = false;
+  ParamInit init;  // Param buffers: how Session::own_parameters fills it (its op's declaration)
   // A quantized copy: the quantizer that made it, which of its copies it is and how that copy
   // is laid out, and where its scale-inverse lives (GEMMs and dequantizing readers take it).
   int quantizer = -1;

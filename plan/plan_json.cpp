@@ -56,6 +56,10 @@ Json buffer_json(const Buffer& b) {
     j["inference"] = Json::array({b.inference.first, b.inference.last});
   }
   if (b.weight_cache) j["weight_cache"] = true;
+  if (b.role == BufferRole::Param) {
+    j["init"] = {{"kind", b.init.kind == ParamInit::Kind::Normal ? "normal" : "constant"},
+                 {"value", b.init.value}};
+  }
   if (b.quantizer >= 0) {
     j["quantizer"] = b.quantizer;
     j["usage"] = name(b.usage);

@@ -129,6 +129,15 @@ Buffer read_buffer(const Json& j, const std::string& path) {
     b.inference = lifetime(j, path, "inference");
   }
   if (j.contains("weight_cache")) b.weight_cache = get<bool>(j, path, "weight_cache");
+  if (b.role == BufferRole::Param) {
+    const Json& init = field(j, path, "init");
+    const std::string p = sub(path, "init");
+    const std::string kind = get<std::string>(init, p, "kind");
+    if (kind != "normal" && kind != "constant")
+      fail(sub(p, "kind"), fmt::format("unknown value \"{}\"", kind));
+    b.init = {kind == "normal" ? ParamInit::Kind::Normal : ParamInit::Kind::Constant,
+              get<double>(init, p, "value")};
+  }
   if (j.contains("quantizer")) {
     b.quantizer = get<int>(j, path, "quantizer");
     b.usage = enum_field<CopyUsage>(j, path, "usage");

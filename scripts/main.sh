@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh release --target fusec
-fusec=build/release/compiler/fusec
+fusec=build/release/tools/fusec
 example=dsl_examples/mlp.fuse
 echo "== fusec check $example"
 "$fusec" check "$example"

@@ -9,7 +9,7 @@ packages=(
   libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev
   python3  # tests/bench/test_compare.py runs bench/compare.py
 )
-# The template checker (compiler/tools/check_templates.cpp, cmake/template_checker.cmake) needs
+# The template checker (tools/check_templates/check_templates.cpp, cmake/template_checker.cmake) needs
 # libclang-16-dev and llvm-16-dev (libraries, headers), clang-16 (Clang's CMake package) and
 # libclang-common-16-dev (Clang's CUDA wrapper headers); optional where Debian lacks them.
 if apt-cache show libclang-16-dev >/dev/null 2>&1; then

@@ -26,7 +26,7 @@ targets=(fusec)
 [ "$which" = ir ] || targets+=(test_parser)
 cmake --build "$build_dir" --target "${targets[@]}" -j "$(nproc)"
 
-fusec="$build_dir/compiler/fusec"
+fusec="$build_dir/tools/fusec"
 mkdir -p tests/golden/ir
 # A golden whose example is gone would fail test_examples; drop it.
 for golden in tests/golden/ir/*.ir; do

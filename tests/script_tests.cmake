@@ -15,7 +15,8 @@ if(CLANG_FORMAT)
   set_tests_properties(format_check PROPERTIES LABELS "cpu;style")
 endif()
 
-# clang-tidy with the checks in .clang-tidy, over compiler/ and runtime/ (needs compile_commands.json).
+# clang-tidy with the checks in .clang-tidy, over compiler/, runtime/, reference/ and tools/
+# (needs compile_commands.json).
 find_program(CLANG_TIDY NAMES clang-tidy clang-tidy-14 clang-tidy-16)
 if(CLANG_TIDY AND CMAKE_EXPORT_COMPILE_COMMANDS)
   add_test(NAME clang_tidy

@@ -1,8 +1,8 @@
 // The kernel-template table: every CUDA entry point in templates/ that codegen instantiates, with
 // its header, the kernel family it serves, its params struct and its template parameters in order.
 // templates/README.md is the contract this table transcribes; the template checker
-// (compiler/tools/check_templates.cpp, Clang libTooling) parses templates/ and fails when the two
-// disagree, so codegen can build every name expression through this table and trust it.
+// (tools/check_templates/check_templates.cpp, Clang libTooling) parses templates/ and fails when
+// the two disagree, so codegen can build every name expression through this table and trust it.
 //
 // Families without a generated kernel have no entry: Gemm (cuBLASLt) and Alias (no data
 // movement); kernel_templates_for returns nothing for them.

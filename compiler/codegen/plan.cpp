@@ -347,6 +347,7 @@ void SequenceBuilder::plan_buffers() {
         break;
       case ir::ValueKind::Param:
         b.role = BufferRole::Param;
+        b.init = v.init;
         break;
       case ir::ValueKind::OutputGrad:
         b.role = BufferRole::OutputGrad;

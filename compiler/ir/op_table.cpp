@@ -341,11 +341,6 @@ std::string_view attr_type_name(AttrType t) {
   return "?";
 }
 
-std::string param_init_string(const ParamInit& init) {
-  return fmt::format("{}({})", init.kind == ParamInit::Kind::Normal ? "normal" : "constant",
-                     init.value);
-}
-
 std::string_view kernel_family_name(KernelFamily f) {
   switch (f) {
     case KernelFamily::Norm:

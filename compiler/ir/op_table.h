@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ir/types.h"
+#include "plan/param_init.h"
 
 namespace opfuse::ir {
 
@@ -113,16 +114,10 @@ struct ShapeError {
 };
 
 // How a parameter starts out (fusec run, Session::own_parameters): declared by the op that owns
-// it, carried on the IR value, so nothing downstream guesses from names or ranks.
-struct ParamInit {
-  enum class Kind : uint8_t { Normal, Constant };
-  Kind kind = Kind::Constant;
-  double value = 0;  // Normal: the standard deviation (mean 0); Constant: the value
-  static ParamInit normal(double stddev) { return {Kind::Normal, stddev}; }
-  static ParamInit constant(double value) { return {Kind::Constant, value}; }
-  friend bool operator==(const ParamInit&, const ParamInit&) = default;
-};
-std::string param_init_string(const ParamInit& init);  // "normal(0.02)", "constant(1)"
+// it, carried on the IR value and into the plan, so nothing downstream guesses from names or
+// ranks (plan/param_init.h).
+using plan::param_init_string;
+using plan::ParamInit;
 
 // A trainable parameter the op owns, e.g. {"weight", bf16[28672, 4096], normal(0.02)}.
 struct ParamDecl {

@@ -8,6 +8,8 @@
 namespace opfuse::passes {
 
 std::vector<Pass> default_pipeline() {
+  // Each entry: name, description, run, then what it requires of earlier passes and what it
+  // provides; the pass manager checks both (pass_manager.h).
   return {
       // First: later fusion patterns match op windows, and an identity between two ops would
       // hide a pattern (norm, identity, linear must fuse like norm, linear).
@@ -15,15 +17,27 @@ std::vector<Pass> default_pipeline() {
        eliminate_aliases},
       // Before quantization planning: the planner needs the backward GEMMs to know which
       // column-wise FP8 copies to make and where the gradient casts go.
-      {"build-backward", "append the backward ops (dgrad, wgrad, norm/activation backward)",
-       build_backward},
+      {"build-backward",
+       "append the backward ops (dgrad, wgrad, norm/activation backward)",
+       build_backward,
+       {},
+       {"backward"}},
       // Before fusion: casts must exist as ops for the patterns to fold them into producers.
-      {"plan-quantization", "give GEMM operands FP8 quantizers and insert their casts",
-       plan_quantization},
+      {"plan-quantization",
+       "give GEMM operands FP8 quantizers and insert their casts",
+       plan_quantization,
+       {"backward"},
+       {"quantizers"}},
       // Forward before backward: dgelu_bgrad fuses a backward GELU only where the forward GELU
       // became a GELU_AUX_BIAS epilogue (whose aux buffer it reads).
-      {"fuse-forward", "fuse forward ops by the patterns of passes/fusion/", fuse_forward},
-      {"fuse-backward", "fuse backward ops by the patterns of passes/fusion/", fuse_backward},
+      {"fuse-forward",
+       "fuse forward ops by the patterns of passes/fusion/",
+       fuse_forward,
+       {"quantizers"}},
+      {"fuse-backward",
+       "fuse backward ops by the patterns of passes/fusion/",
+       fuse_backward,
+       {"backward", "quantizers"}},
   };
 }
 

@@ -8,13 +8,10 @@
 
 #include "api/build_dir.h"
 #include "api/program_impl.h"
-#include "codegen/kernel_source.h"
 #include "cpu/numerics.h"
-#include "driver/frontend.h"
+#include "driver/compile.h"
 #include "gpu/device.h"
 #include "jit/kernel_cache.h"
-#include "passes/pass_manager.h"
-#include "passes/pipeline.h"
 #include "support/diagnostics.h"
 
 namespace opfuse {
@@ -146,38 +143,28 @@ Program Program::compile(std::string_view source, std::string_view file_name,
 
   SourceManager sources;
   DiagnosticEngine diags(sources);
-  ir::BuildOptions build;
-  build.recipe_override = options.recipe;
-  std::optional<ir::Program> program =
-      load_program_from_source(std::string(file_name), std::string(source), sources, diags, build);
-  if (!program) throw CompileError(diags.format_all());
-
-  passes::PassOptions pass_options;
-  pass_options.disabled.insert(options.disabled_passes.begin(), options.disabled_passes.end());
-  const passes::PassManager manager(passes::default_pipeline());
-  if (const auto unknown = manager.unknown_names(pass_options); !unknown.empty()) {
-    std::vector<std::string> names;
-    for (const auto& pass : manager.passes()) names.emplace_back(pass.name);
-    throw UsageError(fmt::format("CompileOptions::disabled_passes names no pass '{}'; passes: {}",
-                                 unknown[0], fmt::join(names, ", ")));
+  driver::CompileOptions compile_options;
+  compile_options.recipe = options.recipe;
+  compile_options.disabled_passes.insert(options.disabled_passes.begin(),
+                                         options.disabled_passes.end());
+  compile_options.arch = options.arch.empty() ? default_arch() : options.arch;
+  compile_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
+  compile_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
+  driver::CompileResult result = driver::compile_source(std::string(file_name), std::string(source),
+                                                        sources, diags, compile_options);
+  if (result.status == driver::CompileStatus::UsageError) {
+    if (!result.unknown_passes.empty()) {
+      throw UsageError(fmt::format("CompileOptions::disabled_passes names no pass '{}'; passes: {}",
+                                   result.unknown_passes[0],
+                                   fmt::join(driver::pass_names(), ", ")));
+    }
+    throw UsageError("CompileOptions::disabled_passes: " + result.error);
   }
-  manager.run(*program, pass_options, nullptr);
+  if (!result.ok()) throw CompileError(diags.format_all());
+  impl->program = std::move(result.program);
+  impl->plan = std::move(result.plan);
 
-  const std::string arch = options.arch.empty() ? default_arch() : options.arch;
-  try {
-    codegen::CodegenOptions codegen_options;
-    codegen_options.arch = arch;
-    codegen_options.sources = &sources;
-    codegen_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
-    codegen_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
-    impl->plan = codegen::build_plan(*program, codegen_options);
-  } catch (const codegen::CodegenError& e) {
-    diags.error(e.loc(), e.what(), e.hint());
-    throw CompileError(diags.format_all());
-  }
-  impl->program = std::move(*program);
-
-  const std::vector<jit::CompileRequest> requests = kernel_requests(impl->plan, arch);
+  const std::vector<jit::CompileRequest> requests = compile_requests(result.kernels);
   std::unique_ptr<jit::KernelCache> cache;
   if (options.use_cache) {
     cache = std::make_unique<jit::KernelCache>(
@@ -232,18 +219,23 @@ std::string Program::plan_json() const { return codegen::plan_json_text(impl_->p
 
 const BuildStats& Program::build_stats() const { return impl_->stats; }
 
-std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
-                                                 const std::string& arch) {
+std::vector<jit::CompileRequest> compile_requests(
+    const std::vector<driver::KernelRequest>& kernels) {
   std::vector<jit::CompileRequest> requests;
-  for (const codegen::Kernel& kernel : plan.kernels) {
+  for (const driver::KernelRequest& kernel : kernels) {
     jit::CompileRequest request;
-    request.kernel_name = kernel.id;
-    request.source = codegen::kernel_source(plan, kernel);
-    request.name_expressions = {kernel.name_expression};
-    request.arch = arch;
+    request.kernel_name = kernel.kernel_name;
+    request.source = kernel.source;
+    request.name_expressions = kernel.name_expressions;
+    request.arch = kernel.arch;
     requests.push_back(std::move(request));
   }
   return requests;
+}
+
+std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
+                                                 const std::string& arch) {
+  return compile_requests(driver::kernel_requests(plan, arch));
 }
 
 const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "codegen/plan.h"
+#include "driver/compile.h"
 #include "ir/graph.h"
 #include "jit/nvrtc_compiler.h"
 #include "opfuse/program.h"
@@ -20,8 +21,12 @@ struct Program::Impl {
   BuildStats stats;
 };
 
-// One NVRTC request per plan kernel (plan.kernels order): its generated source and name expression
-// for `arch`. Program::compile, `fusec build` and the GPU tests compile plans through it.
+// The compile driver's kernel requests (driver/compile.h) as NVRTC requests; Program::compile and
+// `fusec build` compile them.
+std::vector<jit::CompileRequest> compile_requests(
+    const std::vector<driver::KernelRequest>& kernels);
+// One NVRTC request per plan kernel (plan.kernels order) for `arch`: driver::kernel_requests as
+// NVRTC requests (the GPU tests compile plans through it).
 std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
                                                  const std::string& arch);
 

@@ -4,13 +4,12 @@
 #include "api/program_impl.h"
 #include "api/session_access.h"
 #include "api/state_file.h"
-#include "cpu/reference_executor.h"
-#include "cpu/run_driver.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
 #include "gpu/plan_executor.h"
 #include "opfuse/program.h"
+#include "plan/param_init.h"
 
 namespace opfuse {
 
@@ -53,7 +52,6 @@ TensorKind public_kind(const gpu::TensorInfo& info) {
 struct Session::Impl {
   std::shared_ptr<const Program::Impl> program;
   const codegen::SequencePlan* plan = nullptr;
-  const ir::Sequence* sequence = nullptr;
   cudaStream_t stream = nullptr;
   std::unique_ptr<gpu::PlanModules> modules;
   std::unique_ptr<gpu::GemmRunner> gemms;
@@ -142,7 +140,6 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   }
   const Program::Impl& p = *s.program;
   s.plan = &find_sequence_plan(p, sequence);
-  s.sequence = p.program.find_sequence(s.plan->name);
   s.stream = stream;
   const std::string device_arch = gpu::current_device().arch;
   if (p.plan.arch != device_arch) {
@@ -187,20 +184,32 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
   Impl& s = *impl_;
   s.require_bound("own_parameters()");
   s.require_no_graph("own_parameters()");
-  if (s.sequence == nullptr) {
-    throw UsageError(fmt::format(
-        "own_parameters() needs the program's IR to know each parameter's initializer, and "
-        "{} was loaded from a build directory: give your parameters with set_tensor(), or "
-        "allocate_parameters() and load() a checkpoint",
-        s.program->source_name));
+  // The values `fusec run --device cpu` starts from: each parameter as its op declared it
+  // (plan::Buffer::init), in creation order, from the shared seeded generator (plan/param_init.h).
+  plan::ParamInitializer initializer(seed);
+  std::map<std::string, std::vector<float>, std::less<>> values;
+  for (const plan::Buffer& buffer : s.plan->buffers) {
+    if (buffer.role != plan::BufferRole::Param || buffer.alias_of >= 0) continue;
+    const std::string name = buffer.name.substr(buffer.name.starts_with('%') ? 1 : 0);
+    std::size_t elements = 1;
+    for (const plan::SymExpr& d : buffer.shape) {
+      const std::optional<std::int64_t> size = d.value();
+      if (!size) {
+        throw UsageError(
+            fmt::format("parameter '{}' has a size that depends on '{}'", name, d.text()));
+      }
+      elements *= static_cast<std::size_t>(*size);
+    }
+    std::vector<float>& v = values[name];
+    v.resize(elements);
+    initializer.fill(buffer.init, v);
   }
-  // The same values `fusec run --device cpu` starts from: the CPU reference's initializer.
-  cpu::Bindings bindings(s.bindings.begin(), s.bindings.end());
-  cpu::ReferenceExecutor<float> reference(*s.sequence, bindings);
-  cpu::init_params_from_seed(reference, seed);
   for (const gpu::TensorInfo& info : s.params()) {
-    const std::vector<unsigned char> bytes =
-        encode_values(reference.param(info.name).data, public_dtype(info.dtype));
+    const auto found = values.find(info.name);
+    if (found == values.end()) {
+      throw UsageError(fmt::format("the plan has no initializer for parameter '{}'", info.name));
+    }
+    const std::vector<unsigned char> bytes = encode_values(found->second, public_dtype(info.dtype));
     gpu::DeviceBuffer buffer(bytes.size(), stream);
     OPFUSE_CUDA_CHECK(
         cudaMemcpyAsync(buffer.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream),

@@ -1,6 +1,6 @@
 // The benchmark hooks on the GPU: the executor's StepObserver sees every enqueued step (and no
 // skipped weight cast), step_profiles() counts bound bytes and GEMM flops, and run_benchmark's
-// report is consistent with them (fusec bench, runtime/api/bench.h).
+// report is consistent with them (fusec bench, tools/bench/bench.h).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "api/bench.h"
 #include "api/session_access.h"
+#include "bench/bench.h"
 #include "gpu/plan_executor.h"
 #include "gpu_test_support.h"
 #include "opfuse/program.h"

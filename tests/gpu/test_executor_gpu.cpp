@@ -24,7 +24,6 @@
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
 #include "cpu/numerics.h"
-#include "cpu/reference_executor.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
 #include "gpu/plan_executor.h"
@@ -32,6 +31,7 @@
 #include "ir/pointwise_ops.h"
 #include "jit/nvrtc_compiler.h"
 #include "opfuse/error.h"
+#include "reference/reference_executor.h"
 
 namespace opfuse::gpu {
 namespace {

@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "cpu/numerics.h"
-#include "cpu/reference_ops.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
 #include "gpu/gemm.h"
 #include "opfuse/error.h"
+#include "reference/reference_ops.h"
 
 namespace opfuse::gpu {
 namespace {

@@ -1,4 +1,4 @@
-// The device-resident quantizer state against its CPU twin (runtime/cpu/cpu_quantizers.h,
+// The device-resident quantizer state against its CPU twin (reference/cpu_quantizers.h,
 // quantizer_math.h), bit for bit over 20 steps, plus the GPU runtime pieces it stands on: module
 // loading and launch checks, the memory pool's peak, the device description. Label `gpu`: skips
 // (visibly) where no GPU is present.
@@ -14,12 +14,12 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/cpu_quantizers.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
 #include "gpu/module.h"
 #include "gpu/quantizer_state.h"
 #include "opfuse/error.h"
+#include "reference/cpu_quantizers.h"
 
 namespace opfuse::gpu {
 namespace {

@@ -19,11 +19,11 @@
 
 #include "codegen/plan.h"
 #include "cpu/numerics.h"
-#include "cpu/reference_executor.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
 #include "gpu/plan_executor.h"
 #include "gpu_test_support.h"
+#include "reference/reference_executor.h"
 
 namespace opfuse::gpu {
 namespace {

@@ -14,14 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "api/gpu_run.h"
-#include "cpu/run_driver.h"
+#include "driver/compile.h"
 #include "driver/frontend.h"
 #include "gpu/device.h"
 #include "gpu_test_support.h"
 #include "opfuse/program.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
+#include "reference/run_driver.h"
+#include "run/gpu_run.h"
 #include "test_support.h"
 
 namespace opfuse {
@@ -108,15 +109,17 @@ TEST_F(SessionGpu, FusecRunOnTheGpuMatchesTheCpuReference) {
 
     SourceManager sources;
     DiagnosticEngine diags(sources);
-    auto ir = load_program_from_source("small_mlp.fuse", text, sources, diags);
-    ASSERT_TRUE(ir.has_value());
-    passes::PassManager(passes::default_pipeline()).run(*ir, {}, nullptr);
+    driver::CompileOptions passes_only;
+    passes_only.last_stage = driver::Stage::Passes;
+    const auto ir = driver::compile_source("small_mlp.fuse", text, sources, diags, passes_only);
+    ASSERT_TRUE(ir.ok()) << diags.format_all();
     cpu::RunOptions cpu_options;
     cpu_options.bindings = {{"tokens", 64}};
     cpu_options.steps = 3;
     cpu_options.seed = 5;
     cpu_options.lr = 0.5;
-    const std::string cpu_report = cpu::run_reference_training(ir->sequences[0], cpu_options);
+    const std::string cpu_report =
+        cpu::run_reference_training(ir.program.sequences[0], cpu_options);
 
     const double bound = recipe == "bf16" ? 1e-2 : 3e-2;
     for (const std::string key : {"loss", "\\|g\\|"}) {
@@ -305,7 +308,14 @@ TEST_F(SessionGpu, ALoadedBuildDirectoryRunsLikeTheCompiledProgram) {
   EXPECT_EQ(loaded.build_stats().compiled, 0);
   Session b(loaded, "", stream_);
   b.bind({{"tokens", 64}});
-  EXPECT_THROW(b.own_parameters(4, stream_), UsageError);  // no IR to initialize from
+  // The plan carries each parameter's initializer: a build directory starts from the same values.
+  b.own_parameters(4, stream_);
+  Session fresh = make_session(compiled, 4);
+  const std::pair<const char*, std::size_t> weights[] = {{"fc1.weight", 1024 * 256 * 2},
+                                                         {"fc2.weight", 256 * 512 * 2}};
+  for (const auto& [param, bytes] : weights) {
+    EXPECT_EQ(read(b.parameter(param), bytes), read(fresh.parameter(param), bytes)) << param;
+  }
   b.allocate_parameters(stream_);
   b.set_tensor("x", random_bf16(64 * 256, 11));
   b.load(dir + "/a.state", stream_);

@@ -14,6 +14,17 @@ foreach(f bin/fusec include/opfuse/version.h lib/cmake/opfuse/opfuseConfig.cmake
     message(FATAL_ERROR "install is missing ${f}")
   endif()
 endforeach()
+# The installed headers are the embedding API (runtime/include/opfuse) and nothing else: no
+# compiler, runtime-internal or reference header, so an application cannot come to depend on one.
+file(GLOB_RECURSE installed_headers RELATIVE ${WORK_DIR}/prefix/include ${WORK_DIR}/prefix/include/*)
+file(GLOB_RECURSE public_headers RELATIVE ${SOURCE_DIR}/runtime/include
+     ${SOURCE_DIR}/runtime/include/*)
+list(SORT installed_headers)
+list(SORT public_headers)
+if(NOT installed_headers STREQUAL public_headers)
+  message(FATAL_ERROR "the install has headers that are not the public API (runtime/include):\n"
+                      "  installed: ${installed_headers}\n  public: ${public_headers}")
+endif()
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${WORK_DIR}/consumer
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)

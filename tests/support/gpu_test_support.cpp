@@ -1,4 +1,5 @@
 #include "gpu_test_support.h"
+#include "driver/compile.h"
 
 #include <algorithm>
 #include <map>
@@ -38,19 +39,19 @@ std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const 
                                                  const std::string& kernel_cache_dir) {
   auto compiled = std::make_unique<CompiledProgram>();
   DiagnosticEngine diags(compiled->sources);
-  ir::BuildOptions options;
-  options.recipe_override = recipe_override;
-  auto program = load_program_from_source(name + ".fuse", text, compiled->sources, diags, options);
-  if (!program) {
-    ADD_FAILURE() << diags.format_all();
+  driver::CompileOptions options;
+  options.recipe = recipe_override;
+  options.arch = gpu::current_device().arch;
+  driver::CompileResult program =
+      driver::compile_source(name + ".fuse", text, compiled->sources, diags, options);
+  if (!program.ok()) {
+    ADD_FAILURE() << diags.format_all() << program.error;
     return nullptr;
   }
-  passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
-  compiled->program = std::move(*program);
-  const std::string arch = gpu::current_device().arch;
-  compiled->plan = codegen::build_plan(compiled->program, {arch, &compiled->sources});
-  const jit::CompileAllResult result = jit::compile_all(
-      opfuse::kernel_requests(compiled->plan, arch), &kernel_cache(kernel_cache_dir));
+  compiled->program = std::move(program.program);
+  compiled->plan = std::move(program.plan);
+  const jit::CompileAllResult result =
+      jit::compile_all(opfuse::compile_requests(program.kernels), &kernel_cache(kernel_cache_dir));
   compiled->modules = std::make_unique<gpu::PlanModules>(compiled->plan, result.kernels);
   return compiled;
 }

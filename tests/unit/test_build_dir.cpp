@@ -11,6 +11,7 @@
 
 #include "../../runtime/api/build_dir.h"
 #include "codegen/plan.h"
+#include "driver/compile.h"
 #include "driver/frontend.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
@@ -50,12 +51,13 @@ TEST(PlanJson, EveryExamplePlanReadsBackToTheSameText) {
     for (const std::string recipe : {"", "bf16"}) {
       SourceManager sources;
       DiagnosticEngine diags(sources);
-      ir::BuildOptions options;
-      options.recipe_override = recipe;
-      auto program = load_program(entry.path().string(), sources, diags, options);
-      ASSERT_TRUE(program.has_value()) << diags.format_all();
-      passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
-      const codegen::Plan plan = codegen::build_plan(*program, {"sm_90a", &sources});
+      driver::CompileOptions options;
+      options.recipe = recipe;
+      options.last_stage = driver::Stage::Plan;
+      const driver::CompileResult result =
+          driver::compile_file(entry.path().string(), sources, diags, options);
+      ASSERT_TRUE(result.ok()) << diags.format_all() << result.error;
+      const codegen::Plan& plan = result.plan;
       const std::string text = codegen::plan_json_text(plan);
       const codegen::Plan back = codegen::plan_from_json(nlohmann::ordered_json::parse(text));
       EXPECT_EQ(codegen::plan_json_text(back), text) << entry.path() << " " << recipe;
@@ -69,14 +71,14 @@ TEST(PlanJson, Fp8AccumulationFollowsTheOptions) {
   for (const bool flip : {false, true}) {
     SourceManager sources;
     DiagnosticEngine diags(sources);
-    auto program = load_program(test::source_path("dsl_examples/mlp.fuse"), sources, diags);
-    ASSERT_TRUE(program.has_value()) << diags.format_all();
-    passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
-    codegen::CodegenOptions options;
-    options.sources = &sources;
+    driver::CompileOptions options;
     options.fp8_fprop_fast_accum = !flip;
     options.fp8_backward_fast_accum = flip;
-    const codegen::Plan plan = codegen::build_plan(*program, options);
+    options.last_stage = driver::Stage::Plan;
+    const driver::CompileResult result =
+        driver::compile_file(test::source_path("dsl_examples/mlp.fuse"), sources, diags, options);
+    ASSERT_TRUE(result.ok()) << diags.format_all() << result.error;
+    const codegen::Plan& plan = result.plan;
     int gemms = 0;
     for (const codegen::Step& step : plan.sequences.at(0).steps) {
       const auto* gemm = std::get_if<codegen::GemmStep>(&step.body);

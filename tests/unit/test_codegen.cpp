@@ -24,6 +24,7 @@
 #include "codegen/kernel_source.h"
 #include "codegen/kernel_templates.h"
 #include "codegen/plan.h"
+#include "driver/compile.h"
 #include "driver/frontend.h"
 #include "ir/pointwise_ops.h"
 #include "passes/pass_manager.h"
@@ -55,17 +56,16 @@ constexpr bool kUnfused = false;
 ir::Program load_and_run_passes(const std::string& path, const std::string& recipe,
                                 SourceManager& sources, std::string text = {}, bool fused = true) {
   DiagnosticEngine diags(sources);
-  ir::BuildOptions options;
-  options.recipe_override = recipe;
-  auto program = text.empty()
-                     ? load_program(path, sources, diags, options)
-                     : load_program_from_source(path, std::move(text), sources, diags, options);
-  EXPECT_TRUE(program.has_value()) << diags.format_all();
-  if (!program) return {};
-  passes::PassOptions pass_options;
-  if (!fused) pass_options.disabled = {"fuse-forward", "fuse-backward"};
-  passes::PassManager(passes::default_pipeline()).run(*program, pass_options, nullptr);
-  return std::move(*program);
+  driver::CompileOptions options;
+  options.recipe = recipe;
+  if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
+  options.last_stage = driver::Stage::Passes;
+  driver::CompileResult result =
+      text.empty() ? driver::compile_file(path, sources, diags, options)
+                   : driver::compile_source(path, std::move(text), sources, diags, options);
+  EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
+  if (!result.ok()) return {};
+  return std::move(result.program);
 }
 
 std::unique_ptr<Compiled> compile_example(const std::string& name, const std::string& recipe = "",

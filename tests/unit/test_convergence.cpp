@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "../../runtime/cpu/reference_executor.h"
-#include "../../runtime/cpu/run_driver.h"
 #include "driver/frontend.h"
+#include "reference/reference_executor.h"
+#include "reference/run_driver.h"
 
 namespace opfuse::cpu {
 namespace {

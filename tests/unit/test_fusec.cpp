@@ -104,6 +104,27 @@ TEST(FusecExitCodes, UnknownPassIsAUsageErrorListingThePasses) {
   EXPECT_TRUE(contains(disabled.output, "unknown pass 'nope'")) << disabled.output;
 }
 
+// plan-quantization requires the backward that build-backward provides: disabling the provider
+// alone is a usage error naming both passes, for every command that takes --disable-pass.
+TEST(FusecExitCodes, DisablingAPassALaterPassRequiresIsAUsageError) {
+  for (const std::string command : {"ir", "build -o /nonexistent/out", "dump-kernels -o /no/out"}) {
+    const auto r = fusec(command + " --disable-pass build-backward " + example("mlp"));
+    EXPECT_EQ(r.exit_code, kExitUsage) << command << ": " << r.output;
+    EXPECT_TRUE(contains(r.output,
+                         "fusec: error: pass 'build-backward' is disabled, but pass "
+                         "'plan-quantization' requires the 'backward' that 'build-backward' "
+                         "provides"))
+        << command << ": " << r.output;
+  }
+  // Disabling every pass that needs it as well is fine: the forward IR, unquantized.
+  const auto r = fusec(
+      "ir --disable-pass build-backward --disable-pass plan-quantization --disable-pass "
+      "fuse-forward --disable-pass fuse-backward " +
+      example("mlp"));
+  EXPECT_EQ(r.exit_code, kExitOk) << r.output;
+  EXPECT_FALSE(contains(r.output, "backward")) << r.output;
+}
+
 // ---- --help and --version -----------------------------------------------------------------------
 
 TEST(FusecHelp, HelpListsSubcommandsAndExitCodes) {

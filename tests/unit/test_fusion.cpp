@@ -9,14 +9,15 @@
 #include <string>
 #include <vector>
 
-#include "../../runtime/cpu/reference_executor.h"
-#include "../../runtime/cpu/run_driver.h"
+#include "driver/compile.h"
 #include "driver/frontend.h"
 #include "ir/pointwise_ops.h"
 #include "ir/verifier.h"
 #include "passes/fusion/patterns.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
+#include "reference/reference_executor.h"
+#include "reference/run_driver.h"
 
 namespace opfuse {
 namespace {
@@ -29,14 +30,15 @@ constexpr const char* kBf16 = "recipe fp8 = bf16()\n";
 ir::Sequence lower(const std::string& text, bool fuse) {
   SourceManager sources;
   DiagnosticEngine diags(sources);
-  auto program = load_program_from_source("fusion.fuse", text, sources, diags);
-  EXPECT_TRUE(program.has_value()) << diags.format_all() << text;
-  if (!program) return {};
-  passes::PassOptions options;
-  if (!fuse) options.disabled = {"fuse-forward", "fuse-backward"};
-  passes::PassManager(passes::default_pipeline()).run(*program, options, nullptr);
-  EXPECT_TRUE(ir::verify_sequence(program->sequences[0]).empty());
-  return program->sequences[0];
+  driver::CompileOptions options;
+  if (!fuse) options.disabled_passes = {"fuse-forward", "fuse-backward"};
+  options.last_stage = driver::Stage::Passes;
+  driver::CompileResult result =
+      driver::compile_source("fusion.fuse", text, sources, diags, options);
+  EXPECT_TRUE(result.ok()) << diags.format_all() << text;
+  if (!result.ok()) return {};
+  EXPECT_TRUE(ir::verify_sequence(result.program.sequences[0]).empty());
+  return result.program.sequences[0];
 }
 
 std::string program(const char* recipe, const std::string& signature, const std::string& body) {

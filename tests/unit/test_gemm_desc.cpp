@@ -12,7 +12,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cpu/cpu_quantizers.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
@@ -20,6 +19,7 @@
 #include "gpu/quantizer_state.h"
 #include "opfuse/error.h"
 #include "passes/plan_quantization.h"
+#include "reference/cpu_quantizers.h"
 #include "test_support.h"
 
 namespace opfuse::gpu {

@@ -19,6 +19,7 @@
 
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
+#include "driver/compile.h"
 #include "driver/frontend.h"
 #include "gpu/kernel_params.h"
 #include "jit/cubin_info.h"
@@ -160,15 +161,14 @@ std::vector<codegen::Plan> example_plans() {
       for (const bool fused : {true, false}) {
         SourceManager sources;
         DiagnosticEngine diags(sources);
-        ir::BuildOptions options;
-        options.recipe_override = recipe;
-        auto program = load_program(file.string(), sources, diags, options);
-        EXPECT_TRUE(program.has_value()) << diags.format_all();
-        if (!program) continue;
-        passes::PassOptions pass_options;
-        if (!fused) pass_options.disabled = {"fuse-forward", "fuse-backward"};
-        passes::PassManager(passes::default_pipeline()).run(*program, pass_options, nullptr);
-        plans.push_back(codegen::build_plan(*program, {"sm_90a", &sources}));
+        driver::CompileOptions options;
+        options.recipe = recipe;
+        if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
+        options.last_stage = driver::Stage::Plan;
+        driver::CompileResult result = driver::compile_file(file.string(), sources, diags, options);
+        EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
+        if (!result.ok()) continue;
+        plans.push_back(std::move(result.plan));
       }
     }
   }

@@ -1,7 +1,7 @@
 // The kernel-template table (compiler/codegen/kernel_templates.h) against templates/README.md,
 // the contract it transcribes: every entry documented, README's name expressions rebuilt through
 // the table character for character, bad argument lists rejected. The Clang template checker
-// (compiler/tools/check_templates.cpp) compares the table with the CUDA sources themselves.
+// (tools/check_templates/check_templates.cpp) compares the table with the CUDA sources themselves.
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -8,6 +8,7 @@
 #include "passes/eliminate_aliases.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
+#include "support/assert.h"
 
 namespace opfuse {
 namespace {
@@ -76,7 +77,61 @@ TEST(PassManager, DisablePrintAfterStopAfterAndTimings) {
   EXPECT_EQ(std::count_if(q.sequences[0].ops.begin(), q.sequences[0].ops.end(),
                           [](const ir::Operation& op) { return op.phase == ir::Phase::Forward; }),
             6);
+}
 
+bool no_op(ir::Program&) { return false; }
+
+TEST(PassManager, APassThatRequiresWhatNoEarlierPassProvidesIsAnInternalError) {
+  EXPECT_THROW(
+      passes::PassManager({{"use", "", no_op, {"thing"}, {}}, {"make", "", no_op, {}, {"thing"}}}),
+      InternalError);
+  EXPECT_NO_THROW(
+      passes::PassManager({{"make", "", no_op, {}, {"thing"}}, {"use", "", no_op, {"thing"}, {}}}));
+}
+
+TEST(PassManager, DisablingAProviderOfAPassThatRunsIsReportedWithBothNames) {
+  const passes::PassManager manager({{"make", "", no_op, {}, {"thing"}},
+                                     {"other", "", no_op, {}, {}},
+                                     {"use", "", no_op, {"thing"}, {}}});
+  passes::PassOptions options;
+  EXPECT_EQ(manager.broken_requirement(options), "");
+  options.disabled = {"other"};
+  EXPECT_EQ(manager.broken_requirement(options), "");
+  options.disabled = {"make"};
+  const std::string broken = manager.broken_requirement(options);
+  EXPECT_EQ(broken,
+            "pass 'make' is disabled, but pass 'use' requires the 'thing' that 'make' provides; "
+            "disable 'use' as well, or keep 'make'");
+  ir::Program program;
+  EXPECT_THROW(manager.run(program, options, nullptr), passes::PassRequirementError);
+  // Not when the pass that requires it is disabled too, or never runs (stop_after).
+  options.disabled = {"make", "use"};
+  EXPECT_EQ(manager.broken_requirement(options), "");
+  options.disabled = {"make"};
+  options.stop_after = "other";
+  EXPECT_EQ(manager.broken_requirement(options), "");
+}
+
+// The pipeline's declarations: the backward before quantization, quantizers before fusion.
+TEST(PassManager, TheDefaultPipelineDeclaresWhatItsPassesNeed) {
+  const passes::PassManager manager(passes::default_pipeline());
+  passes::PassOptions options;
+  options.disabled = {"plan-quantization"};
+  EXPECT_NE(manager.broken_requirement(options).find("pass 'fuse-forward' requires the "
+                                                     "'quantizers' that 'plan-quantization'"),
+            std::string::npos)
+      << manager.broken_requirement(options);
+  options.disabled = {"build-backward"};
+  EXPECT_NE(manager.broken_requirement(options).find("pass 'plan-quantization' requires the "
+                                                     "'backward' that 'build-backward'"),
+            std::string::npos)
+      << manager.broken_requirement(options);
+  options.disabled = {"eliminate-aliases", "fuse-forward", "fuse-backward"};
+  EXPECT_EQ(manager.broken_requirement(options), "");
+}
+
+TEST(PassManager, UnknownNamesAreReported) {
+  const passes::PassManager manager(passes::default_pipeline());
   passes::PassOptions unknown;
   unknown.disabled.insert("no-such-pass");
   unknown.stop_after = "nor-this";

@@ -17,7 +17,7 @@
 namespace opfuse::ir {
 namespace {
 
-// ---- the formulas of runtime/cpu/reference_ops.cpp before the definitions, verbatim ----------
+// ---- the formulas of reference/reference_ops.cpp before the definitions, verbatim ----------
 namespace old {
 enum class Activation { GELU, QGELU, ReLU, SiLU };
 template <typename T>

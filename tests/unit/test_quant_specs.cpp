@@ -10,14 +10,16 @@
 #include <string>
 #include <vector>
 
-#include "../../runtime/cpu/reference_executor.h"
-#include "../../runtime/cpu/run_driver.h"
 #include "codegen/plan.h"
+#include "cpu/numerics.h"
 #include "driver/frontend.h"
 #include "ir/printer.h"
 #include "passes/pass_manager.h"
 #include "passes/pipeline.h"
 #include "plan/gemm_caps.h"
+#include "plan/param_init.h"
+#include "reference/reference_executor.h"
+#include "reference/run_driver.h"
 #include "support/diagnostics.h"
 
 namespace opfuse {
@@ -325,6 +327,38 @@ TEST(PlanLifetimes, WeightCastsAndRunModeLifetimesAreComputedByCodegen) {
     }
   }
   EXPECT_EQ(copies_dropped, 2) << "fc1.input's and fc2.input's transposed copies";
+}
+
+}  // namespace
+}  // namespace opfuse
+
+namespace opfuse {
+namespace {
+
+// Session::own_parameters fills parameters from the plan alone (no CPU reference in the runtime):
+// the plan's initializers in plan order give exactly the CPU reference's starting values.
+TEST(PlanParamInit, ThePlanGivesTheReferencesStartingParameters) {
+  const auto l = lower({});
+  const plan::Plan p = codegen::build_plan(l->program, {"sm_90a", &l->sources});
+  cpu::ReferenceExecutor<float> ref(l->seq(), {{"tokens", 8}});
+  cpu::init_params_from_seed(ref, 42);
+  plan::ParamInitializer initializer(42);
+  int params = 0, normals = 0;
+  for (const plan::Buffer& b : p.sequences.at(0).buffers) {
+    if (b.role != plan::BufferRole::Param) continue;
+    ++params;
+    normals += b.init.kind == plan::ParamInit::Kind::Normal;
+    std::vector<float> values(size_t(*b.bytes.value() / plan::dtype_bytes(b.dtype)));
+    initializer.fill(b.init, values);
+    cpu::round_to_bf16(values);
+    EXPECT_EQ(values, ref.param(b.name.substr(1)).data) << b.name;
+  }
+  EXPECT_EQ(params, 4) << "layernorm weight and bias, two linear weights";
+  EXPECT_EQ(normals, 2);
+  // plan.json carries the initializers.
+  const plan::Plan back = plan::plan_from_json(plan::plan_to_json(p));
+  for (size_t i = 0; i < back.sequences[0].buffers.size(); ++i)
+    EXPECT_EQ(back.sequences[0].buffers[i].init, p.sequences[0].buffers[i].init);
 }
 
 }  // namespace

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "../../runtime/cpu/reference_executor.h"
-#include "../../runtime/cpu/run_driver.h"
 #include "../../runtime/gpu/device.h"
 #include "driver/frontend.h"
+#include "reference/reference_executor.h"
+#include "reference/run_driver.h"
 #include "test_support.h"
 
 namespace opfuse::cpu {

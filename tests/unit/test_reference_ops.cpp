@@ -12,9 +12,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../runtime/cpu/reference_executor.h"
 #include "driver/frontend.h"
 #include "ir/pointwise_ops.h"
+#include "reference/reference_executor.h"
 
 namespace opfuse::cpu {
 namespace {

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "api/state_file.h"
-#include "cpu/run_driver.h"
 #include "jit/nvrtc_compiler.h"
 #include "jit/sha256.h"
 #include "opfuse/error.h"
+#include "reference/run_driver.h"
 #include "test_support.h"
 
 namespace opfuse::api {

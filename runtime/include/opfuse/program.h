@@ -83,7 +83,8 @@ class Program {
   static Program compile_file(const std::string& path, const CompileOptions& options = {});
   // A `fusec build FILE -o DIR` output: DIR/plan.json and the kernels' binaries, verified against
   // DIR/kernels.json (sizes, SHA-256); no NVRTC. Throws UsageError for a missing, damaged or
-  // stale directory (what to rebuild). Such a program has no IR: own_parameters() needs one.
+  // stale directory (what to rebuild). Its plan carries each parameter's initializer, so
+  // own_parameters() works as for a compiled program.
   static Program load_build(const std::string& dir);
 
   std::vector<std::string> sequences() const;
@@ -162,9 +163,10 @@ class Session {
   void bind(const std::map<std::string, std::int64_t>& sizes);
   std::vector<TensorInfo> tensors() const;
 
-  // Allocates every parameter on the device and fills it as `fusec run` does from `seed`
-  // (linear weights ~ N(0, 0.02), norm weights 1, biases 0); waits for the copies. The session
-  // owns them; parameter() gives their pointers. Call after bind().
+  // Allocates every parameter on the device and fills it as `fusec run` does from `seed`, each as
+  // its op declares (linear weights ~ N(0, 0.02), norm weights 1 or 0 when zero-centered, biases
+  // 0); waits for the copies. The session owns them; parameter() gives their pointers. Call after
+  // bind().
   void own_parameters(std::uint64_t seed, cudaStream_t stream = nullptr);
   // Allocates every parameter zero-filled (to load() a checkpoint into); the session owns them.
   void allocate_parameters(cudaStream_t stream = nullptr);

@@ -1,4 +1,4 @@
-#include "api/gpu_run.h"
+#include "run/gpu_run.h"
 
 #include "api/program_impl.h"
 
@@ -8,10 +8,10 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/run_driver.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
+#include "reference/run_driver.h"
 
 namespace opfuse::api {
 

@@ -6,20 +6,15 @@
 #include <numbers>
 #include <random>
 
-#include "passes/pass_manager.h"
-#include "passes/pipeline.h"
+#include "driver/compile.h"
+#include "plan/param_init.h"
 #include "support/assert.h"
 
 namespace opfuse::cpu {
 
 namespace {
 
-// One N(0, 1) value from two uniform draws (Box-Muller): the same on every platform.
-double next_normal(std::mt19937_64& rng) {
-  const double u1 = (double(rng() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  const double u2 = double(rng() >> 11) * 0x1.0p-53;          // [0, 1)
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-}
+using plan::next_normal;
 
 double norm_of(const std::vector<float>& values) {
   double sum = 0;
@@ -44,17 +39,12 @@ Tensor<float> seeded_normal(const std::vector<int64_t>& shape, uint64_t seed, do
 
 void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed) {
   const ir::Sequence& seq = executor.sequence();
-  std::mt19937_64 rng(seed);
   // Parameters in creation order (op order, then operand order), each as its op declared it
-  // (ir::ParamDecl::init); normal draws come from the one generator in that order.
+  // (ir::ParamDecl::init), from the generator Session::own_parameters uses too.
+  plan::ParamInitializer initializer(seed);
   for (ir::ValueId id : seq.params) {
     const ir::Value& v = seq.value(id);
-    Tensor<float>& p = executor.param(v.name);
-    if (v.init.kind == ir::ParamInit::Kind::Normal) {
-      for (float& x : p.data) x = float(v.init.value * next_normal(rng));
-    } else {
-      std::fill(p.data.begin(), p.data.end(), float(v.init.value));
-    }
+    initializer.fill(v.init, executor.param(v.name).data);
   }
   executor.params_changed();
 }
@@ -66,8 +56,11 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
   // its parts with rounding only where values leave it, like the GPU kernel).
   ir::Program program;
   program.sequences.push_back(sequence);
-  if (!sequence.has_backward)
-    passes::PassManager(passes::default_pipeline()).run(program, {}, nullptr);
+  if (!sequence.has_backward) {
+    driver::CompileOptions passes_only;
+    passes_only.last_stage = driver::Stage::Passes;
+    program = driver::compile_ir(std::move(program), nullptr, nullptr, passes_only).program;
+  }
   ReferenceExecutor<float> exec(program.sequences[0], options.bindings);
   init_params_from_seed(exec, options.seed);
   // Inputs come from a second stream of the same seed so that they do not depend on the

@@ -1,5 +1,5 @@
 // The measurement side of `fusec bench` (bench.h); bench_report.cpp formats the results.
-#include "api/bench.h"
+#include "bench/bench.h"
 
 #include <fmt/format.h>
 

@@ -8,9 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "driver/compile.h"
 #include "numerics.h"
-#include "passes/build_backward.h"
-#include "passes/plan_quantization.h"
 #include "reference_ops.h"
 #include "support/assert.h"
 
@@ -293,12 +292,18 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
   State& s = *state_;
   s.seq = sequence;
   if (!s.seq.has_backward) {
-    // Straight from the front end: lower it unfused (the pipeline's order, passes/pipeline.cpp).
+    // Straight from the front end: lower it through the one compile driver, as written (no alias
+    // elimination, no fusions: every op runs as its own reference).
     ir::Program program;
     program.sequences.push_back(std::move(s.seq));
-    passes::build_backward(program);
-    passes::plan_quantization(program);
-    s.seq = std::move(program.sequences[0]);
+    driver::CompileOptions unfused;
+    unfused.disabled_passes = {"eliminate-aliases", "fuse-forward", "fuse-backward"};
+    unfused.last_stage = driver::Stage::Passes;
+    driver::CompileResult lowered =
+        driver::compile_ir(std::move(program), nullptr, nullptr, unfused);
+    OPFUSE_ASSERT(lowered.status == driver::CompileStatus::Ok, "lowering for the reference: {}",
+                  lowered.error);
+    s.seq = std::move(lowered.program.sequences.at(0));
   }
   s.options = options;
   std::vector<std::string> unbound;

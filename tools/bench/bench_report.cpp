@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/bench.h"
+#include "bench/bench.h"
 
 namespace opfuse::api {
 

@@ -1,4 +1,4 @@
-// `fusec run --device gpu`: the CPU reference driver's training loop (runtime/cpu/run_driver.h)
+// `fusec run --device gpu`: the CPU reference driver's training loop (reference/run_driver.h)
 // on the GPU through the embedding API, with the same seeded parameters and inputs, the same
 // loss and the same report, so the two devices' reports can be compared line by line; plus the
 // device's peak memory. The loss, dL/dy and the SGD update are computed on the host (this is a

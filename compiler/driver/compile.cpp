@@ -1,0 +1,158 @@
+#include "driver/compile.h"
+
+#include <fmt/format.h>
+
+#include "codegen/kernel_source.h"
+#include "driver/frontend.h"
+#include "passes/pipeline.h"
+
+namespace opfuse::driver {
+
+namespace {
+
+passes::PassOptions pass_options(const CompileOptions& options) {
+  passes::PassOptions p;
+  p.disabled = options.disabled_passes;
+  p.print_after = options.print_after;
+  p.stop_after = options.stop_after;
+  return p;
+}
+
+// Unknown pass names and disabled passes that a later pass needs are usage errors, found before
+// any file is read.
+bool options_are_valid(const passes::PassManager& manager, const CompileOptions& options,
+                       CompileResult& result) {
+  const passes::PassOptions p = pass_options(options);
+  result.unknown_passes = manager.unknown_names(p);
+  if (!result.unknown_passes.empty()) {
+    result.status = CompileStatus::UsageError;
+    result.error = fmt::format("unknown pass '{}'", result.unknown_passes.front());
+    return false;
+  }
+  if (std::string broken = manager.broken_requirement(p); !broken.empty()) {
+    result.status = CompileStatus::UsageError;
+    result.error = std::move(broken);
+    return false;
+  }
+  return true;
+}
+
+// Keeps only `name`'s sequence; false (with result.error) when the program has none of that name.
+bool select_sequence(ir::Program& program, const std::string& name, const std::string& file,
+                     CompileResult& result) {
+  if (name.empty()) return true;
+  const ir::Sequence* s = program.find_sequence(name);
+  if (s == nullptr) {
+    std::string names;
+    for (const auto& seq : program.sequences) names += " " + seq.name;
+    result.status = CompileStatus::UserError;
+    result.error = fmt::format("no sequence '{}' in {}; sequences:{}", name, file, names);
+    return false;
+  }
+  ir::Program only;
+  only.recipes = program.recipes;
+  only.sequences.push_back(*s);
+  program = std::move(only);
+  return true;
+}
+
+CompileResult finish_front_end(std::optional<ir::Program> program, const std::string& file,
+                               const SourceManager& sources, DiagnosticEngine& diags,
+                               const CompileOptions& options) {
+  CompileResult result;
+  if (!program) {
+    result.status = CompileStatus::UserError;
+    return result;
+  }
+  if (!select_sequence(*program, options.sequence, file, result)) return result;
+  if (options.last_stage == Stage::FrontEnd) {
+    result.program = std::move(*program);
+    return result;
+  }
+  return compile_ir(std::move(*program), &sources, &diags, options);
+}
+
+ir::BuildOptions build_options(const CompileOptions& options, DiagnosticEngine& diags) {
+  diags.set_warnings_as_errors(options.warnings_as_errors);
+  ir::BuildOptions build;
+  build.recipe_override = options.recipe;
+  return build;
+}
+
+}  // namespace
+
+CompileResult compile_file(const std::string& path, SourceManager& sources, DiagnosticEngine& diags,
+                           const CompileOptions& options) {
+  CompileResult invalid;
+  if (!options_are_valid(passes::PassManager(passes::default_pipeline()), options, invalid))
+    return invalid;
+  auto program = load_program(path, sources, diags, build_options(options, diags));
+  return finish_front_end(std::move(program), path, sources, diags, options);
+}
+
+CompileResult compile_source(const std::string& name, std::string text, SourceManager& sources,
+                             DiagnosticEngine& diags, const CompileOptions& options) {
+  CompileResult invalid;
+  if (!options_are_valid(passes::PassManager(passes::default_pipeline()), options, invalid))
+    return invalid;
+  auto program = load_program_from_source(name, std::move(text), sources, diags,
+                                          build_options(options, diags));
+  return finish_front_end(std::move(program), name, sources, diags, options);
+}
+
+CompileResult compile_ir(ir::Program program, const SourceManager* sources, DiagnosticEngine* diags,
+                         const CompileOptions& options) {
+  CompileResult result;
+  const passes::PassManager manager(passes::default_pipeline());
+  if (!options_are_valid(manager, options, result)) return result;
+  if (options.print && options.print_after.count("all")) options.print("build", program);
+  result.timings = manager.run(program, pass_options(options), options.print);
+  result.program = std::move(program);
+  // A pipeline stopped early has no plan: the plan needs every pass (the casts, the backward).
+  if (options.last_stage == Stage::Passes || !options.stop_after.empty()) return result;
+
+  codegen::CodegenOptions codegen_options;
+  codegen_options.arch = options.arch;
+  codegen_options.sources = sources;
+  codegen_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
+  codegen_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
+  try {
+    result.plan = codegen::build_plan(result.program, codegen_options);
+  } catch (const codegen::CodegenError& e) {
+    if (diags == nullptr) throw;
+    diags->error(e.loc(), e.what(), e.hint());
+    result.status = CompileStatus::UserError;
+    result.failed_stage = Stage::Plan;
+    return result;
+  }
+  if (options.last_stage == Stage::KernelRequests)
+    result.kernels = kernel_requests(result.plan, options.arch);
+  return result;
+}
+
+CompileResult check_options(const CompileOptions& options) {
+  CompileResult result;
+  options_are_valid(passes::PassManager(passes::default_pipeline()), options, result);
+  return result;
+}
+
+std::vector<std::string> pass_names() {
+  std::vector<std::string> names;
+  for (const passes::Pass& pass : passes::default_pipeline()) names.emplace_back(pass.name);
+  return names;
+}
+
+std::vector<KernelRequest> kernel_requests(const codegen::Plan& plan, const std::string& arch) {
+  std::vector<KernelRequest> requests;
+  for (const codegen::Kernel& kernel : plan.kernels) {
+    KernelRequest request;
+    request.kernel_name = kernel.id;
+    request.source = codegen::kernel_source(plan, kernel);
+    request.name_expressions = {kernel.name_expression};
+    request.arch = arch;
+    requests.push_back(std::move(request));
+  }
+  return requests;
+}
+
+}  // namespace opfuse::driver

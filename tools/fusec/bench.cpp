@@ -1,0 +1,138 @@
+// `fusec bench FILE --bind N=SIZE`: time forward or forward+backward on the GPU (the measurement
+// and the report are bench/bench.h's).
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "bench/bench.h"
+#include "commands.h"
+#include "gpu/device.h"
+#include "opfuse/program.h"
+
+namespace opfuse::fusec {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct BenchCommandOptions {
+  std::string file;
+  std::string sequence;
+  std::vector<std::string> binds;
+  std::string mode = "fwd";
+  bool graph = false;
+  bool recast_weights = false;
+  bool gemm_autotune = false;
+  bool no_auto_graph = false;
+  int iterations = 0;
+  int warmup = 10;
+  int calibrate = 4;
+  uint64_t seed = 0;
+  std::string json;
+};
+
+int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
+  const auto bindings = parse_bindings(opts.binds);
+  if (!bindings) return kExitUsage;
+  std::string no_gpu;
+  if (!opfuse::gpu::gpu_available(&no_gpu)) {
+    std::fprintf(stderr,
+                 "fusec: error: bench needs a GPU: %s; `fusec build` compiles without one\n",
+                 no_gpu.c_str());
+    return kExitUserError;
+  }
+  try {
+    opfuse::CompileOptions compile;
+    compile.recipe = common.recipe;
+    const Clock::time_point start = Clock::now();
+    const opfuse::Program program = opfuse::Program::compile_file(opts.file, compile);
+    opfuse::api::BenchOptions bench;
+    bench.compile_wall_ms = milliseconds_since(start);
+    bench.sequence = opts.sequence;
+    bench.bindings = *bindings;
+    bench.mode = opts.mode == "fwdbwd" ? opfuse::api::BenchMode::ForwardBackward
+                                       : opfuse::api::BenchMode::Forward;
+    bench.graph = opts.graph;
+    bench.recast_weights = opts.recast_weights;
+    bench.gemm_autotune = opts.gemm_autotune;
+    bench.auto_graph = !opts.no_auto_graph;
+    bench.iterations = opts.iterations;
+    bench.warmup = opts.warmup;
+    bench.calibrate = opts.calibrate;
+    bench.seed = opts.seed;
+    opfuse::api::BenchReport report = opfuse::api::run_benchmark(program, bench);
+    report.file = opts.file;
+    std::fputs(opfuse::api::format_bench_report(report).c_str(), stdout);
+    if (!opts.json.empty()) {
+      const fs::path parent = fs::path(opts.json).parent_path();
+      if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
+      if (!write_output(opts.json, opfuse::api::bench_report_json(report))) return kExitUserError;
+    }
+  } catch (const opfuse::CompileError& e) {
+    std::fputs(e.what(), stderr);
+    return kExitUserError;
+  } catch (const opfuse::Error& e) {
+    std::fprintf(stderr, "fusec: error: %s\n", e.what());
+    return kExitUserError;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app, CommonOptions& common) {
+  auto opts = std::make_shared<BenchCommandOptions>();
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "time a sequence on the GPU: CUDA events around each iteration after a warm-up, median "
+      "(p10, p90) of many, inputs rotated over enough buffers to miss the L2; prints the time, "
+      "TFLOP/s, host time per call, peak device memory and a per-step breakdown (GEMMs in "
+      "TFLOP/s, generated kernels in GB/s against a device copy measured in the same run)");
+  bench->add_option("file", opts->file, ".fuse file")->required()->check(CLI::ExistingFile);
+  bench->add_option("--sequence", opts->sequence,
+                    "the sequence to time (needed when the file has several)");
+  bench->add_option("--bind", opts->binds, "NAME=SIZE for a symbolic dimension (repeatable)")
+      ->allow_extra_args(false);
+  bench
+      ->add_option("--mode", opts->mode,
+                   "fwd (an inference forward) or fwdbwd (forward, backward of a fixed random "
+                   "dy, step)")
+      ->check(CLI::IsMember({"fwd", "fwdbwd"}))
+      ->capture_default_str();
+  bench->add_flag("--graph", opts->graph,
+                  "replay a CUDA graph of one iteration (inputs cannot rotate: fixed pointers)");
+  bench->add_flag("--gemm-autotune", opts->gemm_autotune,
+                  "time cuBLASLt's first candidate algorithms per GEMM and keep the fastest "
+                  "(SessionOptions::gemm_autotune)");
+  bench->add_flag("--no-auto-graph", opts->no_auto_graph,
+                  "fwd: run every forward step by step, also when its inputs are small enough "
+                  "for the session's automatic CUDA graph (SessionOptions::auto_graph)");
+  bench->add_flag("--recast-weights", opts->recast_weights,
+                  "fwd: cast the FP8 weights on every call instead of once (cached)");
+  bench
+      ->add_option("--iterations", opts->iterations,
+                   "timed iterations per pass; 0: about 0.3 s worth (50 to 2000)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  bench->add_option("--warmup", opts->warmup, "untimed iterations first")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  bench
+      ->add_option("--calibrate", opts->calibrate,
+                   "fwd: untimed forwards, each followed by a quantizer update, before the "
+                   "warm-up, so delayed scaling's scales come from the inputs; 0: initial scales")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  bench->add_option("--seed", opts->seed, "seed of the parameters and inputs")
+      ->capture_default_str();
+  bench->add_option("--json", opts->json, "also write every number to this JSON file");
+  add_common(bench, common);
+  bench->footer(
+      "Needs a GPU (exit 1 without one). Parameters as `fusec run` makes them; inputs and output "
+      "gradients random. --recipe picks any recipe the file declares, or bf16.\n" +
+      std::string(kExitCodeHelp));
+
+  return {bench, [opts, &common] { return run_bench(*opts, common); }};
+}
+
+}  // namespace opfuse::fusec
