@@ -1,0 +1,221 @@
+// Internal to the executor (runtime/gpu/plan_executor.h is its API): SequenceExecutor::Impl,
+// the state one sequence runs with, and the small types and helpers its member functions share.
+// The definitions are split by concern: construction and the public API (plan_executor.cpp, which
+// holds the design notes "Executor buffers", "Automatic graphs" and "Weight cache"), the plan
+// checks (executor_checks.cpp), bind and memory (executor_bind.cpp), running steps
+// (executor_run.cpp) and the automatic graph (executor_graph.cpp). Included by those files only.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "gpu/cuda_check.h"
+#include "gpu/device.h"
+#include "gpu/device_memory.h"
+#include "gpu/kernel_params.h"
+#include "gpu/memory_plan.h"
+#include "gpu/plan_executor.h"
+#include "gpu/plan_gemm.h"
+#include "gpu/quantizer_state.h"
+#include "opfuse/error.h"
+#include "plan/gemm_caps.h"
+
+namespace opfuse::gpu {
+
+using plan::BufferRole;
+using plan::GemmStep;
+using plan::LaunchStep;
+using plan::ParamBinding;
+using plan::SequencePlan;
+using plan::Step;
+
+inline bool is_callers(BufferRole role) {
+  return role == BufferRole::Input || role == BufferRole::Param || role == BufferRole::OutputGrad;
+}
+
+inline std::string ir_name(const std::string& name) {
+  return name.starts_with('%') ? name.substr(1) : name;
+}
+
+// "fprop GEMM of fc1 (...) (mlp.fuse:15)": what a step is and where the .fuse file asks for it.
+inline std::string describe_step(const Step& step) {
+  std::vector<std::string> locations;
+  for (const plan::OpRef& op : step.ops) {
+    if (!op.location.empty() &&
+        std::find(locations.begin(), locations.end(), op.location) == locations.end()) {
+      locations.push_back(op.location);
+    }
+  }
+  if (locations.empty()) return fmt::format("step {} ({})", step.index, step.what);
+  return fmt::format("step {} ({}, {})", step.index, step.what, fmt::join(locations, ", "));
+}
+
+inline QuantizerSettings settings_of(const plan::QuantizerPlan& quantizer) {
+  return quantizer_settings(quantizer.name, quantizer.spec);
+}
+
+inline constexpr int kModes = 2;
+// Inputs up to this size (all together) make an inference forward replay a graph (note
+// "Automatic graphs"). Why 4 MiB: copying them costs at most a few us of device time, which
+// the forward of a model that size saves in host time many times over.
+inline constexpr std::size_t kAutoGraphInputBytes = 4u << 20;
+constexpr int mode_index(RunMode mode) { return static_cast<int>(mode); }
+// Why 256: what cudaMalloc gives, so every placed buffer is as aligned as a pool allocation.
+inline constexpr std::size_t kBufferAlignment = 256;
+
+// The launch a step runs in `mode`: its inference variant's in Inference mode where it has one.
+inline const LaunchStep* launch_of(const Step& step, RunMode mode) {
+  if (mode == RunMode::Inference && step.inference) return &step.inference->launch;
+  return std::get_if<LaunchStep>(&step.body);
+}
+
+// Every buffer a step names as `mode` runs it (plan/plan.h).
+inline std::vector<int> buffers_named_by(const Step& step, RunMode mode) {
+  return plan::buffers_named_by(step, mode == RunMode::Inference);
+}
+
+// A step's kernel launch or GEMM with the sizes of the current bind().
+struct BoundStep {
+  const Kernel* kernel = nullptr;  // launches
+  bool skip = false;               // a zero-sized grid
+  dim3 grid, block;
+  std::size_t dynamic_smem = 0;
+  PackedParams params;
+  GemmDesc gemm;
+};
+
+// What construction learns about one buffer (note "Executor buffers").
+struct BufferFacts {
+  int root = -1;  // the buffer whose memory it is (itself unless a view)
+  bool callers = false;
+  bool forward_result = false;   // root of an "output" interface buffer
+  bool backward_result = false;  // root of an "input_grad" / "param_grad" interface buffer
+  bool weight_cache = false;     // root written by a weight-cast group
+  // Per run mode: the first and last step touching it (-1: none); Inference counts forward
+  // steps only.
+  int first_touch[kModes] = {-1, -1}, last_touch[kModes] = {-1, -1};
+};
+
+struct WeightCacheGroup {
+  std::vector<int> steps;
+  std::vector<int> params;      // the parameter buffers it reads
+  std::vector<int> quantizers;  // the quantizers of the FP8 copies it writes
+  bool valid = false;
+  std::vector<const void*> cast_from;  // their pointers when it last ran
+};
+
+// ---- SequenceExecutor::Impl ---------------------------------------------------------------------
+
+struct SequenceExecutor::Impl {
+  Impl(const SequencePlan& plan_in, const PlanModules& modules_in, GemmRunner& gemms_in,
+       cudaStream_t stream);
+
+  // ---- construction ----
+  void check_plan() const;
+  void check_launch(const Step& step, const LaunchStep& launch) const;
+  void learn_buffers();
+  void find_weight_cache_groups();
+  const void* state_pointer(const ParamBinding& param) const;
+
+  // ---- bind ----
+  std::map<std::string, std::int64_t> checked_symbols(
+      const std::map<std::string, std::int64_t>& given) const;
+  BoundStep bind_launch(const Step& step, const LaunchStep& launch,
+                        const std::map<std::string, std::int64_t>& values) const;
+  BoundStep bind_step(const Step& step, const std::map<std::string, std::int64_t>& values) const;
+  void place_buffers();
+
+  // ---- running ----
+  void* pointer(int buffer) const;
+  void require_set(int begin, int end, const char* call) const;
+  void ensure_memory(std::size_t bytes, cudaStream_t stream);
+  void free_memory(cudaStream_t stream);
+  // `enqueue` false only updates what running them would (liveness, the weight cache): for a
+  // graph replay that ran them.
+  void run_steps(int begin, int end, cudaStream_t stream, RunMode mode, bool enqueue = true);
+  bool graph_forward(cudaStream_t stream);
+  void record_graph(cudaStream_t stream);
+  void drop_graph();
+  void run_step(int index, cudaStream_t stream);
+  void observed_step(int index, cudaStream_t stream);
+  // One step of run mode `m`: its buffers marked live, enqueued (unless `enqueue` is false: a
+  // graph replay ran it), a finished weight cast's scale_inv kept, its last uses marked dead.
+  void run_listed_step(int index, int m, cudaStream_t stream, bool enqueue);
+  void mark_cast(WeightCacheGroup& group);  // valid, with the parameter pointers it read
+  void keep_cast_scale_inv(const WeightCacheGroup& group, cudaStream_t stream);
+  float* cast_scale_inv_slot(int quantizer) const;
+  void mark_live(int root);
+  void mark_dead(int root);
+  void mark_all_dead(bool keep_weight_cache);
+  bool cache_valid(const WeightCacheGroup& group) const;
+  const void* result(const std::map<std::string, int, std::less<>>& names, std::string_view name,
+                     bool computed, const char* kind) const;
+
+  const SequencePlan& plan;
+  const PlanModules& modules;
+  GemmRunner& gemms;
+  std::optional<QuantizerState> quantizers;
+  int num_sms = 0;
+  int first_backward = 0;  // index of the first backward step (steps.size() without backward)
+
+  std::vector<BufferFacts> facts;  // per buffer id
+  // Per run mode, per step: the roots it uses and the roots whose last use it is.
+  std::vector<std::vector<int>> touched[kModes];
+  std::vector<std::vector<int>> free_after[kModes];
+  // Per step, the caller's roots it reads (require_set checks them before anything runs).
+  std::vector<std::vector<int>> callers_read;
+  std::vector<WeightCacheGroup> cache_groups;
+  std::vector<int> cache_group_of_step;  // -1: not part of a weight-cast group
+  // `with fp8_weights`: per quantizer a 16-byte slot holding the scale_inv its weight was cast
+  // with (note "Weight cache"); GEMMs reading the cached copies take it instead of the
+  // quantizer's, which end_step() moves on. Empty otherwise.
+  DeviceBuffer cast_scale_inv;
+  std::map<std::string, int, std::less<>> callers_by_name, outputs, input_grads, param_grads;
+
+  // After bind().
+  bool bound = false;
+  std::map<std::string, std::int64_t> symbols;
+  std::vector<std::size_t> bytes;  // per buffer
+  std::vector<BoundStep> steps;
+  std::vector<std::optional<BoundStep>> inference_steps;  // per step: its bound variant
+  // Per run mode, per buffer id: the root's offset in `memory`, and the bytes each mode needs.
+  std::vector<std::size_t> offsets[kModes];
+  std::size_t needed_bytes[kModes] = {0, 0};
+
+  // Running state.
+  std::vector<const void*> caller_pointers;  // per buffer id (caller roots)
+  DeviceBuffer memory;                       // every owned buffer (note "Executor buffers")
+  RunMode layout = RunMode::Training;        // whose offsets the buffers have now
+  std::vector<char> live;                    // per root: holds values now
+  std::vector<char> skip_group;              // per weight-cast group, during run_steps
+  bool training_forward_done = false;
+  bool outputs_valid = false;
+  bool grads_valid = false;
+  std::size_t live_bytes = 0, peak_bytes = 0;
+  cudaStream_t last_stream = nullptr;
+  bool pinned = false;  // pin_memory(): the allocation serves both modes until unpin_memory()
+  StepObserver* observer = nullptr;  // set_observer(): benchmarks time each step
+
+  // Note "Automatic graphs".
+  bool auto_graph = true;
+  std::vector<int> input_roots;        // the caller's inputs the forward reads
+  std::vector<int> keyed_roots;        // the other caller roots the forward reads (parameters)
+  std::size_t input_bytes = 0;         // of input_roots, under the binding
+  std::vector<DeviceBuffer> staging;   // per input_roots entry
+  cudaGraphExec_t graph = nullptr;     // the recorded inference forward
+  std::vector<const void*> graph_key;  // keyed_roots' pointers when it was recorded
+  std::vector<char> graph_skips;       // the weight-cast groups it skips
+  bool eager_run_seen = false;         // an eager inference forward ran with the current key
+  std::size_t graph_replays = 0;
+};
+
+}  // namespace opfuse::gpu

@@ -1,0 +1,153 @@
+// Running steps: liveness (mark_live, mark_dead), the weight cache (note "Weight cache" in
+// plan_executor.cpp: cache_valid, mark_cast, keep_cast_scale_inv), run_steps() over a range of
+// one run mode, run_step() enqueueing one launch or GEMM, the observer hook, and result()
+// behind output(), input_grad() and param_grad().
+#include "gpu/executor_impl.h"
+
+namespace opfuse::gpu {
+
+void SequenceExecutor::Impl::mark_live(int root) {
+  const auto r = static_cast<std::size_t>(root);
+  if (live[r] != 0) return;
+  live[r] = 1;
+  live_bytes += bytes[r];
+  peak_bytes = std::max(peak_bytes, live_bytes);
+}
+
+void SequenceExecutor::Impl::mark_dead(int root) {
+  const auto r = static_cast<std::size_t>(root);
+  if (live[r] == 0) return;
+  live[r] = 0;
+  live_bytes -= bytes[r];
+}
+
+void SequenceExecutor::Impl::mark_all_dead(bool keep_weight_cache) {
+  for (std::size_t id = 0; id < live.size(); ++id) {
+    if (keep_weight_cache && facts[id].weight_cache) continue;
+    mark_dead(static_cast<int>(id));
+  }
+}
+
+bool SequenceExecutor::Impl::cache_valid(const WeightCacheGroup& group) const {
+  if (!group.valid) return false;
+  for (std::size_t i = 0; i < group.params.size(); ++i) {
+    if (caller_pointers[static_cast<std::size_t>(group.params[i])] != group.cast_from[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, RunMode mode,
+                                       bool enqueue) {
+  last_stream = stream;
+  for (std::size_t g = 0; g < cache_groups.size(); ++g)
+    skip_group[g] = cache_valid(cache_groups[g]) ? 1 : 0;
+  const int m = mode_index(mode);
+  for (int index = begin; index < end; ++index) {
+    const auto i = static_cast<std::size_t>(index);
+    if (plan.steps[i].group < 0) continue;  // the end-of-step scale update: end_step() runs it
+    const int group = cache_group_of_step[i];
+    if (group >= 0 && skip_group[static_cast<std::size_t>(group)] != 0) continue;
+    run_listed_step(index, m, stream, enqueue);
+  }
+  for (WeightCacheGroup& group : cache_groups) {
+    if (group.steps.front() < begin || group.steps.back() >= end) continue;
+    mark_cast(group);
+  }
+}
+
+void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stream, bool enqueue) {
+  const auto i = static_cast<std::size_t>(index);
+  for (int root : touched[m][i]) {
+    if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
+  }
+  if (enqueue) {
+    observed_step(index, stream);
+    const int group = cache_group_of_step[i];
+    if (group >= 0 && cache_groups[static_cast<std::size_t>(group)].steps.back() == index)
+      keep_cast_scale_inv(cache_groups[static_cast<std::size_t>(group)], stream);
+  }
+  for (int root : free_after[m][i]) mark_dead(root);
+}
+
+void SequenceExecutor::Impl::mark_cast(WeightCacheGroup& group) {
+  group.valid = true;
+  group.cast_from.clear();
+  for (int param : group.params) {
+    group.cast_from.push_back(caller_pointers[static_cast<std::size_t>(param)]);
+  }
+}
+
+void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
+  const auto i = static_cast<std::size_t>(index);
+  const Step& step = plan.steps[i];
+  BoundStep& bound_step =
+      layout == RunMode::Inference && inference_steps[i] ? *inference_steps[i] : steps[i];
+  if (std::holds_alternative<LaunchStep>(step.body)) {
+    if (bound_step.skip) return;
+    bound_step.params.set_buffers([this](int buffer) { return pointer(buffer); });
+    gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
+                stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
+  } else {
+    const GemmStep& gemm = std::get<GemmStep>(step.body);
+    GemmArgs args = gemm_args(
+        gemm, bound_step.gemm, [this](int buffer) { return pointer(buffer); },
+        quantizers ? &*quantizers : nullptr);
+    if (cast_scale_inv.data() != nullptr) {  // fp8_weights: the scale the copy was cast with
+      const auto cached = [this](const plan::GemmOperand& operand) {
+        return operand.scale_inv.quantizer >= 0 &&
+               facts[static_cast<std::size_t>(facts[static_cast<std::size_t>(operand.buffer)].root)]
+                   .weight_cache;
+      };
+      if (args.a_scale_inv != nullptr && cached(gemm.a))
+        args.a_scale_inv = cast_scale_inv_slot(gemm.a.scale_inv.quantizer);
+      if (args.b_scale_inv != nullptr && cached(gemm.b))
+        args.b_scale_inv = cast_scale_inv_slot(gemm.b.scale_inv.quantizer);
+    }
+    gemms.run(bound_step.gemm, args, stream);
+  }
+}
+
+void SequenceExecutor::Impl::keep_cast_scale_inv(const WeightCacheGroup& group,
+                                                 cudaStream_t stream) {
+  if (cast_scale_inv.data() == nullptr) return;
+  for (const int q : group.quantizers) {
+    OPFUSE_CUDA_CHECK(cudaMemcpyAsync(cast_scale_inv_slot(q), quantizers->scale_inv(q),
+                                      sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                      "keeping an FP8 weight's scale_inv");
+  }
+}
+
+float* SequenceExecutor::Impl::cast_scale_inv_slot(int quantizer) const {
+  return static_cast<float*>(cast_scale_inv.data()) + 4 * static_cast<std::size_t>(quantizer);
+}
+
+void SequenceExecutor::Impl::observed_step(int index, cudaStream_t stream) {
+  if (observer != nullptr) observer->before(index, stream);
+  run_step(index, stream);
+  if (observer != nullptr) observer->after(index, stream);
+}
+
+const void* SequenceExecutor::Impl::result(const std::map<std::string, int, std::less<>>& names,
+                                           std::string_view name, bool computed,
+                                           const char* kind) const {
+  const auto found = names.find(name);
+  if (found == names.end()) {
+    std::vector<std::string> known;
+    known.reserve(names.size());
+    for (const auto& [known_name, id] : names) known.push_back(known_name);
+    throw UsageError(fmt::format("sequence '{}' has no {} '{}': its {}s are [{}]", plan.name, kind,
+                                 name, kind, fmt::join(known, ", ")));
+  }
+  const void* data = pointer(found->second);
+  if (!computed || data == nullptr) {
+    throw UsageError(fmt::format(
+        "{} '{}' of sequence '{}' is not computed: results live from the forward (outputs) or "
+        "backward (gradients) that makes them until the next forward() or backward()",
+        kind, name, plan.name));
+  }
+  return data;
+}
+
+}  // namespace opfuse::gpu
