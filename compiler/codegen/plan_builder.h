@@ -1,5 +1,5 @@
 // Internal to codegen: the per-sequence plan builder (plan.cpp) and the group emitters that turn
-// one IR op or fused group into steps (plan_groups.cpp).
+// one IR op or fused group into steps (plan_groups.cpp; emit_groups.h lists them).
 #pragma once
 
 #include <map>

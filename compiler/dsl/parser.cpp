@@ -9,17 +9,17 @@
 #include <vector>
 
 #include "dsl/lexer.h"
+#include "dsl/parser_impl.h"
 
 namespace opfuse::dsl {
 
-namespace {
+namespace parser_detail {
 
 bool is_decl_keyword(TokenKind kind) {
   return kind == TokenKind::KwImport || kind == TokenKind::KwConst || kind == TokenKind::KwRecipe ||
          kind == TokenKind::KwSequence;
 }
 
-// What a token looks like in "found ..." messages: its spelling, shortened and made printable.
 std::string describe(const Token& token) {
   if (token.kind == TokenKind::Eof) return "end of file";
   constexpr size_t kShown = 32;
@@ -39,636 +39,379 @@ std::string describe(const Token& token) {
 
 std::string where(SourceLoc loc) { return fmt::format("{}:{}", loc.line, loc.col); }
 
-// Restores the nesting depth when an expression level is left, on every return path.
-class DepthRestore {
- public:
-  explicit DepthRestore(size_t& depth) : depth_(depth), saved_(depth) {}
-  ~DepthRestore() { depth_ = saved_; }
-  DepthRestore(const DepthRestore&) = delete;
-  DepthRestore& operator=(const DepthRestore&) = delete;
-
- private:
-  size_t& depth_;
-  size_t saved_;
-};
-
-class Parser {
- public:
-  Parser(FileId file, std::vector<Token> tokens, DiagnosticEngine& diags)
-      : file_(file), tokens_(std::move(tokens)), diags_(diags) {}
-
-  std::unique_ptr<Module> run() {
-    auto module = std::make_unique<Module>();
-    module->file = file_;
-    size_t decls_seen = 0;
-    while (!at(TokenKind::Eof) && !diags_.at_error_limit()) {
-      if (decls_seen == kMaxDeclsPerFile) {
-        error_here(fmt::format("the file has more than {} declarations", kMaxDeclsPerFile),
-                   "split it into several files joined with 'import'");
-        break;
-      }
-      ++decls_seen;
-      const size_t start = pos_;
-      if (!parse_decl(*module)) skip_to_next_decl(start);
+std::unique_ptr<Module> Parser::run() {
+  auto module = std::make_unique<Module>();
+  module->file = file_;
+  size_t decls_seen = 0;
+  while (!at(TokenKind::Eof) && !diags_.at_error_limit()) {
+    if (decls_seen == kMaxDeclsPerFile) {
+      error_here(fmt::format("the file has more than {} declarations", kMaxDeclsPerFile),
+                 "split it into several files joined with 'import'");
+      break;
     }
-    return module;
+    ++decls_seen;
+    const size_t start = pos_;
+    if (!parse_decl(*module)) skip_to_next_decl(start);
   }
+  return module;
+}
 
- private:
-  // ---- token access -------------------------------------------------------------------------
-  const Token& peek(size_t ahead = 0) const {
-    return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
+bool Parser::parse_decl(Module& module) {
+  switch (peek().kind) {
+    case TokenKind::KwImport:
+      return parse_import(module);
+    case TokenKind::KwConst:
+      return parse_const(module);
+    case TokenKind::KwRecipe:
+      return parse_recipe(module);
+    case TokenKind::KwSequence:
+      return parse_sequence(module);
+    default:
+      break;
   }
-  bool at(TokenKind kind) const { return peek().kind == kind; }
-  // Never moves past the final Eof token.
-  const Token& advance() {
-    const Token& token = tokens_[pos_];
-    if (pos_ + 1 < tokens_.size()) ++pos_;
-    return token;
+  std::string hint;
+  if (at(TokenKind::Ident) && peek(1).kind == TokenKind::LParen) {
+    hint = "ops belong in a sequence body: sequence NAME(inputs) -> (outputs) { op(...) }";
   }
-  bool accept(TokenKind kind) {
-    if (!at(kind)) return false;
-    advance();
-    return true;
-  }
+  error_here(fmt::format("expected a declaration ('import', 'const', 'recipe' or 'sequence'), "
+                         "found {}",
+                         found()),
+             std::move(hint));
+  return false;
+}
 
-  // Reports at the current token unless it already has an error (from the lexer or from us).
-  void error_here(std::string message, std::string hint = {}) {
-    const Token& token = peek();
-    if (token.has_error || (reported_any_ && pos_ <= last_error_pos_)) return;
-    reported_any_ = true;
-    last_error_pos_ = pos_;
-    diags_.error(token.loc, std::move(message), std::move(hint));
+bool Parser::parse_import(Module& module) {
+  advance();  // import
+  if (!at(TokenKind::String)) {
+    error_here(fmt::format("expected a quoted path after 'import', found {}", found()),
+               "write: import \"other.fuse\"");
+    return false;
   }
-  // Reports at an earlier token (a name that crossed a limit).
-  void error_at(const Token& token, std::string message, std::string hint = {}) {
-    if (token.has_error) return;
-    diags_.error(token.loc, std::move(message), std::move(hint));
-  }
-  std::string found() const { return describe(peek()); }
+  const Token& path = advance();
+  module.decls.emplace_back(ImportDecl{decode_string_literal(path.text), path.loc});
+  return true;
+}
 
-  // ---- recovery -----------------------------------------------------------------------------
-  void skip_to_next_decl(size_t start) {
-    if (pos_ == start) advance();
-    while (!at(TokenKind::Eof) && !is_decl_keyword(peek().kind)) advance();
+bool Parser::parse_const(Module& module) {
+  advance();  // const
+  if (!at(TokenKind::Ident)) {
+    error_here(fmt::format("expected a name after 'const', found {}", found()),
+               "write: const hidden = 4096");
+    return false;
   }
-
-  // Inside a body: the next line that starts like an op (`name(`) or a declaration, or the '}'.
-  void skip_to_next_op(size_t start) {
-    if (pos_ == start) advance();
-    for (;; advance()) {
-      const Token& token = peek();
-      if (token.kind == TokenKind::Eof || token.kind == TokenKind::RBrace) return;
-      if (!token.first_on_line) continue;
-      if (is_decl_keyword(token.kind)) return;
-      if (token.kind == TokenKind::Ident && peek(1).kind == TokenKind::LParen) return;
-    }
+  const Token& name = advance();
+  if (!at(TokenKind::Equals)) {
+    error_here(fmt::format("expected '=' after 'const {}', found {}", name.text, found()),
+               fmt::format("write: const {} = VALUE", name.text));
+    return false;
   }
+  advance();
+  ExprPtr value = parse_expr(fmt::format("a value for const '{}'", name.text));
+  if (!value) return false;
+  module.decls.emplace_back(ConstDecl{std::string(name.text), name.loc, std::move(value)});
+  return true;
+}
 
-  // ---- declarations -------------------------------------------------------------------------
-  bool parse_decl(Module& module) {
-    switch (peek().kind) {
-      case TokenKind::KwImport:
-        return parse_import(module);
-      case TokenKind::KwConst:
-        return parse_const(module);
-      case TokenKind::KwRecipe:
-        return parse_recipe(module);
-      case TokenKind::KwSequence:
-        return parse_sequence(module);
-      default:
-        break;
-    }
-    std::string hint;
-    if (at(TokenKind::Ident) && peek(1).kind == TokenKind::LParen) {
-      hint = "ops belong in a sequence body: sequence NAME(inputs) -> (outputs) { op(...) }";
-    }
-    error_here(fmt::format("expected a declaration ('import', 'const', 'recipe' or 'sequence'), "
-                           "found {}",
+bool Parser::parse_recipe(Module& module) {
+  advance();  // recipe
+  if (!at(TokenKind::Ident)) {
+    error_here(fmt::format("expected a name after 'recipe', found {}", found()),
+               "write: recipe fp8 = delayed_scaling(margin = 0)");
+    return false;
+  }
+  RecipeDecl recipe;
+  const Token& name = advance();
+  recipe.name = std::string(name.text);
+  recipe.loc = name.loc;
+  if (!at(TokenKind::Equals)) {
+    error_here(fmt::format("expected '=' after 'recipe {}', found {}", recipe.name, found()),
+               fmt::format("write: recipe {} = delayed_scaling(...)", recipe.name));
+    return false;
+  }
+  advance();
+  if (!at(TokenKind::Ident)) {
+    error_here(
+        fmt::format("expected the recipe kind after 'recipe {} =', found {}", recipe.name, found()),
+        "the kinds are delayed_scaling, current_scaling and bf16");
+    return false;
+  }
+  const Token& kind = advance();
+  recipe.kind = std::string(kind.text);
+  recipe.kind_loc = kind.loc;
+  if (!at(TokenKind::LParen)) {
+    error_here(fmt::format("expected '(' after recipe kind '{}', found {}", recipe.kind, found()),
+               fmt::format("write: {}() even without arguments", recipe.kind));
+    return false;
+  }
+  advance();
+  if (!parse_args(recipe.args, recipe.kind)) return false;
+  module.decls.emplace_back(std::move(recipe));
+  return true;
+}
+
+bool Parser::parse_sequence(Module& module) {
+  advance();  // sequence
+  if (!at(TokenKind::Ident)) {
+    error_here(fmt::format("expected a name after 'sequence', found {}", found()),
+               "write: sequence NAME(inputs) -> (outputs) { ops }");
+    return false;
+  }
+  SequenceDecl seq;
+  const Token& name = advance();
+  seq.name = std::string(name.text);
+  seq.loc = name.loc;
+  if (!at(TokenKind::LParen)) {
+    error_here(fmt::format("expected '(' to start the inputs of sequence '{}', found {}", seq.name,
                            found()),
+               fmt::format("write: sequence {}(x: bf16[tokens, hidden]) -> (...)", seq.name));
+    return false;
+  }
+  advance();
+  if (!parse_params(seq.inputs, "inputs", seq.name)) return false;
+  if (!accept(TokenKind::Arrow)) {
+    error_here(
+        fmt::format("expected '->' after the inputs of sequence '{}', found {}", seq.name, found()),
+        "a sequence declares its outputs after '->'");
+    // A missing arrow before the output list is read as if it were there, to find more errors.
+    if (!at(TokenKind::LParen)) return false;
+  }
+  if (!at(TokenKind::LParen)) {
+    error_here(fmt::format("expected '(' to start the outputs of sequence '{}', found {}", seq.name,
+                           found()),
+               "list the outputs in parentheses, e.g. -> (y: bf16[tokens, hidden])");
+    return false;
+  }
+  advance();
+  if (!parse_params(seq.outputs, "outputs", seq.name)) return false;
+  if (accept(TokenKind::KwUses)) {
+    if (!at(TokenKind::Ident)) {
+      error_here(fmt::format("expected a recipe name after 'uses', found {}", found()),
+                 "name a recipe declared with 'recipe NAME = ...'");
+      return false;
+    }
+    const Token& recipe = advance();
+    seq.recipe = std::string(recipe.text);
+    seq.recipe_loc = recipe.loc;
+  }
+  if (accept(TokenKind::KwWith)) {
+    do {
+      if (!at(TokenKind::Ident)) {
+        error_here(fmt::format("expected a flag name after 'with', found {}", found()),
+                   "write: with fp8_weights");
+        return false;
+      }
+      const Token& flag = advance();
+      seq.flags.push_back({std::string(flag.text), flag.loc});
+    } while (accept(TokenKind::Comma));
+  }
+  if (!at(TokenKind::LBrace)) {
+    error_here(fmt::format("expected '{{' to start the body of sequence '{}', found {}", seq.name,
+                           found()),
+               "after the outputs may come 'uses RECIPE' and 'with FLAG, ...', then '{'");
+    return false;
+  }
+  const SourceLoc open = advance().loc;
+  parse_body(seq, open);
+  module.decls.emplace_back(std::move(seq));
+  return true;
+}
+
+bool Parser::parse_params(std::vector<Param>& params, std::string_view which,
+                          const std::string& sequence) {
+  if (accept(TokenKind::RParen)) return true;
+  bool limit_reported = false;
+  for (;;) {
+    if (!at(TokenKind::Ident)) {
+      error_here(fmt::format("expected a parameter name in the {} of sequence '{}', found {}",
+                             which, sequence, found()),
+                 "write each parameter as 'name: dtype[dims]'");
+      return false;
+    }
+    const Token& name = advance();
+    const std::string param_name(name.text);
+    if (!at(TokenKind::Colon)) {
+      error_here(fmt::format("expected ':' after parameter '{}', found {}", param_name, found()),
+                 fmt::format("write: {}: bf16[tokens, hidden]", param_name));
+      return false;
+    }
+    advance();
+    Param param;
+    param.name = param_name;
+    param.loc = name.loc;
+    if (!parse_type(param.type, param_name)) return false;
+    if (params.size() < kMaxParamsPerSignature) {
+      params.push_back(std::move(param));
+    } else if (!limit_reported) {
+      limit_reported = true;
+      error_at(
+          name,
+          fmt::format("sequence '{}' has more than {} {}", sequence, kMaxParamsPerSignature, which),
+          "split the sequence, or pass fewer tensors");
+    }
+    if (accept(TokenKind::Comma)) {
+      if (accept(TokenKind::RParen)) return true;
+      continue;
+    }
+    if (accept(TokenKind::RParen)) return true;
+    error_here(fmt::format("expected ',' or ')' after parameter '{}' of sequence '{}', found {}",
+                           param_name, sequence, found()));
+    return false;
+  }
+}
+
+bool Parser::parse_type(TensorTypeExpr& type, const std::string& param) {
+  if (!at(TokenKind::Ident)) {
+    error_here(fmt::format("expected a dtype after '{}:', found {}", param, found()),
+               fmt::format("write: {}: bf16[tokens, hidden]", param));
+    return false;
+  }
+  const Token& dtype = advance();
+  type.dtype = std::string(dtype.text);
+  type.loc = dtype.loc;
+  if (!at(TokenKind::LBracket)) {
+    error_here(
+        fmt::format("expected '[' after dtype '{}' of parameter '{}', found {}", type.dtype, param,
+                    found()),
+        fmt::format("a tensor type lists its dims in brackets: {}[tokens, hidden]", type.dtype));
+    return false;
+  }
+  advance();
+  if (accept(TokenKind::RBracket)) return true;
+  bool limit_reported = false;
+  for (;;) {
+    const Token& first = peek();
+    ExprPtr dim = parse_expr(fmt::format("a dim of parameter '{}'", param));
+    if (!dim) return false;
+    if (type.dims.size() < kMaxDimsPerType) {
+      type.dims.push_back(std::move(dim));
+    } else if (!limit_reported) {
+      limit_reported = true;
+      error_at(first, fmt::format("parameter '{}' has more than {} dims", param, kMaxDimsPerType),
+               "tensors have at most 64 dims; reshape them first");
+    }
+    if (accept(TokenKind::Comma)) {
+      if (accept(TokenKind::RBracket)) return true;
+      continue;
+    }
+    if (accept(TokenKind::RBracket)) return true;
+    error_here(
+        fmt::format("expected ',' or ']' after a dim of parameter '{}', found {}", param, found()),
+        "separate dims with ',' and close the list with ']'");
+    return false;
+  }
+}
+
+bool Parser::parse_args(std::vector<Arg>& args, std::string_view callee) {
+  if (accept(TokenKind::RParen)) return true;
+  bool limit_reported = false;
+  for (;;) {
+    if (at(TokenKind::Ident) && peek(1).kind == TokenKind::LParen && peek().first_on_line) {
+      // Arguments are never calls: this is the next op after a forgotten ')'.
+      error_here(
+          fmt::format("expected ')' after the arguments of '{}', found {}", callee, found()));
+      return false;
+    }
+    Arg arg;
+    const Token& first = peek();
+    if (at(TokenKind::Ident) && peek(1).kind == TokenKind::Equals) {
+      const Token& name = advance();
+      advance();  // =
+      arg.name = std::string(name.text);
+      arg.name_loc = name.loc;
+    }
+    arg.value = parse_expr(arg.name ? fmt::format("a value for argument '{}'", *arg.name)
+                                    : fmt::format("an argument of '{}'", callee));
+    if (!arg.value) return false;
+    if (args.size() < kMaxArgsPerCall) {
+      args.push_back(std::move(arg));
+    } else if (!limit_reported) {
+      limit_reported = true;
+      error_at(first, fmt::format("'{}' has more than {} arguments", callee, kMaxArgsPerCall));
+    }
+    if (accept(TokenKind::Comma)) {
+      if (accept(TokenKind::RParen)) return true;
+      continue;
+    }
+    if (accept(TokenKind::RParen)) return true;
+    std::string hint;
+    if (starts_expr(peek().kind) && !peek().first_on_line) {
+      hint = "separate arguments with ','";
+    }
+    error_here(fmt::format("expected ')' after the arguments of '{}', found {}", callee, found()),
                std::move(hint));
     return false;
   }
+}
 
-  bool parse_import(Module& module) {
-    advance();  // import
-    if (!at(TokenKind::String)) {
-      error_here(fmt::format("expected a quoted path after 'import', found {}", found()),
-                 "write: import \"other.fuse\"");
-      return false;
+void Parser::parse_body(SequenceDecl& seq, SourceLoc open) {
+  bool limit_reported = false;
+  for (;;) {
+    if (diags_.at_error_limit()) return;
+    if (at(TokenKind::RBrace)) {
+      seq.close_loc = advance().loc;
+      return;
     }
-    const Token& path = advance();
-    module.decls.emplace_back(ImportDecl{decode_string_literal(path.text), path.loc});
-    return true;
+    if (at(TokenKind::Eof) || is_decl_keyword(peek().kind)) {
+      // The declaration after a forgotten '}' still parses: leave its keyword for the caller.
+      error_here(fmt::format("expected '}}' to close the body of sequence '{}' (opened at {}), "
+                             "found {}",
+                             seq.name, where(open), found()),
+                 "every sequence body ends with '}'");
+      return;
+    }
+    const size_t start = pos_;
+    OpStmt op;
+    if (!parse_op(op, seq.name)) {
+      skip_to_next_op(start);
+      continue;
+    }
+    if (seq.body.size() < kMaxOpsPerSequence) {
+      seq.body.push_back(std::move(op));
+    } else if (!limit_reported) {
+      limit_reported = true;
+      error_at(tokens_[start],
+               fmt::format("sequence '{}' has more than {} ops", seq.name, kMaxOpsPerSequence),
+               "split it into several sequences");
+    }
   }
+}
 
-  bool parse_const(Module& module) {
-    advance();  // const
+bool Parser::parse_op(OpStmt& op, const std::string& sequence) {
+  if (!at(TokenKind::Ident)) {
+    error_here(fmt::format("expected an op or '}}' in the body of sequence '{}', found {}",
+                           sequence, found()),
+               "each statement in a body is an op call, e.g. linear(hidden, ffn) as up_proj");
+    return false;
+  }
+  const Token& name = advance();
+  op.op = std::string(name.text);
+  op.loc = name.loc;
+  if (!at(TokenKind::LParen)) {
+    error_here(fmt::format("expected '(' after op name '{}', found {}", op.op, found()),
+               fmt::format("call the op with parentheses, even without arguments: {}()", op.op));
+    return false;
+  }
+  advance();
+  if (!parse_args(op.args, op.op)) return false;
+  if (accept(TokenKind::KwAs)) {
     if (!at(TokenKind::Ident)) {
-      error_here(fmt::format("expected a name after 'const', found {}", found()),
-                 "write: const hidden = 4096");
+      error_here(fmt::format("expected an instance name after 'as', found {}", found()),
+                 fmt::format("write: {}(...) as my_{}", op.op, op.op));
       return false;
     }
-    const Token& name = advance();
-    if (!at(TokenKind::Equals)) {
-      error_here(fmt::format("expected '=' after 'const {}', found {}", name.text, found()),
-                 fmt::format("write: const {} = VALUE", name.text));
-      return false;
-    }
-    advance();
-    ExprPtr value = parse_expr(fmt::format("a value for const '{}'", name.text));
-    if (!value) return false;
-    module.decls.emplace_back(ConstDecl{std::string(name.text), name.loc, std::move(value)});
-    return true;
+    const Token& instance = advance();
+    op.instance = std::string(instance.text);
+    op.instance_loc = instance.loc;
   }
+  accept(TokenKind::Semicolon);
+  return true;
+}
 
-  bool parse_recipe(Module& module) {
-    advance();  // recipe
-    if (!at(TokenKind::Ident)) {
-      error_here(fmt::format("expected a name after 'recipe', found {}", found()),
-                 "write: recipe fp8 = delayed_scaling(margin = 0)");
-      return false;
-    }
-    RecipeDecl recipe;
-    const Token& name = advance();
-    recipe.name = std::string(name.text);
-    recipe.loc = name.loc;
-    if (!at(TokenKind::Equals)) {
-      error_here(fmt::format("expected '=' after 'recipe {}', found {}", recipe.name, found()),
-                 fmt::format("write: recipe {} = delayed_scaling(...)", recipe.name));
-      return false;
-    }
-    advance();
-    if (!at(TokenKind::Ident)) {
-      error_here(fmt::format("expected the recipe kind after 'recipe {} =', found {}", recipe.name,
-                             found()),
-                 "the kinds are delayed_scaling, current_scaling and bf16");
-      return false;
-    }
-    const Token& kind = advance();
-    recipe.kind = std::string(kind.text);
-    recipe.kind_loc = kind.loc;
-    if (!at(TokenKind::LParen)) {
-      error_here(fmt::format("expected '(' after recipe kind '{}', found {}", recipe.kind, found()),
-                 fmt::format("write: {}() even without arguments", recipe.kind));
-      return false;
-    }
-    advance();
-    if (!parse_args(recipe.args, recipe.kind)) return false;
-    module.decls.emplace_back(std::move(recipe));
-    return true;
-  }
-
-  bool parse_sequence(Module& module) {
-    advance();  // sequence
-    if (!at(TokenKind::Ident)) {
-      error_here(fmt::format("expected a name after 'sequence', found {}", found()),
-                 "write: sequence NAME(inputs) -> (outputs) { ops }");
-      return false;
-    }
-    SequenceDecl seq;
-    const Token& name = advance();
-    seq.name = std::string(name.text);
-    seq.loc = name.loc;
-    if (!at(TokenKind::LParen)) {
-      error_here(fmt::format("expected '(' to start the inputs of sequence '{}', found {}",
-                             seq.name, found()),
-                 fmt::format("write: sequence {}(x: bf16[tokens, hidden]) -> (...)", seq.name));
-      return false;
-    }
-    advance();
-    if (!parse_params(seq.inputs, "inputs", seq.name)) return false;
-    if (!accept(TokenKind::Arrow)) {
-      error_here(fmt::format("expected '->' after the inputs of sequence '{}', found {}", seq.name,
-                             found()),
-                 "a sequence declares its outputs after '->'");
-      // A missing arrow before the output list is read as if it were there, to find more errors.
-      if (!at(TokenKind::LParen)) return false;
-    }
-    if (!at(TokenKind::LParen)) {
-      error_here(fmt::format("expected '(' to start the outputs of sequence '{}', found {}",
-                             seq.name, found()),
-                 "list the outputs in parentheses, e.g. -> (y: bf16[tokens, hidden])");
-      return false;
-    }
-    advance();
-    if (!parse_params(seq.outputs, "outputs", seq.name)) return false;
-    if (accept(TokenKind::KwUses)) {
-      if (!at(TokenKind::Ident)) {
-        error_here(fmt::format("expected a recipe name after 'uses', found {}", found()),
-                   "name a recipe declared with 'recipe NAME = ...'");
-        return false;
-      }
-      const Token& recipe = advance();
-      seq.recipe = std::string(recipe.text);
-      seq.recipe_loc = recipe.loc;
-    }
-    if (accept(TokenKind::KwWith)) {
-      do {
-        if (!at(TokenKind::Ident)) {
-          error_here(fmt::format("expected a flag name after 'with', found {}", found()),
-                     "write: with fp8_weights");
-          return false;
-        }
-        const Token& flag = advance();
-        seq.flags.push_back({std::string(flag.text), flag.loc});
-      } while (accept(TokenKind::Comma));
-    }
-    if (!at(TokenKind::LBrace)) {
-      error_here(fmt::format("expected '{{' to start the body of sequence '{}', found {}", seq.name,
-                             found()),
-                 "after the outputs may come 'uses RECIPE' and 'with FLAG, ...', then '{'");
-      return false;
-    }
-    const SourceLoc open = advance().loc;
-    parse_body(seq, open);
-    module.decls.emplace_back(std::move(seq));
-    return true;
-  }
-
-  // The '(' is consumed; consumes through the ')'.
-  bool parse_params(std::vector<Param>& params, std::string_view which,
-                    const std::string& sequence) {
-    if (accept(TokenKind::RParen)) return true;
-    bool limit_reported = false;
-    for (;;) {
-      if (!at(TokenKind::Ident)) {
-        error_here(fmt::format("expected a parameter name in the {} of sequence '{}', found {}",
-                               which, sequence, found()),
-                   "write each parameter as 'name: dtype[dims]'");
-        return false;
-      }
-      const Token& name = advance();
-      const std::string param_name(name.text);
-      if (!at(TokenKind::Colon)) {
-        error_here(fmt::format("expected ':' after parameter '{}', found {}", param_name, found()),
-                   fmt::format("write: {}: bf16[tokens, hidden]", param_name));
-        return false;
-      }
-      advance();
-      Param param;
-      param.name = param_name;
-      param.loc = name.loc;
-      if (!parse_type(param.type, param_name)) return false;
-      if (params.size() < kMaxParamsPerSignature) {
-        params.push_back(std::move(param));
-      } else if (!limit_reported) {
-        limit_reported = true;
-        error_at(name,
-                 fmt::format("sequence '{}' has more than {} {}", sequence, kMaxParamsPerSignature,
-                             which),
-                 "split the sequence, or pass fewer tensors");
-      }
-      if (accept(TokenKind::Comma)) {
-        if (accept(TokenKind::RParen)) return true;
-        continue;
-      }
-      if (accept(TokenKind::RParen)) return true;
-      error_here(fmt::format("expected ',' or ')' after parameter '{}' of sequence '{}', found {}",
-                             param_name, sequence, found()));
-      return false;
-    }
-  }
-
-  bool parse_type(TensorTypeExpr& type, const std::string& param) {
-    if (!at(TokenKind::Ident)) {
-      error_here(fmt::format("expected a dtype after '{}:', found {}", param, found()),
-                 fmt::format("write: {}: bf16[tokens, hidden]", param));
-      return false;
-    }
-    const Token& dtype = advance();
-    type.dtype = std::string(dtype.text);
-    type.loc = dtype.loc;
-    if (!at(TokenKind::LBracket)) {
-      error_here(
-          fmt::format("expected '[' after dtype '{}' of parameter '{}', found {}", type.dtype,
-                      param, found()),
-          fmt::format("a tensor type lists its dims in brackets: {}[tokens, hidden]", type.dtype));
-      return false;
-    }
-    advance();
-    if (accept(TokenKind::RBracket)) return true;
-    bool limit_reported = false;
-    for (;;) {
-      const Token& first = peek();
-      ExprPtr dim = parse_expr(fmt::format("a dim of parameter '{}'", param));
-      if (!dim) return false;
-      if (type.dims.size() < kMaxDimsPerType) {
-        type.dims.push_back(std::move(dim));
-      } else if (!limit_reported) {
-        limit_reported = true;
-        error_at(first, fmt::format("parameter '{}' has more than {} dims", param, kMaxDimsPerType),
-                 "tensors have at most 64 dims; reshape them first");
-      }
-      if (accept(TokenKind::Comma)) {
-        if (accept(TokenKind::RBracket)) return true;
-        continue;
-      }
-      if (accept(TokenKind::RBracket)) return true;
-      error_here(fmt::format("expected ',' or ']' after a dim of parameter '{}', found {}", param,
-                             found()),
-                 "separate dims with ',' and close the list with ']'");
-      return false;
-    }
-  }
-
-  // The '(' is consumed; consumes through the ')'.
-  bool parse_args(std::vector<Arg>& args, std::string_view callee) {
-    if (accept(TokenKind::RParen)) return true;
-    bool limit_reported = false;
-    for (;;) {
-      if (at(TokenKind::Ident) && peek(1).kind == TokenKind::LParen && peek().first_on_line) {
-        // Arguments are never calls: this is the next op after a forgotten ')'.
-        error_here(
-            fmt::format("expected ')' after the arguments of '{}', found {}", callee, found()));
-        return false;
-      }
-      Arg arg;
-      const Token& first = peek();
-      if (at(TokenKind::Ident) && peek(1).kind == TokenKind::Equals) {
-        const Token& name = advance();
-        advance();  // =
-        arg.name = std::string(name.text);
-        arg.name_loc = name.loc;
-      }
-      arg.value = parse_expr(arg.name ? fmt::format("a value for argument '{}'", *arg.name)
-                                      : fmt::format("an argument of '{}'", callee));
-      if (!arg.value) return false;
-      if (args.size() < kMaxArgsPerCall) {
-        args.push_back(std::move(arg));
-      } else if (!limit_reported) {
-        limit_reported = true;
-        error_at(first, fmt::format("'{}' has more than {} arguments", callee, kMaxArgsPerCall));
-      }
-      if (accept(TokenKind::Comma)) {
-        if (accept(TokenKind::RParen)) return true;
-        continue;
-      }
-      if (accept(TokenKind::RParen)) return true;
-      std::string hint;
-      if (starts_expr(peek().kind) && !peek().first_on_line) {
-        hint = "separate arguments with ','";
-      }
-      error_here(fmt::format("expected ')' after the arguments of '{}', found {}", callee, found()),
-                 std::move(hint));
-      return false;
-    }
-  }
-
-  // ---- sequence body ------------------------------------------------------------------------
-  void parse_body(SequenceDecl& seq, SourceLoc open) {
-    bool limit_reported = false;
-    for (;;) {
-      if (diags_.at_error_limit()) return;
-      if (at(TokenKind::RBrace)) {
-        seq.close_loc = advance().loc;
-        return;
-      }
-      if (at(TokenKind::Eof) || is_decl_keyword(peek().kind)) {
-        // The declaration after a forgotten '}' still parses: leave its keyword for the caller.
-        error_here(fmt::format("expected '}}' to close the body of sequence '{}' (opened at {}), "
-                               "found {}",
-                               seq.name, where(open), found()),
-                   "every sequence body ends with '}'");
-        return;
-      }
-      const size_t start = pos_;
-      OpStmt op;
-      if (!parse_op(op, seq.name)) {
-        skip_to_next_op(start);
-        continue;
-      }
-      if (seq.body.size() < kMaxOpsPerSequence) {
-        seq.body.push_back(std::move(op));
-      } else if (!limit_reported) {
-        limit_reported = true;
-        error_at(tokens_[start],
-                 fmt::format("sequence '{}' has more than {} ops", seq.name, kMaxOpsPerSequence),
-                 "split it into several sequences");
-      }
-    }
-  }
-
-  bool parse_op(OpStmt& op, const std::string& sequence) {
-    if (!at(TokenKind::Ident)) {
-      error_here(fmt::format("expected an op or '}}' in the body of sequence '{}', found {}",
-                             sequence, found()),
-                 "each statement in a body is an op call, e.g. linear(hidden, ffn) as up_proj");
-      return false;
-    }
-    const Token& name = advance();
-    op.op = std::string(name.text);
-    op.loc = name.loc;
-    if (!at(TokenKind::LParen)) {
-      error_here(fmt::format("expected '(' after op name '{}', found {}", op.op, found()),
-                 fmt::format("call the op with parentheses, even without arguments: {}()", op.op));
-      return false;
-    }
-    advance();
-    if (!parse_args(op.args, op.op)) return false;
-    if (accept(TokenKind::KwAs)) {
-      if (!at(TokenKind::Ident)) {
-        error_here(fmt::format("expected an instance name after 'as', found {}", found()),
-                   fmt::format("write: {}(...) as my_{}", op.op, op.op));
-        return false;
-      }
-      const Token& instance = advance();
-      op.instance = std::string(instance.text);
-      op.instance_loc = instance.loc;
-    }
-    accept(TokenKind::Semicolon);
-    return true;
-  }
-
-  // ---- expressions --------------------------------------------------------------------------
-  static bool starts_expr(TokenKind kind) {
-    switch (kind) {
-      case TokenKind::Int:
-      case TokenKind::Float:
-      case TokenKind::String:
-      case TokenKind::Ident:
-      case TokenKind::KwTrue:
-      case TokenKind::KwFalse:
-      case TokenKind::LParen:
-      case TokenKind::LBracket:
-      case TokenKind::Minus:
-        return true;
-      default:
-        return false;
-    }
-  }
-
-  // Counts one level of nesting at the current token; reports (once per expression, since the
-  // failure unwinds the whole expression) when the limit is crossed.
-  bool enter_nesting() {
-    if (depth_ >= kMaxExprNesting) {
-      error_here(fmt::format("expression is nested too deeply (limit {})", kMaxExprNesting),
-                 "use fewer parentheses, brackets, minus signs or chained operators; a const "
-                 "can hold part of the expression");
-      return false;
-    }
-    ++depth_;
-    return true;
-  }
-
-  static ExprPtr make_binary(const Token& op, ExprPtr lhs, ExprPtr rhs) {
-    auto expr = std::make_unique<Expr>();
-    expr->kind = Expr::Kind::Binary;
-    expr->loc = op.loc;
-    expr->op = op.text[0];
-    expr->operands.push_back(std::move(lhs));
-    expr->operands.push_back(std::move(rhs));
-    return expr;
-  }
-
-  // `what` names the expected value in "expected ..., found ..." messages.
-  ExprPtr parse_expr(const std::string& what) {
-    DepthRestore restore(depth_);
-    ExprPtr lhs = parse_term(what);
-    while (lhs && (at(TokenKind::Plus) || at(TokenKind::Minus))) {
-      if (!enter_nesting()) return nullptr;
-      const Token& op = advance();
-      ExprPtr rhs = parse_term(fmt::format("a value after '{}'", op.text));
-      if (!rhs) return nullptr;
-      lhs = make_binary(op, std::move(lhs), std::move(rhs));
-    }
-    return lhs;
-  }
-
-  ExprPtr parse_term(const std::string& what) {
-    DepthRestore restore(depth_);
-    ExprPtr lhs = parse_unary(what);
-    while (lhs && (at(TokenKind::Star) || at(TokenKind::Slash) || at(TokenKind::Percent))) {
-      if (!enter_nesting()) return nullptr;
-      const Token& op = advance();
-      ExprPtr rhs = parse_unary(fmt::format("a value after '{}'", op.text));
-      if (!rhs) return nullptr;
-      lhs = make_binary(op, std::move(lhs), std::move(rhs));
-    }
-    return lhs;
-  }
-
-  ExprPtr parse_unary(const std::string& what) {
-    if (!at(TokenKind::Minus)) return parse_primary(what);
-    DepthRestore restore(depth_);
-    if (!enter_nesting()) return nullptr;
-    const Token& minus = advance();
-    ExprPtr operand = parse_unary("a value after '-'");
-    if (!operand) return nullptr;
-    auto expr = std::make_unique<Expr>();
-    expr->kind = Expr::Kind::Unary;
-    expr->loc = minus.loc;
-    expr->op = '-';
-    expr->operands.push_back(std::move(operand));
-    return expr;
-  }
-
-  ExprPtr parse_primary(const std::string& what) {
-    const Token& token = peek();
-    auto expr = std::make_unique<Expr>();
-    expr->loc = token.loc;
-    switch (token.kind) {
-      case TokenKind::Int:
-        expr->kind = Expr::Kind::Int;
-        expr->int_value = token.int_value;
-        expr->text = std::string(token.text);
-        advance();
-        return expr;
-      case TokenKind::Float:
-        expr->kind = Expr::Kind::Float;
-        expr->float_value = token.float_value;
-        expr->text = std::string(token.text);
-        advance();
-        return expr;
-      case TokenKind::KwTrue:
-      case TokenKind::KwFalse:
-        expr->kind = Expr::Kind::Bool;
-        expr->int_value = token.kind == TokenKind::KwTrue ? 1 : 0;
-        advance();
-        return expr;
-      case TokenKind::String:
-        expr->kind = Expr::Kind::String;
-        expr->text = decode_string_literal(token.text);
-        advance();
-        return expr;
-      case TokenKind::Ident:
-        expr->kind = Expr::Kind::Name;
-        expr->text = std::string(token.text);
-        advance();
-        return expr;
-      case TokenKind::LParen:
-        return parse_parenthesized(what);
-      case TokenKind::LBracket:
-        return parse_list();
-      default:
-        break;
-    }
-    std::string hint;
-    if (token.kind == TokenKind::RParen || token.kind == TokenKind::RBracket ||
-        token.kind == TokenKind::Comma) {
-      hint = "a value (a number, a name, a string, true/false or a [list]) is missing here";
-    }
-    error_here(fmt::format("expected {}, found {}", what, found()), std::move(hint));
-    return nullptr;
-  }
-
-  ExprPtr parse_parenthesized(const std::string& what) {
-    DepthRestore restore(depth_);
-    if (!enter_nesting()) return nullptr;
-    const SourceLoc open = advance().loc;
-    ExprPtr inner = parse_expr(what);
-    if (!inner) return nullptr;
-    if (!accept(TokenKind::RParen)) {
-      error_here(
-          fmt::format("expected ')' to close the '(' at {}, found {}", where(open), found()));
-      return nullptr;
-    }
-    return inner;
-  }
-
-  ExprPtr parse_list() {
-    DepthRestore restore(depth_);
-    if (!enter_nesting()) return nullptr;
-    auto list = std::make_unique<Expr>();
-    list->kind = Expr::Kind::List;
-    list->loc = advance().loc;
-    if (accept(TokenKind::RBracket)) return list;
-    bool limit_reported = false;
-    for (;;) {
-      const Token& first = peek();
-      ExprPtr element = parse_expr("a list element");
-      if (!element) return nullptr;
-      if (list->operands.size() < kMaxListElements) {
-        list->operands.push_back(std::move(element));
-      } else if (!limit_reported) {
-        limit_reported = true;
-        error_at(first, fmt::format("a list may have at most {} elements", kMaxListElements));
-      }
-      if (accept(TokenKind::Comma)) {
-        if (accept(TokenKind::RBracket)) return list;
-        continue;
-      }
-      if (accept(TokenKind::RBracket)) return list;
-      error_here(fmt::format("expected ',' or ']' in the list opened at {}, found {}",
-                             where(list->loc), found()));
-      return nullptr;
-    }
-  }
-
-  FileId file_;
-  std::vector<Token> tokens_;
-  DiagnosticEngine& diags_;
-  size_t pos_ = 0;
-  size_t depth_ = 0;
-  bool reported_any_ = false;
-  size_t last_error_pos_ = 0;
-};
-
-}  // namespace
+}  // namespace parser_detail
 
 std::unique_ptr<Module> parse_module(FileId file, const SourceManager& sources,
                                      DiagnosticEngine& diags) {
-  return Parser(file, lex(file, sources, diags), diags).run();
+  return parser_detail::Parser(file, lex(file, sources, diags), diags).run();
 }
 
 }  // namespace opfuse::dsl

@@ -1,0 +1,442 @@
+// The elementwise and normalization group emitters: cast, dbias, bias/add, norm forward and
+// backward, activation forward and backward, aliases, constant_scale and quantize (the shared
+// helpers are in emit_groups.h; note "Kernels by parts" and note "Current scaling" in
+// docs/codegen.md).
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "codegen/emit_groups.h"
+#include "codegen/kernel_templates.h"
+#include "ir/pointwise_ops.h"
+#include "support/assert.h"
+
+namespace opfuse::codegen::emitters {
+
+void emit_cast(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::CastFp8, OpKind::BiasGrad});
+  const ir::Operation& cast = *g.find({OpKind::CastFp8});
+  const ir::Operation* dbias = g.find({OpKind::BiasGrad});
+  const ValueId x = cast.operands.at(0);
+  if (dbias && dbias->operands.at(0) != x) no_kernel(b, g);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype, out = quantizer_format(b, cast);
+  const int64_t cols = width_of(b, cast, xv);
+  require_vector_width(b, cast, cols, in, "cast_transpose");
+  const SymExpr rows = rows_of(xv);
+  const CastOutputs y = cast_outputs(b, cast);
+  const bool transpose = y.columnwise >= 0;
+  int amax_quantizer = cast.quantizer;
+  if (current_scaling(b, cast.quantizer)) {
+    emit_current_amax(b, g, cast, x, cast.quantizer);
+    amax_quantizer = -1;  // measured already
+  }
+  GridRule grid = tile_grid(rows, cols);
+  const SymExpr partial_rows = grid.y;
+  const int partial =
+      dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32, {partial_rows, cols})
+            : -1;
+  auto what = [&](bool with_copy) {
+    return fmt::format("cast {} -> {}{}", name_of(in), fp8_output_text(out, with_copy),
+                       dbias ? " + dbias partial sums" : "");
+  };
+  WithoutTranspose plain{what(false), grid, rules::kTileThreads, 0};  // tiles launch alike
+  b.add_launch(
+      g, what(transpose), "cast_transpose",
+      {spell(in), spell(out), spell(transpose), spell(dbias != nullptr)}, std::move(grid),
+      rules::kTileThreads, 0,
+      {bind_in("x", b.buffer(x, cast)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
+       bind_quantizer("scale", cast.quantizer, QuantizerValue::Scale),
+       bind_quantizer("amax", amax_quantizer, QuantizerValue::Amax),
+       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)},
+      std::move(plain));
+  if (dbias) {
+    const ValueId db = dbias->results.at(0);
+    emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},
+                       {b.buffer(db, *dbias)}, partial_rows, cols, b.value(db).type.dtype);
+  }
+}
+
+void emit_dbias(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::BiasGrad});
+  const ir::Operation& op = *g.parts.front();
+  const ValueId dy = op.operands.at(0);
+  const ir::Value& dyv = b.value(dy);
+  const int64_t cols = width_of(b, op, dyv);
+  require_vector_width(b, op, cols, dyv.type.dtype, "dbias_partial");
+  const SymExpr rows = rows_of(dyv);
+  GridRule grid = tile_grid(rows, cols);
+  const SymExpr partial_rows = grid.y;
+  const int partial =
+      b.add_workspace(op.instance + ".dbias_partial", DType::FP32, {partial_rows, cols});
+  b.add_launch(g, fmt::format("dbias partial sums of {}", name_of(dyv.type.dtype)), "dbias_partial",
+               {spell(dyv.type.dtype)}, std::move(grid), rules::kTileThreads, 0,
+               {bind_in("dy", b.buffer(dy, op)), bind_out("dbias_partial", partial),
+                bind_int("rows", rows), bind_int("cols", cols)});
+  const ValueId db = op.results.at(0);
+  emit_column_reduce(b, g, "dbias = column sums of the partials", {partial}, {b.buffer(db, op)},
+                     partial_rows, cols, b.value(db).type.dtype);
+}
+
+// bias, add_extra_input and grad_add (y = x + bias + residual), with an optional FP8 cast.
+void emit_bias_add(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd, OpKind::CastFp8});
+  const ir::Operation& first = *g.parts.front();
+  const ValueId x = first.operands.at(0);
+  ValueId chain = x, bias = ir::kNoValue, residual = ir::kNoValue;
+  const ir::Operation* cast = nullptr;
+  for (const ir::Operation* p : g.parts) {
+    const bool reads_chain =
+        std::find(p->operands.begin(), p->operands.end(), chain) != p->operands.end();
+    if (!reads_chain) no_kernel(b, g);
+    if (p->kind == OpKind::CastFp8) {
+      if (cast) no_kernel(b, g);
+      cast = p;
+      continue;
+    }
+    if (cast) no_kernel(b, g);  // the cast ends the chain
+    ValueId& slot = p->kind == OpKind::Bias ? bias : residual;
+    if (slot != ir::kNoValue) no_kernel(b, g);
+    slot = p->kind == OpKind::Bias
+               ? p->operands.at(1)
+               : (p->operands.at(0) == chain ? p->operands.at(1) : p->operands.at(0));
+    chain = p->results.at(0);
+  }
+  if (chain == x) no_kernel(b, g);  // a lone cast goes to emit_cast
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype;
+  const int64_t cols = width_of(b, first, xv);
+  require_vector_width(b, first, cols, in, "bias_add");
+  const SymExpr rows = rows_of(xv);
+  DType out = b.value(chain).type.dtype;
+  int quantizer = -1;
+  CastOutputs y{-1, -1};
+  if (cast) {
+    quantizer = folded_cast_quantizer(b, g, *cast, chain);
+    out = quantizer_format(b, *cast);
+    y = cast_outputs(b, *cast);
+  } else {
+    y.rowwise = b.buffer(chain, *g.parts.back());
+  }
+  const bool transpose = y.columnwise >= 0;
+  const int measured = cast ? -1 : measure_for_cast(b, g, chain);
+  std::string what = "y = x";
+  if (bias != ir::kNoValue) what += " + bias";
+  if (residual != ir::kNoValue) what += " + residual";
+  auto text = [&](bool with_copy) {
+    return fmt::format("{} ({} -> {})", what, name_of(in), fp8_output_text(out, with_copy));
+  };
+  b.add_launch(
+      g, text(transpose), "bias_add",
+      {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
+       spell(transpose)},
+      tile_grid(rows, cols), rules::kTileThreads, 0,
+      {bind_in("x", b.buffer(x, first)),
+       bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
+       bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
+       bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
+       bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
+       bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
+      WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
+}
+
+void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::LayerNorm, OpKind::RMSNorm, OpKind::CastFp8});
+  const ir::Operation& norm = *g.find({OpKind::LayerNorm, OpKind::RMSNorm});
+  const ir::Operation* cast = g.find({OpKind::CastFp8});
+  if (g.parts.front() != &norm) no_kernel(b, g);
+  const bool rms = norm.kind == OpKind::RMSNorm;
+  const ValueId x = norm.operands.at(0);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype;
+  const int64_t hidden = ir::attr_int(norm.attrs, "size");
+  require_vector_width(b, norm, hidden, in, name_of(norm.kind));
+  const ValueId y_value = norm.results.at(0);
+  DType out = in;
+  int quantizer = -1;
+  CastOutputs y{-1, -1};
+  if (cast) {
+    quantizer = folded_cast_quantizer(b, g, *cast, y_value);
+    out = quantizer_format(b, *cast);
+    y = cast_outputs(b, *cast);
+  } else {
+    y.rowwise = b.buffer(y_value, norm);
+  }
+  const bool transpose = y.columnwise >= 0;
+  const int bytes = ir::dtype_bytes(in);
+  if (transpose &&
+      rules::norm_fwd_dynamic_smem_bytes(int(hidden), true) > rules::kMaxDynamicSharedBytes) {
+    b.fail(norm, fmt::format("'{}' ({}): rows of {} elements are too wide to write the transposed "
+                             "FP8 copy from the norm kernel (shared memory)",
+                             name_of(norm.kind), norm.instance, hidden));
+  }
+  // Saved statistics are extra results: layernorm (y, mean, rstd), rmsnorm (y, rstd).
+  const size_t rstd_at = rms ? 1 : 2;
+  const int mean = !rms && norm.results.size() > 1 ? b.buffer(norm.results[1], norm) : -1;
+  const int rstd = norm.results.size() > rstd_at ? b.buffer(norm.results[rstd_at], norm) : -1;
+  const SymExpr rows = rows_of(xv);
+  struct Shape {
+    GridRule grid;
+    int block = 0;
+    int smem = 0;
+  };
+  auto shape = [&](bool with_copy) {
+    Shape out_shape;
+    out_shape.block = rules::norm_fwd_block_threads(int(hidden), bytes, with_copy);
+    out_shape.smem = rules::norm_fwd_dynamic_smem_bytes(int(hidden), with_copy);
+    if (with_copy) {
+      // One block per SM: its staged tile fills shared memory.
+      const int tile_rows = rules::norm_transpose_tile_rows(int(hidden));
+      out_shape.grid = {"norm_fwd_transpose",
+                        min_of(ceil_div(rows, tile_rows), SymExpr::symbol(kNumSmsSymbol)),
+                        1,
+                        {{"rows", rows}, {"tile_rows", tile_rows}}};
+    } else {
+      const int rows_per_block = rules::norm_fwd_rows_per_block(int(hidden), bytes, false);
+      const int resident =
+          rules::min_blocks(out_shape.block, rules::norm_fwd_register_budget(rms, false));
+      out_shape.grid = {
+          "norm_fwd",
+          min_of(ceil_div(rows, rows_per_block), SymExpr::symbol(kNumSmsSymbol) * resident),
+          1,
+          {{"rows", rows}, {"rows_per_block", rows_per_block}, {"blocks_per_sm", resident}}};
+    }
+    return out_shape;
+  };
+  auto what = [&](bool with_copy) {
+    return fmt::format("{} {} -> {}", name_of(norm.kind), name_of(in),
+                       fp8_output_text(out, with_copy));
+  };
+  Shape launch = shape(transpose), plain = shape(false);
+  const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
+  const std::string family = rms ? "rmsnorm_fwd" : "layernorm_fwd";
+  const bool zero_centered = ir::attr_bool(norm.attrs, "zero_centered_gamma");
+  b.add_launch(
+      g, what(transpose), family,
+      {spell(in), spell(out), std::to_string(hidden), spell(zero_centered), spell(transpose)},
+      std::move(launch.grid), launch.block, launch.smem,
+      {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
+       bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y.rowwise),
+       bind_copy("y_t", y.columnwise), bind_quantizer("scale", quantizer, QuantizerValue::Scale),
+       bind_amax(quantizer, measured), bind_scale_record(measured), bind_out("mean", mean),
+       bind_out("rstd", rstd), bind_float("epsilon", ir::attr_float(norm.attrs, "eps")),
+       bind_int("rows", rows)},
+      WithoutTranspose{what(false), std::move(plain.grid), plain.block, plain.smem});
+}
+
+void emit_norm_bwd(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::LayerNormBackward, OpKind::RMSNormBackward, OpKind::GradAdd});
+  const ir::Operation& norm = *g.find({OpKind::LayerNormBackward, OpKind::RMSNormBackward});
+  const ir::Operation* add = g.find({OpKind::GradAdd});
+  const bool rms = norm.kind == OpKind::RMSNormBackward;
+  // Operands: (dy, x, gamma, mean, rstd) for LayerNorm, (dy, x, gamma, rstd) for RMSNorm.
+  const ValueId dy = norm.operands.at(0), x = norm.operands.at(1), gamma = norm.operands.at(2);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype;
+  const int64_t hidden = ir::attr_int(norm.attrs, "size");
+  require_vector_width(b, norm, hidden, in, name_of(norm.kind));
+  ValueId dx = norm.results.at(0), dresidual = ir::kNoValue;
+  if (add) {
+    if (add->operands.size() != 2 || (add->operands[0] != dx && add->operands[1] != dx))
+      no_kernel(b, g);
+    dresidual = add->operands[0] == dx ? add->operands[1] : add->operands[0];
+    dx = add->results.at(0);
+  }
+  const int bytes = ir::dtype_bytes(in);
+  const int block = rules::norm_bwd_block_threads(int(hidden), bytes);
+  const int rows_per_block = rules::norm_bwd_rows_per_block(int(hidden), bytes);
+  const int resident = rules::min_blocks(block, rules::kNormBwdRegisterBudget);
+  const SymExpr grid_x = SymExpr::symbol(kNumSmsSymbol) * resident;
+  const SymExpr partial_rows = grid_x * rows_per_block;
+  const int dgamma_partial =
+      b.add_workspace(norm.instance + ".dgamma_partial", DType::FP32, {partial_rows, hidden});
+  const int dbeta_partial =
+      rms ? -1
+          : b.add_workspace(norm.instance + ".dbeta_partial", DType::FP32, {partial_rows, hidden});
+  const SymExpr rows = rows_of(xv);
+  GridRule grid{"norm_bwd",
+                grid_x,
+                1,
+                {{"rows", rows}, {"rows_per_block", rows_per_block}, {"blocks_per_sm", resident}}};
+  const bool zero_centered = ir::attr_bool(norm.attrs, "zero_centered_gamma");
+  b.add_launch(
+      g,
+      fmt::format("{} {}{} + dgamma{} partial sums", name_of(norm.kind), name_of(in),
+                  add ? " + residual gradient" : "", rms ? "" : "/dbeta"),
+      rms ? "rmsnorm_bwd" : "layernorm_bwd",
+      {spell(in), std::to_string(hidden), spell(zero_centered)}, std::move(grid), block, 0,
+      {bind_in("dy", b.buffer(dy, norm)), bind_in("x", b.buffer(x, norm)),
+       bind_in("gamma", b.buffer(gamma, norm)),
+       bind_in("mean", rms ? -1 : b.buffer(norm.operands.at(3), norm)),
+       bind_in("rstd", b.buffer(norm.operands.at(rms ? 3 : 4), norm)),
+       bind_in("dresidual", dresidual == ir::kNoValue ? -1 : b.buffer(dresidual, *add)),
+       bind_out("dx", b.buffer(dx, add ? *add : norm)), bind_out("dgamma_partial", dgamma_partial),
+       bind_out("dbeta_partial", dbeta_partial), bind_int("rows", rows)});
+  std::vector<int> outputs = {b.buffer(norm.results.at(1), norm)};
+  std::vector<int> partials = {dgamma_partial};
+  if (!rms) {
+    outputs.push_back(b.buffer(norm.results.at(2), norm));
+    partials.push_back(dbeta_partial);
+  }
+  emit_column_reduce(
+      b, g,
+      rms ? "dgamma = column sums of the partials" : "dgamma, dbeta = column sums of the partials",
+      std::move(partials), std::move(outputs), partial_rows, hidden, b.value(gamma).type.dtype);
+}
+
+void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, ir::is_pointwise, {OpKind::CastFp8});
+  const ir::Operation& act = *find_part(g, ir::is_pointwise);
+  const ir::Operation* cast = g.find({OpKind::CastFp8});
+  if (g.parts.front() != &act) no_kernel(b, g);
+  const ir::PointwiseDef& def = *ir::pointwise_def(act.kind);
+  const bool gated = def.gated;
+  const ValueId x = act.operands.at(0), y_value = act.results.at(0);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype;
+  const int64_t cols = width_of(b, act, b.value(y_value));  // the output width n
+  require_vector_width(b, act, cols, in, name_of(act.kind));
+  DType out = b.value(y_value).type.dtype;
+  int quantizer = -1;
+  CastOutputs y{-1, -1};
+  if (cast) {
+    quantizer = folded_cast_quantizer(b, g, *cast, y_value);
+    out = quantizer_format(b, *cast);
+    y = cast_outputs(b, *cast);
+  } else {
+    y.rowwise = b.buffer(y_value, act);
+  }
+  const bool transpose = y.columnwise >= 0;
+  const SymExpr rows = rows_of(xv);
+  const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
+  auto what = [&](bool with_copy) {
+    return fmt::format("{} {} -> {}", name_of(act.kind), name_of(in),
+                       fp8_output_text(out, with_copy));
+  };
+  b.add_launch(
+      g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd",
+      {ir::pointwise_functor_name(def, act.attrs), spell(in), spell(out), spell(transpose)},
+      tile_grid(rows, cols), rules::kTileThreads, 0,
+      {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
+       bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
+       bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
+      WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
+}
+
+void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, ir::is_pointwise_backward, {OpKind::BiasGrad, OpKind::CastFp8});
+  const ir::Operation& act = *find_part(g, ir::is_pointwise_backward);
+  const ir::Operation* dbias = g.find({OpKind::BiasGrad});
+  const ir::Operation* cast = g.find({OpKind::CastFp8});
+  if (g.parts.front() != &act) no_kernel(b, g);
+  const ir::PointwiseDef& forward = *ir::pointwise_def(act.kind);
+  const bool gated = forward.gated;
+  const ValueId dy = act.operands.at(0), x = act.operands.at(1), dx_value = act.results.at(0);
+  const ir::Value& dyv = b.value(dy);
+  const DType in = dyv.type.dtype;
+  const int64_t cols = width_of(b, act, dyv);  // n, dy's width
+  const int64_t dx_cols = gated ? 2 * cols : cols;
+  require_vector_width(b, act, cols, in, name_of(act.kind));
+  if (dbias && dbias->operands.at(0) != dx_value) no_kernel(b, g);
+  DType out = b.value(dx_value).type.dtype;
+  int quantizer = -1;
+  CastOutputs dx{-1, -1};
+  if (cast) {
+    // The dbias sum reads dx inside the kernel, so only the cast's copies leave it.
+    quantizer = folded_cast_quantizer(b, g, *cast, dx_value);
+    out = quantizer_format(b, *cast);
+    dx = cast_outputs(b, *cast);
+  } else {
+    dx.rowwise = b.buffer(dx_value, act);
+  }
+  const bool transpose = dx.columnwise >= 0;
+  const SymExpr rows = rows_of(dyv);
+  GridRule grid = tile_grid(rows, cols);
+  const SymExpr partial_rows = grid.y;
+  const int partial = dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32,
+                                              {partial_rows, dx_cols})
+                            : -1;
+  const int measured = cast ? -1 : measure_for_cast(b, g, dx_value);
+  b.add_launch(
+      g,
+      fmt::format("{} backward {} -> {}{}", forward.name, name_of(in),
+                  fp8_output_text(out, transpose), dbias ? " + dbias partial sums" : ""),
+      gated ? "gated_activation_bwd" : "activation_bwd",
+      {ir::pointwise_functor_name(forward, act.attrs), spell(in), spell(out), spell(transpose),
+       spell(dbias != nullptr)},
+      std::move(grid), rules::kTileThreads, 0,
+      {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", dx.rowwise),
+       bind_copy("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, QuantizerValue::Scale),
+       bind_amax(quantizer, measured), bind_scale_record(measured),
+       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)});
+  if (dbias) {
+    const ValueId db = dbias->results.at(0);
+    emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},
+                       {b.buffer(db, *dbias)}, partial_rows, dx_cols, b.value(db).type.dtype);
+  }
+}
+
+void emit_alias(SequenceBuilder& b, const Group& g) {
+  // make_extra_output, identity and reshape view their operand's memory: no step.
+  for (const ir::Operation* p : g.parts) b.make_alias(p->results.at(0), p->operands.at(0));
+}
+
+// constant_scale, forward and backward alike (its backward is a constant_scale of dy).
+void emit_constant_scale(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::ConstantScale});
+  const ir::Operation& op = *g.parts.front();
+  const ValueId x = op.operands.at(0), y = op.results.at(0);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype, out = b.value(y).type.dtype;
+  const int64_t cols = width_of(b, op, xv);
+  require_vector_width(b, op, cols, in, "constant_scale");
+  const SymExpr rows = rows_of(xv);
+  const double factor = ir::attr_float(op.attrs, "scale");
+  const bool backward = op.phase == ir::Phase::Backward;
+  b.add_launch(g,
+               fmt::format("{} = {} * {} ({} -> {})", backward ? "dx" : "y", factor,
+                           backward ? "dy" : "x", name_of(in), name_of(out)),
+               "constant_scale", {spell(in), spell(out), spell(false)}, tile_grid(rows, cols),
+               rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)), bind_copy("y_t", -1),
+                bind_null("scale"), bind_null("amax"), bind_float("factor", factor),
+                bind_int("rows", rows), bind_int("cols", cols)});
+}
+
+// The user quantize op: fake quantization with the quantizer plan-quantization gave it (forward:
+// the output quantizer; backward = true: the grad_input one). Without a quantizer (bf16 recipes,
+// forward = false) it is the identity, an alias like make_extra_output.
+void emit_quantize(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::Quantize});
+  const ir::Operation& op = *g.parts.front();
+  const ValueId x = op.operands.at(0), y = op.results.at(0);
+  if (op.quantizer < 0) {
+    b.make_alias(y, x);
+    return;
+  }
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype;
+  const DType format = b.seq().quantizers.at(size_t(op.quantizer)).format();
+  const int64_t cols = width_of(b, op, xv);
+  require_vector_width(b, op, cols, in, "fake_quantize");
+  const SymExpr rows = rows_of(xv);
+  int amax_quantizer = op.quantizer;
+  if (current_scaling(b, op.quantizer)) {
+    emit_current_amax(b, g, op, x, op.quantizer);
+    amax_quantizer = -1;  // measured already
+  }
+  b.add_launch(g,
+               fmt::format("fake-quantize {} through {} (y = dequantize(quantize(x)))", name_of(in),
+                           name_of(format)),
+               "fake_quantize", {spell(in), spell(format)}, tile_grid(rows, cols),
+               rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)),
+                bind_quantizer("scale", op.quantizer, QuantizerValue::Scale),
+                bind_quantizer("scale_inv", op.quantizer, QuantizerValue::ScaleInv),
+                bind_quantizer("amax", amax_quantizer, QuantizerValue::Amax),
+                bind_int("rows", rows), bind_int("cols", cols)});
+}
+
+}  // namespace opfuse::codegen::emitters

@@ -1,0 +1,128 @@
+// Internal to codegen: the group emitters that plan_groups.cpp (the dispatch, emit_group, and the
+// helpers below), emit_elementwise.cpp (cast, norm, activation, bias, scale and quantize kernels)
+// and emit_gemms.cpp (fprop, dgrad and wgrad GEMMs) define between them. Note "Kernels by parts"
+// and note "Current scaling" are in docs/codegen.md.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../../templates/common/launch_rules.h"
+#include "codegen/plan_builder.h"
+
+namespace opfuse::codegen::emitters {
+
+namespace rules = opfuse::launch;
+using ir::DType;
+using ir::OpKind;
+using ir::ValueId;
+
+// ---- shared helpers (plan_groups.cpp) -----------------------------------------------------------
+
+// Pointwise ops are selected by what they are (ir::is_pointwise...), never by a list of kinds,
+// so a new one needs nothing here.
+const ir::Operation* find_part(const Group& g, bool (*is)(OpKind));
+
+std::string spell(DType d);
+
+std::string spell(bool b);
+
+std::string_view name_of(DType d);
+
+std::string_view name_of(OpKind k);
+
+SymExpr rows_of(const ir::Value& v);
+
+// The known last dimension of `v` (the width every template is specialized or checked on).
+int64_t width_of(const SequenceBuilder& b, const ir::Operation& at, const ir::Value& v);
+
+// Tiled and norm kernels move 16-byte vectors: a row must be a whole number of them.
+void require_vector_width(const SequenceBuilder& b, const ir::Operation& at, int64_t width,
+                          DType input, std::string_view kernel);
+
+// Whether quantizer `q` derives its scale from this tensor's amax before the cast (its spec, not
+// the sequence's recipe: an override may make one tensor current-scaled under delayed scaling).
+bool current_scaling(const SequenceBuilder& b, int q);
+
+DType quantizer_format(const SequenceBuilder& b, const ir::Operation& cast);
+
+// The cast's row-wise and transposed results (-1 where it does not make them).
+struct CastOutputs {
+  int rowwise = -1;
+  int columnwise = -1;
+};
+
+CastOutputs cast_outputs(const SequenceBuilder& b, const ir::Operation& cast);
+
+std::string fp8_output_text(DType out, bool transposed);
+
+// Known rows take the launch rule itself; symbolic rows spell its formula for run time (rows are
+// never 0 there, so the rule's max with 1 is left out).
+SymExpr tile_grid_y(const SymExpr& rows);
+
+GridRule tile_grid(const SymExpr& rows, int64_t cols);
+
+// A value a GEMM epilogue writes: its buffer, or scratch when no one outside the group reads it.
+int epilogue_output(SequenceBuilder& b, ValueId v, const std::string& what);
+
+[[noreturn]] void no_kernel(const SequenceBuilder& b, const Group& g);
+
+void require_only(const SequenceBuilder& b, const Group& g, std::initializer_list<OpKind> kinds);
+
+// Every part is a kind `is` accepts or one of `others`.
+void require_only(const SequenceBuilder& b, const Group& g, bool (*is)(OpKind),
+                  std::initializer_list<OpKind> others);
+
+// reduce_column_partials: the fixed-order second stage of every dbias/dgamma/dbeta sum.
+void emit_column_reduce(SequenceBuilder& b, const Group& g, const std::string& what,
+                        std::vector<int> partials, std::vector<int> outputs,
+                        const SymExpr& num_partials, int64_t cols, DType out);
+
+// The scale_record field: the quantizer whose scale the kernel's last block derives, or null.
+ParamBinding bind_scale_record(int quantizer);
+
+// The amax field of a kernel that casts to FP8 itself under delayed scaling (`folded`: history
+// slot 0), or measures a current-scaling amax (`measured`: the running max its scale_record's
+// last block takes); null for neither.
+ParamBinding bind_amax(int folded, int measured);
+
+// Current scaling (note "Current scaling" in docs/codegen.md): before the cast (cast_fp8 or
+// quantize: `cast`) of `x`, the amax of the whole of x and the scale derived from it, unless the
+// kernel that produced x measured them (measure_for_cast); the cast itself then tracks no amax.
+void emit_current_amax(SequenceBuilder& b, const Group& g, const ir::Operation& cast, ValueId x,
+                       int quantizer);
+
+// Current scaling: when `produced` (which this group's kernel writes whole, in high precision) is
+// the input of an unfused cast_fp8 or quantize of the same phase, the kernel measures the amax
+// for that cast's quantizer and its last block derives the scale (note "Current scaling"). Returns
+// the quantizer; -1 when there is no such cast.
+int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced);
+
+// A cast folded into a producing kernel: only under delayed scaling (its amax is this step's
+// history slot 0); the producer's own result must not be needed in high precision too.
+int folded_cast_quantizer(const SequenceBuilder& b, const Group& g, const ir::Operation& cast,
+                          ValueId produced);
+
+// ---- elementwise and normalization kernels (emit_elementwise.cpp)
+// --------------------------------
+
+void emit_cast(SequenceBuilder& b, const Group& g);
+void emit_dbias(SequenceBuilder& b, const Group& g);
+void emit_bias_add(SequenceBuilder& b, const Group& g);
+void emit_norm_fwd(SequenceBuilder& b, const Group& g);
+void emit_norm_bwd(SequenceBuilder& b, const Group& g);
+void emit_activation_fwd(SequenceBuilder& b, const Group& g);
+void emit_activation_bwd(SequenceBuilder& b, const Group& g);
+void emit_alias(SequenceBuilder& b, const Group& g);
+void emit_constant_scale(SequenceBuilder& b, const Group& g);
+void emit_quantize(SequenceBuilder& b, const Group& g);
+
+// ---- GEMMs (emit_gemms.cpp) ---------------------------------------------------------------------
+
+void emit_fprop(SequenceBuilder& b, const Group& g);
+void emit_dgrad(SequenceBuilder& b, const Group& g);
+void emit_wgrad(SequenceBuilder& b, const Group& g);
+
+}  // namespace opfuse::codegen::emitters

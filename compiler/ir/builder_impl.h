@@ -1,0 +1,147 @@
+// Internal to the IR builder: the Builder class that builder.cpp (declarations, constants, the
+// two-pass run), builder_eval.cpp (constant expressions, dimensions, types), builder_recipes.cpp
+// (recipes), builder_sequences.cpp (sequences, their inputs and outputs) and builder_ops.cpp (op
+// statements: attributes, shape rules, parameters) define between them.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "dsl/ast.h"
+#include "ir/builder.h"
+#include "ir/graph.h"
+#include "support/diagnostics.h"
+
+namespace opfuse::ir::builder_detail {
+
+using dsl::Expr;
+
+// A constant's value: integer, number or bool.
+using ConstValue = std::variant<int64_t, double, bool>;
+
+std::string const_value_string(const ConstValue& v);
+
+// What a top-level name refers to, for messages like "'fp8' is a recipe".
+struct GlobalName {
+  enum class Kind { Const, Recipe, Sequence } kind;
+  SourceLoc loc;
+};
+
+const char* kind_word(GlobalName::Kind k);
+
+std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates);
+
+std::string join(const std::vector<std::string>& items);
+
+class Builder {
+ public:
+  Builder(DiagnosticEngine& diags, const BuildOptions& options)
+      : diags_(diags), options_(options) {}
+
+  std::optional<Program> run(const std::vector<const dsl::Module*>& modules);
+
+ private:
+  // ---- declarations --------------------------------------------------------------------------
+
+  void declare(const dsl::Decl& d);
+
+  std::vector<std::string> const_names() const;
+
+  void define_const(const dsl::ConstDecl& c);
+
+  // ---- constant expressions ---------------------------------------------------------------------
+
+  // Evaluates a constant expression. Names must be constants. Reports and returns nullopt on error.
+  std::optional<ConstValue> eval(const Expr& e, bool allow_float);
+
+  std::optional<ConstValue> overflow(const Expr& e);
+
+  std::optional<ConstValue> eval_binary(const Expr& e, bool allow_float);
+
+  void unknown_name(const Expr& e);
+
+  std::optional<int64_t> eval_int(const Expr& e);
+
+  std::optional<double> eval_number(const Expr& e);
+
+  std::optional<bool> eval_bool(const Expr& e);
+
+  // A plain identifier (enum words in recipes, I/O names in ops).
+  std::optional<std::string> eval_word(const Expr& e, std::string_view what);
+
+  // One dimension of a signature type or reshape: a constant expression or a symbol.
+  std::optional<Dim> eval_dim(const Expr& e, bool allow_minus_one);
+
+  // The first name in `e` that is neither a constant nor another top-level name: a symbol.
+  const Expr* find_symbol(const Expr& e) const;
+
+  std::optional<TensorType> eval_type(const dsl::TensorTypeExpr& t);
+
+  // ---- recipes ----------------------------------------------------------------------------------
+
+  struct ArgBinding {
+    std::map<std::string, const dsl::Arg*> named;
+  };
+
+  void define_recipe(const dsl::RecipeDecl& d);
+
+  bool set_recipe_param(Recipe& r, const std::string& name, const Expr& v);
+
+  // Recipe names a sequence can use: the declared ones and the built-in bf16 (unless redeclared).
+  std::vector<std::string> recipe_names() const;
+
+  // Looks up a recipe by name; nullopt (with an error unless already reported) when unusable.
+  std::optional<Recipe> resolve_recipe(const std::string& name, SourceLoc loc);
+
+  void resolve_override();
+
+  // ---- sequences --------------------------------------------------------------------------------
+
+  struct SequenceScope {
+    Sequence seq;
+    std::map<std::string, ValueId> extra_inputs;   // name -> value
+    std::map<std::string, size_t> extra_outputs;   // name -> index in seq.outputs
+    std::map<std::string, SourceLoc> used_inputs;  // extra inputs added, where
+    std::map<std::string, SourceLoc> made_outputs;
+    std::map<std::string, const dsl::Param*> params_by_name;
+  };
+
+  ValueId add_value(Sequence& s, ValueKind kind, TensorType type, std::string name,
+                    int32_t producer);
+
+  void build_sequence(const dsl::SequenceDecl& d);
+
+  // Binds the call's arguments to the op's attributes (positional in order, then named).
+  std::optional<AttrList> bind_attrs(const dsl::OpStmt& stmt, const OpInfo& info);
+
+  static Attr default_attr(const AttrSpec& spec);
+
+  static std::string usage(const OpInfo& info);
+
+  std::optional<AttrValue> eval_attr(const AttrSpec& spec, const Expr& e);
+
+  SourceLoc attr_loc(const dsl::OpStmt& stmt, const OpInfo& info, const std::string& attr);
+
+  std::optional<ValueId> build_op(SequenceScope& sc, const dsl::OpStmt& stmt, const OpInfo& info,
+                                  ValueId cur, const std::string& instance,
+                                  const std::vector<std::optional<TensorType>>& output_types);
+
+  void unknown_io(const SequenceScope& sc, const std::string& name, SourceLoc loc, bool want_input);
+
+  DiagnosticEngine& diags_;
+  const BuildOptions& options_;
+  Program program_;
+  std::map<std::string, GlobalName> globals_;
+  std::map<std::string, ConstValue> consts_;
+  std::set<std::string> failed_consts_;
+  std::set<std::string> warned_symbols_;
+  std::map<std::string, std::optional<Recipe>> recipes_;
+  std::optional<Recipe> override_;
+};
+
+}  // namespace opfuse::ir::builder_detail

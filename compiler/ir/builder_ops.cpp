@@ -1,0 +1,276 @@
+// The IR builder's op statements: attribute binding and values, shape rules and parameters (the
+// Builder class is in builder_impl.h).
+
+#include <fmt/format.h>
+
+#include "ir/builder_impl.h"
+#include "plan/gemm_caps.h"
+
+namespace opfuse::ir::builder_detail {
+
+std::optional<AttrList> Builder::bind_attrs(const dsl::OpStmt& stmt, const OpInfo& info) {
+  std::vector<const dsl::Arg*> bound(info.attrs.size(), nullptr);
+  bool ok = true;
+  size_t positional = 0;
+  bool seen_named = false;
+  for (const dsl::Arg& a : stmt.args) {
+    if (!a.value) {
+      ok = false;
+      continue;
+    }
+    if (!a.name) {
+      if (seen_named) {
+        diags_.error(a.value->loc, "a positional argument cannot follow a named one",
+                     "write positional arguments first");
+        ok = false;
+        continue;
+      }
+      if (positional >= info.attrs.size()) {
+        diags_.error(a.value->loc,
+                     fmt::format("'{}' takes {} argument{}, got more", info.name, info.attrs.size(),
+                                 info.attrs.size() == 1 ? "" : "s"),
+                     usage(info));
+        ok = false;
+        continue;
+      }
+      bound[positional++] = &a;
+      continue;
+    }
+    seen_named = true;
+    size_t index = info.attrs.size();
+    for (size_t i = 0; i < info.attrs.size(); ++i)
+      if (info.attrs[i].name == *a.name) index = i;
+    if (index == info.attrs.size()) {
+      std::vector<std::string> names;
+      for (const AttrSpec& s : info.attrs) names.emplace_back(s.name);
+      std::string hint = did_you_mean(*a.name, names);
+      if (hint.empty()) hint = usage(info);
+      diags_.error(a.name_loc, fmt::format("'{}' has no argument '{}'", info.name, *a.name), hint);
+      ok = false;
+      continue;
+    }
+    if (bound[index]) {
+      diags_.error(a.name_loc,
+                   fmt::format("argument '{}' of '{}' is given twice", *a.name, info.name));
+      ok = false;
+      continue;
+    }
+    bound[index] = &a;
+  }
+  if (!ok) return std::nullopt;
+  AttrList attrs;
+  for (size_t i = 0; i < info.attrs.size(); ++i) {
+    const AttrSpec& spec = info.attrs[i];
+    if (!bound[i]) {
+      if (spec.required) {
+        diags_.error(
+            stmt.loc,
+            fmt::format("'{}' needs the argument '{}' ({})", info.name, spec.name, spec.doc),
+            usage(info));
+        ok = false;
+        continue;
+      }
+      attrs.push_back(default_attr(spec));
+      continue;
+    }
+    auto v = eval_attr(spec, *bound[i]->value);
+    if (!v) {
+      ok = false;
+      continue;
+    }
+    attrs.push_back(Attr{std::string(spec.name), std::move(*v)});
+  }
+  if (!ok) return std::nullopt;
+  return attrs;
+}
+
+Attr Builder::default_attr(const AttrSpec& spec) {
+  switch (spec.type) {
+    case AttrType::Int:
+      return {std::string(spec.name), int64_t(spec.default_value)};
+    case AttrType::Float:
+      return {std::string(spec.name), spec.default_value};
+    case AttrType::Bool:
+      return {std::string(spec.name), spec.default_value != 0};
+    case AttrType::Name:
+      return {std::string(spec.name), std::string()};
+    case AttrType::Shape:
+      return {std::string(spec.name), Shape{}};
+  }
+  return {std::string(spec.name), int64_t(0)};
+}
+
+std::string Builder::usage(const OpInfo& info) {
+  std::string out = fmt::format("usage: {}(", info.name);
+  for (size_t i = 0; i < info.attrs.size(); ++i) {
+    const AttrSpec& s = info.attrs[i];
+    out += i ? ", " : "";
+    out += std::string(s.name);
+    if (!s.required) out += " = " + attr_value_string(default_attr(s).value);
+  }
+  return out + ")";
+}
+
+std::optional<AttrValue> Builder::eval_attr(const AttrSpec& spec, const Expr& e) {
+  switch (spec.type) {
+    case AttrType::Int: {
+      auto v = eval_int(e);
+      if (!v) return std::nullopt;
+      if (double(*v) < spec.min || double(*v) > spec.max) {
+        diags_.error(e.loc, fmt::format("{} = {} is out of range", spec.name, *v),
+                     fmt::format("{} must be between {} and {}", spec.name, int64_t(spec.min),
+                                 int64_t(spec.max)));
+        return std::nullopt;
+      }
+      return AttrValue{*v};
+    }
+    case AttrType::Float: {
+      auto v = eval_number(e);
+      if (!v) return std::nullopt;
+      if (*v < spec.min || *v > spec.max) {
+        diags_.error(e.loc, fmt::format("{} = {} is out of range", spec.name, *v),
+                     fmt::format("{} must be between {} and {}", spec.name, spec.min, spec.max));
+        return std::nullopt;
+      }
+      return AttrValue{*v};
+    }
+    case AttrType::Bool: {
+      auto v = eval_bool(e);
+      if (!v) return std::nullopt;
+      return AttrValue{*v};
+    }
+    case AttrType::Name: {
+      auto w = eval_word(e, "the name of a sequence input or output");
+      if (!w) return std::nullopt;
+      return AttrValue{*w};
+    }
+    case AttrType::Shape: {
+      if (e.kind != Expr::Kind::List) {
+        diags_.error(e.loc, "expected a shape like [tokens, -1, 64]");
+        return std::nullopt;
+      }
+      Shape shape;
+      for (const auto& d : e.operands) {
+        if (!d) return std::nullopt;
+        auto dim = eval_dim(*d, /*allow_minus_one=*/true);
+        if (!dim) return std::nullopt;
+        shape.push_back(*dim);
+      }
+      if (shape.empty()) {
+        diags_.error(e.loc, "a shape needs at least one dimension");
+        return std::nullopt;
+      }
+      return AttrValue{shape};
+    }
+  }
+  return std::nullopt;
+}
+
+SourceLoc Builder::attr_loc(const dsl::OpStmt& stmt, const OpInfo& info, const std::string& attr) {
+  if (attr.empty()) return stmt.loc;
+  size_t positional = 0;
+  for (const dsl::Arg& a : stmt.args) {
+    if (!a.value) continue;
+    if (a.name) {
+      if (*a.name == attr) return a.value->loc;
+    } else if (positional < info.attrs.size() && info.attrs[positional++].name == attr) {
+      return a.value->loc;
+    }
+  }
+  return stmt.loc;
+}
+
+std::optional<ValueId> Builder::build_op(
+    SequenceScope& sc, const dsl::OpStmt& stmt, const OpInfo& info, ValueId cur,
+    const std::string& instance, const std::vector<std::optional<TensorType>>& output_types) {
+  Sequence& s = sc.seq;
+  auto attrs = bind_attrs(stmt, info);
+  if (!attrs) return std::nullopt;
+
+  const TensorType in_type = s.value(cur).type;
+  const TensorType* extra = nullptr;
+  std::optional<ValueId> extra_value;
+  if (info.kind == OpKind::AddExtraInput || info.kind == OpKind::MakeExtraOutput) {
+    const std::string& name = attr_name(*attrs, "name");
+    const SourceLoc loc = attr_loc(stmt, info, "name");
+    if (info.kind == OpKind::AddExtraInput) {
+      auto it = sc.extra_inputs.find(name);
+      if (it == sc.extra_inputs.end()) {
+        unknown_io(sc, name, loc, /*want_input=*/true);
+        return std::nullopt;
+      }
+      if (auto used = sc.used_inputs.find(name); used != sc.used_inputs.end()) {
+        diags_.error(
+            loc, fmt::format("extra input '{}' is already added", name),
+            "each extra input is added once; declare a second input for a second residual");
+        diags_.note(used->second, "added here");
+        return std::nullopt;
+      }
+      sc.used_inputs[name] = loc;
+      extra_value = it->second;
+      extra = &s.value(it->second).type;
+    } else {
+      auto it = sc.extra_outputs.find(name);
+      if (it == sc.extra_outputs.end()) {
+        unknown_io(sc, name, loc, /*want_input=*/false);
+        return std::nullopt;
+      }
+      if (auto made = sc.made_outputs.find(name); made != sc.made_outputs.end()) {
+        diags_.error(loc, fmt::format("extra output '{}' is already made", name));
+        diags_.note(made->second, "made here");
+        return std::nullopt;
+      }
+      sc.made_outputs[name] = loc;
+      // outputs[i] (i > 0) maps to output_types[i]: both follow the signature order.
+      if (const auto& t = output_types.at(it->second)) extra = &*t;
+    }
+  }
+
+  ShapeResult shape = info.shape_rule(ShapeInput{in_type, *attrs, extra});
+  if (!shape.errors.empty()) {
+    for (const ShapeError& e : shape.errors)
+      diags_.error(attr_loc(stmt, info, e.attr), e.message, e.hint);
+    return std::nullopt;
+  }
+  if (info.kind == OpKind::Linear && s.recipe.is_fp8()) {
+    // The strictest FP8 rule of the architectures the compiler targets (plan/gemm_caps.h).
+    const int64_t multiple = plan::gemm_dim_multiple(plan::gemm_caps(plan::kDefaultArch), true);
+    for (const char* a : {"in", "out"}) {
+      const int64_t n = attr_int(*attrs, a);
+      if (n % multiple != 0) {
+        diags_.error(attr_loc(stmt, info, a),
+                     fmt::format("{} = {} is not a multiple of {}, which FP8 GEMMs need "
+                                 "(cuBLASLt)",
+                                 a, n, multiple),
+                     fmt::format("pad the features to {} or use the bf16 recipe for this sequence",
+                                 (n + multiple - 1) / multiple * multiple));
+        return std::nullopt;
+      }
+    }
+  }
+
+  const int32_t op_index = static_cast<int32_t>(s.ops.size());
+  Operation op;
+  op.kind = info.kind;
+  op.attrs = std::move(*attrs);
+  op.instance = instance;
+  op.loc = stmt.loc;
+  op.operands.push_back(cur);
+  for (const ParamDecl& p : shape.params) {
+    const ValueId v = add_value(s, ValueKind::Param, p.type, instance + "." + p.role, -1);
+    s.values[v].init = p.init;
+    s.params.push_back(v);
+    op.operands.push_back(v);
+  }
+  if (extra_value) op.operands.push_back(*extra_value);
+  const ValueId result = add_value(s, ValueKind::Result, shape.out, "", op_index);
+  op.results.push_back(result);
+  if (info.kind == OpKind::MakeExtraOutput) {
+    // The extra output aliases the op's result (MakeExtraOutput copies nothing).
+    s.outputs[sc.extra_outputs[attr_name(op.attrs, "name")]].value = result;
+  }
+  s.ops.push_back(std::move(op));
+  return result;
+}
+
+}  // namespace opfuse::ir::builder_detail
