@@ -252,5 +252,7 @@ Plan plan_from_json(const nlohmann::ordered_json& json);
 // Deterministic JSON (goldens compare it): no times, no absolute paths.
 nlohmann::ordered_json plan_to_json(const Plan& plan);  // keys in a fixed, readable order
 std::string plan_json_text(const Plan& plan);           // two-space indented, ends with a newline
+// One sequence's part of plan.json (what `fusec ir --after PLAN_PASS` prints).
+nlohmann::ordered_json sequence_plan_json(const SequencePlan& sequence);
 
 }  // namespace opfuse::plan

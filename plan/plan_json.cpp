@@ -282,6 +282,10 @@ nlohmann::ordered_json plan_to_json(const Plan& plan) {
 
 std::string plan_json_text(const Plan& plan) { return plan_to_json(plan).dump(2) + "\n"; }
 
+nlohmann::ordered_json sequence_plan_json(const SequencePlan& sequence) {
+  return sequence_json(sequence);
+}
+
 std::string interface_string(const InterfaceTag& tag) {
   return std::string(name(tag.kind)) + " " + tag.name;
 }

@@ -24,7 +24,7 @@ if(CLANG_TIDY AND CMAKE_EXPORT_COMPILE_COMMANDS)
   set_tests_properties(clang_tidy PROPERTIES LABELS "cpu;style" TIMEOUT 1800)
 endif()
 
-# Nothing may need the driver library to start (DESIGN.md 3: machines without a GPU have none).
+# Nothing may need the driver library to start (docs/design.md, "GPU-less machines": machines without a GPU have none).
 add_test(NAME no_libcuda_dependency
   COMMAND sh -c "! readelf -d $<TARGET_FILE:fusec> | grep -E 'NEEDED.*libcuda\\.so'")
 set_tests_properties(no_libcuda_dependency PROPERTIES LABELS "cpu")

@@ -1,6 +1,6 @@
 """Shared pieces of the PyTorch peer benchmarks: workload sizes, timing, JSON and tables.
 
-Every script times the same way (DESIGN.md section 7): CUDA events around each call after a
+Every script times the same way (docs/design.md, "Benchmarks"): CUDA events around each call after a
 warm-up, the median of many calls, and the calls' inputs rotated over enough preallocated buffers
 that the L2 cache cannot hold them all, so a small problem is not flattered by a warm cache.
 """

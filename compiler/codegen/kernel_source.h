@@ -1,4 +1,4 @@
-// The CUDA source of each generated kernel (DESIGN.md 3, "Codegen"): a header comment naming the
+// The CUDA source of each generated kernel (docs/design.md, "Codegen"): a header comment naming the
 // sequence(s), the fused ops with their .fuse lines, phase, dtypes and quantizers; the template
 // family's header; and the explicit instantiation that the NVRTC name expression also names.
 #pragma once

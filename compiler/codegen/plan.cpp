@@ -549,6 +549,13 @@ SequencePlan SequenceBuilder::build() {
   }
   plan_buffers();
   plan_quantizers();
+  auto enabled = [&](std::string_view pass) {
+    return !options_.disabled_plan_passes.count(std::string(pass));
+  };
+  auto ran = [&](std::string_view pass) {
+    if (options_.print && options_.print_after.count(std::string(pass))) options_.print(pass, out_);
+  };
+  fold_current_amax_ = enabled("fold-current-amax");
   for (size_t i = 0; i < seq_.ops.size(); ++i) {
     const ir::Operation& op = seq_.ops[i];
     OPFUSE_ASSERT(
@@ -565,15 +572,33 @@ SequencePlan SequenceBuilder::build() {
     }
     emit_group(*this, g);
   }
-  add_scale_update();
+  ran("fold-current-amax");
   for (Buffer& b : out_.buffers) {
     b.root = b.id;
     while (out_.buffers[size_t(b.root)].alias_of >= 0)
       b.root = out_.buffers[size_t(b.root)].alias_of;
   }
-  find_weight_cache_groups();
-  add_inference_variants();
-  compute_lifetimes();
+  // Note "Plan passes": the order matters (the update is a step the lifetimes count; weight
+  // casts get no inference variant; lifetimes follow the variants).
+  const std::pair<std::string_view, void (SequenceBuilder::*)()> passes[] = {
+      {"scale-update", &SequenceBuilder::add_scale_update},
+      {"weight-cache", &SequenceBuilder::find_weight_cache_groups},
+      {"inference-variants", &SequenceBuilder::add_inference_variants},
+      {"lifetimes", &SequenceBuilder::compute_lifetimes},
+  };
+  for (const auto& [name, run] : passes) {
+    const PlanPass* pass = find_plan_pass(name);
+    OPFUSE_ASSERT(pass != nullptr && (enabled(name) || !pass->required),
+                  "plan pass '{}' is required", name);
+    if (!enabled(name)) {
+      // The launches' candidates (add_launch) become variants only through the pass.
+      if (name == "inference-variants")
+        for (Step& step : out_.steps) step.inference.reset();
+      continue;
+    }
+    (this->*run)();
+    ran(name);
+  }
   return std::move(out_);
 }
 
@@ -590,6 +615,29 @@ std::string source_name(const ir::Program& program, const CodegenOptions& option
 }
 
 }  // namespace
+
+const std::vector<PlanPass>& plan_passes() {
+  static const std::vector<PlanPass> passes = {
+      {"fold-current-amax",
+       "current scaling: the kernel producing a cast's input measures its amax and derives the "
+       "scale (else a separate amax_reduce launch before the cast)",
+       false},
+      {"scale-update", "one update_scales launch over the delayed-scaling quantizers per step",
+       false},
+      {"weight-cache", "mark forward groups that read only parameters as cached weight casts",
+       false},
+      {"inference-variants",
+       "inference forwards run launches without the column-wise copies only backward reads", false},
+      {"lifetimes", "each buffer's memory lifetime per run mode (read by the executor)", true},
+  };
+  return passes;
+}
+
+const PlanPass* find_plan_pass(std::string_view name) {
+  for (const PlanPass& p : plan_passes())
+    if (p.name == name) return &p;
+  return nullptr;
+}
 
 Plan build_plan(const ir::Program& program, const CodegenOptions& options) {
   Plan plan;

@@ -2,8 +2,12 @@
 // Pure: no device, no files.
 #pragma once
 
+#include <functional>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ir/graph.h"
 #include "plan/plan.h"
@@ -14,6 +18,17 @@ namespace opfuse::codegen {
 // Codegen writes the plan library's types; its code names them unqualified.
 using namespace opfuse::plan;
 
+// Note "Plan passes": after every group is emitted, build_plan runs named steps over the
+// sequence's plan, in this order; `fusec ir --after NAME` prints the plan after one and
+// `--disable-pass NAME` skips one that is not required.
+struct PlanPass {
+  std::string_view name;
+  std::string_view description;
+  bool required;  // the executor reads what it computes: it cannot be disabled
+};
+const std::vector<PlanPass>& plan_passes();
+const PlanPass* find_plan_pass(std::string_view name);
+
 struct CodegenOptions {
   std::string arch = "sm_90a";  // the target the kernels are compiled for (never queried)
   // Turns op locations into `mlp.fuse:14`; nullptr leaves them out.
@@ -22,6 +37,11 @@ struct CodegenOptions {
   // split (promoted to fp32 at intervals) in dgrad and wgrad, where gradients need the precision.
   bool fp8_fprop_fast_accum = true;
   bool fp8_backward_fast_accum = false;
+  // Plan passes (plan_passes()) to skip; never a required one (build_plan asserts it).
+  std::set<std::string> disabled_plan_passes = {};
+  // Called with (pass name, sequence plan) after each plan pass named here.
+  std::set<std::string> print_after = {};
+  std::function<void(std::string_view, const SequencePlan&)> print = nullptr;
 };
 
 // A user error: an op or fused group with no GPU kernel, or a shape the kernel templates cannot

@@ -66,6 +66,8 @@ class SequenceBuilder {
   // Current scaling (note "Current scaling" in docs/codegen.md): the kernel producing `value`
   // measures its amax for `quantizer` and derives the scale, so that cast needs neither.
   void mark_amax_measured(ir::ValueId value, int quantizer) { measured_amax_[value] = quantizer; }
+  // Plan pass "fold-current-amax": whether producers measure current-scaling amaxes.
+  bool fold_current_amax() const { return fold_current_amax_; }
   // The quantizer whose amax the producer of `value` measured; -1: none.
   int measured_amax(ir::ValueId value) const {
     const auto it = measured_amax_.find(value);
@@ -94,6 +96,7 @@ class SequenceBuilder {
   std::set<ir::ValueId> columnwise_;
   std::map<int, KernelUse> inference_uses_;   // per step with a candidate inference variant
   std::map<ir::ValueId, int> measured_amax_;  // value -> quantizer (mark_amax_measured)
+  bool fold_current_amax_ = true;
 };
 
 // Turns one group into steps (plan_groups.cpp); throws CodegenError when no kernel fits.

@@ -168,6 +168,7 @@ void emit_current_amax(SequenceBuilder& b, const Group& g, const ir::Operation& 
 }
 
 int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced) {
+  if (!b.fold_current_amax()) return -1;  // plan pass disabled: an amax_reduce per cast instead
   if (ir::dtype_is_fp8(b.value(produced).type.dtype) || b.measured_amax(produced) >= 0) return -1;
   for (const ir::Operation& op : b.seq().ops) {
     if ((op.kind == OpKind::CastFp8 || op.kind == OpKind::Quantize) &&

@@ -10,11 +10,32 @@ namespace opfuse::driver {
 
 namespace {
 
+// Names of plan passes (codegen::plan_passes(), note "Plan passes") are taken out of the IR pass
+// manager's options: build_plan runs those.
+std::set<std::string> without_plan_passes(const std::set<std::string>& names) {
+  std::set<std::string> out;
+  for (const std::string& n : names)
+    if (codegen::find_plan_pass(n) == nullptr) out.insert(n);
+  return out;
+}
+
+std::set<std::string> only_plan_passes(const std::set<std::string>& names) {
+  std::set<std::string> out;
+  for (const std::string& n : names)
+    if (codegen::find_plan_pass(n) != nullptr) out.insert(n);
+  return out;
+}
+
+// Stopping "after" a plan pass runs every IR pass and prints the plan after that plan pass.
+bool stops_at_plan_pass(const CompileOptions& options) {
+  return codegen::find_plan_pass(options.stop_after) != nullptr;
+}
+
 passes::PassOptions pass_options(const CompileOptions& options) {
   passes::PassOptions p;
-  p.disabled = options.disabled_passes;
-  p.print_after = options.print_after;
-  p.stop_after = options.stop_after;
+  p.disabled = without_plan_passes(options.disabled_passes);
+  p.print_after = without_plan_passes(options.print_after);
+  if (!stops_at_plan_pass(options)) p.stop_after = options.stop_after;
   return p;
 }
 
@@ -33,6 +54,14 @@ bool options_are_valid(const passes::PassManager& manager, const CompileOptions&
     result.status = CompileStatus::UsageError;
     result.error = std::move(broken);
     return false;
+  }
+  for (const std::string& name : only_plan_passes(options.disabled_passes)) {
+    if (codegen::find_plan_pass(name)->required) {
+      result.status = CompileStatus::UsageError;
+      result.error = fmt::format(
+          "plan pass '{}' cannot be disabled: the executor reads what it computes", name);
+      return false;
+    }
   }
   return true;
 }
@@ -109,13 +138,20 @@ CompileResult compile_ir(ir::Program program, const SourceManager* sources, Diag
   result.timings = manager.run(program, pass_options(options), options.print);
   result.program = std::move(program);
   // A pipeline stopped early has no plan: the plan needs every pass (the casts, the backward).
-  if (options.last_stage == Stage::Passes || !options.stop_after.empty()) return result;
+  const bool plan_pass_stop = stops_at_plan_pass(options);
+  if ((options.last_stage == Stage::Passes && !plan_pass_stop) ||
+      (!options.stop_after.empty() && !plan_pass_stop))
+    return result;
 
   codegen::CodegenOptions codegen_options;
   codegen_options.arch = options.arch;
   codegen_options.sources = sources;
   codegen_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
   codegen_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
+  codegen_options.disabled_plan_passes = only_plan_passes(options.disabled_passes);
+  codegen_options.print_after = only_plan_passes(options.print_after);
+  if (plan_pass_stop) codegen_options.print_after.insert(options.stop_after);
+  codegen_options.print = options.print_plan;
   try {
     result.plan = codegen::build_plan(result.program, codegen_options);
   } catch (const codegen::CodegenError& e) {
@@ -125,7 +161,7 @@ CompileResult compile_ir(ir::Program program, const SourceManager* sources, Diag
     result.failed_stage = Stage::Plan;
     return result;
   }
-  if (options.last_stage == Stage::KernelRequests)
+  if (options.last_stage == Stage::KernelRequests && !plan_pass_stop)
     result.kernels = kernel_requests(result.plan, options.arch);
   return result;
 }
@@ -139,6 +175,7 @@ CompileResult check_options(const CompileOptions& options) {
 std::vector<std::string> pass_names() {
   std::vector<std::string> names;
   for (const passes::Pass& pass : passes::default_pipeline()) names.emplace_back(pass.name);
+  for (const codegen::PlanPass& pass : codegen::plan_passes()) names.emplace_back(pass.name);
   return names;
 }
 

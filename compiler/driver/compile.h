@@ -40,6 +40,10 @@ struct CompileOptions {
   // Called with (pass name, program) after a pass named in print_after changed the program, and
   // with ("build", program) first when print_after has "all".
   std::function<void(std::string_view, const ir::Program&)> print;
+  // Plan passes (codegen::plan_passes()) share the names above: disabled_passes skips one that is
+  // not required, print_after (or stop_after) one calls print_plan with the sequence's plan after
+  // it ("all" covers the IR passes only).
+  std::function<void(std::string_view, const codegen::SequencePlan&)> print_plan;
   // Plan.
   std::string arch = "sm_90a";  // explicit: the compiler never queries a device
   bool fp8_fprop_fast_accum = true;

@@ -1,5 +1,6 @@
 // fuse-forward and fuse-backward: apply the declarative fusion patterns of passes/fusion/ to the
-// forward and the backward ops separately (DESIGN.md 3: forward and backward are fused apart).
+// forward and the backward ops separately (docs/design.md, "Passes": forward and backward are fused
+// apart).
 #pragma once
 
 #include "ir/graph.h"

@@ -1,5 +1,5 @@
 // Runs named IR passes in the order passes/pipeline.cpp gives, with --disable-pass,
-// --print-after and per-pass timings (DESIGN.md 3, "Passes").
+// --print-after and per-pass timings (docs/design.md, "Passes").
 //
 // Each pass names what it requires of the program and what it provides ("backward",
 // "quantizers"): the manager checks at construction that every requirement is provided by an
@@ -58,8 +58,8 @@ class PassManager {
   // that runs; else a usage message naming the disabled pass and the pass that requires it.
   std::string broken_requirement(const PassOptions& options) const;
   // Runs every enabled pass. `print(pass_name, program)` is called after a pass named in
-  // print_after when that pass changed the program (DESIGN.md: print only when changed).
-  // Throws PassRequirementError when broken_requirement(options) is not empty.
+  // print_after when that pass changed the program (docs/design.md, "Passes": print only when
+  // changed). Throws PassRequirementError when broken_requirement(options) is not empty.
   std::vector<PassTiming> run(
       ir::Program& program, const PassOptions& options,
       const std::function<void(std::string_view, const ir::Program&)>& print) const;

@@ -1,4 +1,5 @@
-// The one place that owns the pass order (DESIGN.md 6.2). pipeline.cpp explains each constraint.
+// The one place that owns the pass order (docs/design.md, "Passes"). pipeline.cpp explains each
+// constraint.
 #pragma once
 
 #include <vector>

@@ -38,7 +38,7 @@ std::string read_file(const std::string& path, const std::string& dir) {
 
 }  // namespace
 
-std::string build_manifest_text(const codegen::Plan& plan, const std::string& plan_json,
+std::string build_manifest_text(const plan::Plan& plan, const std::string& plan_json,
                                 const std::vector<jit::CompiledKernel>& kernels) {
   Json list = Json::array();
   for (std::size_t i = 0; i < plan.kernels.size(); ++i) {
@@ -76,7 +76,7 @@ LoadedBuild load_build_dir(const std::string& dir) {
     }
     if (manifest.at("plan_sha256").get<std::string>() != sha256_hex(plan_text))
       damaged(dir, "plan.json changed after the build (its SHA-256 differs from kernels.json's)");
-    build.plan = codegen::plan_from_json(Json::parse(plan_text));
+    build.plan = plan::plan_from_json(Json::parse(plan_text));
   } catch (const nlohmann::json::exception& e) {
     damaged(dir, fmt::format("malformed JSON: {}", e.what()));
   } catch (const std::invalid_argument& e) {
@@ -87,7 +87,7 @@ LoadedBuild load_build_dir(const std::string& dir) {
     damaged(dir, "kernels.json does not list the plan's kernels");
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const Json& entry = entries[i];
-    const codegen::Kernel& kernel = build.plan.kernels[i];
+    const plan::Kernel& kernel = build.plan.kernels[i];
     try {
       if (entry.at("id") != kernel.id)
         damaged(dir, fmt::format("kernels.json lists {} where the plan has {}",

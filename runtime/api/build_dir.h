@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "codegen/plan.h"
 #include "jit/nvrtc_compiler.h"
 #include "opfuse/error.h"
+#include "plan/plan.h"
 
 namespace opfuse::api {
 
@@ -18,11 +18,11 @@ inline constexpr int kBuildManifestVersion = 1;
 
 // The manifest's text for `plan` (whose JSON text is `plan_json`) and its compiled kernels
 // (plan.kernels order).
-std::string build_manifest_text(const codegen::Plan& plan, const std::string& plan_json,
+std::string build_manifest_text(const plan::Plan& plan, const std::string& plan_json,
                                 const std::vector<jit::CompiledKernel>& kernels);
 
 struct LoadedBuild {
-  codegen::Plan plan;
+  plan::Plan plan;
   std::vector<jit::CompiledKernel> kernels;  // plan.kernels order
 };
 

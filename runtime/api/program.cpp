@@ -161,7 +161,6 @@ Program Program::compile(std::string_view source, std::string_view file_name,
     throw UsageError("CompileOptions::disabled_passes: " + result.error);
   }
   if (!result.ok()) throw CompileError(diags.format_all());
-  impl->program = std::move(result.program);
   impl->plan = std::move(result.plan);
 
   const std::vector<jit::CompileRequest> requests = compile_requests(result.kernels);
@@ -215,7 +214,7 @@ std::string Program::recipe(std::string_view sequence) const {
   return find_sequence_plan(*impl_, sequence).recipe;
 }
 
-std::string Program::plan_json() const { return codegen::plan_json_text(impl_->plan); }
+std::string Program::plan_json() const { return plan::plan_json_text(impl_->plan); }
 
 const BuildStats& Program::build_stats() const { return impl_->stats; }
 
@@ -233,13 +232,12 @@ std::vector<jit::CompileRequest> compile_requests(
   return requests;
 }
 
-std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
-                                                 const std::string& arch) {
+std::vector<jit::CompileRequest> kernel_requests(const plan::Plan& plan, const std::string& arch) {
   return compile_requests(driver::kernel_requests(plan, arch));
 }
 
-const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,
-                                                std::string_view sequence) {
+const plan::SequencePlan& find_sequence_plan(const Program::Impl& program,
+                                             std::string_view sequence) {
   const auto& sequences = program.plan.sequences;
   if (sequence.empty() && sequences.size() == 1) return sequences.front();
   std::vector<std::string> names;

@@ -5,18 +5,16 @@
 #include <string>
 #include <vector>
 
-#include "codegen/plan.h"
 #include "driver/compile.h"
-#include "ir/graph.h"
 #include "jit/nvrtc_compiler.h"
 #include "opfuse/program.h"
+#include "plan/plan.h"
 
 namespace opfuse {
 
 struct Program::Impl {
   std::string source_name;
-  ir::Program program;  // after the pass pipeline; empty for a loaded build
-  codegen::Plan plan;
+  plan::Plan plan;
   std::vector<jit::CompiledKernel> kernels;  // plan.kernels order
   BuildStats stats;
 };
@@ -27,8 +25,7 @@ std::vector<jit::CompileRequest> compile_requests(
     const std::vector<driver::KernelRequest>& kernels);
 // One NVRTC request per plan kernel (plan.kernels order) for `arch`: driver::kernel_requests as
 // NVRTC requests (the GPU tests compile plans through it).
-std::vector<jit::CompileRequest> kernel_requests(const codegen::Plan& plan,
-                                                 const std::string& arch);
+std::vector<jit::CompileRequest> kernel_requests(const plan::Plan& plan, const std::string& arch);
 
 // Host values <-> row-major bytes of a bf16, fp16 or fp32 tensor (round to nearest even);
 // UsageError for other dtypes.
@@ -36,7 +33,7 @@ std::vector<unsigned char> encode_values(const std::vector<float>& values, Tenso
 std::vector<float> decode_values(const std::vector<unsigned char>& bytes, TensorDType dtype);
 
 // The plan of `sequence` (empty: the only one); throws UsageError naming the sequences.
-const codegen::SequencePlan& find_sequence_plan(const Program::Impl& program,
-                                                std::string_view sequence);
+const plan::SequencePlan& find_sequence_plan(const Program::Impl& program,
+                                             std::string_view sequence);
 
 }  // namespace opfuse

@@ -15,17 +15,17 @@ namespace opfuse {
 
 namespace {
 
-TensorDType public_dtype(ir::DType dtype) {
+TensorDType public_dtype(plan::DType dtype) {
   switch (dtype) {
-    case ir::DType::BF16:
+    case plan::DType::BF16:
       return TensorDType::BF16;
-    case ir::DType::FP16:
+    case plan::DType::FP16:
       return TensorDType::FP16;
-    case ir::DType::FP32:
+    case plan::DType::FP32:
       return TensorDType::FP32;
-    case ir::DType::E4M3:
+    case plan::DType::E4M3:
       return TensorDType::E4M3;
-    case ir::DType::E5M2:
+    case plan::DType::E5M2:
       return TensorDType::E5M2;
   }
   return TensorDType::FP32;
@@ -33,11 +33,11 @@ TensorDType public_dtype(ir::DType dtype) {
 
 TensorKind public_kind(const gpu::TensorInfo& info) {
   switch (info.role) {
-    case codegen::BufferRole::Input:
+    case plan::BufferRole::Input:
       return TensorKind::Input;
-    case codegen::BufferRole::Param:
+    case plan::BufferRole::Param:
       return TensorKind::Param;
-    case codegen::BufferRole::OutputGrad:
+    case plan::BufferRole::OutputGrad:
       return TensorKind::OutputGrad;
     default:
       break;
@@ -51,7 +51,7 @@ TensorKind public_kind(const gpu::TensorInfo& info) {
 
 struct Session::Impl {
   std::shared_ptr<const Program::Impl> program;
-  const codegen::SequencePlan* plan = nullptr;
+  const plan::SequencePlan* plan = nullptr;
   cudaStream_t stream = nullptr;
   std::unique_ptr<gpu::PlanModules> modules;
   std::unique_ptr<gpu::GemmRunner> gemms;
@@ -98,7 +98,7 @@ struct Session::Impl {
   std::vector<gpu::TensorInfo> params() const {
     std::vector<gpu::TensorInfo> result;
     for (gpu::TensorInfo& info : executor->tensors())
-      if (info.role == codegen::BufferRole::Param) result.push_back(std::move(info));
+      if (info.role == plan::BufferRole::Param) result.push_back(std::move(info));
     return result;
   }
 
@@ -116,7 +116,7 @@ struct Session::Impl {
     for (const gpu::TensorInfo& info : params()) {
       state.tensors.push_back({info.name, info.dtype, info.shape, {}});
     }
-    for (const codegen::QuantizerPlan& q : plan->quantizers) {
+    for (const plan::QuantizerPlan& q : plan->quantizers) {
       api::StateQuantizer quantizer;
       quantizer.name = q.name;
       quantizer.state.amax_history.assign(static_cast<std::size_t>(q.spec.history_slots()), 0.0f);
@@ -302,7 +302,7 @@ void Session::save(const std::string& path, cudaStream_t stream) {
           "save(): parameter '{}' has no memory yet: call own_parameters() or set_tensor()",
           tensor.name));
     }
-    auto bytes = static_cast<std::size_t>(ir::dtype_bytes(tensor.dtype));
+    auto bytes = static_cast<std::size_t>(plan::dtype_bytes(tensor.dtype));
     for (const std::int64_t dim : tensor.shape) bytes *= static_cast<std::size_t>(dim);
     tensor.bytes.resize(bytes);
     OPFUSE_CUDA_CHECK(
@@ -419,7 +419,7 @@ std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
   const std::vector<cpu::DelayedScalingState> states = s.executor->download_quantizers(stream);
   std::vector<QuantizerStatus> result;
   for (std::size_t i = 0; i < states.size(); ++i) {
-    const codegen::QuantizerPlan& q = s.plan->quantizers.at(i);
+    const plan::QuantizerPlan& q = s.plan->quantizers.at(i);
     result.push_back({q.name, public_dtype(q.format()), states[i].amax_history, states[i].scale,
                       states[i].scale_inv});
   }

@@ -19,8 +19,8 @@
 #include <tuple>
 #include <utility>
 
-#include "ir/types.h"
 #include "jit/sha256.h"
+#include "plan/enums.h"
 #include "support/atomic_file.h"
 
 namespace opfuse::api {
@@ -80,10 +80,10 @@ std::optional<std::uint64_t> byte_size(const std::vector<std::int64_t>& shape, i
   return total;
 }
 
-std::optional<ir::DType> dtype_named(std::string_view name) {
-  for (const ir::DType t :
-       {ir::DType::BF16, ir::DType::FP16, ir::DType::FP32, ir::DType::E4M3, ir::DType::E5M2}) {
-    if (ir::dtype_name(t) == name) return t;
+std::optional<plan::DType> dtype_named(std::string_view name) {
+  for (const plan::DType t : {plan::DType::BF16, plan::DType::FP16, plan::DType::FP32,
+                              plan::DType::E4M3, plan::DType::E5M2}) {
+    if (plan::dtype_name(t) == name) return t;
   }
   return std::nullopt;
 }
@@ -103,7 +103,7 @@ void check_writable(const std::string& path, const StateFile& state) {
     if (tensor.name.empty()) refuse("a tensor has an empty name");
     if (!names.insert(tensor.name).second)
       refuse(fmt::format("two tensors are named '{}'", tensor.name));
-    const auto needed = byte_size(tensor.shape, ir::dtype_bytes(tensor.dtype));
+    const auto needed = byte_size(tensor.shape, plan::dtype_bytes(tensor.dtype));
     if (!needed) {
       refuse_to_write(path, fmt::format("tensor '{}' has an invalid shape {}", tensor.name,
                                         shape_text(tensor.shape)));
@@ -111,7 +111,7 @@ void check_writable(const std::string& path, const StateFile& state) {
     if (*needed != tensor.bytes.size()) {
       refuse(fmt::format("tensor '{}' has {} bytes, its shape {} of {} needs {}", tensor.name,
                          tensor.bytes.size(), shape_text(tensor.shape),
-                         ir::dtype_name(tensor.dtype), *needed));
+                         plan::dtype_name(tensor.dtype), *needed));
     }
   }
   names.clear();
@@ -133,7 +133,7 @@ std::string encode(const StateFile& state) {
   for (const StateTensor& tensor : state.tensors) {
     payload_size = align_up(payload_size);
     tensors.push_back({{"name", tensor.name},
-                       {"dtype", std::string(ir::dtype_name(tensor.dtype))},
+                       {"dtype", std::string(plan::dtype_name(tensor.dtype))},
                        {"shape", tensor.shape},
                        {"offset", payload_size},
                        {"size", tensor.bytes.size()}});
@@ -388,7 +388,7 @@ class HeaderReader {
       tensor.shape.push_back(dim.get<std::int64_t>());
     }
     const std::int64_t size = integer_field(entry, "size", where);
-    const auto needed = byte_size(tensor.shape, ir::dtype_bytes(tensor.dtype));
+    const auto needed = byte_size(tensor.shape, plan::dtype_bytes(tensor.dtype));
     if (!needed || *needed != static_cast<std::uint64_t>(size)) {
       fail(fmt::format("{} ('{}') has size {}, but {} of {} needs {}", where, tensor.name, size,
                        shape_text(tensor.shape), dtype, needed ? std::to_string(*needed) : "more"));
@@ -479,7 +479,7 @@ std::vector<std::string> state_mismatches(const StateFile& file, const StateFile
     file_tensors.erase(found);
     if (have.dtype != want.dtype) {
       reasons.push_back(fmt::format("tensor '{}' is {} in the file, {} expected", want.name,
-                                    ir::dtype_name(have.dtype), ir::dtype_name(want.dtype)));
+                                    plan::dtype_name(have.dtype), plan::dtype_name(want.dtype)));
     }
     if (have.shape != want.shape) {
       reasons.push_back(fmt::format("tensor '{}' has shape {} in the file, {} expected", want.name,

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cpu/quantizer_math.h"
-#include "ir/types.h"
 #include "opfuse/error.h"
+#include "plan/enums.h"
 
 namespace opfuse::api {
 
@@ -23,10 +23,10 @@ class StateFileError : public Error {
 };
 
 // One parameter, row-major, exactly as it sits in device memory: bytes.size() must equal
-// numel(shape) * ir::dtype_bytes(dtype).
+// numel(shape) * plan::dtype_bytes(dtype).
 struct StateTensor {
   std::string name;
-  ir::DType dtype = ir::DType::FP32;
+  plan::DType dtype = plan::DType::FP32;
   std::vector<std::int64_t> shape;
   std::vector<unsigned char> bytes;
 };
@@ -39,7 +39,7 @@ struct StateQuantizer {
 
 struct StateFile {
   std::string program;                     // which sequence, e.g. "mlp.fuse:mlp"
-  std::string recipe;                      // ir::recipe_string() of the recipe it trained with
+  std::string recipe;                      // the plan's recipe string of the recipe it trained with
   std::int64_t step = 0;                   // training steps done (not compared by state_mismatches)
   std::vector<StateTensor> tensors;        // names unique within the file
   std::vector<StateQuantizer> quantizers;  // names unique within the file

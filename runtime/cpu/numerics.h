@@ -1,7 +1,7 @@
 // Bit-exact CPU emulation of the storage dtypes the GPU kernels write: bf16, fp16 and the two FP8
 // formats. This is the oracle GPU kernels are checked against bit for bit, so every rule below
 // copies what CUDA's own conversions do (cuda_bf16.h, cuda_fp16.h, cuda_fp8.h), without needing
-// those headers (DESIGN.md section 4 has the format facts). The narrowing and widening rules were
+// those headers (docs/design.md, "FP8 facts"). The narrowing and widening rules were
 // also checked exhaustively, all 2^32 floats, against the H200's cvt instructions: no difference.
 //
 // Rounding is always to nearest, ties to even. Where the formats differ:

@@ -1,5 +1,5 @@
 // Which GPU the runtime is on, and whether there is one. Machines without a GPU or driver are a
-// normal state (DESIGN.md 3, "GPU-less machines"): gpu_available() says so without throwing.
+// normal state (docs/design.md, "GPU-less machines"): gpu_available() says so without throwing.
 #pragma once
 
 #include <cstddef>

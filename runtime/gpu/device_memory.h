@@ -1,5 +1,5 @@
-// Device memory from CUDA's stream-ordered pool (DESIGN.md 3: cudaMallocAsync, no home-made
-// allocator), and the pool's usage for "peak memory" reports.
+// Device memory from CUDA's stream-ordered pool (docs/design.md, "GPU-less machines":
+// cudaMallocAsync, no home-made allocator), and the pool's usage for "peak memory" reports.
 #pragma once
 
 #include <cuda_runtime.h>

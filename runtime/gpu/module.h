@@ -1,6 +1,7 @@
 // Loading JIT-compiled kernels and launching them through the CUDA runtime's library API
-// (cudaLibraryLoadData / cudaLibraryGetKernel), never libcuda (DESIGN.md 3, "GPU-less machines").
-// Every opfuse kernel takes one params struct by value (templates/README.md, "Conventions").
+// (cudaLibraryLoadData / cudaLibraryGetKernel), never libcuda (docs/design.md, "GPU-less
+// machines"). Every opfuse kernel takes one params struct by value (templates/README.md,
+// "Conventions").
 #pragma once
 
 #include <cuda_runtime.h>

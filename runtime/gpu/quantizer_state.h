@@ -1,4 +1,4 @@
-// Device-resident FP8 quantizer state of one sequence (DESIGN.md 3, "Quantizer state"): every
+// Device-resident FP8 quantizer state of one sequence (docs/design.md, "Quantizer state"): every
 // quantizer's amax history, scale and scale_inv in one allocation, the QuantizerRecord array of
 // templates/scale_update.cuh pointing into it, and one update_scales launch per step for all of
 // them. The CPU twin is reference/cpu_quantizers.h + quantizer_math.h, bit for bit.

@@ -1,4 +1,4 @@
-// Where the JIT finds the CUDA headers and opfuse's kernel templates (DESIGN.md 3, "JIT").
+// Where the JIT finds the CUDA headers and opfuse's kernel templates (docs/design.md, "JIT").
 #pragma once
 
 #include <string>

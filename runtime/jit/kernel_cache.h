@@ -1,4 +1,5 @@
-// Content-addressed disk cache of compiled kernels (DESIGN.md 3, "JIT"; note "Kernel cache" below).
+// Content-addressed disk cache of compiled kernels (docs/design.md, "JIT"; note "Kernel cache"
+// below).
 //
 // Note "Kernel cache": an entry lives at <dir>/<key[0:2]>/<key>.opfk and holds, in order: the
 // 8-byte magic "OPFKERN\n", a u32 format version, the key (u32 length + bytes), the kernel's
@@ -32,8 +33,9 @@ struct KernelCacheStats {
   std::int64_t store_failures = 0;   // writes that failed (the cache then stops writing)
 };
 
-// Everything a compiled kernel depends on, spelled out (DESIGN.md 6.5). kernel_cache_key hashes
-// each field length-prefixed, so no two different inputs serialize to the same bytes.
+// Everything a compiled kernel depends on, spelled out (docs/design.md, "JIT": cache keys spell out
+// every input). kernel_cache_key hashes each field length-prefixed, so no two different inputs
+// serialize to the same bytes.
 struct KernelCacheKeyInputs {
   std::string source;
   std::string templates_digest;      // hash_templates_dir() of the templates directory

@@ -58,7 +58,8 @@ TEST_P(Example, IrMatchesGolden) {
   const std::string golden_path = goldens_dir() + "/" + GetParam() + ".ir";
   ASSERT_TRUE(fs::is_regular_file(golden_path))
       << "no golden " << golden_path << "; run scripts/update_goldens.sh";
-  // The IR as built and after every pass that changes it (DESIGN.md 5: IR after each pass).
+  // The IR as built and after every pass that changes it (docs/design.md, "Testing": IR after each
+  // pass).
   const auto result = test::run_command(test::fusec_path() + " ir --after all " + quoted(path()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::string golden = test::read_text(golden_path);

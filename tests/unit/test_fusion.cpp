@@ -1,6 +1,6 @@
 // Every fusion pattern of passes/fusion/: the structure it forms (which ops fused, and where it
 // must not fuse), and that fused and unfused execution agree in the CPU reference, which runs a
-// fused op as its parts with rounding only where values leave it (DESIGN.md 3, "Passes").
+// fused op as its parts with rounding only where values leave it (docs/design.md, "Passes").
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

@@ -2,6 +2,7 @@
 // specs plan-quantization expands from a recipe, per-layer / per-GEMM / per-tensor overrides in the
 // IR, the plan and the CPU reference, the plan's typed vocabulary and its JSON, and the GEMM
 // capability table.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 
 #include "codegen/plan.h"
 #include "cpu/numerics.h"
+#include "driver/compile.h"
 #include "driver/frontend.h"
 #include "ir/printer.h"
 #include "passes/pass_manager.h"
@@ -359,6 +361,86 @@ TEST(PlanParamInit, ThePlanGivesTheReferencesStartingParameters) {
   const plan::Plan back = plan::plan_from_json(plan::plan_to_json(p));
   for (size_t i = 0; i < back.sequences[0].buffers.size(); ++i)
     EXPECT_EQ(back.sequences[0].buffers[i].init, p.sequences[0].buffers[i].init);
+}
+
+}  // namespace
+}  // namespace opfuse
+
+namespace opfuse {
+namespace {
+
+// Note "Plan passes": the plan-level steps are named passes the driver (and so `fusec ir --after`
+// and `--disable-pass`) reaches.
+struct PlanPassRun {
+  driver::CompileResult result;
+  std::vector<std::string> printed;
+};
+
+PlanPassRun compile_with(std::set<std::string> disabled, std::set<std::string> print_after,
+                         const std::string& recipe = "") {
+  PlanPassRun run;
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.recipe = recipe;
+  options.disabled_passes = std::move(disabled);
+  options.print_after = std::move(print_after);
+  options.last_stage = driver::Stage::Plan;
+  options.print_plan = [&](std::string_view pass, const plan::SequencePlan& s) {
+    run.printed.push_back(fmt::format("{} {}", pass, s.name));
+  };
+  std::string text = kMlp;
+  text.insert(text.find("recipe plain"), "recipe fp8c = current_scaling()\n");
+  run.result = driver::compile_source("mlp.fuse", text, sources, diags, options);
+  return run;
+}
+
+size_t launches_of_template(const plan::Plan& p, const std::string& name) {
+  size_t n = 0;
+  for (const plan::Step& step : p.sequences.at(0).steps)
+    if (const auto* l = std::get_if<plan::LaunchStep>(&step.body))
+      n += p.find_kernel(l->kernel)->template_name == name;
+  return n;
+}
+
+TEST(PlanPasses, EachStepIsNamedAndCanBeSkippedOrPrinted) {
+  const auto names = driver::pass_names();
+  for (const char* pass :
+       {"fold-current-amax", "scale-update", "weight-cache", "inference-variants", "lifetimes"})
+    EXPECT_NE(std::find(names.begin(), names.end(), pass), names.end()) << pass;
+
+  const PlanPassRun all = compile_with({}, {"scale-update", "lifetimes"});
+  ASSERT_EQ(all.result.status, driver::CompileStatus::Ok) << all.result.error;
+  EXPECT_EQ(all.printed, (std::vector<std::string>{"scale-update mlp", "lifetimes mlp"}));
+  EXPECT_EQ(launches_of_template(all.result.plan, "update_scales"), 1u);
+  bool variants = false;
+  for (const plan::Step& s : all.result.plan.sequences[0].steps)
+    variants |= s.inference.has_value();
+  EXPECT_TRUE(variants);
+
+  const PlanPassRun none = compile_with({"scale-update", "inference-variants", "weight-cache"}, {});
+  ASSERT_EQ(none.result.status, driver::CompileStatus::Ok) << none.result.error;
+  EXPECT_EQ(launches_of_template(none.result.plan, "update_scales"), 0u);
+  EXPECT_TRUE(none.result.plan.sequences[0].weight_cache_groups.empty());
+  for (const plan::Step& s : none.result.plan.sequences[0].steps)
+    EXPECT_FALSE(s.inference.has_value()) << s.what;
+
+  const PlanPassRun required = compile_with({"lifetimes"}, {});
+  EXPECT_EQ(required.result.status, driver::CompileStatus::UsageError);
+  EXPECT_NE(required.result.error.find("'lifetimes' cannot be disabled"), std::string::npos)
+      << required.result.error;
+}
+
+TEST(PlanPasses, WithoutFoldingEveryCurrentScaledCastMeasuresItsOwnAmax) {
+  const PlanPassRun folded = compile_with({}, {}, "fp8c");
+  const PlanPassRun separate = compile_with({"fold-current-amax"}, {}, "fp8c");
+  ASSERT_EQ(folded.result.status, driver::CompileStatus::Ok) << folded.result.error;
+  ASSERT_EQ(separate.result.status, driver::CompileStatus::Ok) << separate.result.error;
+  const size_t quantizers = separate.result.plan.sequences[0].quantizers.size();
+  // Weights are cast from parameters (no producing kernel): their amax_reduce stays either way.
+  EXPECT_LT(launches_of_template(folded.result.plan, "amax_reduce"),
+            launches_of_template(separate.result.plan, "amax_reduce"));
+  EXPECT_EQ(launches_of_template(separate.result.plan, "amax_reduce"), quantizers);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // `fusec bench`: times one sequence of a compiled program on the GPU through the embedding API
-// (Session), the way DESIGN.md section 7 asks: CUDA events around every iteration after a
+// (Session), the way docs/design.md, "Benchmarks", asks: CUDA events around every iteration after a
 // warm-up, the median (p10, p90) of many, inputs rotated over enough buffers that the L2 cannot
 // hold them, and the floor to compare against (a device copy's bandwidth, measured in the same
 // run). A profiling pass times every plan step through the executor's StepObserver, so the

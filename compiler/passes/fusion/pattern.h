@@ -1,4 +1,4 @@
-// Declarative fusion patterns (DESIGN.md 3, "Passes"): a pattern is data, a chain of op steps
+// Declarative fusion patterns (docs/design.md, "Passes"): a pattern is data, a chain of op steps
 // linked by dataflow, and one engine (engine.cpp) matches every pattern the same way. Each
 // pattern lives in its own file in this directory; patterns.cpp owns their priority order.
 #pragma once
