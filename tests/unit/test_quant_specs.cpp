@@ -445,3 +445,30 @@ TEST(PlanPasses, WithoutFoldingEveryCurrentScaledCastMeasuresItsOwnAmax) {
 
 }  // namespace
 }  // namespace opfuse
+
+namespace opfuse {
+namespace {
+
+// A high-precision fprop whose wgrad stays FP8: the input quantizer makes only the column-wise
+// copy, and the layer still plans, runs in the CPU reference and keeps its bf16 fprop.
+TEST(QuantSpecs, AHighPrecisionFpropKeepsOnlyTheWgradCopies) {
+  const auto l = lower({keep_high_precision("fc1", GemmRole::Fprop)});
+  const ir::QuantizerDecl* x = quantizer(l->seq(), "fc1.input");
+  const ir::QuantizerDecl* w = quantizer(l->seq(), "fc1.weight");
+  ASSERT_TRUE(x && w);
+  EXPECT_EQ(x->usages, (plan::Usages{false, true}));
+  EXPECT_EQ(w->usages, (plan::Usages{false, true}));
+  const plan::Plan p = codegen::build_plan(l->program, {"sm_90a", &l->sources});
+  const auto fprops = gemms_of(p.sequences.at(0), GemmRole::Fprop);
+  ASSERT_EQ(fprops.size(), 2u);
+  EXPECT_EQ(fprops[0]->a.dtype, plan::DType::BF16) << "fc1 fprop";
+  EXPECT_TRUE(plan::dtype_is_fp8(fprops[1]->a.dtype)) << "fc2 fprop";
+  cpu::ReferenceExecutor<float> ref(l->seq(), {{"tokens", 8}});
+  cpu::init_params_from_seed(ref, 7);
+  const auto y = ref.forward({cpu::seeded_normal({8, 64}, 3, 1.0)});
+  const auto g = ref.backward({y.at(0)});
+  EXPECT_EQ(g.inputs.at(0).data.size(), 8u * 64u);
+}
+
+}  // namespace
+}  // namespace opfuse
