@@ -110,16 +110,7 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
   const int64_t cols = width_of(b, first, xv);
   require_vector_width(b, first, cols, in, "bias_add");
   const SymExpr rows = rows_of(xv);
-  DType out = b.value(chain).type.dtype;
-  int quantizer = -1;
-  CastOutputs y{-1, -1};
-  if (cast) {
-    quantizer = folded_cast_quantizer(b, g, *cast, chain);
-    out = quantizer_format(b, *cast);
-    y = cast_outputs(b, *cast);
-  } else {
-    y.rowwise = b.buffer(chain, *g.parts.back());
-  }
+  const auto [quantizer, out, y] = kernel_outputs(b, g, cast, chain, *g.parts.back());
   const bool transpose = y.columnwise >= 0;
   const int measured = cast ? -1 : measure_for_cast(b, g, chain);
   std::string what = "y = x";
@@ -154,16 +145,7 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
   const int64_t hidden = ir::attr_int(norm.attrs, "size");
   require_vector_width(b, norm, hidden, in, name_of(norm.kind));
   const ValueId y_value = norm.results.at(0);
-  DType out = in;
-  int quantizer = -1;
-  CastOutputs y{-1, -1};
-  if (cast) {
-    quantizer = folded_cast_quantizer(b, g, *cast, y_value);
-    out = quantizer_format(b, *cast);
-    y = cast_outputs(b, *cast);
-  } else {
-    y.rowwise = b.buffer(y_value, norm);
-  }
+  const auto [quantizer, out, y] = kernel_outputs(b, g, cast, y_value, norm);
   const bool transpose = y.columnwise >= 0;
   const int bytes = ir::dtype_bytes(in);
   if (transpose &&
@@ -298,16 +280,7 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   const DType in = xv.type.dtype;
   const int64_t cols = width_of(b, act, b.value(y_value));  // the output width n
   require_vector_width(b, act, cols, in, name_of(act.kind));
-  DType out = b.value(y_value).type.dtype;
-  int quantizer = -1;
-  CastOutputs y{-1, -1};
-  if (cast) {
-    quantizer = folded_cast_quantizer(b, g, *cast, y_value);
-    out = quantizer_format(b, *cast);
-    y = cast_outputs(b, *cast);
-  } else {
-    y.rowwise = b.buffer(y_value, act);
-  }
+  const auto [quantizer, out, y] = kernel_outputs(b, g, cast, y_value, act);
   const bool transpose = y.columnwise >= 0;
   const SymExpr rows = rows_of(xv);
   const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
@@ -340,17 +313,8 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   const int64_t dx_cols = gated ? 2 * cols : cols;
   require_vector_width(b, act, cols, in, name_of(act.kind));
   if (dbias && dbias->operands.at(0) != dx_value) no_kernel(b, g);
-  DType out = b.value(dx_value).type.dtype;
-  int quantizer = -1;
-  CastOutputs dx{-1, -1};
-  if (cast) {
-    // The dbias sum reads dx inside the kernel, so only the cast's copies leave it.
-    quantizer = folded_cast_quantizer(b, g, *cast, dx_value);
-    out = quantizer_format(b, *cast);
-    dx = cast_outputs(b, *cast);
-  } else {
-    dx.rowwise = b.buffer(dx_value, act);
-  }
+  // With a cast, the dbias sum reads dx inside the kernel, so only the cast's copies leave it.
+  const auto [quantizer, out, dx] = kernel_outputs(b, g, cast, dx_value, act);
   const bool transpose = dx.columnwise >= 0;
   const SymExpr rows = rows_of(dyv);
   GridRule grid = tile_grid(rows, cols);

@@ -105,6 +105,17 @@ int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced);
 int folded_cast_quantizer(const SequenceBuilder& b, const Group& g, const ir::Operation& cast,
                           ValueId produced);
 
+// What a kernel producing `produced` writes: with a folded cast, the cast's FP8 copies, its
+// quantizer and format; without one, `produced` itself (the buffer `producer` writes) in its own
+// dtype, quantizer -1.
+struct KernelOutputs {
+  int quantizer = -1;
+  DType dtype = DType::BF16;
+  CastOutputs copies;
+};
+KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Operation* cast,
+                             ValueId produced, const ir::Operation& producer);
+
 // ---- elementwise and normalization kernels (emit_elementwise.cpp)
 // --------------------------------
 

@@ -199,6 +199,20 @@ int folded_cast_quantizer(const SequenceBuilder& b, const Group& g, const ir::Op
   return cast.quantizer;
 }
 
+KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Operation* cast,
+                             ValueId produced, const ir::Operation& producer) {
+  KernelOutputs out;
+  if (cast) {
+    out.quantizer = folded_cast_quantizer(b, g, *cast, produced);
+    out.dtype = quantizer_format(b, *cast);
+    out.copies = cast_outputs(b, *cast);
+  } else {
+    out.dtype = b.value(produced).type.dtype;
+    out.copies.rowwise = b.buffer(produced, producer);
+  }
+  return out;
+}
+
 }  // namespace emitters
 
 void emit_group(SequenceBuilder& b, const Group& g) {
