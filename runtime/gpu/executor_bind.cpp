@@ -66,8 +66,7 @@ BoundStep SequenceExecutor::Impl::bind_step(
   if (gemm == nullptr) return bound_step;
   bound_step.gemm = gemm_desc(*gemm, values);
   const bool fp8 = is_fp8(gemm->a.dtype) || is_fp8(gemm->b.dtype);
-  const std::int64_t multiple =
-      plan::gemm_dim_multiple(plan::gemm_caps(current_device().arch), fp8);
+  const std::int64_t multiple = plan::gemm_dim_multiple(*gemm_caps, fp8);
   const std::pair<const char*, const plan::SymExpr*> dims[] = {
       {"m", &gemm->m}, {"n", &gemm->n}, {"k", &gemm->k}};
   for (const auto& [dim, expr] : dims) {

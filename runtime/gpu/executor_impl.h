@@ -165,6 +165,7 @@ struct SequenceExecutor::Impl {
   GemmRunner& gemms;
   std::optional<QuantizerState> quantizers;
   int num_sms = 0;
+  const plan::GemmCaps* gemm_caps = nullptr;  // the device's row of plan/gemm_caps (bind checks)
   int first_backward = 0;  // index of the first backward step (steps.size() without backward)
 
   std::vector<BufferFacts> facts;  // per buffer id

@@ -78,7 +78,9 @@ const Kernel& PlanModules::kernel(std::string_view id) const {
 SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& modules_in,
                              GemmRunner& gemms_in, cudaStream_t stream)
     : plan(plan_in), modules(modules_in), gemms(gemms_in), last_stream(stream) {
-  num_sms = current_device().sm_count;
+  const DeviceInfo device = current_device();
+  num_sms = device.sm_count;
+  gemm_caps = &plan::gemm_caps(device.arch);
   first_backward = static_cast<int>(plan.steps.size());
   for (const Step& step : plan.steps) {
     if (step.phase == plan::Phase::Backward && step.group >= 0) {
