@@ -110,7 +110,11 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
   const int64_t cols = width_of(b, first, xv);
   require_vector_width(b, first, cols, in, "bias_add");
   const SymExpr rows = rows_of(xv);
-  const auto [quantizer, out, y] = kernel_outputs(b, g, cast, chain, *g.parts.back());
+  // Named members, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const KernelOutputs outputs = kernel_outputs(b, g, cast, chain, *g.parts.back());
+  const int quantizer = outputs.quantizer;
+  const DType out = outputs.dtype;
+  const CastOutputs& y = outputs.copies;
   const bool transpose = y.columnwise >= 0;
   const int measured = cast ? -1 : measure_for_cast(b, g, chain);
   std::string what = "y = x";
@@ -145,7 +149,10 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
   const int64_t hidden = ir::attr_int(norm.attrs, "size");
   require_vector_width(b, norm, hidden, in, name_of(norm.kind));
   const ValueId y_value = norm.results.at(0);
-  const auto [quantizer, out, y] = kernel_outputs(b, g, cast, y_value, norm);
+  const KernelOutputs outputs = kernel_outputs(b, g, cast, y_value, norm);
+  const int quantizer = outputs.quantizer;
+  const DType out = outputs.dtype;
+  const CastOutputs& y = outputs.copies;
   const bool transpose = y.columnwise >= 0;
   const int bytes = ir::dtype_bytes(in);
   if (transpose &&
@@ -280,7 +287,10 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   const DType in = xv.type.dtype;
   const int64_t cols = width_of(b, act, b.value(y_value));  // the output width n
   require_vector_width(b, act, cols, in, name_of(act.kind));
-  const auto [quantizer, out, y] = kernel_outputs(b, g, cast, y_value, act);
+  const KernelOutputs outputs = kernel_outputs(b, g, cast, y_value, act);
+  const int quantizer = outputs.quantizer;
+  const DType out = outputs.dtype;
+  const CastOutputs& y = outputs.copies;
   const bool transpose = y.columnwise >= 0;
   const SymExpr rows = rows_of(xv);
   const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
@@ -314,7 +324,10 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   require_vector_width(b, act, cols, in, name_of(act.kind));
   if (dbias && dbias->operands.at(0) != dx_value) no_kernel(b, g);
   // With a cast, the dbias sum reads dx inside the kernel, so only the cast's copies leave it.
-  const auto [quantizer, out, dx] = kernel_outputs(b, g, cast, dx_value, act);
+  const KernelOutputs outputs = kernel_outputs(b, g, cast, dx_value, act);
+  const int quantizer = outputs.quantizer;
+  const DType out = outputs.dtype;
+  const CastOutputs& dx = outputs.copies;
   const bool transpose = dx.columnwise >= 0;
   const SymExpr rows = rows_of(dyv);
   GridRule grid = tile_grid(rows, cols);
