@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake g++ clang clang-format libclang-rt-14-dev
   libgtest-dev libgmock-dev
-  libcli11-dev libfmt-dev nlohmann-json3-dev libopenblas-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev
   python3  # tests/bench/test_compare.py runs bench/compare.py
 )
 # The template checker (tools/check_templates/check_templates.cpp, cmake/template_checker.cmake) needs

@@ -1,0 +1,163 @@
+// A precision-debug feature (docs/debugging.md, "Features"): what a config's
+// `transformer_engine:` block names, e.g. LogTensorStats or DisableFP8GEMM. A feature declares the
+// keys it accepts (FeatureSpec, checked when the config is read) and answers TE's routing calls
+// for one layer from its settings. The routing calls are asked when the program is built (and again
+// only at the iterations a previous answer named), never per step: their answers select the plan
+// variant each iteration runs.
+//
+// Built-in features (builtin_features.cpp) and C++ features of an application are the same kind of
+// object, registered by name in a FeatureRegistry.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "debug/names.h"
+#include "debug_config/config_node.h"
+
+namespace opfuse::debug {
+
+// "Never again": the next-iteration part of a routing answer that will not change.
+inline constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+// A routing answer: enabled or not, and the first later iteration at which the answer may be
+// different (kNever: it holds for every later iteration). TE's features answer (enabled, next
+// *enabled* iteration), which for a disabled answer is the same thing and for an enabled one is
+// made precise here; TE's bare bool ("ask again next iteration") is {enabled, iteration + 1}.
+struct Route {
+  bool enabled = false;
+  int64_t next = kNever;
+  friend bool operator==(const Route&, const Route&) = default;
+};
+
+// When a feature runs (TE's freq, start_step, end_step, start_end_list): at iterations that are
+// multiples of freq inside [start, end] (inclusive), or inside any interval of the list, which
+// replaces start/end when given.
+struct Cadence {
+  int64_t freq = 1;
+  int64_t start_step = 0;
+  int64_t end_step = kNever;
+  std::vector<std::pair<int64_t, int64_t>> start_end_list;
+
+  bool runs_at(int64_t iteration) const;
+  // The first iteration after `iteration` at which it runs; kNever if none.
+  int64_t next_after(int64_t iteration) const;
+  // The first iteration after `iteration` at which it does not run; kNever if none.
+  int64_t stops_after(int64_t iteration) const;
+  // The routing answer at `iteration`: whether it runs, and until when that holds.
+  Route route(int64_t iteration) const;
+};
+
+// The value types a feature key can have; the reader checks them and points at the value.
+enum class KeyType : uint8_t {
+  Bool,
+  Int,           // non-negative integer
+  PositiveInt,   // integer >= 1
+  Choice,        // one of KeySpec::choices
+  Stats,         // a list of statistics, checked by FeatureSpec::check_stat
+  IntervalList,  // [[start, end], ...], start <= end
+};
+
+struct KeySpec {
+  std::string_view name;
+  KeyType type;
+  std::vector<std::string> choices = {};  // Choice
+  std::string_view doc = {};
+  bool required = false;  // every GEMM/tensor the feature selects must have it
+};
+
+// What a feature accepts. Keys common to every feature (`enabled`, and `tensors`, `tensors_struct`,
+// `gemms`, `gemms_struct` for features that select tensors or GEMMs) are not listed.
+struct FeatureSpec {
+  std::string name;
+  std::string doc;               // one sentence, for `fusec debug-features` and docs/debugging.md
+  bool selects_gemms = false;    // takes gemms / gemms_struct (else the whole layer)
+  bool selects_tensors = false;  // takes tensors / tensors_struct
+  std::vector<TensorKind> tensors = {};  // the tensors it may select (empty: all six)
+  std::vector<KeySpec> keys = {};
+  // Stats keys: checks one entry of the list; returns an error message (empty: accepted) and may
+  // set `hint`. Entries are a name or a one-key map (a statistic with parameters).
+  std::function<std::string(const ConfigNode& entry, std::string& hint)> check_stat = {};
+};
+
+// The keys that apply to one (GEMM, tensor) of a layer: the feature's flat keys overridden by the
+// keys of the gemms_struct / tensors_struct entries that select it. Values were checked against
+// the spec when the config was read, so the accessors only convert.
+class Settings {
+ public:
+  void set(std::string key, const ConfigNode* value) { values_[std::move(key)] = value; }
+  const ConfigNode* find(std::string_view key) const;
+  bool get_bool(std::string_view key, bool fallback) const;
+  int64_t get_int(std::string_view key, int64_t fallback) const;
+  std::string get_string(std::string_view key, std::string fallback) const;
+  // freq, start_step, end_step, start_end_list.
+  Cadence cadence() const;
+  // The Stats key's entries, in file order.
+  std::vector<const ConfigNode*> stats(std::string_view key = "stats") const;
+  const std::map<std::string, const ConfigNode*, std::less<>>& values() const { return values_; }
+
+ private:
+  std::map<std::string, const ConfigNode*, std::less<>> values_;
+};
+
+// The keys common to the features that run on a cadence.
+std::vector<KeySpec> cadence_keys();
+
+// What every call is told: the layer and the settings that apply to the GEMM/tensor asked about.
+struct CallContext {
+  std::string_view layer;
+  const Settings& settings;
+};
+
+// The base class of every feature. Routing calls have TE's defaults (inspect: no; modify: no;
+// quantized GEMM: yes, never changing). A feature overrides those it answers. Called only for
+// (GEMM, tensor) pairs its config selects.
+class Feature {
+ public:
+  virtual ~Feature() = default;
+  virtual const FeatureSpec& spec() const = 0;
+
+  // Is `tensor` inspected at `iteration` (statistics, dumps)?
+  virtual Route inspect_tensor_enabled(const CallContext&, TensorKind, int64_t) const {
+    return {false, kNever};
+  }
+  // Is the quantized form of `tensor`, as `gemm` reads it, inspected? (TE marks it deprecated;
+  // kept so that features written against it work.)
+  virtual Route inspect_tensor_postquantize_enabled(const CallContext&, GemmRole, TensorKind,
+                                                    int64_t) const {
+    return {false, kNever};
+  }
+  // Does this feature replace `tensor` as `gemm` reads it? (One feature per GEMM and tensor.)
+  virtual Route modify_tensor_enabled(const CallContext&, GemmRole, TensorKind, int64_t) const {
+    return {false, kNever};
+  }
+  // Does `gemm` run quantized? A modified tensor's GEMM follows modify_tensor_enabled instead.
+  virtual Route fp8_gemm_enabled(const CallContext&, GemmRole, int64_t) const {
+    return {true, kNever};
+  }
+};
+
+// Features by name: the built-in ones, then any an application registers.
+class FeatureRegistry {
+ public:
+  // With TE's built-in features (builtin_features.cpp).
+  static FeatureRegistry with_builtins();
+  // Registers `feature` under its spec's name; a name registered already is an error
+  // (std::invalid_argument naming it).
+  void add(std::shared_ptr<const Feature> feature);
+  const Feature* find(std::string_view name) const;
+  std::vector<std::string> names() const;  // sorted
+
+ private:
+  std::map<std::string, std::shared_ptr<const Feature>, std::less<>> features_;
+};
+
+}  // namespace opfuse::debug

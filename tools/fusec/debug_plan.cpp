@@ -1,0 +1,130 @@
+// `fusec debug-plan FILE --debug-config CONFIG`: a dry run of a precision-debug config against a
+// program (docs/debugging.md, "Dry run"): which section each layer gets; per layer, GEMM and
+// tensor, whether it is quantized, kept in high precision, modified or inspected at an iteration;
+// and over a range of iterations, which plan variants run when.
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "commands.h"
+#include "debug_config/routing.h"
+
+namespace opfuse::fusec {
+
+namespace {
+
+struct DebugPlanOptions {
+  std::string file;
+  std::string config;
+  int64_t iteration = 0;
+  int64_t iterations = 20;
+};
+
+// "0, 5-9, 12" for sorted iterations.
+std::string ranges(const std::vector<int64_t>& its) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < its.size();) {
+    size_t j = i;
+    while (j + 1 < its.size() && its[j + 1] == its[j] + 1) ++j;
+    parts.push_back(i == j ? fmt::format("{}", its[i]) : fmt::format("{}-{}", its[i], its[j]));
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+// The layers a variant changes and how, in one line.
+std::string summary(const debug::Routing& r) {
+  std::vector<std::string> parts;
+  for (const debug::LayerRouting& l : r.layers) {
+    if (!l.active()) continue;
+    std::vector<std::string> what;
+    for (const auto t : plan::all_values<debug::TensorKind>()) {
+      if (!l.inspectors[size_t(t)].empty())
+        what.push_back(fmt::format("{} inspected", plan::name(t)));
+    }
+    for (size_t g = 0; g < 3; ++g) {
+      const auto& gr = l.gemms[g];
+      if (l.recipe_quantized && !gr.quantized)
+        what.push_back(fmt::format("{} high precision", plan::name(plan::GemmRole(g))));
+      for (size_t k = 0; k < 2; ++k) {
+        if (gr.modifiers[k]) {
+          what.push_back(fmt::format("{} {} modified", plan::name(plan::GemmRole(g)),
+                                     plan::name(debug::operands_of(plan::GemmRole(g))[k])));
+        }
+      }
+    }
+    parts.push_back(fmt::format("{}: {}", l.layer, fmt::join(what, ", ")));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+int run_debug_plan(const DebugPlanOptions& opts, const CommonOptions& common) {
+  SourceManager sources;
+  auto program = load(opts.file, common, sources);
+  if (!program) return kExitUserError;
+  DiagnosticEngine diags(sources);
+  diags.set_warnings_as_errors(common.warnings_as_errors);
+  const auto registry =
+      std::make_shared<const debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
+  auto config = debug::load_debug_config(opts.config, sources, registry, diags);
+  std::vector<debug::LayerBinding> bindings;
+  if (config) bindings = debug::bind_layers(*config, debug::program_layers(*program), diags);
+  std::fputs(diags.format_all().c_str(), stderr);
+  if (diags.has_errors()) return kExitUserError;
+
+  const debug::Routing at = debug::route(bindings, opts.iteration);
+  for (const std::string& c : at.conflicts) std::fprintf(stderr, "fusec: error: %s\n", c.c_str());
+  if (!at.conflicts.empty()) return kExitUserError;
+  std::printf("iteration %lld%s\n", static_cast<long long>(opts.iteration),
+              at.next_change == debug::kNever
+                  ? " (the same for every later iteration)"
+                  : fmt::format(" (holds until iteration {})", at.next_change - 1).c_str());
+  for (const debug::LayerRouting& l : at.layers)
+    std::fputs(debug::describe(l, sources).c_str(), stdout);
+
+  // The schedule: variants in order of first use, with the iterations each runs.
+  std::vector<std::string> keys;
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> variants;
+  for (int64_t it = 0; it < opts.iterations;) {
+    const debug::Routing r = debug::route(bindings, it);
+    const std::string key = r.variant_key();
+    auto [pos, added] = variants.try_emplace(key, summary(r), std::vector<int64_t>{});
+    if (added) keys.push_back(key);
+    const int64_t until = std::min(r.next_change, opts.iterations);
+    for (int64_t k = it; k < until; ++k) pos->second.second.push_back(k);
+    it = until;
+  }
+  std::printf("\nplan variants over iterations 0-%lld: %zu\n",
+              static_cast<long long>(opts.iterations - 1), keys.size());
+  for (const std::string& key : keys) {
+    const auto& [text, its] = variants.at(key);
+    std::printf("  %s: iterations %s\n", key.empty() ? "plain" : text.c_str(), ranges(its).c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_debug_plan_command(CLI::App& app, CommonOptions& common) {
+  auto opts = std::make_shared<DebugPlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "debug-plan",
+      "dry run of a precision-debug config: per layer, GEMM and tensor what the features do, and "
+      "which plan variants run at which iterations");
+  cmd->add_option("file", opts->file, ".fuse file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--debug-config", opts->config, "the config (TE's config.yaml schema)")
+      ->required();
+  cmd->add_option("--iteration", opts->iteration, "show the routing at this iteration (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iterations", opts->iterations,
+                  "list the plan variants of iterations 0 to N-1 (default 20)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  add_common(cmd, common);
+  cmd->footer(kExitCodeHelp);
+  return {cmd, [opts, &common] { return run_debug_plan(*opts, common); }};
+}
+
+}  // namespace opfuse::fusec
