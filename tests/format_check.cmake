@@ -3,6 +3,7 @@ file(GLOB_RECURSE files
   ${SOURCE_DIR}/compiler/*.h ${SOURCE_DIR}/compiler/*.cpp
   ${SOURCE_DIR}/runtime/*.h ${SOURCE_DIR}/runtime/*.cpp
   ${SOURCE_DIR}/plan/*.h ${SOURCE_DIR}/plan/*.cpp
+  ${SOURCE_DIR}/debug/*.h ${SOURCE_DIR}/debug/*.cpp
   ${SOURCE_DIR}/reference/*.h ${SOURCE_DIR}/reference/*.cpp
   ${SOURCE_DIR}/tools/*.h ${SOURCE_DIR}/tools/*.cpp
   ${SOURCE_DIR}/tests/*.h ${SOURCE_DIR}/tests/*.cpp

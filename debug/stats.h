@@ -1,0 +1,176 @@
+// The precision-debug statistics (TE's LogTensorStats and LogFp8TensorStats) and how partial
+// results of micro-batches combine. A statistic is computed in two steps: a tensor (or a piece of
+// it) is reduced to a fixed record of moments (TensorMoments, QuantizedMoments), records of pieces
+// are merged, and value() turns the merged record into the logged number. Only the records travel
+// between micro-batches (and later between ranks), so the merge rules here are the only place
+// where "how does std combine" is decided.
+//
+// Decisions where TE's answer is missing or wrong (each is tested in
+// tests/unit/test_debug_stats.cpp):
+//  - std is the sample standard deviation (divisor N - 1), merged with Chan et al.'s parallel
+//    update of the sum of squared deviations. TE merges std with a sign error; this does not.
+//  - std of a single element is 0, not NaN (torch.std gives NaN): one value has no spread, and a
+//    NaN in a debug log should mean that the data held a NaN.
+//  - A tensor with no elements gives NaN for min, max, mean, std, mse, the percentages and (with
+//    no scale_inv given) scale_inv_min/max: there is nothing to take them of. Its sums (l1_norm,
+//    l2_norm), cur_amax and dynamic ranges are 0.
+//  - dynamic_range of a tensor without a nonzero value is 0 (it spans no binade); a block without a
+//    nonzero value is left out of max_blockwise_dynamic_range.
+//  - NaN in the input makes every statistic that reads the value NaN (min, max, mean, std, l1_norm,
+//    l2_norm, cur_amax, dynamic ranges, mse), whatever its position: min and max do not drop it as
+//    std::min would depending on argument order. +-Inf gives +-Inf for min/max/mean/sums/amax/
+//    dynamic range (NaN when every nonzero value is infinite: inf - inf), and NaN for std.
+//    Nothing here traps or has undefined behaviour (checked under ASan+UBSan).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+namespace opfuse::debug {
+
+enum class StatKind : uint8_t {
+  // LogTensorStats: of the high-precision tensor.
+  Min,
+  Max,
+  Mean,
+  Std,
+  L1Norm,
+  L2Norm,
+  CurAmax,
+  DynamicRange,
+  MaxBlockwiseDynamicRange,
+  // LogFp8TensorStats: of the quantized tensor against the high-precision one.
+  Underflows,  // underflows%
+  Overflows,   // overflows% (delayed scaling)
+  ScaleInvMin,
+  ScaleInvMax,
+  Mse,
+};
+
+// Which TE feature a statistic belongs to (which record value() reads it from).
+enum class StatFamily : uint8_t { Tensor, Quantized };
+
+struct StatInfo {
+  StatKind kind;
+  std::string_view name;  // TE's spelling, as written in config.yaml and in the metric name
+  StatFamily family;
+};
+
+// The one name table, in StatKind order. LogFp8TensorStats' recipe prefix
+// ("fp8_current_scaling_mse") and "_columnwise" suffix are the config reader's business: the names
+// here are the bare statistics.
+inline constexpr StatInfo kStatTable[] = {
+    {StatKind::Min, "min", StatFamily::Tensor},
+    {StatKind::Max, "max", StatFamily::Tensor},
+    {StatKind::Mean, "mean", StatFamily::Tensor},
+    {StatKind::Std, "std", StatFamily::Tensor},
+    {StatKind::L1Norm, "l1_norm", StatFamily::Tensor},
+    {StatKind::L2Norm, "l2_norm", StatFamily::Tensor},
+    {StatKind::CurAmax, "cur_amax", StatFamily::Tensor},
+    {StatKind::DynamicRange, "dynamic_range", StatFamily::Tensor},
+    {StatKind::MaxBlockwiseDynamicRange, "max_blockwise_dynamic_range", StatFamily::Tensor},
+    {StatKind::Underflows, "underflows%", StatFamily::Quantized},
+    {StatKind::Overflows, "overflows%", StatFamily::Quantized},
+    {StatKind::ScaleInvMin, "scale_inv_min", StatFamily::Quantized},
+    {StatKind::ScaleInvMax, "scale_inv_max", StatFamily::Quantized},
+    {StatKind::Mse, "mse", StatFamily::Quantized},
+};
+
+// The spelling of `kind` ("?" for a value outside the table, which a cast from an int can make).
+std::string_view stat_name(StatKind kind);
+// The statistic spelled exactly `name` (case-sensitive, as TE); nullopt for any other text.
+std::optional<StatKind> parse_stat(std::string_view name);
+StatFamily stat_family(StatKind kind);
+
+// What the LogTensorStats statistics of a tensor need, reduced so that two records merge.
+//
+// Fixed layout: only int64_t and double fields, 8 bytes each, no padding, trivially copyable, in
+// this order. A device reduction kernel writes the same layout (one struct per block or per
+// micro-batch) and the host merges the records with merge(); do not reorder or add fields of
+// other types without changing that kernel. A default-constructed record is the empty tensor, the
+// identity of merge().
+struct TensorMoments {
+  int64_t count = 0;
+  double mean = 0;
+  double m2 = 0;  // sum of squared deviations from `mean` (Chan's M2)
+  double min = std::numeric_limits<double>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+  double sum_abs = 0;  // l1_norm
+  double sum_sq = 0;   // l2_norm = sqrt(sum_sq)
+  double amax = 0;
+  double min_nonzero_abs = std::numeric_limits<double>::infinity();  // +inf: no nonzero value yet
+  double max_nonzero_abs = 0;                                        // 0: no nonzero value yet
+  // max_blockwise_dynamic_range for the one block configuration the caller asked for (0 when it
+  // did not or no block held a nonzero value). A tensor logged with several configurations keeps
+  // one record per configuration, or the values alone: they merge by max.
+  double max_blockwise_dynamic_range = 0;
+};
+static_assert(std::is_standard_layout_v<TensorMoments> &&
+              std::is_trivially_copyable_v<TensorMoments> && sizeof(TensorMoments) == 11 * 8);
+
+// The moments of x, computed in double in one fixed order (element 0 first; mean by a first pass,
+// M2 by a second), so the same input gives bitwise the same record. max_blockwise_dynamic_range is
+// left 0: it needs the tensor's shape (see below).
+TensorMoments moments_of(std::span<const float> x);
+
+// The moments of two disjoint pieces of one tensor (micro-batches of an activation or gradient;
+// later, ranks). Exact for counts, min, max, amax and the dynamic ranges; sums and Chan's update
+// for mean/M2 round, so the result is within a few ulps of moments_of(whole), not bitwise equal,
+// and depends on the merge order: merge in a fixed order (micro-batch order) for reproducible
+// logs. Weights are the same tensor in every micro-batch and must count once per iteration (the
+// first micro-batch's record): that is the caller's policy, merge() cannot tell.
+TensorMoments merge(const TensorMoments& a, const TensorMoments& b);
+
+// The logged value of a LogTensorStats statistic. Throws std::invalid_argument for a
+// LogFp8TensorStats kind.
+double value(const TensorMoments& m, StatKind kind);
+
+// TE's max_blockwise_dynamic_range of a row-major rows x cols matrix x: dims 1 cuts each row into
+// blocks of block_size consecutive elements (the last block of a row partial when cols is not a
+// multiple), dims 2 cuts the matrix into block_size x block_size tiles (partial at the right and
+// bottom edges). Each block with a nonzero value gives log2(its amax) - log2(its smallest nonzero
+// |x|); the result is the largest over blocks (0 when no block has a nonzero value; NaN when a
+// block holds NaN). Throws std::invalid_argument for rows * cols != x.size(), block_size < 1 or
+// dims other than 1 and 2.
+double max_blockwise_dynamic_range(std::span<const float> x, int64_t rows, int64_t cols,
+                                   int block_size, int dims);
+
+// What the LogFp8TensorStats statistics of one quantized tensor need. Same fixed-layout rule as
+// TensorMoments (int64_t and double only, no padding); default-constructed is merge()'s identity.
+struct QuantizedMoments {
+  int64_t count = 0;
+  int64_t underflows = 0;  // x != 0 but its dequantized value is 0
+  int64_t overflows = 0;   // |x| > fp8_max * scale_inv (per-tensor scale only, see below)
+  double sq_err = 0;       // sum of (x - dequantized)^2
+  double scale_inv_min = std::numeric_limits<double>::infinity();
+  double scale_inv_max = -std::numeric_limits<double>::infinity();
+};
+static_assert(std::is_standard_layout_v<QuantizedMoments> &&
+              std::is_trivially_copyable_v<QuantizedMoments> && sizeof(QuantizedMoments) == 6 * 8);
+
+// The quantization statistics of x given its dequantized copy (dequant(q), element for element:
+// the caller applies the FP8 rounding and scale, so this library stays free of the runtime's
+// numerics) and the scale_inv values the quantizer used: one for a per-tensor scale, one per real
+// block for block scaling. The caller passes only the real blocks: TE counts the padding blocks of
+// MXFP8/NVFP4 scale tensors too and reports scale_inv_min 0; we do not take padding at all.
+// Overflows are counted only with one scale_inv (delayed scaling, where the scale comes from an
+// older amax): a scale derived from this tensor's amax (current or block scaling) cannot overflow,
+// and with several scale_invs the element-to-block map is not known here. Throws
+// std::invalid_argument when x and dequantized differ in size or fp8_max is not positive.
+QuantizedMoments quantized_moments(std::span<const float> x, std::span<const float> dequantized,
+                                   std::span<const float> scale_invs, double fp8_max);
+
+// Counts and squared errors add; scale_inv min/max combine by min/max. Same weight rule as the
+// TensorMoments merge (the caller counts a weight once per iteration).
+QuantizedMoments merge(const QuantizedMoments& a, const QuantizedMoments& b);
+
+// The logged value of a LogFp8TensorStats statistic: underflows% = 100 * underflows / count,
+// overflows% likewise, mse = sq_err / count, scale_inv_min/max as merged. Throws
+// std::invalid_argument for a LogTensorStats kind.
+double value(const QuantizedMoments& m, StatKind kind);
+
+}  // namespace opfuse::debug
