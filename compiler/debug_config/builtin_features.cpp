@@ -8,113 +8,24 @@
 #include <fmt/ranges.h>
 
 #include "debug_config/feature.h"
+#include "debug_config/stat_request.h"
 
 namespace opfuse::debug {
 
 namespace {
 
-// LogTensorStats' statistics of the high-precision tensor.
-constexpr std::array<std::string_view, 8> kTensorStats = {
-    "min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"};
-constexpr std::string_view kBlockwise = "max_blockwise_dynamic_range";
-
-// LogFp8TensorStats' statistics of the quantized tensor, optionally prefixed by a recipe ("what
-// if this tensor were quantized so": an extra cast) and suffixed `_columnwise`.
-constexpr std::array<std::string_view, 5> kQuantStats = {"underflows%", "overflows%",
-                                                         "scale_inv_min", "scale_inv_max", "mse"};
-constexpr std::array<std::string_view, 2> kRecipes = {"fp8_delayed_scaling", "fp8_current_scaling"};
-// TE's block-scaled recipes: valid names, but opfuse cannot quantize so yet.
-constexpr std::array<std::string_view, 3> kBlockRecipes = {"fp8_block_scaling", "mxfp8", "nvfp4"};
-
-std::vector<std::string> strings(std::span<const std::string_view> names) {
-  return {names.begin(), names.end()};
+std::string check_stat(const ConfigNode& entry, StatFamily family, std::string& hint) {
+  std::string error;
+  parse_stat_request(entry, family, error, hint);
+  return error;
 }
 
 std::string check_tensor_stat(const ConfigNode& entry, std::string& hint) {
-  if (entry.kind == ConfigNode::Kind::Map) {
-    if (entry.entries.size() != 1 || entry.entries[0].key != kBlockwise) {
-      hint = fmt::format("only {} takes parameters: `- {}: {{block_size: 32, dims: 1}}`",
-                         kBlockwise, kBlockwise);
-      return "a statistic with parameters must be a one-key map";
-    }
-    const ConfigNode& params = entry.entries[0].value;
-    if (params.kind != ConfigNode::Kind::Map) return fmt::format("{} needs a map", kBlockwise);
-    bool has_block = false;
-    for (const ConfigNode::Entry& p : params.entries) {
-      if (p.key == "block_size") {
-        has_block = true;
-        int64_t v = 0;
-        const auto [end, ec] = std::from_chars(p.value.scalar.data(),
-                                               p.value.scalar.data() + p.value.scalar.size(), v);
-        if (p.value.kind != ConfigNode::Kind::Scalar || ec != std::errc() ||
-            end != p.value.scalar.data() + p.value.scalar.size() || v < 1) {
-          return "block_size must be a positive integer";
-        }
-      } else if (p.key == "dims") {
-        if (p.value.kind != ConfigNode::Kind::Scalar ||
-            (p.value.scalar != "1" && p.value.scalar != "2")) {
-          return "dims must be 1 (blocks along a row) or 2 (square tiles)";
-        }
-      } else {
-        hint = "it takes block_size and dims";
-        return fmt::format("{} has no parameter '{}'", kBlockwise, p.key);
-      }
-    }
-    if (!has_block) return fmt::format("{} needs block_size", kBlockwise);
-    return {};
-  }
-  if (entry.kind != ConfigNode::Kind::Scalar) return "a statistic must be a name";
-  const std::string& s = entry.scalar;
-  if (std::find(kTensorStats.begin(), kTensorStats.end(), s) != kTensorStats.end()) return {};
-  if (s == kBlockwise) {
-    hint = fmt::format("write `- {}: {{block_size: 32, dims: 1}}`", kBlockwise);
-    return fmt::format("{} needs block_size (and optionally dims)", kBlockwise);
-  }
-  std::vector<std::string> known = strings(kTensorStats);
-  known.emplace_back(kBlockwise);
-  if (std::find(kQuantStats.begin(), kQuantStats.end(), s) != kQuantStats.end()) {
-    hint = "statistics of the quantized tensor belong to LogFp8TensorStats";
-  } else {
-    hint = fmt::format("LogTensorStats computes {}", fmt::join(known, ", "));
-  }
-  return fmt::format("unknown statistic '{}' for LogTensorStats", s);
+  return check_stat(entry, StatFamily::Tensor, hint);
 }
 
 std::string check_quant_stat(const ConfigNode& entry, std::string& hint) {
-  if (entry.kind != ConfigNode::Kind::Scalar) return "a statistic must be a name";
-  std::string_view s = entry.scalar;
-  constexpr std::string_view kColumnwise = "_columnwise";
-  if (s.size() > kColumnwise.size() && s.substr(s.size() - kColumnwise.size()) == kColumnwise) {
-    s.remove_suffix(kColumnwise.size());
-  }
-  std::string_view recipe;
-  for (const auto& list : {std::span<const std::string_view>(kRecipes),
-                           std::span<const std::string_view>(kBlockRecipes)}) {
-    for (std::string_view r : list) {
-      if (s.size() > r.size() && s.substr(0, r.size()) == r && s[r.size()] == '_') {
-        recipe = r;
-        s.remove_prefix(r.size() + 1);
-      }
-    }
-  }
-  if (std::find(kQuantStats.begin(), kQuantStats.end(), s) == kQuantStats.end()) {
-    hint = fmt::format("LogFp8TensorStats computes [recipe_]stat[_columnwise], stat one of {}",
-                       fmt::join(kQuantStats, ", "));
-    if (std::find(kTensorStats.begin(), kTensorStats.end(), s) != kTensorStats.end()) {
-      hint = "statistics of the high-precision tensor belong to LogTensorStats";
-    }
-    return fmt::format("unknown statistic '{}' for LogFp8TensorStats", entry.scalar);
-  }
-  if (std::find(kBlockRecipes.begin(), kBlockRecipes.end(), recipe) != kBlockRecipes.end()) {
-    hint = fmt::format("opfuse quantizes with {} so far", fmt::join(kRecipes, " and "));
-    return fmt::format("'{}' asks about the {} recipe, which opfuse cannot quantize with yet",
-                       entry.scalar, recipe);
-  }
-  if (s == "overflows%" && recipe == "fp8_current_scaling") {
-    hint = "a current-scaled tensor cannot overflow: its scale comes from its own amax";
-    return fmt::format("'{}' is always 0", entry.scalar);
-  }
-  return {};
+  return check_stat(entry, StatFamily::Quantized, hint);
 }
 
 constexpr std::array<TensorKind, 3> kOperands = {TensorKind::Activation, TensorKind::Gradient,
@@ -202,6 +113,7 @@ class FakeQuant final : public Feature {
  public:
   FakeQuant() {
     spec_.name = "FakeQuant";
+    spec_.modifies = true;
     spec_.doc =
         "quantize-dequantize the listed tensors (per-tensor current scaling) and run "
         "their GEMMs in high precision";
@@ -228,6 +140,7 @@ class PerTensorScaling final : public Feature {
  public:
   PerTensorScaling() {
     spec_.name = "PerTensorScaling";
+    spec_.modifies = true;
     spec_.doc = "cast the listed tensors with per-tensor current scaling; the GEMM stays FP8";
     spec_.selects_gemms = true;
     spec_.selects_tensors = true;

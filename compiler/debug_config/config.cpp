@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -148,7 +149,8 @@ class Reader {
             "give it `enabled`, `layers` and `transformer_engine`");
       return std::nullopt;
     }
-    bool has_layers = false, has_features = false;
+    // A misspelled key is reported once, not again as the key that is missing.
+    bool has_layers = false, has_features = false, unknown = false;
     for (const ConfigNode::Entry& k : body.entries) {
       if (k.key == "enabled") {
         if (auto b = as_bool(k.value, "enabled")) s.enabled = *b;
@@ -159,20 +161,40 @@ class Reader {
         has_features = true;
         features(k, s.features);
       } else {
+        unknown = true;
         error(k.key_loc, fmt::format("unknown key '{}' in section '{}'", k.key, s.name),
               did_you_mean(k.key, {"enabled", "layers", "transformer_engine"}));
       }
     }
-    if (!has_layers) {
+    check_modifiers(s);
+    if (!has_layers && !unknown) {
       error(e.key_loc, fmt::format("section '{}' selects no layers", s.name),
             "add `layers:` with `layer_name_regex_pattern`, `layer_types` or "
             "`exact_layer_names`");
     }
-    if (!has_features) {
+    if (!has_features && !unknown) {
       error(e.key_loc, fmt::format("section '{}' has no `transformer_engine` block", s.name),
             "list the features under `transformer_engine:`");
     }
     return s;
+  }
+
+  // One feature per modified GEMM operand (TE's rule): reported at the second feature.
+  void check_modifiers(const ConfigSection& s) {
+    std::map<std::pair<GemmRole, TensorKind>, const FeatureConfig*> owner;
+    for (const FeatureConfig& f : s.features) {
+      if (!f.enabled || !f.feature->spec().modifies) continue;
+      for (const FeatureScope& scope : f.scopes) {
+        if (!scope.gemm || !scope.tensor) continue;
+        auto [it, added] = owner.try_emplace({*scope.gemm, *scope.tensor}, &f);
+        if (!added && it->second != &f) {
+          error(f.loc,
+                fmt::format("{} and {} both modify the {} of the {} GEMM", it->second->name, f.name,
+                            plan::name(*scope.tensor), plan::name(*scope.gemm)),
+                "a GEMM operand can be modified by one feature; drop it from one of them");
+        }
+      }
+    }
   }
 
   LayerSelector layers(const ConfigNode::Entry& e) {

@@ -81,6 +81,9 @@ struct FeatureSpec {
   std::string doc;               // one sentence, for `fusec debug-features` and docs/debugging.md
   bool selects_gemms = false;    // takes gemms / gemms_struct (else the whole layer)
   bool selects_tensors = false;  // takes tensors / tensors_struct
+  // Answers modify_tensor_enabled: two such features of one section may not select the same GEMM
+  // operand (a tensor is replaced by one feature).
+  bool modifies = false;
   std::vector<TensorKind> tensors = {};  // the tensors it may select (empty: all six)
   std::vector<KeySpec> keys = {};
   // Stats keys: checks one entry of the list; returns an error message (empty: accepted) and may
