@@ -8,6 +8,9 @@ packages=(
   libgtest-dev libgmock-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev
   python3  # tests/bench/test_compare.py runs bench/compare.py
+  # tests/unit/test_debug_report_screenshot.cpp: screenshots `fusec debug-report`'s page with
+  # headless Chromium and decodes the PNG with zlib (the test skips without Chromium).
+  chromium zlib1g-dev
 )
 # The template checker (tools/check_templates/check_templates.cpp, cmake/template_checker.cmake) needs
 # libclang-16-dev and llvm-16-dev (libraries, headers), clang-16 (Clang's CMake package) and

@@ -13,5 +13,6 @@ Command add_build_command(CLI::App& app, CommonOptions& common);
 Command add_dump_kernels_command(CLI::App& app, CommonOptions& common);
 Command add_bench_command(CLI::App& app, CommonOptions& common);
 Command add_debug_plan_command(CLI::App& app, CommonOptions& common);
+Command add_debug_report_command(CLI::App& app, CommonOptions& common);
 
 }  // namespace opfuse::fusec

@@ -1,6 +1,7 @@
 // What every fusec command shares: exit codes, the common options, loading a .fuse file with its
 // diagnostics printed, and writing outputs. One file per command (check.cpp, ir.cpp, run.cpp,
-// build.cpp, dump_kernels.cpp, bench.cpp) registers its subcommand through commands.h.
+// build.cpp, dump_kernels.cpp, bench.cpp, debug_report.cpp) registers its subcommand through
+// commands.h.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -23,7 +24,8 @@ namespace opfuse::fusec {
 // Exit codes (also in --help and the README):
 //   0  success
 //   1  user error in a .fuse program (diagnostics printed); for build, also a kernel that NVRTC
-//      rejects (its name and log printed) or an output that cannot be written
+//      rejects (its name and log printed) or an output that cannot be written; for debug-report,
+//      missing or malformed statistics logs (file:line: error: ...)
 //   2  usage error (bad command line)
 //   3  internal error (a bug in opfuse; please report it with the input)
 constexpr int kExitOk = 0;
@@ -34,7 +36,7 @@ constexpr int kExitInternal = 3;
 inline constexpr const char* kExitCodeHelp =
     "Exit codes: 0 success, 1 errors in a .fuse program, 2 usage error, 3 internal error "
     "(a bug in opfuse). build also exits 1 when a kernel fails to compile or an output cannot "
-    "be written.";
+    "be written; debug-report when the statistics logs are missing or malformed.";
 
 struct CommonOptions {
   std::string recipe;
