@@ -87,6 +87,7 @@ enum class ParamKind : uint8_t {
   Int,        // a 4-byte int field
   Int64,      // a `long long` field (amax_reduce's element count)
   Float,
+  StatRecord,  // the executor's statistics record of a slot (SequencePlan::stat_slots)
 };
 
 // The name table of an enum: its values in order with their plan.json spellings.
@@ -131,7 +132,8 @@ OPFUSE_ENUM_NAMES(CopyLayout, {CopyLayout::AsIs, "as_is"}, {CopyLayout::Transpos
 OPFUSE_ENUM_NAMES(ParamKind, {ParamKind::Null, "null"}, {ParamKind::Buffer, "buffer"},
                   {ParamKind::Buffers, "buffers"}, {ParamKind::Quantizer, "quantizer"},
                   {ParamKind::Records, "quantizer_records"}, {ParamKind::Int, "int"},
-                  {ParamKind::Int64, "int64"}, {ParamKind::Float, "float"})
+                  {ParamKind::Int64, "int64"}, {ParamKind::Float, "float"},
+                  {ParamKind::StatRecord, "stat_record"})
 #undef OPFUSE_ENUM_NAMES
 
 // The spelling of `value` ("?" for a value outside the table, which a cast from an int can make).

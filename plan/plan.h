@@ -19,6 +19,7 @@
 #include "plan/enums.h"
 #include "plan/param_init.h"
 #include "plan/quant_spec.h"
+#include "plan/stat_slot.h"
 #include "plan/sym_expr.h"
 
 namespace opfuse::plan {
@@ -113,7 +114,7 @@ struct ParamBinding {
   int quantizer = -1;
   QuantizerValue quantizer_value = QuantizerValue::Scale;
   std::vector<int> records;
-  SymExpr int_value;
+  SymExpr int_value;  // Int, Int64; StatRecord: the slot
   double float_value = 0;
 };
 
@@ -208,6 +209,9 @@ struct SequencePlan {
   std::vector<Buffer> buffers;
   std::vector<Step> steps;  // forward steps, then backward; Step::index is the position
   std::vector<WeightCacheGroup> weight_cache_groups;
+  // An instrumented variant's statistics records (empty in the plain plan, and then absent from
+  // plan.json, so a program without debug features compiles to the same bytes).
+  std::vector<StatSlot> stat_slots;
 };
 
 // One group that launches a kernel.

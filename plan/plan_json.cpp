@@ -141,6 +141,9 @@ Json param_json(const SequencePlan& s, const ParamBinding& p) {
     case ParamKind::Float:
       j["value"] = p.float_value;
       break;
+    case ParamKind::StatRecord:
+      j["slot"] = expr(p.int_value);
+      break;
   }
   return j;
 }
@@ -239,15 +242,26 @@ Json sequence_json(const SequencePlan& s) {
   Json caches = Json::array();
   for (const WeightCacheGroup& g : s.weight_cache_groups)
     caches.push_back({{"steps", g.steps}, {"params", g.params}, {"quantizers", g.quantizers}});
-  return Json{{"name", s.name},
-              {"recipe", s.recipe},
-              {"fp8_weights", s.fp8_weights},
-              {"symbols", s.symbols},
-              {"quantizers", quantizers},
-              {"buffers", buffers},
-              {"weight_cache_groups", caches},
-              {"phases", Json::array({Json{{"phase", "forward"}, {"steps", forward}},
-                                      Json{{"phase", "backward"}, {"steps", backward}}})}};
+  Json j{{"name", s.name},
+         {"recipe", s.recipe},
+         {"fp8_weights", s.fp8_weights},
+         {"symbols", s.symbols},
+         {"quantizers", quantizers},
+         {"buffers", buffers},
+         {"weight_cache_groups", caches}};
+  if (!s.stat_slots.empty()) {
+    Json slots = Json::array();
+    for (const StatSlot& slot : s.stat_slots) {
+      slots.push_back({{"layer", slot.layer},
+                       {"tensor", slot.tensor},
+                       {"block_size", slot.block_size},
+                       {"dims", slot.dims}});
+    }
+    j["stat_slots"] = std::move(slots);
+  }
+  j["phases"] = Json::array({Json{{"phase", "forward"}, {"steps", forward}},
+                             Json{{"phase", "backward"}, {"steps", backward}}});
+  return j;
 }
 
 Json kernel_json(const Kernel& k) {

@@ -238,6 +238,9 @@ ParamBinding read_param(const Json& j, const std::string& path) {
     case ParamKind::Float:
       p.float_value = get<double>(j, path, "value");
       break;
+    case ParamKind::StatRecord:
+      p.int_value = expr(j, path, "slot");
+      break;
   }
   return p;
 }
@@ -364,6 +367,15 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
     s.weight_cache_groups.push_back({get<std::vector<int>>(caches[i], p, "steps"),
                                      get<std::vector<int>>(caches[i], p, "params"),
                                      get<std::vector<int>>(caches[i], p, "quantizers")});
+  }
+  if (j.contains("stat_slots")) {
+    const Json& slots = array(j, path, "stat_slots");
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const std::string p = at(sub(path, "stat_slots"), i);
+      s.stat_slots.push_back({get<std::string>(slots[i], p, "layer"),
+                              get<std::string>(slots[i], p, "tensor"),
+                              get<int>(slots[i], p, "block_size"), get<int>(slots[i], p, "dims")});
+    }
   }
   const Json& phases = array(j, path, "phases");
   for (std::size_t p = 0; p < phases.size(); ++p) {

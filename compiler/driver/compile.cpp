@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "codegen/kernel_source.h"
+#include "debug_config/instrument.h"
 #include "driver/frontend.h"
 #include "passes/pipeline.h"
 
@@ -134,6 +135,17 @@ CompileResult compile_ir(ir::Program program, const SourceManager* sources, Diag
   CompileResult result;
   const passes::PassManager manager(passes::default_pipeline());
   if (!options_are_valid(manager, options, result)) return result;
+  if (options.debug_routing) {
+    const std::vector<std::string> refused = debug::apply_routing(program, *options.debug_routing);
+    if (!refused.empty()) {
+      result.status = CompileStatus::UserError;
+      result.failed_stage = Stage::Passes;
+      result.error = "the debug config routes what opfuse cannot do yet: " + refused.front();
+      for (size_t i = 1; i < refused.size(); ++i) result.error += "; " + refused[i];
+      result.program = std::move(program);
+      return result;
+    }
+  }
   if (options.print && options.print_after.count("all")) options.print("build", program);
   result.timings = manager.run(program, pass_options(options), options.print);
   result.program = std::move(program);

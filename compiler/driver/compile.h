@@ -18,6 +18,10 @@
 #include "passes/pass_manager.h"
 #include "support/diagnostics.h"
 
+namespace opfuse::debug {
+struct Routing;
+}
+
 namespace opfuse::driver {
 
 // How far compile() goes; each stage includes the ones before it.
@@ -49,6 +53,10 @@ struct CompileOptions {
   bool fp8_fprop_fast_accum = true;
   bool fp8_backward_fast_accum = false;
   Stage last_stage = Stage::KernelRequests;
+  // A precision-debug plan variant: one iteration's routing of a debug config
+  // (compiler/debug_config/instrument.h), applied to the program before the passes. nullptr: the
+  // plain plan.
+  const debug::Routing* debug_routing = nullptr;
 };
 
 // One kernel to compile: what runtime/jit's CompileRequest needs, without depending on it.

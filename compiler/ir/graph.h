@@ -11,6 +11,7 @@
 #include "ir/recipe.h"
 #include "ir/types.h"
 #include "plan/quant_spec.h"
+#include "plan/stat_slot.h"
 #include "support/source_manager.h"
 
 namespace opfuse::ir {
@@ -113,6 +114,9 @@ struct Sequence {
   // Per-layer / per-GEMM / per-tensor quantization choices that replace the recipe's default,
   // in order (a later one wins where two select the same quantizer). Read by plan-quantization.
   std::vector<QuantOverride> quant_overrides;
+  // Statistics records the debug-instrument pass gives TensorStats ops (slot = index); set from a
+  // debug config's routing by the compile driver, empty otherwise.
+  std::vector<plan::StatSlot> inspections;
   // Made by plan-quantization; empty under the bf16 recipe.
   std::vector<QuantizerDecl> quantizers;
 

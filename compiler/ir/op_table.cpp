@@ -51,6 +51,9 @@ constexpr AttrSpec kCastFp8Attrs[] = {
     {"rowwise", AttrType::Bool, false, 1, 0, 1, "write the row-major FP8 copy"},
     {"columnwise", AttrType::Bool, false, 0, 0, 1, "write the transposed FP8 copy (for TN GEMMs)"},
 };
+constexpr AttrSpec kTensorStatsAttrs[] = {
+    {"slot", AttrType::Int, true, 0, 0, 1 << 20, "the statistics record (Sequence::inspections)"},
+};
 constexpr AttrSpec kFusedAttrs[] = {
     {"pattern", AttrType::Name, true, 0, 0, 0, "the fusion pattern that formed the op"},
 };
@@ -272,6 +275,8 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "[..., size] -> [size]", "column sums of the gradient"},
     {OpKind::GradAdd, "grad_add", KernelFamily::Residual, kNoAttrs, nullptr, "(a, b) -> a + b",
      "sums two gradients of one value"},
+    {OpKind::TensorStats, "tensor_stats", KernelFamily::Stats, kTensorStatsAttrs, nullptr,
+     "(x) -> ()", "statistics of x into a record the executor logs (precision-debug features)"},
     {OpKind::Fused, "fused", KernelFamily::Alias, kFusedAttrs, nullptr, "parts",
      "a fusion; its meaning is its parts run in order"},
 }};
@@ -357,6 +362,8 @@ std::string_view kernel_family_name(KernelFamily f) {
       return "residual";
     case KernelFamily::Alias:
       return "alias";
+    case KernelFamily::Stats:
+      return "stats";
     case KernelFamily::Cast:
       return "cast";
     case KernelFamily::Scale:

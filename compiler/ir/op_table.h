@@ -38,6 +38,7 @@ enum class OpKind : uint8_t {
   LinearWgrad,        // (dy or dy^T, x or x^T) -> dW
   BiasGrad,           // (dy) -> dbias
   GradAdd,            // (a, b) -> a + b: gradient accumulation where a value fans out
+  TensorStats,        // (x) -> (): statistics of x into the record of slot `slot` (debug features)
   Fused,              // a fusion: `parts` run as one kernel or one GEMM call
   // Pointwise ops have no enumerator: kFirstPointwise + i is pointwise_defs()[i] (a user op),
   // kFirstPointwiseBackward + i its backward (internal: (dy, x) -> dx, both halves when gated),
@@ -69,6 +70,7 @@ enum class KernelFamily : uint8_t {
   Alias,            // no data movement (make_extra_output, identity, reshape)
   Cast,             // templates/cast_transpose.cuh
   Scale,            // elementwise constant scale
+  Stats,            // templates/tensor_stats.cuh: a reduction into a statistics record
 };
 std::string_view kernel_family_name(KernelFamily f);
 

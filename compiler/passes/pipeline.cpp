@@ -1,6 +1,7 @@
 #include "passes/pipeline.h"
 
 #include "passes/build_backward.h"
+#include "passes/debug_instrument.h"
 #include "passes/eliminate_aliases.h"
 #include "passes/fuse.h"
 #include "passes/plan_quantization.h"
@@ -22,6 +23,13 @@ std::vector<Pass> default_pipeline() {
        build_backward,
        {},
        {"backward"}},
+      // After build-backward (it inspects backward tensors too) and before plan-quantization (a
+      // stats op reads the high-precision tensor, which the cast then leaves in memory).
+      {"debug-instrument",
+       "place the statistics ops a debug config's routing asks for",
+       debug_instrument,
+       {"backward"},
+       {}},
       // Before fusion: casts must exist as ops for the patterns to fold them into producers.
       {"plan-quantization",
        "give GEMM operands FP8 quantizers and insert their casts",

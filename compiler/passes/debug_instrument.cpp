@@ -1,0 +1,83 @@
+#include "passes/debug_instrument.h"
+
+#include <map>
+
+#include "ir/rewrite.h"
+
+namespace opfuse::passes {
+
+namespace {
+
+using namespace opfuse::ir;
+
+int find_op(const Sequence& s, OpKind kind, Phase phase, const std::string& instance) {
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const Operation& op = s.ops[i];
+    if (op.kind == kind && op.phase == phase && op.instance == instance) return int(i);
+  }
+  return -1;
+}
+
+// Where a record's tensor is: the value, and the op it goes before (after = false) or after.
+struct Place {
+  ValueId value = kNoValue;
+  int op = -1;
+  bool after = false;
+};
+
+Place place(const Sequence& s, const plan::StatSlot& slot) {
+  const int fprop = find_op(s, OpKind::Linear, Phase::Forward, slot.layer);
+  if (fprop < 0) return {};
+  const Operation& f = s.ops[size_t(fprop)];
+  if (slot.tensor == "activation") return {f.operands.at(0), fprop, false};
+  if (slot.tensor == "weight") return {f.operands.at(1), fprop, false};
+  if (slot.tensor == "output") return {f.results.at(0), fprop, true};
+  const int dgrad = find_op(s, OpKind::LinearDgrad, Phase::Backward, slot.layer);
+  const int wgrad = find_op(s, OpKind::LinearWgrad, Phase::Backward, slot.layer);
+  if (slot.tensor == "dgrad" && dgrad >= 0) return {s.ops[size_t(dgrad)].results.at(0), dgrad, true};
+  if (slot.tensor == "wgrad" && wgrad >= 0) return {s.ops[size_t(wgrad)].results.at(0), wgrad, true};
+  if (slot.tensor == "gradient" && (dgrad >= 0 || wgrad >= 0)) {
+    const int first = dgrad >= 0 && (wgrad < 0 || dgrad < wgrad) ? dgrad : wgrad;
+    return {s.ops[size_t(first)].operands.at(0), first, false};
+  }
+  return {};
+}
+
+bool instrument(Sequence& s) {
+  if (s.inspections.empty()) return false;
+  std::vector<plan::StatSlot> kept;
+  std::map<int, std::vector<Operation>> before, after;  // by op index, in slot order
+  for (const plan::StatSlot& slot : s.inspections) {
+    const Place p = place(s, slot);
+    if (p.value == kNoValue) continue;
+    Operation stats;
+    stats.kind = OpKind::TensorStats;
+    stats.phase = s.ops[size_t(p.op)].phase;
+    stats.operands = {p.value};
+    stats.attrs = {{"slot", int64_t(kept.size())}};
+    stats.instance = slot.layer + "." + slot.tensor + "_stats";
+    stats.loc = s.ops[size_t(p.op)].loc;
+    (p.after ? after : before)[p.op].push_back(std::move(stats));
+    kept.push_back(slot);
+  }
+  std::vector<Operation> ops;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    for (Operation& op : before[int(i)]) ops.push_back(std::move(op));
+    ops.push_back(std::move(s.ops[i]));
+    for (Operation& op : after[int(i)]) ops.push_back(std::move(op));
+  }
+  s.ops = std::move(ops);
+  s.inspections = std::move(kept);
+  recompute_producers(s);
+  return true;
+}
+
+}  // namespace
+
+bool debug_instrument(Program& program) {
+  bool changed = false;
+  for (Sequence& s : program.sequences) changed |= instrument(s);
+  return changed;
+}
+
+}  // namespace opfuse::passes

@@ -1,0 +1,17 @@
+// debug-instrument (docs/debugging.md, "Plan variants"): places a tensor_stats op at each
+// statistics record a debug config's routing asked for (Sequence::inspections, set by the compile
+// driver): the layer's activation and weight where its fprop reads them, its output after fprop,
+// its gradient where its first backward GEMM reads it, its dgrad and wgrad after those GEMMs. The
+// op reads the high-precision tensor, so a fusion that kept that tensor inside one kernel (the
+// norm's FP8 cast, a GEMM epilogue) leaves it in memory instead: only an inspected tensor loses
+// its fusion. Records whose tensor the sequence lacks (a gradient without backward) are dropped.
+// A sequence without inspections is left unchanged.
+#pragma once
+
+#include "ir/graph.h"
+
+namespace opfuse::passes {
+
+bool debug_instrument(ir::Program& program);
+
+}  // namespace opfuse::passes
