@@ -2,15 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <array>
-#include <map>
-#include <optional>
+#include <algorithm>
 #include <type_traits>
 #include <utility>
 
 #include "driver/compile.h"
 #include "numerics.h"
-#include "reference_ops.h"
+#include "reference_kernels.h"
 #include "support/assert.h"
 
 namespace opfuse::cpu {
@@ -43,233 +41,26 @@ void round_to_storage(std::span<T> values, ir::DType dtype) {
   if constexpr (!std::is_same_v<T, float>) std::copy(f.begin(), f.end(), values.begin());
 }
 
-template <typename T>
-void fake_quantize_values(Quantizer& quantizer, std::span<T> values) {
-  if constexpr (std::is_same_v<T, float>) {
-    fake_quantize(quantizer, values);
-  } else {
-    std::vector<float> f(values.begin(), values.end());
-    fake_quantize(quantizer, f);
-    std::copy(f.begin(), f.end(), values.begin());
-  }
-}
-
-// [rows, cols] row-major -> [cols, rows].
-template <typename T>
-std::vector<T> transpose(std::span<const T> x, int64_t rows, int64_t cols) {
-  std::vector<T> out(x.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[size_t(c * rows + r)] = x[size_t(r * cols + c)];
-  return out;
-}
-
 }  // namespace
 
+// The kernels' context (reference_kernels.h) and what only the executor keeps.
 template <typename T>
-struct ReferenceExecutor<T>::State {
-  ir::Sequence seq;
+struct ReferenceExecutor<T>::State : ReferenceContext<T> {
   ReferenceOptions options;
-  std::vector<std::vector<int64_t>> shapes;  // per value id
-  std::vector<Tensor<T>> values;             // per value id; parameters live here too
-  std::vector<float> scale_inv;              // per value id: FP8 values' scale_inv at cast time
-  std::vector<bool> transposed;              // per value id: a column-wise FP8 copy
   std::vector<std::string> param_names;
-  std::vector<Quantizer> quantizers;  // like seq.quantizers
-  // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed().
-  std::map<ir::ValueId, std::pair<std::vector<float>, float>> weight_codes;
   bool has_forward = false;
 
-  ir::DType dtype(ir::ValueId id) const { return seq.value(id).type.dtype; }
-  Tensor<T> zeros_like(ir::ValueId id) const { return Tensor<T>::zeros(shapes[id]); }
-  const Tensor<T>& in(const ir::Operation& op, size_t i) const { return values[op.operands[i]]; }
-  Tensor<T>& out(const ir::Operation& op, size_t i) {
-    values[op.results[i]] = zeros_like(op.results[i]);
-    return values[op.results[i]];
-  }
-  // A GEMM operand's FP8 scale_inv (1 for high-precision operands).
-  T operand_scale(const ir::Operation& op, size_t i) const {
-    return seq.value(op.operands[i]).quantizer >= 0 ? T(scale_inv[op.operands[i]]) : T(1);
-  }
-  void scale_result(Tensor<T>& y, T factor) {
-    if (factor != T(1))
-      for (T& v : y.data) v *= factor;
-  }
-
+  ir::DType dtype(ir::ValueId id) const { return this->seq.value(id).type.dtype; }
   void run_op(const ir::Operation& op);
   void run_top(const ir::Operation& op);
-  void cast_fp8(const ir::Operation& op);
 };
 
 template <typename T>
-void ReferenceExecutor<T>::State::cast_fp8(const ir::Operation& op) {
-  const ir::ValueId source = op.operands[0];
-  Quantizer& q = quantizers.at(size_t(op.quantizer));
-  const Tensor<T>& x = values[source];
-  std::vector<float> codes(x.data.size());
-  float inv = 0.0f;
-  if (auto it = weight_codes.find(source); it != weight_codes.end()) {
-    codes = it->second.first;  // fp8_weights: the stored FP8 weight, cast when it last changed
-    inv = it->second.second;
-  } else {
-    const std::vector<float> as_float(x.data.begin(), x.data.end());
-    inv = quantize(q, as_float, codes);
-  }
-  size_t r = 0;
-  if (ir::attr_bool(op.attrs, "rowwise")) {
-    Tensor<T>& y = out(op, r++);
-    std::copy(codes.begin(), codes.end(), y.data.begin());
-    scale_inv[op.results[r - 1]] = inv;
-  }
-  if (ir::attr_bool(op.attrs, "columnwise")) {
-    Tensor<T>& y = out(op, r++);
-    // The column-wise copy holds the same codes (per-tensor scale); stored transposed for
-    // TN-only GEMMs (QuantizerDecl::columnwise_layout).
-    const std::vector<float> t =
-        seq.quantizers.at(size_t(op.quantizer)).columnwise_layout == plan::CopyLayout::Transposed
-            ? transpose<float>(codes, x.rows(), x.cols())
-            : codes;
-    std::copy(t.begin(), t.end(), y.data.begin());
-    scale_inv[op.results[r - 1]] = inv;
-  }
-}
-
-template <typename T>
 void ReferenceExecutor<T>::State::run_op(const ir::Operation& op) {
-  const auto& attrs = op.attrs;
-  // Pointwise ops and their backward: evaluated from their definition (compiler/ir/pointwise_ops.h)
-  // with the op's attributes.
-  if (const ir::PointwiseDef* def = ir::pointwise_def(op.kind)) {
-    const ir::PointwiseExpr expr(*def, attrs, /*device=*/false);
-    if (ir::is_pointwise(op.kind)) {
-      Tensor<T>& y = out(op, 0);
-      ops::pointwise_forward<T>(expr, in(op, 0).data, y.cols(), y.data);
-    } else {
-      const Tensor<T>& dy = in(op, 0);
-      ops::pointwise_backward<T>(expr, in(op, 1).data, dy.data, dy.cols(), out(op, 0).data);
-    }
-    return;
-  }
-  switch (op.kind) {
-    case OpKind::LayerNorm:
-    case OpKind::RMSNorm: {
-      const Tensor<T>& x = in(op, 0);
-      const bool zero_centered = ir::attr_bool(attrs, "zero_centered_gamma");
-      const double eps = ir::attr_float(attrs, "eps");
-      std::vector<T> mean(size_t(x.rows())), rstd(size_t(x.rows()));
-      Tensor<T>& y = out(op, 0);
-      if (op.kind == OpKind::LayerNorm) {
-        ops::layernorm_forward<T>(x.data, in(op, 1).data, in(op, 2).data, x.cols(), eps,
-                                  zero_centered, y.data, mean, rstd);
-      } else {
-        ops::rmsnorm_forward<T>(x.data, in(op, 1).data, x.cols(), eps, zero_centered, y.data, rstd);
-      }
-      // Saved statistics, when build-backward asked for them: (mean, rstd) or (rstd).
-      if (op.results.size() == 3) {
-        out(op, 1).data = mean;
-        out(op, 2).data = rstd;
-      } else if (op.results.size() == 2) {
-        out(op, 1).data = rstd;
-      }
-      break;
-    }
-    case OpKind::Linear: {
-      const Tensor<T>& x = in(op, 0);
-      Tensor<T>& y = out(op, 0);
-      const int64_t n = y.cols(), k = x.cols();
-      ops::linear_forward<T>(x.data, in(op, 1).data, x.rows(), n, k, y.data);
-      scale_result(y, operand_scale(op, 0) * operand_scale(op, 1));
-      if (ir::attr_bool(attrs, "bias")) ops::add_bias<T>(y.data, in(op, 2).data, n);
-      break;
-    }
-    case OpKind::LinearDgrad: {
-      const Tensor<T>& dy = in(op, 0);
-      const Tensor<T>& w = in(op, 1);
-      Tensor<T>& dx = out(op, 0);
-      const int64_t m = dy.rows(), n = dy.cols(), k = dx.cols();
-      if (transposed[op.operands[1]]) {
-        ops::linear_forward<T>(dy.data, w.data, m, k, n, dx.data);  // dx = dy (W^T)^T
-      } else {
-        ops::linear_dgrad<T>(dy.data, w.data, m, n, k, dx.data);
-      }
-      scale_result(dx, operand_scale(op, 0) * operand_scale(op, 1));
-      break;
-    }
-    case OpKind::LinearWgrad: {
-      const Tensor<T>& dy = in(op, 0);
-      const Tensor<T>& x = in(op, 1);
-      Tensor<T>& dw = out(op, 0);
-      const int64_t n = dw.rows(), k = dw.cols();
-      if (transposed[op.operands[0]] && transposed[op.operands[1]]) {
-        // dy^T [N, M], x^T [K, M]; M counts every token (a [batch, seq] input too).
-        ops::linear_forward<T>(dy.data, x.data, n, k, dy.numel() / n, dw.data);
-      } else {
-        OPFUSE_ASSERT(!transposed[op.operands[0]] && !transposed[op.operands[1]],
-                      "wgrad of '{}' mixes transposed and row-wise operands", op.instance);
-        ops::linear_wgrad<T>(dy.data, x.data, dy.rows(), n, k, dw.data);
-      }
-      scale_result(dw, operand_scale(op, 0) * operand_scale(op, 1));
-      break;
-    }
-    case OpKind::Bias: {
-      Tensor<T>& y = out(op, 0);
-      y.data = in(op, 0).data;
-      ops::add_bias<T>(y.data, in(op, 1).data, y.cols());
-      break;
-    }
-    case OpKind::BiasGrad: {
-      const Tensor<T>& dy = in(op, 0);
-      ops::bias_grad<T>(dy.data, dy.cols(), out(op, 0).data);
-      break;
-    }
-    case OpKind::LayerNormBackward:
-    case OpKind::RMSNormBackward: {
-      const bool zero_centered = ir::attr_bool(attrs, "zero_centered_gamma");
-      const Tensor<T>& dy = in(op, 0);
-      const Tensor<T>& x = in(op, 1);
-      const Tensor<T>& gamma = in(op, 2);
-      Tensor<T>& dx = out(op, 0);
-      Tensor<T>& dgamma = out(op, 1);
-      if (op.kind == OpKind::LayerNormBackward) {
-        ops::layernorm_backward<T>(x.data, gamma.data, dy.data, in(op, 3).data, in(op, 4).data,
-                                   x.cols(), zero_centered, dx.data, dgamma.data, out(op, 2).data);
-      } else {
-        ops::rmsnorm_backward<T>(x.data, gamma.data, dy.data, in(op, 3).data, x.cols(),
-                                 zero_centered, dx.data, dgamma.data);
-      }
-      break;
-    }
-    case OpKind::AddExtraInput:
-    case OpKind::GradAdd: {
-      const Tensor<T>& a = in(op, 0);
-      const Tensor<T>& b = values[op.operands.back()];
-      Tensor<T>& y = out(op, 0);
-      for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = a.data[i] + b.data[i];
-      break;
-    }
-    case OpKind::ConstantScale: {
-      const T scale = T(ir::attr_float(attrs, "scale"));
-      const Tensor<T>& x = in(op, 0);
-      Tensor<T>& y = out(op, 0);
-      for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = x.data[i] * scale;
-      break;
-    }
-    case OpKind::Quantize: {
-      Tensor<T>& y = out(op, 0);
-      y.data = in(op, 0).data;
-      if (op.quantizer >= 0) fake_quantize_values<T>(quantizers.at(size_t(op.quantizer)), y.data);
-      break;
-    }
-    case OpKind::CastFp8:
-      cast_fp8(op);
-      break;
-    case OpKind::MakeExtraOutput:
-    case OpKind::Identity:
-    case OpKind::Reshape:
-      out(op, 0).data = in(op, 0).data;
-      break;
-    case OpKind::Fused:
-      internal_failure(__FILE__, __LINE__, "fused ops run through run_top");
-  }
+  const ReferenceKernel<T> kernel = reference_kernel<T>(op.kind);
+  OPFUSE_ASSERT(kernel != nullptr, "op '{}' ({}) has no reference kernel",
+                ir::op_info(op.kind).name, op.instance);
+  kernel(*this, op);
 }
 
 // A top-level op: a fused op runs its parts with no rounding in between; only the values that
@@ -282,7 +73,7 @@ void ReferenceExecutor<T>::State::run_top(const ir::Operation& op) {
     run_op(op);
   }
   if (!options.round_outputs) return;
-  for (ir::ValueId r : op.results) round_to_storage<T>(values[r].data, dtype(r));
+  for (ir::ValueId r : op.results) round_to_storage<T>(this->values[r].data, dtype(r));
 }
 
 template <typename T>

@@ -3,7 +3,8 @@
 // made. Every op's result is rounded to its storage dtype; a fused op runs its parts in order and
 // rounds only the values that leave it (its meaning is the composition of its parts). cast_fp8
 // makes real FP8 values and GEMMs apply the quantizers' scale_inv, as cuBLASLt does. It is the
-// oracle the GPU executor and every fusion are checked against.
+// oracle the GPU executor and every fusion are checked against. Each op runs its kind's kernel
+// (reference_kernels.h).
 //
 // A sequence straight from the front end is lowered here (build-backward, plan-quantization, no
 // fusion); pass a sequence that went through the pipeline to run it as compiled.

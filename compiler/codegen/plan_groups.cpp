@@ -1,7 +1,7 @@
 // Group emitters: one IR op, or one fused group, becomes launches of template kernels, a cuBLASLt
 // GEMM, or nothing (an alias). Note "Kernels by parts": the emitter is chosen by the kinds of the
-// group's parts, never by its pattern's name, so a new pattern whose parts fit a known kernel
-// shape needs no codegen change. docs/codegen.md lists the shapes.
+// group's parts (aliases by family), never by its pattern's name, so a new pattern whose parts fit
+// a known kernel shape needs no codegen change. docs/codegen.md lists the shapes.
 
 #include <fmt/format.h>
 
@@ -217,7 +217,14 @@ KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Opera
 
 void emit_group(SequenceBuilder& b, const Group& g) {
   using namespace emitters;
-  if (g.only({OpKind::MakeExtraOutput, OpKind::Identity, OpKind::Reshape})) return emit_alias(b, g);
+  // Aliases by family (make_extra_output, identity, reshape): a new op that only views its
+  // operand needs nothing here. The other families hold kinds that lower differently (the Gemm
+  // family's fprop, dgrad and wgrad; the Cast family's cast_fp8 and quantize), so the groups
+  // below are told apart by kind.
+  const auto is_alias = [](const ir::Operation* p) {
+    return ir::op_info(p->kind).family == ir::KernelFamily::Alias;
+  };
+  if (std::ranges::all_of(g.parts, is_alias)) return emit_alias(b, g);
   if (g.find({OpKind::Linear})) return emit_fprop(b, g);
   if (g.find({OpKind::LinearDgrad})) return emit_dgrad(b, g);
   if (g.find({OpKind::LinearWgrad})) return emit_wgrad(b, g);

@@ -16,64 +16,72 @@ TensorType row_stat_type(const TensorType& x) {
   return TensorType{DType::FP32, std::move(rows)};
 }
 
-void norm_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
-  const ValueId x = f.operands[0], gamma = f.operands[1];
+}  // namespace
+
+namespace backward {
+
+void layernorm(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0], gamma = f.operands[1], beta = f.operands[2];
   const TensorType stat = row_stat_type(type_of(b, x));
-  if (f.kind == OpKind::LayerNorm) {
-    const std::vector<ValueId> saved = b.save_forward_results(f, {stat, stat});
-    const ValueId beta = f.operands[2];
-    const auto r = b.emit(f, OpKind::LayerNormBackward, {dy, x, gamma, saved[0], saved[1]},
-                          {type_of(b, x), type_of(b, gamma), type_of(b, beta)}, f.attrs);
-    b.accumulate(x, r[0]);
-    b.accumulate(gamma, r[1]);
-    b.accumulate(beta, r[2]);
-  } else {
-    const std::vector<ValueId> saved = b.save_forward_results(f, {stat});
-    const auto r = b.emit(f, OpKind::RMSNormBackward, {dy, x, gamma, saved[0]},
-                          {type_of(b, x), type_of(b, gamma)}, f.attrs);
-    b.accumulate(x, r[0]);
-    b.accumulate(gamma, r[1]);
-  }
+  const std::vector<ValueId> saved = b.save_forward_results(f, {stat, stat});
+  const auto r = b.emit(f, OpKind::LayerNormBackward, {dy, x, gamma, saved[0], saved[1]},
+                        {type_of(b, x), type_of(b, gamma), type_of(b, beta)}, f.attrs);
+  b.accumulate(x, r[0]);
+  b.accumulate(gamma, r[1]);
+  b.accumulate(beta, r[2]);
 }
 
-void linear_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+void rmsnorm(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0], gamma = f.operands[1];
+  const std::vector<ValueId> saved = b.save_forward_results(f, {row_stat_type(type_of(b, x))});
+  const auto r = b.emit(f, OpKind::RMSNormBackward, {dy, x, gamma, saved[0]},
+                        {type_of(b, x), type_of(b, gamma)}, f.attrs);
+  b.accumulate(x, r[0]);
+  b.accumulate(gamma, r[1]);
+}
+
+void linear(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0], weight = f.operands[1];
   // Bias first: TE takes dbias from the high-precision gradient, before any FP8 cast of dy.
   if (attr_bool(f.attrs, "bias")) {
-    const ValueId bias = f.operands[2];
+    const ValueId bias_param = f.operands[2];
     AttrList attrs{{"size", attr_int(f.attrs, "out")}};
-    b.accumulate(bias, b.emit(f, OpKind::BiasGrad, {dy}, {type_of(b, bias)}, attrs)[0]);
+    b.accumulate(bias_param, b.emit(f, OpKind::BiasGrad, {dy}, {type_of(b, bias_param)}, attrs)[0]);
   }
   b.accumulate(x, b.emit(f, OpKind::LinearDgrad, {dy, weight}, {type_of(b, x)}, f.attrs)[0]);
   b.accumulate(weight, b.emit(f, OpKind::LinearWgrad, {dy, x}, {type_of(b, weight)}, f.attrs)[0]);
 }
 
-void bias_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
-  const ValueId bias = f.operands[1];
-  b.accumulate(bias, b.emit(f, OpKind::BiasGrad, {dy}, {type_of(b, bias)}, f.attrs)[0]);
+void bias(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId bias_param = f.operands[1];
+  b.accumulate(bias_param, b.emit(f, OpKind::BiasGrad, {dy}, {type_of(b, bias_param)}, f.attrs)[0]);
   b.accumulate(f.operands[0], dy);
 }
 
 // Every pointwise op: its backward kind names the definition (compiler/ir/pointwise_ops.h); the
 // attributes are the forward's (the constants the expression bakes in).
-void pointwise_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0];
   const OpKind kind = pointwise_backward_kind(*pointwise_def(f.kind));
   b.accumulate(x, b.emit(f, kind, {dy, x}, {type_of(b, x)}, f.attrs)[0]);
 }
 
-// The gradient passes through unchanged (residual adds, aliases).
-void pass_through(BackwardBuilder& b, const Operation& f, ValueId dy) {
+// A residual add: both the stream and the extra input receive the gradient unchanged.
+void add_extra_input(BackwardBuilder& b, const Operation& f, ValueId dy) {
   b.accumulate(f.operands[0], dy);
-  if (f.kind == OpKind::AddExtraInput) b.accumulate(f.operands.back(), dy);
+  b.accumulate(f.operands.back(), dy);
 }
 
-void constant_scale_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+void pass_through(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  b.accumulate(f.operands[0], dy);
+}
+
+void constant_scale(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0];
   b.accumulate(x, b.emit(f, OpKind::ConstantScale, {dy}, {type_of(b, x)}, f.attrs)[0]);
 }
 
-void reshape_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+void reshape(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0];
   AttrList attrs{{"shape", type_of(b, x).shape}};
   b.accumulate(x, b.emit(f, OpKind::Reshape, {dy}, {type_of(b, x)}, std::move(attrs))[0]);
@@ -81,7 +89,7 @@ void reshape_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
 
 // TE's Quantize op: in backward the gradient is cast too when `backward = true` (its quantizer
 // comes from plan-quantization); otherwise the cast is the identity for the gradient.
-void quantize_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
+void quantize(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0];
   if (!attr_bool(f.attrs, "backward")) {
     b.accumulate(x, dy);
@@ -90,32 +98,17 @@ void quantize_backward(BackwardBuilder& b, const Operation& f, ValueId dy) {
   b.accumulate(x, b.emit(f, OpKind::Quantize, {dy}, {type_of(b, x)}, f.attrs)[0]);
 }
 
-}  // namespace
+}  // namespace backward
 
 BackwardRule backward_rule(OpKind kind) {
-  switch (kind) {
-    case OpKind::LayerNorm:
-    case OpKind::RMSNorm:
-      return norm_backward;
-    case OpKind::Linear:
-      return linear_backward;
-    case OpKind::Bias:
-      return bias_backward;
-    case OpKind::AddExtraInput:
-    case OpKind::MakeExtraOutput:
-    case OpKind::Identity:
-      return pass_through;
-    case OpKind::ConstantScale:
-      return constant_scale_backward;
-    case OpKind::Reshape:
-      return reshape_backward;
-    case OpKind::Quantize:
-      return quantize_backward;
-    default:
-      if (is_pointwise(kind)) return pointwise_backward;
-      internal_failure(__FILE__, __LINE__,
-                       fmt::format("op '{}' has no backward rule", op_info(kind).name));
+  const OpInfo& info = op_info(kind);
+  if (info.backward == nullptr) {
+    internal_failure(__FILE__, __LINE__,
+                     fmt::format("op '{}' has no backward rule (its entry in "
+                                 "compiler/ir/op_table.cpp names none)",
+                                 info.name));
   }
+  return info.backward;
 }
 
 }  // namespace opfuse::ir

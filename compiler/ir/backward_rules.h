@@ -1,8 +1,9 @@
-// The backward of every op in IR terms (note "Training graph" in docs/architecture.md):
-// backward_rule maps each fixed user op to one rule here (a new fixed op adds a case), and every
-// pointwise op to one shared rule whose backward op names the op's definition; the derivative
-// itself comes from that definition (compiler/ir/pointwise_ops.h). The build-backward pass calls
-// the rules in reverse op order through a BackwardBuilder, which owns the gradient bookkeeping.
+// The backward of every op in IR terms (note "Training graph" in docs/architecture.md). Each rule
+// is a function in namespace backward below; the op's entry in compiler/ir/op_table.cpp names it
+// (OpInfo::backward), so a new fixed op adds its rule here and that name to its entry. Every
+// pointwise op shares one rule whose backward op names the op's definition; the derivative itself
+// comes from that definition (compiler/ir/pointwise_ops.h). The build-backward pass calls the
+// rules in reverse op order through a BackwardBuilder, which owns the gradient bookkeeping.
 #pragma once
 
 #include <vector>
@@ -28,9 +29,21 @@ class BackwardBuilder {
                                                     std::vector<TensorType> types) = 0;
 };
 
-// Emits the backward of `forward`, whose result's gradient is `dy` (never kNoValue).
-using BackwardRule = void (*)(BackwardBuilder& builder, const Operation& forward, ValueId dy);
+// The rules, one signature (BackwardRule, ir/op_table.h).
+namespace backward {
+void layernorm(BackwardBuilder& b, const Operation& f, ValueId dy);
+void rmsnorm(BackwardBuilder& b, const Operation& f, ValueId dy);
+void linear(BackwardBuilder& b, const Operation& f, ValueId dy);
+void bias(BackwardBuilder& b, const Operation& f, ValueId dy);
+void add_extra_input(BackwardBuilder& b, const Operation& f, ValueId dy);
+void pass_through(BackwardBuilder& b, const Operation& f, ValueId dy);  // aliases
+void quantize(BackwardBuilder& b, const Operation& f, ValueId dy);
+void constant_scale(BackwardBuilder& b, const Operation& f, ValueId dy);
+void reshape(BackwardBuilder& b, const Operation& f, ValueId dy);
+void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy);  // every pointwise op
+}  // namespace backward
 
+// op_info(kind).backward; an internal error naming the op when its entry has none.
 BackwardRule backward_rule(OpKind kind);
 
 }  // namespace opfuse::ir

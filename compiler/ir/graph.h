@@ -16,7 +16,7 @@
 
 namespace opfuse::ir {
 
-using ValueId = uint32_t;
+// ValueId, an index into Sequence::values, is declared in ir/op_table.h (BackwardRule names it).
 inline constexpr ValueId kNoValue = ~ValueId(0);
 
 // OutputGrad: the gradient backward receives for a sequence output (see Sequence::output_grads).

@@ -6,6 +6,7 @@
 #include <array>
 #include <limits>
 
+#include "ir/backward_rules.h"
 #include "ir/pointwise_ops.h"
 #include "support/assert.h"
 #include "support/spelling.h"
@@ -239,28 +240,33 @@ constexpr std::span<const AttrSpec> kNoAttrs{};
 const std::array<OpInfo, kNumOpKinds> kOps = {{
     // ---- user ops (kNumUserOpKinds) ----
     {OpKind::LayerNorm, "layernorm", KernelFamily::Norm, kNormAttrs, layernorm_shape,
-     "[..., size] -> [..., size]", "LayerNorm over the last dimension, learned weight and bias"},
+     "[..., size] -> [..., size]", "LayerNorm over the last dimension, learned weight and bias",
+     backward::layernorm},
     {OpKind::RMSNorm, "rmsnorm", KernelFamily::Norm, kNormAttrs, rmsnorm_shape,
-     "[..., size] -> [..., size]", "RMSNorm over the last dimension, learned weight"},
+     "[..., size] -> [..., size]", "RMSNorm over the last dimension, learned weight",
+     backward::rmsnorm},
     {OpKind::Linear, "linear", KernelFamily::Gemm, kLinearAttrs, linear_shape,
-     "[..., in] -> [..., out]", "y = x W^T (+ b); W is [out, in]"},
+     "[..., in] -> [..., out]", "y = x W^T (+ b); W is [out, in]", backward::linear},
     {OpKind::Bias, "bias", KernelFamily::Bias, kBiasAttrs, bias_shape, "[..., size] -> [..., size]",
-     "adds a learned bias over the last dimension"},
+     "adds a learned bias over the last dimension", backward::bias},
     {OpKind::AddExtraInput, "add_extra_input", KernelFamily::Residual, kExtraAttrs,
      add_extra_input_shape, "[...] -> [...]",
-     "adds the named extra sequence input (a residual) to the tensor"},
+     "adds the named extra sequence input (a residual) to the tensor", backward::add_extra_input},
     {OpKind::MakeExtraOutput, "make_extra_output", KernelFamily::Alias, kExtraAttrs,
      make_extra_output_shape, "[...] -> [...]",
-     "exposes the tensor at this point as the named extra sequence output (no copy)"},
+     "exposes the tensor at this point as the named extra sequence output (no copy)",
+     backward::pass_through},
     {OpKind::Quantize, "quantize", KernelFamily::Cast, kQuantizeAttrs, same_shape, "[...] -> [...]",
-     "quantizes the tensor with the sequence's recipe (forward and/or backward)"},
+     "quantizes the tensor with the sequence's recipe (forward and/or backward)",
+     backward::quantize},
     {OpKind::ConstantScale, "constant_scale", KernelFamily::Scale, kConstantScaleAttrs, same_shape,
-     "[...] -> [...]", "multiplies by a constant"},
+     "[...] -> [...]", "multiplies by a constant", backward::constant_scale},
     {OpKind::Identity, "identity", KernelFamily::Alias, kNoAttrs, same_shape, "[...] -> [...]",
-     "passes the tensor through"},
+     "passes the tensor through", backward::pass_through},
     {OpKind::Reshape, "reshape", KernelFamily::Alias, kReshapeAttrs, reshape_shape,
-     "[...] -> shape", "views the tensor with a new shape of the same element count"},
-    // ---- internal ops: made by passes (docs/architecture.md, "Training graph") ----
+     "[...] -> shape", "views the tensor with a new shape of the same element count",
+     backward::reshape},
+    // ---- internal ops: made by passes (docs/architecture.md, "Training graph"); no backward ----
     {OpKind::CastFp8, "cast_fp8", KernelFamily::Cast, kCastFp8Attrs, nullptr,
      "[..., k] -> e4m3|e5m2[..., k] and/or [k, ...]", "FP8 cast with the op's quantizer"},
     {OpKind::LayerNormBackward, "layernorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,
@@ -298,14 +304,14 @@ const PointwiseTables& pointwise_tables() {
       const PointwiseDef& d = *defs[i];
       const KernelFamily family =
           d.gated ? KernelFamily::GatedActivation : KernelFamily::Activation;
-      t.forward.push_back({OpKind(kFirstPointwise + i), d.name, family, d.attrs,
-                           d.gated ? gated_shape : same_shape,
-                           d.gated ? "[..., 2n] -> [..., n]" : "[...] -> [...]", d.doc, &d});
-      t.backward.push_back({OpKind(kFirstPointwiseBackward + i),
-                            d.gated ? "gated_activation_backward" : "activation_backward", family,
-                            d.attrs, nullptr,
-                            d.gated ? "(dy[..., n], x[..., 2n]) -> dx[..., 2n]" : "(dy, x) -> dx",
-                            d.gated ? "gradient of both halves" : "dx = dy * act'(x)", &d});
+      t.forward.push_back(
+          {OpKind(kFirstPointwise + i), d.name, family, d.attrs, d.gated ? gated_shape : same_shape,
+           d.gated ? "[..., 2n] -> [..., n]" : "[...] -> [...]", d.doc, backward::pointwise, &d});
+      t.backward.push_back(
+          {OpKind(kFirstPointwiseBackward + i),
+           d.gated ? "gated_activation_backward" : "activation_backward", family, d.attrs, nullptr,
+           d.gated ? "(dy[..., n], x[..., 2n]) -> dx[..., 2n]" : "(dy, x) -> dx",
+           d.gated ? "gradient of both halves" : "dx = dy * act'(x)", nullptr, &d});
     }
     const auto fixed = std::span(kOps).first(kNumUserOpKinds);
     for (const OpInfo& op : fixed) {

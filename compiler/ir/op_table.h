@@ -1,10 +1,12 @@
 // The op table: the one place that describes every op a .fuse program can use: its name,
-// attributes with defaults and ranges, shape rule, parameters (with their init) and kernel
-// family. Pointwise ops (activations) are not listed here: each is one definition in
+// attributes with defaults and ranges, shape rule, parameters (with their init), kernel family
+// and backward rule. Pointwise ops (activations) are not listed here: each is one definition in
 // compiler/ir/pointwise_defs.cpp, and this table gives it an OpKind past kFirstPointwise (and one
-// for its backward) made from that definition. docs/architecture.md, "Adding an op", says which
-// files a new op touches (a pointwise op: its definition, docs/language.md and its test; another
-// op: an entry here, its backward rule, CPU reference and kernel lowering).
+// for its backward) made from that definition. The CPU reference of each kind is a table in
+// reference/reference_kernels.cpp (the reference library builds on this one, so the entry here
+// cannot name it); tests/unit/test_op_registry.cpp checks that every kind has its reference and
+// every user op its backward rule. docs/architecture.md, "Adding an op", says which files a new
+// op touches.
 #pragma once
 
 #include <cstdint>
@@ -135,6 +137,15 @@ struct ShapeResult {
 };
 using ShapeRule = ShapeResult (*)(const ShapeInput&);
 
+// Declared here, not in compiler/ir/graph.h or backward_rules.h (which include this header), so
+// that an entry can name its backward rule.
+class BackwardBuilder;     // compiler/ir/backward_rules.h
+struct Operation;          // compiler/ir/graph.h
+using ValueId = uint32_t;  // an index into Sequence::values
+// Emits the backward of `forward`, whose result's gradient is `dy` (never kNoValue). The rules
+// are in compiler/ir/backward_rules.cpp (namespace backward).
+using BackwardRule = void (*)(BackwardBuilder& builder, const Operation& forward, ValueId dy);
+
 struct PointwiseDef;  // compiler/ir/pointwise_ops.h
 
 struct OpInfo {
@@ -145,6 +156,9 @@ struct OpInfo {
   ShapeRule shape_rule;        // user ops; internal ops are typed by the pass that makes them
   std::string_view shape_doc;  // e.g. "[..., in] -> [..., out]"
   std::string_view doc;        // one sentence for docs/language.md and `fusec ops`
+  // User ops; nullptr for internal ops, which build-backward never differentiates (it runs on
+  // the forward ops as written, before any pass makes an internal op).
+  BackwardRule backward = nullptr;
   // Pointwise ops and their backward: the definition (nullptr for the other ops).
   const PointwiseDef* pointwise = nullptr;
 };

@@ -1,0 +1,281 @@
+#include "reference_kernels.h"
+
+#include <algorithm>
+#include <array>
+#include <span>
+#include <type_traits>
+
+#include "reference_ops.h"
+#include "support/assert.h"
+
+namespace opfuse::cpu {
+
+namespace {
+
+using ir::OpKind;
+
+template <typename T>
+void fake_quantize_values(Quantizer& quantizer, std::span<T> values) {
+  if constexpr (std::is_same_v<T, float>) {
+    fake_quantize(quantizer, values);
+  } else {
+    std::vector<float> f(values.begin(), values.end());
+    fake_quantize(quantizer, f);
+    std::copy(f.begin(), f.end(), values.begin());
+  }
+}
+
+// [rows, cols] row-major -> [cols, rows].
+template <typename T>
+std::vector<T> transpose(std::span<const T> x, int64_t rows, int64_t cols) {
+  std::vector<T> out(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[size_t(c * rows + r)] = x[size_t(r * cols + c)];
+  return out;
+}
+
+template <typename T>
+void scale_result(Tensor<T>& y, T factor) {
+  if (factor != T(1))
+    for (T& v : y.data) v *= factor;
+}
+
+// ---- the kernels, one per kind (or per group of kinds with one meaning)
+// --------------------------
+
+template <typename T>
+void layernorm(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& x = ctx.in(op, 0);
+  std::vector<T> mean(size_t(x.rows())), rstd(size_t(x.rows()));
+  Tensor<T>& y = ctx.out(op, 0);
+  ops::layernorm_forward<T>(x.data, ctx.in(op, 1).data, ctx.in(op, 2).data, x.cols(),
+                            ir::attr_float(op.attrs, "eps"),
+                            ir::attr_bool(op.attrs, "zero_centered_gamma"), y.data, mean, rstd);
+  if (op.results.size() == 3) {  // build-backward saved the statistics
+    ctx.out(op, 1).data = mean;
+    ctx.out(op, 2).data = rstd;
+  }
+}
+
+template <typename T>
+void rmsnorm(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& x = ctx.in(op, 0);
+  std::vector<T> rstd(size_t(x.rows()));
+  Tensor<T>& y = ctx.out(op, 0);
+  ops::rmsnorm_forward<T>(x.data, ctx.in(op, 1).data, x.cols(), ir::attr_float(op.attrs, "eps"),
+                          ir::attr_bool(op.attrs, "zero_centered_gamma"), y.data, rstd);
+  if (op.results.size() == 2) ctx.out(op, 1).data = rstd;  // saved for backward
+}
+
+template <typename T>
+void layernorm_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& dy = ctx.in(op, 0);
+  const Tensor<T>& x = ctx.in(op, 1);
+  Tensor<T>& dx = ctx.out(op, 0);
+  Tensor<T>& dgamma = ctx.out(op, 1);
+  ops::layernorm_backward<T>(
+      x.data, ctx.in(op, 2).data, dy.data, ctx.in(op, 3).data, ctx.in(op, 4).data, x.cols(),
+      ir::attr_bool(op.attrs, "zero_centered_gamma"), dx.data, dgamma.data, ctx.out(op, 2).data);
+}
+
+template <typename T>
+void rmsnorm_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& dy = ctx.in(op, 0);
+  const Tensor<T>& x = ctx.in(op, 1);
+  Tensor<T>& dx = ctx.out(op, 0);
+  Tensor<T>& dgamma = ctx.out(op, 1);
+  ops::rmsnorm_backward<T>(x.data, ctx.in(op, 2).data, dy.data, ctx.in(op, 3).data, x.cols(),
+                           ir::attr_bool(op.attrs, "zero_centered_gamma"), dx.data, dgamma.data);
+}
+
+// GEMMs apply their FP8 operands' scale_inv to the product, as cuBLASLt does.
+template <typename T>
+void linear(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& x = ctx.in(op, 0);
+  Tensor<T>& y = ctx.out(op, 0);
+  const int64_t n = y.cols(), k = x.cols();
+  ops::linear_forward<T>(x.data, ctx.in(op, 1).data, x.rows(), n, k, y.data);
+  scale_result(y, ctx.operand_scale(op, 0) * ctx.operand_scale(op, 1));
+  if (ir::attr_bool(op.attrs, "bias")) ops::add_bias<T>(y.data, ctx.in(op, 2).data, n);
+}
+
+template <typename T>
+void linear_dgrad(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& dy = ctx.in(op, 0);
+  const Tensor<T>& w = ctx.in(op, 1);
+  Tensor<T>& dx = ctx.out(op, 0);
+  const int64_t m = dy.rows(), n = dy.cols(), k = dx.cols();
+  if (ctx.transposed[op.operands[1]]) {
+    ops::linear_forward<T>(dy.data, w.data, m, k, n, dx.data);  // dx = dy (W^T)^T
+  } else {
+    ops::linear_dgrad<T>(dy.data, w.data, m, n, k, dx.data);
+  }
+  scale_result(dx, ctx.operand_scale(op, 0) * ctx.operand_scale(op, 1));
+}
+
+template <typename T>
+void linear_wgrad(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& dy = ctx.in(op, 0);
+  const Tensor<T>& x = ctx.in(op, 1);
+  Tensor<T>& dw = ctx.out(op, 0);
+  const int64_t n = dw.rows(), k = dw.cols();
+  const bool dy_t = ctx.transposed[op.operands[0]], x_t = ctx.transposed[op.operands[1]];
+  if (dy_t && x_t) {
+    // dy^T [N, M], x^T [K, M]; M counts every token (a [batch, seq] input too).
+    ops::linear_forward<T>(dy.data, x.data, n, k, dy.numel() / n, dw.data);
+  } else {
+    OPFUSE_ASSERT(!dy_t && !x_t, "wgrad of '{}' mixes transposed and row-wise operands",
+                  op.instance);
+    ops::linear_wgrad<T>(dy.data, x.data, dy.rows(), n, k, dw.data);
+  }
+  scale_result(dw, ctx.operand_scale(op, 0) * ctx.operand_scale(op, 1));
+}
+
+template <typename T>
+void bias(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  Tensor<T>& y = ctx.out(op, 0);
+  y.data = ctx.in(op, 0).data;
+  ops::add_bias<T>(y.data, ctx.in(op, 1).data, y.cols());
+}
+
+template <typename T>
+void bias_grad(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& dy = ctx.in(op, 0);
+  ops::bias_grad<T>(dy.data, dy.cols(), ctx.out(op, 0).data);
+}
+
+// add_extra_input (the extra input is the last operand) and grad_add.
+template <typename T>
+void add(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& a = ctx.in(op, 0);
+  const Tensor<T>& b = ctx.values[op.operands.back()];
+  Tensor<T>& y = ctx.out(op, 0);
+  for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = a.data[i] + b.data[i];
+}
+
+template <typename T>
+void constant_scale(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const T scale = T(ir::attr_float(op.attrs, "scale"));
+  const Tensor<T>& x = ctx.in(op, 0);
+  Tensor<T>& y = ctx.out(op, 0);
+  for (size_t i = 0; i < y.data.size(); ++i) y.data[i] = x.data[i] * scale;
+}
+
+// Fake quantization through the op's quantizer; the identity without one.
+template <typename T>
+void quantize_op(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  Tensor<T>& y = ctx.out(op, 0);
+  y.data = ctx.in(op, 0).data;
+  if (op.quantizer >= 0) fake_quantize_values<T>(ctx.quantizers.at(size_t(op.quantizer)), y.data);
+}
+
+// Real FP8 values: the results hold the codes, their scale_inv is kept per value for the GEMMs.
+template <typename T>
+void cast_fp8(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const ir::ValueId source = op.operands[0];
+  Quantizer& q = ctx.quantizers.at(size_t(op.quantizer));
+  const Tensor<T>& x = ctx.values[source];
+  std::vector<float> codes(x.data.size());
+  float inv = 0.0f;
+  if (auto it = ctx.weight_codes.find(source); it != ctx.weight_codes.end()) {
+    codes = it->second.first;  // fp8_weights: the stored FP8 weight, cast when it last changed
+    inv = it->second.second;
+  } else {
+    const std::vector<float> as_float(x.data.begin(), x.data.end());
+    inv = quantize(q, as_float, codes);
+  }
+  size_t r = 0;
+  if (ir::attr_bool(op.attrs, "rowwise")) {
+    Tensor<T>& y = ctx.out(op, r++);
+    std::copy(codes.begin(), codes.end(), y.data.begin());
+    ctx.scale_inv[op.results[r - 1]] = inv;
+  }
+  if (ir::attr_bool(op.attrs, "columnwise")) {
+    Tensor<T>& y = ctx.out(op, r++);
+    // The column-wise copy holds the same codes (per-tensor scale); stored transposed for
+    // TN-only GEMMs (QuantizerDecl::columnwise_layout).
+    const std::vector<float> t = ctx.seq.quantizers.at(size_t(op.quantizer)).columnwise_layout ==
+                                         plan::CopyLayout::Transposed
+                                     ? transpose<float>(codes, x.rows(), x.cols())
+                                     : codes;
+    std::copy(t.begin(), t.end(), y.data.begin());
+    ctx.scale_inv[op.results[r - 1]] = inv;
+  }
+}
+
+// make_extra_output, identity, reshape: a copy here, an alias on the GPU.
+template <typename T>
+void copy(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  ctx.out(op, 0).data = ctx.in(op, 0).data;
+}
+
+// Pointwise ops and their backward: evaluated from the kind's definition
+// (compiler/ir/pointwise_ops.h) with the op's attributes.
+template <typename T>
+void pointwise(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const ir::PointwiseExpr expr(*ir::pointwise_def(op.kind), op.attrs, /*device=*/false);
+  Tensor<T>& y = ctx.out(op, 0);
+  ops::pointwise_forward<T>(expr, ctx.in(op, 0).data, y.cols(), y.data);
+}
+
+template <typename T>
+void pointwise_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const ir::PointwiseExpr expr(*ir::pointwise_def(op.kind), op.attrs, /*device=*/false);
+  const Tensor<T>& dy = ctx.in(op, 0);
+  ops::pointwise_backward<T>(expr, ctx.in(op, 1).data, dy.data, dy.cols(), ctx.out(op, 0).data);
+}
+
+// ---- the table: every fixed kind, in OpKind order
+// ------------------------------------------------
+
+template <typename T>
+struct KernelEntry {
+  OpKind kind;
+  ReferenceKernel<T> kernel;
+};
+
+template <typename T>
+constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
+    {OpKind::LayerNorm, layernorm<T>},
+    {OpKind::RMSNorm, rmsnorm<T>},
+    {OpKind::Linear, linear<T>},
+    {OpKind::Bias, bias<T>},
+    {OpKind::AddExtraInput, add<T>},
+    {OpKind::MakeExtraOutput, copy<T>},
+    {OpKind::Quantize, quantize_op<T>},
+    {OpKind::ConstantScale, constant_scale<T>},
+    {OpKind::Identity, copy<T>},
+    {OpKind::Reshape, copy<T>},
+    {OpKind::CastFp8, cast_fp8<T>},
+    {OpKind::LayerNormBackward, layernorm_backward<T>},
+    {OpKind::RMSNormBackward, rmsnorm_backward<T>},
+    {OpKind::LinearDgrad, linear_dgrad<T>},
+    {OpKind::LinearWgrad, linear_wgrad<T>},
+    {OpKind::BiasGrad, bias_grad<T>},
+    {OpKind::GradAdd, add<T>},
+    {OpKind::Fused, nullptr},  // the executor runs its parts
+}};
+
+template <typename T>
+constexpr bool in_kind_order(const std::array<KernelEntry<T>, ir::kNumOpKinds>& table) {
+  for (size_t k = 0; k < table.size(); ++k)
+    if (table[k].kind != OpKind(k)) return false;
+  return true;
+}
+static_assert(in_kind_order(kKernels<float>) && in_kind_order(kKernels<double>),
+              "kKernels must list every fixed OpKind in enum order");
+
+}  // namespace
+
+template <typename T>
+ReferenceKernel<T> reference_kernel(ir::OpKind kind) {
+  if (ir::is_pointwise(kind)) return pointwise<T>;
+  if (ir::is_pointwise_backward(kind)) return pointwise_backward<T>;
+  const auto k = static_cast<size_t>(kind);
+  return k < kKernels<T>.size() ? kKernels<T>[k].kernel : nullptr;
+}
+
+template ReferenceKernel<float> reference_kernel<float>(ir::OpKind);
+template ReferenceKernel<double> reference_kernel<double>(ir::OpKind);
+
+}  // namespace opfuse::cpu

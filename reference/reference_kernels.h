@@ -1,0 +1,56 @@
+// The CPU reference of every op kind: one kernel per kind, found by reference_kernel(kind), so the
+// executor (reference_executor.cpp) never switches on kinds. This is the reference half of an
+// op's registry entry (compiler/ir/op_table.h): the reference library builds on the compiler, so
+// the op table cannot name these kernels itself, and tests/unit/test_op_registry.cpp checks that
+// every kind has one. A kernel reads its operands and writes its results unrounded; the executor
+// rounds what leaves a top-level op. The math is in reference_ops.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "cpu_quantizers.h"
+#include "cpu_tensor.h"
+#include "ir/graph.h"
+
+namespace opfuse::cpu {
+
+// What a kernel sees of the executor's state: the graph, every value, and what FP8 values carry.
+template <typename T>
+struct ReferenceContext {
+  ir::Sequence seq;
+  std::vector<std::vector<int64_t>> shapes;  // per value id
+  std::vector<Tensor<T>> values;             // per value id; parameters live here too
+  std::vector<float> scale_inv;              // per value id: FP8 values' scale_inv at cast time
+  std::vector<bool> transposed;              // per value id: a column-wise FP8 copy
+  std::vector<Quantizer> quantizers;         // like seq.quantizers
+  // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed().
+  std::map<ir::ValueId, std::pair<std::vector<float>, float>> weight_codes;
+
+  Tensor<T> zeros_like(ir::ValueId id) const { return Tensor<T>::zeros(shapes[id]); }
+  const Tensor<T>& in(const ir::Operation& op, size_t i) const { return values[op.operands[i]]; }
+  // The op's i-th result, zeroed to its shape.
+  Tensor<T>& out(const ir::Operation& op, size_t i) {
+    values[op.results[i]] = zeros_like(op.results[i]);
+    return values[op.results[i]];
+  }
+  // A GEMM operand's FP8 scale_inv (1 for high-precision operands).
+  T operand_scale(const ir::Operation& op, size_t i) const {
+    return seq.value(op.operands[i]).quantizer >= 0 ? T(scale_inv[op.operands[i]]) : T(1);
+  }
+};
+
+template <typename T>
+using ReferenceKernel = void (*)(ReferenceContext<T>& ctx, const ir::Operation& op);
+
+// Every fixed kind but Fused (the executor runs a fusion's parts), and every pointwise and
+// pointwise-backward kind (one kernel each, evaluating the kind's definition); nullptr otherwise.
+template <typename T>
+ReferenceKernel<T> reference_kernel(ir::OpKind kind);
+
+extern template ReferenceKernel<float> reference_kernel<float>(ir::OpKind);
+extern template ReferenceKernel<double> reference_kernel<double>(ir::OpKind);
+
+}  // namespace opfuse::cpu
