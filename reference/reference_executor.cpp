@@ -270,6 +270,11 @@ std::vector<QuantizerInfo> ReferenceExecutor<T>::quantizers() const {
 }
 
 template <typename T>
+const std::vector<debug::TensorMoments>& ReferenceExecutor<T>::stat_records() const {
+  return state_->stat_records;
+}
+
+template <typename T>
 void ReferenceExecutor<T>::step() {
   for (Quantizer& q : state_->quantizers) end_step(q);
 }

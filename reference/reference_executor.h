@@ -19,6 +19,7 @@
 
 #include "cpu_quantizers.h"
 #include "cpu_tensor.h"
+#include "debug/stats.h"
 #include "ir/graph.h"
 
 namespace opfuse::cpu {
@@ -79,6 +80,10 @@ class ReferenceExecutor {
   std::vector<QuantizerInfo> quantizers() const;
   // Ends a training step: delayed-scaling amax history roll + scale update of every quantizer.
   void step();
+
+  // The statistics records (debug/stats.h) the last forward and backward filled, one per slot of
+  // sequence().inspections; empty for a sequence without (the plain plan).
+  const std::vector<debug::TensorMoments>& stat_records() const;
 
  private:
   struct State;

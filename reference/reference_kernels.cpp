@@ -228,6 +228,25 @@ void pointwise_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
 // ---- the table: every fixed kind, in OpKind order
 // ------------------------------------------------
 
+// The statistics a debug config asked for (compiler/passes/debug_instrument.h), of the tensor as
+// the run holds it (rounded to its dtype, as the device reads it), into the slot's record.
+template <typename T>
+void tensor_stats(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& x = ctx.in(op, 0);
+  const auto slot = size_t(ir::attr_int(op.attrs, "slot"));
+  const plan::StatSlot& s = ctx.seq.inspections.at(slot);
+  const std::vector<float> values(x.data.begin(), x.data.end());
+  debug::TensorMoments m = debug::moments_of(values);
+  if (s.block_size > 0) {
+    const int64_t cols = x.shape.empty() ? 1 : x.shape.back();
+    const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+    m.max_blockwise_dynamic_range =
+        debug::max_blockwise_dynamic_range(values, rows, cols, s.block_size, s.dims);
+  }
+  ctx.stat_records.resize(ctx.seq.inspections.size());
+  ctx.stat_records[slot] = m;
+}
+
 template <typename T>
 struct KernelEntry {
   OpKind kind;
@@ -253,6 +272,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::LinearWgrad, linear_wgrad<T>},
     {OpKind::BiasGrad, bias_grad<T>},
     {OpKind::GradAdd, add<T>},
+    {OpKind::TensorStats, tensor_stats<T>},
     {OpKind::Fused, nullptr},  // the executor runs its parts
 }};
 

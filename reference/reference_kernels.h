@@ -13,6 +13,7 @@
 
 #include "cpu_quantizers.h"
 #include "cpu_tensor.h"
+#include "debug/stats.h"
 #include "ir/graph.h"
 
 namespace opfuse::cpu {
@@ -28,6 +29,8 @@ struct ReferenceContext {
   std::vector<Quantizer> quantizers;         // like seq.quantizers
   // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed().
   std::map<ir::ValueId, std::pair<std::vector<float>, float>> weight_codes;
+  // The statistics records of the last run, per slot of seq.inspections (tensor_stats ops).
+  std::vector<debug::TensorMoments> stat_records;
 
   Tensor<T> zeros_like(ir::ValueId id) const { return Tensor<T>::zeros(shapes[id]); }
   const Tensor<T>& in(const ir::Operation& op, size_t i) const { return values[op.operands[i]]; }

@@ -120,6 +120,11 @@ KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Opera
 // --------------------------------
 
 void emit_cast(SequenceBuilder& b, const Group& g);
+
+// ---- statistics of a debug config (emit_stats.cpp) ----------------------------------------------
+
+void emit_tensor_stats(SequenceBuilder& b, const Group& g);
+
 void emit_dbias(SequenceBuilder& b, const Group& g);
 void emit_bias_add(SequenceBuilder& b, const Group& g);
 void emit_norm_fwd(SequenceBuilder& b, const Group& g);

@@ -64,6 +64,7 @@ constexpr TemplateParam kFakeQuantizeParams[] = {
 constexpr TemplateParam kInputOnlyParams[] = {{"Input", Kind::DType, ""}};
 constexpr TemplateParam kOutputOnlyParams[] = {{"Output", Kind::DType, ""}};
 constexpr TemplateParam kScaleUpdateParams[] = {{"kThreads", Kind::Int, "256"}};
+constexpr TemplateParam kStatsFinalParams[] = {{"kThreads", Kind::Int, "32"}};
 
 constexpr KernelFamily kServesResidual[] = {KernelFamily::Residual};
 // Second stage of dgamma/dbeta (norm backward) and dbias (activation backward, cast, bias grad).
@@ -135,6 +136,11 @@ constexpr KernelTemplate kTable[] = {
           kScaleUpdateParams, kScaleUpdateExample),
     entry("constant_scale", "scale.cuh", KernelFamily::Scale, "ConstantScaleParams",
           kConstantScaleParams, kConstantScaleExample),
+    // A debug config's statistics (compiler/passes/debug_instrument.h): partial records, merged.
+    entry("tensor_stats_partial", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsParams",
+          kInputOnlyParams, kBf16Example),
+    entry("tensor_stats_final", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsFinalParams",
+          kStatsFinalParams, {}),
     // The user quantize op (Cast family): cast to FP8 and back in one pass.
     entry("fake_quantize", "scale.cuh", KernelFamily::Cast, "FakeQuantizeParams",
           kFakeQuantizeParams, kFakeQuantizeExample),

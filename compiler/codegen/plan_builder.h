@@ -112,6 +112,8 @@ ParamBinding bind_copy(std::string field, int buffer);
 ParamBinding bind_quantizer(std::string field, int quantizer, QuantizerValue value);
 ParamBinding bind_records(std::string field, std::vector<int> quantizers);
 ParamBinding bind_int(std::string field, SymExpr value);
+// The executor's statistics record of `slot` (SequencePlan::stat_slots).
+ParamBinding bind_stat_record(std::string field, int slot);
 ParamBinding bind_int64(std::string field, SymExpr value);
 ParamBinding bind_float(std::string field, double value);
 

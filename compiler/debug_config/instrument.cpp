@@ -70,17 +70,18 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
         o.spec.margin = 0;
         seq.quant_overrides.push_back(std::move(o));
       } else {
-        refused.push_back(fmt::format("{} (layer '{}', {} of {}): modifying tensors is not executed "
-                                      "yet",
-                                      m->name, l.layer, plan::name(tensor), plan::name(gemm)));
+        refused.push_back(
+            fmt::format("{} (layer '{}', {} of {}): modifying tensors is not executed "
+                        "yet",
+                        m->name, l.layer, plan::name(tensor), plan::name(gemm)));
       }
     }
   }
   for (const TensorKind t : plan::all_values<TensorKind>()) {
     for (const FeatureConfig* f : l.inspectors[size_t(t)]) {
       if (f->feature->spec().name != "LogTensorStats") {
-        refused.push_back(fmt::format("{} (layer '{}', {}): not executed yet", f->name, l.layer,
-                                      plan::name(t)));
+        refused.push_back(
+            fmt::format("{} (layer '{}', {}): not executed yet", f->name, l.layer, plan::name(t)));
         continue;
       }
       // One record for the moments, one per block configuration.
@@ -90,7 +91,8 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
       }
       const std::string tensor(plan::name(t));
       seq.inspections.push_back({l.layer, tensor, 0, 1});
-      for (const auto& [size, dims] : blocks) seq.inspections.push_back({l.layer, tensor, size, dims});
+      for (const auto& [size, dims] : blocks)
+        seq.inspections.push_back({l.layer, tensor, size, dims});
     }
   }
 }

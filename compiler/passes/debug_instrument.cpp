@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include <fmt/format.h>
+
 #include "ir/rewrite.h"
 
 namespace opfuse::passes {
@@ -34,8 +36,10 @@ Place place(const Sequence& s, const plan::StatSlot& slot) {
   if (slot.tensor == "output") return {f.results.at(0), fprop, true};
   const int dgrad = find_op(s, OpKind::LinearDgrad, Phase::Backward, slot.layer);
   const int wgrad = find_op(s, OpKind::LinearWgrad, Phase::Backward, slot.layer);
-  if (slot.tensor == "dgrad" && dgrad >= 0) return {s.ops[size_t(dgrad)].results.at(0), dgrad, true};
-  if (slot.tensor == "wgrad" && wgrad >= 0) return {s.ops[size_t(wgrad)].results.at(0), wgrad, true};
+  if (slot.tensor == "dgrad" && dgrad >= 0)
+    return {s.ops[size_t(dgrad)].results.at(0), dgrad, true};
+  if (slot.tensor == "wgrad" && wgrad >= 0)
+    return {s.ops[size_t(wgrad)].results.at(0), wgrad, true};
   if (slot.tensor == "gradient" && (dgrad >= 0 || wgrad >= 0)) {
     const int first = dgrad >= 0 && (wgrad < 0 || dgrad < wgrad) ? dgrad : wgrad;
     return {s.ops[size_t(first)].operands.at(0), first, false};
@@ -55,7 +59,8 @@ bool instrument(Sequence& s) {
     stats.phase = s.ops[size_t(p.op)].phase;
     stats.operands = {p.value};
     stats.attrs = {{"slot", int64_t(kept.size())}};
-    stats.instance = slot.layer + "." + slot.tensor + "_stats";
+    // Unique per record: a tensor with block statistics has several.
+    stats.instance = fmt::format("{}.{}_stats{}", slot.layer, slot.tensor, kept.size());
     stats.loc = s.ops[size_t(p.op)].loc;
     (p.after ? after : before)[p.op].push_back(std::move(stats));
     kept.push_back(slot);

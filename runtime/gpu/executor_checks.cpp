@@ -240,6 +240,14 @@ const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) con
   if (param.kind == plan::ParamKind::Records) {
     return quantizers->records() + param.records.at(0);
   }
+  if (param.kind == plan::ParamKind::StatRecord) {
+    const auto slot = param.int_value.value();
+    if (!slot || *slot < 0 || static_cast<std::size_t>(*slot) >= plan.stat_slots.size()) {
+      throw UsageError(fmt::format("params field '{}' binds statistics record {} of {}",
+                                   param.field, param.int_value.text(), plan.stat_slots.size()));
+    }
+    return static_cast<unsigned char*>(stat_records.data()) + *slot * kStatRecordBytes;
+  }
   switch (param.quantizer_value) {
     case plan::QuantizerValue::Scale:
       return quantizers->scale(param.quantizer);

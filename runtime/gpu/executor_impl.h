@@ -180,6 +180,8 @@ struct SequenceExecutor::Impl {
   // with (note "Weight cache"); GEMMs reading the cached copies take it instead of the
   // quantizer's, which end_step() moves on. Empty otherwise.
   DeviceBuffer cast_scale_inv;
+  // One statistics record per plan.stat_slots entry (tensor_stats kernels write them).
+  DeviceBuffer stat_records;
   std::map<std::string, int, std::less<>> callers_by_name, outputs, input_grads, param_grads;
 
   // After bind().

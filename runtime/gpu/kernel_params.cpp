@@ -39,6 +39,7 @@ ParamField field_shape(const plan::ParamBinding& param) {
     case Kind::Buffer:
     case Kind::Quantizer:
     case Kind::Records:
+    case Kind::StatRecord:
       return {0, kPointerBytes, kPointerBytes};
   }
   return {0, kPointerBytes, kPointerBytes};
@@ -100,6 +101,7 @@ PackedParams pack_params(const std::vector<plan::ParamBinding>& params,
         break;
       case Kind::Quantizer:
       case Kind::Records:
+      case Kind::StatRecord:
         put(packed.bytes, offset, state_pointer(param));
         break;
       case Kind::Int: {

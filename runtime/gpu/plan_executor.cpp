@@ -99,6 +99,10 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
     quantizers.emplace(std::move(settings), stream);
     if (plan.fp8_weights) cast_scale_inv = DeviceBuffer(16 * plan.quantizers.size(), stream);
   }
+  if (!plan.stat_slots.empty()) {
+    stat_records = DeviceBuffer(kStatRecordBytes * plan.stat_slots.size(), stream);
+    OPFUSE_CUDA_CHECK(cudaMemsetAsync(stat_records.data(), 0, stat_records.size(), stream));
+  }
   caller_pointers.assign(plan.buffers.size(), nullptr);
   live.assign(plan.buffers.size(), 0);
   skip_group.assign(cache_groups.size(), 0);
@@ -322,6 +326,16 @@ const void* SequenceExecutor::debug_buffer(int buffer_id) const {
     return nullptr;
   }
   return s.pointer(buffer_id);
+}
+
+std::vector<unsigned char> SequenceExecutor::stat_records(cudaStream_t stream) const {
+  const Impl& s = *impl_;
+  std::vector<unsigned char> out(s.stat_records.size());
+  if (out.empty()) return out;
+  OPFUSE_CUDA_CHECK(cudaMemcpyAsync(out.data(), s.stat_records.data(), out.size(),
+                                    cudaMemcpyDeviceToHost, stream));
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
 }
 
 std::vector<cpu::DelayedScalingState> SequenceExecutor::download_quantizers(

@@ -93,6 +93,9 @@ class StepObserver {
   virtual void after(int step, cudaStream_t stream) = 0;
 };
 
+// Bytes of one statistics record (debug::TensorMoments: 11 eight-byte fields).
+inline constexpr std::size_t kStatRecordBytes = 88;
+
 class SequenceExecutor {
  public:
   // Builds the quantizer state of `plan` on `stream` (delayed: scale 1, history zero) and keeps
@@ -159,6 +162,11 @@ class SequenceExecutor {
   // and debugging: the caller's pointer, the live allocation, or nullptr where none is live now.
   // Throws UsageError for an id the plan does not have.
   const void* debug_buffer(int buffer_id) const;
+
+  // The statistics records of an instrumented plan variant (plan::SequencePlan::stat_slots), as
+  // the last run left them: kStatRecordBytes per slot in debug::TensorMoments' layout (debug/
+  // stats.h), copied to the host after waiting for `stream`. Empty for a plan without slots.
+  std::vector<unsigned char> stat_records(cudaStream_t stream) const;
 
   // Quantizer state (plan order), copied to the host after waiting for `stream`, and replaced
   // (checkpoint load). upload throws UsageError, copying nothing, on a count/length mismatch.

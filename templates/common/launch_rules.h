@@ -256,6 +256,15 @@ OPFUSE_LAUNCH_RULE int column_reduce_grid_x(int cols) {
 // amax of a tensor (amax.cuh) and the sequence-wide scale update (scale_update.cuh).
 // ---------------------------------------------------------------------------------------------
 inline constexpr int kAmaxThreads = 512;
+
+// ---------------------------------------------------------------------------------------------
+// statistics of a tensor (tensor_stats.cuh): at most kTensorStatsMaxBlocks partial records,
+// merged by one final thread.
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kTensorStatsThreads = 256;
+inline constexpr int kTensorStatsMaxBlocks = 256;
+// Doubles throughout (a record is 11 of them): a larger budget than the other small kernels.
+inline constexpr int kTensorStatsRegisterBudget = 128;
 inline constexpr int kScaleUpdateThreads = 256;
 
 }  // namespace launch

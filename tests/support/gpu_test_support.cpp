@@ -36,12 +36,14 @@ jit::KernelCache& kernel_cache(const std::string& directory) {
 
 std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const std::string& text,
                                                  const std::string& recipe_override,
-                                                 const std::string& kernel_cache_dir) {
+                                                 const std::string& kernel_cache_dir,
+                                                 const debug::Routing* debug_routing) {
   auto compiled = std::make_unique<CompiledProgram>();
   DiagnosticEngine diags(compiled->sources);
   driver::CompileOptions options;
   options.recipe = recipe_override;
   options.arch = gpu::current_device().arch;
+  options.debug_routing = debug_routing;
   driver::CompileResult program =
       driver::compile_source(name + ".fuse", text, compiled->sources, diags, options);
   if (!program.ok()) {

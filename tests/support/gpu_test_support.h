@@ -18,6 +18,10 @@
 #include "ir/graph.h"
 #include "support/source_manager.h"
 
+namespace opfuse::debug {
+struct Routing;
+}
+
 namespace opfuse::test {
 
 // A program through the passes and codegen, its kernels compiled for the current GPU and loaded.
@@ -33,9 +37,11 @@ struct CompiledProgram {
 // "bf16") replaces every sequence's own `uses`. Kernels go through the disk cache in
 // `kernel_cache_dir`, or, when it is empty, through one temporary cache this process shares.
 // Returns nullptr (and fails the current test with the diagnostics) when the text does not load.
+// A non-null `debug_routing` compiles that plan variant (compiler/debug_config/instrument.h).
 std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const std::string& text,
                                                  const std::string& recipe_override = "",
-                                                 const std::string& kernel_cache_dir = "");
+                                                 const std::string& kernel_cache_dir = "",
+                                                 const debug::Routing* debug_routing = nullptr);
 
 // Device memory owned by the test (plain cudaMalloc: the test may synchronize). Never smaller
 // than 16 bytes, so even an empty tensor has an aligned address.

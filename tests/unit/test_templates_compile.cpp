@@ -214,6 +214,10 @@ std::vector<TemplateCase> seed_mlp_cases() {
        launch::kSmallKernelRegisterBudget},
       {"update_scales", "scale_update.cuh", "opfuse::update_scales<256>",
        launch::kSmallKernelRegisterBudget},
+      {"tensor_stats_partial", "tensor_stats.cuh", "opfuse::tensor_stats_partial<" + bf16 + ">",
+       launch::kTensorStatsRegisterBudget},
+      {"tensor_stats_final", "tensor_stats.cuh", "opfuse::tensor_stats_final<32>",
+       launch::kTensorStatsRegisterBudget},
   };
   std::vector<TemplateCase> cases;
   const std::string swiglu_source = *ir::pointwise_functor_source(silu_gated);

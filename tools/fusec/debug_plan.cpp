@@ -2,6 +2,7 @@
 // program (docs/debugging.md, "Dry run"): which section each layer gets; per layer, GEMM and
 // tensor, whether it is quantized, kept in high precision, modified or inspected at an iteration;
 // and over a range of iterations, which plan variants run when.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "commands.h"
 #include "debug_config/routing.h"
+#include "driver/compile.h"
 
 namespace opfuse::fusec {
 
@@ -61,6 +63,55 @@ std::string summary(const debug::Routing& r) {
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
+// A fused step as a reader names it: "norm_cast (layernorm_0, fc1.input)".
+std::string fusion_name(const plan::Step& s) {
+  std::vector<std::string> ops;
+  for (const plan::OpRef& op : s.ops) ops.push_back(op.instance);
+  return fmt::format("{} ({})", s.pattern, fmt::join(ops, ", "));
+}
+
+// What the variant of `at` compiles to against the plain plan: the fusions it undoes and the
+// statistics launches it adds, per sequence. False after printing a compile error.
+bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
+                           const CommonOptions& common, SourceManager& sources) {
+  driver::CompileOptions options = driver_options(common);
+  options.last_stage = driver::Stage::Plan;
+  DiagnosticEngine diags(sources);
+  const driver::CompileResult plain = driver::compile_ir(program, &sources, &diags, options);
+  options.debug_routing = &at;
+  const driver::CompileResult variant = driver::compile_ir(program, &sources, &diags, options);
+  for (const driver::CompileResult* r : {&plain, &variant}) {
+    if (r->ok()) continue;
+    std::fputs(diags.format_all().c_str(), stderr);
+    if (!r->error.empty()) std::fprintf(stderr, "fusec: error: %s\n", r->error.c_str());
+    return false;
+  }
+  std::printf("\nplan of iteration %lld against the plain plan\n",
+              static_cast<long long>(at.iteration));
+  for (size_t i = 0; i < plain.plan.sequences.size(); ++i) {
+    const plan::SequencePlan& p = plain.plan.sequences[i];
+    const plan::SequencePlan& v = variant.plan.sequences.at(i);
+    std::vector<std::string> fused, undone;
+    for (const plan::Step& s : v.steps)
+      if (!s.pattern.empty()) fused.push_back(fusion_name(s));
+    for (const plan::Step& s : p.steps) {
+      if (s.pattern.empty()) continue;
+      const std::string name = fusion_name(s);
+      if (std::find(fused.begin(), fused.end(), name) == fused.end()) undone.push_back(name);
+    }
+    std::printf("  sequence %s: %zu steps (plain %zu), %zu statistics records\n", p.name.c_str(),
+                v.steps.size(), p.steps.size(), v.stat_slots.size());
+    for (const std::string& u : undone) std::printf("    fusion undone: %s\n", u.c_str());
+    for (const plan::StatSlot& slot : v.stat_slots) {
+      std::printf("    statistics: %s %s%s\n", slot.layer.c_str(), slot.tensor.c_str(),
+                  slot.block_size > 0
+                      ? fmt::format(" (blocks of {}, {}-D)", slot.block_size, slot.dims).c_str()
+                      : "");
+    }
+  }
+  return true;
+}
+
 int run_debug_plan(const DebugPlanOptions& opts, const CommonOptions& common) {
   SourceManager sources;
   auto program = load(opts.file, common, sources);
@@ -84,6 +135,7 @@ int run_debug_plan(const DebugPlanOptions& opts, const CommonOptions& common) {
                   : fmt::format(" (holds until iteration {})", at.next_change - 1).c_str());
   for (const debug::LayerRouting& l : at.layers)
     std::fputs(debug::describe(l, sources).c_str(), stdout);
+  if (!print_variant_changes(*program, at, common, sources)) return kExitUserError;
 
   // The schedule: variants in order of first use, with the iterations each runs.
   std::vector<std::string> keys;

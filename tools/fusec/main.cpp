@@ -21,8 +21,7 @@ int main(int argc, char** argv) {
       add_check_command(app, common),        add_ir_command(app, common),
       add_run_command(app, common),          add_build_command(app, common),
       add_dump_kernels_command(app, common), add_bench_command(app, common),
-      add_debug_plan_command(app, common),
-      add_debug_report_command(app, common),
+      add_debug_plan_command(app, common),   add_debug_report_command(app, common),
   };
 
   try {

@@ -1,0 +1,243 @@
+// Statistics of one tensor for the precision-debug features (docs/debugging.md, "Statistics on the
+// device"): the moments LogTensorStats needs, reduced into one record per tensor without a host
+// sync and deterministically (the same input gives the same bits: every sum runs in an order
+// fixed by the launch shape, never by atomics or scheduling).
+//
+// Entry points: tensor_stats_partial<Input> (one record per thread block, into `partials`) and
+// tensor_stats_final (one thread merges the partials in block order into the slot's record).
+// StatRecord has the layout of debug::TensorMoments (debug/stats.h): keep the two identical.
+#ifndef OPFUSE_TEMPLATES_TENSOR_STATS_CUH_
+#define OPFUSE_TEMPLATES_TENSOR_STATS_CUH_
+
+#include "common/launch_rules.h"
+#include "common/types.cuh"
+
+namespace opfuse {
+
+struct StatRecord {
+  long long count;
+  double mean;
+  double m2;  // sum of squared deviations from mean (Chan's M2)
+  double min;
+  double max;
+  double sum_abs;
+  double sum_sq;
+  double amax;
+  double min_nonzero_abs;  // +inf: no nonzero value
+  double max_nonzero_abs;
+  double max_blockwise_dynamic_range;
+};
+
+template <typename Input>
+struct TensorStatsParams {
+  const Input* x;       // rows x cols, row-major
+  long long rows;
+  int cols;
+  int block_size;       // max_blockwise_dynamic_range's blocks; 0: not measured
+  int dims;             // 1: blocks of block_size along a row; 2: block_size x block_size tiles
+  int rows_per_block;   // rows one thread block reduces (a multiple of block_size when dims == 2)
+  StatRecord* partials;  // gridDim.x records
+};
+
+struct TensorStatsFinalParams {
+  const StatRecord* partials;
+  int count;  // the partial kernel's gridDim.x
+  StatRecord* record;
+};
+
+// NaN-propagating min and max: a NaN anywhere makes the statistic NaN, whatever the order.
+__device__ __forceinline__ double stat_min(double a, double b) {
+  return isnan(a) ? a : (isnan(b) ? b : fmin(a, b));
+}
+__device__ __forceinline__ double stat_max(double a, double b) {
+  return isnan(a) ? a : (isnan(b) ? b : fmax(a, b));
+}
+
+__device__ __forceinline__ StatRecord empty_stat_record() {
+  StatRecord r;
+  r.count = 0;
+  r.mean = 0;
+  r.m2 = 0;
+  r.min = __longlong_as_double(0x7FF0000000000000LL);  // +inf
+  r.max = -r.min;
+  r.sum_abs = 0;
+  r.sum_sq = 0;
+  r.amax = 0;
+  r.min_nonzero_abs = r.min;
+  r.max_nonzero_abs = 0;
+  r.max_blockwise_dynamic_range = 0;
+  return r;
+}
+
+// Chan et al.'s parallel update: the record of two disjoint pieces.
+__device__ __forceinline__ StatRecord merge_stat_records(const StatRecord& a, const StatRecord& b) {
+  if (a.count == 0) return b;
+  if (b.count == 0) return a;
+  StatRecord r;
+  r.count = a.count + b.count;
+  const double n = static_cast<double>(r.count);
+  const double na = static_cast<double>(a.count), nb = static_cast<double>(b.count);
+  const double delta = b.mean - a.mean;
+  r.mean = a.mean + delta * (nb / n);
+  r.m2 = a.m2 + b.m2 + delta * delta * (na * nb / n);
+  r.min = stat_min(a.min, b.min);
+  r.max = stat_max(a.max, b.max);
+  r.sum_abs = a.sum_abs + b.sum_abs;
+  r.sum_sq = a.sum_sq + b.sum_sq;
+  r.amax = stat_max(a.amax, b.amax);
+  r.min_nonzero_abs = stat_min(a.min_nonzero_abs, b.min_nonzero_abs);
+  r.max_nonzero_abs = stat_max(a.max_nonzero_abs, b.max_nonzero_abs);
+  r.max_blockwise_dynamic_range =
+      stat_max(a.max_blockwise_dynamic_range, b.max_blockwise_dynamic_range);
+  return r;
+}
+
+__device__ __forceinline__ StatRecord shuffle_xor(const StatRecord& r, int mask) {
+  StatRecord o;
+  o.count = __shfl_xor_sync(0xFFFFFFFFu, r.count, mask);
+  o.mean = __shfl_xor_sync(0xFFFFFFFFu, r.mean, mask);
+  o.m2 = __shfl_xor_sync(0xFFFFFFFFu, r.m2, mask);
+  o.min = __shfl_xor_sync(0xFFFFFFFFu, r.min, mask);
+  o.max = __shfl_xor_sync(0xFFFFFFFFu, r.max, mask);
+  o.sum_abs = __shfl_xor_sync(0xFFFFFFFFu, r.sum_abs, mask);
+  o.sum_sq = __shfl_xor_sync(0xFFFFFFFFu, r.sum_sq, mask);
+  o.amax = __shfl_xor_sync(0xFFFFFFFFu, r.amax, mask);
+  o.min_nonzero_abs = __shfl_xor_sync(0xFFFFFFFFu, r.min_nonzero_abs, mask);
+  o.max_nonzero_abs = __shfl_xor_sync(0xFFFFFFFFu, r.max_nonzero_abs, mask);
+  o.max_blockwise_dynamic_range = __shfl_xor_sync(0xFFFFFFFFu, r.max_blockwise_dynamic_range, mask);
+  return o;
+}
+
+// One thread's running sums: shifted by the first finite value it sees, so the variance does not
+// cancel catastrophically, then turned into a record.
+struct StatAccumulator {
+  long long n = 0;
+  double shift = 0;
+  bool shifted = false;
+  double s1 = 0, s2 = 0;
+  StatRecord r = empty_stat_record();
+
+  __device__ __forceinline__ void add(float value) {
+    const double v = static_cast<double>(value);
+    if (!shifted) {
+      shift = isfinite(v) ? v : 0.0;
+      shifted = true;
+    }
+    ++n;
+    const double d = v - shift;
+    s1 += d;
+    s2 += d * d;
+    r.min = stat_min(r.min, v);
+    r.max = stat_max(r.max, v);
+    const double a = fabs(v);
+    r.sum_abs += a;
+    r.sum_sq += v * v;
+    r.amax = stat_max(r.amax, a);
+    if (a != 0.0) {  // NaN too: a NaN makes the dynamic ranges NaN
+      r.min_nonzero_abs = stat_min(r.min_nonzero_abs, a);
+      r.max_nonzero_abs = stat_max(r.max_nonzero_abs, a);
+    }
+  }
+
+  __device__ __forceinline__ StatRecord record() const {
+    StatRecord out = r;
+    out.count = n;
+    if (n > 0) {
+      const double dn = static_cast<double>(n);
+      out.mean = shift + s1 / dn;
+      const double m2 = s2 - s1 * (s1 / dn);
+      out.m2 = m2 > 0 ? m2 : (isnan(m2) ? m2 : 0.0);
+    }
+    return out;
+  }
+};
+
+// Block: launch::kTensorStatsThreads. Grid: ceil(rows / rows_per_block) blocks, at most
+// launch::kTensorStatsMaxBlocks. A warp reduces one unit at a time (a blockwise block, else a
+// stretch of one row), its lanes reading consecutive elements.
+template <typename Input>
+__global__ void __launch_bounds__(launch::kTensorStatsThreads,
+                                  launch::min_blocks(launch::kTensorStatsThreads,
+                                                     launch::kTensorStatsRegisterBudget))
+    tensor_stats_partial(TensorStatsParams<Input> params) {
+  constexpr int kWarps = launch::kTensorStatsThreads / 32;
+  __shared__ StatRecord warp_records[kWarps];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const long long row_begin = static_cast<long long>(blockIdx.x) * params.rows_per_block;
+  const long long row_end = row_begin + params.rows_per_block < params.rows
+                                ? row_begin + params.rows_per_block
+                                : params.rows;
+  const bool blockwise = params.block_size > 0;
+  const int unit_cols = blockwise ? params.block_size : 1024;
+  const int unit_rows = blockwise && params.dims == 2 ? params.block_size : 1;
+  const long long col_units = (params.cols + unit_cols - 1) / unit_cols;
+  const long long row_units = row_end > row_begin
+                                  ? (row_end - row_begin + unit_rows - 1) / unit_rows
+                                  : 0;
+  StatAccumulator acc;
+  double block_range = 0;
+  for (long long u = warp; u < row_units * col_units; u += kWarps) {
+    const long long r0 = row_begin + (u / col_units) * unit_rows;
+    const int c0 = static_cast<int>((u % col_units) * unit_cols);
+    const int h = static_cast<int>(row_end - r0 < unit_rows ? row_end - r0 : unit_rows);
+    const int w = params.cols - c0 < unit_cols ? params.cols - c0 : unit_cols;
+    float unit_amax = 0.0f;
+    float unit_min = __int_as_float(0x7F800000);  // +inf: no nonzero value yet
+    bool unit_nan = false;
+    for (int e = lane; e < h * w; e += 32) {
+      const long long row = r0 + e / w;
+      const float v = to_float(params.x[row * params.cols + c0 + e % w]);
+      acc.add(v);
+      const float a = fabsf(v);
+      unit_nan |= isnan(v);
+      unit_amax = fmaxf(unit_amax, a);
+      if (a != 0.0f) unit_min = fminf(unit_min, a);
+    }
+    if (blockwise) {
+#pragma unroll
+      for (int mask = 16; mask > 0; mask >>= 1) {
+        unit_amax = fmaxf(unit_amax, __shfl_xor_sync(0xFFFFFFFFu, unit_amax, mask));
+        unit_min = fminf(unit_min, __shfl_xor_sync(0xFFFFFFFFu, unit_min, mask));
+      }
+      unit_nan = __any_sync(0xFFFFFFFFu, unit_nan);
+      if (lane == 0) {
+        if (unit_nan) {
+          block_range = __longlong_as_double(0x7FF8000000000000LL);  // NaN
+        } else if (unit_amax > 0.0f && !isnan(block_range)) {
+          const double range =
+              log2(static_cast<double>(unit_amax)) - log2(static_cast<double>(unit_min));
+          block_range = range > block_range ? range : block_range;
+        }
+      }
+    }
+  }
+  StatRecord r = acc.record();
+  // Lane 0 holds its warp's blockwise range (it reads element 0 of every unit, so its count is
+  // not 0 when the warp had a unit: merging cannot drop the range with an empty record).
+  r.max_blockwise_dynamic_range = block_range;
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) r = merge_stat_records(r, shuffle_xor(r, mask));
+  if (lane == 0) warp_records[warp] = r;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    StatRecord total = empty_stat_record();
+    for (int w = 0; w < kWarps; ++w) total = merge_stat_records(total, warp_records[w]);
+    params.partials[blockIdx.x] = total;
+  }
+}
+
+// Block: kThreads (one warp), grid: 1. Thread 0 merges the partials in block order.
+template <int kThreads = 32>
+__global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
+                                                              launch::kTensorStatsRegisterBudget))
+    tensor_stats_final(TensorStatsFinalParams params) {
+  if (threadIdx.x != 0) return;
+  StatRecord total = empty_stat_record();
+  for (int b = 0; b < params.count; ++b) total = merge_stat_records(total, params.partials[b]);
+  *params.record = total;
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_TENSOR_STATS_CUH_

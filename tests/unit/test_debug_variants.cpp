@@ -1,0 +1,226 @@
+// Plan variants of a debug config (compiler/debug_config/instrument.h, passes/debug_instrument.h):
+// a config that routes nothing compiles to the plain plan byte for byte; statistics records sit at
+// the right tensors and undo only the fusions that hid them; GEMMs leave quantization where the
+// features say; the CPU reference fills the records with the statistics of the very tensors the
+// API shows; records of micro-batches merge into TE's log lines.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cpu/numerics.h"
+#include "debug/stats.h"
+#include "debug_config/instrument.h"
+#include "debug_routing_fixture.h"
+#include "driver/compile.h"
+#include "reference/reference_executor.h"
+#include "reference/run_driver.h"
+#include "test_support.h"
+
+namespace opfuse::debug {
+namespace {
+
+const std::string kMlp = R"(
+recipe fp8 = delayed_scaling()
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
+  layernorm(64)
+  linear(64, 256) as fc1
+  swiglu()
+  linear(128, 64) as fc2
+}
+)";
+
+driver::CompileResult compile(const std::string& text, const Routing* routing,
+                              const std::string& recipe = "") {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.recipe = recipe;
+  options.last_stage = driver::Stage::Plan;
+  options.debug_routing = routing;
+  driver::CompileResult r = driver::compile_source("mlp.fuse", text, sources, diags, options);
+  EXPECT_TRUE(r.ok()) << diags.format_all() << r.error;
+  return r;
+}
+
+TEST(DebugVariants, ConfigRoutingNothingCompilesToThePlainPlan) {
+  const auto plain = compile(kMlp, nullptr);
+  // A section for a layer the program lacks, and a feature disabled for the ones it has.
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [proj]}\n  transformer_engine:\n"
+      "    LogTensorStats: {tensors: [activation], stats: [max]}\n"
+      "b:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    LogTensorStats: {enabled: false, tensors: [activation], stats: [max]}\n",
+      {"fc1", "fc2"}, true);
+  const auto routed = compile(kMlp, &r->routing);
+  EXPECT_EQ(plan::plan_json_text(plain.plan), plan::plan_json_text(routed.plan));
+  EXPECT_EQ(plain.kernels.size(), routed.kernels.size());
+}
+
+TEST(DebugVariants, UnconfiguredLayersKeepTheirStepsAndFusions) {
+  const auto plain = compile(kMlp, nullptr);
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+      "    LogTensorStats: {tensors: [output], stats: [max]}\n",
+      {"fc1", "fc2"}, true);
+  const auto v = compile(kMlp, &r->routing);
+  const plan::SequencePlan& p = plain.plan.sequences[0];
+  const plan::SequencePlan& s = v.plan.sequences[0];
+  ASSERT_EQ(s.stat_slots.size(), 1u);
+  EXPECT_EQ(s.stat_slots[0], (plan::StatSlot{"fc2", "output", 0, 1}));
+  // Two launches more (partials and merge); every other step as before, in order.
+  ASSERT_EQ(s.steps.size(), p.steps.size() + 2);
+  std::vector<std::string> plain_what, variant_what;
+  for (const plan::Step& st : p.steps) plain_what.push_back(st.what);
+  for (const plan::Step& st : s.steps)
+    if (st.what.find("statistics") == std::string::npos &&
+        st.what.find("merge the partial") == std::string::npos)
+      variant_what.push_back(st.what);
+  EXPECT_EQ(plain_what, variant_what);
+}
+
+TEST(DebugVariants, InspectingANormOutputUndoesOnlyItsCastFusion) {
+  const auto plain = compile(kMlp, nullptr);
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    LogTensorStats: {tensors: [activation], stats: [max]}\n",
+      {"fc1", "fc2"}, true);
+  const auto v = compile(kMlp, &r->routing);
+  auto patterns = [](const plan::SequencePlan& s) {
+    std::vector<std::string> out;
+    for (const plan::Step& st : s.steps)
+      if (!st.pattern.empty()) out.push_back(st.pattern);
+    return out;
+  };
+  const auto before = patterns(plain.plan.sequences[0]);
+  const auto after = patterns(v.plan.sequences[0]);
+  EXPECT_NE(std::find(before.begin(), before.end(), "norm_cast"), before.end());
+  EXPECT_EQ(std::find(after.begin(), after.end(), "norm_cast"), after.end());
+  EXPECT_EQ(before.size(), after.size() + 1);  // the activation cast of fc2 stays fused
+}
+
+TEST(DebugVariants, GemmsLeaveQuantizationWhereTheFeaturesSay) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    DisableFP8GEMM: {gemms: [wgrad]}\n"
+      "b:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+      "    PerTensorScaling: {gemms: [fprop], tensors: [activation]}\n",
+      {"fc1", "fc2"}, true);
+  const auto v = compile(kMlp, &r->routing);
+  const plan::SequencePlan& s = v.plan.sequences[0];
+  int fp8 = 0, high = 0;
+  for (const plan::Step& st : s.steps) {
+    const auto* g = std::get_if<plan::GemmStep>(&st.body);
+    if (!g) continue;
+    const bool quantized = g->a.dtype == plan::DType::E4M3 || g->a.dtype == plan::DType::E5M2;
+    const bool fc1_wgrad = g->role == plan::GemmRole::Wgrad && st.ops[0].instance == "fc1";
+    EXPECT_EQ(quantized, !fc1_wgrad) << st.what;
+    (quantized ? fp8 : high)++;
+  }
+  EXPECT_EQ(high, 1);
+  EXPECT_EQ(fp8, 5);
+  // fc2's input quantizer scales per tensor from its own amax (current scaling).
+  bool found = false;
+  for (const plan::QuantizerPlan& q : s.quantizers) {
+    if (q.name != "fc2.input") continue;
+    found = true;
+    EXPECT_EQ(q.spec.scaling, plan::ScalingKind::Current);
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(DebugVariants, FeaturesNotExecutedYetAreRefusedByName) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [weight]}\n",
+      {"fc1", "fc2"}, true);
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.debug_routing = &r->routing;
+  const auto result = driver::compile_source("mlp.fuse", kMlp, sources, diags, options);
+  EXPECT_FALSE(result.ok());
+  EXPECT_NE(result.error.find("DumpTensors (layer 'fc1', weight): not executed yet"),
+            std::string::npos)
+      << result.error;
+}
+
+// One linear layer: its six tensors are the API's x, W, y, dy, dx and dW.
+const std::string kLinear = R"(
+sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 96]) {
+  linear(64, 96, bias = false) as fc1
+}
+)";
+
+TEST(DebugVariants, ReferenceRecordsAreTheStatisticsOfTheApiTensors) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    LogTensorStats:\n"
+      "      tensors: [activation, weight, output, gradient, dgrad, wgrad]\n"
+      "      stats: [min, max, std, {max_blockwise_dynamic_range: {block_size: 16, dims: 2}}]\n",
+      {"fc1"}, false);
+  const auto v = compile(kLinear, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  ASSERT_EQ(seq.inspections.size(), 12u);
+  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", 48}});
+  cpu::init_params_from_seed(exec, 7);
+  cpu::Tensor<float> x = cpu::seeded_normal({48, 64}, 11, 1.0);
+  cpu::round_to_bf16(x.data);
+  const auto y = exec.forward({x});
+  cpu::Tensor<float> dy = cpu::seeded_normal({48, 96}, 13, 0.1);
+  cpu::round_to_bf16(dy.data);
+  const auto grads = exec.backward({dy});
+  const auto& records = exec.stat_records();
+  ASSERT_EQ(records.size(), 12u);
+  const std::vector<float>* tensors[] = {
+      &x.data,  &exec.param("fc1.weight").data, &y[0].data,
+      &dy.data, &grads.inputs[0].data,          &grads.params[0].data};
+  const int64_t cols[] = {64, 64, 96, 96, 64, 64};
+  const char* names[] = {"activation", "weight", "output", "gradient", "dgrad", "wgrad"};
+  for (size_t t = 0; t < 6; ++t) {
+    SCOPED_TRACE(names[t]);
+    size_t base = 0, block = 0;
+    for (size_t i = 0; i < seq.inspections.size(); ++i) {
+      if (seq.inspections[i].tensor != names[t]) continue;
+      (seq.inspections[i].block_size == 0 ? base : block) = i;
+    }
+    const TensorMoments want = moments_of(*tensors[t]);
+    EXPECT_EQ(records[base].count, want.count);
+    EXPECT_EQ(records[base].min, want.min);
+    EXPECT_EQ(records[base].max, want.max);
+    EXPECT_DOUBLE_EQ(value(records[base], StatKind::Std), value(want, StatKind::Std));
+    const int64_t rows = int64_t(tensors[t]->size()) / cols[t];
+    EXPECT_EQ(records[block].max_blockwise_dynamic_range,
+              max_blockwise_dynamic_range(*tensors[t], rows, cols[t], 16, 2));
+    EXPECT_GT(records[block].max_blockwise_dynamic_range, 0);
+  }
+}
+
+TEST(DebugVariants, MicroBatchesMergeAndWeightsCountOnce) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    LogTensorStats: {tensors: [activation, weight], stats: [mean, max]}\n",
+      {"fc1"}, false);
+  const std::vector<plan::StatSlot> slots = {{"fc1", "activation", 0, 1}, {"fc1", "weight", 0, 1}};
+  const std::vector<float> a1 = {1, 2, 3}, a2 = {10, 20}, w = {-1, 1};
+  IterationStats stats;
+  stats.add_run(slots, std::vector<TensorMoments>{moments_of(a1), moments_of(w)});
+  stats.add_run(slots, std::vector<TensorMoments>{moments_of(a2), moments_of(w)});
+  const std::string dir = test::make_temp_dir("variants_log");
+  {
+    StatLog log = StatLog::open(dir, 0, 4, [] { return std::string("T"); });
+    stats.log(r->routing, 5, log);
+    log.end_step();
+  }
+  const std::string text =
+      test::read_text(dir + "/nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-0.log");
+  EXPECT_NE(text.find("fc1_activation_mean \t\t\t\t iteration=000005 \t\t\t\t value=7.2000"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("fc1_activation_max \t\t\t\t iteration=000005 \t\t\t\t value=20.0000"),
+            std::string::npos);
+  EXPECT_NE(text.find("fc1_weight_mean \t\t\t\t iteration=000005 \t\t\t\t value=0.0000"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace opfuse::debug
