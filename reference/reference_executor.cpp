@@ -275,6 +275,21 @@ const std::vector<debug::TensorMoments>& ReferenceExecutor<T>::stat_records() co
 }
 
 template <typename T>
+void ReferenceExecutor<T>::set_quantizer_states(const std::vector<QuantizerInfo>& states) {
+  for (Quantizer& q : state_->quantizers) {
+    for (const QuantizerInfo& s : states) {
+      if (s.name != q.name || s.format != q.format ||
+          s.amax_history.size() != q.state.amax_history.size()) {
+        continue;
+      }
+      q.state.amax_history = s.amax_history;
+      q.state.scale = s.scale;
+      q.state.scale_inv = s.scale_inv;
+    }
+  }
+}
+
+template <typename T>
 void ReferenceExecutor<T>::step() {
   for (Quantizer& q : state_->quantizers) end_step(q);
 }

@@ -80,6 +80,10 @@ class ReferenceExecutor {
   std::vector<QuantizerInfo> quantizers() const;
   // Ends a training step: delayed-scaling amax history roll + scale update of every quantizer.
   void step();
+  // Takes over the state (history, scale, scale_inv) of the quantizers in `states` with the same
+  // name, format and history length; the others keep theirs. For a plan variant that continues
+  // another's training (compiler/debug_config/instrument.h).
+  void set_quantizer_states(const std::vector<QuantizerInfo>& states);
 
   // The statistics records (debug/stats.h) the last forward and backward filled, one per slot of
   // sequence().inspections; empty for a sequence without (the plain plan).

@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <map>
+#include <memory>
 #include <numbers>
 #include <random>
 
+#include "debug_config/instrument.h"
 #include "driver/compile.h"
 #include "plan/param_init.h"
 #include "support/assert.h"
@@ -49,24 +52,89 @@ void init_params_from_seed(ReferenceExecutor<float>& executor, uint64_t seed) {
   executor.params_changed();
 }
 
+namespace {
+
+// What the compiler makes of the sequence: the whole pipeline, fusions included (a fused op runs
+// as its parts with rounding only where values leave it, like the GPU kernel); with a routing,
+// that iteration's plan variant.
+ir::Sequence lowered(const ir::Sequence& sequence, const debug::Routing* routing) {
+  if (sequence.has_backward) {
+    if (routing) throw ReferenceError("a debug config needs the sequence as written, not lowered");
+    return sequence;
+  }
+  ir::Program program;
+  program.sequences.push_back(sequence);
+  driver::CompileOptions passes_only;
+  passes_only.last_stage = driver::Stage::Passes;
+  passes_only.debug_routing = routing;
+  driver::CompileResult r = driver::compile_ir(std::move(program), nullptr, nullptr, passes_only);
+  if (!r.ok()) throw ReferenceError(r.error);
+  return std::move(r.program.sequences.at(0));
+}
+
+// The plan variant a debug run is in, switched when the routing's decisions change: the new
+// executor takes over the parameters and every quantizer state it shares by name (states of
+// quantizers a variant lacks wait in `bank` for the next variant that has them).
+class VariantRunner {
+ public:
+  VariantRunner(const ir::Sequence& sequence, const RunOptions& options)
+      : sequence_(sequence), options_(options) {}
+
+  ReferenceExecutor<float>& at(const debug::Routing* routing) {
+    const std::string key = routing ? routing->variant_key() : std::string();
+    if (exec_ && key == key_) return *exec_;
+    auto next =
+        std::make_unique<ReferenceExecutor<float>>(lowered(sequence_, routing), options_.bindings);
+    if (!exec_) {
+      init_params_from_seed(*next, options_.seed);
+    } else {
+      for (const std::string& name : next->param_names())
+        next->param(name).data = exec_->param(name).data;
+      next->params_changed();
+      for (QuantizerInfo& q : exec_->quantizers()) bank_[q.name] = std::move(q);
+      std::vector<QuantizerInfo> states;
+      for (const auto& [name, q] : bank_) states.push_back(q);
+      next->set_quantizer_states(states);
+    }
+    exec_ = std::move(next);
+    key_ = key;
+    return *exec_;
+  }
+
+ private:
+  const ir::Sequence& sequence_;
+  const RunOptions& options_;
+  std::unique_ptr<ReferenceExecutor<float>> exec_;
+  std::string key_;
+  std::map<std::string, QuantizerInfo> bank_;
+};
+
+// Writes the routing of every layer to the debug log (TE's debug log has each layer's plan).
+void log_routing(const DebugRunOptions& debug, const debug::Routing& routing) {
+  debug.log->debug_line(fmt::format("iteration {}: plan variant{}", routing.iteration,
+                                    routing.variant_key().empty() ? " plain" : ""));
+  if (!debug.sources) return;
+  for (const debug::LayerRouting& l : routing.layers) {
+    std::string text = debug::describe(l, *debug.sources);
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    debug.log->debug_line(text);
+  }
+}
+
+}  // namespace
+
 std::string run_reference_training(const ir::Sequence& sequence, const RunOptions& options) {
   if (options.steps < 1)
     throw ReferenceError(fmt::format("--steps must be at least 1, got {}", options.steps));
-  // Run what the compiler makes of it: the whole pipeline, fusions included (a fused op runs as
-  // its parts with rounding only where values leave it, like the GPU kernel).
-  ir::Program program;
-  program.sequences.push_back(sequence);
-  if (!sequence.has_backward) {
-    driver::CompileOptions passes_only;
-    passes_only.last_stage = driver::Stage::Passes;
-    program = driver::compile_ir(std::move(program), nullptr, nullptr, passes_only).program;
-  }
-  ReferenceExecutor<float> exec(program.sequences[0], options.bindings);
-  init_params_from_seed(exec, options.seed);
+  const std::optional<DebugRunOptions>& debug = options.debug;
+  std::optional<debug::Routing> routing;
+  if (debug) routing = debug::route(debug->bindings, debug->start_iteration);
+  VariantRunner variants(sequence, options);
+  ReferenceExecutor<float>* current = &variants.at(routing ? &*routing : nullptr);
   // Inputs come from a second stream of the same seed so that they do not depend on the
   // number of parameters.
   std::vector<Tensor<float>> inputs;
-  const auto input_shapes = exec.input_shapes();
+  const auto input_shapes = current->input_shapes();
   for (size_t i = 0; i < input_shapes.size(); ++i)
     inputs.push_back(
         seeded_normal(input_shapes[i], options.seed ^ (0x9E3779B97F4A7C15ull + i), 1.0));
@@ -77,7 +145,21 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       sequence.name, ir::recipe_string(sequence.recipe),
       sequence.fp8_weights ? "  fp8_weights" : "", bindings_string(options.bindings), options.steps,
       options.seed, options.lr, kRunLossDescription);
+  std::string variant_key = "-";
   for (int step = 0; step < options.steps; ++step) {
+    if (debug) {
+      // Asked again only where the last answers said they may change.
+      const int64_t iteration = debug->start_iteration + step;
+      if (iteration >= routing->next_change) routing = debug::route(debug->bindings, iteration);
+      routing->iteration = iteration;
+      if (!routing->conflicts.empty()) throw ReferenceError(routing->conflicts.front());
+      current = &variants.at(&*routing);
+      if (routing->variant_key() != variant_key) {
+        variant_key = routing->variant_key();
+        log_routing(*debug, *routing);
+      }
+    }
+    ReferenceExecutor<float>& exec = *current;
     const std::vector<Tensor<float>> outputs = exec.forward(inputs);
     const Tensor<float>& y = outputs[0];
     double sum_squares = 0;
@@ -96,6 +178,12 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
     for (const QuantizerInfo& q : exec.quantizers())
       out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name,
                          q.format == Fp8Format::E4M3 ? "e4m3" : "e5m2", q.amax_history[0], q.scale);
+    if (debug) {
+      debug::IterationStats stats;
+      stats.add_run(exec.sequence().inspections, exec.stat_records());
+      stats.log(*routing, routing->iteration, *debug->log);
+      debug->log->end_step();
+    }
     exec.step();
     exec.sgd_step(grads, options.lr);
   }

@@ -4,19 +4,32 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cpu_tensor.h"
+#include "debug/stat_log.h"
+#include "debug_config/routing.h"
 #include "ir/graph.h"
 #include "reference_executor.h"
 
 namespace opfuse::cpu {
+
+// A precision-debug config applied to the run (docs/debugging.md): its layers bound to sections;
+// each step runs the plan variant of that iteration's routing and logs its statistics to `log`.
+struct DebugRunOptions {
+  std::vector<debug::LayerBinding> bindings;
+  debug::StatLog* log = nullptr;
+  const SourceManager* sources = nullptr;  // names the config file in the debug log
+  int64_t start_iteration = 0;
+};
 
 struct RunOptions {
   Bindings bindings;
   int steps = 1;
   uint64_t seed = 0;
   double lr = 0.01;
+  std::optional<DebugRunOptions> debug;
 };
 
 // The loss the driver trains on, for --help: 0.5 * mean(y^2) over the main output y.

@@ -224,3 +224,109 @@ TEST(DebugVariants, MicroBatchesMergeAndWeightsCountOnce) {
 
 }  // namespace
 }  // namespace opfuse::debug
+
+namespace opfuse::debug {
+namespace {
+
+const std::string kBf16Mlp = R"(
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) {
+  layernorm(64)
+  linear(64, 256) as fc1
+  swiglu()
+  linear(128, 64) as fc2
+}
+)";
+
+ir::Sequence front_end(const std::string& text) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.last_stage = driver::Stage::FrontEnd;
+  driver::CompileResult r = driver::compile_source("mlp.fuse", text, sources, diags, options);
+  EXPECT_TRUE(r.ok()) << diags.format_all();
+  return r.program.sequences.at(0);
+}
+
+TEST(DebugRun, StatisticsAloneLeaveTheTrainingUnchanged) {
+  const ir::Sequence seq = front_end(kBf16Mlp);
+  cpu::RunOptions plain;
+  plain.bindings = {{"tokens", 16}};
+  plain.steps = 3;
+  plain.seed = 5;
+  const std::string want = cpu::run_reference_training(seq, plain);
+
+  const auto r = test::routed(
+      "a:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    LogTensorStats:\n      tensors: [activation, weight, output, gradient, dgrad, wgrad]\n"
+      "      stats: [max, std]\n      freq: 2\n",
+      {"fc1", "fc2"}, false);
+  const std::string dir = test::make_temp_dir("debug_run");
+  StatLog log = StatLog::open(dir, 0, 6, [] { return std::string("T"); });
+  cpu::RunOptions debugged = plain;
+  cpu::DebugRunOptions d;
+  d.bindings = bind_layers(*r->config, {{"fc1", {}, false}, {"fc2", {}, false}}, *r->diags);
+  d.log = &log;
+  d.sources = &r->sources;
+  debugged.debug = d;
+  EXPECT_EQ(cpu::run_reference_training(seq, debugged), want);
+  const auto records = read_stat_jsonl(dir + "/opfuse_statistics/globalrank-0.jsonl");
+  // freq 2 over 3 steps: iterations 0 and 2, 2 layers x 6 tensors x 2 stats each.
+  ASSERT_EQ(records.size(), 2u * 2 * 6 * 2);
+  EXPECT_EQ(records.front().iteration, 0);
+  EXPECT_EQ(records.back().iteration, 2);
+  for (const StatRecord& rec : records) EXPECT_TRUE(std::isfinite(rec.value)) << metric_name(rec);
+  const std::string debug_log =
+      test::read_text(dir + "/nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log");
+  EXPECT_NE(debug_log.find("T - INFO -   activation: inspected by LogTensorStats"),
+            std::string::npos)
+      << debug_log;
+}
+
+std::string run_with(const ir::Sequence& seq, const cpu::RunOptions& plain, const std::string& yaml,
+                     const std::string& dir) {
+  const auto r = test::routed(yaml, {"fc1", "fc2"}, true);
+  StatLog log = StatLog::open(dir, 0, 4, [] { return std::string("T"); });
+  cpu::RunOptions debugged = plain;
+  cpu::DebugRunOptions d;
+  d.bindings = bind_layers(*r->config, {{"fc1", {}, true}, {"fc2", {}, true}}, *r->diags);
+  d.log = &log;
+  debugged.debug = d;
+  return cpu::run_reference_training(seq, debugged);
+}
+
+TEST(DebugRun, VariantSwitchesCarryParametersAndQuantizerState) {
+  std::string fp8 = "recipe fp8 = delayed_scaling()\n" + kBf16Mlp;
+  fp8.replace(fp8.find(") {"), 3, ") uses fp8 {");
+  const ir::Sequence seq = front_end(fp8);
+  cpu::RunOptions plain;
+  plain.bindings = {{"tokens", 16}};
+  plain.steps = 5;
+  plain.seed = 9;
+  const std::string want = cpu::run_reference_training(seq, plain);
+  // Weight statistics at iterations 1 and 2 only: the run switches to a variant at 1 and back
+  // at 3, each switch a new executor; a weight's statistics change no fusion, so every step must
+  // come out as in the plain run, delayed-scaling histories included.
+  const std::string dir = test::make_temp_dir("debug_run_fp8");
+  EXPECT_EQ(run_with(seq, plain,
+                     "a:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+                     "    LogTensorStats: {tensors: [weight], stats: [max], "
+                     "start_end_list: [[1, 2]]}\n",
+                     dir),
+            want);
+  const auto records = read_stat_jsonl(dir + "/opfuse_statistics/globalrank-0.jsonl");
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].iteration, 1);
+  EXPECT_EQ(records[1].iteration, 2);
+  // DisableFP8GEMM takes fc2's wgrad out of FP8 at every iteration: the run differs, and fc2's
+  // gradient quantizer still serves dgrad.
+  const std::string high =
+      run_with(seq, plain,
+               "a:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+               "    DisableFP8GEMM: {gemms: [wgrad]}\n",
+               test::make_temp_dir("debug_run_high"));
+  EXPECT_NE(high, want);
+  EXPECT_NE(high.find("quant  fc2.grad_output"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace opfuse::debug

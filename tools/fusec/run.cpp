@@ -2,8 +2,11 @@
 // (run/gpu_run.h) or the CPU reference (reference/run_driver.h).
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "commands.h"
+#include "debug/stat_log.h"
+#include "debug_config/routing.h"
 #include "gpu/device.h"
 #include "opfuse/program.h"
 #include "reference/run_driver.h"
@@ -21,6 +24,11 @@ struct RunCommandOptions {
   int steps = 1;
   uint64_t seed = 0;
   double lr = 0.01;
+  // Precision debugging (docs/debugging.md).
+  std::string debug_config;
+  std::string debug_log_dir;
+  int debug_precision = 4;
+  int64_t debug_start_iteration = 0;
 };
 
 // `fusec run --device gpu`: compile through the kernel cache, then the GPU training loop.
@@ -67,10 +75,44 @@ int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
       opts.device == "gpu" || (opts.device == "auto" && gpu::gpu_available(&no_gpu));
   if (opts.device == "auto" && !on_gpu)
     std::fprintf(stderr, "fusec: no GPU (%s): running on the CPU reference\n", no_gpu.c_str());
+  if (on_gpu && !opts.debug_config.empty()) {
+    // The device path (statistics records, tensor_stats kernels) exists and is tested
+    // (tests/gpu/test_debug_stats_gpu.cpp), but the GPU training loop does not switch plan
+    // variants yet: say so rather than run without the config.
+    std::fprintf(
+        stderr,
+        "fusec: error: --debug-config runs on the CPU reference so far; add --device cpu\n");
+    return kExitUsage;
+  }
   if (on_gpu) return run_on_gpu(opts, common, run);
   SourceManager sources;
   auto program = load(opts.file, common, sources);
   if (!program) return kExitUserError;
+  std::optional<debug::DebugConfig> config;
+  std::optional<debug::StatLog> log;
+  if (!opts.debug_config.empty()) {
+    DiagnosticEngine diags(sources);
+    diags.set_warnings_as_errors(common.warnings_as_errors);
+    const auto registry =
+        std::make_shared<const debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
+    config = debug::load_debug_config(opts.debug_config, sources, registry, diags);
+    cpu::DebugRunOptions debug_run;
+    if (config)
+      debug_run.bindings = debug::bind_layers(*config, debug::program_layers(*program), diags);
+    std::fputs(diags.format_all().c_str(), stderr);
+    if (diags.has_errors()) return kExitUserError;
+    try {
+      // An unwritable directory is reported here, before the first step.
+      log.emplace(debug::StatLog::open(opts.debug_log_dir, 0, opts.debug_precision));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fusec: error: %s\n", e.what());
+      return kExitUserError;
+    }
+    debug_run.log = &*log;
+    debug_run.sources = &sources;
+    debug_run.start_iteration = opts.debug_start_iteration;
+    run.debug = std::move(debug_run);
+  }
   const ir::Sequence* seq = nullptr;
   std::string names;
   for (const auto& s : program->sequences) names += " " + s.name;
@@ -121,6 +163,24 @@ Command add_run_command(CLI::App& app, CommonOptions& common) {
   run->add_option("--seed", opts->seed, "seed of the random inputs and parameters")
       ->capture_default_str();
   run->add_option("--lr", opts->lr, "SGD learning rate")->capture_default_str();
+  auto* config = run->add_option("--debug-config", opts->debug_config,
+                                 "a precision-debug config (TE's config.yaml schema; "
+                                 "docs/debugging.md): each step runs its iteration's plan variant "
+                                 "and logs the statistics")
+                     ->check(CLI::ExistingFile);
+  run->add_option("--debug-log-dir", opts->debug_log_dir,
+                  "where the statistics and debug logs go (TE's layout)")
+      ->needs(config);
+  config->needs(run->get_option("--debug-log-dir"));
+  run->add_option("--debug-precision", opts->debug_precision,
+                  "decimals of the values in the text log (TE prints 4)")
+      ->check(CLI::Range(0, 30))
+      ->capture_default_str()
+      ->needs(config);
+  run->add_option("--debug-start-iteration", opts->debug_start_iteration,
+                  "the iteration of the first step (to resume a run)")
+      ->check(CLI::NonNegativeNumber)
+      ->needs(config);
   add_common(run, common);
   run->footer(std::string(cpu::kRunLossDescription) +
               ". Parameters: linear weights ~ N(0, 0.02), norm weights 1 (0 if zero-centered), "
