@@ -433,5 +433,66 @@ TEST(FusecDebugPlan, RoutingAndVariantSchedule) {
   }
 }
 
+TEST(FusecRunDebug, LogsStatisticsAndTheReportDrawsThem) {
+  const std::string dir = test::make_temp_dir("run_debug");
+  const std::string config = dir + "/debug.yaml";
+  {
+    std::ofstream out(config);
+    out << "stats:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+           "    LogTensorStats: {tensors: [activation, wgrad], stats: [max, l2_norm]}\n";
+  }
+  const std::string program = quoted(corpus_dir() + "/program.fuse");
+  const auto r = test::run_command(test::fusec_path() + " run " + program +
+                                   " --device cpu --bind tokens=16 --steps 3 --debug-config " +
+                                   quoted(config) + " --debug-log-dir " + quoted(dir + "/logs") +
+                                   " --debug-precision 6");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string text =
+      test::read_text(dir + "/logs/nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-0.log");
+  // 3 iterations x 2 layers x 2 tensors x 2 statistics, six decimals.
+  size_t lines = 0;
+  for (char c : text) lines += c == '\n';
+  EXPECT_EQ(lines, 24u) << text;
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(fc2_wgrad_l2_norm \t\t\t\t iteration=000002 )"
+                                                 R"(\t\t\t\t value=\d+\.\d{6}\n)")))
+      << text;
+  const auto report = test::run_command(test::fusec_path() + " debug-report " +
+                                        quoted(dir + "/logs") + " -o " + quoted(dir + "/r.html"));
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_NE(test::read_text(dir + "/r.html").find("fc2"), std::string::npos);
+}
+
+TEST(FusecRunDebug, UnwritableLogDirectoryIsReportedBeforeTheFirstStep) {
+  const std::string dir = test::make_temp_dir("run_debug_bad");
+  const std::string config = dir + "/debug.yaml";
+  {
+    std::ofstream out(config);
+    out << "s:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+           "    LogTensorStats: {tensors: [weight], stats: [max]}\n";
+    std::ofstream file(dir + "/a_file");
+    file << "x";
+  }
+  const auto r =
+      test::run_command(test::fusec_path() + " run " + quoted(corpus_dir() + "/program.fuse") +
+                        " --device cpu --bind tokens=16 --debug-config " + quoted(config) +
+                        " --debug-log-dir " + quoted(dir + "/a_file/logs"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot write debug logs to"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step    0"), std::string::npos) << r.output;  // nothing ran
+}
+
+TEST(FusecRunDebug, ConfigErrorsStopTheRunWithTheirLocation) {
+  const auto r =
+      test::run_command(test::fusec_path() + " run " + quoted(corpus_dir() + "/program.fuse") +
+                        " --device cpu --bind tokens=16 --debug-config " +
+                        quoted(corpus_dir() + "/unknown_feature.yaml") + " --debug-log-dir " +
+                        quoted(test::make_temp_dir("run_debug_err")));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("unknown_feature.yaml:6:5: error: unknown feature 'LogTensorStat'"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step    0"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace opfuse::debug
