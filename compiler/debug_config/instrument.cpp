@@ -125,7 +125,11 @@ void IterationStats::add_run(std::span<const plan::StatSlot> slots,
 }
 
 void IterationStats::log(const Routing& routing, int64_t iteration, StatLog& out) const {
-  for (const auto& [slot, moments] : merged_) {
+  for (const auto& entry : merged_) {
+    // References, not a structured binding: the lambda below captures `slot` (clang 14 cannot
+    // capture bindings).
+    const plan::StatSlot& slot = entry.first;
+    const TensorMoments& moments = entry.second;
     if (slot.block_size != 0) continue;  // logged with the slot of its tensor's moments
     const LayerRouting* l = find_layer(routing, slot.layer);
     const auto t = plan::parse<TensorKind>(slot.tensor);

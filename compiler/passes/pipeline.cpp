@@ -23,13 +23,11 @@ std::vector<Pass> default_pipeline() {
        build_backward,
        {},
        {"backward"}},
-      // After build-backward (it inspects backward tensors too) and before plan-quantization (a
-      // stats op reads the high-precision tensor, which the cast then leaves in memory).
-      {"debug-instrument",
-       "place the statistics ops a debug config's routing asks for",
-       debug_instrument,
-       {"backward"},
-       {}},
+      // After build-backward (it inspects backward tensors too; without one it places only the
+      // forward records) and before plan-quantization (a stats op reads the high-precision
+      // tensor, which the cast then leaves in memory).
+      {"debug-instrument", "place the statistics ops a debug config's routing asks for",
+       debug_instrument},
       // Before fusion: casts must exist as ops for the patterns to fold them into producers.
       {"plan-quantization",
        "give GEMM operands FP8 quantizers and insert their casts",

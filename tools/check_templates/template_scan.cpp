@@ -128,7 +128,7 @@ class DeviceBodyChecker : public clang::RecursiveASTVisitor<DeviceBodyChecker> {
       check_callee(*callee, call->getBeginLoc());
     }
     if (is_double(call->getType())) {
-      report(call->getBeginLoc(), "returns double", /*is_error=*/false);
+      report(call->getBeginLoc(), "returns double", /*is_error=*/false, /*fp64=*/true);
     }
     return true;
   }
@@ -161,7 +161,7 @@ class DeviceBodyChecker : public clang::RecursiveASTVisitor<DeviceBodyChecker> {
     if (is_double(computation) || is_double(op->getRHS()->getType())) {
       report(op->getOperatorLoc(),
              fmt::format("computes '{}' in double precision", op->getOpcodeStr().str()),
-             /*is_error=*/false);
+             /*is_error=*/false, /*fp64=*/true);
     }
     return true;
   }
@@ -189,9 +189,12 @@ class DeviceBodyChecker : public clang::RecursiveASTVisitor<DeviceBodyChecker> {
     }
   }
 
-  void report(clang::SourceLocation where, const std::string& what, bool is_error = true) {
-    problems_.insert(
-        locator_.problem(where, fmt::format("device function '{}' {}", caller_, what), is_error));
+  void report(clang::SourceLocation where, const std::string& what, bool is_error = true,
+              bool fp64 = false) {
+    Problem p =
+        locator_.problem(where, fmt::format("device function '{}' {}", caller_, what), is_error);
+    p.double_precision = fp64;
+    problems_.insert(std::move(p));
   }
 
   const Locator& locator_;

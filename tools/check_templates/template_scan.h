@@ -22,6 +22,7 @@ struct Problem {
   unsigned column = 0;
   bool is_error = true;  // false: a warning
   std::string message;
+  bool double_precision = false;  // check 3 (a header may be allowed it: --fp64-header)
   auto key() const { return std::tie(file, line, column, message, is_error); }
   bool operator<(const Problem& other) const { return key() < other.key(); }
 };
