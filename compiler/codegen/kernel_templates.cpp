@@ -93,6 +93,7 @@ constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"
 constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};
 constexpr std::string_view kFakeQuantizeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"};
 constexpr std::string_view kBf16Example[] = {"__nv_bfloat16"};
+constexpr std::string_view kStatsFinalExample[] = {"32"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
 
 // One row of the table; also_serves last because most entries have none.
@@ -140,7 +141,7 @@ constexpr KernelTemplate kTable[] = {
     entry("tensor_stats_partial", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsParams",
           kInputOnlyParams, kBf16Example),
     entry("tensor_stats_final", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsFinalParams",
-          kStatsFinalParams, {}),
+          kStatsFinalParams, kStatsFinalExample),
     // The user quantize op (Cast family): cast to FP8 and back in one pass.
     entry("fake_quantize", "scale.cuh", KernelFamily::Cast, "FakeQuantizeParams",
           kFakeQuantizeParams, kFakeQuantizeExample),
