@@ -344,11 +344,10 @@ class Reader {
       const std::vector<TensorKind>& allowed = spec.tensors;
       if (!t ||
           (!allowed.empty() && std::find(allowed.begin(), allowed.end(), *t) == allowed.end())) {
+        static constexpr auto kAll = plan::all_values<TensorKind>();
         std::vector<std::string> names;
         for (const TensorKind k :
-             allowed.empty() ? std::vector<TensorKind>(plan::all_values<TensorKind>().begin(),
-                                                       plan::all_values<TensorKind>().end())
-                             : allowed) {
+             allowed.empty() ? std::vector<TensorKind>(kAll.begin(), kAll.end()) : allowed) {
           names.emplace_back(plan::name(k));
         }
         error(loc,
