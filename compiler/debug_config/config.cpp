@@ -35,6 +35,7 @@ using Kind = ConfigNode::Kind;
 
 std::string quoted_list(const std::vector<std::string>& names) {
   std::vector<std::string> q;
+  q.reserve(names.size());
   for (const std::string& n : names) q.push_back(fmt::format("'{}'", n));
   return fmt::format("{}", fmt::join(q, ", "));
 }
@@ -312,7 +313,7 @@ class Reader {
   // Splits a map's entries into selection keys (returned) and feature keys (checked, added to
   // `settings`).
   void take_keys(const FeatureSpec& spec, const ConfigNode& map, Settings& settings,
-                 std::set<std::string_view> selection_keys) {
+                 const std::set<std::string_view>& selection_keys) {
     for (const ConfigNode::Entry& k : map.entries) {
       if (selection_keys.count(k.key)) continue;
       const auto it = std::find_if(spec.keys.begin(), spec.keys.end(),
@@ -524,7 +525,7 @@ class Reader {
 }  // namespace
 
 std::optional<DebugConfig> read_debug_config(const SourceManager& sources, FileId file,
-                                             std::shared_ptr<const FeatureRegistry> registry,
+                                             const std::shared_ptr<const FeatureRegistry>& registry,
                                              DiagnosticEngine& diags) {
   const size_t errors_before = diags.error_count();
   DebugConfig config;
@@ -540,7 +541,7 @@ std::optional<DebugConfig> read_debug_config(const SourceManager& sources, FileI
 }
 
 std::optional<DebugConfig> load_debug_config(const std::string& path, SourceManager& sources,
-                                             std::shared_ptr<const FeatureRegistry> registry,
+                                             const std::shared_ptr<const FeatureRegistry>& registry,
                                              DiagnosticEngine& diags) {
   std::string why;
   const FileId file = sources.add_file(path, &why);
@@ -548,7 +549,7 @@ std::optional<DebugConfig> load_debug_config(const std::string& path, SourceMana
     diags.error(SourceLoc{}, fmt::format("cannot read debug config '{}': {}", path, why));
     return std::nullopt;
   }
-  return read_debug_config(sources, file, std::move(registry), diags);
+  return read_debug_config(sources, file, registry, diags);
 }
 
 }  // namespace opfuse::debug

@@ -65,13 +65,13 @@ struct DebugConfig {
 // Reads the config in `file` of `sources`. Errors and warnings go to `diags` (which must be over
 // `sources`); returns nullopt if there was an error.
 std::optional<DebugConfig> read_debug_config(const SourceManager& sources, FileId file,
-                                             std::shared_ptr<const FeatureRegistry> registry,
+                                             const std::shared_ptr<const FeatureRegistry>& registry,
                                              DiagnosticEngine& diags);
 
 // Adds the file at `path` to `sources` and reads it; an unreadable file is reported (as an error
 // without location) and gives nullopt.
 std::optional<DebugConfig> load_debug_config(const std::string& path, SourceManager& sources,
-                                             std::shared_ptr<const FeatureRegistry> registry,
+                                             const std::shared_ptr<const FeatureRegistry>& registry,
                                              DiagnosticEngine& diags);
 
 }  // namespace opfuse::debug

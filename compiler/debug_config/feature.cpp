@@ -86,9 +86,9 @@ int64_t Settings::get_int(std::string_view key, int64_t fallback) const {
   return n ? scalar_int(*n, fallback) : fallback;
 }
 
-std::string Settings::get_string(std::string_view key, std::string fallback) const {
+std::string Settings::get_string(std::string_view key, std::string_view fallback) const {
   const ConfigNode* n = find(key);
-  return n ? n->scalar : fallback;
+  return n ? n->scalar : std::string(fallback);
 }
 
 Cadence Settings::cadence() const {

@@ -100,7 +100,7 @@ class Settings {
   const ConfigNode* find(std::string_view key) const;
   bool get_bool(std::string_view key, bool fallback) const;
   int64_t get_int(std::string_view key, int64_t fallback) const;
-  std::string get_string(std::string_view key, std::string fallback) const;
+  std::string get_string(std::string_view key, std::string_view fallback) const;
   // freq, start_step, end_step, start_end_list.
   Cadence cadence() const;
   // The Stats key's entries, in file order.

@@ -102,7 +102,7 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
 std::vector<std::string> apply_routing(ir::Program& program, const Routing& routing) {
   std::vector<std::string> refused;
   for (ir::Sequence& seq : program.sequences) {
-    for (const ir::Operation& op : std::vector<ir::Operation>(seq.ops)) {
+    for (const ir::Operation& op : seq.ops) {
       if (op.kind != ir::OpKind::Linear || op.phase != ir::Phase::Forward) continue;
       const LayerRouting* l = find_layer(routing, op.instance);
       if (l && l->active()) apply_to_layer(seq, *l, refused);
