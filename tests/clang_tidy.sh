@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs clang-tidy (.clang-tidy at the root) over the compiler, plan, debug, runtime, reference and
-# tools sources
-# that the build tree compiles (its compile_commands.json). Usage: clang_tidy.sh CLANG_TIDY BUILD_DIR SOURCE_DIR
+# tools sources that the build tree compiles (its compile_commands.json).
+# Usage: clang_tidy.sh CLANG_TIDY BUILD_DIR SOURCE_DIR
 set -euo pipefail
 tidy="$1" build="$2" src="$3"
 grep -o '"file": *"[^"]*"' "$build/compile_commands.json" | sed 's/.*"\([^"]*\)"$/\1/' |
