@@ -33,6 +33,8 @@ std::vector<std::string_view> names_of(StatFamily family, bool with_parameters) 
   return out;
 }
 
+constexpr int kMaxBlockSize = 4096;
+
 std::optional<int> small_int(const ConfigNode& n) {
   if (n.kind != ConfigNode::Kind::Scalar || n.quoted) return std::nullopt;
   int v = 0;
@@ -60,9 +62,11 @@ std::optional<StatRequest> blockwise(const ConfigNode& entry, std::string& error
   r.kind = StatKind::MaxBlockwiseDynamicRange;
   for (const ConfigNode::Entry& p : params.entries) {
     if (p.key == "block_size") {
+      // Bounded so that a 2-D block's element count fits the kernel's int
+      // (templates/tensor_stats.cuh).
       const auto v = small_int(p.value);
-      if (!v || *v < 1) {
-        error = "block_size must be a positive integer";
+      if (!v || *v < 1 || *v > kMaxBlockSize) {
+        error = fmt::format("block_size must be an integer from 1 to {}", kMaxBlockSize);
         return std::nullopt;
       }
       r.block_size = *v;
