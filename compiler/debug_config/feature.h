@@ -78,7 +78,7 @@ struct KeySpec {
 // `gemms`, `gemms_struct` for features that select tensors or GEMMs) are not listed.
 struct FeatureSpec {
   std::string name;
-  std::string doc;               // one sentence, for `fusec debug-features` and docs/debugging.md
+  std::string doc;               // one sentence (docs/debugging.md's table of features says more)
   bool selects_gemms = false;    // takes gemms / gemms_struct (else the whole layer)
   bool selects_tensors = false;  // takes tensors / tensors_struct
   // Answers modify_tensor_enabled: two such features of one section may not select the same GEMM

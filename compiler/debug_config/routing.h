@@ -29,9 +29,9 @@ struct LayerBinding {
 // The layers of `program`: its linear ops, in sequence and op order (forward ops only).
 std::vector<LayerInfo> program_layers(const ir::Program& program);
 
-// Matches every enabled section against `layers`. Errors: a layer matched by two enabled
-// sections, or by the exact names of a section as well as the pattern of another. Warnings: a
-// section that matches no layer (naming the layers it could have meant).
+// Matches every enabled section against `layers`. Error: a layer matched by two enabled sections
+// (however each selects it). Warning: a section that matches no layer (naming the layers it could
+// have meant).
 std::vector<LayerBinding> bind_layers(const DebugConfig& config,
                                       const std::vector<LayerInfo>& layers,
                                       DiagnosticEngine& diags);
