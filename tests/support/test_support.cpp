@@ -78,4 +78,20 @@ CommandResult run_command(const std::string& command_line) {
 
 std::string fusec_path() { return OPFUSE_FUSEC_PATH; }
 
+CommandResult fusec(const std::string& args) { return run_command(fusec_path() + " " + args); }
+
+std::string shell_quoted(const std::string& s) { return "'" + s + "'"; }
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+size_t count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
 }  // namespace opfuse::test

@@ -20,5 +20,12 @@ struct CommandResult {
 CommandResult run_command(const std::string& command_line);
 // Path of the built fusec.
 std::string fusec_path();
+// Runs `fusec ARGS` (ARGS already quoted for the shell).
+CommandResult fusec(const std::string& args);
+// `s` in single quotes, for a shell command line (test paths hold no single quote).
+std::string shell_quoted(const std::string& s);
+bool contains(const std::string& haystack, const std::string& needle);
+// How often `needle` occurs in `haystack`, overlapping occurrences included.
+size_t count(const std::string& haystack, const std::string& needle);
 
 }  // namespace opfuse::test

@@ -20,6 +20,8 @@
 namespace opfuse::debug {
 namespace {
 
+using test::shell_quoted;
+
 namespace fs = std::filesystem;
 
 // ---- cadence ---------------------------------------------------------------------------------
@@ -366,8 +368,6 @@ std::vector<std::string> corpus() {
   return names;
 }
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
 class MustFailConfig : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MustFailConfig, FailsWithTheExpectedLocatedError) {
@@ -381,9 +381,9 @@ TEST_P(MustFailConfig, FailsWithTheExpectedLocatedError) {
   const size_t col = std::stoul(m[3]);
   const std::string message = m[4];
   EXPECT_EQ(file, GetParam() + ".yaml");
-  const auto result =
-      test::run_command(test::fusec_path() + " debug-plan " +
-                        quoted(corpus_dir() + "/program.fuse") + " --debug-config " + quoted(path));
+  const auto result = test::run_command(test::fusec_path() + " debug-plan " +
+                                        shell_quoted(corpus_dir() + "/program.fuse") +
+                                        " --debug-config " + shell_quoted(path));
   EXPECT_EQ(result.exit_code, 1) << result.output;
   const std::string located = fmt::format("{}:{}:{}: {}", path, line, col, message);
   const size_t at = result.output.find(located);
@@ -418,8 +418,8 @@ TEST(FusecDebugPlan, RoutingAndVariantSchedule) {
            "    DisableFP8GEMM: {gemms: [wgrad]}\n";
   }
   const auto r = test::run_command(test::fusec_path() + " debug-plan " +
-                                   quoted(corpus_dir() + "/program.fuse") + " --debug-config " +
-                                   quoted(config) + " --iterations 12");
+                                   shell_quoted(corpus_dir() + "/program.fuse") +
+                                   " --debug-config " + shell_quoted(config) + " --iterations 12");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* want : {
            "iteration 0 (holds until iteration 0)\n",
@@ -441,11 +441,11 @@ TEST(FusecRunDebug, LogsStatisticsAndTheReportDrawsThem) {
     out << "stats:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
            "    LogTensorStats: {tensors: [activation, wgrad], stats: [max, l2_norm]}\n";
   }
-  const std::string program = quoted(corpus_dir() + "/program.fuse");
+  const std::string program = shell_quoted(corpus_dir() + "/program.fuse");
   const auto r = test::run_command(test::fusec_path() + " run " + program +
                                    " --device cpu --bind tokens=16 --steps 3 --debug-config " +
-                                   quoted(config) + " --debug-log-dir " + quoted(dir + "/logs") +
-                                   " --debug-precision 6");
+                                   shell_quoted(config) + " --debug-log-dir " +
+                                   shell_quoted(dir + "/logs") + " --debug-precision 6");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string text =
       test::read_text(dir + "/logs/nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-0.log");
@@ -456,8 +456,9 @@ TEST(FusecRunDebug, LogsStatisticsAndTheReportDrawsThem) {
   EXPECT_TRUE(std::regex_search(text, std::regex(R"(fc2_wgrad_l2_norm \t\t\t\t iteration=000002 )"
                                                  R"(\t\t\t\t value=\d+\.\d{6}\n)")))
       << text;
-  const auto report = test::run_command(test::fusec_path() + " debug-report " +
-                                        quoted(dir + "/logs") + " -o " + quoted(dir + "/r.html"));
+  const auto report =
+      test::run_command(test::fusec_path() + " debug-report " + shell_quoted(dir + "/logs") +
+                        " -o " + shell_quoted(dir + "/r.html"));
   ASSERT_EQ(report.exit_code, 0) << report.output;
   EXPECT_NE(test::read_text(dir + "/r.html").find("fc2"), std::string::npos);
 }
@@ -472,21 +473,21 @@ TEST(FusecRunDebug, UnwritableLogDirectoryIsReportedBeforeTheFirstStep) {
     std::ofstream file(dir + "/a_file");
     file << "x";
   }
-  const auto r =
-      test::run_command(test::fusec_path() + " run " + quoted(corpus_dir() + "/program.fuse") +
-                        " --device cpu --bind tokens=16 --debug-config " + quoted(config) +
-                        " --debug-log-dir " + quoted(dir + "/a_file/logs"));
+  const auto r = test::run_command(
+      test::fusec_path() + " run " + shell_quoted(corpus_dir() + "/program.fuse") +
+      " --device cpu --bind tokens=16 --debug-config " + shell_quoted(config) +
+      " --debug-log-dir " + shell_quoted(dir + "/a_file/logs"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("cannot write debug logs to"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("step    0"), std::string::npos) << r.output;  // nothing ran
 }
 
 TEST(FusecRunDebug, ConfigErrorsStopTheRunWithTheirLocation) {
-  const auto r =
-      test::run_command(test::fusec_path() + " run " + quoted(corpus_dir() + "/program.fuse") +
-                        " --device cpu --bind tokens=16 --debug-config " +
-                        quoted(corpus_dir() + "/unknown_feature.yaml") + " --debug-log-dir " +
-                        quoted(test::make_temp_dir("run_debug_err")));
+  const auto r = test::run_command(
+      test::fusec_path() + " run " + shell_quoted(corpus_dir() + "/program.fuse") +
+      " --device cpu --bind tokens=16 --debug-config " +
+      shell_quoted(corpus_dir() + "/unknown_feature.yaml") + " --debug-log-dir " +
+      shell_quoted(test::make_temp_dir("run_debug_err")));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("unknown_feature.yaml:6:5: error: unknown feature 'LogTensorStat'"),
             std::string::npos)

@@ -21,16 +21,10 @@
 namespace opfuse::debug {
 namespace {
 
+using test::count;
+
 using L = ChartLayout;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-size_t count(const std::string& haystack, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos;
-       at = haystack.find(needle, at + 1))
-    ++n;
-  return n;
-}
 
 // The value of every `attribute="..."` in `text`, in order.
 std::vector<std::string> attributes(const std::string& text, const std::string& attribute) {

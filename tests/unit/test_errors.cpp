@@ -17,6 +17,8 @@
 namespace opfuse {
 namespace {
 
+using test::shell_quoted;
+
 namespace fs = std::filesystem;
 
 constexpr size_t kMinErrorInputs = 45;
@@ -98,8 +100,6 @@ std::string find_source(const std::string& base_name) {
   return {};
 }
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
 // Spaces up to 1-based byte column `col`: one per character (UTF-8 continuation bytes take none).
 std::string caret_pad(const std::string& line, uint32_t col) {
   std::string pad;
@@ -120,7 +120,7 @@ TEST_P(ErrorInput, FailsWithTheExpectedDiagnostics) {
   const std::vector<Expectation> expected = read_expectations(source);
   ASSERT_FALSE(expected.empty()) << "no well-formed '# expect: file:line:col: error: ...' line";
 
-  const auto result = test::run_command(test::fusec_path() + " check " + quoted(path));
+  const auto result = test::run_command(test::fusec_path() + " check " + shell_quoted(path));
   EXPECT_EQ(result.exit_code, 1) << result.output;
   const std::vector<std::string> out = normalized_output(result.output);
 
@@ -206,13 +206,14 @@ TEST(WarningInputs, WarnWithoutWerrorAndFailWithIt) {
     std::ofstream(path, std::ios::binary) << c.source;
     const std::string located = std::string(c.name) + ".fuse:";
 
-    const auto plain = test::run_command(test::fusec_path() + " check " + quoted(path));
+    const auto plain = test::run_command(test::fusec_path() + " check " + shell_quoted(path));
     EXPECT_EQ(plain.exit_code, 0) << plain.output;
     EXPECT_NE(plain.output.find(located + with_severity(c.message, "warning")), std::string::npos)
         << plain.output;
     EXPECT_EQ(plain.output.find(": error: "), std::string::npos) << plain.output;
 
-    const auto strict = test::run_command(test::fusec_path() + " check --Werror " + quoted(path));
+    const auto strict =
+        test::run_command(test::fusec_path() + " check --Werror " + shell_quoted(path));
     EXPECT_EQ(strict.exit_code, 1) << strict.output;
     EXPECT_NE(strict.output.find(located + with_severity(c.message, "error")), std::string::npos)
         << strict.output;

@@ -13,6 +13,8 @@
 namespace opfuse {
 namespace {
 
+using test::shell_quoted;
+
 namespace fs = std::filesystem;
 
 std::string examples_dir() { return test::source_path("dsl_examples"); }
@@ -32,15 +34,14 @@ std::vector<std::string> stems(const std::string& dir, const std::string& extens
 
 std::vector<std::string> examples() { return stems(examples_dir(), ".fuse"); }
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
 // `diff -u` of the golden against the actual text, for the failure message.
 std::string unified_diff(const std::string& golden_path, const std::string& actual,
                          const std::string& name) {
   const std::string dir = test::make_temp_dir("golden-diff");
   const std::string actual_path = dir + "/" + name + ".ir";
   std::ofstream(actual_path, std::ios::binary) << actual;
-  return test::run_command("diff -u " + quoted(golden_path) + " " + quoted(actual_path)).output;
+  return test::run_command("diff -u " + shell_quoted(golden_path) + " " + shell_quoted(actual_path))
+      .output;
 }
 
 class Example : public ::testing::TestWithParam<std::string> {
@@ -49,7 +50,7 @@ class Example : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(Example, ChecksCleanWithNoOutput) {
-  const auto result = test::run_command(test::fusec_path() + " check " + quoted(path()));
+  const auto result = test::run_command(test::fusec_path() + " check " + shell_quoted(path()));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(result.output, "");
 }
@@ -60,7 +61,8 @@ TEST_P(Example, IrMatchesGolden) {
       << "no golden " << golden_path << "; run scripts/update_goldens.sh";
   // The IR as built and after every pass that changes it (docs/design.md, "Testing": IR after each
   // pass).
-  const auto result = test::run_command(test::fusec_path() + " ir --after all " + quoted(path()));
+  const auto result =
+      test::run_command(test::fusec_path() + " ir --after all " + shell_quoted(path()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::string golden = test::read_text(golden_path);
   EXPECT_TRUE(result.output == golden)

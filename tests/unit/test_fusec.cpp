@@ -10,37 +10,24 @@
 namespace opfuse {
 namespace {
 
+using test::contains;
+using test::count;
+using test::fusec;
+using test::shell_quoted;
+
 constexpr int kExitOk = 0;
 constexpr int kExitUserError = 1;
 constexpr int kExitUsage = 2;
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-test::CommandResult fusec(const std::string& args) {
-  return test::run_command(test::fusec_path() + " " + args);
-}
-
 std::string example(const std::string& name) {
-  return quoted(test::source_path("dsl_examples/" + name + ".fuse"));
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-size_t count(const std::string& haystack, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos;
-       at = haystack.find(needle, at + 1))
-    ++n;
-  return n;
+  return shell_quoted(test::source_path("dsl_examples/" + name + ".fuse"));
 }
 
 // Writes `text` to a fresh temp file named `name` and returns its quoted path.
 std::string temp_file(const std::string& name, const std::string& text) {
   const std::string path = test::make_temp_dir("fusec") + "/" + name;
   std::ofstream(path, std::ios::binary) << text;
-  return quoted(path);
+  return shell_quoted(path);
 }
 
 // Identity ops and a reshape to the same shape: what eliminate-aliases removes.
@@ -61,7 +48,8 @@ TEST(FusecExitCodes, CleanProgramExitsZero) {
 }
 
 TEST(FusecExitCodes, UserErrorExitsOne) {
-  const auto r = fusec("check " + quoted(test::source_path("tests/errors/name_unknown_op.fuse")));
+  const auto r =
+      fusec("check " + shell_quoted(test::source_path("tests/errors/name_unknown_op.fuse")));
   EXPECT_EQ(r.exit_code, kExitUserError) << r.output;
   EXPECT_TRUE(contains(r.output, "error: unknown op 'layernrom'")) << r.output;
 }
@@ -254,7 +242,8 @@ TEST(FusecCheck, WerrorTurnsAWarningIntoExitOne) {
 }
 
 TEST(FusecCheck, SeveralFilesWithOneBadReportTheBadOne) {
-  const std::string bad = quoted(test::source_path("tests/errors/shape_linear_in_mismatch.fuse"));
+  const std::string bad =
+      shell_quoted(test::source_path("tests/errors/shape_linear_in_mismatch.fuse"));
   const auto r = fusec("check " + example("mlp") + " " + bad + " " + example("mlp_residual"));
   EXPECT_EQ(r.exit_code, kExitUserError) << r.output;
   EXPECT_TRUE(contains(r.output, "shape_linear_in_mismatch.fuse:5:10: error: in = 32")) << r.output;

@@ -11,6 +11,8 @@
 namespace opfuse {
 namespace {
 
+using test::contains;
+
 constexpr int kExitOk = 0;
 constexpr int kExitUserError = 1;
 constexpr int kExitUsage = 2;
@@ -20,10 +22,6 @@ test::CommandResult bench(const std::string& args) {
 }
 
 std::string mlp() { return "'" + test::source_path("dsl_examples/mlp.fuse") + "'"; }
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 TEST(FusecBench, HelpNamesEveryOptionAndTheExitCodes) {
   const auto r = bench("--help");

@@ -20,24 +20,14 @@
 namespace opfuse {
 namespace {
 
-namespace fs = std::filesystem;
+using test::contains;
+using test::count;
+using test::shell_quoted;
 
-std::string shell_quoted(const std::string& s) { return "'" + s + "'"; }
+namespace fs = std::filesystem;
 
 std::string example(const std::string& name) {
   return shell_quoted(test::source_path("dsl_examples/" + name + ".fuse"));
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-size_t count(const std::string& haystack, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos;
-       at = haystack.find(needle, at + 1))
-    ++n;
-  return n;
 }
 
 // `fusec ARGS` with OPFUSE_CACHE_DIR=cache (and extra environment assignments).

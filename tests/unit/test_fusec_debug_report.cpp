@@ -12,29 +12,16 @@
 namespace opfuse {
 namespace {
 
+using test::contains;
+using test::count;
+using test::fusec;
+using test::shell_quoted;
+
 namespace fs = std::filesystem;
 
 constexpr int kExitOk = 0;
 constexpr int kExitUserError = 1;
 constexpr int kExitUsage = 2;
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-test::CommandResult fusec(const std::string& args) {
-  return test::run_command(test::fusec_path() + " " + args);
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-size_t count(const std::string& haystack, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = haystack.find(needle); at != std::string::npos;
-       at = haystack.find(needle, at + 1))
-    ++n;
-  return n;
-}
 
 // A log directory with ranks 0 and 1 logging fc1's activation max and fc2's weight underflows%
 // for iterations 0..4; `extra` is appended to rank 1's file.
@@ -55,8 +42,8 @@ std::string make_log_dir(const std::string& extra = "") {
 TEST(FusecDebugReport, WritesOnePageForEveryRank) {
   const std::string dir = make_log_dir();
   const std::string page = dir + "/out/report.html";  // the parent is created
-  const auto r =
-      fusec("debug-report " + quoted(dir) + " -o " + quoted(page) + " --title 'Run <7>'");
+  const auto r = fusec("debug-report " + shell_quoted(dir) + " -o " + shell_quoted(page) +
+                       " --title 'Run <7>'");
   ASSERT_EQ(r.exit_code, kExitOk) << r.output;
   EXPECT_EQ(r.output, "");
   const std::string html = test::read_text(page);
@@ -65,9 +52,10 @@ TEST(FusecDebugReport, WritesOnePageForEveryRank) {
   EXPECT_TRUE(contains(html, "<h1>Run &lt;7&gt;</h1>"));
   EXPECT_EQ(count(html, "class=\"series\" data-rank=\"1\""), 2u);
   // The same logs give the same bytes; no temp file is left beside the page.
-  ASSERT_EQ(
-      fusec("debug-report " + quoted(dir) + " -o " + quoted(page) + " --title 'Run <7>'").exit_code,
-      kExitOk);
+  ASSERT_EQ(fusec("debug-report " + shell_quoted(dir) + " -o " + shell_quoted(page) +
+                  " --title 'Run <7>'")
+                .exit_code,
+            kExitOk);
   EXPECT_EQ(test::read_text(page), html);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir + "/out"), fs::directory_iterator()), 1);
 }
@@ -77,7 +65,7 @@ TEST(FusecDebugReport, MalformedLineIsLocatedAndWritesNothing) {
       R"({"layer":"fc1","tensor":"activation","gemm":null,"stat":"max","iteration":5,"value":true})"
       "\n");
   const std::string page = dir + "/report.html";
-  const auto r = fusec("debug-report " + quoted(dir) + " -o " + quoted(page));
+  const auto r = fusec("debug-report " + shell_quoted(dir) + " -o " + shell_quoted(page));
   EXPECT_EQ(r.exit_code, kExitUserError) << r.output;
   EXPECT_TRUE(contains(r.output, dir + "/opfuse_statistics/globalrank-1.jsonl:11: error: "
                                        "\"value\" must be a number or one of \"nan\", \"inf\", "
@@ -86,25 +74,26 @@ TEST(FusecDebugReport, MalformedLineIsLocatedAndWritesNothing) {
   EXPECT_FALSE(fs::exists(page));
   // An existing page stays as it was.
   std::ofstream(page) << "old";
-  EXPECT_EQ(fusec("debug-report " + quoted(dir) + " -o " + quoted(page)).exit_code, kExitUserError);
+  EXPECT_EQ(fusec("debug-report " + shell_quoted(dir) + " -o " + shell_quoted(page)).exit_code,
+            kExitUserError);
   EXPECT_EQ(test::read_text(page), "old");
 }
 
 TEST(FusecDebugReport, MissingLogsAreErrors) {
   const std::string page = test::make_temp_dir("fusec-debug-report") + "/report.html";
-  const auto missing = fusec("debug-report /nonexistent/opfuse-no-logs -o " + quoted(page));
+  const auto missing = fusec("debug-report /nonexistent/opfuse-no-logs -o " + shell_quoted(page));
   EXPECT_EQ(missing.exit_code, kExitUsage) << missing.output;
   EXPECT_TRUE(contains(missing.output, "/nonexistent/opfuse-no-logs")) << missing.output;
 
   const std::string empty = test::make_temp_dir("fusec-debug-report");
-  const auto no_folder = fusec("debug-report " + quoted(empty) + " -o " + quoted(page));
+  const auto no_folder = fusec("debug-report " + shell_quoted(empty) + " -o " + shell_quoted(page));
   EXPECT_EQ(no_folder.exit_code, kExitUserError) << no_folder.output;
   EXPECT_TRUE(contains(no_folder.output, "fusec: error: no statistics logs: " + empty +
                                              "/opfuse_statistics is not a directory"))
       << no_folder.output;
   EXPECT_FALSE(fs::exists(page));
 
-  const auto no_output = fusec("debug-report " + quoted(empty));
+  const auto no_output = fusec("debug-report " + shell_quoted(empty));
   EXPECT_EQ(no_output.exit_code, kExitUsage) << no_output.output;
   EXPECT_TRUE(contains(no_output.output, "--output is required")) << no_output.output;
 }
