@@ -100,6 +100,8 @@ class VariantRunner {
     key_ = key;
     return *exec_;
   }
+  // The variant key of the executor at() returned last.
+  const std::string& key() const { return key_; }
 
  private:
   const ir::Sequence& sequence_;
@@ -145,18 +147,26 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       sequence.name, ir::recipe_string(sequence.recipe),
       sequence.fp8_weights ? "  fp8_weights" : "", bindings_string(options.bindings), options.steps,
       options.seed, options.lr, kRunLossDescription);
-  std::string variant_key = "-";
+  // The routing is asked again only where its last answers said they may change, and a variant
+  // chosen (and logged, when it is another) only then.
+  bool asked = true;  // the routing above was just asked
+  std::string logged_key = "-";
   for (int step = 0; step < options.steps; ++step) {
     if (debug) {
-      // Asked again only where the last answers said they may change.
       const int64_t iteration = debug->start_iteration + step;
-      if (iteration >= routing->next_change) routing = debug::route(debug->bindings, iteration);
+      if (iteration >= routing->next_change) {
+        routing = debug::route(debug->bindings, iteration);
+        asked = true;
+      }
       routing->iteration = iteration;
-      if (!routing->conflicts.empty()) throw ReferenceError(routing->conflicts.front());
-      current = &variants.at(&*routing);
-      if (routing->variant_key() != variant_key) {
-        variant_key = routing->variant_key();
-        log_routing(*debug, *routing);
+      if (asked) {
+        if (!routing->conflicts.empty()) throw ReferenceError(routing->conflicts.front());
+        current = &variants.at(&*routing);
+        if (variants.key() != logged_key) {
+          logged_key = variants.key();
+          log_routing(*debug, *routing);
+        }
+        asked = false;
       }
     }
     ReferenceExecutor<float>& exec = *current;
