@@ -8,7 +8,7 @@
 #include <numbers>
 #include <random>
 
-#include "debug_config/instrument.h"
+#include "debug_config/debug_run.h"
 #include "driver/compile.h"
 #include "plan/param_init.h"
 #include "support/assert.h"
@@ -100,8 +100,6 @@ class VariantRunner {
     key_ = key;
     return *exec_;
   }
-  // The variant key of the executor at() returned last.
-  const std::string& key() const { return key_; }
 
  private:
   const ir::Sequence& sequence_;
@@ -111,28 +109,31 @@ class VariantRunner {
   std::map<std::string, QuantizerInfo> bank_;
 };
 
-// Writes the routing of every layer to the debug log (TE's debug log has each layer's plan).
-void log_routing(const DebugRunOptions& debug, const debug::Routing& routing) {
-  debug.log->debug_line(fmt::format("iteration {}: plan variant{}", routing.iteration,
-                                    routing.variant_key().empty() ? " plain" : ""));
-  if (!debug.sources) return;
-  for (const debug::LayerRouting& l : routing.layers) {
-    std::string text = debug::describe(l, *debug.sources);
-    while (!text.empty() && text.back() == '\n') text.pop_back();
-    debug.log->debug_line(text);
-  }
-}
-
 }  // namespace
 
 std::string run_reference_training(const ir::Sequence& sequence, const RunOptions& options) {
   if (options.steps < 1)
     throw ReferenceError(fmt::format("--steps must be at least 1, got {}", options.steps));
-  const std::optional<DebugRunOptions>& debug = options.debug;
-  std::optional<debug::Routing> routing;
-  if (debug) routing = debug::route(debug->bindings, debug->start_iteration);
+  std::optional<debug::DebugRun> debug;
+  if (options.debug) {
+    debug::DebugRunSetup setup;
+    setup.bindings = options.debug->bindings;
+    setup.log = options.debug->log;
+    setup.sources = options.debug->sources;
+    setup.start_iteration = options.debug->start_iteration;
+    debug.emplace(std::move(setup));
+  }
+  // Two features modifying one operand is a user error of the config.
+  auto routing = [&]() -> const debug::Routing& {
+    try {
+      return debug->routing();
+    } catch (const std::runtime_error& e) {
+      throw ReferenceError(e.what());
+    }
+  };
   VariantRunner variants(sequence, options);
-  ReferenceExecutor<float>* current = &variants.at(routing ? &*routing : nullptr);
+  ReferenceExecutor<float>* current = &variants.at(debug ? &routing() : nullptr);
+  uint64_t generation = debug ? debug->generation() : 0;
   // Inputs come from a second stream of the same seed so that they do not depend on the
   // number of parameters.
   std::vector<Tensor<float>> inputs;
@@ -147,26 +148,13 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       sequence.name, ir::recipe_string(sequence.recipe),
       sequence.fp8_weights ? "  fp8_weights" : "", bindings_string(options.bindings), options.steps,
       options.seed, options.lr, kRunLossDescription);
-  // The routing is asked again only where its last answers said they may change, and a variant
-  // chosen (and logged, when it is another) only then.
-  bool asked = true;  // the routing above was just asked
-  std::string logged_key = "-";
   for (int step = 0; step < options.steps; ++step) {
+    // The variant is looked up (by key) only where the routing was asked again.
     if (debug) {
-      const int64_t iteration = debug->start_iteration + step;
-      if (iteration >= routing->next_change) {
-        routing = debug::route(debug->bindings, iteration);
-        asked = true;
-      }
-      routing->iteration = iteration;
-      if (asked) {
-        if (!routing->conflicts.empty()) throw ReferenceError(routing->conflicts.front());
-        current = &variants.at(&*routing);
-        if (variants.key() != logged_key) {
-          logged_key = variants.key();
-          log_routing(*debug, *routing);
-        }
-        asked = false;
+      const debug::Routing& r = routing();
+      if (debug->generation() != generation) {
+        current = &variants.at(&r);
+        generation = debug->generation();
       }
     }
     ReferenceExecutor<float>& exec = *current;
@@ -189,10 +177,8 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name,
                          q.format == Fp8Format::E4M3 ? "e4m3" : "e5m2", q.amax_history[0], q.scale);
     if (debug) {
-      debug::IterationStats stats;
-      stats.add_run(exec.sequence().inspections, exec.stat_records());
-      stats.log(*routing, routing->iteration, *debug->log);
-      debug->log->end_step();
+      debug->add_run(exec.sequence().inspections, exec.stat_records(), debug::RunPhase::Both);
+      debug->end_step();
     }
     exec.step();
     exec.sgd_step(grads, options.lr);

@@ -124,7 +124,12 @@ void IterationStats::add_run(std::span<const plan::StatSlot> slots,
   }
 }
 
-void IterationStats::log(const Routing& routing, int64_t iteration, StatLog& out) const {
+void IterationStats::log(const Routing& routing, int64_t iteration, StatLog& log) const {
+  for (const StatRecord& r : records(routing, iteration)) log.add(r);
+}
+
+std::vector<StatRecord> IterationStats::records(const Routing& routing, int64_t iteration) const {
+  std::vector<StatRecord> out;
   for (const auto& entry : merged_) {
     // References, not a structured binding: the lambda below captures `slot` (clang 14 cannot
     // capture bindings).
@@ -148,10 +153,11 @@ void IterationStats::log(const Routing& routing, int64_t iteration, StatLog& out
         } else {
           v = value(moments, r.kind);
         }
-        out.add(StatRecord{slot.layer, slot.tensor, "", r.name, iteration, v});
+        out.push_back(StatRecord{slot.layer, slot.tensor, "", r.name, iteration, v});
       }
     }
   }
+  return out;
 }
 
 }  // namespace opfuse::debug

@@ -26,7 +26,9 @@ class IterationStats {
  public:
   // Adds one run's records, `records[i]` for `slots[i]`.
   void add_run(std::span<const plan::StatSlot> slots, std::span<const TensorMoments> records);
-  // Writes every statistic the routing's features asked for to `log` (not flushed).
+  // Every statistic the routing's features asked for, in log order.
+  std::vector<StatRecord> records(const Routing& routing, int64_t iteration) const;
+  // Writes records() to `log` (not flushed).
   void log(const Routing& routing, int64_t iteration, StatLog& log) const;
   bool empty() const { return merged_.empty(); }
 

@@ -1,0 +1,67 @@
+#include "debug_config/debug_run.h"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace opfuse::debug {
+
+bool written_by(std::string_view tensor, RunPhase phase) {
+  if (phase == RunPhase::Both) return true;
+  const bool forward = tensor == "activation" || tensor == "weight" || tensor == "output";
+  return forward == (phase == RunPhase::Forward);
+}
+
+DebugRun::DebugRun(DebugRunSetup setup)
+    : setup_(std::move(setup)), iteration_(setup_.start_iteration) {}
+
+const Routing& DebugRun::routing() {
+  if (!routing_ || iteration_ >= routing_->next_change) {
+    routing_ = route(setup_.bindings, iteration_);
+    ++generation_;
+    if (!routing_->conflicts.empty()) throw std::runtime_error(routing_->conflicts.front());
+    const std::string key = routing_->variant_key();
+    if (key != logged_key_ && setup_.log) {
+      // TE's debug log has each layer's plan; ours has it whenever the variant changes.
+      logged_key_ = key;
+      setup_.log->debug_line(
+          fmt::format("iteration {}: plan variant{}", iteration_, key.empty() ? " plain" : ""));
+      if (setup_.sources) {
+        for (const LayerRouting& l : routing_->layers) {
+          std::string text = describe(l, *setup_.sources);
+          while (!text.empty() && text.back() == '\n') text.pop_back();
+          setup_.log->debug_line(text);
+        }
+      }
+    }
+  }
+  routing_->iteration = iteration_;
+  return *routing_;
+}
+
+void DebugRun::add_run(std::span<const plan::StatSlot> slots,
+                       std::span<const TensorMoments> records, RunPhase phase) {
+  std::vector<plan::StatSlot> taken_slots;
+  std::vector<TensorMoments> taken;
+  for (size_t i = 0; i < slots.size() && i < records.size(); ++i) {
+    if (!written_by(slots[i].tensor, phase)) continue;
+    taken_slots.push_back(slots[i]);
+    taken.push_back(records[i]);
+  }
+  stats_.add_run(taken_slots, taken);
+}
+
+void DebugRun::end_step() {
+  if (!stats_.empty()) {
+    const std::vector<StatRecord> records = stats_.records(routing(), iteration_);
+    for (const StatRecord& r : records) {
+      if (setup_.log) setup_.log->add(r);
+      if (setup_.on_stat) setup_.on_stat(r);
+    }
+  }
+  stats_ = IterationStats();
+  if (setup_.log) setup_.log->end_step();
+  ++iteration_;
+}
+
+}  // namespace opfuse::debug

@@ -1,0 +1,69 @@
+// The iteration loop of a precision-debug run, shared by the CPU reference's training loop
+// (reference/run_driver.cpp) and opfuse::Session on the GPU (runtime/api/session.cpp), so that
+// both ask the routing, pick plan variants, merge micro-batches and log alike
+// (docs/debugging.md, "Plan variants" and "Log files").
+//
+// Per iteration: variant() answers which plan variant runs (asking the routing calls again only
+// at the iteration their last answers named); each run of the variant (a forward, a backward)
+// hands its statistics records to add_run(); end_step() logs the merged statistics of the
+// iteration (log files and the application's callback) and moves to the next iteration.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "debug/stat_log.h"
+#include "debug_config/instrument.h"
+#include "debug_config/routing.h"
+
+namespace opfuse::debug {
+
+// Which records a run wrote: a forward writes those of the activation, weight and output; a
+// backward those of the gradient, dgrad and wgrad (the others keep an earlier run's values).
+enum class RunPhase : uint8_t { Forward, Backward, Both };
+
+// Whether the record of `tensor` (a TensorKind name) is written by a run of `phase`.
+bool written_by(std::string_view tensor, RunPhase phase);
+
+struct DebugRunSetup {
+  std::vector<LayerBinding> bindings;
+  StatLog* log = nullptr;                  // null: no files (the callback only)
+  const SourceManager* sources = nullptr;  // names the config file in the debug log
+  int64_t start_iteration = 0;
+  std::function<void(const StatRecord&)> on_stat;  // every logged statistic, in log order
+};
+
+class DebugRun {
+ public:
+  explicit DebugRun(DebugRunSetup setup);
+
+  int64_t iteration() const { return iteration_; }
+  // The routing of the current iteration: asked again only when the last answers may have
+  // changed. Throws std::runtime_error (the message names both features) when two features modify
+  // one GEMM operand. A variant other than the last one returned is written to the debug log.
+  const Routing& routing();
+  // Increases each time routing() asked the routing calls again: the variant needs looking up
+  // (by Routing::variant_key) only when it changed.
+  uint64_t generation() const { return generation_; }
+  // Adds the records of one run of the current iteration's variant (`records[i]` for `slots[i]`):
+  // only those `phase` wrote are taken.
+  void add_run(std::span<const plan::StatSlot> slots, std::span<const TensorMoments> records,
+               RunPhase phase);
+  // Logs the iteration's statistics (log files, flushed, and the callback) and advances to the
+  // next iteration. Throws DebugLogError when the files cannot be written.
+  void end_step();
+
+ private:
+  DebugRunSetup setup_;
+  int64_t iteration_ = 0;
+  std::optional<Routing> routing_;
+  uint64_t generation_ = 0;
+  std::string logged_key_ = "-";  // the variant key last written to the debug log
+  IterationStats stats_;
+};
+
+}  // namespace opfuse::debug
