@@ -1,5 +1,6 @@
 #include "debug_config/debug_run.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -43,6 +44,10 @@ void DebugRun::add_run(std::span<const plan::StatSlot> slots,
                        std::span<const TensorMoments> records, RunPhase phase) {
   std::vector<plan::StatSlot> taken_slots;
   std::vector<TensorMoments> taken;
+  for (const plan::StatSlot& slot : slots) {
+    const std::pair<std::string, std::string> tensor{slot.layer, slot.tensor};
+    if (std::find(order_.begin(), order_.end(), tensor) == order_.end()) order_.push_back(tensor);
+  }
   for (size_t i = 0; i < slots.size() && i < records.size(); ++i) {
     if (!written_by(slots[i].tensor, phase)) continue;
     taken_slots.push_back(slots[i]);
@@ -53,13 +58,21 @@ void DebugRun::add_run(std::span<const plan::StatSlot> slots,
 
 void DebugRun::end_step() {
   if (!stats_.empty()) {
-    const std::vector<StatRecord> records = stats_.records(routing(), iteration_);
+    std::vector<StatRecord> records = stats_.records(routing(), iteration_);
+    const auto rank = [this](const StatRecord& r) {
+      return std::find(order_.begin(), order_.end(), std::make_pair(r.layer, r.tensor)) -
+             order_.begin();
+    };
+    std::stable_sort(
+        records.begin(), records.end(),
+        [&rank](const StatRecord& a, const StatRecord& b) { return rank(a) < rank(b); });
     for (const StatRecord& r : records) {
       if (setup_.log) setup_.log->add(r);
       if (setup_.on_stat) setup_.on_stat(r);
     }
   }
   stats_ = IterationStats();
+  order_.clear();
   if (setup_.log) setup_.log->end_step();
   ++iteration_;
 }

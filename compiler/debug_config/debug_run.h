@@ -49,8 +49,9 @@ class DebugRun {
   // Increases each time routing() asked the routing calls again: the variant needs looking up
   // (by Routing::variant_key) only when it changed.
   uint64_t generation() const { return generation_; }
-  // Adds the records of one run of the current iteration's variant (`records[i]` for `slots[i]`):
-  // only those `phase` wrote are taken.
+  // Adds the records of one run of the current iteration's variant (`records[i]` for `slots[i]`,
+  // every slot of its plan): only those `phase` wrote are taken. Statistics are logged in slot
+  // order, as the CPU reference (one run per step) gives them.
   void add_run(std::span<const plan::StatSlot> slots, std::span<const TensorMoments> records,
                RunPhase phase);
   // Logs the iteration's statistics (log files, flushed, and the callback) and advances to the
@@ -64,6 +65,9 @@ class DebugRun {
   uint64_t generation_ = 0;
   std::string logged_key_ = "-";  // the variant key last written to the debug log
   IterationStats stats_;
+  // The tensors of the iteration's records in plan slot order: the order they are logged in,
+  // whichever run gave them first.
+  std::vector<std::pair<std::string, std::string>> order_;
 };
 
 }  // namespace opfuse::debug

@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "api/build_dir.h"
+#include "api/debug_program.h"
 #include "api/program_impl.h"
 #include "cpu/numerics.h"
 #include "driver/compile.h"
@@ -141,8 +142,8 @@ Program Program::compile(std::string_view source, std::string_view file_name,
   auto impl = std::make_shared<Impl>();
   impl->source_name = std::string(file_name);
 
-  SourceManager sources;
-  DiagnosticEngine diags(sources);
+  auto sources = std::make_shared<SourceManager>();
+  DiagnosticEngine diags(*sources);
   driver::CompileOptions compile_options;
   compile_options.recipe = options.recipe;
   compile_options.disabled_passes.insert(options.disabled_passes.begin(),
@@ -150,8 +151,12 @@ Program Program::compile(std::string_view source, std::string_view file_name,
   compile_options.arch = options.arch.empty() ? default_arch() : options.arch;
   compile_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
   compile_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
+  // The front end, then the passes and the plan (the plain plan): a debug config keeps the IR
+  // in between to compile its variants from.
+  driver::CompileOptions front_end = compile_options;
+  front_end.last_stage = driver::Stage::FrontEnd;
   driver::CompileResult result = driver::compile_source(std::string(file_name), std::string(source),
-                                                        sources, diags, compile_options);
+                                                        *sources, diags, front_end);
   if (result.status == driver::CompileStatus::UsageError) {
     if (!result.unknown_passes.empty()) {
       throw UsageError(fmt::format("CompileOptions::disabled_passes names no pass '{}'; passes: {}",
@@ -161,6 +166,21 @@ Program Program::compile(std::string_view source, std::string_view file_name,
     throw UsageError("CompileOptions::disabled_passes: " + result.error);
   }
   if (!result.ok()) throw CompileError(diags.format_all());
+  if (options.debug_config) {
+    const DebugConfigSource& config = *options.debug_config;
+    if (config.path.empty() && config.text.empty()) {
+      throw UsageError(
+          "CompileOptions::debug_config has neither a path nor a text: give one, or leave "
+          "debug_config empty");
+    }
+    impl->debug =
+        api::DebugProgram::create(config, result.program, sources, diags, compile_options, options);
+    if (!impl->debug) throw CompileError(diags.format_all());
+  }
+  ir::Program program = std::move(result.program);
+  result = driver::compile_ir(std::move(program), sources.get(), &diags, compile_options);
+  if (!result.ok()) throw CompileError(result.error.empty() ? diags.format_all() : result.error);
+  impl->warnings = diags.format_all();
   impl->plan = std::move(result.plan);
 
   const std::vector<jit::CompileRequest> requests = compile_requests(result.kernels);
@@ -217,6 +237,10 @@ std::string Program::recipe(std::string_view sequence) const {
 std::string Program::plan_json() const { return plan::plan_json_text(impl_->plan); }
 
 const BuildStats& Program::build_stats() const { return impl_->stats; }
+
+const std::string& Program::warnings() const { return impl_->warnings; }
+
+bool Program::has_debug_config() const { return impl_->debug != nullptr; }
 
 std::vector<jit::CompileRequest> compile_requests(
     const std::vector<driver::KernelRequest>& kernels) {

@@ -2,6 +2,7 @@
 // pass, its plan and each plan kernel's binary. Internal to the runtime.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,11 +13,18 @@
 
 namespace opfuse {
 
+namespace api {
+class DebugProgram;
+}
+
 struct Program::Impl {
   std::string source_name;
   plan::Plan plan;
   std::vector<jit::CompiledKernel> kernels;  // plan.kernels order
   BuildStats stats;
+  std::string warnings;  // formatted compile warnings
+  // A program compiled with a debug config: what its plan variants compile from.
+  std::shared_ptr<const api::DebugProgram> debug;
 };
 
 // The compile driver's kernel requests (driver/compile.h) as NVRTC requests; Program::compile and

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "api/debug_session.h"
 #include "api/program_impl.h"
 #include "api/session_access.h"
 #include "api/state_file.h"
@@ -55,7 +56,10 @@ struct Session::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<gpu::PlanModules> modules;
   std::unique_ptr<gpu::GemmRunner> gemms;
-  std::unique_ptr<gpu::SequenceExecutor> executor;
+  std::unique_ptr<gpu::SequenceExecutor> executor;  // the plain plan's
+  // With a debug config: the variants' executors and the iteration loop. exec() is the executor
+  // of the variant that runs now.
+  std::unique_ptr<api::DebugSession> debug;
   std::map<std::string, std::int64_t> bindings;
   bool bound = false;
   std::map<std::string, gpu::DeviceBuffer, std::less<>> owned;  // parameters we own
@@ -67,6 +71,22 @@ struct Session::Impl {
   Session::GraphScope graph_scope = Session::GraphScope::TrainingStep;
 
   ~Impl() { destroy_graph(); }
+
+  void set_everywhere(const std::string& name, const void* pointer) {
+    executor->set_tensor(name, pointer);
+    if (debug) debug->set_tensor(name, pointer);
+  }
+
+  gpu::SequenceExecutor& exec() const { return debug ? debug->current() : *executor; }
+
+  // Every quantizer's state by name (debug: the current variant's and the others' last).
+  std::map<std::string, cpu::DelayedScalingState> quantizer_states(cudaStream_t stream) const {
+    if (debug) return debug->quantizer_states(stream);
+    std::map<std::string, cpu::DelayedScalingState> states;
+    const std::vector<cpu::DelayedScalingState> list = executor->download_quantizers(stream);
+    for (std::size_t i = 0; i < list.size(); ++i) states[plan->quantizers.at(i).name] = list[i];
+    return states;
+  }
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
@@ -97,7 +117,7 @@ struct Session::Impl {
 
   std::vector<gpu::TensorInfo> params() const {
     std::vector<gpu::TensorInfo> result;
-    for (gpu::TensorInfo& info : executor->tensors())
+    for (gpu::TensorInfo& info : exec().tensors())
       if (info.role == plan::BufferRole::Param) result.push_back(std::move(info));
     return result;
   }
@@ -152,6 +172,10 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   s.gemms = std::make_unique<gpu::GemmRunner>(stream, gpu::GemmOptions{options.gemm_autotune});
   s.executor = std::make_unique<gpu::SequenceExecutor>(*s.plan, *s.modules, *s.gemms, stream);
   s.executor->set_auto_graph(options.auto_graph);
+  if (p.debug) {
+    s.debug = std::make_unique<api::DebugSession>(p.debug, s.plan->name, options.debug, *s.gemms,
+                                                  options.auto_graph, *s.executor);
+  }
 }
 
 Session::~Session() = default;
@@ -164,6 +188,7 @@ void Session::bind(const std::map<std::string, std::int64_t>& sizes) {
   Impl& s = *impl_;
   s.require_no_graph("bind()");
   s.executor->bind(sizes);
+  if (s.debug) s.debug->bind(sizes);
   s.bindings = sizes;
   // Parameters keep their memory: their shapes are constants of the program (no symbolic size
   // reaches a weight), so a new binding never changes their size.
@@ -173,7 +198,7 @@ void Session::bind(const std::map<std::string, std::int64_t>& sizes) {
 std::vector<TensorInfo> Session::tensors() const {
   impl_->require_bound("tensors()");
   std::vector<TensorInfo> result;
-  for (const gpu::TensorInfo& info : impl_->executor->tensors()) {
+  for (const gpu::TensorInfo& info : impl_->exec().tensors()) {
     result.push_back(
         {info.name, public_kind(info), public_dtype(info.dtype), info.shape, info.bytes});
   }
@@ -215,7 +240,7 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
         cudaMemcpyAsync(buffer.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream),
         fmt::format("uploading parameter '{}'", info.name));
     OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "own_parameters");
-    s.executor->set_tensor(info.name, buffer.data());
+    s.set_everywhere(info.name, buffer.data());
     s.given.erase(info.name);
     s.owned.insert_or_assign(info.name, std::move(buffer));
   }
@@ -229,7 +254,7 @@ void Session::allocate_parameters(cudaStream_t stream) {
     gpu::DeviceBuffer buffer(info.bytes, stream);
     OPFUSE_CUDA_CHECK(cudaMemsetAsync(buffer.data(), 0, info.bytes, stream),
                       fmt::format("zeroing parameter '{}'", info.name));
-    s.executor->set_tensor(info.name, buffer.data());
+    s.set_everywhere(info.name, buffer.data());
     s.given.erase(info.name);
     s.owned.insert_or_assign(info.name, std::move(buffer));
   }
@@ -249,7 +274,7 @@ void* Session::parameter(std::string_view name) const {
 void Session::set_tensor(std::string_view name, const void* device_ptr) {
   Impl& s = *impl_;
   s.require_no_graph("set_tensor()");
-  s.executor->set_tensor(name, device_ptr);
+  s.set_everywhere(std::string(name), device_ptr);
   if (const auto it = s.owned.find(name); it != s.owned.end()) s.owned.erase(it);
   for (const gpu::TensorInfo& info : s.params()) {
     if (info.name == name) s.given.insert_or_assign(std::string(name), device_ptr);
@@ -258,36 +283,53 @@ void Session::set_tensor(std::string_view name, const void* device_ptr) {
 
 void Session::parameters_changed() {
   Impl& s = *impl_;
-  s.executor->invalidate_weight_cache();
+  s.exec().invalidate_weight_cache();
   // A recording of an fp8_weights sequence holds no weight casts (capture()): cast them now.
   if (s.graph_exec != nullptr && s.plan->fp8_weights) s.executor->cast_weights(s.graph_stream);
 }
 
 void Session::forward(cudaStream_t stream, RunMode mode) {
-  impl_->require_bound("forward()");
-  impl_->require_no_graph("forward()");
-  impl_->executor->forward(
-      stream, mode == RunMode::Training ? gpu::RunMode::Training : gpu::RunMode::Inference);
+  Impl& s = *impl_;
+  s.require_bound("forward()");
+  s.require_no_graph("forward()");
+  gpu::SequenceExecutor& exec = s.debug ? s.debug->before_forward(stream) : *s.executor;
+  exec.forward(stream,
+               mode == RunMode::Training ? gpu::RunMode::Training : gpu::RunMode::Inference);
+  if (s.debug) s.debug->after_run(debug::RunPhase::Forward, stream);
 }
 
 void Session::backward(cudaStream_t stream) {
-  impl_->require_bound("backward()");
-  impl_->require_no_graph("backward()");
-  impl_->executor->backward(stream);
+  Impl& s = *impl_;
+  s.require_bound("backward()");
+  s.require_no_graph("backward()");
+  s.exec().backward(stream);
+  if (s.debug) s.debug->after_run(debug::RunPhase::Backward, stream);
 }
 
 void Session::step(cudaStream_t stream) {
-  impl_->require_no_graph("step()");
-  impl_->executor->end_step(stream);
-  ++impl_->steps;
+  Impl& s = *impl_;
+  s.require_no_graph("step()");
+  s.exec().end_step(stream);
+  ++s.steps;
+  if (s.debug) s.debug->end_step();
 }
 
-const void* Session::output(std::string_view name) const { return impl_->executor->output(name); }
+std::int64_t Session::debug_iteration() const {
+  if (!impl_->debug) {
+    throw UsageError(
+        fmt::format("debug_iteration(): sequence '{}' runs without a debug config (CompileOptions::"
+                    "debug_config)",
+                    impl_->plan->name));
+  }
+  return impl_->debug->iteration();
+}
+
+const void* Session::output(std::string_view name) const { return impl_->exec().output(name); }
 const void* Session::input_grad(std::string_view name) const {
-  return impl_->executor->input_grad(name);
+  return impl_->exec().input_grad(name);
 }
 const void* Session::param_grad(std::string_view name) const {
-  return impl_->executor->param_grad(name);
+  return impl_->exec().param_grad(name);
 }
 
 void Session::save(const std::string& path, cudaStream_t stream) {
@@ -309,8 +351,10 @@ void Session::save(const std::string& path, cudaStream_t stream) {
         cudaMemcpyAsync(tensor.bytes.data(), pointer, bytes, cudaMemcpyDeviceToHost, stream),
         fmt::format("downloading parameter '{}'", tensor.name));
   }
-  const std::vector<cpu::DelayedScalingState> quantizers = s.executor->download_quantizers(stream);
-  for (std::size_t i = 0; i < quantizers.size(); ++i) state.quantizers[i].state = quantizers[i];
+  const std::map<std::string, cpu::DelayedScalingState> quantizers = s.quantizer_states(stream);
+  for (api::StateQuantizer& q : state.quantizers) {
+    if (const auto it = quantizers.find(q.name); it != quantizers.end()) q.state = it->second;
+  }
   OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "save()");
   api::write_state_file(path, state);
 }
@@ -343,8 +387,15 @@ void Session::load(const std::string& path, cudaStream_t stream) {
                         tensor.bytes.size(), cudaMemcpyHostToDevice, stream),
         fmt::format("uploading parameter '{}'", tensor.name));
   }
-  s.executor->upload_quantizers(quantizers, stream);
-  s.executor->invalidate_weight_cache();
+  if (s.debug) {
+    std::map<std::string, cpu::DelayedScalingState> by_name;
+    for (std::size_t i = 0; i < quantizers.size(); ++i)
+      by_name[expected.quantizers[i].name] = quantizers[i];
+    s.debug->set_quantizer_states(by_name, stream);
+  } else {
+    s.executor->upload_quantizers(quantizers, stream);
+  }
+  s.exec().invalidate_weight_cache();
   OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "load()");
   s.steps = file.step;
 }
@@ -353,6 +404,12 @@ void Session::capture(cudaStream_t stream, GraphScope scope) {
   Impl& s = *impl_;
   s.require_bound("capture()");
   s.require_no_graph("capture()");
+  if (s.debug) {
+    throw UsageError(fmt::format(
+        "capture() on sequence '{}': a session with a debug config runs eagerly (its plan "
+        "changes by iteration); compile without CompileOptions::debug_config to capture",
+        s.plan->name));
+  }
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
     throw UsageError(
         "capture() needs a stream created with cudaStreamCreate*: the default stream cannot be "
@@ -416,10 +473,12 @@ bool Session::has_graph() const { return impl_->graph_exec != nullptr; }
 
 std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
   const Impl& s = *impl_;
-  const std::vector<cpu::DelayedScalingState> states = s.executor->download_quantizers(stream);
+  // The quantizers of the variant that runs now (plan order).
+  const std::vector<cpu::DelayedScalingState> states = s.exec().download_quantizers(stream);
+  const plan::SequencePlan& plan = s.exec().plan();
   std::vector<QuantizerStatus> result;
   for (std::size_t i = 0; i < states.size(); ++i) {
-    const plan::QuantizerPlan& q = s.plan->quantizers.at(i);
+    const plan::QuantizerPlan& q = plan.quantizers.at(i);
     result.push_back({q.name, public_dtype(q.format()), states[i].amax_history, states[i].scale,
                       states[i].scale_inv});
   }
@@ -427,7 +486,7 @@ std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
 }
 
 MemoryStats Session::memory() const {
-  const gpu::ExecutorMemory memory = impl_->executor->memory();
+  const gpu::ExecutorMemory memory = impl_->exec().memory();
   MemoryStats stats;
   stats.live_bytes = memory.live_bytes;
   stats.peak_bytes = memory.peak_bytes;
@@ -436,10 +495,11 @@ MemoryStats Session::memory() const {
   return stats;
 }
 
-void Session::reset_peak_memory() { impl_->executor->reset_peak(); }
-
-gpu::SequenceExecutor& SessionAccess::executor(Session& session) {
-  return *session.impl_->executor;
+void Session::reset_peak_memory() {
+  impl_->executor->reset_peak();
+  if (impl_->debug) impl_->debug->reset_peak();
 }
+
+gpu::SequenceExecutor& SessionAccess::executor(Session& session) { return session.impl_->exec(); }
 
 }  // namespace opfuse

@@ -338,6 +338,17 @@ std::vector<unsigned char> SequenceExecutor::stat_records(cudaStream_t stream) c
   return out;
 }
 
+const plan::SequencePlan& SequenceExecutor::plan() const { return impl_->plan; }
+
+std::size_t SequenceExecutor::stat_record_bytes() const { return impl_->stat_records.size(); }
+
+void SequenceExecutor::copy_stat_records_async(void* host, cudaStream_t stream) const {
+  const Impl& s = *impl_;
+  if (s.stat_records.size() == 0) return;
+  OPFUSE_CUDA_CHECK(cudaMemcpyAsync(host, s.stat_records.data(), s.stat_records.size(),
+                                    cudaMemcpyDeviceToHost, stream));
+}
+
 std::vector<cpu::DelayedScalingState> SequenceExecutor::download_quantizers(
     cudaStream_t stream) const {
   if (!impl_->quantizers) return {};

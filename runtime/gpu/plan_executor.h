@@ -107,6 +107,8 @@ class SequenceExecutor {
   SequenceExecutor(const SequenceExecutor&) = delete;
   SequenceExecutor& operator=(const SequenceExecutor&) = delete;
 
+  const plan::SequencePlan& plan() const;
+
   // Sets the run-time sizes (every symbol of plan.symbols but num_sms, which comes from the
   // device) and places the buffers for them. Throws UsageError, launching nothing, for a missing
   // or unknown symbol, a size < 1, or a GEMM dimension cuBLASLt FP8 cannot take (FP8: every m, n,
@@ -167,6 +169,10 @@ class SequenceExecutor {
   // the last run left them: kStatRecordBytes per slot in debug::TensorMoments' layout (debug/
   // stats.h), copied to the host after waiting for `stream`. Empty for a plan without slots.
   std::vector<unsigned char> stat_records(cudaStream_t stream) const;
+  // The same without waiting: stat_record_bytes() bytes enqueued on `stream` into `host` (pinned
+  // memory, so the copy is asynchronous), valid once `stream` reaches this point.
+  std::size_t stat_record_bytes() const;
+  void copy_stat_records_async(void* host, cudaStream_t stream) const;
 
   // Quantizer state (plan order), copied to the host after waiting for `stream`, and replaced
   // (checkpoint load). upload throws UsageError, copying nothing, on a count/length mismatch.

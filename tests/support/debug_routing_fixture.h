@@ -16,6 +16,7 @@ struct RoutedConfig {
   SourceManager sources;
   std::unique_ptr<DiagnosticEngine> diags;
   std::optional<debug::DebugConfig> config;
+  std::vector<debug::LayerBinding> bindings;
   debug::Routing routing;
 };
 
@@ -34,7 +35,8 @@ inline std::unique_ptr<RoutedConfig> routed(const std::string& yaml,
   if (!r->config) return r;
   std::vector<debug::LayerInfo> infos;
   for (const std::string& l : layers) infos.push_back({l, {}, quantized});
-  r->routing = debug::route(debug::bind_layers(*r->config, infos, *r->diags), iteration);
+  r->bindings = debug::bind_layers(*r->config, infos, *r->diags);
+  r->routing = debug::route(r->bindings, iteration);
   return r;
 }
 

@@ -435,6 +435,12 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   SessionOptions session_options;
   session_options.gemm_autotune = options.gemm_autotune;
   session_options.auto_graph = options.auto_graph;
+  session_options.debug = options.debug;
+  if (program.has_debug_config() && options.graph) {
+    throw UsageError(
+        "--graph with --debug-config: a debug session runs eagerly (its plan changes by "
+        "iteration)");
+  }
   Session session(program, options.sequence, stream, session_options);
   session.bind(options.bindings);
   report.sequence = session.sequence();
@@ -449,6 +455,13 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   report.build = program.build_stats();
   report.compile_wall_ms = options.compile_wall_ms;
   report.warmup = options.warmup;
+  if (program.has_debug_config()) {
+    report.notes.push_back(fmt::format(
+        "precision debug config: each iteration runs its routing's plan variant and step() waits "
+        "for its statistics{}; the per-step breakdown is the variant that ran after the warm-up",
+        options.debug.log_dir.empty() ? " (not written: no --debug-log-dir)"
+                                      : " and writes them to " + options.debug.log_dir));
+  }
 
   Iteration iteration(session, options, stream);
   bool has_output_grad = false;

@@ -43,6 +43,9 @@ struct BenchOptions {
   // peer in one process (H200, bench/RESULTS.md). 0: keep the initial scales.
   int calibrate = 4;
   std::uint64_t seed = 0;
+  // For a program compiled with a debug config (fusec bench --debug-config): how its session
+  // logs. Every timed iteration is a debug iteration (each step() waits for its statistics).
+  DebugSessionOptions debug;
   // Only for the report: the program's compile wall time as the caller measured it.
   double compile_wall_ms = 0;
 };

@@ -29,6 +29,8 @@ struct BenchCommandOptions {
   int calibrate = 4;
   uint64_t seed = 0;
   std::string json;
+  std::string debug_config;
+  std::string debug_log_dir;
 };
 
 int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
@@ -44,9 +46,13 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
   try {
     opfuse::CompileOptions compile;
     compile.recipe = common.recipe;
+    if (!opts.debug_config.empty())
+      compile.debug_config = opfuse::DebugConfigSource{opts.debug_config, {}, {}};
     const Clock::time_point start = Clock::now();
     const opfuse::Program program = opfuse::Program::compile_file(opts.file, compile);
+    std::fputs(program.warnings().c_str(), stderr);
     opfuse::api::BenchOptions bench;
+    bench.debug.log_dir = opts.debug_log_dir;
     bench.compile_wall_ms = milliseconds_since(start);
     bench.sequence = opts.sequence;
     bench.bindings = *bindings;
@@ -126,6 +132,18 @@ Command add_bench_command(CLI::App& app, CommonOptions& common) {
   bench->add_option("--seed", opts->seed, "seed of the parameters and inputs")
       ->capture_default_str();
   bench->add_option("--json", opts->json, "also write every number to this JSON file");
+  auto* debug_config =
+      bench
+          ->add_option("--debug-config", opts->debug_config,
+                       "time with a precision-debug config (docs/debugging.md): every iteration "
+                       "runs its routing's plan variant and logs its statistics; compare with the "
+                       "same command without it for the features' cost")
+          ->check(CLI::ExistingFile);
+  bench
+      ->add_option("--debug-log-dir", opts->debug_log_dir,
+                   "with --debug-config: write the statistics there (TE's layout); without it "
+                   "they are computed and gathered but not written")
+      ->needs(debug_config);
   add_common(bench, common);
   bench->footer(
       "Needs a GPU (exit 1 without one). Parameters as `fusec run` makes them; inputs and output "

@@ -55,7 +55,9 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
     ~StreamOwner() { (void)cudaStreamDestroy(stream); }
   } owner{stream};
 
-  Session session(program, options.sequence, stream);
+  SessionOptions session_options;
+  session_options.debug = options.debug;
+  Session session(program, options.sequence, stream, session_options);
   session.bind(options.bindings);
   session.own_parameters(options.seed, stream);
 

@@ -19,6 +19,8 @@ struct GpuRunOptions {
   int steps = 1;
   std::uint64_t seed = 0;
   double lr = 0.01;
+  // For a program compiled with a debug config: where and how its session logs.
+  DebugSessionOptions debug;
 };
 
 // Throws opfuse::Error (UsageError for misuse such as unbound sizes or steps < 1).

@@ -12,8 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +52,15 @@ struct TensorInfo {
   std::size_t bytes = 0;
 };
 
+// A precision-debug config (docs/debugging.md): TE's config.yaml schema, read when the program
+// compiles (errors located in it, as CompileError), its routing resolved into plan variants that a
+// Session switches between by iteration.
+struct DebugConfigSource {
+  std::string path;  // the config file; or, when empty,
+  std::string text;  // its text, called `name` in diagnostics
+  std::string name = "debug.yaml";
+};
+
 struct CompileOptions {
   std::string recipe;  // a recipe declared in the file, or "bf16"; empty: each sequence's own
   // NVRTC target, e.g. "sm_90a"; empty: the current GPU's, or sm_90a on a machine without one.
@@ -63,6 +74,9 @@ struct CompileOptions {
   bool fp8_fprop_fast_accum = true;
   bool fp8_backward_fast_accum = false;
   int compile_threads = 0;  // <= 0: every core
+  // Precision debugging: the plain plan compiles as without it; the variants an iteration's
+  // features need compile (through the kernel cache) the first time a session runs them.
+  std::optional<DebugConfigSource> debug_config;
 };
 
 struct BuildStats {
@@ -93,6 +107,10 @@ class Program {
   std::string recipe(std::string_view sequence = {}) const;
   std::string plan_json() const;  // docs/codegen.md
   const BuildStats& build_stats() const;
+  // Warnings of the compile (formatted like errors), e.g. a debug-config section that matches no
+  // layer; empty when there were none.
+  const std::string& warnings() const;
+  bool has_debug_config() const;
 
   struct Impl;  // runtime/api/program_impl.h
 
@@ -129,6 +147,26 @@ struct MemoryStats {
   std::size_t owned_bytes = 0;  // parameters the session owns
 };
 
+// One statistic of a precision-debug feature, as logged (TE's `{layer}_{tensor}_{stat}` at an
+// iteration; `gemm` names the GEMM for statistics of a GEMM's operand, else empty).
+struct DebugStat {
+  std::string layer, tensor, gemm, stat;
+  std::int64_t iteration = 0;
+  double value = 0;
+};
+
+// How a session of a program compiled with a debug config runs it (docs/debugging.md).
+struct DebugSessionOptions {
+  // TE's log layout (statistics log, debug log) plus one JSON object per statistic, under this
+  // directory; empty: no files. An unwritable directory is a UsageError from the constructor.
+  std::string log_dir;
+  int rank = 0;                      // the log files' global rank
+  int precision = 4;                 // decimals of the text log's values (TE prints 4); 0 to 30
+  std::int64_t start_iteration = 0;  // the iteration of the first step (a resumed run)
+  // Called by step() with each statistic of the iteration that ended, in log order.
+  std::function<void(const DebugStat&)> on_stat;
+};
+
 struct SessionOptions {
   // Time the first candidates cuBLASLt's heuristic offers for each GEMM at its first run and
   // keep the fastest, instead of taking the heuristic's first. The first forward/backward then
@@ -142,6 +180,9 @@ struct SessionOptions {
   // the inputs into the recording's own buffers (a few us of device time). Same results; false
   // runs every forward step by step.
   bool auto_graph = true;
+  // Used when the program was compiled with a debug config: each iteration (from one step() to
+  // the next) runs the plan variant its routing asks for, and step() logs its statistics.
+  DebugSessionOptions debug;
 };
 
 // One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time
@@ -185,7 +226,13 @@ class Session {
   // Ends a training step: every quantizer's amax history and scale updated in one launch; the
   // FP8 weight copies are recast at the next forward. Under `with fp8_weights` they are the
   // weights: recast only after parameters_changed(), set_tensor() of a parameter or load().
+  // With a debug config it also ends the debug iteration: it waits for the statistics of the
+  // iteration's forwards and backwards (copied to the host as they ran), logs them and hands them
+  // to DebugSessionOptions::on_stat; the next forward runs the next iteration's variant.
   void step(cudaStream_t stream);
+  // The debug iteration the next forward belongs to (DebugSessionOptions::start_iteration plus
+  // the steps since); UsageError without a debug config.
+  std::int64_t debug_iteration() const;
 
   // Results, device memory the session owns: outputs valid until the next forward, gradients
   // until the next forward or backward.
@@ -206,6 +253,8 @@ class Session {
   // (under `with fp8_weights` the casts stay outside it: call parameters_changed()).
   // Until release_graph(), forward/backward/step/bind/set_tensor/load throw UsageError (they
   // would disagree with the recording); outputs and gradients are read as after eager calls.
+  // A session with a debug config cannot capture (its plan changes by iteration; TE runs debug
+  // iterations without graphs too): UsageError.
   enum class GraphScope : std::uint8_t { InferenceForward, TrainingStep };
   void capture(cudaStream_t stream, GraphScope scope);
   void replay(cudaStream_t stream);

@@ -1,0 +1,229 @@
+#include "api/debug_session.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "api/program_impl.h"
+#include "gpu/cuda_check.h"
+
+namespace opfuse::api {
+
+struct DebugSession::Variant {
+  std::shared_ptr<const DebugVariant> compiled;  // null for the plain plan (the session's)
+  const plan::SequencePlan* plan = nullptr;
+  std::unique_ptr<gpu::PlanModules> modules;
+  std::unique_ptr<gpu::SequenceExecutor> owned;
+  gpu::SequenceExecutor* executor = nullptr;
+};
+
+// One run's records on their way to the host.
+struct DebugSession::Pending {
+  void* host = nullptr;  // pinned
+  std::size_t capacity = 0;
+  cudaEvent_t done = nullptr;
+  const plan::SequencePlan* plan = nullptr;
+  debug::RunPhase phase = debug::RunPhase::Both;
+
+  Pending() = default;
+  Pending(const Pending&) = delete;
+  Pending& operator=(const Pending&) = delete;
+  ~Pending() {
+    // Why statuses are dropped: teardown must not throw.
+    if (host != nullptr) (void)cudaFreeHost(host);
+    if (done != nullptr) (void)cudaEventDestroy(done);
+  }
+};
+
+namespace {
+
+debug::StatLog open_log(const DebugSessionOptions& options) {
+  if (options.precision < 0 || options.precision > 30) {
+    throw UsageError(
+        fmt::format("DebugSessionOptions::precision must be 0 to 30, got {}", options.precision));
+  }
+  if (options.rank < 0)
+    throw UsageError(fmt::format("DebugSessionOptions::rank must be >= 0, got {}", options.rank));
+  try {
+    return debug::StatLog::open(options.log_dir, options.rank, options.precision);
+  } catch (const debug::DebugLogError& e) {
+    throw UsageError(e.what());
+  }
+}
+
+debug::DebugRunSetup run_setup(const DebugProgram& program, const DebugSessionOptions& options,
+                               debug::StatLog* log) {
+  debug::DebugRunSetup setup;
+  setup.bindings = program.bindings();
+  setup.log = log;
+  setup.sources = &program.sources();
+  setup.start_iteration = options.start_iteration;
+  if (options.on_stat) {
+    setup.on_stat = [callback = options.on_stat](const debug::StatRecord& r) {
+      callback(DebugStat{r.layer, r.tensor, r.gemm, r.stat, r.iteration, r.value});
+    };
+  }
+  return setup;
+}
+
+}  // namespace
+
+DebugSession::DebugSession(std::shared_ptr<const DebugProgram> program, std::string sequence,
+                           const DebugSessionOptions& options, gpu::GemmRunner& gemms,
+                           bool auto_graph, gpu::SequenceExecutor& plain)
+    : program_(std::move(program)),
+      sequence_(std::move(sequence)),
+      gemms_(gemms),
+      auto_graph_(auto_graph),
+      log_(options.log_dir.empty() ? std::nullopt
+                                   : std::optional<debug::StatLog>(open_log(options))),
+      run_(run_setup(*program_, options, log_ ? &*log_ : nullptr)) {
+  auto variant = std::make_unique<Variant>();
+  variant->executor = &plain;
+  current_ = &plain;
+  variants_.emplace("", std::move(variant));
+}
+
+DebugSession::~DebugSession() = default;
+
+void DebugSession::bind(const std::map<std::string, std::int64_t>& sizes) {
+  for (const auto& entry : variants_)
+    if (entry.second->owned) entry.second->owned->bind(sizes);
+  sizes_ = sizes;
+}
+
+void DebugSession::set_tensor(const std::string& name, const void* pointer) {
+  for (const auto& entry : variants_)
+    if (entry.second->owned) entry.second->owned->set_tensor(name, pointer);
+  tensors_[name] = pointer;
+}
+
+void DebugSession::reset_peak() {
+  for (const auto& entry : variants_)
+    if (entry.second->owned) entry.second->owned->reset_peak();
+}
+
+DebugSession::Variant& DebugSession::make_variant(const std::string& key,
+                                                  const debug::Routing& routing,
+                                                  cudaStream_t stream) {
+  auto variant = std::make_unique<Variant>();
+  variant->compiled = program_->variant(routing);
+  for (const plan::SequencePlan& p : variant->compiled->plan.sequences)
+    if (p.name == sequence_) variant->plan = &p;
+  if (variant->plan == nullptr)
+    throw Error(fmt::format("the debug plan variant has no sequence '{}'", sequence_));
+  variant->modules =
+      std::make_unique<gpu::PlanModules>(variant->compiled->plan, variant->compiled->kernels);
+  variant->owned =
+      std::make_unique<gpu::SequenceExecutor>(*variant->plan, *variant->modules, gemms_, stream);
+  variant->executor = variant->owned.get();
+  variant->owned->set_auto_graph(auto_graph_);
+  if (sizes_) variant->owned->bind(*sizes_);
+  for (const auto& [name, pointer] : tensors_) variant->owned->set_tensor(name, pointer);
+  return *variants_.emplace(key, std::move(variant)).first->second;
+}
+
+void DebugSession::bank_states(cudaStream_t stream) {
+  const std::vector<cpu::DelayedScalingState> states = current_->download_quantizers(stream);
+  const plan::SequencePlan& plan = current_->plan();
+  for (std::size_t i = 0; i < states.size() && i < plan.quantizers.size(); ++i)
+    bank_[plan.quantizers[i].name] = states[i];
+}
+
+gpu::SequenceExecutor& DebugSession::before_forward(cudaStream_t stream) {
+  const debug::Routing* asked = nullptr;
+  try {
+    asked = &run_.routing();
+  } catch (const std::runtime_error& e) {
+    throw UsageError(fmt::format("the debug config: {}", e.what()));
+  }
+  const debug::Routing& routing = *asked;
+  if (run_.generation() == generation_) return *current_;
+  generation_ = run_.generation();
+  const std::string key = routing.variant_key();
+  if (key == current_key_) return *current_;
+  const auto found = variants_.find(key);
+  Variant& next = found != variants_.end() ? *found->second : make_variant(key, routing, stream);
+  // The quantizers continue where the last variant left them (by name); a quantizer no variant
+  // had yet keeps its initial state.
+  bank_states(stream);
+  std::vector<cpu::DelayedScalingState> states = next.executor->download_quantizers(stream);
+  const plan::SequencePlan& plan = next.executor->plan();
+  for (std::size_t i = 0; i < states.size() && i < plan.quantizers.size(); ++i) {
+    if (const auto it = bank_.find(plan.quantizers[i].name); it != bank_.end())
+      states[i] = it->second;
+  }
+  next.executor->upload_quantizers(states, stream);
+  // Its FP8 weight copies (if it ran before) are older than the parameters.
+  next.executor->invalidate_weight_cache();
+  current_ = next.executor;
+  current_key_ = key;
+  return *current_;
+}
+
+void DebugSession::after_run(debug::RunPhase phase, cudaStream_t stream) {
+  const std::size_t bytes = current_->stat_record_bytes();
+  if (bytes == 0) return;
+  std::unique_ptr<Pending> pending;
+  if (!free_.empty()) {
+    pending = std::move(free_.back());
+    free_.pop_back();
+  } else {
+    pending = std::make_unique<Pending>();
+    OPFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&pending->done, cudaEventDisableTiming),
+                      "debug statistics");
+  }
+  if (pending->capacity < bytes) {
+    if (pending->host != nullptr) OPFUSE_CUDA_CHECK(cudaFreeHost(pending->host));
+    pending->host = nullptr;
+    OPFUSE_CUDA_CHECK(cudaMallocHost(&pending->host, bytes), "debug statistics");
+    pending->capacity = bytes;
+  }
+  current_->copy_stat_records_async(pending->host, stream);
+  OPFUSE_CUDA_CHECK(cudaEventRecord(pending->done, stream), "debug statistics");
+  pending->plan = &current_->plan();
+  pending->phase = phase;
+  pending_.push_back(std::move(pending));
+}
+
+void DebugSession::end_step() {
+  for (std::unique_ptr<Pending>& pending : pending_) {
+    OPFUSE_CUDA_CHECK(cudaEventSynchronize(pending->done), "debug statistics");
+    const std::vector<plan::StatSlot>& slots = pending->plan->stat_slots;
+    std::vector<debug::TensorMoments> records(slots.size());
+    static_assert(sizeof(debug::TensorMoments) == gpu::kStatRecordBytes);
+    std::memcpy(records.data(), pending->host, slots.size() * gpu::kStatRecordBytes);
+    run_.add_run(slots, records, pending->phase);
+    free_.push_back(std::move(pending));
+  }
+  pending_.clear();
+  try {
+    run_.end_step();
+  } catch (const debug::DebugLogError& e) {
+    throw Error(e.what());
+  }
+}
+
+std::map<std::string, cpu::DelayedScalingState> DebugSession::quantizer_states(
+    cudaStream_t stream) const {
+  std::map<std::string, cpu::DelayedScalingState> states = bank_;
+  const std::vector<cpu::DelayedScalingState> current = current_->download_quantizers(stream);
+  const plan::SequencePlan& plan = current_->plan();
+  for (std::size_t i = 0; i < current.size() && i < plan.quantizers.size(); ++i)
+    states[plan.quantizers[i].name] = current[i];
+  return states;
+}
+
+void DebugSession::set_quantizer_states(
+    const std::map<std::string, cpu::DelayedScalingState>& states, cudaStream_t stream) {
+  bank_ = states;
+  std::vector<cpu::DelayedScalingState> current = current_->download_quantizers(stream);
+  const plan::SequencePlan& plan = current_->plan();
+  for (std::size_t i = 0; i < current.size() && i < plan.quantizers.size(); ++i) {
+    if (const auto it = states.find(plan.quantizers[i].name); it != states.end())
+      current[i] = it->second;
+  }
+  current_->upload_quantizers(current, stream);
+}
+
+}  // namespace opfuse::api

@@ -1,0 +1,246 @@
+// Precision debugging through the embedding API on the GPU (docs/debugging.md, "Sessions"): a
+// Session of a program compiled with a debug config switches plan variants by iteration, carries
+// the quantizer state across them, logs the statistics at step() to the files and the callback,
+// and `fusec run --device gpu --debug-config` logs what `--device cpu` logs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "debug/stat_log.h"
+#include "gpu_test_support.h"
+#include "opfuse/program.h"
+#include "test_support.h"
+
+namespace opfuse {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kProgram = R"(recipe fp8 = delayed_scaling(amax_history = 8)
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses fp8 {
+  layernorm(256)
+  linear(256, 512) as fc1
+  gelu()
+  linear(512, 256) as fc2
+}
+)";
+
+// fc1's tensors every other iteration, fc2's dgrad out of FP8 always and its gradient logged at
+// iterations 1 and 2: iterations 0..3 run four different variants.
+constexpr const char* kConfig = R"(log_fc1:
+  layers:
+    layer_name_regex_pattern: fc1
+  transformer_engine:
+    LogTensorStats:
+      enabled: True
+      tensors: [activation, weight, output, gradient, dgrad, wgrad]
+      stats: [max, min, std, l2_norm, cur_amax]
+      freq: 2
+hp_fc2:
+  layers:
+    exact_layer_names: [fc2]
+  transformer_engine:
+    DisableFP8GEMM:
+      enabled: True
+      gemms: [dgrad]
+    LogTensorStats:
+      enabled: True
+      tensors: [gradient]
+      stats: [l2_norm]
+      start_step: 1
+      end_step: 2
+)";
+
+class DebugSessionGpu : public test::GpuStreamTest {
+ protected:
+  void* random_bf16(std::size_t elements, std::uint32_t seed) {
+    std::mt19937_64 rng(seed);
+    const test::DeviceArray& array = new_array(elements * 2);
+    test::upload_bf16(array, test::random_bf16(elements, 1.0, rng));
+    return array.data();
+  }
+  Program compile(bool with_config) {
+    CompileOptions options;
+    if (with_config) options.debug_config = DebugConfigSource{"", kConfig, "debug.yaml"};
+    return Program::compile(kProgram, "mlp.fuse", options);
+  }
+  // A session with owned parameters (seed 5) and fixed x, dy.
+  Session make_session(const Program& program, const DebugSessionOptions& debug = {}) {
+    SessionOptions options;
+    options.debug = debug;
+    Session session(program, "", stream_, options);
+    session.bind({{"tokens", 128}});
+    session.own_parameters(5, stream_);
+    session.set_tensor("x", x_ ? x_ : (x_ = random_bf16(128 * 256, 1)));
+    session.set_tensor("dy", dy_ ? dy_ : (dy_ = random_bf16(128 * 256, 2)));
+    return session;
+  }
+  void train(Session& session, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      session.forward(stream_);
+      session.backward(stream_);
+      session.step(stream_);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  }
+  void* x_ = nullptr;
+  void* dy_ = nullptr;
+};
+
+TEST_F(DebugSessionGpu, StatisticsGoToTheFilesAndTheCallbackAtTheirIterations) {
+  const Program program = compile(true);
+  const std::string dir = test::make_temp_dir("debug_session");
+  std::vector<DebugStat> seen;
+  DebugSessionOptions debug;
+  debug.log_dir = dir;
+  debug.start_iteration = 10;
+  debug.on_stat = [&seen](const DebugStat& s) { seen.push_back(s); };
+  Session session = make_session(program, debug);
+  EXPECT_EQ(session.debug_iteration(), 10);
+  train(session, 4);
+  EXPECT_EQ(session.debug_iteration(), 14);
+
+  const std::vector<debug::StatRecord> logged =
+      debug::read_stat_jsonl(fs::path(dir) / "opfuse_statistics" / "globalrank-0.jsonl");
+  ASSERT_EQ(logged.size(), seen.size());
+  std::map<std::int64_t, int> per_iteration;
+  for (std::size_t i = 0; i < logged.size(); ++i) {
+    EXPECT_EQ(logged[i].layer, seen[i].layer);
+    EXPECT_EQ(logged[i].tensor, seen[i].tensor);
+    EXPECT_EQ(logged[i].stat, seen[i].stat);
+    EXPECT_EQ(logged[i].iteration, seen[i].iteration);
+    EXPECT_EQ(logged[i].value, seen[i].value);
+    ++per_iteration[logged[i].iteration];
+    EXPECT_TRUE(std::isfinite(logged[i].value)) << logged[i].layer << " " << logged[i].stat;
+  }
+  // fc1: 6 tensors x 5 stats at 10 and 12; fc2's gradient (start_step 1, end_step 2: iterations)
+  // never from 10 on.
+  EXPECT_EQ(per_iteration[10], 30);
+  EXPECT_EQ(per_iteration.count(11), 0u);
+  EXPECT_EQ(per_iteration[12], 30);
+  EXPECT_EQ(per_iteration.count(13), 0u);
+  const std::string text = test::read_text(
+      (fs::path(dir) / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log")
+          .string());
+  EXPECT_TRUE(test::contains(text, "fc1_activation_max \t\t\t\t iteration=000010 \t\t\t\t value="));
+  EXPECT_FALSE(test::contains(text, "iteration=000011"));
+}
+
+// Statistics observe; they do not change the training. The variants' quantizer states continue
+// from one another: after four iterations through four variants the outputs and every quantizer's
+// amax history agree with a session without a config (within the rounding the unfused casts of
+// an instrumented layer and the high-precision dgrad change).
+TEST_F(DebugSessionGpu, VariantsCarryTheQuantizerStateAndTrainAsThePlainPlan) {
+  const Program plain_program = compile(false);
+  const Program debug_program = compile(true);
+  Session plain = make_session(plain_program);
+  const std::string dir = test::make_temp_dir("debug_session_train");
+  DebugSessionOptions debug;
+  debug.log_dir = dir;
+  Session routed = make_session(debug_program, debug);
+  train(plain, 4);
+  train(routed, 4);
+  EXPECT_EQ(routed.debug_iteration(), 4);
+  const std::vector<QuantizerStatus> a = plain.quantizers(stream_);
+  const std::vector<QuantizerStatus> b = routed.quantizers(stream_);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t q = 0; q < a.size(); ++q) {
+    ASSERT_EQ(a[q].name, b[q].name);
+    ASSERT_EQ(a[q].amax_history.size(), b[q].amax_history.size());
+    // The last four slots hold the four iterations' amaxes (the roll puts the newest last).
+    const std::size_t length = a[q].amax_history.size();
+    ASSERT_GE(length, 5u);
+    for (std::size_t i = length - 4; i < length; ++i) {
+      const double want = a[q].amax_history[i];
+      ASSERT_GT(want, 0) << a[q].name << " slot " << i;
+      EXPECT_NEAR(b[q].amax_history[i], want, 0.03 * want) << a[q].name << " slot " << i;
+    }
+    EXPECT_NEAR(b[q].scale, a[q].scale, 0.03 * a[q].scale) << a[q].name;
+  }
+  plain.forward(stream_, RunMode::Inference);
+  routed.forward(stream_, RunMode::Inference);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const std::vector<float> ya = test::download_bf16(plain.output("y"), 128 * 256);
+  const std::vector<float> yb = test::download_bf16(routed.output("y"), 128 * 256);
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < ya.size(); ++i) {
+    diff += (ya[i] - yb[i]) * (ya[i] - yb[i]);
+    norm += ya[i] * ya[i];
+  }
+  // Same parameters, scales within 3%: the FP8 casts round differently (E4M3 keeps 3 mantissa
+  // bits), which moves y by a few percent; a state lost in a switch (scale 1) moves it far more.
+  EXPECT_LT(std::sqrt(diff / norm), 0.05);
+}
+
+TEST_F(DebugSessionGpu, MisuseIsRefusedBeforeAnythingRuns) {
+  const Program program = compile(true);
+  DebugSessionOptions unwritable;
+  unwritable.log_dir = "/proc/opfuse_cannot_write_here";
+  EXPECT_THROW(
+      {
+        SessionOptions options;
+        options.debug = unwritable;
+        Session session(program, "", stream_, options);
+      },
+      UsageError);
+  Session session = make_session(program);
+  cudaStream_t capture_stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&capture_stream), cudaSuccess);
+  try {
+    session.capture(capture_stream, Session::GraphScope::TrainingStep);
+    ADD_FAILURE() << "capture() under a debug config was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "runs eagerly")) << e.what();
+  }
+  (void)cudaStreamDestroy(capture_stream);
+  const Program plain = compile(false);
+  Session no_config = make_session(plain);
+  EXPECT_THROW((void)no_config.debug_iteration(), UsageError);
+}
+
+// `fusec run --device gpu --debug-config` logs the same statistics at the same iterations as the
+// CPU reference, with values within the GPU-vs-CPU error of the tensors they describe.
+TEST_F(DebugSessionGpu, FusecRunOnTheGpuLogsWhatTheCpuReferenceLogs) {
+  const std::string dir = test::make_temp_dir("debug_fusec_run");
+  const std::string program = dir + "/mlp.fuse", config = dir + "/debug.yaml";
+  {
+    std::FILE* f = std::fopen(program.c_str(), "w");
+    std::fputs(kProgram, f);
+    std::fclose(f);
+    f = std::fopen(config.c_str(), "w");
+    std::fputs(kConfig, f);
+    std::fclose(f);
+  }
+  std::map<std::string, std::vector<debug::StatRecord>> logs;
+  for (const std::string device : {"gpu", "cpu"}) {
+    const test::CommandResult r =
+        test::fusec("run " + test::shell_quoted(program) + " --device " + device +
+                    " --bind tokens=64 --steps 4 --debug-config " + test::shell_quoted(config) +
+                    " --debug-log-dir " + test::shell_quoted(dir + "/" + device));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    logs[device] =
+        debug::read_stat_jsonl(fs::path(dir) / device / "opfuse_statistics" / "globalrank-0.jsonl");
+  }
+  const auto& gpu = logs["gpu"];
+  const auto& cpu = logs["cpu"];
+  ASSERT_EQ(gpu.size(), cpu.size());
+  // fc1 at 0 and 2 (30 each), fc2's gradient at 1 and 2.
+  EXPECT_EQ(gpu.size(), 62u);
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    EXPECT_EQ(std::tie(gpu[i].layer, gpu[i].tensor, gpu[i].stat, gpu[i].iteration),
+              std::tie(cpu[i].layer, cpu[i].tensor, cpu[i].stat, cpu[i].iteration));
+    const double tolerance = 0.03 * std::abs(cpu[i].value) + 1e-6;
+    EXPECT_NEAR(gpu[i].value, cpu[i].value, tolerance)
+        << gpu[i].layer << "_" << gpu[i].tensor << "_" << gpu[i].stat << " at " << gpu[i].iteration;
+  }
+}
+
+}  // namespace
+}  // namespace opfuse

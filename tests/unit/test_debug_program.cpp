@@ -1,0 +1,179 @@
+// A debug config given to the embedding API, the parts that need no GPU: the iteration loop
+// (compiler/debug_config/debug_run.h) that the CPU run driver and opfuse::Session share, a
+// Program compiled with a config (located errors, warnings, the plain plan unchanged), and the
+// plan variants it compiles on demand (runtime/api/debug_program.h) through NVRTC.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/debug_program.h"
+#include "debug_config/debug_run.h"
+#include "debug_routing_fixture.h"
+#include "opfuse/program.h"
+#include "test_support.h"
+
+namespace opfuse {
+namespace {
+
+const std::string kMlp = R"(recipe fp8 = delayed_scaling()
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
+  layernorm(64)
+  linear(64, 256) as fc1
+  swiglu()
+  linear(128, 64) as fc2
+}
+)";
+
+const std::string kEveryOther = R"(stats:
+  layers: {layer_types: [fc1]}
+  transformer_engine:
+    LogTensorStats: {tensors: [activation, gradient], stats: [max], freq: 2, start_step: 4}
+)";
+
+TEST(DebugRun, RecordsAreTakenFromTheRunThatWroteThem) {
+  EXPECT_TRUE(debug::written_by("activation", debug::RunPhase::Forward));
+  EXPECT_TRUE(debug::written_by("weight", debug::RunPhase::Forward));
+  EXPECT_TRUE(debug::written_by("output", debug::RunPhase::Forward));
+  EXPECT_FALSE(debug::written_by("gradient", debug::RunPhase::Forward));
+  EXPECT_TRUE(debug::written_by("gradient", debug::RunPhase::Backward));
+  EXPECT_TRUE(debug::written_by("wgrad", debug::RunPhase::Backward));
+  EXPECT_FALSE(debug::written_by("activation", debug::RunPhase::Backward));
+  EXPECT_TRUE(debug::written_by("dgrad", debug::RunPhase::Both));
+}
+
+// The routing is asked at the first iteration and again only where its answers said they may
+// change; each iteration's records, from the runs that wrote them, are logged at end_step() to
+// the callback with that iteration.
+TEST(DebugRun, AsksTheRoutingOnlyWhenItMayChangeAndLogsEachIteration) {
+  const auto r = test::routed(kEveryOther, {"fc1", "fc2"}, true);
+  std::vector<debug::StatRecord> seen;
+  debug::DebugRunSetup setup;
+  setup.bindings = r->bindings;
+  setup.start_iteration = 3;
+  setup.on_stat = [&seen](const debug::StatRecord& s) { seen.push_back(s); };
+  debug::DebugRun run(setup);
+  std::vector<uint64_t> generations;
+  std::vector<bool> active;
+  // Slot order is not run order: the gradient's record comes first and is logged first.
+  const std::vector<plan::StatSlot> slots = {{"fc1", "gradient", 0, 1},
+                                             {"fc1", "activation", 0, 1}};
+  for (int i = 0; i < 5; ++i) {  // iterations 3..7
+    const debug::Routing& routing = run.routing();
+    EXPECT_EQ(routing.iteration, 3 + i);
+    generations.push_back(run.generation());
+    active.push_back(!routing.variant_key().empty());
+    if (active.back()) {
+      // A forward whose gradient record is stale (-100), then a backward whose activation
+      // record is: each run gives only the records it wrote.
+      debug::TensorMoments forward, backward, stale;
+      forward.count = backward.count = stale.count = 1;
+      forward.max = forward.min = 10.0 + i;
+      backward.max = backward.min = 20.0 + i;
+      stale.max = stale.min = -100;
+      const std::vector<debug::TensorMoments> after_forward = {stale, forward};
+      const std::vector<debug::TensorMoments> after_backward = {backward, stale};
+      run.add_run(slots, after_forward, debug::RunPhase::Forward);
+      run.add_run(slots, after_backward, debug::RunPhase::Backward);
+    }
+    run.end_step();
+  }
+  EXPECT_EQ(run.iteration(), 8);
+  EXPECT_EQ(active, (std::vector<bool>{false, true, false, true, false}));
+  // Asked at 3 (off until 4), 4 (on until 5), 5, 6, 7: every iteration changes here.
+  EXPECT_EQ(generations, (std::vector<uint64_t>{1, 2, 3, 4, 5}));
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[0], (debug::StatRecord{"fc1", "gradient", "", "max", 4, 21.0}));
+  EXPECT_EQ(seen[1], (debug::StatRecord{"fc1", "activation", "", "max", 4, 11.0}));
+  EXPECT_EQ(seen[2], (debug::StatRecord{"fc1", "gradient", "", "max", 6, 23.0}));
+  EXPECT_EQ(seen[3], (debug::StatRecord{"fc1", "activation", "", "max", 6, 13.0}));
+}
+
+TEST(DebugRun, AnAlwaysOnConfigIsRoutedOnce) {
+  const auto r = test::routed(
+      "s:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    DisableFP8GEMM: {gemms: [wgrad]}\n",
+      {"fc1", "fc2"}, true);
+  debug::DebugRunSetup setup;
+  setup.bindings = r->bindings;
+  debug::DebugRun run(setup);
+  for (int i = 0; i < 10; ++i) {
+    (void)run.routing();
+    run.end_step();
+  }
+  EXPECT_EQ(run.generation(), 1u);
+}
+
+CompileOptions with_config(const std::string& text) {
+  CompileOptions options;
+  options.debug_config = DebugConfigSource{"", text, "debug.yaml"};
+  options.cache_dir = test::make_temp_dir("debug_program_cache");
+  return options;
+}
+
+TEST(DebugProgram, ConfigErrorsAreCompileErrorsLocatedInTheConfig) {
+  try {
+    (void)Program::compile(
+        kMlp, "mlp.fuse",
+        with_config("s:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+                    "    LogTensorStats: {tensors: [activaton], stats: [max]}\n"));
+    ADD_FAILURE() << "a misspelled tensor was accepted";
+  } catch (const CompileError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "debug.yaml:4:")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "activaton")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "^")) << e.what();
+  }
+  CompileOptions neither;
+  neither.debug_config = DebugConfigSource{};
+  EXPECT_THROW((void)Program::compile(kMlp, "mlp.fuse", neither), UsageError);
+}
+
+// The plain plan of a program with a config is the program's plan without one; a section that
+// matches no layer is a warning the program keeps.
+TEST(DebugProgram, PlainPlanUnchangedAndWarningsKept) {
+  CompileOptions plain_options;
+  plain_options.cache_dir = test::make_temp_dir("debug_program_cache_plain");
+  const Program plain = Program::compile(kMlp, "mlp.fuse", plain_options);
+  const Program configured = Program::compile(
+      kMlp, "mlp.fuse",
+      with_config(kEveryOther + "other:\n  layers: {exact_layer_names: [fc3]}\n"
+                                "  transformer_engine:\n    DisableFP8Layer: {}\n"));
+  EXPECT_FALSE(plain.has_debug_config());
+  EXPECT_TRUE(configured.has_debug_config());
+  EXPECT_EQ(plain.plan_json(), configured.plan_json());
+  EXPECT_TRUE(plain.warnings().empty()) << plain.warnings();
+  EXPECT_TRUE(test::contains(configured.warnings(), "debug.yaml:6:3: warning"))
+      << configured.warnings();
+  EXPECT_TRUE(test::contains(configured.warnings(), "matches no layer")) << configured.warnings();
+}
+
+// Variants compile on first use (passes, plan, NVRTC) and are shared by key after.
+TEST(DebugProgram, VariantsCompileOnceByKey) {
+  auto sources = std::make_shared<SourceManager>();
+  DiagnosticEngine diags(*sources);
+  driver::CompileOptions front_end;
+  front_end.last_stage = driver::Stage::FrontEnd;
+  driver::CompileResult ir = driver::compile_source("mlp.fuse", kMlp, *sources, diags, front_end);
+  ASSERT_TRUE(ir.ok()) << diags.format_all();
+  driver::CompileOptions compile;
+  compile.arch = "sm_90a";
+  const std::shared_ptr<api::DebugProgram> program =
+      api::DebugProgram::create(DebugConfigSource{"", kEveryOther, "debug.yaml"}, ir.program,
+                                sources, diags, compile, with_config(kEveryOther));
+  ASSERT_TRUE(program) << diags.format_all();
+  const debug::Routing at4 = debug::route(program->bindings(), 4);
+  const debug::Routing at6 = debug::route(program->bindings(), 6);
+  const auto a = program->variant(at4);
+  const auto b = program->variant(at6);
+  EXPECT_EQ(a.get(), b.get());
+  ASSERT_EQ(a->plan.sequences.size(), 1u);
+  const plan::SequencePlan& plan = a->plan.sequences[0];
+  ASSERT_EQ(plan.stat_slots.size(), 2u);
+  EXPECT_EQ(plan.stat_slots[0].layer, "fc1");
+  EXPECT_EQ(a->kernels.size(), a->plan.kernels.size());
+  for (const auto& k : a->kernels) EXPECT_FALSE(k.binary.empty()) << k.kernel_name;
+}
+
+}  // namespace
+}  // namespace opfuse
