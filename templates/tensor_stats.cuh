@@ -4,13 +4,16 @@
 // fixed by the launch shape, never by atomics or scheduling).
 //
 // Entry points: tensor_stats_partial<Input> (one record per thread block, into `partials`) and
-// tensor_stats_final (one thread merges the partials in block order into the slot's record).
+// tensor_stats_final (one warp merges the partials, each lane a fixed run of them, then in a fixed
+// tree, into the slot's record). Without blockwise ranges a block reads its rows as one contiguous
+// range with 16-byte loads (memory-bound: no division or 64-bit index math per element).
 // StatRecord has the layout of debug::TensorMoments (debug/stats.h): keep the two identical.
 #ifndef OPFUSE_TEMPLATES_TENSOR_STATS_CUH_
 #define OPFUSE_TEMPLATES_TENSOR_STATS_CUH_
 
 #include "common/launch_rules.h"
 #include "common/types.cuh"
+#include "common/vec.cuh"
 
 namespace opfuse {
 
@@ -108,49 +111,102 @@ __device__ __forceinline__ StatRecord shuffle_xor(const StatRecord& r, int mask)
   return o;
 }
 
+__device__ __forceinline__ float stat_inf() { return __int_as_float(0x7F800000); }
+
+__device__ __forceinline__ float stat_minf(float a, float b) {
+  return isnan(a) ? a : (isnan(b) ? b : fminf(a, b));
+}
+__device__ __forceinline__ float stat_maxf(float a, float b) {
+  return isnan(a) ? a : (isnan(b) ? b : fmaxf(a, b));
+}
+
 // One thread's running sums: shifted by the first finite value it sees, so the variance does not
-// cancel catastrophically, then turned into a record.
+// cancel catastrophically, then turned into a record. Sums in double; minima and maxima in float
+// (exact: every input type converts to float exactly).
 struct StatAccumulator {
   long long n = 0;
   double shift = 0;
   bool shifted = false;
-  double s1 = 0, s2 = 0;
-  StatRecord r = empty_stat_record();
+  double s1 = 0, s2 = 0, sum_abs = 0, sum_sq = 0;
+  float min = stat_inf(), max = -stat_inf();
+  float amax = 0;
+  float min_nonzero_abs = stat_inf();
+  float max_nonzero_abs = 0;
 
   __device__ __forceinline__ void add(float value) {
-    const double v = static_cast<double>(value);
     if (!shifted) {
-      shift = isfinite(v) ? v : 0.0;
+      shift = isfinite(value) ? static_cast<double>(value) : 0.0;
       shifted = true;
     }
     ++n;
+    const double v = static_cast<double>(value);
     const double d = v - shift;
     s1 += d;
-    s2 += d * d;
-    r.min = stat_min(r.min, v);
-    r.max = stat_max(r.max, v);
-    const double a = fabs(v);
-    r.sum_abs += a;
-    r.sum_sq += v * v;
-    r.amax = stat_max(r.amax, a);
-    if (a != 0.0) {  // NaN too: a NaN makes the dynamic ranges NaN
-      r.min_nonzero_abs = stat_min(r.min_nonzero_abs, a);
-      r.max_nonzero_abs = stat_max(r.max_nonzero_abs, a);
+    s2 = fma(d, d, s2);
+    min = stat_minf(min, value);
+    max = stat_maxf(max, value);
+    const float a = fabsf(value);
+    sum_abs += static_cast<double>(a);
+    sum_sq = fma(v, v, sum_sq);
+    amax = stat_maxf(amax, a);
+    if (a != 0.0f) {  // NaN too: a NaN makes the dynamic ranges NaN
+      min_nonzero_abs = stat_minf(min_nonzero_abs, a);
+      max_nonzero_abs = stat_maxf(max_nonzero_abs, a);
     }
   }
 
   __device__ __forceinline__ StatRecord record() const {
-    StatRecord out = r;
+    StatRecord out = empty_stat_record();
     out.count = n;
     if (n > 0) {
       const double dn = static_cast<double>(n);
       out.mean = shift + s1 / dn;
       const double m2 = s2 - s1 * (s1 / dn);
       out.m2 = m2 > 0 ? m2 : (isnan(m2) ? m2 : 0.0);
+      out.min = min;
+      out.max = max;
+      out.sum_abs = sum_abs;
+      out.sum_sq = sum_sq;
+      out.amax = amax;
+      out.min_nonzero_abs = min_nonzero_abs;
+      out.max_nonzero_abs = max_nonzero_abs;
     }
     return out;
   }
 };
+
+// The elements [begin, end) of x, one thread's share of a block's contiguous range: 16-byte
+// loads, four in flight, when the range's start is 16-byte aligned, else one element at a time.
+template <typename Input>
+__device__ __forceinline__ void accumulate_range(const Input* x, long long begin, long long end,
+                                                 StatAccumulator& acc) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(Input));
+  constexpr int kUnroll = 4;
+  const int threads = static_cast<int>(blockDim.x);
+  long long i = begin;
+  if (reinterpret_cast<unsigned long long>(x + begin) % 16 == 0) {
+    const long long stride = static_cast<long long>(threads) * kVec;
+    long long v = begin + static_cast<long long>(threadIdx.x) * kVec;
+    for (; v + (kUnroll - 1) * stride + kVec <= end; v += kUnroll * stride) {
+      Vec<Input, kVec> chunk[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) chunk[u] = load_vec<Input, kVec>(x + v + u * stride);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc.add(to_float(chunk[u].elems[e]));
+      }
+    }
+    for (; v + kVec <= end; v += stride) {
+      const Vec<Input, kVec> chunk = load_vec<Input, kVec>(x + v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc.add(to_float(chunk.elems[e]));
+    }
+    // What no whole vector covers: the tail after the last full vector of the range.
+    i = begin + ((end - begin) / kVec) * kVec;
+  }
+  for (long long e = i + threadIdx.x; e < end; e += threads) acc.add(to_float(x[e]));
+}
 
 // Block: launch::kTensorStatsThreads. Grid: ceil(rows / rows_per_block) blocks, at most
 // launch::kTensorStatsMaxBlocks. A warp reduces one unit at a time (a blockwise block, else a
@@ -177,7 +233,10 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
                                   : 0;
   StatAccumulator acc;
   double block_range = 0;
-  for (long long u = warp; u < row_units * col_units; u += kWarps) {
+  if (!blockwise && row_end > row_begin) {
+    accumulate_range(params.x, row_begin * params.cols, row_end * params.cols, acc);
+  }
+  for (long long u = warp; blockwise && u < row_units * col_units; u += kWarps) {
     const long long r0 = row_begin + (u / col_units) * unit_rows;
     const int c0 = static_cast<int>((u % col_units) * unit_cols);
     const int h = static_cast<int>(row_end - r0 < unit_rows ? row_end - r0 : unit_rows);
@@ -213,8 +272,9 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
     }
   }
   StatRecord r = acc.record();
-  // Lane 0 holds its warp's blockwise range (it reads element 0 of every unit, so its count is
-  // not 0 when the warp had a unit: merging cannot drop the range with an empty record).
+  // With blockwise ranges, lane 0 holds its warp's blockwise range (it reads element 0 of every
+  // unit, so its count is not 0 when the warp had a unit: merging cannot drop the range with an
+  // empty record).
   r.max_blockwise_dynamic_range = block_range;
 #pragma unroll
   for (int mask = 16; mask > 0; mask >>= 1) r = merge_stat_records(r, shuffle_xor(r, mask));
@@ -227,15 +287,25 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
   }
 }
 
-// Block: kThreads (one warp), grid: 1. Thread 0 merges the partials in block order.
+// Block: one warp, grid: 1. Lane l merges partials l*k .. l*k+k-1 in order (k = ceil(count /
+// 32)), then the lanes' records merge in a fixed butterfly: the same partials give the same bits.
 template <int kThreads = 32>
 __global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
                                                               launch::kTensorStatsRegisterBudget))
     tensor_stats_final(TensorStatsFinalParams params) {
-  if (threadIdx.x != 0) return;
+  static_assert(kThreads == 32, "one warp");
+  const int lane = static_cast<int>(threadIdx.x);
+  const int per_lane = (params.count + 31) / 32;
   StatRecord total = empty_stat_record();
-  for (int b = 0; b < params.count; ++b) total = merge_stat_records(total, params.partials[b]);
-  *params.record = total;
+  for (int b = lane * per_lane; b < (lane + 1) * per_lane && b < params.count; ++b)
+    total = merge_stat_records(total, params.partials[b]);
+#pragma unroll
+  for (int mask = 1; mask < 32; mask <<= 1) {
+    // The lower lane's record first: merge order fixed by lane numbers.
+    const StatRecord other = shuffle_xor(total, mask);
+    total = (lane & mask) == 0 ? merge_stat_records(total, other) : merge_stat_records(other, total);
+  }
+  if (lane == 0) *params.record = total;
 }
 
 }  // namespace opfuse
