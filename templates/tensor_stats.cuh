@@ -113,46 +113,53 @@ __device__ __forceinline__ StatRecord shuffle_xor(const StatRecord& r, int mask)
 
 __device__ __forceinline__ float stat_inf() { return __int_as_float(0x7F800000); }
 
-__device__ __forceinline__ float stat_minf(float a, float b) {
-  return isnan(a) ? a : (isnan(b) ? b : fminf(a, b));
-}
-__device__ __forceinline__ float stat_maxf(float a, float b) {
-  return isnan(a) ? a : (isnan(b) ? b : fmaxf(a, b));
-}
-
 // One thread's running sums: shifted by the first finite value it sees, so the variance does not
-// cancel catastrophically, then turned into a record. Sums in double; minima and maxima in float
-// (exact: every input type converts to float exactly).
+// cancel catastrophically, then turned into a record. A vector of elements is summed in float
+// first (error far below the 1e-5 the statistics promise), then added to double sums; minima and
+// maxima run in float (exact: every input type converts to float exactly) without NaN checks, a
+// NaN being remembered on the side and made the result of every extremum at the end.
 struct StatAccumulator {
   long long n = 0;
-  double shift = 0;
+  float shift = 0;
   bool shifted = false;
+  bool nan = false;
   double s1 = 0, s2 = 0, sum_abs = 0, sum_sq = 0;
   float min = stat_inf(), max = -stat_inf();
   float amax = 0;
   float min_nonzero_abs = stat_inf();
-  float max_nonzero_abs = 0;
 
-  __device__ __forceinline__ void add(float value) {
+  template <int K>
+  __device__ __forceinline__ void add(const float (&values)[K]) {
     if (!shifted) {
-      shift = isfinite(value) ? static_cast<double>(value) : 0.0;
+#pragma unroll
+      for (int e = K - 1; e >= 0; --e) shift = isfinite(values[e]) ? values[e] : shift;
       shifted = true;
     }
-    ++n;
-    const double v = static_cast<double>(value);
-    const double d = v - shift;
-    s1 += d;
-    s2 = fma(d, d, s2);
-    min = stat_minf(min, value);
-    max = stat_maxf(max, value);
-    const float a = fabsf(value);
-    sum_abs += static_cast<double>(a);
-    sum_sq = fma(v, v, sum_sq);
-    amax = stat_maxf(amax, a);
-    if (a != 0.0f) {  // NaN too: a NaN makes the dynamic ranges NaN
-      min_nonzero_abs = stat_minf(min_nonzero_abs, a);
-      max_nonzero_abs = stat_maxf(max_nonzero_abs, a);
+    float p1 = 0, p2 = 0, pa = 0, pq = 0;
+#pragma unroll
+    for (int e = 0; e < K; ++e) {
+      const float v = values[e];
+      const float d = v - shift;
+      const float a = fabsf(v);
+      p1 += d;
+      p2 = fmaf(d, d, p2);
+      pa += a;
+      pq = fmaf(v, v, pq);
+      min = fminf(min, v);
+      max = fmaxf(max, v);
+      amax = fmaxf(amax, a);
+      min_nonzero_abs = fminf(min_nonzero_abs, a != 0.0f ? a : stat_inf());
+      nan |= v != v;
     }
+    n += K;
+    s1 += static_cast<double>(p1);
+    s2 += static_cast<double>(p2);
+    sum_abs += static_cast<double>(pa);
+    sum_sq += static_cast<double>(pq);
+  }
+  __device__ __forceinline__ void add(float value) {
+    const float one[1] = {value};
+    add(one);
   }
 
   __device__ __forceinline__ StatRecord record() const {
@@ -160,16 +167,18 @@ struct StatAccumulator {
     out.count = n;
     if (n > 0) {
       const double dn = static_cast<double>(n);
-      out.mean = shift + s1 / dn;
+      out.mean = static_cast<double>(shift) + s1 / dn;
       const double m2 = s2 - s1 * (s1 / dn);
       out.m2 = m2 > 0 ? m2 : (isnan(m2) ? m2 : 0.0);
-      out.min = min;
-      out.max = max;
+      const double quiet_nan = __longlong_as_double(0x7FF8000000000000LL);
+      out.min = nan ? quiet_nan : min;
+      out.max = nan ? quiet_nan : max;
       out.sum_abs = sum_abs;
       out.sum_sq = sum_sq;
-      out.amax = amax;
-      out.min_nonzero_abs = min_nonzero_abs;
-      out.max_nonzero_abs = max_nonzero_abs;
+      out.amax = nan ? quiet_nan : amax;
+      // The largest nonzero magnitude is the amax (0 when every value is 0).
+      out.min_nonzero_abs = nan ? quiet_nan : min_nonzero_abs;
+      out.max_nonzero_abs = out.amax;
     }
     return out;
   }
@@ -193,14 +202,18 @@ __device__ __forceinline__ void accumulate_range(const Input* x, long long begin
       for (int u = 0; u < kUnroll; ++u) chunk[u] = load_vec<Input, kVec>(x + v + u * stride);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        float values[kVec];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc.add(to_float(chunk[u].elems[e]));
+        for (int e = 0; e < kVec; ++e) values[e] = to_float(chunk[u].elems[e]);
+        acc.add(values);
       }
     }
     for (; v + kVec <= end; v += stride) {
       const Vec<Input, kVec> chunk = load_vec<Input, kVec>(x + v);
+      float values[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) acc.add(to_float(chunk.elems[e]));
+      for (int e = 0; e < kVec; ++e) values[e] = to_float(chunk.elems[e]);
+      acc.add(values);
     }
     // What no whole vector covers: the tail after the last full vector of the range.
     i = begin + ((end - begin) / kVec) * kVec;
@@ -287,25 +300,34 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
   }
 }
 
-// Block: one warp, grid: 1. Lane l merges partials l*k .. l*k+k-1 in order (k = ceil(count /
-// 32)), then the lanes' records merge in a fixed butterfly: the same partials give the same bits.
+// Block: kThreads (a multiple of 32), grid: 1. Thread t merges partials t*k .. t*k+k-1 in order
+// (k = ceil(count / kThreads)); each warp's records merge in a fixed butterfly (the lower lane's
+// record first), then thread 0 merges the warps' in warp order: the same partials give the same
+// bits.
 template <int kThreads = 32>
 __global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
                                                               launch::kTensorStatsRegisterBudget))
     tensor_stats_final(TensorStatsFinalParams params) {
-  static_assert(kThreads == 32, "one warp");
-  const int lane = static_cast<int>(threadIdx.x);
-  const int per_lane = (params.count + 31) / 32;
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
+  __shared__ StatRecord warp_records[kThreads / 32];
+  const int t = static_cast<int>(threadIdx.x);
+  const int lane = t % 32;
+  const int per_thread = (params.count + kThreads - 1) / kThreads;
   StatRecord total = empty_stat_record();
-  for (int b = lane * per_lane; b < (lane + 1) * per_lane && b < params.count; ++b)
+  for (int b = t * per_thread; b < (t + 1) * per_thread && b < params.count; ++b)
     total = merge_stat_records(total, params.partials[b]);
 #pragma unroll
   for (int mask = 1; mask < 32; mask <<= 1) {
-    // The lower lane's record first: merge order fixed by lane numbers.
     const StatRecord other = shuffle_xor(total, mask);
     total = (lane & mask) == 0 ? merge_stat_records(total, other) : merge_stat_records(other, total);
   }
-  if (lane == 0) *params.record = total;
+  if (lane == 0) warp_records[t / 32] = total;
+  __syncthreads();
+  if (t == 0) {
+    StatRecord all = empty_stat_record();
+    for (int w = 0; w < kThreads / 32; ++w) all = merge_stat_records(all, warp_records[w]);
+    *params.record = all;
+  }
 }
 
 }  // namespace opfuse

@@ -1,6 +1,6 @@
 // The tensor_stats op (compiler/passes/debug_instrument.h): two launches of
-// templates/tensor_stats.cuh, partial records over row ranges into a workspace, then one thread
-// merging them in order into the executor's record of the op's slot.
+// templates/tensor_stats.cuh, partial records over row ranges into a workspace, then one block
+// merging them in a fixed order into the executor's record of the op's slot.
 #include <fmt/format.h>
 
 #include "codegen/emit_groups.h"
@@ -36,7 +36,8 @@ void emit_tensor_stats(SequenceBuilder& b, const Group& g) {
                 bind_int("rows_per_block", per_block), bind_out("partials", partials)});
   b.add_launch(
       g, fmt::format("merge the partial records into record {}", slot), "tensor_stats_final",
-      {"32"}, GridRule{"single", 1, 1, {}}, 32, 0,
+      {std::to_string(rules::kTensorStatsThreads)}, GridRule{"single", 1, 1, {}},
+      rules::kTensorStatsThreads, 0,
       {bind_in("partials", partials), bind_int("count", blocks), bind_stat_record("record", slot)});
 }
 
