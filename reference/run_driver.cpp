@@ -8,6 +8,7 @@
 #include <numbers>
 #include <random>
 
+#include "debug_config/captures.h"
 #include "debug_config/instrument.h"
 #include "driver/compile.h"
 #include "plan/param_init.h"
@@ -129,6 +130,15 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
   if (options.steps < 1)
     throw ReferenceError(fmt::format("--steps must be at least 1, got {}", options.steps));
   const std::optional<DebugRunOptions>& debug = options.debug;
+  if (debug && debug::dumps_tensors(debug->bindings)) {
+    if (debug->log_dir.empty())
+      throw ReferenceError("DumpTensors needs a log directory (--debug-log-dir) to write to");
+    try {
+      debug::check_dump_dir(debug->log_dir, debug->rank);  // before the first step
+    } catch (const debug::DebugLogError& e) {
+      throw ReferenceError(e.what());
+    }
+  }
   std::optional<debug::Routing> routing;
   if (debug) routing = debug::route(debug->bindings, debug->start_iteration);
   VariantRunner variants(sequence, options);
@@ -192,6 +202,14 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       debug::IterationStats stats;
       stats.add_run(exec.sequence().inspections, exec.stat_records());
       stats.log(*routing, routing->iteration, *debug->log);
+      // Dumps and C++ features' statistics of the captured tensors (debug_config/captures.h).
+      debug::IterationCaptures captures;
+      captures.add_run(exec.sequence().captures, exec.captures());
+      try {
+        captures.finish(*routing, routing->iteration, debug->log_dir, debug->rank, *debug->log);
+      } catch (const debug::DebugLogError& e) {
+        throw ReferenceError(e.what());
+      }
       debug->log->end_step();
     }
     exec.step();
