@@ -393,5 +393,49 @@ TEST(DebugRunCaptures, CppFeatureInspectTensorIsLoggedLikeABuiltIn) {
       << text;
 }
 
+// ---- fusec run ---------------------------------------------------------------------------------
+
+std::string write_config(const std::string& dir, const std::string& yaml) {
+  const std::string path = dir + "/debug.yaml";
+  std::ofstream(path) << yaml;
+  return path;
+}
+
+TEST(FusecRunDumps, WritesTheDumpsUnderTheLogDirectory) {
+  const std::string dir = test::make_temp_dir("fusec_dumps");
+  const std::string config =
+      write_config(dir,
+                   "d:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+                   "    DumpTensors: {tensors: [activation, dgrad], freq: 2}\n");
+  const auto r = test::fusec(
+      "run " + test::shell_quoted(test::source_path("tests/errors/debug_config/program.fuse")) +
+      " --device cpu --bind tokens=16 --steps 3 --debug-config " + test::shell_quoted(config) +
+      " --debug-log-dir " + test::shell_quoted(dir + "/logs"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files_under(dir + "/logs/tensor_dumps"),
+            (std::vector<std::string>{
+                "rank_0/iter_000000/fc1_activation.npy", "rank_0/iter_000000/fc1_dgrad.npy",
+                "rank_0/iter_000002/fc1_activation.npy", "rank_0/iter_000002/fc1_dgrad.npy"}));
+  const NpyArray a = read_npy(dir + "/logs/tensor_dumps/rank_0/iter_000002/fc1_activation.npy");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{16, 64}));
+}
+
+TEST(FusecRunDumps, UnwritableDumpDirectoryIsReportedBeforeTheFirstStep) {
+  const std::string dir = test::make_temp_dir("fusec_dumps_bad");
+  const std::string config =
+      write_config(dir,
+                   "d:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+                   "    DumpTensors: {tensors: [activation]}\n");
+  fs::create_directories(dir + "/logs");
+  std::ofstream(dir + "/logs/tensor_dumps") << "a file where the directory should be";
+  const auto r = test::fusec(
+      "run " + test::shell_quoted(test::source_path("tests/errors/debug_config/program.fuse")) +
+      " --device cpu --bind tokens=16 --debug-config " + test::shell_quoted(config) +
+      " --debug-log-dir " + test::shell_quoted(dir + "/logs"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot write tensor dumps to"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step    0"), std::string::npos) << r.output;  // nothing ran
+}
+
 }  // namespace
 }  // namespace opfuse::debug
