@@ -418,6 +418,15 @@ TEST(FusecRunDumps, WritesTheDumpsUnderTheLogDirectory) {
                 "rank_0/iter_000002/fc1_activation.npy", "rank_0/iter_000002/fc1_dgrad.npy"}));
   const NpyArray a = read_npy(dir + "/logs/tensor_dumps/rank_0/iter_000002/fc1_activation.npy");
   EXPECT_EQ(a.shape, (std::vector<int64_t>{16, 64}));
+  // The dry run lists the captures of the variant.
+  const auto plan =
+      test::fusec("debug-plan " +
+                  test::shell_quoted(test::source_path("tests/errors/debug_config/program.fuse")) +
+                  " --debug-config " + test::shell_quoted(config));
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("    capture: fc1 activation\n    capture: fc1 dgrad\n"),
+            std::string::npos)
+      << plan.output;
 }
 
 TEST(FusecRunDumps, UnwritableDumpDirectoryIsReportedBeforeTheFirstStep) {
