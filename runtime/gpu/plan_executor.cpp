@@ -133,6 +133,13 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
     for (const plan::SymExpr& d : s.plan.capture_slots[i].shape) count *= evaluate_expr(d, values);
     const auto bytes = static_cast<std::size_t>(count) * sizeof(float);
     if (s.captures[i].size() != bytes) {
+      // A pinned graph holds the old pointers (the check below would come too late for them).
+      if (s.pinned) {
+        throw UsageError(fmt::format(
+            "bind() of sequence '{}' to other sizes while its memory is pinned for a CUDA graph: "
+            "release the graph first",
+            s.plan.name));
+      }
       s.captures[i] = DeviceBuffer();
       s.captures[i] = DeviceBuffer(bytes, s.last_stream);
     }
