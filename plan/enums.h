@@ -88,6 +88,7 @@ enum class ParamKind : uint8_t {
   Int64,      // a `long long` field (amax_reduce's element count)
   Float,
   StatRecord,  // the executor's statistics record of a slot (SequencePlan::stat_slots)
+  Capture,     // the executor's float32 capture of a slot (SequencePlan::capture_slots)
 };
 
 // The name table of an enum: its values in order with their plan.json spellings.
@@ -133,7 +134,7 @@ OPFUSE_ENUM_NAMES(ParamKind, {ParamKind::Null, "null"}, {ParamKind::Buffer, "buf
                   {ParamKind::Buffers, "buffers"}, {ParamKind::Quantizer, "quantizer"},
                   {ParamKind::Records, "quantizer_records"}, {ParamKind::Int, "int"},
                   {ParamKind::Int64, "int64"}, {ParamKind::Float, "float"},
-                  {ParamKind::StatRecord, "stat_record"})
+                  {ParamKind::StatRecord, "stat_record"}, {ParamKind::Capture, "capture"})
 #undef OPFUSE_ENUM_NAMES
 
 // The spelling of `value` ("?" for a value outside the table, which a cast from an int can make).

@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "plan/capture_slot.h"
 #include "plan/enums.h"
 #include "plan/param_init.h"
 #include "plan/quant_spec.h"
@@ -114,7 +115,7 @@ struct ParamBinding {
   int quantizer = -1;
   QuantizerValue quantizer_value = QuantizerValue::Scale;
   std::vector<int> records;
-  SymExpr int_value;  // Int, Int64; StatRecord: the slot
+  SymExpr int_value;  // Int, Int64; StatRecord, Capture: the slot
   double float_value = 0;
 };
 
@@ -212,6 +213,8 @@ struct SequencePlan {
   // An instrumented variant's statistics records (empty in the plain plan, and then absent from
   // plan.json, so a program without debug features compiles to the same bytes).
   std::vector<StatSlot> stat_slots;
+  // Its tensor captures (DumpTensors, C++ features' inspect_tensor), likewise absent when empty.
+  std::vector<CaptureSlot> capture_slots;
 };
 
 // One group that launches a kernel.

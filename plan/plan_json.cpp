@@ -142,6 +142,7 @@ Json param_json(const SequencePlan& s, const ParamBinding& p) {
       j["value"] = p.float_value;
       break;
     case ParamKind::StatRecord:
+    case ParamKind::Capture:
       j["slot"] = expr(p.int_value);
       break;
   }
@@ -258,6 +259,13 @@ Json sequence_json(const SequencePlan& s) {
                        {"dims", slot.dims}});
     }
     j["stat_slots"] = std::move(slots);
+  }
+  if (!s.capture_slots.empty()) {
+    Json slots = Json::array();
+    for (const CaptureSlot& slot : s.capture_slots)
+      slots.push_back(
+          {{"layer", slot.layer}, {"tensor", slot.tensor}, {"shape", exprs(slot.shape)}});
+    j["capture_slots"] = std::move(slots);
   }
   j["phases"] = Json::array({Json{{"phase", "forward"}, {"steps", forward}},
                              Json{{"phase", "backward"}, {"steps", backward}}});

@@ -239,6 +239,7 @@ ParamBinding read_param(const Json& j, const std::string& path) {
       p.float_value = get<double>(j, path, "value");
       break;
     case ParamKind::StatRecord:
+    case ParamKind::Capture:
       p.int_value = expr(j, path, "slot");
       break;
   }
@@ -375,6 +376,18 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
       s.stat_slots.push_back({get<std::string>(slots[i], p, "layer"),
                               get<std::string>(slots[i], p, "tensor"),
                               get<int>(slots[i], p, "block_size"), get<int>(slots[i], p, "dims")});
+    }
+  }
+  if (j.contains("capture_slots")) {
+    const Json& slots = array(j, path, "capture_slots");
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const std::string p = at(sub(path, "capture_slots"), i);
+      CaptureSlot slot{
+          get<std::string>(slots[i], p, "layer"), get<std::string>(slots[i], p, "tensor"), {}};
+      const Json& shape = array(slots[i], p, "shape");
+      for (std::size_t d = 0; d < shape.size(); ++d)
+        slot.shape.push_back(expr(shape[d], at(sub(p, "shape"), d)));
+      s.capture_slots.push_back(std::move(slot));
     }
   }
   const Json& phases = array(j, path, "phases");

@@ -275,6 +275,11 @@ const std::vector<debug::TensorMoments>& ReferenceExecutor<T>::stat_records() co
 }
 
 template <typename T>
+const std::vector<debug::CapturedTensor>& ReferenceExecutor<T>::captures() const {
+  return state_->captures;
+}
+
+template <typename T>
 void ReferenceExecutor<T>::set_quantizer_states(const std::vector<QuantizerInfo>& states) {
   for (Quantizer& q : state_->quantizers) {
     for (const QuantizerInfo& s : states) {

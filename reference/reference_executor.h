@@ -19,6 +19,7 @@
 
 #include "cpu_quantizers.h"
 #include "cpu_tensor.h"
+#include "debug/capture.h"
 #include "debug/stats.h"
 #include "ir/graph.h"
 
@@ -88,6 +89,9 @@ class ReferenceExecutor {
   // The statistics records (debug/stats.h) the last forward and backward filled, one per slot of
   // sequence().inspections; empty for a sequence without (the plain plan).
   const std::vector<debug::TensorMoments>& stat_records() const;
+  // The tensors the last forward and backward captured, per slot of sequence().captures; empty for
+  // a sequence without (the plain plan).
+  const std::vector<debug::CapturedTensor>& captures() const;
 
  private:
   struct State;

@@ -247,6 +247,17 @@ void tensor_stats(ReferenceContext<T>& ctx, const ir::Operation& op) {
   ctx.stat_records[slot] = m;
 }
 
+// A copy of the tensor as the run holds it (rounded to its dtype) into the slot's capture.
+template <typename T>
+void tensor_capture(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& x = ctx.in(op, 0);
+  const auto slot = size_t(ir::attr_int(op.attrs, "slot"));
+  ctx.captures.resize(ctx.seq.captures.size());
+  debug::CapturedTensor& c = ctx.captures.at(slot);
+  c.shape = x.shape;
+  c.values.assign(x.data.begin(), x.data.end());
+}
+
 template <typename T>
 struct KernelEntry {
   OpKind kind;
@@ -273,6 +284,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::BiasGrad, bias_grad<T>},
     {OpKind::GradAdd, add<T>},
     {OpKind::TensorStats, tensor_stats<T>},
+    {OpKind::TensorCapture, tensor_capture<T>},
     {OpKind::Fused, nullptr},  // the executor runs its parts
 }};
 

@@ -13,6 +13,7 @@
 
 #include "cpu_quantizers.h"
 #include "cpu_tensor.h"
+#include "debug/capture.h"
 #include "debug/stats.h"
 #include "ir/graph.h"
 
@@ -31,6 +32,8 @@ struct ReferenceContext {
   std::map<ir::ValueId, std::pair<std::vector<float>, float>> weight_codes;
   // The statistics records of the last run, per slot of seq.inspections (tensor_stats ops).
   std::vector<debug::TensorMoments> stat_records;
+  // The tensors captured by the last run, per slot of seq.captures (tensor_capture ops).
+  std::vector<debug::CapturedTensor> captures;
 
   Tensor<T> zeros_like(ir::ValueId id) const { return Tensor<T>::zeros(shapes[id]); }
   const Tensor<T>& in(const ir::Operation& op, size_t i) const { return values[op.operands[i]]; }

@@ -121,7 +121,13 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
     setup.log = options.debug->log;
     setup.sources = options.debug->sources;
     setup.start_iteration = options.debug->start_iteration;
-    debug.emplace(std::move(setup));
+    setup.log_dir = options.debug->log_dir;
+    setup.rank = options.debug->rank;
+    try {
+      debug.emplace(std::move(setup));  // an unwritable dump directory: before the first step
+    } catch (const debug::DebugLogError& e) {
+      throw ReferenceError(e.what());
+    }
   }
   // Two features modifying one operand is a user error of the config.
   auto routing = [&]() -> const debug::Routing& {
@@ -178,7 +184,12 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
                          q.format == Fp8Format::E4M3 ? "e4m3" : "e5m2", q.amax_history[0], q.scale);
     if (debug) {
       debug->add_run(exec.sequence().inspections, exec.stat_records(), debug::RunPhase::Both);
-      debug->end_step();
+      debug->add_captures(exec.sequence().captures, exec.captures(), debug::RunPhase::Both);
+      try {
+        debug->end_step();
+      } catch (const debug::DebugLogError& e) {
+        throw ReferenceError(e.what());
+      }
     }
     exec.step();
     exec.sgd_step(grads, options.lr);

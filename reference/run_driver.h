@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -21,6 +22,10 @@ struct DebugRunOptions {
   std::vector<debug::LayerBinding> bindings;
   debug::StatLog* log = nullptr;
   const SourceManager* sources = nullptr;  // names the config file in the debug log
+  // Where DumpTensors writes ({log_dir}/tensor_dumps/rank_{rank}/...); needed by a config with
+  // DumpTensors, and checked to be writable before the first step.
+  std::filesystem::path log_dir;
+  int rank = 0;
   int64_t start_iteration = 0;
 };
 

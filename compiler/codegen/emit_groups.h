@@ -124,6 +124,7 @@ void emit_cast(SequenceBuilder& b, const Group& g);
 // ---- statistics of a debug config (emit_stats.cpp) ----------------------------------------------
 
 void emit_tensor_stats(SequenceBuilder& b, const Group& g);
+void emit_tensor_capture(SequenceBuilder& b, const Group& g);
 
 void emit_dbias(SequenceBuilder& b, const Group& g);
 void emit_bias_add(SequenceBuilder& b, const Group& g);

@@ -142,6 +142,9 @@ constexpr KernelTemplate kTable[] = {
           kInputOnlyParams, kBf16Example),
     entry("tensor_stats_final", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsFinalParams",
           kStatsFinalParams, kStatsFinalExample),
+    // A debug config's tensor captures (DumpTensors, C++ features' inspect_tensor).
+    entry("tensor_capture", "tensor_capture.cuh", KernelFamily::Stats, "TensorCaptureParams",
+          kInputOnlyParams, kBf16Example),
     // The user quantize op (Cast family): cast to FP8 and back in one pass.
     entry("fake_quantize", "scale.cuh", KernelFamily::Cast, "FakeQuantizeParams",
           kFakeQuantizeParams, kFakeQuantizeExample),

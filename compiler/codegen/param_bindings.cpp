@@ -79,6 +79,13 @@ ParamBinding bind_stat_record(std::string field, int slot) {
   return p;
 }
 
+ParamBinding bind_capture(std::string field, int slot) {
+  ParamBinding p = bind_null(std::move(field));
+  p.kind = ParamKind::Capture;
+  p.int_value = SymExpr(int64_t(slot));
+  return p;
+}
+
 ParamBinding bind_int64(std::string field, SymExpr value) {
   ParamBinding p = bind_int(std::move(field), std::move(value));
   p.kind = ParamKind::Int64;

@@ -456,6 +456,7 @@ SequencePlan SequenceBuilder::build() {
   out_.recipe = ir::recipe_string(seq_.recipe);
   out_.fp8_weights = seq_.fp8_weights;
   out_.stat_slots = seq_.inspections;
+  out_.capture_slots = seq_.captures;
   out_.symbols = seq_.symbols();
   out_.symbols.emplace_back(kNumSmsSymbol);
   // The transposed FP8 copy is the last result of a column-wise cast (plan-quantization).

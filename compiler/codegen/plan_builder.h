@@ -52,6 +52,12 @@ class SequenceBuilder {
   bool is_columnwise_copy(ir::ValueId id) const { return columnwise_.count(id) > 0; }
   int add_workspace(const std::string& name, ir::DType dtype, std::vector<SymExpr> shape);
   void make_alias(ir::ValueId view, ir::ValueId of);
+  // Capture `slot` holds the tensor of `buffer`: its shape is the buffer's. Returns the shape.
+  const std::vector<SymExpr>& set_capture_buffer(int slot, int buffer) {
+    plan::CaptureSlot& c = out_.capture_slots.at(size_t(slot));
+    c.shape = out_.buffers.at(size_t(buffer)).shape;
+    return c.shape;
+  }
   std::string location(SourceLoc loc) const;
 
   // Appends a launch of the kernel instantiating `template_name<args>` (registered in the plan's
@@ -114,6 +120,8 @@ ParamBinding bind_records(std::string field, std::vector<int> quantizers);
 ParamBinding bind_int(std::string field, SymExpr value);
 // The executor's statistics record of `slot` (SequencePlan::stat_slots).
 ParamBinding bind_stat_record(std::string field, int slot);
+// The executor's float32 capture of `slot` (SequencePlan::capture_slots).
+ParamBinding bind_capture(std::string field, int slot);
 ParamBinding bind_int64(std::string field, SymExpr value);
 ParamBinding bind_float(std::string field, double value);
 

@@ -14,7 +14,13 @@ bool written_by(std::string_view tensor, RunPhase phase) {
 }
 
 DebugRun::DebugRun(DebugRunSetup setup)
-    : setup_(std::move(setup)), iteration_(setup_.start_iteration) {}
+    : setup_(std::move(setup)), iteration_(setup_.start_iteration) {
+  if (dumps_tensors(setup_.bindings)) {
+    if (setup_.log_dir.empty())
+      throw DebugLogError("DumpTensors needs a log directory to write to (--debug-log-dir)");
+    check_dump_dir(setup_.log_dir, setup_.rank);
+  }
+}
 
 const Routing& DebugRun::routing() {
   if (!routing_ || iteration_ >= routing_->next_change) {
@@ -56,9 +62,29 @@ void DebugRun::add_run(std::span<const plan::StatSlot> slots,
   stats_.add_run(taken_slots, taken);
 }
 
+void DebugRun::add_captures(std::span<const plan::CaptureSlot> slots,
+                            std::span<const CapturedTensor> captures, RunPhase phase) {
+  std::vector<plan::CaptureSlot> taken_slots;
+  std::vector<CapturedTensor> taken;
+  for (size_t i = 0; i < slots.size() && i < captures.size(); ++i) {
+    const std::pair<std::string, std::string> tensor{slots[i].layer, slots[i].tensor};
+    if (std::find(order_.begin(), order_.end(), tensor) == order_.end()) order_.push_back(tensor);
+    if (!written_by(slots[i].tensor, phase)) continue;
+    taken_slots.push_back(slots[i]);
+    taken.push_back(captures[i]);
+  }
+  if (phase == RunPhase::Backward) {
+    captures_.add_to_last_run(taken_slots, taken);
+  } else {
+    captures_.add_run(taken_slots, taken);
+  }
+}
+
 void DebugRun::end_step() {
-  if (!stats_.empty()) {
+  if (!stats_.empty() || !captures_.empty()) {
     std::vector<StatRecord> records = stats_.records(routing(), iteration_);
+    for (StatRecord& r : captures_.finish(routing(), iteration_, setup_.log_dir, setup_.rank))
+      records.push_back(std::move(r));
     const auto rank = [this](const StatRecord& r) {
       return std::find(order_.begin(), order_.end(), std::make_pair(r.layer, r.tensor)) -
              order_.begin();
@@ -72,6 +98,7 @@ void DebugRun::end_step() {
     }
   }
   stats_ = IterationStats();
+  captures_ = IterationCaptures();
   order_.clear();
   if (setup_.log) setup_.log->end_step();
   ++iteration_;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <span>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "debug/stat_log.h"
+#include "debug_config/captures.h"
 #include "debug_config/instrument.h"
 #include "debug_config/routing.h"
 
@@ -35,10 +37,15 @@ struct DebugRunSetup {
   const SourceManager* sources = nullptr;  // names the config file in the debug log
   int64_t start_iteration = 0;
   std::function<void(const StatRecord&)> on_stat;  // every logged statistic, in log order
+  // Where DumpTensors writes ({log_dir}/tensor_dumps/rank_{rank}/...).
+  std::filesystem::path log_dir;
+  int rank = 0;
 };
 
 class DebugRun {
  public:
+  // A config with DumpTensors needs a writable log directory: DebugLogError here otherwise,
+  // before the first step.
   explicit DebugRun(DebugRunSetup setup);
 
   int64_t iteration() const { return iteration_; }
@@ -54,8 +61,12 @@ class DebugRun {
   // order, as the CPU reference (one run per step) gives them.
   void add_run(std::span<const plan::StatSlot> slots, std::span<const TensorMoments> records,
                RunPhase phase);
-  // Logs the iteration's statistics (log files, flushed, and the callback) and advances to the
-  // next iteration. Throws DebugLogError when the files cannot be written.
+  // The same for tensor captures (plan capture slots): a forward (or Both) starts a micro-batch, a
+  // backward adds to the last one.
+  void add_captures(std::span<const plan::CaptureSlot> slots,
+                    std::span<const CapturedTensor> captures, RunPhase phase);
+  // Logs the iteration's statistics (log files, flushed, and the callback), writes its dumps, and
+  // advances to the next iteration. Throws DebugLogError when the files cannot be written.
   void end_step();
 
  private:
@@ -65,6 +76,7 @@ class DebugRun {
   uint64_t generation_ = 0;
   std::string logged_key_ = "-";  // the variant key last written to the debug log
   IterationStats stats_;
+  IterationCaptures captures_;
   // The tensors of the iteration's records in plan slot order: the order they are logged in,
   // whichever run gave them first.
   std::vector<std::pair<std::string, std::string>> order_;

@@ -120,6 +120,22 @@ struct CallContext {
   const Settings& settings;
 };
 
+// A captured tensor as inspect_tensor sees it: host memory, valid during the call.
+struct InspectedTensor {
+  std::span<const int64_t> shape;  // row-major
+  std::span<const float> values;   // the high-precision tensor as the run held it, as float32
+  // The quantized copy the GEMM reads (the FP8 values as float32, unscaled) and its scale_inv:
+  // not captured yet, so empty and 0 (docs/debugging.md, "Status").
+  std::span<const float> quantized;
+  float scale_inv = 0;
+};
+
+// One statistic inspect_tensor returns: logged as `{layer}_{tensor}_{name}` like a built-in one.
+struct FeatureStat {
+  std::string name;
+  double value = 0;
+};
+
 // The base class of every feature. Routing calls have TE's defaults (inspect: no; modify: no;
 // quantized GEMM: yes, never changing). A feature overrides those it answers. Called only for
 // (GEMM, tensor) pairs its config selects.
@@ -145,6 +161,15 @@ class Feature {
   // Does `gemm` run quantized? A modified tensor's GEMM follows modify_tensor_enabled instead.
   virtual Route fp8_gemm_enabled(const CallContext&, GemmRole, int64_t) const {
     return {true, kNever};
+  }
+
+  // TE's inspect_tensor, a GEMM call: after each run (forward and backward of one micro-batch)
+  // of an iteration where inspect_tensor_enabled answered yes for `tensor`, the tensor as that
+  // run held it. The statistics it returns are logged for the iteration (TE's log line and the
+  // JSON lines). Built-in features do their work elsewhere and keep this default.
+  virtual std::vector<FeatureStat> inspect_tensor(const CallContext&, TensorKind,
+                                                  const InspectedTensor&, int64_t) const {
+    return {};
   }
 };
 

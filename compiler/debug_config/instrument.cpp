@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "debug_config/captures.h"
 #include "debug_config/stat_request.h"
 #include "passes/plan_quantization.h"
 
@@ -79,6 +80,11 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
   }
   for (const TensorKind t : plan::all_values<TensorKind>()) {
     for (const FeatureConfig* f : l.inspectors[size_t(t)]) {
+      if (f->feature->spec().name != "LogTensorStats" &&
+          f->feature->spec().name != "LogFp8TensorStats") {
+        add_capture(seq, l, t, *f, refused);  // DumpTensors, C++ features (captures.h)
+        continue;
+      }
       if (f->feature->spec().name != "LogTensorStats") {
         refused.push_back(
             fmt::format("{} (layer '{}', {}): not executed yet", f->name, l.layer, plan::name(t)));

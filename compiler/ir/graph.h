@@ -10,6 +10,7 @@
 #include "ir/op_table.h"
 #include "ir/recipe.h"
 #include "ir/types.h"
+#include "plan/capture_slot.h"
 #include "plan/quant_spec.h"
 #include "plan/stat_slot.h"
 #include "support/source_manager.h"
@@ -117,6 +118,8 @@ struct Sequence {
   // Statistics records the debug-instrument pass gives TensorStats ops (slot = index); set from a
   // debug config's routing by the compile driver, empty otherwise.
   std::vector<plan::StatSlot> inspections;
+  // Tensor captures the debug-instrument pass gives TensorCapture ops (slot = index), likewise.
+  std::vector<plan::CaptureSlot> captures;
   // Made by plan-quantization; empty under the bf16 recipe.
   std::vector<QuantizerDecl> quantizers;
 

@@ -55,6 +55,9 @@ constexpr AttrSpec kCastFp8Attrs[] = {
 constexpr AttrSpec kTensorStatsAttrs[] = {
     {"slot", AttrType::Int, true, 0, 0, 1 << 20, "the statistics record (Sequence::inspections)"},
 };
+constexpr AttrSpec kTensorCaptureAttrs[] = {
+    {"slot", AttrType::Int, true, 0, 0, 1 << 20, "the capture (Sequence::captures)"},
+};
 constexpr AttrSpec kFusedAttrs[] = {
     {"pattern", AttrType::Name, true, 0, 0, 0, "the fusion pattern that formed the op"},
 };
@@ -283,6 +286,8 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "sums two gradients of one value"},
     {OpKind::TensorStats, "tensor_stats", KernelFamily::Stats, kTensorStatsAttrs, nullptr,
      "(x) -> ()", "statistics of x into a record the executor logs (precision-debug features)"},
+    {OpKind::TensorCapture, "tensor_capture", KernelFamily::Stats, kTensorCaptureAttrs, nullptr,
+     "(x) -> ()", "a float32 copy of x the executor keeps (DumpTensors, inspect_tensor)"},
     {OpKind::Fused, "fused", KernelFamily::Alias, kFusedAttrs, nullptr, "parts",
      "a fusion; its meaning is its parts run in order"},
 }};

@@ -80,7 +80,7 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
           bad(fmt::format("{} returns value {} that no part makes", where, r));
       return;
     }
-    if (op.results.empty() && op.kind != OpKind::TensorStats)
+    if (op.results.empty() && op.kind != OpKind::TensorStats && op.kind != OpKind::TensorCapture)
       bad(fmt::format("{} ({}) has no results", where, info.name));
     for (ValueId r : op.results) {
       if (r >= s.values.size()) {

@@ -27,7 +27,8 @@ struct Place {
   bool after = false;
 };
 
-Place place(const Sequence& s, const plan::StatSlot& slot) {
+template <typename Slot>
+Place place(const Sequence& s, const Slot& slot) {
   const int fprop = find_op(s, OpKind::Linear, Phase::Forward, slot.layer);
   if (fprop < 0) return {};
   const Operation& f = s.ops[size_t(fprop)];
@@ -47,24 +48,35 @@ Place place(const Sequence& s, const plan::StatSlot& slot) {
   return {};
 }
 
-bool instrument(Sequence& s) {
-  if (s.inspections.empty()) return false;
-  std::vector<plan::StatSlot> kept;
-  std::map<int, std::vector<Operation>> before, after;  // by op index, in slot order
-  for (const plan::StatSlot& slot : s.inspections) {
+// One op of `kind` reading the tensor of each of `slots`, collected by the op it goes before or
+// after; `slots` keeps the placed ones (slot = index).
+template <typename Slot>
+void place_all(const Sequence& s, OpKind kind, const char* suffix, std::vector<Slot>& slots,
+               std::map<int, std::vector<Operation>>& before,
+               std::map<int, std::vector<Operation>>& after) {
+  std::vector<Slot> kept;
+  for (const Slot& slot : slots) {
     const Place p = place(s, slot);
     if (p.value == kNoValue) continue;
-    Operation stats;
-    stats.kind = OpKind::TensorStats;
-    stats.phase = s.ops[size_t(p.op)].phase;
-    stats.operands = {p.value};
-    stats.attrs = {{"slot", int64_t(kept.size())}};
+    Operation op;
+    op.kind = kind;
+    op.phase = s.ops[size_t(p.op)].phase;
+    op.operands = {p.value};
+    op.attrs = {{"slot", int64_t(kept.size())}};
     // Unique per record: a tensor with block statistics has several.
-    stats.instance = fmt::format("{}.{}_stats{}", slot.layer, slot.tensor, kept.size());
-    stats.loc = s.ops[size_t(p.op)].loc;
-    (p.after ? after : before)[p.op].push_back(std::move(stats));
+    op.instance = fmt::format("{}.{}_{}{}", slot.layer, slot.tensor, suffix, kept.size());
+    op.loc = s.ops[size_t(p.op)].loc;
+    (p.after ? after : before)[p.op].push_back(std::move(op));
     kept.push_back(slot);
   }
+  slots = std::move(kept);
+}
+
+bool instrument(Sequence& s) {
+  if (s.inspections.empty() && s.captures.empty()) return false;
+  std::map<int, std::vector<Operation>> before, after;  // by op index, statistics then captures
+  place_all(s, OpKind::TensorStats, "stats", s.inspections, before, after);
+  place_all(s, OpKind::TensorCapture, "capture", s.captures, before, after);
   std::vector<Operation> ops;
   for (size_t i = 0; i < s.ops.size(); ++i) {
     for (Operation& op : before[int(i)]) ops.push_back(std::move(op));
@@ -72,7 +84,6 @@ bool instrument(Sequence& s) {
     for (Operation& op : after[int(i)]) ops.push_back(std::move(op));
   }
   s.ops = std::move(ops);
-  s.inspections = std::move(kept);
   recompute_producers(s);
   return true;
 }

@@ -5,7 +5,9 @@
 // op reads the high-precision tensor, so a fusion that kept that tensor inside one kernel (the
 // norm's FP8 cast, a GEMM epilogue) leaves it in memory instead: only an inspected tensor loses
 // its fusion. Records whose tensor the sequence lacks (a gradient without backward) are dropped.
-// A sequence without inspections is left unchanged.
+// Tensor captures (Sequence::captures: DumpTensors, C++ features' inspect_tensor) get a
+// tensor_capture op at the same places, after the statistics ops of the same tensor. A sequence
+// without inspections or captures is left unchanged.
 #pragma once
 
 #include "ir/graph.h"

@@ -58,12 +58,24 @@ debug::DebugRunSetup run_setup(const DebugProgram& program, const DebugSessionOp
   setup.log = log;
   setup.sources = &program.sources();
   setup.start_iteration = options.start_iteration;
+  setup.log_dir = options.log_dir;
+  setup.rank = options.rank;
   if (options.on_stat) {
     setup.on_stat = [callback = options.on_stat](const debug::StatRecord& r) {
       callback(DebugStat{r.layer, r.tensor, r.gemm, r.stat, r.iteration, r.value});
     };
   }
   return setup;
+}
+
+// An unwritable dump directory (DumpTensors) is misuse reported before the first step.
+debug::DebugRun make_run(const DebugProgram& program, const DebugSessionOptions& options,
+                         debug::StatLog* log) {
+  try {
+    return debug::DebugRun(run_setup(program, options, log));
+  } catch (const debug::DebugLogError& e) {
+    throw UsageError(e.what());
+  }
 }
 
 }  // namespace
@@ -77,7 +89,7 @@ DebugSession::DebugSession(std::shared_ptr<const DebugProgram> program, std::str
       auto_graph_(auto_graph),
       log_(options.log_dir.empty() ? std::nullopt
                                    : std::optional<debug::StatLog>(open_log(options))),
-      run_(run_setup(*program_, options, log_ ? &*log_ : nullptr)) {
+      run_(make_run(*program_, options, log_ ? &*log_ : nullptr)) {
   auto variant = std::make_unique<Variant>();
   variant->executor = &plain;
   current_ = &plain;
@@ -162,6 +174,10 @@ gpu::SequenceExecutor& DebugSession::before_forward(cudaStream_t stream) {
 }
 
 void DebugSession::after_run(debug::RunPhase phase, cudaStream_t stream) {
+  // Tensor captures (DumpTensors, C++ features' inspect_tensor) are read now: their buffers are
+  // overwritten by the next run. Only iterations that capture wait here.
+  if (!current_->plan().capture_slots.empty())
+    run_.add_captures(current_->plan().capture_slots, current_->captures(stream), phase);
   const std::size_t bytes = current_->stat_record_bytes();
   if (bytes == 0) return;
   std::unique_ptr<Pending> pending;

@@ -248,6 +248,14 @@ const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) con
     }
     return static_cast<unsigned char*>(stat_records.data()) + *slot * kStatRecordBytes;
   }
+  if (param.kind == plan::ParamKind::Capture) {
+    const auto slot = param.int_value.value();
+    if (!slot || *slot < 0 || static_cast<std::size_t>(*slot) >= captures.size()) {
+      throw UsageError(fmt::format("params field '{}' binds capture {} of {}", param.field,
+                                   param.int_value.text(), plan.capture_slots.size()));
+    }
+    return captures[static_cast<std::size_t>(*slot)].data();
+  }
   switch (param.quantizer_value) {
     case plan::QuantizerValue::Scale:
       return quantizers->scale(param.quantizer);

@@ -182,6 +182,10 @@ struct SequenceExecutor::Impl {
   DeviceBuffer cast_scale_inv;
   // One statistics record per plan.stat_slots entry (tensor_stats kernels write them).
   DeviceBuffer stat_records;
+  // One float32 buffer per plan.capture_slots entry, sized by bind() (tensor_capture kernels
+  // write them), with its element count.
+  std::vector<DeviceBuffer> captures;
+  std::vector<std::int64_t> capture_counts;
   std::map<std::string, int, std::less<>> callers_by_name, outputs, input_grads, param_grads;
 
   // After bind().

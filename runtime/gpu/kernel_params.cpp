@@ -40,6 +40,7 @@ ParamField field_shape(const plan::ParamBinding& param) {
     case Kind::Quantizer:
     case Kind::Records:
     case Kind::StatRecord:
+    case Kind::Capture:
       return {0, kPointerBytes, kPointerBytes};
   }
   return {0, kPointerBytes, kPointerBytes};
@@ -102,6 +103,7 @@ PackedParams pack_params(const std::vector<plan::ParamBinding>& params,
       case Kind::Quantizer:
       case Kind::Records:
       case Kind::StatRecord:
+      case Kind::Capture:
         put(packed.bytes, offset, state_pointer(param));
         break;
       case Kind::Int: {

@@ -125,6 +125,26 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
   for (const plan::Buffer& buffer : s.plan.buffers) {
     bytes.push_back(static_cast<std::size_t>(evaluate_expr(buffer.bytes, values)));
   }
+  // The captures first: the steps' params point into them. Kept where the size is unchanged.
+  s.captures.resize(s.plan.capture_slots.size());
+  s.capture_counts.resize(s.plan.capture_slots.size());
+  for (std::size_t i = 0; i < s.plan.capture_slots.size(); ++i) {
+    std::int64_t count = 1;
+    for (const plan::SymExpr& d : s.plan.capture_slots[i].shape) count *= evaluate_expr(d, values);
+    const auto bytes = static_cast<std::size_t>(count) * sizeof(float);
+    if (s.captures[i].size() != bytes) {
+      // A pinned graph holds the old pointers (the check below would come too late for them).
+      if (s.pinned) {
+        throw UsageError(fmt::format(
+            "bind() of sequence '{}' to other sizes while its memory is pinned for a CUDA graph: "
+            "release the graph first",
+            s.plan.name));
+      }
+      s.captures[i] = DeviceBuffer();
+      s.captures[i] = DeviceBuffer(bytes, s.last_stream);
+    }
+    s.capture_counts[i] = count;
+  }
   std::vector<BoundStep> steps;
   std::vector<std::optional<BoundStep>> inference_steps;
   for (const Step& step : s.plan.steps) {
@@ -347,6 +367,22 @@ void SequenceExecutor::copy_stat_records_async(void* host, cudaStream_t stream) 
   if (s.stat_records.size() == 0) return;
   OPFUSE_CUDA_CHECK(cudaMemcpyAsync(host, s.stat_records.data(), s.stat_records.size(),
                                     cudaMemcpyDeviceToHost, stream));
+}
+
+std::vector<debug::CapturedTensor> SequenceExecutor::captures(cudaStream_t stream) const {
+  const Impl& s = *impl_;
+  std::vector<debug::CapturedTensor> out(s.captures.size());
+  for (std::size_t i = 0; i < s.captures.size(); ++i) {
+    for (const plan::SymExpr& d : s.plan.capture_slots[i].shape)
+      out[i].shape.push_back(evaluate_expr(d, s.symbols));
+    out[i].values.resize(static_cast<std::size_t>(s.capture_counts[i]));
+    if (out[i].values.empty()) continue;
+    OPFUSE_CUDA_CHECK(cudaMemcpyAsync(out[i].values.data(), s.captures[i].data(),
+                                      out[i].values.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream));
+  }
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
 }
 
 std::vector<cpu::DelayedScalingState> SequenceExecutor::download_quantizers(

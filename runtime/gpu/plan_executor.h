@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/quantizer_math.h"
+#include "debug/capture.h"
 #include "gpu/gemm.h"
 #include "gpu/module.h"
 #include "jit/nvrtc_compiler.h"
@@ -173,6 +174,10 @@ class SequenceExecutor {
   // memory, so the copy is asynchronous), valid once `stream` reaches this point.
   std::size_t stat_record_bytes() const;
   void copy_stat_records_async(void* host, cudaStream_t stream) const;
+  // The tensor captures of an instrumented plan variant (plan::SequencePlan::capture_slots), as
+  // the last run left them: per slot its shape and float32 values, copied to the host after
+  // waiting for `stream`. Empty for a plan without slots; zeros for a slot not run since bind().
+  std::vector<debug::CapturedTensor> captures(cudaStream_t stream) const;
 
   // Quantizer state (plan order), copied to the host after waiting for `stream`, and replaced
   // (checkpoint load). upload throws UsageError, copying nothing, on a count/length mismatch.

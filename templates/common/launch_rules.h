@@ -267,6 +267,12 @@ inline constexpr int kTensorStatsMaxBlocks = 256;
 inline constexpr int kTensorStatsRegisterBudget = 128;
 inline constexpr int kScaleUpdateThreads = 256;
 
+// ---------------------------------------------------------------------------------------------
+// a tensor's float32 copy for the debug features (tensor_capture.cuh): a grid-stride loop.
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kTensorCaptureThreads = 256;
+inline constexpr int kTensorCaptureMaxBlocks = 1024;
+
 }  // namespace launch
 }  // namespace opfuse
 

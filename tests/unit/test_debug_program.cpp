@@ -4,12 +4,14 @@
 // plan variants it compiles on demand (runtime/api/debug_program.h) through NVRTC.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "api/debug_program.h"
 #include "debug_config/debug_run.h"
+#include "debug_config/npy.h"
 #include "debug_routing_fixture.h"
 #include "opfuse/program.h"
 #include "test_support.h"
@@ -103,6 +105,51 @@ TEST(DebugRun, AnAlwaysOnConfigIsRoutedOnce) {
     run.end_step();
   }
   EXPECT_EQ(run.generation(), 1u);
+}
+
+// A micro-batch's forward and backward captures are one run: one dump per tensor, no _mb suffix;
+// a second forward starts a second micro-batch.
+TEST(DebugRun, ForwardAndBackwardCapturesAreOneMicroBatch) {
+  const auto r = test::routed(
+      "d:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, gradient]}\n",
+      {"fc1"}, false);
+  const std::string dir = test::make_temp_dir("debug_run_captures");
+  debug::DebugRunSetup setup;
+  setup.bindings = r->bindings;
+  setup.log_dir = dir;
+  debug::DebugRun run(setup);
+  (void)run.routing();
+  const std::vector<plan::CaptureSlot> slots = {{"fc1", "activation", {}}, {"fc1", "gradient", {}}};
+  const debug::CapturedTensor a{{1, 2}, {1, 2}}, g{{1, 2}, {5, 6}}, stale{{1, 2}, {0, 0}};
+  run.add_captures(slots, std::vector<debug::CapturedTensor>{a, stale}, debug::RunPhase::Forward);
+  run.add_captures(slots, std::vector<debug::CapturedTensor>{stale, g}, debug::RunPhase::Backward);
+  run.end_step();
+  const std::filesystem::path it0 = debug::dump_dir(dir, 0, 0);
+  EXPECT_EQ(debug::read_npy((it0 / "fc1_activation.npy").string()).f32, a.values);
+  EXPECT_EQ(debug::read_npy((it0 / "fc1_gradient.npy").string()).f32, g.values);
+  (void)run.routing();
+  run.add_captures(slots, std::vector<debug::CapturedTensor>{a, stale}, debug::RunPhase::Forward);
+  run.add_captures(slots, std::vector<debug::CapturedTensor>{stale, g}, debug::RunPhase::Backward);
+  run.add_captures(slots, std::vector<debug::CapturedTensor>{g, stale}, debug::RunPhase::Forward);
+  run.add_captures(slots, std::vector<debug::CapturedTensor>{stale, a}, debug::RunPhase::Backward);
+  run.end_step();
+  const std::filesystem::path it1 = debug::dump_dir(dir, 0, 1);
+  EXPECT_EQ(debug::read_npy((it1 / "fc1_activation_mb1.npy").string()).f32, g.values);
+  EXPECT_EQ(debug::read_npy((it1 / "fc1_gradient_mb1.npy").string()).f32, a.values);
+  EXPECT_FALSE(std::filesystem::exists(it1 / "fc1_activation.npy"));
+}
+
+TEST(DebugRun, DumpTensorsWithoutAWritableDirectoryIsRefusedFirst) {
+  const auto r = test::routed(
+      "d:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation]}\n",
+      {"fc1"}, false);
+  debug::DebugRunSetup setup;
+  setup.bindings = r->bindings;
+  EXPECT_THROW(debug::DebugRun{setup}, debug::DebugLogError);
+  setup.log_dir = "/proc/opfuse_no_dumps_here";
+  EXPECT_THROW(debug::DebugRun{setup}, debug::DebugLogError);
 }
 
 CompileOptions with_config(const std::string& text) {

@@ -131,7 +131,7 @@ TEST(DebugVariants, GemmsLeaveQuantizationWhereTheFeaturesSay) {
 TEST(DebugVariants, FeaturesNotExecutedYetAreRefusedByName) {
   const auto r = test::routed(
       "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
-      "    DumpTensors: {tensors: [weight]}\n",
+      "    DumpTensors: {tensors: [weight], quantized_tensor: true}\n",
       {"fc1", "fc2"}, true);
   SourceManager sources;
   DiagnosticEngine diags(sources);
@@ -139,7 +139,8 @@ TEST(DebugVariants, FeaturesNotExecutedYetAreRefusedByName) {
   options.debug_routing = &r->routing;
   const auto result = driver::compile_source("mlp.fuse", kMlp, sources, diags, options);
   EXPECT_FALSE(result.ok());
-  EXPECT_NE(result.error.find("DumpTensors (layer 'fc1', weight): not executed yet"),
+  EXPECT_NE(result.error.find("DumpTensors (layer 'fc1', weight): quantized_tensor is not executed "
+                              "yet"),
             std::string::npos)
       << result.error;
 }

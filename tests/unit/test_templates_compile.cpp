@@ -218,6 +218,8 @@ std::vector<TemplateCase> seed_mlp_cases() {
        launch::kTensorStatsRegisterBudget},
       {"tensor_stats_final", "tensor_stats.cuh", "opfuse::tensor_stats_final<32>",
        launch::kTensorStatsRegisterBudget},
+      {"tensor_capture", "tensor_capture.cuh", "opfuse::tensor_capture<" + bf16 + ">",
+       launch::kSmallKernelRegisterBudget},
   };
   std::vector<TemplateCase> cases;
   const std::string swiglu_source = *ir::pointwise_functor_source(silu_gated);

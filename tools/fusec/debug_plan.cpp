@@ -108,6 +108,8 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
                       ? fmt::format(" (blocks of {}, {}-D)", slot.block_size, slot.dims).c_str()
                       : "");
     }
+    for (const plan::CaptureSlot& slot : v.capture_slots)
+      std::printf("    capture: %s %s\n", slot.layer.c_str(), slot.tensor.c_str());
   }
   return true;
 }

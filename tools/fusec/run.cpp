@@ -108,6 +108,7 @@ int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
       return kExitUserError;
     }
     debug_run.log = &*log;
+    debug_run.log_dir = opts.debug_log_dir;
     debug_run.sources = &sources;
     debug_run.start_iteration = opts.debug_start_iteration;
     run.debug = std::move(debug_run);

@@ -1,0 +1,62 @@
+// Tensor captures of a plan variant (docs/debugging.md, "DumpTensors" and "C++ features"): which
+// inspected tensors a routing captures, and what is done with them after each run of an
+// iteration: DumpTensors writes them as .npy files, C++ features' inspect_tensor turns them into
+// logged statistics. Used by the CPU run loop (reference/run_driver.cpp) and meant for the GPU
+// loop (through compiler/debug_config/debug_run.h): after a run, add_run(slots, captures); at the
+// end of the iteration, finish().
+#pragma once
+
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "debug/capture.h"
+#include "debug/stat_log.h"
+#include "debug_config/routing.h"
+#include "ir/graph.h"
+
+namespace opfuse::debug {
+
+// apply_routing's part for one inspector `f` of `tensor` of layer `l` that is neither
+// LogTensorStats nor LogFp8TensorStats: adds the capture it needs to `seq.captures` (once per
+// layer and tensor), or a message to `refused` for what is not executed yet (DumpTensors'
+// quantized_tensor).
+void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
+                 const FeatureConfig& f, std::vector<std::string>& refused);
+
+// Where a rank's dumps go: {log_dir}/tensor_dumps/rank_{rank}.
+std::filesystem::path dump_root(const std::filesystem::path& log_dir, int rank);
+// The directory of one iteration's dumps: {dump_root}/iter_{iteration:06d}.
+std::filesystem::path dump_dir(const std::filesystem::path& log_dir, int rank, int64_t iteration);
+
+// True if any enabled section bound to a layer has an enabled DumpTensors.
+bool dumps_tensors(const std::vector<LayerBinding>& bindings);
+// Creates dump_root(log_dir, rank) and checks that a file can be written there: call before the
+// first step. Throws DebugLogError "cannot write tensor dumps to '<dir>': <reason>".
+void check_dump_dir(const std::filesystem::path& log_dir, int rank);
+
+// The captures of one iteration, over its runs (micro-batches).
+class IterationCaptures {
+ public:
+  // One run's captures, `captures[i]` for `slots[i]` (a sequence's Sequence::captures, or the
+  // plan's SequencePlan::capture_slots).
+  void add_run(std::span<const plan::CaptureSlot> slots, std::span<const CapturedTensor> captures);
+  // More captures of the last run (its backward, after add_run() took its forward's).
+  void add_to_last_run(std::span<const plan::CaptureSlot> slots,
+                       std::span<const CapturedTensor> captures);
+  // Does what the routing's features ask with every run's captures: DumpTensors writes
+  // dump_dir(log_dir, rank, iteration)/{layer}_{tensor}.npy (float32, the tensor's shape) when
+  // the iteration had one run, {layer}_{tensor}_mb{k}.npy for run k when it had several (a
+  // weight once, from the first run); C++ features' inspect_tensor is called per run (a weight
+  // once) and its statistics returned, in order. Throws DebugLogError for a dump that cannot be
+  // written.
+  std::vector<StatRecord> finish(const Routing& routing, int64_t iteration,
+                                 const std::filesystem::path& log_dir, int rank) const;
+  bool empty() const { return runs_.empty(); }
+
+ private:
+  std::vector<std::vector<std::pair<plan::CaptureSlot, CapturedTensor>>> runs_;
+};
+
+}  // namespace opfuse::debug

@@ -1,0 +1,16 @@
+// A captured tensor as the host reads it after a run (plan::CaptureSlot): what DumpTensors writes
+// and C++ features' inspect_tensor reads. The CPU reference and the GPU executor both give these.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace opfuse::debug {
+
+struct CapturedTensor {
+  std::vector<int64_t> shape;  // row-major
+  std::vector<float> values;   // the tensor as the run held it (rounded to its dtype), as float32
+  friend bool operator==(const CapturedTensor&, const CapturedTensor&) = default;
+};
+
+}  // namespace opfuse::debug

@@ -1,0 +1,37 @@
+// A copy of one tensor for the precision-debug features that read whole tensors (DumpTensors, the
+// inspect_tensor call of C++ features; docs/debugging.md, "Tensor captures"): the tensor, wherever
+// the plan keeps it in reused memory, converted to float32 into the executor's capture of its
+// slot, which outlives the run. Every element is converted exactly (bf16, fp16 and fp32 are all
+// float32 values), so the host reads the very values the run held.
+//
+// Entry point: tensor_capture<Input>.
+#ifndef OPFUSE_TEMPLATES_TENSOR_CAPTURE_CUH_
+#define OPFUSE_TEMPLATES_TENSOR_CAPTURE_CUH_
+
+#include "common/launch_rules.h"
+#include "common/types.cuh"
+
+namespace opfuse {
+
+template <typename Input>
+struct TensorCaptureParams {
+  const Input* x;   // count elements, row-major
+  long long count;
+  float* capture;   // count floats: the executor's capture of the slot
+};
+
+// Block: launch::kTensorCaptureThreads. Grid: at most launch::kTensorCaptureMaxBlocks blocks, a
+// grid-stride loop over the elements.
+template <typename Input>
+__global__ void __launch_bounds__(launch::kTensorCaptureThreads)
+    tensor_capture(TensorCaptureParams<Input> params) {
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < params.count; i += stride) {
+    params.capture[i] = to_float(params.x[i]);
+  }
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_TENSOR_CAPTURE_CUH_

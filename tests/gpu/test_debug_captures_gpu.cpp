@@ -1,0 +1,194 @@
+// Tensor captures on the device (templates/tensor_capture.cuh) against the CPU reference: a plan
+// variant capturing every tensor of two layers runs forward and backward on the GPU and on the
+// reference from the same inputs and parameters; the captures have the plan's shapes, the tensors
+// both sides hold bit for bit (the caller's x and dy, the weights) come back bit for bit, the rest
+// within the GPU-vs-CPU error of what computes them; a C++ feature's inspect_tensor gives the
+// same statistic on both sides' captures of the caller's tensors.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <span>
+
+#include "debug_config/captures.h"
+#include "debug_routing_fixture.h"
+#include "gpu/gemm.h"
+#include "gpu/plan_executor.h"
+#include "gpu_test_support.h"
+#include "negative_fraction_feature.h"
+#include "reference/reference_executor.h"
+#include "test_support.h"
+
+namespace opfuse::test {
+namespace {
+
+const std::string kProgram = R"(
+sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) {
+  linear(128, 256) as fc1
+  gelu()
+  linear(256, 128) as fc2
+}
+)";
+
+const std::string kConfig = R"(
+all:
+  layers: {layer_types: [fc]}
+  transformer_engine:
+    DumpTensors:
+      tensors: [activation, weight, output, gradient, dgrad, wgrad]
+)";
+
+// The statistics NegativeFraction logs for one run's captures, by metric name.
+std::map<std::string, double> feature_values(const debug::Routing& routing,
+                                             std::span<const plan::CaptureSlot> slots,
+                                             std::span<const debug::CapturedTensor> captures,
+                                             const std::string& name) {
+  const std::string dir = make_temp_dir(name);
+  {
+    debug::StatLog log = debug::StatLog::open(dir, 0);
+    debug::IterationCaptures run;
+    run.add_run(slots, captures);
+    for (const debug::StatRecord& r : run.finish(routing, 0, dir, 0)) log.add(r);
+    log.end_step();
+  }
+  std::map<std::string, double> out;
+  for (const debug::StatRecord& r :
+       debug::read_stat_jsonl(dir + "/opfuse_statistics/globalrank-0.jsonl"))
+    out[debug::metric_name(r)] = r.value;
+  return out;
+}
+
+class DebugCapturesGpu : public GpuStreamTest {};
+
+TEST_F(DebugCapturesGpu, CapturesMatchTheReference) {
+  const auto routed_config = routed(kConfig, {"fc1", "fc2"}, false);
+  const auto c = compile_program("mlp", kProgram, "", "", &routed_config->routing);
+  ASSERT_TRUE(c);
+  const ir::Sequence& seq = c->program.sequences[0];
+  const plan::SequencePlan& plan = c->plan.sequences[0];
+  ASSERT_EQ(plan.capture_slots.size(), 12u);
+
+  gpu::GemmRunner gemms(stream_);
+  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
+  const int64_t tokens = 200;
+  gpu.bind({{"tokens", tokens}});
+  std::map<std::string, DeviceArray*> arrays;
+  for (const gpu::TensorInfo& info : gpu.tensors()) {
+    if (info.role == plan::BufferRole::Result) continue;
+    arrays[info.name] = &new_array(info.bytes);
+    gpu.set_tensor(info.name, arrays[info.name]->data());
+  }
+  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
+  std::mt19937_64 rng(7);
+  for (const std::string& name : ref.param_names()) {
+    cpu::Tensor<float>& p = ref.param(name);
+    p.data = random_bf16(p.data.size(), p.shape.size() == 2 ? 0.05 : 0.1, rng);
+    upload_bf16(*arrays.at(name), p.data);
+  }
+  ref.params_changed();
+  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
+  x.data = random_bf16(x.data.size(), 1.0, rng);
+  upload_bf16(*arrays.at("x"), x.data);
+  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
+  dy.data = random_bf16(dy.data.size(), 0.01, rng);
+  upload_bf16(*arrays.at("dy"), dy.data);
+
+  ref.forward({x});
+  ref.backward({dy});
+  gpu.forward(stream_);
+  gpu.backward(stream_);
+  const std::vector<debug::CapturedTensor> got = gpu.captures(stream_);
+  const std::vector<debug::CapturedTensor>& want = ref.captures();
+  ASSERT_EQ(got.size(), plan.capture_slots.size());
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const plan::CaptureSlot& slot = plan.capture_slots[i];
+    SCOPED_TRACE(slot.layer + " " + slot.tensor);
+    ASSERT_EQ(got[i].shape, want[i].shape);
+    ASSERT_EQ(got[i].values.size(), want[i].values.size());
+    const bool same_bits = (slot.layer == "fc1" && slot.tensor == "activation") ||
+                           slot.tensor == "weight" ||
+                           (slot.layer == "fc2" && slot.tensor == "gradient");
+    if (same_bits) {
+      EXPECT_EQ(got[i].values, want[i].values);
+      continue;
+    }
+    double amax = 0, worst = 0;
+    for (size_t k = 0; k < want[i].values.size(); ++k) {
+      amax = std::max(amax, double(std::abs(want[i].values[k])));
+      worst = std::max(worst, double(std::abs(got[i].values[k] - want[i].values[k])));
+    }
+    EXPECT_GT(amax, 0);
+    EXPECT_LT(worst, 3e-2 * amax);
+  }
+  // The slots the reference and the plan list are the same, in the same order.
+  ASSERT_EQ(seq.captures.size(), plan.capture_slots.size());
+  for (size_t i = 0; i < seq.captures.size(); ++i) {
+    EXPECT_EQ(seq.captures[i].layer, plan.capture_slots[i].layer);
+    EXPECT_EQ(seq.captures[i].tensor, plan.capture_slots[i].tensor);
+  }
+}
+
+TEST_F(DebugCapturesGpu, CppFeatureGivesTheReferenceStatistics) {
+  const auto custom = read_custom_config(
+      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    NegativeFraction: {tensors: [activation, weight, gradient, output]}\n",
+      {"fc1", "fc2"}, false);
+  ASSERT_TRUE(custom->config);
+  const debug::Routing routing = debug::route(custom->bindings, 0);
+  const auto c = compile_program("mlp", kProgram, "", "", &routing);
+  ASSERT_TRUE(c);
+  const ir::Sequence& seq = c->program.sequences[0];
+  const plan::SequencePlan& plan = c->plan.sequences[0];
+  ASSERT_EQ(plan.capture_slots.size(), 8u);
+  gpu::GemmRunner gemms(stream_);
+  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
+  const int64_t tokens = 64;
+  gpu.bind({{"tokens", tokens}});
+  std::map<std::string, DeviceArray*> arrays;
+  for (const gpu::TensorInfo& info : gpu.tensors()) {
+    if (info.role == plan::BufferRole::Result) continue;
+    arrays[info.name] = &new_array(info.bytes);
+    gpu.set_tensor(info.name, arrays[info.name]->data());
+  }
+  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
+  std::mt19937_64 rng(3);
+  for (const std::string& name : ref.param_names()) {
+    cpu::Tensor<float>& p = ref.param(name);
+    p.data = random_bf16(p.data.size(), 0.05, rng);
+    upload_bf16(*arrays.at(name), p.data);
+  }
+  ref.params_changed();
+  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
+  x.data = random_bf16(x.data.size(), 1.0, rng);
+  upload_bf16(*arrays.at("x"), x.data);
+  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
+  dy.data = random_bf16(dy.data.size(), 0.01, rng);
+  upload_bf16(*arrays.at("dy"), dy.data);
+  ref.forward({x});
+  ref.backward({dy});
+  gpu.forward(stream_);
+  gpu.backward(stream_);
+  const auto got = feature_values(routing, plan.capture_slots, gpu.captures(stream_), "neg_gpu");
+  const auto want = feature_values(routing, seq.captures, ref.captures(), "neg_cpu");
+  ASSERT_EQ(got.size(), 8u);
+  ASSERT_EQ(want.size(), 8u);
+  for (const auto& entry : want) {
+    SCOPED_TRACE(entry.first);
+    ASSERT_EQ(got.count(entry.first), 1u);
+    // Signs of values near 0 may differ between the two sides' GEMMs: a few elements at most.
+    EXPECT_NEAR(got.at(entry.first), entry.second, 2e-3);
+    EXPECT_GT(entry.second, 0.2);  // random data: about half negative
+    EXPECT_LT(entry.second, 0.8);
+  }
+  // The caller's tensors and the weights are the same bits on both sides: exactly equal.
+  EXPECT_EQ(got.at("fc1_activation_negative_fraction"),
+            want.at("fc1_activation_negative_fraction"));
+  EXPECT_EQ(got.at("fc2_gradient_negative_fraction"), want.at("fc2_gradient_negative_fraction"));
+  EXPECT_EQ(got.at("fc1_weight_negative_fraction"), want.at("fc1_weight_negative_fraction"));
+}
+
+}  // namespace
+}  // namespace opfuse::test

@@ -1,0 +1,449 @@
+// Tensor captures (compiler/debug_config/captures.h, npy.h): the .npy writer and reader (header,
+// values, damaged files refused); captures placed only in routed variants (a config that routes
+// nothing compiles to the plain plan); the CPU reference captures the very tensors the API shows;
+// DumpTensors' files on a CPU run (only at the iterations it runs, values equal to the tensor
+// LogTensorStats measures in the same run); micro-batch file names; an unwritable dump directory
+// refused before the first step; a C++ feature's inspect_tensor statistic logged and equal to an
+// independent count over the dumped tensor.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "cpu/numerics.h"
+#include "debug_config/captures.h"
+#include "debug_config/npy.h"
+#include "debug_routing_fixture.h"
+#include "driver/compile.h"
+#include "negative_fraction_feature.h"
+#include "reference/reference_executor.h"
+#include "reference/run_driver.h"
+#include "test_support.h"
+
+namespace opfuse::debug {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- .npy ---------------------------------------------------------------------------------------
+
+TEST(Npy, WrittenFilesHaveNumpysHeaderAndReadBack) {
+  const std::string dir = test::make_temp_dir("npy");
+  NpyArray a;
+  a.shape = {3, 4};
+  for (int i = 0; i < 12; ++i) a.f32.push_back(float(i) * 0.5f - 2.0f);
+  a.f32[5] = -0.0f;
+  a.f32[7] = INFINITY;
+  write_npy(dir + "/a.npy", a);
+  const std::string bytes = test::read_text(dir + "/a.npy");
+  ASSERT_GE(bytes.size(), 10u);
+  EXPECT_EQ(bytes.substr(0, 6), "\x93NUMPY");
+  EXPECT_EQ(bytes[6], 1);
+  EXPECT_EQ(bytes[7], 0);
+  const size_t header_len = size_t(uint8_t(bytes[8])) | (size_t(uint8_t(bytes[9])) << 8);
+  EXPECT_EQ((10 + header_len) % 64, 0u);
+  const std::string header = bytes.substr(10, header_len);
+  EXPECT_EQ(header.rfind("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }", 0), 0u)
+      << header;
+  EXPECT_EQ(header.back(), '\n');
+  EXPECT_EQ(bytes.size(), 10 + header_len + 12 * 4);
+  const NpyArray b = read_npy(dir + "/a.npy");
+  EXPECT_EQ(b.type, NpyType::Float32);
+  EXPECT_EQ(b.shape, a.shape);
+  ASSERT_EQ(b.f32.size(), 12u);
+  for (size_t i = 0; i < 12; ++i)
+    EXPECT_EQ(std::bit_cast<uint32_t>(b.f32[i]), std::bit_cast<uint32_t>(a.f32[i]));
+
+  NpyArray v;  // one dimension: Python's one-element tuple "(5,)"; uint8
+  v.type = NpyType::Uint8;
+  v.shape = {5};
+  v.u8 = {0, 1, 127, 128, 255};
+  write_npy(dir + "/v.npy", v);
+  EXPECT_NE(test::read_text(dir + "/v.npy")
+                .find("'descr': '|u1', 'fortran_order': False, 'shape': (5,), }"),
+            std::string::npos);
+  const NpyArray w = read_npy(dir + "/v.npy");
+  EXPECT_EQ(w.type, NpyType::Uint8);
+  EXPECT_EQ(w.shape, v.shape);
+  EXPECT_EQ(w.u8, v.u8);
+
+  NpyArray wrong;  // data that does not match the shape is not written
+  wrong.shape = {2, 2};
+  wrong.f32 = {1, 2, 3};
+  EXPECT_THROW(write_npy(dir + "/wrong.npy", wrong), NpyError);
+  EXPECT_FALSE(fs::exists(dir + "/wrong.npy"));
+}
+
+TEST(Npy, DamagedFilesAreRefused) {
+  NpyArray a;
+  a.shape = {2, 3};
+  a.f32 = {1, 2, 3, 4, 5, 6};
+  const std::string good = npy_bytes(a);
+  EXPECT_NO_THROW(parse_npy(good, "good.npy"));
+  auto refused = [](const std::string& bytes, const std::string& why) {
+    try {
+      parse_npy(bytes, "bad.npy");
+      ADD_FAILURE() << "accepted a file with " << why;
+    } catch (const NpyError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.npy"), std::string::npos) << e.what();
+    }
+  };
+  refused(good.substr(0, good.size() - 1), "a truncated data block");
+  refused(good + "x", "a trailing byte");
+  refused(good.substr(0, 40), "a truncated header");
+  std::string magic = good;
+  magic[1] = 'M';
+  refused(magic, "a bad magic");
+  std::string version = good;
+  version[6] = 3;
+  refused(version, "version 3.0");
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos);
+    s.replace(at, from.size(), to);
+    return s;
+  };
+  refused(replaced("'<f4'", "'<f8'"), "float64 data");
+  refused(replaced("False", "True "), "Fortran order");
+  refused(replaced("(2, 3)", "(2, 4)"), "a shape larger than the data");
+  refused(replaced("(2, 3)", "(2, x)"), "a malformed shape");
+  refused(replaced("'shape'", "'shapf'"), "an unknown key");
+  EXPECT_THROW(read_npy(test::make_temp_dir("npy_missing") + "/none.npy"), NpyError);
+}
+
+// ---- captures in the plan and the reference ---------------------------------------------------
+
+const std::string kLinear = R"(
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 96]) {
+  linear(64, 96, bias = false) as fc1
+}
+)";
+
+const std::string kMlp = R"(
+recipe fp8 = delayed_scaling()
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
+  layernorm(64)
+  linear(64, 256) as fc1
+  swiglu()
+  linear(128, 64) as fc2
+}
+)";
+
+driver::CompileResult compile(const std::string& text, const Routing* routing) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.last_stage = driver::Stage::Plan;
+  options.debug_routing = routing;
+  driver::CompileResult r = driver::compile_source("mlp.fuse", text, sources, diags, options);
+  EXPECT_TRUE(r.ok()) << diags.format_all() << r.error;
+  return r;
+}
+
+TEST(DebugCaptures, OnlyRoutedIterationsCapture) {
+  const auto plain = compile(kMlp, nullptr);
+  // DumpTensors at iterations 5.. only: iteration 0 routes nothing and compiles to the plain plan.
+  const std::string yaml =
+      "a:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, gradient], start_step: 5}\n";
+  const auto idle = test::routed(yaml, {"fc1", "fc2"}, true, 0);
+  const auto idle_plan = compile(kMlp, &idle->routing);
+  EXPECT_EQ(plan::plan_json_text(plain.plan), plan::plan_json_text(idle_plan.plan));
+  EXPECT_EQ(plan::plan_json_text(plain.plan).find("capture"), std::string::npos);
+
+  const auto busy = test::routed(yaml, {"fc1", "fc2"}, true, 5);
+  const auto v = compile(kMlp, &busy->routing);
+  const plan::SequencePlan& p = v.plan.sequences.at(0);
+  ASSERT_EQ(p.capture_slots.size(), 4u);
+  EXPECT_EQ(p.capture_slots[0].layer, "fc1");
+  EXPECT_EQ(p.capture_slots[0].tensor, "activation");
+  ASSERT_EQ(p.capture_slots[0].shape.size(), 2u);
+  EXPECT_EQ(p.capture_slots[0].shape[1], plan::SymExpr(int64_t(64)));
+  int launches = 0;
+  for (const plan::Step& s : p.steps) {
+    const auto* l = std::get_if<plan::LaunchStep>(&s.body);
+    if (l && l->kernel.rfind("tensor_capture", 0) == 0) ++launches;
+  }
+  EXPECT_EQ(launches, 4);
+  // plan.json keeps the slots (with their shapes) and reads them back.
+  const std::string text = plan::plan_json_text(v.plan);
+  EXPECT_NE(text.find("\"capture_slots\""), std::string::npos);
+  EXPECT_EQ(plan::plan_json_text(plan::plan_from_json(plan::plan_to_json(v.plan))), text);
+}
+
+TEST(DebugCaptures, ReferenceCapturesAreTheApiTensors) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, weight, output, gradient, dgrad, wgrad]}\n",
+      {"fc1"}, false);
+  const auto v = compile(kLinear, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  ASSERT_EQ(seq.captures.size(), 6u);
+  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", 48}});
+  cpu::init_params_from_seed(exec, 7);
+  cpu::Tensor<float> x = cpu::seeded_normal({48, 64}, 11, 1.0);
+  cpu::round_to_bf16(x.data);
+  const auto y = exec.forward({x});
+  cpu::Tensor<float> dy = cpu::seeded_normal({48, 96}, 13, 0.1);
+  cpu::round_to_bf16(dy.data);
+  const auto grads = exec.backward({dy});
+  const auto& captures = exec.captures();
+  ASSERT_EQ(captures.size(), 6u);
+  const cpu::Tensor<float>* tensors[] = {&x,  &exec.param("fc1.weight"), &y[0],
+                                         &dy, &grads.inputs[0],          &grads.params[0]};
+  const char* names[] = {"activation", "weight", "output", "gradient", "dgrad", "wgrad"};
+  for (size_t t = 0; t < 6; ++t) {
+    SCOPED_TRACE(names[t]);
+    size_t slot = 0;
+    while (slot < seq.captures.size() && seq.captures[slot].tensor != names[t]) ++slot;
+    ASSERT_LT(slot, seq.captures.size());
+    EXPECT_EQ(captures[slot].shape, tensors[t]->shape);
+    EXPECT_EQ(captures[slot].values, tensors[t]->data);
+  }
+}
+
+TEST(DebugCaptures, MicroBatchesGetOneFileEachAndAWeightOnce) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, weight]}\n",
+      {"fc1"}, false, 4);
+  const std::vector<plan::CaptureSlot> slots = {{"fc1", "activation", {}}, {"fc1", "weight", {}}};
+  const CapturedTensor a1{{1, 2}, {1, 2}}, a2{{1, 2}, {3, 4}}, w{{2}, {-1, 1}};
+  const std::string dir = test::make_temp_dir("captures_mb");
+  IterationCaptures one;
+  one.add_run(slots, std::vector<CapturedTensor>{a1, w});
+  EXPECT_TRUE(one.finish(r->routing, 4, dir, 0).empty());  // dumps log no statistics
+  const fs::path it4 = dump_dir(dir, 0, 4);
+  EXPECT_EQ(it4, fs::path(dir) / "tensor_dumps/rank_0/iter_000004");
+  EXPECT_EQ(read_npy((it4 / "fc1_activation.npy").string()).f32, a1.values);
+  EXPECT_EQ(read_npy((it4 / "fc1_weight.npy").string()).f32, w.values);
+  IterationCaptures two;
+  two.add_run(slots, std::vector<CapturedTensor>{a1, w});
+  two.add_run(slots, std::vector<CapturedTensor>{a2, w});
+  (void)two.finish(r->routing, 5, dir, 0);
+  const fs::path it5 = dump_dir(dir, 0, 5);
+  EXPECT_EQ(read_npy((it5 / "fc1_activation_mb0.npy").string()).f32, a1.values);
+  EXPECT_EQ(read_npy((it5 / "fc1_activation_mb1.npy").string()).f32, a2.values);
+  EXPECT_EQ(read_npy((it5 / "fc1_activation_mb1.npy").string()).shape, a2.shape);
+  EXPECT_TRUE(fs::exists(it5 / "fc1_weight_mb0.npy"));
+  EXPECT_FALSE(fs::exists(it5 / "fc1_weight_mb1.npy"));
+  EXPECT_FALSE(fs::exists(it5 / "fc1_activation.npy"));
+}
+
+// ---- the CPU run ------------------------------------------------------------------------------
+
+const std::string kBf16Mlp = R"(
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) {
+  layernorm(64)
+  linear(64, 256) as fc1
+  swiglu()
+  linear(128, 64) as fc2
+}
+)";
+
+ir::Sequence front_end(const std::string& text) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.last_stage = driver::Stage::FrontEnd;
+  driver::CompileResult r = driver::compile_source("mlp.fuse", text, sources, diags, options);
+  EXPECT_TRUE(r.ok()) << diags.format_all();
+  return r.program.sequences.at(0);
+}
+
+cpu::RunOptions plain_run() {
+  cpu::RunOptions plain;
+  plain.bindings = {{"tokens", 16}};
+  plain.steps = 4;
+  plain.seed = 5;
+  return plain;
+}
+
+std::vector<std::string> files_under(const fs::path& dir) {
+  std::vector<std::string> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out.push_back(fs::relative(e.path(), dir).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(DebugRunCaptures, DumpTensorsWritesTheTensorsAtItsIterations) {
+  const ir::Sequence seq = front_end(kBf16Mlp);
+  const std::string want = cpu::run_reference_training(seq, plain_run());
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, wgrad], freq: 2, start_step: 1}\n"
+      "    LogTensorStats: {tensors: [activation, wgrad], stats: [min, max, l1_norm]}\n",
+      {"fc1", "fc2"}, false);
+  const std::string dir = test::make_temp_dir("dump_run");
+  StatLog log = StatLog::open(dir, 0, 6, [] { return std::string("T"); });
+  cpu::RunOptions debugged = plain_run();
+  cpu::DebugRunOptions d;
+  d.bindings = bind_layers(*r->config, {{"fc1", {}, false}, {"fc2", {}, false}}, *r->diags);
+  d.log = &log;
+  d.log_dir = dir;
+  debugged.debug = d;
+  // Dumps change nothing in the training.
+  EXPECT_EQ(cpu::run_reference_training(seq, debugged), want);
+  // freq 2 from step 1 over iterations 0..3: iterations 2 only (1 and 3 are not multiples of 2).
+  const std::vector<std::string> files = files_under(fs::path(dir) / "tensor_dumps");
+  EXPECT_EQ(files, (std::vector<std::string>{"rank_0/iter_000002/fc2_activation.npy",
+                                             "rank_0/iter_000002/fc2_wgrad.npy"}));
+  // The values are the tensors LogTensorStats measured in the same run (its own kernel).
+  std::map<std::string, double> logged;
+  for (const StatRecord& rec : read_stat_jsonl(dir + "/opfuse_statistics/globalrank-0.jsonl"))
+    if (rec.iteration == 2) logged[metric_name(rec)] = rec.value;
+  const fs::path it2 = dump_dir(dir, 0, 2);
+  const NpyArray act = read_npy((it2 / "fc2_activation.npy").string());
+  EXPECT_EQ(act.shape, (std::vector<int64_t>{16, 128}));
+  const NpyArray wgrad = read_npy((it2 / "fc2_wgrad.npy").string());
+  EXPECT_EQ(wgrad.shape, (std::vector<int64_t>{64, 128}));
+  for (const auto& [name, array] : {std::pair{"fc2_activation", &act}, {"fc2_wgrad", &wgrad}}) {
+    double mn = INFINITY, mx = -INFINITY, l1 = 0;
+    for (float v : array->f32) {
+      mn = std::min(mn, double(v));
+      mx = std::max(mx, double(v));
+      l1 += std::abs(double(v));
+    }
+    EXPECT_EQ(mn, logged.at(std::string(name) + "_min")) << name;
+    EXPECT_EQ(mx, logged.at(std::string(name) + "_max")) << name;
+    EXPECT_NEAR(l1, logged.at(std::string(name) + "_l1_norm"), 1e-9 * l1) << name;
+    EXPECT_GT(mx, mn);
+  }
+}
+
+TEST(DebugRunCaptures, UnwritableDumpDirectoryIsRefusedBeforeTheFirstStep) {
+  const ir::Sequence seq = front_end(kBf16Mlp);
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation], start_step: 100}\n",
+      {"fc1", "fc2"}, false);
+  const std::string dir = test::make_temp_dir("dump_unwritable");
+  std::ofstream(dir + "/tensor_dumps") << "a file where the directory should be";
+  StatLog log = StatLog::open(dir + "/logs", 0, 4, [] { return std::string("T"); });
+  cpu::RunOptions debugged = plain_run();
+  cpu::DebugRunOptions d;
+  d.bindings = bind_layers(*r->config, {{"fc1", {}, false}, {"fc2", {}, false}}, *r->diags);
+  d.log = &log;
+  d.log_dir = dir;
+  debugged.debug = d;
+  try {
+    cpu::run_reference_training(seq, debugged);
+    ADD_FAILURE() << "ran with an unwritable dump directory";
+  } catch (const cpu::ReferenceError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write tensor dumps to '" + dir + "/tensor_dumps"),
+              std::string::npos)
+        << e.what();
+  }
+  // Refused before any step: nothing was logged (the dumps would start only at step 100).
+  log.end_step();
+  EXPECT_EQ(test::read_text(dir + "/logs/nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log"), "");
+}
+
+TEST(DebugRunCaptures, CppFeatureInspectTensorIsLoggedLikeABuiltIn) {
+  const ir::Sequence seq = front_end(kBf16Mlp);
+  const auto custom = test::read_custom_config(
+      "a:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    NegativeFraction: {tensors: [output, gradient], end_step: 1}\n"
+      "    DumpTensors: {tensors: [output, gradient], end_step: 1}\n",
+      {"fc1", "fc2"}, false);
+  ASSERT_TRUE(custom->config);
+  const std::string dir = test::make_temp_dir("custom_feature");
+  {
+    StatLog log = StatLog::open(dir, 0, 4, [] { return std::string("T"); });
+    cpu::RunOptions debugged = plain_run();
+    cpu::DebugRunOptions d;
+    d.bindings = custom->bindings;
+    d.log = &log;
+    d.log_dir = dir;
+    debugged.debug = d;
+    EXPECT_EQ(cpu::run_reference_training(seq, debugged),
+              cpu::run_reference_training(seq, plain_run()));
+  }
+  const auto records = read_stat_jsonl(dir + "/opfuse_statistics/globalrank-0.jsonl");
+  // Iterations 0 and 1, two layers, two tensors.
+  ASSERT_EQ(records.size(), 2u * 2 * 2);
+  for (const StatRecord& rec : records) {
+    SCOPED_TRACE(metric_name(rec));
+    EXPECT_EQ(rec.stat, "negative_fraction");
+    EXPECT_EQ(rec.gemm, "");
+    // Independently: count the negatives of the tensor DumpTensors wrote.
+    const NpyArray t = read_npy(
+        (dump_dir(dir, 0, rec.iteration) / (rec.layer + "_" + rec.tensor + ".npy")).string());
+    ASSERT_FALSE(t.f32.empty());
+    size_t negative = 0;
+    for (float v : t.f32) negative += v < 0 ? 1 : 0;
+    EXPECT_EQ(rec.value, double(negative) / double(t.f32.size()));
+    EXPECT_GT(rec.value, 0.0);
+    EXPECT_LT(rec.value, 1.0);
+  }
+  const std::string text =
+      test::read_text(dir + "/nvdlfw_inspect_statistics_logs/nvdlfw_inspect_globalrank-0.log");
+  EXPECT_NE(text.find("T - INFO - fc1_output_negative_fraction \t\t\t\t iteration=000001 \t\t\t\t "
+                      "value=0."),
+            std::string::npos)
+      << text;
+}
+
+// ---- fusec run ---------------------------------------------------------------------------------
+
+std::string write_config(const std::string& dir, const std::string& yaml) {
+  const std::string path = dir + "/debug.yaml";
+  std::ofstream(path) << yaml;
+  return path;
+}
+
+TEST(FusecRunDumps, WritesTheDumpsUnderTheLogDirectory) {
+  const std::string dir = test::make_temp_dir("fusec_dumps");
+  const std::string config =
+      write_config(dir,
+                   "d:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+                   "    DumpTensors: {tensors: [activation, dgrad], freq: 2}\n");
+  const auto r = test::fusec(
+      "run " + test::shell_quoted(test::source_path("tests/errors/debug_config/program.fuse")) +
+      " --device cpu --bind tokens=16 --steps 3 --debug-config " + test::shell_quoted(config) +
+      " --debug-log-dir " + test::shell_quoted(dir + "/logs"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files_under(dir + "/logs/tensor_dumps"),
+            (std::vector<std::string>{
+                "rank_0/iter_000000/fc1_activation.npy", "rank_0/iter_000000/fc1_dgrad.npy",
+                "rank_0/iter_000002/fc1_activation.npy", "rank_0/iter_000002/fc1_dgrad.npy"}));
+  const NpyArray a = read_npy(dir + "/logs/tensor_dumps/rank_0/iter_000002/fc1_activation.npy");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{16, 64}));
+  // The dry run lists the captures of the variant.
+  const auto plan =
+      test::fusec("debug-plan " +
+                  test::shell_quoted(test::source_path("tests/errors/debug_config/program.fuse")) +
+                  " --debug-config " + test::shell_quoted(config));
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("    capture: fc1 activation\n    capture: fc1 dgrad\n"),
+            std::string::npos)
+      << plan.output;
+}
+
+TEST(FusecRunDumps, UnwritableDumpDirectoryIsReportedBeforeTheFirstStep) {
+  const std::string dir = test::make_temp_dir("fusec_dumps_bad");
+  const std::string config =
+      write_config(dir,
+                   "d:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+                   "    DumpTensors: {tensors: [activation]}\n");
+  fs::create_directories(dir + "/logs");
+  std::ofstream(dir + "/logs/tensor_dumps") << "a file where the directory should be";
+  const auto r = test::fusec(
+      "run " + test::shell_quoted(test::source_path("tests/errors/debug_config/program.fuse")) +
+      " --device cpu --bind tokens=16 --debug-config " + test::shell_quoted(config) +
+      " --debug-log-dir " + test::shell_quoted(dir + "/logs"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot write tensor dumps to"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step    0"), std::string::npos) << r.output;  // nothing ran
+}
+
+}  // namespace
+}  // namespace opfuse::debug
