@@ -142,6 +142,11 @@ constexpr KernelTemplate kTable[] = {
           kInputOnlyParams, kBf16Example),
     entry("tensor_stats_final", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsFinalParams",
           kStatsFinalParams, kStatsFinalExample),
+    // LogFp8TensorStats (docs/debugging.md): one cast of a tensor measured, partials merged.
+    entry("quant_stats_partial", "quant_stats.cuh", KernelFamily::Stats, "QuantStatsParams",
+          kFakeQuantizeParams, kFakeQuantizeExample),
+    entry("quant_stats_final", "quant_stats.cuh", KernelFamily::Stats, "QuantStatsFinalParams",
+          kStatsFinalParams, kStatsFinalExample),
     // The user quantize op (Cast family): cast to FP8 and back in one pass.
     entry("fake_quantize", "scale.cuh", KernelFamily::Cast, "FakeQuantizeParams",
           kFakeQuantizeParams, kFakeQuantizeExample),

@@ -218,6 +218,14 @@ std::vector<TemplateCase> seed_mlp_cases() {
        launch::kTensorStatsRegisterBudget},
       {"tensor_stats_final", "tensor_stats.cuh", "opfuse::tensor_stats_final<32>",
        launch::kTensorStatsRegisterBudget},
+      {"quant_stats_partial_e4m3", "quant_stats.cuh",
+       "opfuse::quant_stats_partial<" + args({bf16, kE4m3}) + ">",
+       launch::kTensorStatsRegisterBudget},
+      {"quant_stats_partial_e5m2_fp32", "quant_stats.cuh",
+       "opfuse::quant_stats_partial<" + args({"float", kE5m2}) + ">",
+       launch::kTensorStatsRegisterBudget},
+      {"quant_stats_final", "quant_stats.cuh", "opfuse::quant_stats_final<32>",
+       launch::kTensorStatsRegisterBudget},
   };
   std::vector<TemplateCase> cases;
   const std::string swiglu_source = *ir::pointwise_functor_source(silu_gated);
