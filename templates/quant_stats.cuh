@@ -41,7 +41,9 @@ enum QuantStatCastMode : int {
   kQuantStatMxfp8 = 3,        // what-if MXFP8: E8M0 scale per block, rounded up
 };
 
-template <typename Input>
+// Fp8 (the format cast to) is a parameter of the struct too, as codegen spells every kernel's
+// params type with all its dtype parameters.
+template <typename Input, typename Fp8>
 struct QuantStatsParams {
   const Input* x;  // rows x cols, row-major
   long long rows;
@@ -168,7 +170,7 @@ template <typename Input, typename Fp8>
 __global__ void __launch_bounds__(launch::kTensorStatsThreads,
                                   launch::min_blocks(launch::kTensorStatsThreads,
                                                      launch::kTensorStatsRegisterBudget))
-    quant_stats_partial(QuantStatsParams<Input> params) {
+    quant_stats_partial(QuantStatsParams<Input, Fp8> params) {
   constexpr int kWarps = launch::kTensorStatsThreads / 32;
   constexpr float kFp8Max = DtypeTraits<Fp8>::kMax;
   __shared__ QuantStatRecord warp_records[kWarps];
