@@ -1,6 +1,7 @@
 #include "debug/stats.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <stdexcept>
 
@@ -240,7 +241,33 @@ QuantizedMoments merge(const QuantizedMoments& a, const QuantizedMoments& b) {
   m.sq_err = a.sq_err + b.sq_err;
   m.scale_inv_min = nan_min(a.scale_inv_min, b.scale_inv_min);
   m.scale_inv_max = nan_max(a.scale_inv_max, b.scale_inv_max);
+  m.blocks = a.blocks + b.blocks;
+  m.underflow_blocks = a.underflow_blocks + b.underflow_blocks;
+  m.scaled_blocks = a.scaled_blocks + b.scaled_blocks;
+  m.log2_scale_inv_sum = a.log2_scale_inv_sum + b.log2_scale_inv_sum;
+  m.log2_scale_inv_sq_sum = a.log2_scale_inv_sq_sum + b.log2_scale_inv_sq_sum;
   return m;
+}
+
+QuantizedMoments as_quantized(const TensorMoments& record) {
+  return std::bit_cast<QuantizedMoments>(record);
+}
+
+TensorMoments as_record(const QuantizedMoments& moments) {
+  return std::bit_cast<TensorMoments>(moments);
+}
+
+bool is_per_block_stat(StatKind kind) {
+  switch (kind) {
+    case StatKind::UnderflowBlocks:
+    case StatKind::ScaleInvLog2Min:
+    case StatKind::ScaleInvLog2Max:
+    case StatKind::ScaleInvLog2Mean:
+    case StatKind::ScaleInvLog2Std:
+      return true;
+    default:
+      return false;
+  }
 }
 
 double value(const QuantizedMoments& m, StatKind kind) {
@@ -261,6 +288,24 @@ double value(const QuantizedMoments& m, StatKind kind) {
       return no_scales ? kNaN : m.scale_inv_min;
     case StatKind::ScaleInvMax:
       return no_scales ? kNaN : m.scale_inv_max;
+    case StatKind::UnderflowBlocks:
+      return m.blocks == 0
+                 ? kNaN
+                 : 100.0 * static_cast<double>(m.underflow_blocks) / static_cast<double>(m.blocks);
+    case StatKind::ScaleInvLog2Min:
+      return no_scales ? kNaN : std::log2(m.scale_inv_min);
+    case StatKind::ScaleInvLog2Max:
+      return no_scales ? kNaN : std::log2(m.scale_inv_max);
+    case StatKind::ScaleInvLog2Mean:
+    case StatKind::ScaleInvLog2Std: {
+      if (m.scaled_blocks == 0) return kNaN;
+      const double b = static_cast<double>(m.scaled_blocks);
+      const double mean = m.log2_scale_inv_sum / b;
+      if (kind == StatKind::ScaleInvLog2Mean) return mean;
+      const double var = m.log2_scale_inv_sq_sum / b - mean * mean;
+      // Rounding can leave a tiny negative variance when every exponent is equal.
+      return var > 0 ? std::sqrt(var) : (std::isnan(var) ? var : 0.0);
+    }
     default:
       break;
   }

@@ -49,6 +49,12 @@ enum class StatKind : uint8_t {
   ScaleInvMin,
   ScaleInvMax,
   Mse,
+  // opfuse's per-block statistics of the block-scaled what-ifs (fp8_block_scaling_, mxfp8_).
+  UnderflowBlocks,   // underflow_blocks%: blocks holding at least one underflow, of all blocks
+  ScaleInvLog2Min,   // log2(scale_inv_min)
+  ScaleInvLog2Max,   // log2(scale_inv_max)
+  ScaleInvLog2Mean,  // mean of log2(scale_inv) over the blocks holding a nonzero finite value
+  ScaleInvLog2Std,   // their population standard deviation (the spread of the scale exponents)
 };
 
 // Which TE feature a statistic belongs to (which record value() reads it from).
@@ -78,7 +84,15 @@ inline constexpr StatInfo kStatTable[] = {
     {StatKind::ScaleInvMin, "scale_inv_min", StatFamily::Quantized},
     {StatKind::ScaleInvMax, "scale_inv_max", StatFamily::Quantized},
     {StatKind::Mse, "mse", StatFamily::Quantized},
+    {StatKind::UnderflowBlocks, "underflow_blocks%", StatFamily::Quantized},
+    {StatKind::ScaleInvLog2Min, "scale_inv_log2_min", StatFamily::Quantized},
+    {StatKind::ScaleInvLog2Max, "scale_inv_log2_max", StatFamily::Quantized},
+    {StatKind::ScaleInvLog2Mean, "scale_inv_log2_mean", StatFamily::Quantized},
+    {StatKind::ScaleInvLog2Std, "scale_inv_log2_std", StatFamily::Quantized},
 };
+
+// Whether `kind` is one of opfuse's per-block statistics (only for block-scaled what-ifs).
+bool is_per_block_stat(StatKind kind);
 
 // The spelling of `kind` ("?" for a value outside the table, which a cast from an int can make).
 std::string_view stat_name(StatKind kind);
@@ -140,17 +154,32 @@ double max_blockwise_dynamic_range(std::span<const float> x, int64_t rows, int64
                                    int block_size, int dims);
 
 // What the LogFp8TensorStats statistics of one quantized tensor need. Same fixed-layout rule as
-// TensorMoments (int64_t and double only, no padding); default-constructed is merge()'s identity.
+// TensorMoments (int64_t and double only, no padding) and the same size: the executors keep one
+// 88-byte record per statistics slot, a TensorMoments or a QuantizedMoments as the slot's
+// plan::StatRecordKind says (as_record / as_quantized reinterpret one as the other, bit for bit).
+// templates/quant_stats.cuh writes this layout. Default-constructed is merge()'s identity.
 struct QuantizedMoments {
   int64_t count = 0;
-  int64_t underflows = 0;  // x != 0 but its dequantized value is 0
-  int64_t overflows = 0;   // |x| > fp8_max * scale_inv (per-tensor scale only, see below)
+  int64_t underflows = 0;  // x != 0 but its quantized value is 0
+  int64_t overflows = 0;   // |x| > fp8_max * scale_inv (per-tensor delayed scale only, see below)
   double sq_err = 0;       // sum of (x - dequantized)^2
   double scale_inv_min = std::numeric_limits<double>::infinity();
   double scale_inv_max = -std::numeric_limits<double>::infinity();
+  // Per-block statistics (block-scaled casts; 0 for a per-tensor scale). Only real blocks count:
+  // a partial last block is a block, the padding of a scale tensor's layout never is.
+  int64_t blocks = 0;
+  int64_t underflow_blocks = 0;      // blocks with at least one underflow
+  int64_t scaled_blocks = 0;         // blocks whose amax is finite and nonzero
+  double log2_scale_inv_sum = 0;     // over the scaled blocks: sum of log2(scale_inv)
+  double log2_scale_inv_sq_sum = 0;  // and of its square
 };
 static_assert(std::is_standard_layout_v<QuantizedMoments> &&
-              std::is_trivially_copyable_v<QuantizedMoments> && sizeof(QuantizedMoments) == 6 * 8);
+              std::is_trivially_copyable_v<QuantizedMoments> &&
+              sizeof(QuantizedMoments) == sizeof(TensorMoments));
+
+// The executor record of a Quantized slot, read as what it is, and back.
+QuantizedMoments as_quantized(const TensorMoments& record);
+TensorMoments as_record(const QuantizedMoments& moments);
 
 // The quantization statistics of x given its dequantized copy (dequant(q), element for element:
 // the caller applies the FP8 rounding and scale, so this library stays free of the runtime's
@@ -164,12 +193,14 @@ static_assert(std::is_standard_layout_v<QuantizedMoments> &&
 QuantizedMoments quantized_moments(std::span<const float> x, std::span<const float> dequantized,
                                    std::span<const float> scale_invs, double fp8_max);
 
-// Counts and squared errors add; scale_inv min/max combine by min/max. Same weight rule as the
+// Counts and sums add; scale_inv min/max combine by min/max. Same weight rule as the
 // TensorMoments merge (the caller counts a weight once per iteration).
 QuantizedMoments merge(const QuantizedMoments& a, const QuantizedMoments& b);
 
 // The logged value of a LogFp8TensorStats statistic: underflows% = 100 * underflows / count,
-// overflows% likewise, mse = sq_err / count, scale_inv_min/max as merged. Throws
+// overflows% likewise, mse = sq_err / count, scale_inv_min/max as merged; underflow_blocks% =
+// 100 * underflow_blocks / blocks, scale_inv_log2_min/max = log2 of scale_inv_min/max,
+// scale_inv_log2_mean/std over the scaled blocks (NaN without any). Throws
 // std::invalid_argument for a LogTensorStats kind.
 double value(const QuantizedMoments& m, StatKind kind);
 

@@ -253,10 +253,17 @@ Json sequence_json(const SequencePlan& s) {
   if (!s.stat_slots.empty()) {
     Json slots = Json::array();
     for (const StatSlot& slot : s.stat_slots) {
-      slots.push_back({{"layer", slot.layer},
-                       {"tensor", slot.tensor},
-                       {"block_size", slot.block_size},
-                       {"dims", slot.dims}});
+      Json js{{"layer", slot.layer},
+              {"tensor", slot.tensor},
+              {"block_size", slot.block_size},
+              {"dims", slot.dims}};
+      if (slot.record == StatRecordKind::Quantized) {  // moments slots keep their old spelling
+        js["record"] = name(slot.record);
+        js["cast"] = name(slot.cast);
+        js["columnwise"] = slot.columnwise;
+        js["format"] = name(slot.format);
+      }
+      slots.push_back(std::move(js));
     }
     j["stat_slots"] = std::move(slots);
   }

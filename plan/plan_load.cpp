@@ -373,9 +373,15 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
     const Json& slots = array(j, path, "stat_slots");
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const std::string p = at(sub(path, "stat_slots"), i);
-      s.stat_slots.push_back({get<std::string>(slots[i], p, "layer"),
-                              get<std::string>(slots[i], p, "tensor"),
-                              get<int>(slots[i], p, "block_size"), get<int>(slots[i], p, "dims")});
+      StatSlot slot{get<std::string>(slots[i], p, "layer"), get<std::string>(slots[i], p, "tensor"),
+                    get<int>(slots[i], p, "block_size"), get<int>(slots[i], p, "dims")};
+      if (slots[i].contains("record")) {
+        slot.record = enum_field<StatRecordKind>(slots[i], p, "record");
+        slot.cast = enum_field<QuantStatCast>(slots[i], p, "cast");
+        slot.columnwise = get<bool>(slots[i], p, "columnwise");
+        slot.format = enum_field<DType>(slots[i], p, "format");
+      }
+      s.stat_slots.push_back(std::move(slot));
     }
   }
   if (j.contains("capture_slots")) {

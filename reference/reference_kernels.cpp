@@ -5,6 +5,7 @@
 #include <span>
 #include <type_traits>
 
+#include "quant_stats.h"
 #include "reference_ops.h"
 #include "support/assert.h"
 
@@ -230,12 +231,49 @@ void pointwise_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
 
 // The statistics a debug config asked for (compiler/passes/debug_instrument.h), of the tensor as
 // the run holds it (rounded to its dtype, as the device reads it), into the slot's record.
+// A Quantized slot (LogFp8TensorStats): the cast its slot describes (reference/quant_stats.h), with
+// the layer's quantizer of the tensor ("<layer>.input" / ".weight" / ".grad_output") for
+// QuantStatCast::Quantizer.
+template <typename T>
+debug::QuantizedMoments quantized_record(const ReferenceContext<T>& ctx, const plan::StatSlot& s,
+                                         std::span<const float> x, int64_t rows, int64_t cols) {
+  QuantStatsCast c;
+  c.cast = s.cast;
+  c.format = s.format == plan::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  c.block_size = s.block_size;
+  c.dims = s.dims;
+  c.columnwise = s.columnwise;
+  if (s.cast == plan::QuantStatCast::Quantizer) {
+    const std::string role =
+        s.tensor == "activation" ? "input" : (s.tensor == "weight" ? "weight" : "grad_output");
+    const std::string name = s.layer + "." + role;
+    size_t i = 0;
+    while (i < ctx.seq.quantizers.size() && ctx.seq.quantizers[i].name != name) ++i;
+    OPFUSE_ASSERT(i < ctx.seq.quantizers.size(), "no quantizer {} for its statistics", name);
+    const Quantizer& q = ctx.quantizers.at(i);
+    c.format = q.format;
+    c.delayed = !q.current_scaling;
+    c.scale = q.state.scale;
+    c.scale_inv = q.state.scale_inv;
+    c.epsilon = q.amax_epsilon;
+    c.power_of_2 = q.power_of_2_scale;
+  }
+  return quantized_stats(x, rows, cols, c);
+}
+
 template <typename T>
 void tensor_stats(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const Tensor<T>& x = ctx.in(op, 0);
   const auto slot = size_t(ir::attr_int(op.attrs, "slot"));
   const plan::StatSlot& s = ctx.seq.inspections.at(slot);
   const std::vector<float> values(x.data.begin(), x.data.end());
+  ctx.stat_records.resize(ctx.seq.inspections.size());
+  if (s.record == plan::StatRecordKind::Quantized) {
+    const int64_t cols = x.shape.empty() ? 1 : x.shape.back();
+    const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+    ctx.stat_records[slot] = debug::as_record(quantized_record(ctx, s, values, rows, cols));
+    return;
+  }
   debug::TensorMoments m = debug::moments_of(values);
   if (s.block_size > 0) {
     const int64_t cols = x.shape.empty() ? 1 : x.shape.back();

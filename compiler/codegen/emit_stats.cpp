@@ -1,15 +1,94 @@
 // The tensor_stats op (compiler/passes/debug_instrument.h): two launches of
-// templates/tensor_stats.cuh, partial records over row ranges into a workspace, then one block
-// merging them in a fixed order into the executor's record of the op's slot.
+// templates/tensor_stats.cuh (a Moments slot) or templates/quant_stats.cuh (a Quantized slot),
+// partial records over row ranges into a workspace, then one block merging them in a fixed order
+// into the executor's record of the op's slot.
 #include <fmt/format.h>
 
 #include "codegen/emit_groups.h"
+#include "support/assert.h"
 
 namespace opfuse::codegen::emitters {
+
+namespace {
+
+// The slot's index in the plan of the Moments record of the same tensor (placed before it).
+int moments_slot(const ir::Sequence& seq, const plan::StatSlot& s) {
+  for (size_t i = 0; i < seq.inspections.size(); ++i) {
+    const plan::StatSlot& m = seq.inspections[i];
+    if (m.layer == s.layer && m.tensor == s.tensor && m.record == plan::StatRecordKind::Moments &&
+        m.block_size == 0)
+      return int(i);
+  }
+  return -1;
+}
+
+// The quantizer "<layer>.<role>" of a slot's tensor; -1 when the plan has none.
+int own_quantizer(const ir::Sequence& seq, const plan::StatSlot& s) {
+  const std::string role =
+      s.tensor == "activation" ? "input" : (s.tensor == "weight" ? "weight" : "grad_output");
+  for (size_t i = 0; i < seq.quantizers.size(); ++i)
+    if (seq.quantizers[i].name == s.layer + "." + role) return int(i);
+  return -1;
+}
+
+// A Quantized slot (LogFp8TensorStats): templates/quant_stats.cuh.
+void emit_quant_stats(SequenceBuilder& b, const Group& g, const ir::Operation& op, int slot,
+                      const plan::StatSlot& s) {
+  const ValueId x = op.operands.at(0);
+  const ir::Value& xv = b.value(x);
+  const int64_t cols = width_of(b, op, xv);
+  const SymExpr rows = rows_of(xv);
+  const bool blocked =
+      s.cast == plan::QuantStatCast::Float8Block || s.cast == plan::QuantStatCast::Mxfp8;
+  const int block_rows = blocked && (s.dims == 2 || s.columnwise) ? s.block_size : 1;
+  const int block_cols = blocked && (s.dims == 2 || !s.columnwise) ? s.block_size : 1;
+  int quantizer = -1;
+  DType format = s.format;
+  if (s.cast == plan::QuantStatCast::Quantizer) {
+    quantizer = own_quantizer(b.seq(), s);
+    OPFUSE_ASSERT(quantizer >= 0, "no quantizer for the statistics of {}.{}", s.layer, s.tensor);
+    format = b.seq().quantizers[size_t(quantizer)].format();
+  }
+  const int moments = blocked ? -1 : moments_slot(b.seq(), s);
+  OPFUSE_ASSERT(blocked || (moments >= 0 && moments < slot), "no moments record before slot {}",
+                slot);
+  constexpr int64_t kMaxBlocks = rules::kTensorStatsMaxBlocks;
+  // Every block takes the same number of rows, a multiple of the scale block's.
+  const SymExpr per_block =
+      ceil_div(ceil_div(rows, kMaxBlocks), block_rows) * SymExpr(int64_t(block_rows));
+  const SymExpr blocks = min_of(rows, SymExpr(kMaxBlocks));
+  // One record (11 eight-byte fields) per block, at most kMaxBlocks.
+  const int partials =
+      b.add_workspace(op.instance + ".partials", DType::FP32, {SymExpr(kMaxBlocks * 22)});
+  const std::string what =
+      fmt::format("{} statistics of {}'s {} ({}) cast to {}{}{} into record {}", plan::name(s.cast),
+                  s.layer, s.tensor, name_of(xv.type.dtype), name_of(format),
+                  blocked ? fmt::format(" in {}x{} blocks", block_rows, block_cols) : "",
+                  s.cast == plan::QuantStatCast::Quantizer ? " by its quantizer" : "", slot);
+  b.add_launch(g, what, "quant_stats_partial", {spell(xv.type.dtype), spell(format)},
+               GridRule{"tensor_stats", blocks, 1, {{"rows", rows}}}, rules::kTensorStatsThreads, 0,
+               {bind_in("x", b.buffer(x, op)), bind_int64("rows", rows), bind_int("cols", cols),
+                bind_int("cast", int64_t(s.cast)), bind_int("block_rows", block_rows),
+                bind_int("block_cols", block_cols), bind_int("rows_per_block", per_block),
+                quantizer >= 0 ? bind_records("quantizer", {quantizer}) : bind_null("quantizer"),
+                moments >= 0 ? bind_stat_record("moments", moments) : bind_null("moments"),
+                bind_out("partials", partials)});
+  b.add_launch(
+      g, fmt::format("merge the partial records into record {}", slot), "quant_stats_final", {"32"},
+      GridRule{"single", 1, 1, {}}, 32, 0,
+      {bind_in("partials", partials), bind_int("count", blocks), bind_stat_record("record", slot)});
+}
+
+}  // namespace
 
 void emit_tensor_stats(SequenceBuilder& b, const Group& g) {
   require_only(b, g, {OpKind::TensorStats});
   const ir::Operation& op = *g.parts.front();
+  {
+    const int slot = int(ir::attr_int(op.attrs, "slot"));
+    const plan::StatSlot& s = b.seq().inspections.at(size_t(slot));
+    if (s.record == plan::StatRecordKind::Quantized) return emit_quant_stats(b, g, op, slot, s);
+  }
   const ValueId x = op.operands.at(0);
   const ir::Value& xv = b.value(x);
   const int64_t cols = width_of(b, op, xv);

@@ -94,6 +94,7 @@ constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfl
 constexpr std::string_view kFakeQuantizeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"};
 constexpr std::string_view kBf16Example[] = {"__nv_bfloat16"};
 constexpr std::string_view kStatsFinalExample[] = {"32"};
+constexpr std::string_view kTensorStatsFinalExample[] = {"256"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
 
 // One row of the table; also_serves last because most entries have none.
@@ -141,10 +142,15 @@ constexpr KernelTemplate kTable[] = {
     entry("tensor_stats_partial", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsParams",
           kInputOnlyParams, kBf16Example),
     entry("tensor_stats_final", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsFinalParams",
-          kStatsFinalParams, kStatsFinalExample),
+          kStatsFinalParams, kTensorStatsFinalExample),
     // A debug config's tensor captures (DumpTensors, C++ features' inspect_tensor).
     entry("tensor_capture", "tensor_capture.cuh", KernelFamily::Stats, "TensorCaptureParams",
           kInputOnlyParams, kBf16Example),
+    // LogFp8TensorStats (docs/debugging.md): one cast of a tensor measured, partials merged.
+    entry("quant_stats_partial", "quant_stats.cuh", KernelFamily::Stats, "QuantStatsParams",
+          kFakeQuantizeParams, kFakeQuantizeExample),
+    entry("quant_stats_final", "quant_stats.cuh", KernelFamily::Stats, "QuantStatsFinalParams",
+          kStatsFinalParams, kStatsFinalExample),
     // The user quantize op (Cast family): cast to FP8 and back in one pass.
     entry("fake_quantize", "scale.cuh", KernelFamily::Cast, "FakeQuantizeParams",
           kFakeQuantizeParams, kFakeQuantizeExample),

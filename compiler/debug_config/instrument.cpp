@@ -44,6 +44,105 @@ std::vector<StatRequest> tensor_stats(const FeatureConfig& f, TensorKind tensor)
   return out;
 }
 
+// The statistics LogFp8TensorStats asks of `tensor`, parsed (checked when read).
+std::vector<StatRequest> quant_stats(const FeatureConfig& f, TensorKind tensor) {
+  std::vector<StatRequest> out;
+  const Settings* s = f.find(std::nullopt, tensor);
+  if (!s) return out;
+  for (const ConfigNode* entry : s->stats()) {
+    std::string error, hint;
+    if (auto r = parse_stat_request(*entry, StatFamily::Quantized, error, hint)) out.push_back(*r);
+  }
+  return out;
+}
+
+// The Quantized record a LogFp8TensorStats request of `tensor` reads (its format left E4M3:
+// matches() ignores it). The layer's own quantizer answers both a bare statistic and
+// fp8_delayed_scaling_ (TE computes that what-if with the layer's delayed quantizer); a
+// per-tensor scale has one record for both copies (they hold the same values), as has a weight's
+// 128x128 blocks (its column-wise copy is the transposed blocks).
+plan::StatSlot quant_slot(const std::string& layer, TensorKind tensor, const StatRequest& r) {
+  plan::StatSlot s{layer, std::string(plan::name(tensor)), 0, 1};
+  s.record = plan::StatRecordKind::Quantized;
+  const plan::ScalingKind recipe = r.recipe.value_or(plan::ScalingKind::Delayed);
+  if (recipe == plan::ScalingKind::Current) {
+    s.cast = plan::QuantStatCast::Current;
+  } else if (recipe == plan::ScalingKind::Block1D) {
+    s.cast = plan::QuantStatCast::Float8Block;
+    s.block_size = 128;
+    s.dims = tensor == TensorKind::Weight ? 2 : 1;
+    s.columnwise = r.columnwise && s.dims == 1;
+  } else if (recipe == plan::ScalingKind::MicroScaled) {
+    s.cast = plan::QuantStatCast::Mxfp8;
+    s.block_size = 32;
+    s.columnwise = r.columnwise;
+  }
+  return s;
+}
+
+bool matches(const plan::StatSlot& slot, const plan::StatSlot& want) {
+  return slot.layer == want.layer && slot.tensor == want.tensor && slot.record == want.record &&
+         slot.cast == want.cast && slot.block_size == want.block_size && slot.dims == want.dims &&
+         slot.columnwise == want.columnwise;
+}
+
+void add_slot(ir::Sequence& seq, const plan::StatSlot& slot) {
+  for (const plan::StatSlot& s : seq.inspections)
+    if (matches(s, slot)) return;
+  seq.inspections.push_back(slot);
+}
+
+// How `tensor` of layer `l` is cast this iteration: nullopt when none of its GEMMs quantizes it,
+// else its quantizer's scaling (the recipe's, or per-tensor current under PerTensorScaling).
+std::optional<plan::ScalingKind> own_scaling(const ir::Sequence& seq, const LayerRouting& l,
+                                             TensorKind tensor) {
+  std::optional<plan::ScalingKind> out;
+  for (size_t gi = 0; gi < 3; ++gi) {
+    const GemmRouting& g = l.gemms[gi];
+    for (size_t k = 0; k < 2; ++k) {
+      if (operands_of(kGemms[gi])[k] != tensor || !l.recipe_quantized || !g.quantized) continue;
+      if (g.operands[k] == OperandAction::Quantize && !out) {
+        out = passes::recipe_spec(seq.recipe, role_of(tensor)).scaling;
+      } else if (g.operands[k] == OperandAction::Modify && g.modifiers[k] &&
+                 g.modifiers[k]->feature->spec().name == "PerTensorScaling") {
+        out = plan::ScalingKind::Current;
+      }
+    }
+  }
+  return out;
+}
+
+// LogFp8TensorStats of `tensor`: one Quantized slot per distinct cast it asks about, after the
+// tensor's moments slot (the device takes a current scale's amax from its record).
+void add_quant_slots(ir::Sequence& seq, const LayerRouting& l, const FeatureConfig& f,
+                     TensorKind tensor, std::vector<std::string>& refused) {
+  const std::optional<plan::ScalingKind> own = own_scaling(seq, l, tensor);
+  const plan::DType format = passes::recipe_spec(seq.recipe, role_of(tensor)).format;
+  for (const StatRequest& r : quant_stats(f, tensor)) {
+    const bool own_cast = !r.recipe || *r.recipe == plan::ScalingKind::Delayed;
+    std::string problem;
+    if (own_cast && !own) {
+      problem = "the tensor is not quantized in this iteration (its GEMMs run in high precision)";
+    } else if (own_cast && *own != plan::ScalingKind::Delayed &&
+               (r.recipe || r.kind == StatKind::Overflows)) {
+      problem = fmt::format(
+          "its quantizer uses {} scaling; TE computes {} only with a delayed-"
+          "scaling quantizer",
+          plan::name(*own), r.recipe ? "fp8_delayed_scaling_ statistics" : "overflows%");
+    }
+    if (!problem.empty()) {
+      refused.push_back(fmt::format("{} (layer '{}', {}): '{}': {}", f.name, l.layer,
+                                    plan::name(tensor), r.name, problem));
+      continue;
+    }
+    plan::StatSlot slot = quant_slot(l.layer, tensor, r);
+    slot.format = format;
+    // Always there: IterationStats::log finds a tensor's quantized records from it.
+    add_slot(seq, {l.layer, std::string(plan::name(tensor)), 0, 1});
+    add_slot(seq, slot);
+  }
+}
+
 void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::string>& refused) {
   for (size_t gi = 0; gi < 3; ++gi) {
     const GemmRouting& g = l.gemms[gi];
@@ -80,14 +179,12 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
   }
   for (const TensorKind t : plan::all_values<TensorKind>()) {
     for (const FeatureConfig* f : l.inspectors[size_t(t)]) {
-      if (f->feature->spec().name != "LogTensorStats" &&
-          f->feature->spec().name != "LogFp8TensorStats") {
-        add_capture(seq, l, t, *f, refused);  // DumpTensors, C++ features (captures.h)
+      if (f->feature->spec().name == "LogFp8TensorStats") {
+        add_quant_slots(seq, l, *f, t, refused);
         continue;
       }
       if (f->feature->spec().name != "LogTensorStats") {
-        refused.push_back(
-            fmt::format("{} (layer '{}', {}): not executed yet", f->name, l.layer, plan::name(t)));
+        add_capture(seq, l, t, *f, refused);  // DumpTensors, C++ features (captures.h)
         continue;
       }
       // One record for the moments, one per block configuration.
@@ -96,9 +193,8 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
         if (r.kind == StatKind::MaxBlockwiseDynamicRange) blocks.insert({r.block_size, r.dims});
       }
       const std::string tensor(plan::name(t));
-      seq.inspections.push_back({l.layer, tensor, 0, 1});
-      for (const auto& [size, dims] : blocks)
-        seq.inspections.push_back({l.layer, tensor, size, dims});
+      add_slot(seq, {l.layer, tensor, 0, 1});
+      for (const auto& [size, dims] : blocks) add_slot(seq, {l.layer, tensor, size, dims});
     }
   }
 }
@@ -124,7 +220,11 @@ void IterationStats::add_run(std::span<const plan::StatSlot> slots,
                            [&](const auto& m) { return m.first == slots[i]; });
     if (it == merged_.end()) {
       merged_.emplace_back(slots[i], records[i]);
-    } else if (slots[i].tensor != "weight") {  // a weight is the same tensor in every run
+    } else if (slots[i].tensor == "weight") {  // a weight is the same tensor in every run
+      continue;
+    } else if (slots[i].record == plan::StatRecordKind::Quantized) {
+      it->second = as_record(merge(as_quantized(it->second), as_quantized(records[i])));
+    } else {
       it->second = merge(it->second, records[i]);
     }
   }
@@ -141,11 +241,23 @@ std::vector<StatRecord> IterationStats::records(const Routing& routing, int64_t 
     // capture bindings).
     const plan::StatSlot& slot = entry.first;
     const TensorMoments& moments = entry.second;
-    if (slot.block_size != 0) continue;  // logged with the slot of its tensor's moments
+    // Logged with the slot of its tensor's moments: block statistics and quantized records.
+    if (slot.block_size != 0 || slot.record != plan::StatRecordKind::Moments) continue;
     const LayerRouting* l = find_layer(routing, slot.layer);
     const auto t = plan::parse<TensorKind>(slot.tensor);
     if (!l || !t) continue;
     for (const FeatureConfig* f : l->inspectors[size_t(*t)]) {
+      if (f->feature->spec().name == "LogFp8TensorStats") {
+        for (const StatRequest& r : quant_stats(*f, *t)) {
+          const plan::StatSlot want = quant_slot(slot.layer, *t, r);
+          const auto q = std::find_if(merged_.begin(), merged_.end(),
+                                      [&](const auto& m) { return matches(m.first, want); });
+          if (q == merged_.end()) continue;
+          out.push_back(StatRecord{slot.layer, slot.tensor, "", r.name, iteration,
+                                   value(as_quantized(q->second), r.kind)});
+        }
+        continue;
+      }
       if (f->feature->spec().name != "LogTensorStats") continue;
       for (const StatRequest& r : tensor_stats(*f, *t)) {
         double v = 0;

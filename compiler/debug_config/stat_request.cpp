@@ -18,8 +18,8 @@ struct RecipePrefix {
 constexpr RecipePrefix kRecipes[] = {
     {"fp8_delayed_scaling", plan::ScalingKind::Delayed},
     {"fp8_current_scaling", plan::ScalingKind::Current},
-    {"fp8_block_scaling", std::nullopt},
-    {"mxfp8", std::nullopt},
+    {"fp8_block_scaling", plan::ScalingKind::Block1D},  // 128x128 for a weight (instrument.cpp)
+    {"mxfp8", plan::ScalingKind::MicroScaled},
     {"nvfp4", std::nullopt},
 };
 
@@ -144,20 +144,33 @@ std::optional<StatRequest> parse_stat_request(const ConfigNode& entry, StatFamil
     return std::nullopt;
   }
   r.kind = *kind;
-  if (recipe) {
-    if (!recipe->scaling) {
-      error = fmt::format("'{}' asks about the {} recipe, which opfuse cannot quantize with yet",
-                          entry.scalar, recipe->prefix);
-      hint = "opfuse quantizes with fp8_delayed_scaling and fp8_current_scaling so far";
-      return std::nullopt;
-    }
-    if (*kind == StatKind::Overflows && recipe->scaling == plan::ScalingKind::Current) {
-      error = fmt::format("'{}' is always 0", entry.scalar);
-      hint = "a current-scaled tensor cannot overflow: its scale comes from its own amax";
-      return std::nullopt;
-    }
-    r.recipe = recipe->scaling;
+  const bool block_recipe = recipe && (recipe->scaling == plan::ScalingKind::Block1D ||
+                                       recipe->scaling == plan::ScalingKind::MicroScaled);
+  if (recipe && !recipe->scaling) {
+    error = fmt::format("'{}' asks about the {} recipe, which opfuse cannot quantize with yet",
+                        entry.scalar, recipe->prefix);
+    hint =
+        "opfuse quantizes with fp8_delayed_scaling, fp8_current_scaling, fp8_block_scaling and "
+        "mxfp8";
+    return std::nullopt;
   }
+  // TE logs overflows% only for delayed scaling: a scale derived from the tensor's own amax
+  // (current scaling, or per block) cannot make an element overflow.
+  if (*kind == StatKind::Overflows && recipe && recipe->scaling != plan::ScalingKind::Delayed) {
+    error = fmt::format("'{}' is always 0", entry.scalar);
+    hint = fmt::format(
+        "overflows% is defined for delayed scaling only (as in TE): under {} the scale comes "
+        "from the amax of the values it scales",
+        recipe->prefix);
+    return std::nullopt;
+  }
+  if (is_per_block_stat(*kind) && !block_recipe) {
+    error = fmt::format("'{}' is a per-block statistic", entry.scalar);
+    hint =
+        fmt::format("write it with a block-scaled recipe: fp8_block_scaling_{} or mxfp8_{}", s, s);
+    return std::nullopt;
+  }
+  if (recipe) r.recipe = recipe->scaling;
   return r;
 }
 

@@ -190,6 +190,35 @@ TEST(DebugConfigRead, SeveralMistakesReportedInOneRun) {
   EXPECT_NE(m.find("hint: did you mean 'DisableFP8GEMM'?"), std::string::npos) << m;
 }
 
+TEST(DebugConfigRead, Fp8StatPrefixesAcceptedExactlyWhereTheyExecute) {
+  std::string error, hint;
+  ConfigNode n;
+  n.kind = ConfigNode::Kind::Scalar;
+  const std::pair<const char*, std::optional<plan::ScalingKind>> accepted[] = {
+      {"mxfp8_underflow_blocks%_columnwise", plan::ScalingKind::MicroScaled},
+      {"fp8_block_scaling_scale_inv_log2_std", plan::ScalingKind::Block1D},
+      {"fp8_delayed_scaling_overflows%", plan::ScalingKind::Delayed},
+      {"scale_inv_max_columnwise", std::nullopt}};
+  for (const auto& entry : accepted) {
+    n.scalar = entry.first;
+    const auto r = parse_stat_request(n, StatFamily::Quantized, error, hint);
+    ASSERT_TRUE(r) << entry.first << ": " << error;
+    EXPECT_EQ(r->recipe, entry.second) << entry.first;
+  }
+  const std::pair<const char*, const char*> refused[] = {
+      {"nvfp4_mse", "'nvfp4_mse' asks about the nvfp4 recipe, which opfuse cannot quantize with"},
+      {"fp8_block_scaling_overflows%", "'fp8_block_scaling_overflows%' is always 0"},
+      {"underflow_blocks%", "'underflow_blocks%' is a per-block statistic"},
+      {"fp8_current_scaling_scale_inv_log2_min",
+       "'fp8_current_scaling_scale_inv_log2_min' is a per-block statistic"}};
+  for (const auto& entry : refused) {
+    n.scalar = entry.first;
+    error.clear();
+    EXPECT_FALSE(parse_stat_request(n, StatFamily::Quantized, error, hint)) << entry.first;
+    EXPECT_NE(error.find(entry.second), std::string::npos) << error;
+  }
+}
+
 TEST(DebugConfigRead, StatRequestsParsed) {
   std::string error, hint;
   ConfigNode n;

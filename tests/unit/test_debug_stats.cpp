@@ -1,6 +1,7 @@
 // The precision-debug statistics (debug/stats.h): each statistic against hand-computed values, the
 // merge of split inputs against the whole input, determinism, the blockwise dynamic range on
-// matrices with partial blocks, the quantization statistics, and NaN/Inf inputs.
+// matrices with partial blocks, the quantization statistics, and NaN/Inf inputs; the CPU
+// reference's LogFp8TensorStats casts (reference/quant_stats.h) on hand-computed tensors.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "debug/stats.h"
+#include "reference/quant_stats.h"
 
 namespace opfuse::debug {
 namespace {
@@ -40,7 +42,12 @@ TEST(DebugStats, NameTableHasTeSpellingsInEnumOrder) {
                          "overflows%",
                          "scale_inv_min",
                          "scale_inv_max",
-                         "mse"};
+                         "mse",
+                         "underflow_blocks%",
+                         "scale_inv_log2_min",
+                         "scale_inv_log2_max",
+                         "scale_inv_log2_mean",
+                         "scale_inv_log2_std"};
   ASSERT_EQ(std::size(kStatTable), std::size(names));
   for (size_t i = 0; i < std::size(names); ++i) {
     const auto kind = static_cast<StatKind>(i);
@@ -334,6 +341,193 @@ TEST(DebugStats, InfinityGivesInfiniteStatistics) {
   const QuantizedMoments q = quantized_moments(x, dq, s, 448);
   EXPECT_EQ(q.overflows, 1);
   EXPECT_EQ(value(q, StatKind::Mse), kInf);
+}
+
+// ---- LogFp8TensorStats casts (reference/quant_stats.h) ---------------------------------------
+
+using cpu::Fp8Format;
+using cpu::QuantStatsCast;
+using plan::QuantStatCast;
+
+QuantStatsCast block_cast(QuantStatCast cast, int size, int dims, bool columnwise) {
+  QuantStatsCast c;
+  c.cast = cast;
+  c.block_size = size;
+  c.dims = dims;
+  c.columnwise = columnwise;
+  return c;
+}
+
+TEST(QuantStats, DelayedQuantizerCountsUnderflowsAndOverflows) {
+  // scale 1 in E4M3: 1e-4 is under half the smallest subnormal (2^-9): 0, an underflow; 500 is
+  // above 448: clamped, an overflow with error 52; 1 and 0 are exact.
+  const std::vector<float> x = {0, 1e-4f, 500, 1};
+  QuantStatsCast c;
+  c.cast = QuantStatCast::Quantizer;
+  c.delayed = true;
+  const QuantizedMoments q = cpu::quantized_stats(x, 1, 4, c);
+  EXPECT_EQ(q.count, 4);
+  EXPECT_EQ(q.underflows, 1);
+  EXPECT_EQ(q.overflows, 1);
+  const double want = double(1e-4f) * double(1e-4f) + 52.0 * 52.0;
+  expect_relative(q.sq_err, want, 1e-12, "sq_err");
+  expect_relative(value(q, StatKind::Mse), want / 4, 1e-12, "mse");
+  EXPECT_EQ(value(q, StatKind::Underflows), 25.0);
+  EXPECT_EQ(value(q, StatKind::Overflows), 25.0);
+  EXPECT_EQ(value(q, StatKind::ScaleInvMin), 1.0);
+  EXPECT_EQ(q.blocks, 0);
+  // A scale of 2^-4 (scale_inv 16): the overflow threshold is 448 * 16, nothing overflows.
+  c.scale = 0.0625f;
+  c.scale_inv = 16.0f;
+  const QuantizedMoments r = cpu::quantized_stats(x, 2, 2, c);
+  EXPECT_EQ(r.overflows, 0);
+  EXPECT_EQ(r.underflows, 1);
+  EXPECT_EQ(value(r, StatKind::ScaleInvMax), 16.0);
+}
+
+TEST(QuantStats, CurrentScalingWhatIfUsesTheTensorsAmax) {
+  // amax 4: scale 448 / 4 = 112; 2 -> 224 and -4 -> -448 are exact, so only 1e-3 has an error:
+  // 0.112 rounds to 1.75 * 2^-4 in E4M3.
+  const std::vector<float> x = {2, -4, 1e-3f};
+  QuantStatsCast c;
+  c.cast = QuantStatCast::Current;
+  const QuantizedMoments q = cpu::quantized_stats(x, 1, 3, c);
+  EXPECT_EQ(q.scale_inv_min, double(1.0f / 112.0f));
+  EXPECT_EQ(q.underflows, 0);
+  EXPECT_EQ(q.overflows, 0);  // never counted for a current scale
+  const double dq = double(0.109375f * (1.0f / 112.0f));
+  const double err = double(1e-3f) - dq;
+  expect_relative(q.sq_err, err * err, 1e-12, "sq_err");
+  // E5M2 for a gradient: 57344 / 4.
+  c.format = Fp8Format::E5M2;
+  EXPECT_EQ(cpu::quantized_stats(x, 3, 1, c).scale_inv_max, double(1.0f / 14336.0f));
+}
+
+TEST(QuantStats, Float8BlockScalesArePowersOfTwoAndTheLastBlockIsPartial) {
+  // One row of 130: a block of 128 (amax 3: 448 / 3 = 149.3 rounds down to 128) and a partial
+  // block of 2 (amax 0.5: 896 -> 512). 1e-6 * 128 is far under E4M3's smallest subnormal.
+  std::vector<float> x(130, 3.0f);
+  x[5] = 1e-6f;
+  x[128] = 0.5f;
+  x[129] = 0.25f;
+  const QuantizedMoments q =
+      cpu::quantized_stats(x, 1, 130, block_cast(QuantStatCast::Float8Block, 128, 1, false));
+  EXPECT_EQ(q.blocks, 2);
+  EXPECT_EQ(q.scaled_blocks, 2);
+  EXPECT_EQ(q.underflows, 1);
+  EXPECT_EQ(q.underflow_blocks, 1);
+  EXPECT_EQ(q.scale_inv_max, 1.0 / 128);
+  EXPECT_EQ(q.scale_inv_min, 1.0 / 512);
+  EXPECT_EQ(value(q, StatKind::UnderflowBlocks), 50.0);
+  EXPECT_EQ(value(q, StatKind::ScaleInvLog2Min), -9.0);
+  EXPECT_EQ(value(q, StatKind::ScaleInvLog2Max), -7.0);
+  EXPECT_EQ(value(q, StatKind::ScaleInvLog2Mean), -8.0);
+  EXPECT_EQ(value(q, StatKind::ScaleInvLog2Std), 1.0);
+  // 3 * 128 = 384 is exact in E4M3 (1.5 * 2^8), so the only error is the underflow's.
+  expect_relative(q.sq_err, double(1e-6f) * double(1e-6f), 1e-12, "sq_err");
+
+  // Columnwise (128 x 1 blocks) of the same data as a 130 x 1 column: the same two blocks.
+  const QuantizedMoments col =
+      cpu::quantized_stats(x, 130, 1, block_cast(QuantStatCast::Float8Block, 128, 1, true));
+  EXPECT_EQ(col.blocks, 2);
+  EXPECT_EQ(col.scale_inv_min, q.scale_inv_min);
+  // Rowwise blocks of a 130 x 1 column are 130 blocks of one element.
+  EXPECT_EQ(
+      cpu::quantized_stats(x, 130, 1, block_cast(QuantStatCast::Float8Block, 128, 1, false)).blocks,
+      130);
+  // 2-D: a 130 x 1 matrix in 128 x 128 tiles is two tiles (one partial).
+  EXPECT_EQ(
+      cpu::quantized_stats(x, 130, 1, block_cast(QuantStatCast::Float8Block, 128, 2, false)).blocks,
+      2);
+}
+
+TEST(QuantStats, Mxfp8ScalesAreE8m0RoundedUp) {
+  EXPECT_EQ(cpu::e8m0_round_up(1.0f), 127);               // exactly 2^0
+  EXPECT_EQ(cpu::e8m0_round_up(1.0f + 1.0f / 448), 128);  // a mantissa bit: up to 2^1
+  EXPECT_EQ(cpu::e8m0_round_up(0.75f), 127);
+  EXPECT_EQ(cpu::e8m0_round_up(0.0f), 0);
+  EXPECT_EQ(cpu::e8m0_round_up(kNaN), 0xFF);
+  EXPECT_EQ(cpu::e8m0_round_up(kInf), 0xFE);
+  EXPECT_EQ(cpu::e8m0_round_up(1e-45f), 1);  // a subnormal rounds up to 2^-126
+
+  // [[449, 2], [1, 1]]: rows have amax 449 (449 / 448 rounds up to 2^1) and 1 (1 / 448 =
+  // 1.14 * 2^-9 -> 2^-8); columns 449 and 2 (2 / 448 -> 2^-7).
+  const std::vector<float> x = {449, 2, 1, 1};
+  const QuantizedMoments row =
+      cpu::quantized_stats(x, 2, 2, block_cast(QuantStatCast::Mxfp8, 32, 1, false));
+  const QuantizedMoments col =
+      cpu::quantized_stats(x, 2, 2, block_cast(QuantStatCast::Mxfp8, 32, 1, true));
+  EXPECT_EQ(row.blocks, 2);
+  EXPECT_EQ(row.scale_inv_max, 2.0);
+  EXPECT_EQ(row.scale_inv_min, std::ldexp(1.0, -8));
+  EXPECT_EQ(col.scale_inv_max, 2.0);
+  EXPECT_EQ(col.scale_inv_min, std::ldexp(1.0, -7));
+  // 449 * 2^-1 = 224.5 -> 224 in E4M3, dequantized 448: error 1. Rowwise, 2 * 2^-1 = 1 is exact;
+  // row 1 (scale 2^8): 256 is exact.
+  expect_relative(row.sq_err, 1.0, 1e-12, "rowwise sq_err");
+
+  // A zero block gets E8M0 0 (2^-127): a real block, counted in scale_inv_min (TE counts it too)
+  // but not among the scaled blocks.
+  const std::vector<float> z = {449, 0};
+  const QuantizedMoments zq =
+      cpu::quantized_stats(z, 2, 1, block_cast(QuantStatCast::Mxfp8, 32, 1, false));
+  EXPECT_EQ(zq.blocks, 2);
+  EXPECT_EQ(zq.scaled_blocks, 1);
+  EXPECT_EQ(zq.scale_inv_min, std::ldexp(1.0, -127));
+  EXPECT_EQ(value(zq, StatKind::ScaleInvLog2Mean), 1.0);
+  EXPECT_EQ(value(zq, StatKind::ScaleInvLog2Std), 0.0);
+}
+
+TEST(QuantStats, NanAndInfGiveNanAndInfNotACrash) {
+  std::vector<float> x(40, 1.0f);
+  x[3] = kNaN;
+  // Float8 block: a NaN block gets scale 1 (TE's rule for a non-finite amax); its error is NaN.
+  const QuantizedMoments b =
+      cpu::quantized_stats(x, 1, 40, block_cast(QuantStatCast::Float8Block, 128, 1, false));
+  EXPECT_TRUE(std::isnan(value(b, StatKind::Mse)));
+  EXPECT_EQ(b.scale_inv_max, 1.0);
+  EXPECT_EQ(b.scaled_blocks, 0);
+  EXPECT_TRUE(std::isnan(value(b, StatKind::ScaleInvLog2Mean)));
+  // MXFP8: E8M0 NaN, so the block's scale_inv is NaN, and so is scale_inv_min.
+  const QuantizedMoments m =
+      cpu::quantized_stats(x, 1, 40, block_cast(QuantStatCast::Mxfp8, 32, 1, false));
+  EXPECT_TRUE(std::isnan(value(m, StatKind::ScaleInvMin)));
+  EXPECT_TRUE(std::isnan(value(m, StatKind::Mse)));
+  EXPECT_EQ(m.blocks, 2);
+  // Inf: scale 1 under block scaling, the Inf saturates to 448: an infinite error.
+  x[3] = kInf;
+  EXPECT_EQ(
+      value(cpu::quantized_stats(x, 1, 40, block_cast(QuantStatCast::Float8Block, 128, 1, false)),
+            StatKind::Mse),
+      std::numeric_limits<double>::infinity());
+  QuantStatsCast c;
+  c.cast = QuantStatCast::Current;
+  EXPECT_EQ(value(cpu::quantized_stats(x, 1, 40, c), StatKind::Mse),
+            std::numeric_limits<double>::infinity());
+  EXPECT_THROW(cpu::quantized_stats(x, 3, 3, c), std::invalid_argument);
+}
+
+TEST(QuantStats, RecordsMergeAndRoundTripThroughTheExecutorLayout) {
+  std::vector<float> x(300);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * float(1 + i % 7);
+  const QuantStatsCast c = block_cast(QuantStatCast::Float8Block, 128, 1, false);
+  const QuantizedMoments whole = cpu::quantized_stats(x, 3, 100, c);
+  const std::span<const float> sx(x);
+  const QuantizedMoments merged = merge(cpu::quantized_stats(sx.first(100), 1, 100, c),
+                                        cpu::quantized_stats(sx.subspan(100), 2, 100, c));
+  EXPECT_EQ(merged.blocks, whole.blocks);
+  EXPECT_EQ(merged.underflows, whole.underflows);
+  EXPECT_EQ(merged.scale_inv_min, whole.scale_inv_min);
+  expect_relative(merged.sq_err, whole.sq_err, 1e-12, "sq_err");
+  const QuantizedMoments back = as_quantized(as_record(whole));
+  EXPECT_EQ(back.count, whole.count);
+  EXPECT_EQ(back.underflow_blocks, whole.underflow_blocks);
+  EXPECT_EQ(back.scaled_blocks, whole.scaled_blocks);
+  EXPECT_EQ(back.sq_err, whole.sq_err);
+  EXPECT_EQ(back.scale_inv_max, whole.scale_inv_max);
+  EXPECT_EQ(back.log2_scale_inv_sq_sum, whole.log2_scale_inv_sq_sum);
+  EXPECT_TRUE(is_per_block_stat(StatKind::UnderflowBlocks));
+  EXPECT_FALSE(is_per_block_stat(StatKind::Mse));
 }
 
 }  // namespace

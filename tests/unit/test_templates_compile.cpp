@@ -216,10 +216,18 @@ std::vector<TemplateCase> seed_mlp_cases() {
        launch::kSmallKernelRegisterBudget},
       {"tensor_stats_partial", "tensor_stats.cuh", "opfuse::tensor_stats_partial<" + bf16 + ">",
        launch::kTensorStatsRegisterBudget},
-      {"tensor_stats_final", "tensor_stats.cuh", "opfuse::tensor_stats_final<32>",
+      {"tensor_stats_final", "tensor_stats.cuh", "opfuse::tensor_stats_final<256>",
        launch::kTensorStatsRegisterBudget},
       {"tensor_capture", "tensor_capture.cuh", "opfuse::tensor_capture<" + bf16 + ">",
        launch::kSmallKernelRegisterBudget},
+      {"quant_stats_partial_e4m3", "quant_stats.cuh",
+       "opfuse::quant_stats_partial<" + args({bf16, kE4m3}) + ">",
+       launch::kTensorStatsRegisterBudget},
+      {"quant_stats_partial_e5m2_fp32", "quant_stats.cuh",
+       "opfuse::quant_stats_partial<" + args({"float", kE5m2}) + ">",
+       launch::kTensorStatsRegisterBudget},
+      {"quant_stats_final", "quant_stats.cuh", "opfuse::quant_stats_final<32>",
+       launch::kTensorStatsRegisterBudget},
   };
   std::vector<TemplateCase> cases;
   const std::string swiglu_source = *ir::pointwise_functor_source(silu_gated);

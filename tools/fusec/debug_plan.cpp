@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <string>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -103,10 +104,20 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
                 v.steps.size(), p.steps.size(), v.stat_slots.size());
     for (const std::string& u : undone) std::printf("    fusion undone: %s\n", u.c_str());
     for (const plan::StatSlot& slot : v.stat_slots) {
+      std::string what;
+      if (slot.record == plan::StatRecordKind::Quantized) {
+        // LogFp8TensorStats: which cast, and its scale blocks.
+        what = fmt::format(" cast by {}", plan::name(slot.cast));
+        if (slot.block_size > 0) {
+          what += slot.dims == 2    ? fmt::format(" ({0}x{0} blocks)", slot.block_size)
+                  : slot.columnwise ? fmt::format(" ({}x1 blocks)", slot.block_size)
+                                    : fmt::format(" (1x{} blocks)", slot.block_size);
+        }
+      } else if (slot.block_size > 0) {
+        what = fmt::format(" (blocks of {}, {}-D)", slot.block_size, slot.dims);
+      }
       std::printf("    statistics: %s %s%s\n", slot.layer.c_str(), slot.tensor.c_str(),
-                  slot.block_size > 0
-                      ? fmt::format(" (blocks of {}, {}-D)", slot.block_size, slot.dims).c_str()
-                      : "");
+                  what.c_str());
     }
     for (const plan::CaptureSlot& slot : v.capture_slots)
       std::printf("    capture: %s %s\n", slot.layer.c_str(), slot.tensor.c_str());
