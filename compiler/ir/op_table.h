@@ -41,6 +41,7 @@ enum class OpKind : uint8_t {
   BiasGrad,           // (dy) -> dbias
   GradAdd,            // (a, b) -> a + b: gradient accumulation where a value fans out
   TensorStats,        // (x) -> (): statistics of x into the record of slot `slot` (debug features)
+  ModifyTensor,       // (x) -> y: a GEMM operand a debug feature replaces (passes/debug_modify.h)
   Fused,              // a fusion: `parts` run as one kernel or one GEMM call
   // Pointwise ops have no enumerator: kFirstPointwise + i is pointwise_defs()[i] (a user op),
   // kFirstPointwiseBackward + i its backward (internal: (dy, x) -> dx, both halves when gated),
