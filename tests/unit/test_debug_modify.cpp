@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <memory>
 
 #include "../../runtime/jit/nvrtc_compiler.h"
@@ -20,6 +21,7 @@
 #include "ir/pointwise_ops.h"
 #include "ir/scalar_code.h"
 #include "reference/reference_executor.h"
+#include "reference/run_driver.h"
 #include "test_support.h"
 
 namespace opfuse::debug {
@@ -372,6 +374,46 @@ TEST(DebugModify, ExpressionTextRoundTrips) {
   }
   for (const char* bad : {"", "v0_add0x1", "q1", "v0_neg", "v0_c1p5p", "v9999999"})
     EXPECT_FALSE(ir::scalar::decode(bad)) << bad;
+}
+
+// fusec: debug-plan names each modification and what it does; run --device cpu executes them
+// (the fake quantizations' quantizers appear in the run's report, the debug log has the routing).
+TEST(DebugModify, FusecDebugPlanAndCpuRunExecuteFakeQuant) {
+  const std::string dir = test::make_temp_dir("debug_modify_cli");
+  const std::string config = dir + "/debug.yaml";
+  {
+    std::ofstream out(config);
+    out << "s:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+           "    FakeQuant:\n      gemms_struct:\n"
+           "        - {gemm: fprop, tensors: [activation], quant_format: FP8E4M3}\n"
+           "        - {gemm: dgrad, tensors: [gradient], quant_format: FP8E5M2}\n";
+  }
+  const std::string program =
+      test::shell_quoted(std::string(OPFUSE_TESTS_DIR) + "/errors/debug_config/program.fuse");
+  const auto plan =
+      test::fusec("debug-plan " + program + " --debug-config " + test::shell_quoted(config));
+  EXPECT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("fprop: high precision; activation: modified by FakeQuant "
+                             "(quantize-dequantize through e4m3, per-tensor current scaling)"),
+            std::string::npos)
+      << plan.output;
+  EXPECT_NE(plan.output.find("gradient: modified by FakeQuant (quantize-dequantize through e5m2"),
+            std::string::npos)
+      << plan.output;
+  const auto run = test::fusec(
+      "run " + program + " --device cpu --bind tokens=16 --steps 2 --debug-config " +
+      test::shell_quoted(config) + " --debug-log-dir " + test::shell_quoted(dir + "/logs"));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("quant  fc1.input.fake_quant_fprop       e4m3"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("quant  fc1.grad_output.fake_quant_dgrad e5m2"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("not executed yet"), std::string::npos) << run.output;
+  const std::string log =
+      test::read_text(dir + "/logs/nvdlfw_inspect_logs/nvdlfw_inspect_globalrank-0.log");
+  EXPECT_NE(log.find("activation: modified by FakeQuant (quantize-dequantize through e4m3"),
+            std::string::npos)
+      << log;
 }
 
 // The kernels a FakeQuant and a Clip variant add compile with NVRTC (the GPU test runs them).
