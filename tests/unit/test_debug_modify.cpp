@@ -400,6 +400,9 @@ TEST(DebugModify, FusecDebugPlanAndCpuRunExecuteFakeQuant) {
   EXPECT_NE(plan.output.find("gradient: modified by FakeQuant (quantize-dequantize through e5m2"),
             std::string::npos)
       << plan.output;
+  EXPECT_NE(plan.output.find("modified operand fc1.fprop.input: fake-quantize bf16 through e4m3"),
+            std::string::npos)
+      << plan.output;
   const auto run = test::fusec(
       "run " + program + " --device cpu --bind tokens=16 --steps 2 --debug-config " +
       test::shell_quoted(config) + " --debug-log-dir " + test::shell_quoted(dir + "/logs"));
