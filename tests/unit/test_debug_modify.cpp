@@ -13,6 +13,7 @@
 
 #include "../../runtime/jit/nvrtc_compiler.h"
 #include "codegen/kernel_source.h"
+#include "codegen/kernel_templates.h"
 #include "cpu/numerics.h"
 #include "debug_clip_feature.h"
 #include "debug_config/instrument.h"
@@ -447,6 +448,27 @@ TEST(DebugModify, ModificationKernelsCompileWithNvrtc) {
   const jit::CompileAllResult result = jit::compile_all(requests, nullptr);
   ASSERT_EQ(result.kernels.size(), requests.size());
   for (const jit::CompiledKernel& k : result.kernels) EXPECT_FALSE(k.is_ptx) << k.kernel_name;
+}
+
+// A long expression names its kernel by a hash (the id is a file stem); a short one spells it.
+TEST(DebugModify, LongExpressionsGiveShortKernelIds) {
+  const codegen::KernelTemplate* t = codegen::find_kernel_template("activation_fwd");
+  ASSERT_NE(t, nullptr);
+  ir::scalar::Graph g;
+  ir::scalar::NodeId v = g.var(0);
+  for (int i = 0; i < 40; ++i) v = g.add(g.mul(v, g.constant(0.5 + i)), g.constant(i));
+  const std::string long_name = ir::expression_functor_name(ir::scalar::encode(g, v));
+  const std::string id =
+      codegen::kernel_id(*t, {long_name, "__nv_bfloat16", "__nv_bfloat16", "false"});
+  EXPECT_LT(id.size(), 100u) << id;
+  EXPECT_EQ(id.rfind("activation_fwd_expr_", 0), 0u) << id;
+  EXPECT_NE(
+      id, codegen::kernel_id(*t, {long_name + "_neg0", "__nv_bfloat16", "__nv_bfloat16", "false"}));
+  ir::scalar::Graph small;
+  const std::string short_id = codegen::kernel_id(
+      *t, {ir::expression_functor_name(ir::scalar::encode(small, small.neg(small.var(0)))),
+           "__nv_bfloat16", "__nv_bfloat16", "false"});
+  EXPECT_EQ(short_id, "activation_fwd_expr_v0_neg0_bf16_bf16");
 }
 
 }  // namespace
