@@ -46,6 +46,7 @@ std::unique_ptr<Routed> route_yaml(const std::string& yaml, const std::vector<st
   EXPECT_TRUE(r->config) << r->diags->format_all();
   if (!r->config) return r;
   std::vector<LayerInfo> infos;
+  infos.reserve(layers.size());
   for (const std::string& l : layers) infos.push_back({l, {}, quantized});
   r->routing = route(bind_layers(*r->config, infos, *r->diags), 0);
   return r;
