@@ -5,6 +5,7 @@
 #include <span>
 #include <type_traits>
 
+#include "ir/scalar_code.h"
 #include "quant_stats.h"
 #include "reference_ops.h"
 #include "support/assert.h"
@@ -296,6 +297,31 @@ void tensor_capture(ReferenceContext<T>& ctx, const ir::Operation& op) {
   c.values.assign(x.data.begin(), x.data.end());
 }
 
+// A GEMM operand as a debug feature replaces it (compiler/passes/debug_modify.h): fake
+// quantization through the op's current-scaling quantizer, or y = f(x) with f decoded from the
+// op's expression and evaluated in fp32 (as the generated kernel does).
+template <typename T>
+void modify_tensor(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  Tensor<T>& y = ctx.out(op, 0);
+  y.data = ctx.in(op, 0).data;
+  if (op.quantizer >= 0) {
+    fake_quantize_values<T>(ctx.quantizers.at(size_t(op.quantizer)), y.data);
+    return;
+  }
+  const std::string& text = ir::attr_name(op.attrs, "expression");
+  const auto f = ir::scalar::decode(text);
+  OPFUSE_ASSERT(f.has_value(), "modify_tensor '{}' has a malformed expression '{}'", op.instance,
+                text);
+  const ir::scalar::NodeId roots[] = {f->value};
+  const std::vector<ir::scalar::NodeId> order = f->graph.schedule(roots);
+  std::vector<float> scratch(f->graph.size());
+  for (T& v : y.data) {
+    const float x[] = {float(v)};
+    f->graph.evaluate<float>(order, x, scratch);
+    v = T(scratch[f->value]);
+  }
+}
+
 template <typename T>
 struct KernelEntry {
   OpKind kind;
@@ -323,6 +349,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::GradAdd, add<T>},
     {OpKind::TensorStats, tensor_stats<T>},
     {OpKind::TensorCapture, tensor_capture<T>},
+    {OpKind::ModifyTensor, modify_tensor<T>},
     {OpKind::Fused, nullptr},  // the executor runs its parts
 }};
 

@@ -388,11 +388,15 @@ void emit_constant_scale(SequenceBuilder& b, const Group& g) {
 void emit_quantize(SequenceBuilder& b, const Group& g) {
   require_only(b, g, {OpKind::Quantize});
   const ir::Operation& op = *g.parts.front();
-  const ValueId x = op.operands.at(0), y = op.results.at(0);
   if (op.quantizer < 0) {
-    b.make_alias(y, x);
+    b.make_alias(op.results.at(0), op.operands.at(0));
     return;
   }
+  emit_fake_quantize(b, g, op);
+}
+
+void emit_fake_quantize(SequenceBuilder& b, const Group& g, const ir::Operation& op) {
+  const ValueId x = op.operands.at(0), y = op.results.at(0);
   const ir::Value& xv = b.value(x);
   const DType in = xv.type.dtype;
   const DType format = b.seq().quantizers.at(size_t(op.quantizer)).format();

@@ -135,6 +135,12 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g);
 void emit_alias(SequenceBuilder& b, const Group& g);
 void emit_constant_scale(SequenceBuilder& b, const Group& g);
 void emit_quantize(SequenceBuilder& b, const Group& g);
+// y = dequantize(quantize(x)) through `op`'s quantizer (an amax pass first under current scaling).
+void emit_fake_quantize(SequenceBuilder& b, const Group& g, const ir::Operation& op);
+
+// ---- GEMM operands a debug config modifies (emit_modify.cpp) ------------------------------------
+
+void emit_modify_tensor(SequenceBuilder& b, const Group& g);
 
 // ---- GEMMs (emit_gemms.cpp) ---------------------------------------------------------------------
 

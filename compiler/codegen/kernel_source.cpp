@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 
 #include "ir/pointwise_ops.h"
 #include "support/assert.h"
@@ -36,6 +37,13 @@ std::string arg_word(const TemplateParam& param, const std::string& arg) {
       if (word.starts_with("pointwise_")) word = word.substr(std::string_view("pointwise_").size());
       std::transform(word.begin(), word.end(), word.begin(),
                      [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      // A debug feature's expression (ir::expression_functor_name) can be long: the id is a file
+      // stem, so a long word becomes "expr_" and a hash of it (FNV-1a, stable everywhere).
+      if (word.size() > 64) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (const char c : word) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+        word = fmt::format("expr_{:016x}", h);
+      }
       return word;
     }
     case TemplateParamKind::Int:

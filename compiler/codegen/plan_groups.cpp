@@ -236,6 +236,7 @@ void emit_group(SequenceBuilder& b, const Group& g) {
   if (g.find({OpKind::CastFp8})) return emit_cast(b, g);
   if (g.find({OpKind::TensorStats})) return emit_tensor_stats(b, g);
   if (g.find({OpKind::TensorCapture})) return emit_tensor_capture(b, g);
+  if (g.find({OpKind::ModifyTensor})) return emit_modify_tensor(b, g);
   if (g.find({OpKind::BiasGrad})) return emit_dbias(b, g);
   if (g.find({OpKind::ConstantScale})) return emit_constant_scale(b, g);
   if (g.find({OpKind::Quantize})) return emit_quantize(b, g);

@@ -130,6 +130,12 @@ class FakeQuant final : public Feature {
   Route fp8_gemm_enabled(const CallContext&, GemmRole, int64_t) const override {
     return {false, kNever};
   }
+  std::optional<Modification> modify_tensor(const CallContext& c, GemmRole, TensorKind,
+                                            int64_t) const override {
+    return Modification::fake_quant(c.settings.get_string("quant_format", "FP8E4M3") == "FP8E5M2"
+                                        ? plan::DType::E5M2
+                                        : plan::DType::E4M3);
+  }
 
  private:
   FeatureSpec spec_;
@@ -149,6 +155,10 @@ class PerTensorScaling final : public Feature {
   const FeatureSpec& spec() const override { return spec_; }
   Route modify_tensor_enabled(const CallContext&, GemmRole, TensorKind, int64_t) const override {
     return {true, kNever};
+  }
+  std::optional<Modification> modify_tensor(const CallContext&, GemmRole, TensorKind,
+                                            int64_t) const override {
+    return Modification::per_tensor_scaling();
   }
 
  private:

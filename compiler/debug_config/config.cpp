@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -269,6 +271,15 @@ class Reader {
       case KeyType::PositiveInt:
         as_int(v, key.name, 1);
         break;
+      case KeyType::Number: {
+        char* end = nullptr;
+        const double d = v.kind == Kind::Scalar && !v.quoted && !v.scalar.empty()
+                             ? std::strtod(v.scalar.c_str(), &end)
+                             : 0.0;
+        if (end != v.scalar.c_str() + v.scalar.size() || end == nullptr || !std::isfinite(d))
+          error(v.loc, fmt::format("'{}' must be a finite number, not {}", key.name, describe(v)));
+        break;
+      }
       case KeyType::Choice:
         if (auto s = as_string(v, key.name)) {
           if (std::find(key.choices.begin(), key.choices.end(), *s) == key.choices.end()) {

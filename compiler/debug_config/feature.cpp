@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -84,6 +85,14 @@ bool Settings::get_bool(std::string_view key, bool fallback) const {
 int64_t Settings::get_int(std::string_view key, int64_t fallback) const {
   const ConfigNode* n = find(key);
   return n ? scalar_int(*n, fallback) : fallback;
+}
+
+double Settings::get_number(std::string_view key, double fallback) const {
+  const ConfigNode* n = find(key);
+  if (!n) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(n->scalar.c_str(), &end);
+  return end == n->scalar.c_str() + n->scalar.size() && !n->scalar.empty() ? v : fallback;
 }
 
 std::string Settings::get_string(std::string_view key, std::string_view fallback) const {

@@ -22,6 +22,7 @@
 
 #include "debug/names.h"
 #include "debug_config/config_node.h"
+#include "debug_config/modification.h"
 
 namespace opfuse::debug {
 
@@ -64,6 +65,7 @@ enum class KeyType : uint8_t {
   Choice,        // one of KeySpec::choices
   Stats,         // a list of statistics, checked by FeatureSpec::check_stat
   IntervalList,  // [[start, end], ...], start <= end
+  Number,        // a finite number (integer or decimal)
 };
 
 struct KeySpec {
@@ -100,6 +102,7 @@ class Settings {
   const ConfigNode* find(std::string_view key) const;
   bool get_bool(std::string_view key, bool fallback) const;
   int64_t get_int(std::string_view key, int64_t fallback) const;
+  double get_number(std::string_view key, double fallback) const;
   std::string get_string(std::string_view key, std::string_view fallback) const;
   // freq, start_step, end_step, start_end_list.
   Cadence cadence() const;
@@ -170,6 +173,18 @@ class Feature {
   virtual std::vector<FeatureStat> inspect_tensor(const CallContext&, TensorKind,
                                                   const InspectedTensor&, int64_t) const {
     return {};
+  }
+
+  // TE's GEMM call modify_tensor, compiled: how `tensor` is replaced as `gemm` reads it, asked
+  // where modify_tensor_enabled answered yes (with the same settings and iteration). Unlike TE's
+  // call it sees no tensor: it returns a description (a built-in modification, or y = f(x) as a
+  // scalar expression) that the plan variant computes on the device and in the CPU reference.
+  // The answer must depend only on the settings, GEMM and tensor while the routing holds (the
+  // variant is compiled once for all those iterations). nullopt (the default) is an error when
+  // modify_tensor_enabled said yes.
+  virtual std::optional<Modification> modify_tensor(const CallContext&, GemmRole, TensorKind,
+                                                    int64_t) const {
+    return std::nullopt;
   }
 };
 

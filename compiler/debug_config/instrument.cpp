@@ -15,6 +15,7 @@ namespace {
 
 constexpr GemmRole kGemms[] = {GemmRole::Fprop, GemmRole::Dgrad, GemmRole::Wgrad};
 
+// The quantizer role that casts an operand tensor.
 ir::QuantizerRole role_of(TensorKind t) {
   switch (t) {
     case TensorKind::Activation:
@@ -158,23 +159,17 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
       const FeatureConfig* m = g.modifiers[k];
       if (!m) continue;
       const TensorKind tensor = operands_of(gemm)[k];
-      if (m->feature->spec().name == "PerTensorScaling") {
-        if (!g.quantized) continue;  // its GEMM left quantization: nothing to rescale
-        ir::QuantOverride o;
-        o.layer = l.layer;
-        o.gemm = gemm;
-        o.tensor = role_of(tensor);
-        o.spec = passes::recipe_spec(seq.recipe, role_of(tensor));
-        o.spec.scaling = plan::ScalingKind::Current;
-        o.spec.history_length = 1;
-        o.spec.margin = 0;
-        seq.quant_overrides.push_back(std::move(o));
-      } else {
-        refused.push_back(
-            fmt::format("{} (layer '{}', {} of {}): modifying tensors is not executed "
-                        "yet",
-                        m->name, l.layer, plan::name(tensor), plan::name(gemm)));
+      const std::optional<Modification>& mod = g.modifications[k];
+      if (!mod) {
+        refused.push_back(fmt::format(
+            "{} (layer '{}', {} of {}): modify_tensor_enabled says yes but modify_tensor "
+            "returns no modification",
+            m->name, l.layer, plan::name(tensor), plan::name(gemm)));
+        continue;
       }
+      const std::string error =
+          add_modification(seq, l.layer, gemm, tensor, g.quantized, m->name, *mod);
+      if (!error.empty()) refused.push_back(error);
     }
   }
   for (const TensorKind t : plan::all_values<TensorKind>()) {

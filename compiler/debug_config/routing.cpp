@@ -143,6 +143,7 @@ Routing route(const std::vector<LayerBinding>& bindings, int64_t iteration) {
                   b.layer, g.modifiers[k]->name, f.name, plan::name(ops[k]), plan::name(gemm)));
             } else {
               g.modifiers[k] = &f;
+              g.modifications[k] = f.feature->modify_tensor({b.layer, *s}, gemm, ops[k], iteration);
             }
           }
         }
@@ -180,6 +181,9 @@ std::string Routing::variant_key() const {
                          int(g.operands[0]), int(g.operands[1]),
                          g.modifiers[0] ? g.modifiers[0]->name : "-",
                          g.modifiers[1] ? "/" + g.modifiers[1]->name : "/-");
+      // What a modifier computes is part of the variant (a C++ feature's expression may change).
+      for (size_t k = 0; k < 2; ++k)
+        if (g.modifications[k]) key += fmt::format("{}={};", k, g.modifications[k]->key());
     }
     for (const TensorKind t : plan::all_values<TensorKind>()) {
       const auto& ins = l.inspectors[size_t(t)];
@@ -208,6 +212,12 @@ std::string describe(const LayerRouting& l, const SourceManager& sources) {
     for (size_t k = 0; k < 2; ++k) {
       std::string p = fmt::format("{}: {}", plan::name(ops[k]), operand_action_name(g.operands[k]));
       if (g.modifiers[k]) p += fmt::format(" by {}", g.modifiers[k]->name);
+      if (g.modifications[k]) {
+        p += fmt::format(" ({}", g.modifications[k]->describe());
+        if (g.modifications[k]->kind == Modification::Kind::PerTensorScaling && !g.quantized)
+          p += "; nothing to do: the GEMM runs in high precision";
+        p += ")";
+      }
       parts.push_back(std::move(p));
     }
     out += fmt::format("  {}: {}; {}\n", plan::name(kGemms[gi]),

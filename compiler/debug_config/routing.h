@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ struct GemmRouting {
   bool quantized = true;                            // fp8_gemm_enabled (and a quantized recipe)
   std::array<OperandAction, 2> operands{};          // in operands_of(gemm) order
   std::array<const FeatureConfig*, 2> modifiers{};  // the feature modifying each, or nullptr
+  // What each modifier's modify_tensor returned (nullopt: no modifier, or it returned none).
+  std::array<std::optional<Modification>, 2> modifications{};
 };
 
 struct LayerRouting {

@@ -74,6 +74,20 @@ struct QuantOverride {
   plan::QuantSpec spec;
 };
 
+// A GEMM operand replaced for one GEMM by a precision-debug feature (TE's modify_tensor): the
+// debug-modify pass (passes/debug_modify.h) computes it in front of that GEMM op only; the other
+// GEMMs reading the tensor read it unchanged. Set from a debug config's routing.
+struct TensorModification {
+  std::string layer;
+  plan::GemmRole gemm = plan::GemmRole::Fprop;
+  QuantizerRole tensor = QuantizerRole::Input;  // activation: input, weight, gradient: grad_output
+  std::string feature;                          // the feature's name, for readers
+  // Quantize-dequantize through this format with per-tensor current scaling (FakeQuant); or,
+  // when not set, `expression` (compiler/ir/scalar_code.h) applied elementwise.
+  std::optional<DType> fake_quant;
+  std::string expression;
+};
+
 struct Operation {
   OpKind kind = OpKind::Identity;
   Phase phase = Phase::Forward;
@@ -120,6 +134,8 @@ struct Sequence {
   std::vector<plan::StatSlot> inspections;
   // Tensor captures the debug-instrument pass gives TensorCapture ops (slot = index), likewise.
   std::vector<plan::CaptureSlot> captures;
+  // GEMM operands a debug config's routing replaces; the debug-modify pass applies and clears them.
+  std::vector<TensorModification> modifications;
   // Made by plan-quantization; empty under the bf16 recipe.
   std::vector<QuantizerDecl> quantizers;
 

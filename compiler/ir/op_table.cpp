@@ -58,6 +58,11 @@ constexpr AttrSpec kTensorStatsAttrs[] = {
 constexpr AttrSpec kTensorCaptureAttrs[] = {
     {"slot", AttrType::Int, true, 0, 0, 1 << 20, "the capture (Sequence::captures)"},
 };
+constexpr AttrSpec kModifyTensorAttrs[] = {
+    {"feature", AttrType::Name, true, 0, 0, 0, "the debug feature that modifies the operand"},
+    {"expression", AttrType::Name, true, 0, 0, 0,
+     "y = f(x), compiler/ir/scalar_code.h; empty: fake quantization through the op's quantizer"},
+};
 constexpr AttrSpec kFusedAttrs[] = {
     {"pattern", AttrType::Name, true, 0, 0, 0, "the fusion pattern that formed the op"},
 };
@@ -288,6 +293,10 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "(x) -> ()", "statistics of x into a record the executor logs (precision-debug features)"},
     {OpKind::TensorCapture, "tensor_capture", KernelFamily::Stats, kTensorCaptureAttrs, nullptr,
      "(x) -> ()", "a float32 copy of x the executor keeps (DumpTensors, inspect_tensor)"},
+    {OpKind::ModifyTensor, "modify_tensor", KernelFamily::Cast, kModifyTensorAttrs, nullptr,
+     "[...] -> [...]",
+     "a GEMM operand as a precision-debug feature replaces it: fake quantization (current "
+     "scaling) through the op's quantizer, or y = f(x) elementwise"},
     {OpKind::Fused, "fused", KernelFamily::Alias, kFusedAttrs, nullptr, "parts",
      "a fusion; its meaning is its parts run in order"},
 }};

@@ -42,6 +42,7 @@ enum class OpKind : uint8_t {
   GradAdd,            // (a, b) -> a + b: gradient accumulation where a value fans out
   TensorStats,        // (x) -> (): statistics of x into the record of slot `slot` (debug features)
   TensorCapture,      // (x) -> (): a copy of x into the capture of slot `slot` (debug features)
+  ModifyTensor,       // (x) -> y: a GEMM operand a debug feature replaces (passes/debug_modify.h)
   Fused,              // a fusion: `parts` run as one kernel or one GEMM call
   // Pointwise ops have no enumerator: kFirstPointwise + i is pointwise_defs()[i] (a user op),
   // kFirstPointwiseBackward + i its backward (internal: (dy, x) -> dx, both halves when gated),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "ir/scalar_code.h"
 #include "support/assert.h"
 
 namespace opfuse::ir {
@@ -12,6 +13,7 @@ namespace opfuse::ir {
 namespace {
 
 constexpr std::string_view kFunctorPrefix = "opfuse::pointwise_";
+constexpr std::string_view kExpressionPrefix = "opfuse::pointwise_expr_";
 
 // An attribute value as part of a C++ identifier: 1.702 -> 1p702, -1e-05 -> m1em05.
 std::string encode_number(double v) {
@@ -152,7 +154,58 @@ std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attr
   return name;
 }
 
+std::string expression_functor_name(std::string_view expression_text) {
+  return fmt::format("{}{}", kExpressionPrefix, expression_text);
+}
+
+namespace {
+
+std::string indent_lines(const std::string& body) {
+  std::string out;
+  size_t start = 0;
+  while (start < body.size()) {
+    const size_t end = body.find('\n', start);
+    out += "    " + body.substr(start, end - start + 1);
+    start = end + 1;
+  }
+  return out;
+}
+
+// The functor of an expression_functor_name: forward is f, backward f'(x) dy (derived).
+std::optional<std::string> expression_functor_source(std::string_view functor_name) {
+  auto decoded = scalar::decode(functor_name.substr(kExpressionPrefix.size()));
+  if (!decoded) return std::nullopt;
+  scalar::Graph& g = decoded->graph;
+  const scalar::NodeId value[] = {decoded->value};
+  const scalar::NodeId grad[] = {g.mul(g.derivative(decoded->value, 0), g.var(1))};
+  const std::string in[] = {"in[0]"};
+  const std::string in_dy[] = {"in[0]", "dy"};
+  const std::string value_name[] = {"value"};
+  const std::string grad_name[] = {"grad[0]"};
+  const std::string type = std::string(functor_name.substr(std::string_view("opfuse::").size()));
+  return fmt::format(
+      "// y = {} (a precision-debug modification, compiler/passes/debug_modify.h).\n"
+      "#include \"common/scalar_math.cuh\"\n"
+      "namespace opfuse {{\n"
+      "struct {} {{\n"
+      "  static constexpr int kInputs = 1;\n"
+      "  __device__ __forceinline__ static float forward(const float (&in)[1]) {{\n"
+      "    float value;\n{}"
+      "    return value;\n"
+      "  }}\n"
+      "  __device__ __forceinline__ static void backward(const float (&in)[1], float dy,\n"
+      "                                                  float (&grad)[1]) {{\n{}"
+      "  }}\n"
+      "}};\n"
+      "}}  // namespace opfuse\n",
+      scalar::describe(g, decoded->value), type, indent_lines(g.cuda(value, in, value_name)),
+      indent_lines(g.cuda(grad, in_dy, grad_name)));
+}
+
+}  // namespace
+
 std::optional<std::string> pointwise_functor_source(std::string_view functor_name) {
+  if (functor_name.starts_with(kExpressionPrefix)) return expression_functor_source(functor_name);
   const auto parsed = parse_functor_name(functor_name);
   if (!parsed) return std::nullopt;
   const auto& [def, attrs] = *parsed;

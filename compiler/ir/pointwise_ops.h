@@ -78,6 +78,12 @@ std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attr
 // `static constexpr int kInputs`, `forward(const float (&in)[kInputs])` and
 // `backward(const float (&in)[kInputs], float dy, float (&grad)[kInputs])`, both from the
 // definition's device form. It needs templates/common/scalar_math.cuh, which it includes.
+// Also for names expression_functor_name made.
 std::optional<std::string> pointwise_functor_source(std::string_view functor_name);
+
+// The functor of an expression y = f(x) built at run time rather than defined here (a C++ debug
+// feature's modification, compiler/passes/debug_modify.h): "opfuse::pointwise_expr_<text>" with
+// the text of compiler/ir/scalar_code.h, so that the name alone gives the source.
+std::string expression_functor_name(std::string_view expression_text);
 
 }  // namespace opfuse::ir

@@ -2,6 +2,7 @@
 
 #include "passes/build_backward.h"
 #include "passes/debug_instrument.h"
+#include "passes/debug_modify.h"
 #include "passes/eliminate_aliases.h"
 #include "passes/fuse.h"
 #include "passes/plan_quantization.h"
@@ -28,6 +29,11 @@ std::vector<Pass> default_pipeline() {
       // tensor, which the cast then leaves in memory).
       {"debug-instrument", "place the statistics ops a debug config's routing asks for",
        debug_instrument},
+      // After debug-instrument (statistics read the tensor a layer received, not a GEMM's
+      // modified copy) and before plan-quantization (a quantized GEMM casts its modified operand
+      // with a quantizer of its own).
+      {"debug-modify", "replace the GEMM operands a debug config's routing modifies, per GEMM",
+       debug_modify},
       // Before fusion: casts must exist as ops for the patterns to fold them into producers.
       {"plan-quantization",
        "give GEMM operands FP8 quantizers and insert their casts",

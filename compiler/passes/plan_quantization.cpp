@@ -82,14 +82,14 @@ class Planner {
   // A quantizer for `source` and the cast_fp8 (placed before op `position`) that makes its
   // row-wise and/or column-wise copies; returns {rowwise, columnwise} (kNoValue where not made).
   std::pair<ValueId, ValueId> add_cast(const Operation& consumer, QuantizerRole role,
+                                       std::string name, const plan::QuantSpec& spec,
                                        ValueId source, bool rowwise, bool columnwise,
-                                       size_t position,
-                                       std::initializer_list<plan::GemmRole> read_by) {
+                                       size_t position) {
     if (!rowwise && !columnwise) return {kNoValue, kNoValue};
     QuantizerDecl q;
-    q.name = fmt::format("{}.{}", consumer.instance, quantizer_role_name(role));
+    q.name = std::move(name);
     q.role = role;
-    q.spec = spec_for(consumer.instance, role, read_by);
+    q.spec = spec;
     q.source = source;
     q.usages = {rowwise, columnwise};
     const int32_t index = int32_t(s_.quantizers.size());
@@ -139,6 +139,64 @@ class Planner {
     return false;
   }
 
+  // The value `v` stood for before debug-modify replaced it for one GEMM.
+  ValueId unmodified(ValueId v) const {
+    for (int p = s_.values.at(v).producer; p >= 0 && s_.ops[size_t(p)].kind == OpKind::ModifyTensor;
+         p = s_.values.at(v).producer)
+      v = s_.ops[size_t(p)].operands.at(0);
+    return v;
+  }
+
+  // One operand tensor of the layer as its two GEMMs read it: the first GEMM reads the row-wise
+  // copy, the second the column-wise one. Both from one value with one spec share one quantizer
+  // and one cast (placed before the first GEMM). A debug feature can give one GEMM its own value
+  // (debug-modify) or its own spec (a per-GEMM override, PerTensorScaling): then each FP8 copy
+  // gets a quantizer of its own, cast right before its GEMM, and the copy that differs from the
+  // layer's tensor under the layer's spec is named "<layer>.<role>.<gemm>", so the other keeps
+  // the plain name (and its state across plan variants).
+  struct Reader {
+    plan::GemmRole gemm;
+    bool fp8 = false;
+    ValueId source = kNoValue;
+    int op = -1;  // the GEMM op; -1: the sequence has none
+  };
+  // Where the cast of `source` for `readers` goes: before the first of them that exists, unless
+  // `source` is a modification made right before its one reader.
+  size_t cast_position(ValueId source, const Reader& reader, const Reader& other) const {
+    if (source != unmodified(source) || other.op < 0) return size_t(reader.op);
+    return size_t(std::min(reader.op, other.op));
+  }
+  std::pair<ValueId, ValueId> add_casts(const Operation& layer, QuantizerRole role,
+                                        const Reader& first, const Reader& second) {
+    const plan::QuantSpec first_spec = spec_for(layer.instance, role, {first.gemm});
+    const plan::QuantSpec second_spec = spec_for(layer.instance, role, {second.gemm});
+    if (!first.fp8 || !second.fp8 || (first.source == second.source && first_spec == second_spec)) {
+      const Reader& r = first.fp8 ? first : second;
+      const Reader& other = first.fp8 ? second : first;
+      const std::string name = fmt::format("{}.{}", layer.instance, quantizer_role_name(role));
+      return add_cast(layer, role, name, first.fp8 ? first_spec : second_spec, r.source, first.fp8,
+                      second.fp8, cast_position(r.source, r, other));
+    }
+    const plan::QuantSpec layer_spec = spec_for(layer.instance, role, {});
+    auto name = [&](const Reader& r, const plan::QuantSpec& spec) {
+      const bool differs = r.source != unmodified(r.source) || !(spec == layer_spec);
+      return differs ? fmt::format("{}.{}.{}", layer.instance, quantizer_role_name(role),
+                                   plan::name(r.gemm))
+                     : fmt::format("{}.{}", layer.instance, quantizer_role_name(role));
+    };
+    std::string first_name = name(first, first_spec), second_name = name(second, second_spec);
+    if (first_name == second_name)  // both differ alike: keep the names apart
+      second_name = fmt::format("{}.{}.{}", layer.instance, quantizer_role_name(role),
+                                plan::name(second.gemm));
+    const ValueId row = add_cast(layer, role, first_name, first_spec, first.source, true, false,
+                                 cast_position(first.source, first, second))
+                            .first;
+    const ValueId col = add_cast(layer, role, second_name, second_spec, second.source, false, true,
+                                 cast_position(second.source, second, first))
+                            .second;
+    return {row, col};
+  }
+
   // Each GEMM of the layer reads FP8 copies unless an override keeps it in high precision; the
   // quantizers make only the copies the FP8 GEMMs read: fprop reads x and W row-wise, dgrad
   // (dx = dy W) dy row-wise and W column-wise, wgrad (dW = dy^T x) dy and x column-wise.
@@ -150,20 +208,24 @@ class Planner {
     const bool fp8_fprop = !high_precision(fprop.instance, GemmRole::Fprop);
     const bool fp8_dgrad = dgrad >= 0 && !high_precision(fprop.instance, GemmRole::Dgrad);
     const bool fp8_wgrad = wgrad >= 0 && !high_precision(fprop.instance, GemmRole::Wgrad);
-    const ValueId x = fprop.operands[0], w = fprop.operands[1];
-    const auto [xq, xq_t] = add_cast(fprop, QuantizerRole::Input, x, fp8_fprop, fp8_wgrad, i,
-                                     {GemmRole::Fprop, GemmRole::Wgrad});
-    const auto [wq, wq_t] = add_cast(fprop, QuantizerRole::Weight, w, fp8_fprop, fp8_dgrad, i,
-                                     {GemmRole::Fprop, GemmRole::Dgrad});
+    auto operand = [&](int op, size_t k) {
+      return op >= 0 ? s_.ops[size_t(op)].operands.at(k) : kNoValue;
+    };
+    const int f = int(i);
+    const auto [xq, xq_t] =
+        add_casts(fprop, QuantizerRole::Input, {GemmRole::Fprop, fp8_fprop, operand(f, 0), f},
+                  {GemmRole::Wgrad, fp8_wgrad, operand(wgrad, 1), wgrad});
+    const auto [wq, wq_t] =
+        add_casts(fprop, QuantizerRole::Weight, {GemmRole::Fprop, fp8_fprop, operand(f, 1), f},
+                  {GemmRole::Dgrad, fp8_dgrad, operand(dgrad, 1), dgrad});
     if (fp8_fprop) {
       s_.ops[i].operands[0] = xq;
       s_.ops[i].operands[1] = wq;
     }
     if (!fp8_dgrad && !fp8_wgrad) return;
-    const int first = dgrad >= 0 && (wgrad < 0 || dgrad < wgrad) ? dgrad : wgrad;
-    const ValueId dy = s_.ops[size_t(first)].operands[0];
-    const auto [dyq, dyq_t] = add_cast(fprop, QuantizerRole::GradOutput, dy, fp8_dgrad, fp8_wgrad,
-                                       size_t(first), {GemmRole::Dgrad, GemmRole::Wgrad});
+    const auto [dyq, dyq_t] = add_casts(fprop, QuantizerRole::GradOutput,
+                                        {GemmRole::Dgrad, fp8_dgrad, operand(dgrad, 0), dgrad},
+                                        {GemmRole::Wgrad, fp8_wgrad, operand(wgrad, 0), wgrad});
     if (fp8_dgrad) s_.ops[size_t(dgrad)].operands = {dyq, wq_t};
     if (fp8_wgrad) s_.ops[size_t(wgrad)].operands = {dyq_t, xq_t};
   }
@@ -171,6 +233,7 @@ class Planner {
   // TE's Quantize op keeps its dtype: the executor casts and dequantizes with these quantizers.
   void plan_quantize(size_t i) {
     Operation& op = s_.ops[i];
+    if (op.quantizer >= 0) return;
     auto add = [&](Operation& target, QuantizerRole role) {
       QuantizerDecl q;
       q.name = fmt::format("{}.{}", op.instance, quantizer_role_name(role));
@@ -195,12 +258,23 @@ class Planner {
 
 }  // namespace
 
+// Whether the planner ran on `s` already (the quantizers debug-modify gives its fake
+// quantizations do not count).
+bool planned(const Sequence& s) {
+  for (const Operation& op : s.ops)
+    if (op.kind == OpKind::CastFp8 || (op.kind == OpKind::Quantize && op.quantizer >= 0) ||
+        op.kind == OpKind::Fused)
+      return true;
+  return false;
+}
+
 bool plan_quantization(Program& program) {
   bool changed = false;
   for (Sequence& s : program.sequences) {
-    if (!s.recipe.is_fp8() || !s.quantizers.empty()) continue;
+    if (!s.recipe.is_fp8() || planned(s)) continue;
+    const size_t before = s.quantizers.size();
     Planner(s).run();
-    changed |= !s.quantizers.empty();
+    changed |= s.quantizers.size() != before;
   }
   return changed;
 }

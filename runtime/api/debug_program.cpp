@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "api/debug_features.h"
 #include "api/program_impl.h"
 #include "jit/kernel_cache.h"
 
@@ -12,8 +13,8 @@ std::shared_ptr<DebugProgram> DebugProgram::create(const DebugConfigSource& sour
                                                    DiagnosticEngine& diags,
                                                    driver::CompileOptions compile,
                                                    const CompileOptions& options) {
-  const auto registry =
-      std::make_shared<const debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
+  const std::shared_ptr<const debug::FeatureRegistry> registry =
+      feature_registry(options.debug_features);
   std::optional<debug::DebugConfig> config;
   if (!source.path.empty()) {
     config = debug::load_debug_config(source.path, *sources, registry, diags);

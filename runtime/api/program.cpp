@@ -166,6 +166,11 @@ Program Program::compile(std::string_view source, std::string_view file_name,
     throw UsageError("CompileOptions::disabled_passes: " + result.error);
   }
   if (!result.ok()) throw CompileError(diags.format_all());
+  if (!options.debug_features.empty() && !options.debug_config) {
+    throw UsageError(
+        "CompileOptions::debug_features without a debug_config: the features run only where a "
+        "config names them");
+  }
   if (options.debug_config) {
     const DebugConfigSource& config = *options.debug_config;
     if (config.path.empty() && config.text.empty()) {

@@ -118,14 +118,22 @@ TEST(DebugVariants, GemmsLeaveQuantizationWhereTheFeaturesSay) {
   }
   EXPECT_EQ(high, 1);
   EXPECT_EQ(fp8, 5);
-  // fc2's input quantizer scales per tensor from its own amax (current scaling).
-  bool found = false;
+  // fc2's fprop reads its input through a quantizer of its own that scales per tensor from its
+  // own amax (current scaling); wgrad's copy keeps the recipe's delayed scaling.
+  int found = 0;
   for (const plan::QuantizerPlan& q : s.quantizers) {
-    if (q.name != "fc2.input") continue;
-    found = true;
-    EXPECT_EQ(q.spec.scaling, plan::ScalingKind::Current);
+    if (q.name == "fc2.input.fprop") {
+      ++found;
+      EXPECT_EQ(q.spec.scaling, plan::ScalingKind::Current);
+      EXPECT_TRUE(q.usages.rowwise && !q.usages.columnwise);
+    }
+    if (q.name == "fc2.input") {
+      ++found;
+      EXPECT_EQ(q.spec.scaling, plan::ScalingKind::Delayed);
+      EXPECT_TRUE(!q.usages.rowwise && q.usages.columnwise);
+    }
   }
-  EXPECT_TRUE(found);
+  EXPECT_EQ(found, 2);
 }
 
 TEST(DebugVariants, FeaturesNotExecutedYetAreRefusedByName) {

@@ -103,6 +103,13 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
     std::printf("  sequence %s: %zu steps (plain %zu), %zu statistics records\n", p.name.c_str(),
                 v.steps.size(), p.steps.size(), v.stat_slots.size());
     for (const std::string& u : undone) std::printf("    fusion undone: %s\n", u.c_str());
+    // The launches computing modified GEMM operands (compiler/passes/debug_modify.h).
+    for (const plan::Step& st : v.steps) {
+      for (const plan::OpRef& op : st.ops) {
+        if (op.op == "modify_tensor")
+          std::printf("    modified operand %s: %s\n", op.instance.c_str(), st.what.c_str());
+      }
+    }
     for (const plan::StatSlot& slot : v.stat_slots) {
       std::string what;
       if (slot.record == plan::StatRecordKind::Quantized) {

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "opfuse/debug_feature.h"
 #include "opfuse/error.h"
 
 namespace opfuse {
@@ -77,6 +78,8 @@ struct CompileOptions {
   // Precision debugging: the plain plan compiles as without it; the variants an iteration's
   // features need compile (through the kernel cache) the first time a session runs them.
   std::optional<DebugConfigSource> debug_config;
+  // The application's features (opfuse/debug_feature.h), usable in the config by name.
+  std::vector<std::shared_ptr<const DebugFeature>> debug_features;
 };
 
 struct BuildStats {
