@@ -242,5 +242,86 @@ TEST_F(DebugSessionGpu, FusecRunOnTheGpuLogsWhatTheCpuReferenceLogs) {
   }
 }
 
+// Application features through the embedding API (opfuse/debug_feature.h) on the GPU: an inspector
+// gets the tensor after the run and its statistic reaches the callback; a pointwise modifier runs
+// in the variant.
+class NegativeShare final : public DebugFeature {
+ public:
+  std::string name() const override { return "NegativeShare"; }
+  bool selects_tensors() const override { return true; }
+  DebugRoute inspect_tensor_enabled(std::string_view, const DebugSettings&, DebugTensor,
+                                    std::int64_t) const override {
+    return {true, kDebugNever};
+  }
+  std::vector<DebugFeatureStat> inspect_tensor(std::string_view, const DebugSettings&, DebugTensor,
+                                               const DebugInspectedTensor& t,
+                                               std::int64_t) const override {
+    double negative = 0;
+    for (const float v : t.values) negative += v < 0 ? 1 : 0;
+    return {{"negative_share", negative / double(t.values.size())}};
+  }
+};
+
+class ClipAll final : public DebugFeature {
+ public:
+  std::string name() const override { return "ClipAll"; }
+  bool selects_gemms() const override { return true; }
+  bool selects_tensors() const override { return true; }
+  bool modifies() const override { return true; }
+  DebugRoute modify_tensor_enabled(std::string_view, const DebugSettings&, DebugGemm, DebugTensor,
+                                   std::int64_t) const override {
+    return {true, kDebugNever};
+  }
+  std::optional<DebugModification> modify_tensor(std::string_view, const DebugSettings&, DebugGemm,
+                                                 DebugTensor, std::int64_t) const override {
+    DebugModification m;
+    m.expr = min(max(DebugExpr::x(), DebugExpr(-1e-3)), DebugExpr(1e-3));
+    return m;
+  }
+};
+
+TEST_F(DebugSessionGpu, ApplicationFeaturesInspectAndModify) {
+  CompileOptions options;
+  options.debug_config = DebugConfigSource{"", R"(share:
+  layers: {exact_layer_names: [fc1]}
+  transformer_engine:
+    NegativeShare: {tensors: [weight]}
+clip:
+  layers: {exact_layer_names: [fc2]}
+  transformer_engine:
+    ClipAll: {gemms: [fprop], tensors: [weight]}
+)",
+                                           "debug.yaml"};
+  options.debug_features = {std::make_shared<NegativeShare>(), std::make_shared<ClipAll>()};
+  const Program program = Program::compile(kProgram, "mlp.fuse", options);
+  std::vector<DebugStat> seen;
+  DebugSessionOptions debug;
+  debug.on_stat = [&seen](const DebugStat& s) { seen.push_back(s); };
+  Session session = make_session(program, debug);
+  const std::vector<float> w = test::download_bf16(session.parameter("fc1.weight"), 512 * 256);
+  double negative = 0;
+  for (const float v : w) negative += v < 0 ? 1 : 0;
+  train(session, 1);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].layer, "fc1");
+  EXPECT_EQ(seen[0].tensor, "weight");
+  EXPECT_EQ(seen[0].stat, "negative_share");
+  EXPECT_DOUBLE_EQ(seen[0].value, negative / double(w.size()));
+  // fc2's fprop reads its weight clipped to 1e-3 (~N(0, 0.02) otherwise): y shrinks by far.
+  const Program plain = compile(false);
+  Session reference = make_session(plain);
+  reference.forward(stream_, RunMode::Inference);
+  session.forward(stream_, RunMode::Inference);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const std::vector<float> y_plain = test::download_bf16(reference.output("y"), 128 * 256);
+  const std::vector<float> y_clip = test::download_bf16(session.output("y"), 128 * 256);
+  double a = 0, b = 0;
+  for (std::size_t i = 0; i < y_plain.size(); ++i) {
+    a += y_plain[i] * y_plain[i];
+    b += y_clip[i] * y_clip[i];
+  }
+  EXPECT_LT(std::sqrt(b), 0.2 * std::sqrt(a));
+}
+
 }  // namespace
 }  // namespace opfuse

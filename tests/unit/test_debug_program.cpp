@@ -222,5 +222,95 @@ TEST(DebugProgram, VariantsCompileOnceByKey) {
   for (const auto& k : a->kernels) EXPECT_FALSE(k.binary.empty()) << k.kernel_name;
 }
 
+// An application feature through the embedding API (opfuse/debug_feature.h): clip the operands
+// its config selects to [-c, c].
+class PublicClip final : public DebugFeature {
+ public:
+  std::string name() const override { return "PublicClip"; }
+  bool selects_gemms() const override { return true; }
+  bool selects_tensors() const override { return true; }
+  bool modifies() const override { return true; }
+  std::vector<DebugKey> keys() const override {
+    return {{"c", DebugKey::Type::Number, {}, "the bound", true}};
+  }
+  DebugRoute modify_tensor_enabled(std::string_view, const DebugSettings&, DebugGemm, DebugTensor,
+                                   std::int64_t) const override {
+    return {true, kDebugNever};
+  }
+  std::optional<DebugModification> modify_tensor(std::string_view, const DebugSettings& s,
+                                                 DebugGemm, DebugTensor,
+                                                 std::int64_t) const override {
+    const double c = s.get_number("c", 1.0);
+    DebugModification m;
+    m.expr = min(max(DebugExpr::x(), DebugExpr(-c)), DebugExpr(c));
+    m.description = "clip";
+    return m;
+  }
+};
+
+const std::string kClipConfig = R"(clip:
+  layers: {exact_layer_names: [fc2]}
+  transformer_engine:
+    PublicClip:
+      gemms_struct:
+        - gemm: fprop
+          tensors: [activation]
+          c: 0.25
+)";
+
+TEST(DebugProgram, ApplicationFeaturesAreUsableByNameAndChecked) {
+  CompileOptions options = with_config(kClipConfig);
+  options.debug_features.push_back(std::make_shared<PublicClip>());
+  const Program program = Program::compile(kMlp, "mlp.fuse", options);
+  EXPECT_TRUE(program.has_debug_config());
+  // Its key is checked like a built-in's: a string where a number belongs.
+  CompileOptions bad = with_config(
+      "clip:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+      "    PublicClip: {gemms: [fprop], tensors: [activation], c: wide}\n");
+  bad.debug_features.push_back(std::make_shared<PublicClip>());
+  try {
+    (void)Program::compile(kMlp, "mlp.fuse", bad);
+    ADD_FAILURE() << "c: wide was accepted";
+  } catch (const CompileError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "debug.yaml:4:")) << e.what();
+  }
+  // Without the feature registered the name is unknown.
+  EXPECT_THROW((void)Program::compile(kMlp, "mlp.fuse", with_config(kClipConfig)), CompileError);
+  // A second feature of the same name, and features without a config, are misuse.
+  CompileOptions twice = with_config(kClipConfig);
+  twice.debug_features = {std::make_shared<PublicClip>(), std::make_shared<PublicClip>()};
+  EXPECT_THROW((void)Program::compile(kMlp, "mlp.fuse", twice), UsageError);
+  CompileOptions no_config;
+  no_config.debug_features.push_back(std::make_shared<PublicClip>());
+  EXPECT_THROW((void)Program::compile(kMlp, "mlp.fuse", no_config), UsageError);
+}
+
+// The feature's modification compiles into the variant: a modify_tensor op in front of fc2's
+// fprop computing min(max(x, -0.25), 0.25).
+TEST(DebugProgram, ApplicationModificationCompilesIntoTheVariant) {
+  auto sources = std::make_shared<SourceManager>();
+  DiagnosticEngine diags(*sources);
+  driver::CompileOptions front_end;
+  front_end.last_stage = driver::Stage::FrontEnd;
+  driver::CompileResult ir = driver::compile_source("mlp.fuse", kMlp, *sources, diags, front_end);
+  ASSERT_TRUE(ir.ok()) << diags.format_all();
+  CompileOptions options = with_config(kClipConfig);
+  options.debug_features.push_back(std::make_shared<PublicClip>());
+  driver::CompileOptions compile;
+  compile.arch = "sm_90a";
+  const std::shared_ptr<api::DebugProgram> program = api::DebugProgram::create(
+      *options.debug_config, ir.program, sources, diags, compile, options);
+  ASSERT_TRUE(program) << diags.format_all();
+  const debug::Routing at0 = debug::route(program->bindings(), 0);
+  ASSERT_FALSE(at0.variant_key().empty());
+  const auto variant = program->variant(at0);
+  const std::string json = plan::plan_json_text(variant->plan);
+  EXPECT_TRUE(test::contains(json, "PublicClip")) << json.substr(0, 2000);
+  bool modifies = false;
+  for (const auto& k : variant->plan.kernels)
+    modifies |= test::contains(k.name_expression, "pointwise_expr");
+  EXPECT_TRUE(modifies);
+}
+
 }  // namespace
 }  // namespace opfuse
