@@ -37,13 +37,13 @@ for round in $(seq 1 "$rounds"); do
   bench "log_all_$round" --debug-config bench/debug/log_all.yaml --debug-log-dir "$out/logs"
   echo "round $round done"
 done
-python3 - "$out" "$rounds" <<'PY'
+python3 - "$out" "$rounds" <<'PY' | tee "$out/00_summary.txt"
 import json, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 def median(name, r):
     try:
         with open(f"{out}/{name}_{r}.json") as f:
-            return json.load(f)["time"]["median"]
+            return json.load(f)["time_ms"]["median"]
     except (OSError, KeyError, ValueError):
         return float("nan")
 print(f"{'round':>5} {'plain ms':>9} {'no match ms':>12} {'ratio':>6} {'log all ms':>11} {'ratio':>6}")
