@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "debug_config/captures.h"
+#include "debug_config/modification.h"
 #include "debug_config/stat_request.h"
 #include "passes/plan_quantization.h"
 
@@ -14,18 +15,6 @@ namespace opfuse::debug {
 namespace {
 
 constexpr GemmRole kGemms[] = {GemmRole::Fprop, GemmRole::Dgrad, GemmRole::Wgrad};
-
-// The quantizer role that casts an operand tensor.
-ir::QuantizerRole role_of(TensorKind t) {
-  switch (t) {
-    case TensorKind::Activation:
-      return ir::QuantizerRole::Input;
-    case TensorKind::Weight:
-      return ir::QuantizerRole::Weight;
-    default:
-      return ir::QuantizerRole::GradOutput;
-  }
-}
 
 const LayerRouting* find_layer(const Routing& routing, const std::string& name) {
   for (const LayerRouting& l : routing.layers)

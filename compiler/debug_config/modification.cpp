@@ -7,8 +7,6 @@
 
 namespace opfuse::debug {
 
-namespace {
-
 ir::QuantizerRole role_of(TensorKind t) {
   switch (t) {
     case TensorKind::Activation:
@@ -19,6 +17,8 @@ ir::QuantizerRole role_of(TensorKind t) {
       return ir::QuantizerRole::GradOutput;
   }
 }
+
+namespace {
 
 // Whether the expression reads no input but x (var 0).
 bool reads_only_x(const ir::scalar::Graph& g, ir::scalar::NodeId value) {

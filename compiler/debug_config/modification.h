@@ -44,6 +44,9 @@ struct Modification {
   std::string describe() const;
 };
 
+// The quantizer role that casts an operand tensor (activation: input; gradient: grad_output).
+ir::QuantizerRole role_of(TensorKind tensor);
+
 // Adds the modification of `tensor` as `gemm` of `layer` reads it to `seq` (feature: the name of
 // the feature doing it): FakeQuant and Pointwise as an ir::TensorModification, PerTensorScaling as
 // a quantizer override of that GEMM's copy (when the GEMM is quantized). Returns an error message

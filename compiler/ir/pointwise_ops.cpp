@@ -16,30 +16,6 @@ constexpr std::string_view kFunctorPrefix = "opfuse::pointwise_";
 constexpr std::string_view kExpressionPrefix = "opfuse::pointwise_expr_";
 
 // An attribute value as part of a C++ identifier: 1.702 -> 1p702, -1e-05 -> m1em05.
-std::string encode_number(double v) {
-  std::string s = fmt::format("{}", v);
-  std::string out;
-  for (char c : s) {
-    if (c == '.')
-      out += 'p';
-    else if (c == '-')
-      out += 'm';
-    else if (c != '+')
-      out += c;
-  }
-  return out;
-}
-
-std::optional<double> decode_number(std::string_view s) {
-  std::string text;
-  for (char c : s) text += c == 'p' ? '.' : c == 'm' ? '-' : c;
-  if (text.empty()) return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size()) return std::nullopt;
-  return v;
-}
-
 double attr_number(const Attr& a) {
   if (const auto* d = std::get_if<double>(&a.value)) return *d;
   if (const auto* i = std::get_if<int64_t>(&a.value)) return double(*i);
@@ -77,7 +53,7 @@ std::optional<std::pair<const PointwiseDef*, AttrList>> parse_functor_name(std::
       rest.remove_prefix(key.size());
       size_t end = rest.size();
       if (i + 1 < def->attrs.size()) end = rest.find(fmt::format("_{}_", def->attrs[i + 1].name));
-      const auto v = decode_number(rest.substr(0, end));
+      const auto v = scalar::decode_number(rest.substr(0, end));
       if (end == std::string_view::npos || !v) {
         ok = false;
         break;
@@ -149,7 +125,7 @@ std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attr
   for (const AttrSpec& spec : def.attrs) {
     const auto it = std::ranges::find(attrs, spec.name, &Attr::name);
     OPFUSE_ASSERT(it != attrs.end(), "{} has no attribute '{}'", def.name, spec.name);
-    name += fmt::format("_{}_{}", spec.name, encode_number(attr_number(*it)));
+    name += fmt::format("_{}_{}", spec.name, scalar::encode_number(attr_number(*it)));
   }
   return name;
 }

@@ -13,29 +13,6 @@ namespace {
 // Expressions a feature builds are small; the bound keeps a hostile name from growing a graph.
 constexpr size_t kMaxNodes = 4096;
 
-std::string encode_number(double v) {
-  std::string out;
-  for (const char c : fmt::format("{}", v)) {
-    if (c == '.')
-      out += 'p';
-    else if (c == '-')
-      out += 'm';
-    else if (c != '+')
-      out += c;
-  }
-  return out;
-}
-
-std::optional<double> decode_number(std::string_view s) {
-  std::string text;
-  for (const char c : s) text += c == 'p' ? '.' : c == 'm' ? '-' : c;
-  if (text.empty()) return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (end != text.c_str() + text.size()) return std::nullopt;
-  return v;
-}
-
 std::string_view select_name(Cmp c) {
   switch (c) {
     case Cmp::Gt:
@@ -69,6 +46,29 @@ std::optional<std::vector<size_t>> positions(std::string_view s, size_t count) {
 }
 
 }  // namespace
+
+std::string encode_number(double v) {
+  std::string out;
+  for (const char c : fmt::format("{}", v)) {
+    if (c == '.')
+      out += 'p';
+    else if (c == '-')
+      out += 'm';
+    else if (c != '+')
+      out += c;
+  }
+  return out;
+}
+
+std::optional<double> decode_number(std::string_view s) {
+  std::string text;
+  for (const char c : s) text += c == 'p' ? '.' : c == 'm' ? '-' : c;
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return std::nullopt;
+  return v;
+}
 
 std::string encode(const Graph& graph, NodeId value) {
   const NodeId roots[] = {value};

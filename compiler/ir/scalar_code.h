@@ -19,6 +19,10 @@ namespace opfuse::ir::scalar {
 
 std::string encode(const Graph& graph, NodeId value);
 
+// A number as identifier-safe text ("-0.5" -> "m0p5") and back (nullopt: not such a spelling).
+std::string encode_number(double v);
+std::optional<double> decode_number(std::string_view s);
+
 struct Decoded {
   Graph graph;
   NodeId value = 0;
