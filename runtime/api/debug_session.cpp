@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "api/program_impl.h"
@@ -200,10 +201,14 @@ void DebugSession::after_run(debug::RunPhase phase, cudaStream_t stream) {
   pending->plan = &current_->plan();
   pending->phase = phase;
   pending_.push_back(std::move(pending));
+  // Many runs without a step() (an inference loop): merge the older ones now (their copies are
+  // long done), so the pinned buffers stay few.
+  if (pending_.size() > kMaxPending) merge_pending(pending_.size() - kMaxPending / 2);
 }
 
-void DebugSession::end_step() {
-  for (std::unique_ptr<Pending>& pending : pending_) {
+void DebugSession::merge_pending(std::size_t count) {
+  for (std::size_t i = 0; i < count && i < pending_.size(); ++i) {
+    std::unique_ptr<Pending>& pending = pending_[i];
     OPFUSE_CUDA_CHECK(cudaEventSynchronize(pending->done), "debug statistics");
     const std::vector<plan::StatSlot>& slots = pending->plan->stat_slots;
     std::vector<debug::TensorMoments> records(slots.size());
@@ -212,7 +217,12 @@ void DebugSession::end_step() {
     run_.add_run(slots, records, pending->phase);
     free_.push_back(std::move(pending));
   }
-  pending_.clear();
+  pending_.erase(pending_.begin(),
+                 pending_.begin() + static_cast<std::ptrdiff_t>(std::min(count, pending_.size())));
+}
+
+void DebugSession::end_step() {
+  merge_pending(pending_.size());
   try {
     run_.end_step();
   } catch (const debug::DebugLogError& e) {

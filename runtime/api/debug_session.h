@@ -64,6 +64,9 @@ class DebugSession {
   Variant& make_variant(const std::string& key, const debug::Routing& routing, cudaStream_t stream);
   // The current executor's quantizer states into bank_.
   void bank_states(cudaStream_t stream);
+  // Waits for the oldest `count` pending runs' records and adds them to the iteration.
+  void merge_pending(std::size_t count);
+  static constexpr std::size_t kMaxPending = 16;
 
   std::shared_ptr<const DebugProgram> program_;
   std::string sequence_;

@@ -179,6 +179,33 @@ TEST_F(DebugSessionGpu, VariantsCarryTheQuantizerStateAndTrainAsThePlainPlan) {
   EXPECT_LT(std::sqrt(diff / norm), 0.05);
 }
 
+// Forty inference forwards before one step(): the session merges older runs' records as it goes
+// (a bounded number of pinned buffers) and logs one iteration whose values equal one run's (the
+// same input each time).
+TEST_F(DebugSessionGpu, ManyForwardsBeforeAStepMergeIntoOneIteration) {
+  const Program program = compile(true);
+  std::vector<DebugStat> one, many;
+  for (const int forwards : {1, 40}) {
+    std::vector<DebugStat>& seen = forwards == 1 ? one : many;
+    DebugSessionOptions debug;
+    debug.on_stat = [&seen](const DebugStat& s) { seen.push_back(s); };
+    Session session = make_session(program, debug);
+    for (int i = 0; i < forwards; ++i) session.forward(stream_, RunMode::Inference);
+    session.step(stream_);
+  }
+  ASSERT_EQ(one.size(), many.size());
+  ASSERT_FALSE(one.empty());
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(one[i].stat, many[i].stat);
+    if (one[i].stat == "max" || one[i].stat == "min" || one[i].stat == "cur_amax") {
+      EXPECT_EQ(one[i].value, many[i].value) << one[i].layer << "_" << one[i].tensor;
+    } else if (one[i].stat == "std") {
+      // Sample std of 40 copies: N - 1 becomes 40 N - 1 (a relative change of about 1 / N).
+      EXPECT_NEAR(many[i].value, one[i].value, 1e-4 * std::abs(one[i].value) + 1e-12);
+    }
+  }
+}
+
 TEST_F(DebugSessionGpu, MisuseIsRefusedBeforeAnythingRuns) {
   const Program program = compile(true);
   DebugSessionOptions unwritable;
