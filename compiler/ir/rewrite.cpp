@@ -85,4 +85,12 @@ Shape transposed_shape(const Shape& shape) {
   return out;
 }
 
+int find_layer_op(const Sequence& seq, OpKind kind, Phase phase, std::string_view instance) {
+  for (size_t i = 0; i < seq.ops.size(); ++i) {
+    const Operation& op = seq.ops[i];
+    if (op.kind == kind && op.phase == phase && op.instance == instance) return int(i);
+  }
+  return -1;
+}
+
 }  // namespace opfuse::ir

@@ -12,14 +12,6 @@ namespace {
 
 using namespace opfuse::ir;
 
-int find_op(const Sequence& s, OpKind kind, Phase phase, const std::string& instance) {
-  for (size_t i = 0; i < s.ops.size(); ++i) {
-    const Operation& op = s.ops[i];
-    if (op.kind == kind && op.phase == phase && op.instance == instance) return int(i);
-  }
-  return -1;
-}
-
 // Where a record's tensor is: the value, and the op it goes before (after = false) or after.
 struct Place {
   ValueId value = kNoValue;
@@ -29,14 +21,14 @@ struct Place {
 
 template <typename Slot>
 Place place(const Sequence& s, const Slot& slot) {
-  const int fprop = find_op(s, OpKind::Linear, Phase::Forward, slot.layer);
+  const int fprop = find_layer_op(s, OpKind::Linear, Phase::Forward, slot.layer);
   if (fprop < 0) return {};
   const Operation& f = s.ops[size_t(fprop)];
   if (slot.tensor == "activation") return {f.operands.at(0), fprop, false};
   if (slot.tensor == "weight") return {f.operands.at(1), fprop, false};
   if (slot.tensor == "output") return {f.results.at(0), fprop, true};
-  const int dgrad = find_op(s, OpKind::LinearDgrad, Phase::Backward, slot.layer);
-  const int wgrad = find_op(s, OpKind::LinearWgrad, Phase::Backward, slot.layer);
+  const int dgrad = find_layer_op(s, OpKind::LinearDgrad, Phase::Backward, slot.layer);
+  const int wgrad = find_layer_op(s, OpKind::LinearWgrad, Phase::Backward, slot.layer);
   if (slot.tensor == "dgrad" && dgrad >= 0)
     return {s.ops[size_t(dgrad)].results.at(0), dgrad, true};
   if (slot.tensor == "wgrad" && wgrad >= 0)

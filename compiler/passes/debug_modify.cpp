@@ -36,13 +36,9 @@ std::pair<int, size_t> find_operand(const Sequence& s, const TensorModification&
       operand = m.tensor == QuantizerRole::Input ? 1 : 0;
       break;
   }
-  for (size_t i = 0; i < s.ops.size(); ++i) {
-    const Operation& op = s.ops[i];
-    if (op.kind == kind && op.phase == phase && op.instance == m.layer &&
-        operand < op.operands.size())
-      return {int(i), operand};
-  }
-  return {-1, 0};
+  const int gemm = find_layer_op(s, kind, phase, m.layer);
+  if (gemm < 0 || operand >= s.ops[size_t(gemm)].operands.size()) return {-1, 0};
+  return {gemm, operand};
 }
 
 // TE's FakeQuant: scale = fp8_max / amax with no epsilon (amax 0, Inf or NaN: scale 1).
