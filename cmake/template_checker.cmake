@@ -113,7 +113,8 @@ function(opfuse_add_template_checker)
     COMMAND ${OPFUSE_CHECKER_COMMAND} --templates ${OPFUSE_SOURCE_TEMPLATES_DIR} --Werror
             # The debug statistics accumulate in double on purpose (docs/debugging.md,
             # "Statistics on the device"): sums over a whole tensor must hold 1e-5.
-            --fp64-header tensor_stats.cuh --fp64-header quant_stats.cuh)
+            --fp64-header tensor_stats.cuh --fp64-header quant_stats.cuh
+            --fp64-header stat_record.cuh)
   set_tests_properties(template_checker PROPERTIES LABELS "cpu" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "checked [1-9][0-9]* entry templates, [1-9][0-9]* device functions")
 

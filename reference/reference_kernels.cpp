@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "ir/scalar_code.h"
+#include "numerics.h"
 #include "quant_stats.h"
 #include "reference_ops.h"
 #include "support/assert.h"
@@ -267,7 +268,13 @@ void tensor_stats(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const Tensor<T>& x = ctx.in(op, 0);
   const auto slot = size_t(ir::attr_int(op.attrs, "slot"));
   const plan::StatSlot& s = ctx.seq.inspections.at(slot);
-  const std::vector<float> values(x.data.begin(), x.data.end());
+  std::vector<float> values(x.data.begin(), x.data.end());
+  // Inside a fused group the tensor may be one the kernel never stores (the high-precision input
+  // of a folded FP8 cast, docs/debugging.md "Statistics fused into kernels"): its statistics are
+  // those of the tensor in its dtype, as an unfused run holds it (rounding is idempotent).
+  const ir::DType dtype = ctx.seq.value(op.operands.at(0)).type.dtype;
+  if (dtype == ir::DType::BF16) round_to_bf16(values);
+  if (dtype == ir::DType::FP16) round_to_fp16(values);
   ctx.stat_records.resize(ctx.seq.inspections.size());
   if (s.record == plan::StatRecordKind::Quantized) {
     const int64_t cols = x.shape.empty() ? 1 : x.shape.back();

@@ -43,7 +43,9 @@ struct ExampleProduct {
 // ---------------------------------------------------------------------------------------------
 // Params. cols is always the width n of one output plane (for gated ops the input is [rows, 2n]).
 // ---------------------------------------------------------------------------------------------
-template <typename Input, typename Output>
+// StatsAs: the dtype whose values the output's statistics see (kStats); the struct names it so a
+// kernel's parameter carries every dtype the kernel is built on.
+template <typename Input, typename Output, typename StatsAs = float>
 struct ActivationFwdParams {
   const Input* x;      // plain: [rows, cols]; gated: [rows, 2 * cols] (gate | linear)
   Output* y;           // [rows, cols]; nullptr: only the transposed copy is written
@@ -53,9 +55,13 @@ struct ActivationFwdParams {
   const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
   int rows;
   int cols;  // multiple of 16 / sizeof(Input)
+  StatRecord* in_stats;   // kStats & kStatsOfInput: statistics of x, one partial per block
+  StatRecord* out_stats;  // kStats & kStatsOfOutput: statistics of y as StatsAs, one per block
 };
 
-template <typename Input, typename Output>
+// StatsAs: the dtype whose values the output's statistics see (kStats); the struct names it so a
+// kernel's parameter carries every dtype the kernel is built on.
+template <typename Input, typename Output, typename StatsAs = float>
 struct ActivationBwdParams {
   const Input* dy;     // [rows, cols]
   const Input* x;      // saved forward input: plain [rows, cols]; gated [rows, 2 * cols]
@@ -67,6 +73,8 @@ struct ActivationBwdParams {
   float* dbias_partial;  // plain [gridDim.y, cols]; gated [gridDim.y, 2 * cols] (kDbias)
   int rows;
   int cols;  // multiple of 16 / sizeof(Input)
+  StatRecord* in_stats;   // kStats & kStatsOfInput: statistics of dy, one partial per block
+  StatRecord* out_stats;  // kStats & kStatsOfOutput: statistics of dx as StatsAs, one per block
 };
 
 namespace detail {
@@ -84,6 +92,11 @@ struct ActivationFwdOp {
 
   __device__ __forceinline__ Loaded load(long long row, int col) const {
     return Loaded{load_vec<Input, kVec>(x + row * cols + col)};
+  }
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+    float in[kVec];
+    vec_to_float(loaded.x, in);
+    acc.add(in);
   }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
@@ -113,6 +126,13 @@ struct GatedActivationFwdOp {
   __device__ __forceinline__ Loaded load(long long row, int col) const {
     const Input* gate = x + row * (2LL * cols) + col;
     return Loaded{load_vec<Input, kVec>(gate), load_vec<Input, kVec>(gate + cols)};
+  }
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+    float gate[kVec], linear[kVec];
+    vec_to_float(loaded.gate, gate);
+    vec_to_float(loaded.linear, linear);
+    acc.add(gate);
+    acc.add(linear);
   }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
@@ -144,6 +164,11 @@ struct ActivationBwdOp {
   __device__ __forceinline__ Loaded load(long long row, int col) const {
     const long long offset = row * cols + col;
     return Loaded{load_vec<Input, kVec>(dy + offset), load_vec<Input, kVec>(x + offset)};
+  }
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+    float grad[kVec];
+    vec_to_float(loaded.dy, grad);
+    acc.add(grad);
   }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
@@ -181,6 +206,11 @@ struct GatedActivationBwdOp {
     return Loaded{load_vec<Input, kVec>(dy + row * cols + col), load_vec<Input, kVec>(gate),
                   load_vec<Input, kVec>(gate + cols)};
   }
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+    float grad[kVec];
+    vec_to_float(loaded.dy, grad);
+    acc.add(grad);
+  }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
     float grad[kVec], gate[kVec], linear[kVec];
@@ -202,66 +232,74 @@ struct GatedActivationBwdOp {
 }  // namespace detail
 
 // Block: launch::kTileThreads (256). Grid: (launch::tile_grid_x(cols), launch::tile_grid_y(rows))
-// or any smaller gridDim.y >= 1 (row tiles are strided).
-template <typename Act, typename Input, typename Output, bool kWriteTranspose = false>
+// or any smaller gridDim.y >= 1 (row tiles are strided). kStats (common/elementwise_tile.cuh):
+// statistics of the first input (x, or dy backward) and/or of the output as StatsAs (the dtype of
+// the tensor a folded FP8 cast replaces), one partial record per block.
+template <typename Act, typename Input, typename Output, bool kWriteTranspose = false,
+          int kStats = 0, typename StatsAs = float>
 __global__ void __launch_bounds__(
     launch::kTileThreads,
     launch::min_blocks(launch::kTileThreads,
                        launch::tile_register_budget(sizeof(Input),
                                                     detail::ActivationFwdOp<Act, Input>::kLoads,
-                                                    kWriteTranspose, false)))
-    activation_fwd(ActivationFwdParams<Input, Output> params) {
+                                                    kWriteTranspose, false, kStats != 0)))
+    activation_fwd(ActivationFwdParams<Input, Output, StatsAs> params) {
   const TileOutputs<Output> outputs{params.y,    params.y_t,          params.scale,
                                     params.amax, params.scale_record, nullptr,
-                                    params.rows, params.cols};
-  run_elementwise_tiles<Output, kWriteTranspose, false>(
+                                    params.rows, params.cols,
+                                    params.in_stats, params.out_stats};
+  run_elementwise_tiles<Output, kWriteTranspose, false, kStats, StatsAs>(
       outputs, detail::ActivationFwdOp<Act, Input>{params.x, params.cols});
 }
 
-template <typename Act, typename Input, typename Output, bool kWriteTranspose = false>
+template <typename Act, typename Input, typename Output, bool kWriteTranspose = false,
+          int kStats = 0, typename StatsAs = float>
 __global__ void __launch_bounds__(
     launch::kTileThreads,
     launch::min_blocks(launch::kTileThreads,
                        launch::tile_register_budget(
                            sizeof(Input), detail::GatedActivationFwdOp<Act, Input>::kLoads,
-                           kWriteTranspose, false)))
-    gated_activation_fwd(ActivationFwdParams<Input, Output> params) {
+                           kWriteTranspose, false, kStats != 0)))
+    gated_activation_fwd(ActivationFwdParams<Input, Output, StatsAs> params) {
   const TileOutputs<Output> outputs{params.y,    params.y_t,          params.scale,
                                     params.amax, params.scale_record, nullptr,
-                                    params.rows, params.cols};
-  run_elementwise_tiles<Output, kWriteTranspose, false>(
+                                    params.rows, params.cols,
+                                    params.in_stats, params.out_stats};
+  run_elementwise_tiles<Output, kWriteTranspose, false, kStats, StatsAs>(
       outputs, detail::GatedActivationFwdOp<Act, Input>{params.x, params.cols});
 }
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = false,
-          bool kDbias = false>
+          bool kDbias = false, int kStats = 0, typename StatsAs = float>
 __global__ void __launch_bounds__(
     launch::kTileThreads,
     launch::min_blocks(launch::kTileThreads,
                        launch::tile_register_budget(sizeof(Input),
                                                     detail::ActivationBwdOp<Act, Input>::kLoads,
-                                                    kWriteTranspose, kDbias)))
-    activation_bwd(ActivationBwdParams<Input, Output> params) {
+                                                    kWriteTranspose, kDbias, kStats != 0)))
+    activation_bwd(ActivationBwdParams<Input, Output, StatsAs> params) {
   const TileOutputs<Output> outputs{params.dx,   params.dx_t,         params.scale,
                                     params.amax, params.scale_record, params.dbias_partial,
-                                    params.rows, params.cols};
-  run_elementwise_tiles<Output, kWriteTranspose, kDbias>(
+                                    params.rows, params.cols,
+                                    params.in_stats, params.out_stats};
+  run_elementwise_tiles<Output, kWriteTranspose, kDbias, kStats, StatsAs>(
       outputs, detail::ActivationBwdOp<Act, Input>{params.dy, params.x, params.cols});
 }
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = false,
-          bool kDbias = false>
+          bool kDbias = false, int kStats = 0, typename StatsAs = float>
 __global__ void __launch_bounds__(
     launch::kTileThreads,
     launch::min_blocks(launch::kTileThreads,
                        launch::tile_register_budget(
                            sizeof(Input), detail::GatedActivationBwdOp<Act, Input>::kLoads,
-                           kWriteTranspose, kDbias)))
-    gated_activation_bwd(ActivationBwdParams<Input, Output> params) {
+                           kWriteTranspose, kDbias, kStats != 0)))
+    gated_activation_bwd(ActivationBwdParams<Input, Output, StatsAs> params) {
   const TileOutputs<Output> outputs{params.dx,   params.dx_t,         params.scale,
                                     params.amax, params.scale_record, params.dbias_partial,
-                                    params.rows, params.cols};
-  run_elementwise_tiles<Output, kWriteTranspose, kDbias>(
+                                    params.rows, params.cols,
+                                    params.in_stats, params.out_stats};
+  run_elementwise_tiles<Output, kWriteTranspose, kDbias, kStats, StatsAs>(
       outputs, detail::GatedActivationBwdOp<Act, Input>{params.dy, params.x, params.cols});
 }
 

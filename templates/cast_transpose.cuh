@@ -1,7 +1,7 @@
 // Cast to FP8 (or bf16/fp16/fp32) with amax, an optional transposed FP8 copy and optional dbias
 // partial sums in one pass: TE's cast_transpose / cast_transpose_dbias.
 //
-// Entry point: cast_transpose<Input, Output, kWriteTranspose, kDbias>. Launch rules, shapes and
+// Entry point: cast_transpose<Input, Output, kWriteTranspose, kDbias, kStats>. Launch rules, shapes and
 // alignment are in templates/README.md ("Tiled elementwise families").
 #ifndef OPFUSE_TEMPLATES_CAST_TRANSPOSE_CUH_
 #define OPFUSE_TEMPLATES_CAST_TRANSPOSE_CUH_
@@ -21,6 +21,7 @@ struct CastParams {
   float* dbias_partial;  // [gridDim.y, cols] column sums of x (kDbias)
   int rows;
   int cols;  // multiple of 16 / sizeof(Input)
+  StatRecord* in_stats;  // kStats (kStatsOfInput only): statistics of x, one partial per block
 };
 
 namespace detail {
@@ -43,22 +44,31 @@ struct CastOp {
                                           float (&values)[kPlanes][kVec]) const {
     vec_to_float(loaded.x, values[0]);
   }
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+    float in[kVec];
+    vec_to_float(loaded.x, in);
+    acc.add(in);
+  }
 };
 
 }  // namespace detail
 
 // Block: launch::kTileThreads (256). Grid: (launch::tile_grid_x(cols), launch::tile_grid_y(rows))
-// or any smaller gridDim.y >= 1 (row tiles are strided).
-template <typename Input, typename Output, bool kWriteTranspose = true, bool kDbias = false>
+// or any smaller gridDim.y >= 1 (row tiles are strided). kStats: 0, or launch::kStatsOfInput for the
+// statistics of x (common/elementwise_tile.cuh), one partial record per block.
+template <typename Input, typename Output, bool kWriteTranspose = true, bool kDbias = false,
+          int kStats = 0>
 __global__ void __launch_bounds__(
     launch::kTileThreads,
     launch::min_blocks(launch::kTileThreads,
                        launch::tile_register_budget(sizeof(Input), detail::CastOp<Input>::kLoads,
-                                                    kWriteTranspose, kDbias)))
+                                                    kWriteTranspose, kDbias, kStats != 0)))
     cast_transpose(CastParams<Input, Output> params) {
-  const TileOutputs<Output> outputs{params.y, params.y_t,           params.scale, params.amax,
-                                    nullptr,  params.dbias_partial, params.rows,  params.cols};
-  run_elementwise_tiles<Output, kWriteTranspose, kDbias>(
+  static_assert((kStats & ~launch::kStatsOfInput) == 0, "a cast measures the statistics of its input");
+  const TileOutputs<Output> outputs{params.y,           params.y_t,    params.scale,
+                                    params.amax,        nullptr,       params.dbias_partial,
+                                    params.rows,        params.cols,   params.in_stats};
+  run_elementwise_tiles<Output, kWriteTranspose, kDbias, kStats>(
       outputs, detail::CastOp<Input>{params.x, params.cols});
 }
 

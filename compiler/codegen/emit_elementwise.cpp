@@ -16,7 +16,7 @@
 namespace opfuse::codegen::emitters {
 
 void emit_cast(SequenceBuilder& b, const Group& g) {
-  require_only(b, g, {OpKind::CastFp8, OpKind::BiasGrad});
+  require_only(b, g, {OpKind::CastFp8, OpKind::BiasGrad, OpKind::TensorStats});
   const ir::Operation& cast = *g.find({OpKind::CastFp8});
   const ir::Operation* dbias = g.find({OpKind::BiasGrad});
   const ValueId x = cast.operands.at(0);
@@ -38,20 +38,24 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
   const int partial =
       dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32, {partial_rows, cols})
             : -1;
+  const FusedStats stats = fused_stats(b, g, x, ir::kNoValue, grid);
   auto what = [&](bool with_copy) {
-    return fmt::format("cast {} -> {}{}", name_of(in), fp8_output_text(out, with_copy),
-                       dbias ? " + dbias partial sums" : "");
+    return fmt::format("cast {} -> {}{}{}", name_of(in), fp8_output_text(out, with_copy),
+                       dbias ? " + dbias partial sums" : "", stats.text());
   };
+  std::vector<std::string> args = {spell(in), spell(out), spell(transpose),
+                                   spell(dbias != nullptr)};
+  stats.append_args(args, out, false);
   WithoutTranspose plain{what(false), grid, rules::kTileThreads, 0};  // tiles launch alike
   b.add_launch(
-      g, what(transpose), "cast_transpose",
-      {spell(in), spell(out), spell(transpose), spell(dbias != nullptr)}, std::move(grid),
-      rules::kTileThreads, 0,
+      g, what(transpose), "cast_transpose", args, std::move(grid), rules::kTileThreads, 0,
       {bind_in("x", b.buffer(x, cast)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
        bind_quantizer("scale", cast.quantizer, QuantizerValue::Scale),
        bind_quantizer("amax", amax_quantizer, QuantizerValue::Amax),
-       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)},
+       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols),
+       bind_out("in_stats", stats.input_partials)},
       std::move(plain));
+  emit_fused_stats_merge(b, g, stats);
   if (dbias) {
     const ValueId db = dbias->results.at(0);
     emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},
@@ -276,7 +280,7 @@ void emit_norm_bwd(SequenceBuilder& b, const Group& g) {
 }
 
 void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
-  require_only(b, g, ir::is_pointwise, {OpKind::CastFp8});
+  require_only(b, g, ir::is_pointwise, {OpKind::CastFp8, OpKind::TensorStats});
   const ir::Operation& act = *find_part(g, ir::is_pointwise);
   const ir::Operation* cast = g.find({OpKind::CastFp8});
   if (g.parts.front() != &act) no_kernel(b, g);
@@ -294,22 +298,28 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   const bool transpose = y.columnwise >= 0;
   const SymExpr rows = rows_of(xv);
   const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
+  const FusedStats stats = fused_stats(b, g, x, y_value, tile_grid(rows, cols));
   auto what = [&](bool with_copy) {
-    return fmt::format("{} {} -> {}", name_of(act.kind), name_of(in),
-                       fp8_output_text(out, with_copy));
+    return fmt::format("{} {} -> {}{}", name_of(act.kind), name_of(in),
+                       fp8_output_text(out, with_copy), stats.text());
   };
+  std::vector<std::string> args = {ir::pointwise_functor_name(def, act.attrs), spell(in),
+                                   spell(out), spell(transpose)};
+  stats.append_args(args, b.value(y_value).type.dtype, true);
   b.add_launch(
-      g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd",
-      {ir::pointwise_functor_name(def, act.attrs), spell(in), spell(out), spell(transpose)},
+      g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd", args,
       tile_grid(rows, cols), rules::kTileThreads, 0,
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
        bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
-       bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
+       bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols),
+       bind_out("in_stats", stats.input_partials), bind_out("out_stats", stats.output_partials)},
       WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
+  emit_fused_stats_merge(b, g, stats);
 }
 
 void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
-  require_only(b, g, ir::is_pointwise_backward, {OpKind::BiasGrad, OpKind::CastFp8});
+  require_only(b, g, ir::is_pointwise_backward,
+               {OpKind::BiasGrad, OpKind::CastFp8, OpKind::TensorStats});
   const ir::Operation& act = *find_part(g, ir::is_pointwise_backward);
   const ir::Operation* dbias = g.find({OpKind::BiasGrad});
   const ir::Operation* cast = g.find({OpKind::CastFp8});
@@ -336,18 +346,23 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
                                               {partial_rows, dx_cols})
                             : -1;
   const int measured = cast ? -1 : measure_for_cast(b, g, dx_value);
+  const FusedStats stats = fused_stats(b, g, dy, dx_value, grid);
+  std::vector<std::string> args = {ir::pointwise_functor_name(forward, act.attrs), spell(in),
+                                   spell(out), spell(transpose), spell(dbias != nullptr)};
+  stats.append_args(args, b.value(dx_value).type.dtype, true);
   b.add_launch(
       g,
-      fmt::format("{} backward {} -> {}{}", forward.name, name_of(in),
-                  fp8_output_text(out, transpose), dbias ? " + dbias partial sums" : ""),
-      gated ? "gated_activation_bwd" : "activation_bwd",
-      {ir::pointwise_functor_name(forward, act.attrs), spell(in), spell(out), spell(transpose),
-       spell(dbias != nullptr)},
-      std::move(grid), rules::kTileThreads, 0,
+      fmt::format("{} backward {} -> {}{}{}", forward.name, name_of(in),
+                  fp8_output_text(out, transpose), dbias ? " + dbias partial sums" : "",
+                  stats.text()),
+      gated ? "gated_activation_bwd" : "activation_bwd", args, std::move(grid), rules::kTileThreads,
+      0,
       {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", dx.rowwise),
        bind_copy("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, QuantizerValue::Scale),
        bind_amax(quantizer, measured), bind_scale_record(measured),
-       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols)});
+       bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols),
+       bind_out("in_stats", stats.input_partials), bind_out("out_stats", stats.output_partials)});
+  emit_fused_stats_merge(b, g, stats);
   if (dbias) {
     const ValueId db = dbias->results.at(0);
     emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},

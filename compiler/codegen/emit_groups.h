@@ -126,6 +126,27 @@ void emit_cast(SequenceBuilder& b, const Group& g);
 void emit_tensor_stats(SequenceBuilder& b, const Group& g);
 void emit_tensor_capture(SequenceBuilder& b, const Group& g);
 
+// Statistics a tiled kernel computes of its first input and of the value it produces: the group's
+// TensorStats parts (folded by the fusion passes, passes/fusion/fold_stats.cpp). Each gets one
+// partial record per block of `grid` (templates/common/elementwise_tile.cuh, kStats).
+struct FusedStats {
+  int input_slot = -1;  // the record slots (Sequence::inspections); -1: none
+  int output_slot = -1;
+  int input_partials = -1;  // their workspaces
+  int output_partials = -1;
+  SymExpr blocks = 0;
+  int bits() const;  // the kernel's kStats
+  // The template arguments kStats (and StatsAs: `output` when `with_type`) appended to `args`
+  // when the kernel computes any (none otherwise: the plain kernel's name is unchanged).
+  void append_args(std::vector<std::string>& args, DType output, bool with_type) const;
+  std::string text() const;  // " + statistics of x into record 3", or ""
+};
+// Fails (no kernel) for a TensorStats part reading anything but `input` or `output`.
+FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueId output,
+                       const GridRule& grid);
+// After the kernel's launch: one tensor_stats_final per record.
+void emit_fused_stats_merge(SequenceBuilder& b, const Group& g, const FusedStats& stats);
+
 void emit_dbias(SequenceBuilder& b, const Group& g);
 void emit_bias_add(SequenceBuilder& b, const Group& g);
 void emit_norm_fwd(SequenceBuilder& b, const Group& g);

@@ -28,7 +28,8 @@ void emit_modify_tensor(SequenceBuilder& b, const Group& g) {
                {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)), bind_copy("y_t", -1),
                 bind_quantizer("scale", -1, QuantizerValue::Scale),
                 bind_quantizer("amax", -1, QuantizerValue::Amax), bind_scale_record(-1),
-                bind_int("rows", rows), bind_int("cols", cols)});
+                bind_int("rows", rows), bind_int("cols", cols), bind_null("in_stats"),
+                bind_null("out_stats")});
 }
 
 }  // namespace opfuse::codegen::emitters

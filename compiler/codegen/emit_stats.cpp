@@ -120,4 +120,57 @@ void emit_tensor_stats(SequenceBuilder& b, const Group& g) {
       {bind_in("partials", partials), bind_int("count", blocks), bind_stat_record("record", slot)});
 }
 
+int FusedStats::bits() const {
+  return (input_slot >= 0 ? rules::kStatsOfInput : 0) |
+         (output_slot >= 0 ? rules::kStatsOfOutput : 0);
+}
+
+void FusedStats::append_args(std::vector<std::string>& args, DType output, bool with_type) const {
+  if (bits() == 0) return;
+  args.push_back(std::to_string(bits()));
+  if (with_type) args.push_back(spell(output));
+}
+
+std::string FusedStats::text() const {
+  std::string out;
+  if (input_slot >= 0) out += fmt::format(" + statistics of its input into record {}", input_slot);
+  if (output_slot >= 0)
+    out += fmt::format(" + statistics of its output into record {}", output_slot);
+  return out;
+}
+
+FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueId output,
+                       const GridRule& grid) {
+  FusedStats fs;
+  fs.blocks = grid.x * grid.y;
+  for (const ir::Operation* p : g.parts) {
+    if (p->kind != OpKind::TensorStats) continue;
+    const ValueId v = p->operands.at(0);
+    const int slot = int(ir::attr_int(p->attrs, "slot"));
+    const plan::StatSlot& s = b.seq().inspections.at(size_t(slot));
+    if (s.record != plan::StatRecordKind::Moments || s.block_size != 0) no_kernel(b, g);
+    int* taken = v == input ? &fs.input_slot : (v == output ? &fs.output_slot : nullptr);
+    if (taken == nullptr || *taken >= 0) no_kernel(b, g);
+    *taken = slot;
+    // One record (11 eight-byte fields) per block.
+    const int partials =
+        b.add_workspace(p->instance + ".partials", DType::FP32, {fs.blocks * SymExpr(22)});
+    (v == input ? fs.input_partials : fs.output_partials) = partials;
+  }
+  return fs;
+}
+
+void emit_fused_stats_merge(SequenceBuilder& b, const Group& g, const FusedStats& stats) {
+  constexpr int kThreads = rules::kFusedStatsFinalThreads;
+  for (const auto& [slot, partials] : {std::pair{stats.input_slot, stats.input_partials},
+                                       std::pair{stats.output_slot, stats.output_partials}}) {
+    if (slot < 0) continue;
+    b.add_launch(g, fmt::format("merge the kernel's partial records into record {}", slot),
+                 "tensor_stats_final", {std::to_string(kThreads)}, GridRule{"single", 1, 1, {}},
+                 kThreads, 0,
+                 {bind_in("partials", partials), bind_int("count", stats.blocks),
+                  bind_stat_record("record", slot)});
+  }
+}
+
 }  // namespace opfuse::codegen::emitters

@@ -28,22 +28,25 @@ constexpr TemplateParam kNormBwdParams[] = {
     {"kHidden", Kind::Int, ""},
     {"kZeroCenteredGamma", Kind::Bool, "false"},
 };
+// kStats (common/elementwise_tile.cuh): statistics of the first input (1) and of the output as
+// StatsAs (2) a debug config asked for, computed by the kernel that reads or writes the tensor.
 constexpr TemplateParam kActivationFwdParams[] = {
-    {"Act", Kind::Activation, ""},
-    {"Input", Kind::DType, ""},
-    {"Output", Kind::DType, ""},
-    {"kWriteTranspose", Kind::Bool, "false"},
+    {"Act", Kind::Activation, ""}, {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},   {"kWriteTranspose", Kind::Bool, "false"},
+    {"kStats", Kind::Int, "0"},    {"StatsAs", Kind::DType, "float"},
 };
 constexpr TemplateParam kActivationBwdParams[] = {
-    {"Act", Kind::Activation, ""},   {"Input", Kind::DType, ""},
-    {"Output", Kind::DType, ""},     {"kWriteTranspose", Kind::Bool, "false"},
-    {"kDbias", Kind::Bool, "false"},
+    {"Act", Kind::Activation, ""},     {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},       {"kWriteTranspose", Kind::Bool, "false"},
+    {"kDbias", Kind::Bool, "false"},   {"kStats", Kind::Int, "0"},
+    {"StatsAs", Kind::DType, "float"},
 };
 constexpr TemplateParam kCastTransposeParams[] = {
     {"Input", Kind::DType, ""},
     {"Output", Kind::DType, ""},
     {"kWriteTranspose", Kind::Bool, "true"},
     {"kDbias", Kind::Bool, "false"},
+    {"kStats", Kind::Int, "0"},
 };
 constexpr TemplateParam kBiasAddParams[] = {
     {"Input", Kind::DType, ""},
@@ -67,6 +70,9 @@ constexpr TemplateParam kScaleUpdateParams[] = {{"kThreads", Kind::Int, "256"}};
 constexpr TemplateParam kStatsFinalParams[] = {{"kThreads", Kind::Int, "32"}};
 
 constexpr KernelFamily kServesResidual[] = {KernelFamily::Residual};
+// The merge of statistics that tiled kernels compute of the tensors they read or write (kStats).
+constexpr KernelFamily kServesFusedStats[] = {KernelFamily::Activation,
+                                              KernelFamily::GatedActivation, KernelFamily::Cast};
 // Second stage of dgamma/dbeta (norm backward) and dbias (activation backward, cast, bias grad).
 constexpr KernelFamily kServesColumnSums[] = {KernelFamily::Activation,
                                               KernelFamily::GatedActivation, KernelFamily::Bias,
@@ -142,7 +148,7 @@ constexpr KernelTemplate kTable[] = {
     entry("tensor_stats_partial", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsParams",
           kInputOnlyParams, kBf16Example),
     entry("tensor_stats_final", "tensor_stats.cuh", KernelFamily::Stats, "TensorStatsFinalParams",
-          kStatsFinalParams, kTensorStatsFinalExample),
+          kStatsFinalParams, kTensorStatsFinalExample, kServesFusedStats),
     // A debug config's tensor captures (DumpTensors, C++ features' inspect_tensor).
     entry("tensor_capture", "tensor_capture.cuh", KernelFamily::Stats, "TensorCaptureParams",
           kInputOnlyParams, kBf16Example),

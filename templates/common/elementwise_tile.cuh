@@ -18,6 +18,8 @@
 //   struct Loaded;                 // raw vectors, loaded for all passes before any is used
 //   Loaded load(long long row, int col) const;
 //   void compute(const Loaded&, float (&values)[kPlanes][kVec]) const;
+//   void add_input_stats(const Loaded&, StatAccumulator&) const;  // kStats & launch::kStatsOfInput:
+//                                  // the values of the op's first input this vector read
 // Plane p of output column c is column p * cols + c of the [rows, kPlanes * cols] output and row
 // p * cols + c of the [kPlanes * cols, rows] transposed copy.
 #ifndef OPFUSE_TEMPLATES_COMMON_ELEMENTWISE_TILE_CUH_
@@ -26,6 +28,7 @@
 #include "fp8.cuh"
 #include "launch_rules.h"
 #include "quantizer_record.cuh"
+#include "stat_record.cuh"
 #include "transpose.cuh"
 #include "types.cuh"
 #include "vec.cuh"
@@ -45,6 +48,10 @@ struct TileOutputs {
   float* dbias_partial;  // kDbias only: [gridDim.y, kPlanes * cols] fp32 column sums of the values
   int rows;
   int cols;  // width of one plane; multiple of kVec
+  // kStats only: one partial record per block (blockIdx.y * gridDim.x + blockIdx.x), merged by
+  // tensor_stats_final; nullptr where the bit is not set.
+  StatRecord* in_stats = nullptr;
+  StatRecord* out_stats = nullptr;
 };
 
 namespace detail {
@@ -101,7 +108,8 @@ __device__ __forceinline__ void write_transposed_tile(
 
 // Runs every tile of the grid through op. Must be called by all threads of a block of
 // launch::kTileThreads threads (it holds barriers).
-template <typename Output, bool kTranspose, bool kDbias, typename Op>
+template <typename Output, bool kTranspose, bool kDbias, int kStats = 0, typename StatsAs = float,
+          typename Op>
 __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>& args,
                                                       const Op& op) {
   constexpr int kVec = Op::kVec;
@@ -123,6 +131,8 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
       16) unsigned char staged[kTranspose ? kPlanes : 1][kTileRows][detail::kTileStagePitch];
   __shared__ float amax_scratch[kWarps];
   __shared__ float dbias_scratch[kDbias ? kPlanes : 1][kWarps][kTileCols];
+  __shared__ StatRecord stats_scratch[kStats != 0 ? kWarps : 1];
+  StatAccumulator in_acc, out_acc;
 
   const int vec_in_row = threadIdx.x % kVecsPerTileRow;
   const int row_in_pass = threadIdx.x / kVecsPerTileRow;
@@ -152,7 +162,10 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
 #pragma unroll
       for (int b = 0; b < kPassesPerBatch; ++b) {
         const long long row = tile_row0 + (batch + b) * kRowsPerPass + row_in_pass;
-        if (col_valid && row < args.rows) loaded[b] = op.load(row, col);
+        if (col_valid && row < args.rows) {
+          loaded[b] = op.load(row, col);
+          if constexpr ((kStats & launch::kStatsOfInput) != 0) op.add_input_stats(loaded[b], in_acc);
+        }
       }
 #pragma unroll
       for (int b = 0; b < kPassesPerBatch; ++b) {
@@ -175,6 +188,15 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
           for (int j = 0; j < kVec; ++j) {
             amax = accumulate_amax(amax, values[plane][j]);
             if constexpr (kDbias) dbias[plane][j] += values[plane][j];
+          }
+          if constexpr ((kStats & launch::kStatsOfOutput) != 0) {
+            if (valid) {
+              float stored[kVec];
+#pragma unroll
+              for (int j = 0; j < kVec; ++j)
+                stored[j] = to_float(from_float<StatsAs>(values[plane][j]));
+              out_acc.add(stored);
+            }
           }
           const Vec<Output, kVec> converted = float_to_vec<Output, kVec>(values[plane], scale);
           if (valid && args.out != nullptr) {
@@ -214,6 +236,19 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
     commit_block_amax<kThreads>(published_amax<Output>(amax), args.amax, amax_scratch);
   }
   derive_current_scale(args.scale_record);  // thread 0, after its block's amax atomic
+
+  if constexpr (kStats != 0) {
+    const long long block = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
+    if constexpr ((kStats & launch::kStatsOfInput) != 0) {
+      const StatRecord r = block_stat_record<kThreads>(in_acc.record(), stats_scratch);
+      if (threadIdx.x == 0) args.in_stats[block] = r;
+      __syncthreads();  // stats_scratch is reused below
+    }
+    if constexpr ((kStats & launch::kStatsOfOutput) != 0) {
+      const StatRecord r = block_stat_record<kThreads>(out_acc.record(), stats_scratch);
+      if (threadIdx.x == 0) args.out_stats[block] = r;
+    }
+  }
 
   if constexpr (kDbias) {
     // Threads of one column vector: lanes vec_in_row + k * kVecsPerTileRow of every warp. Add them

@@ -72,11 +72,16 @@ OPFUSE_LAUNCH_RULE int tile_register_budget_level(int input_bytes, int loads_per
                    (loads_per_element >= 2 && (input_bytes == 4 || (write_transpose && dbias)) ? 1
                                                                                                : 0);
 }
+// With statistics (kStats: double-precision accumulators per thread) one level wider.
 OPFUSE_LAUNCH_RULE int tile_register_budget(int input_bytes, int loads_per_element,
-                                            bool write_transpose, bool dbias) {
-  return tile_register_budget_level(input_bytes, loads_per_element, write_transpose, dbias) == 0
+                                            bool write_transpose, bool dbias, bool stats = false) {
+  return min_of(2, tile_register_budget_level(input_bytes, loads_per_element, write_transpose,
+                                              dbias) +
+                       (stats ? 1 : 0)) == 0
              ? kTileRegisterBudget
-         : tile_register_budget_level(input_bytes, loads_per_element, write_transpose, dbias) == 1
+         : min_of(2, tile_register_budget_level(input_bytes, loads_per_element, write_transpose,
+                                                dbias) +
+                         (stats ? 1 : 0)) == 1
              ? kTileTransposeRegisterBudget
              : kTileWideRegisterBudget;
 }
@@ -220,6 +225,11 @@ OPFUSE_LAUNCH_RULE int norm_bwd_rows_per_step(int hidden, int input_bytes, bool 
 // the barriers of the transposed copy, 76-80% -> 80-83% of copy on an H200); blockIdx.x picks the
 // column tile, blockIdx.y walks the row tiles with a stride of gridDim.y.
 // ---------------------------------------------------------------------------------------------
+// Statistics a tiled kernel computes of a tensor it reads or produces anyway (the precision-debug
+// features, docs/debugging.md, "Statistics fused into kernels"): the bits of its kStats.
+inline constexpr int kStatsOfInput = 1;   // the op's first input, as loaded
+inline constexpr int kStatsOfOutput = 2;  // its output's values rounded to StatsAs (the
+                                          // high-precision tensor a folded FP8 cast replaces)
 inline constexpr int kTileThreads = 256;
 inline constexpr int kTileRows = 128;
 inline constexpr int kTileCols = 64;
@@ -267,6 +277,9 @@ inline constexpr int kTensorStatsThreads = 256;
 inline constexpr int kTensorStatsMaxBlocks = 1024;
 // Doubles throughout (a record is 11 of them): a larger budget than the other small kernels.
 inline constexpr int kTensorStatsRegisterBudget = 128;
+// The merge of the partial records a tiled kernel's blocks wrote (kStats: one per block, tens of
+// thousands for a large tensor): 512 threads, each merging a fixed run of them.
+inline constexpr int kFusedStatsFinalThreads = 512;
 inline constexpr int kScaleUpdateThreads = 256;
 
 // ---------------------------------------------------------------------------------------------

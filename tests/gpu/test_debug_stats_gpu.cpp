@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <variant>
 
 #include "debug/stats.h"
 #include "debug_routing_fixture.h"
@@ -56,7 +57,69 @@ double relative(double got, double want) {
   return std::abs(got - want) / std::max(std::abs(want), 1e-30);
 }
 
-class DebugStatsGpu : public GpuStreamTest {};
+// What both sides compare: counts; where both hold the same bits, the extrema exactly and the sums
+// within 1e-5 relative; elsewhere (tensors each side computes) within `tol`.
+void expect_records_match(const plan::StatSlot& slot, const TensorMoments& g,
+                          const TensorMoments& w, bool same_bits, double tol) {
+  SCOPED_TRACE(slot.layer + " " + slot.tensor + " block " + std::to_string(slot.block_size));
+  EXPECT_EQ(g.count, w.count);
+  if (same_bits) {
+    tol = 1e-5;
+    EXPECT_EQ(g.min, w.min);
+    EXPECT_EQ(g.max, w.max);
+    EXPECT_EQ(g.amax, w.amax);
+    EXPECT_EQ(g.min_nonzero_abs, w.min_nonzero_abs);
+    EXPECT_EQ(g.max_nonzero_abs, w.max_nonzero_abs);
+    EXPECT_NEAR(g.max_blockwise_dynamic_range, w.max_blockwise_dynamic_range, 1e-12);
+  } else {
+    EXPECT_LT(relative(g.amax, w.amax), tol);
+  }
+  for (const StatKind k : {StatKind::Mean, StatKind::Std, StatKind::L1Norm, StatKind::L2Norm}) {
+    const double gv = debug::value(g, k), wv = debug::value(w, k);
+    if (k == StatKind::Mean && !same_bits) {
+      // A mean near 0 has no relative scale: compare against the spread.
+      EXPECT_LT(std::abs(gv - wv), tol * debug::value(w, StatKind::Std));
+    } else {
+      EXPECT_LT(relative(gv, wv), tol) << debug::stat_name(k) << " " << gv << " vs " << wv;
+    }
+  }
+  if (slot.block_size > 0) {
+    EXPECT_GT(g.max_blockwise_dynamic_range, 0);
+  }
+}
+
+class DebugStatsGpu : public GpuStreamTest {
+ protected:
+  // Memory for every tensor the executor names but its results; the parameters, x ([tokens,
+  // width], x[5] = 0: zeros are left out of the dynamic ranges) and dy the same random bf16
+  // values on both sides.
+  void feed(gpu::SequenceExecutor& gpu, cpu::ReferenceExecutor<float>& ref, int64_t tokens,
+            int64_t width) {
+    std::map<std::string, DeviceArray*> arrays;
+    for (const gpu::TensorInfo& info : gpu.tensors()) {
+      if (info.role == plan::BufferRole::Result) continue;
+      arrays[info.name] = &new_array(info.bytes);
+      gpu.set_tensor(info.name, arrays[info.name]->data());
+    }
+    std::mt19937_64 rng(42);
+    for (const std::string& name : ref.param_names()) {
+      cpu::Tensor<float>& p = ref.param(name);
+      p.data = random_bf16(p.data.size(), p.shape.size() == 2 ? 0.05 : 0.1, rng);
+      upload_bf16(*arrays.at(name), p.data);
+    }
+    ref.params_changed();
+    x_ = cpu::Tensor<float>::zeros({tokens, width});
+    x_.data = random_bf16(x_.data.size(), 1.0, rng);
+    x_.data[5] = 0.0f;
+    x_array_ = arrays.at("x");
+    upload_bf16(*x_array_, x_.data);
+    dy_ = cpu::Tensor<float>::zeros({tokens, width});
+    dy_.data = random_bf16(dy_.data.size(), 0.01, rng);
+    upload_bf16(*arrays.at("dy"), dy_.data);
+  }
+  cpu::Tensor<float> x_, dy_;
+  DeviceArray* x_array_ = nullptr;
+};
 
 TEST_F(DebugStatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
   const auto routed_config = routed(kConfig, {"fc1", "fc2"}, false);
@@ -70,30 +133,11 @@ TEST_F(DebugStatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
   gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
   const int64_t tokens = 200;  // not a multiple of the blocks: partial blocks and tiles
   gpu.bind({{"tokens", tokens}});
-  std::map<std::string, DeviceArray*> arrays;
-  for (const gpu::TensorInfo& info : gpu.tensors()) {
-    if (info.role == plan::BufferRole::Result) continue;
-    arrays[info.name] = &new_array(info.bytes);
-    gpu.set_tensor(info.name, arrays[info.name]->data());
-  }
   cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
-  std::mt19937_64 rng(42);
-  for (const std::string& name : ref.param_names()) {
-    cpu::Tensor<float>& p = ref.param(name);
-    p.data = random_bf16(p.data.size(), p.shape.size() == 2 ? 0.05 : 0.1, rng);
-    upload_bf16(*arrays.at(name), p.data);
-  }
-  ref.params_changed();
-  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
-  x.data = random_bf16(x.data.size(), 1.0, rng);
-  x.data[5] = 0.0f;  // zeros are left out of the dynamic ranges
-  upload_bf16(*arrays.at("x"), x.data);
-  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
-  dy.data = random_bf16(dy.data.size(), 0.01, rng);
-  upload_bf16(*arrays.at("dy"), dy.data);
+  feed(gpu, ref, tokens, 128);
 
-  ref.forward({x});
-  ref.backward({dy});
+  ref.forward({x_});
+  ref.backward({dy_});
   gpu.forward(stream_);
   gpu.backward(stream_);
   const std::vector<unsigned char> first = gpu.stat_records(stream_);
@@ -103,44 +147,95 @@ TEST_F(DebugStatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < got.size(); ++i) {
     const plan::StatSlot& slot = plan.stat_slots[i];
-    SCOPED_TRACE(slot.layer + " " + slot.tensor + " block " + std::to_string(slot.block_size));
-    const TensorMoments& g = got[i];
-    const TensorMoments& w = want[i];
-    EXPECT_EQ(g.count, w.count);
     // What both sides hold bit for bit: the caller's x (fc1's activation), dy (fc2's gradient)
     // and the weights; the rest each side computes.
     const bool same_bits = (slot.layer == "fc1" && slot.tensor == "activation") ||
                            slot.tensor == "weight" ||
                            (slot.layer == "fc2" && slot.tensor == "gradient");
-    const double tol = same_bits ? 1e-5 : 3e-2;
-    if (same_bits) {
-      EXPECT_EQ(g.min, w.min);
-      EXPECT_EQ(g.max, w.max);
-      EXPECT_EQ(g.amax, w.amax);
-      EXPECT_EQ(g.min_nonzero_abs, w.min_nonzero_abs);
-      EXPECT_EQ(g.max_nonzero_abs, w.max_nonzero_abs);
-      EXPECT_NEAR(g.max_blockwise_dynamic_range, w.max_blockwise_dynamic_range, 1e-12);
-    } else {
-      EXPECT_LT(relative(g.amax, w.amax), tol);
-    }
-    for (const StatKind k : {StatKind::Mean, StatKind::Std, StatKind::L1Norm, StatKind::L2Norm}) {
-      const double gv = debug::value(g, k), wv = debug::value(w, k);
-      if (k == StatKind::Mean && !same_bits) {
-        // A mean near 0 has no relative scale: compare against the spread.
-        EXPECT_LT(std::abs(gv - wv), tol * debug::value(w, StatKind::Std));
-      } else {
-        EXPECT_LT(relative(gv, wv), tol) << debug::stat_name(k) << " " << gv << " vs " << wv;
-      }
-    }
-    if (slot.block_size > 0) {
-      EXPECT_GT(g.max_blockwise_dynamic_range, 0);
-    }
+    expect_records_match(slot, got[i], want[i], same_bits, 3e-2);
   }
 
   // Deterministic: the same inputs again give the same bits.
   gpu.forward(stream_);
   gpu.backward(stream_);
   EXPECT_EQ(gpu.stat_records(stream_), first);
+}
+
+// Statistics fused into kernels (docs/debugging.md): under delayed scaling the SwiGLU kernels
+// (forward and backward, their FP8 casts folded) and the casts of the weights and of dy compute
+// the statistics of the tensors they read or write; 8 of the 12 records come from them. Their
+// records agree with the reference like the separate kernel's, repeat bit for bit, and a NaN in
+// the input makes the statistics of every tensor it reaches NaN.
+TEST_F(DebugStatsGpu, StatisticsFusedIntoKernelsMatchTheReference) {
+  const std::string program = R"(
+recipe fp8 = delayed_scaling()
+sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
+  layernorm(128)
+  linear(128, 512) as fc1
+  swiglu()
+  linear(256, 128) as fc2
+}
+)";
+  const auto routed_config = routed(
+      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n    LogTensorStats:\n"
+      "      tensors: [activation, weight, output, gradient, dgrad, wgrad]\n"
+      "      stats: [min, max, mean, std, l1_norm, l2_norm, dynamic_range]\n",
+      {"fc1", "fc2"}, false);
+  const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
+  ASSERT_TRUE(c);
+  const ir::Sequence& seq = c->program.sequences[0];
+  const plan::SequencePlan& plan = c->plan.sequences[0];
+  ASSERT_EQ(plan.stat_slots.size(), 12u);
+  int fused_merges = 0;
+  for (const plan::Step& st : plan.steps) {
+    const auto* launch = std::get_if<plan::LaunchStep>(&st.body);
+    if (launch && launch->name_expression == "opfuse::tensor_stats_final<512>") ++fused_merges;
+  }
+  EXPECT_EQ(fused_merges, 8);
+
+  gpu::GemmRunner gemms(stream_);
+  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
+  const int64_t tokens = 200;  // partial row tiles
+  gpu.bind({{"tokens", tokens}});
+  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
+  feed(gpu, ref, tokens, 128);
+  ref.forward({x_});
+  ref.backward({dy_});
+  gpu.forward(stream_);
+  gpu.backward(stream_);
+  const std::vector<unsigned char> first = gpu.stat_records(stream_);
+  const std::vector<TensorMoments> got = records_of(first);
+  const std::vector<TensorMoments>& want = ref.stat_records();
+  ASSERT_EQ(got.size(), 12u);
+  ASSERT_EQ(want.size(), 12u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const plan::StatSlot& slot = plan.stat_slots[i];
+    // Bit for bit on both sides: the weights and dy (read by their casts); the layernorm output
+    // and everything after it each side computes (FP8 GEMMs).
+    const bool same_bits =
+        slot.tensor == "weight" || (slot.layer == "fc2" && slot.tensor == "gradient");
+    expect_records_match(slot, got[i], want[i], same_bits, 5e-2);
+  }
+  gpu.forward(stream_);
+  gpu.backward(stream_);
+  EXPECT_EQ(gpu.stat_records(stream_), first);
+
+  // A NaN in x: the layernorm row, fc1's output and the SwiGLU output carry it.
+  std::vector<float> with_nan = x_.data;
+  with_nan[3] = std::nanf("");
+  upload_bf16(*x_array_, with_nan);
+  gpu.forward(stream_);
+  const std::vector<TensorMoments> nan_records = records_of(gpu.stat_records(stream_));
+  for (size_t i = 0; i < plan.stat_slots.size(); ++i) {
+    const plan::StatSlot& slot = plan.stat_slots[i];
+    const bool reached = (slot.layer == "fc1" && slot.tensor == "activation") ||
+                         (slot.layer == "fc1" && slot.tensor == "output") ||
+                         (slot.layer == "fc2" && slot.tensor == "activation");
+    if (!reached) continue;
+    SCOPED_TRACE(slot.layer + " " + slot.tensor);
+    EXPECT_TRUE(std::isnan(nan_records[i].max));
+    EXPECT_TRUE(std::isnan(nan_records[i].mean));
+  }
 }
 
 TEST_F(DebugStatsGpu, NonFiniteValuesGiveNonFiniteStatistics) {

@@ -4,6 +4,8 @@
 // plan variants it compiles on demand (runtime/api/debug_program.h) through NVRTC.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -220,6 +222,42 @@ TEST(DebugProgram, VariantsCompileOnceByKey) {
   EXPECT_EQ(plan.stat_slots[0].layer, "fc1");
   EXPECT_EQ(a->kernels.size(), a->plan.kernels.size());
   for (const auto& k : a->kernels) EXPECT_FALSE(k.binary.empty()) << k.kernel_name;
+}
+
+// Statistics fused into kernels (docs/debugging.md): the tiled kernels built with kStats compile
+// through NVRTC (no GPU needed) for every shape the fusion passes make of the MLP: SwiGLU forward
+// and backward with statistics of their input and output, casts with statistics of their input.
+TEST(DebugProgram, KernelsWithStatisticsCompileThroughNvrtc) {
+  const std::string every =
+      "all:\n  layers: {layer_name_regex_pattern: .*}\n"
+      "  transformer_engine:\n    LogTensorStats:\n"
+      "      tensors: [activation, weight, output, gradient, dgrad, wgrad]\n"
+      "      stats: [min, max, std]\n";
+  auto sources = std::make_shared<SourceManager>();
+  DiagnosticEngine diags(*sources);
+  driver::CompileOptions front_end;
+  front_end.last_stage = driver::Stage::FrontEnd;
+  driver::CompileResult ir = driver::compile_source("mlp.fuse", kMlp, *sources, diags, front_end);
+  ASSERT_TRUE(ir.ok()) << diags.format_all();
+  driver::CompileOptions compile;
+  compile.arch = "sm_90a";
+  const std::shared_ptr<api::DebugProgram> program =
+      api::DebugProgram::create(DebugConfigSource{"", every, "debug.yaml"}, ir.program, sources,
+                                diags, compile, with_config(every));
+  ASSERT_TRUE(program) << diags.format_all();
+  const auto v = program->variant(debug::route(program->bindings(), 0));
+  ASSERT_EQ(v->kernels.size(), v->plan.kernels.size());
+  std::set<std::string> with_stats;
+  for (const plan::Kernel& k : v->plan.kernels) {
+    // kStats is the template argument after the flags: ", 1>" (input), ", 3, __nv_bfloat16>".
+    if (k.name_expression.find(", 1>") != std::string::npos ||
+        k.name_expression.find(", 2, ") != std::string::npos ||
+        k.name_expression.find(", 3, ") != std::string::npos)
+      with_stats.insert(k.template_name);
+  }
+  EXPECT_EQ(with_stats, (std::set<std::string>{"cast_transpose", "gated_activation_fwd",
+                                               "gated_activation_bwd"}));
+  for (const auto& k : v->kernels) EXPECT_FALSE(k.binary.empty()) << k.kernel_name;
 }
 
 // An application feature through the embedding API (opfuse/debug_feature.h): clip the operands

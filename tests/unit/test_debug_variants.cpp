@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <variant>
 
 #include "cpu/numerics.h"
 #include "debug/stats.h"
@@ -78,6 +80,31 @@ TEST(DebugVariants, UnconfiguredLayersKeepTheirStepsAndFusions) {
   EXPECT_EQ(plain_what, variant_what);
 }
 
+// The fused groups of a plan, in step order, as "pattern first-op" (a group's launches once;
+// "stats": a kernel that only gained statistics, not a fusion).
+std::vector<std::string> fusions(const plan::SequencePlan& s) {
+  std::vector<std::string> out;
+  for (const plan::Step& st : s.steps) {
+    if (st.pattern.empty() || st.pattern == "stats") continue;
+    const std::string name = st.pattern + " " + st.ops.at(0).instance;
+    if (out.empty() || out.back() != name) out.push_back(name);
+  }
+  return out;
+}
+
+// The first step holding the statistics op of `instance` (its group's kernel; merges follow).
+const plan::Step* step_with_op(const plan::SequencePlan& s, const std::string& instance) {
+  for (const plan::Step& st : s.steps)
+    for (const plan::OpRef& op : st.ops)
+      if (op.instance == instance) return &st;
+  return nullptr;
+}
+
+std::string name_expression_of(const plan::Step& st) {
+  const auto* launch = std::get_if<plan::LaunchStep>(&st.body);
+  return launch ? launch->name_expression : "";
+}
+
 TEST(DebugVariants, InspectingANormOutputUndoesOnlyItsCastFusion) {
   const auto plain = compile(kMlp, nullptr);
   const auto r = test::routed(
@@ -85,17 +112,81 @@ TEST(DebugVariants, InspectingANormOutputUndoesOnlyItsCastFusion) {
       "    LogTensorStats: {tensors: [activation], stats: [max]}\n",
       {"fc1", "fc2"}, true);
   const auto v = compile(kMlp, &r->routing);
-  auto patterns = [](const plan::SequencePlan& s) {
-    std::vector<std::string> out;
-    for (const plan::Step& st : s.steps)
-      if (!st.pattern.empty()) out.push_back(st.pattern);
-    return out;
-  };
-  const auto before = patterns(plain.plan.sequences[0]);
-  const auto after = patterns(v.plan.sequences[0]);
-  EXPECT_NE(std::find(before.begin(), before.end(), "norm_cast"), before.end());
-  EXPECT_EQ(std::find(after.begin(), after.end(), "norm_cast"), after.end());
+  const auto before = fusions(plain.plan.sequences[0]);
+  const auto after = fusions(v.plan.sequences[0]);
+  EXPECT_NE(std::find(before.begin(), before.end(), "norm_cast layernorm_0"), before.end());
+  EXPECT_EQ(std::find(after.begin(), after.end(), "norm_cast layernorm_0"), after.end());
   EXPECT_EQ(before.size(), after.size() + 1);  // the activation cast of fc2 stays fused
+  // The norm's output is in memory now; the cast reading it computes its statistics.
+  const plan::Step* cast = step_with_op(v.plan.sequences[0], "fc1.activation_stats0");
+  ASSERT_NE(cast, nullptr);
+  EXPECT_EQ(cast->pattern, "stats");
+  EXPECT_NE(name_expression_of(*cast).find("opfuse::cast_transpose<"), std::string::npos);
+  EXPECT_NE(name_expression_of(*cast).find(", 1>"), std::string::npos)  // kStatsOfInput
+      << name_expression_of(*cast);
+}
+
+// Statistics fused into kernels (docs/debugging.md): the statistics of a tensor a fused kernel
+// keeps inside (the SwiGLU output its FP8 cast replaces, the SwiGLU gradient) are computed by that
+// kernel, which stays fused; those of a tensor a kernel reads (the GEMM output SwiGLU reads, the
+// weight and gradient casts read) by the kernel reading it. Only tensors no kernel reads (a GEMM's
+// output nobody reads in the step, wgrad) keep a statistics kernel of their own.
+TEST(DebugVariants, StatisticsFoldIntoTheKernelsThatReadOrWriteTheTensor) {
+  const auto plain = compile(kMlp, nullptr);
+  const auto r = test::routed(
+      "a:\n  layers: {layer_name_regex_pattern: .*}\n  transformer_engine:\n"
+      "    LogTensorStats:\n      tensors: [activation, weight, output, gradient, dgrad, wgrad]\n"
+      "      stats: [min, max, mean, std, l1_norm]\n",
+      {"fc1", "fc2"}, true);
+  const auto v = compile(kMlp, &r->routing);
+  const plan::SequencePlan& s = v.plan.sequences[0];
+  ASSERT_EQ(s.stat_slots.size(), 12u);
+  // Every fusion of the plain plan but the norm's cast (the norm kernel computes no statistics).
+  std::vector<std::string> expected = fusions(plain.plan.sequences[0]);
+  expected.erase(std::find(expected.begin(), expected.end(), "norm_cast layernorm_0"));
+  EXPECT_EQ(fusions(s), expected);
+  std::map<std::string, std::string> kernel_of;  // statistics instance -> its step's kernel
+  int own = 0, merges = 0;
+  for (const plan::Step& st : s.steps) {
+    const std::string name = name_expression_of(st);
+    if (name.find("tensor_stats_partial") != std::string::npos) ++own;
+    if (name.find("tensor_stats_final<512>") != std::string::npos) ++merges;
+    for (const plan::OpRef& op : st.ops)  // the group's first launch (its merges follow)
+      if (op.op == "tensor_stats") kernel_of.emplace(op.instance, name);
+  }
+  auto kernel = [&](const std::string& instance) {
+    const auto it = kernel_of.find(instance);
+    return it == kernel_of.end() ? std::string("(none)") : it->second;
+  };
+  // fc2's activation (the SwiGLU output, never stored) and fc1's output (its input) in one
+  // kernel; fc1's gradient (the SwiGLU gradient) and fc2's dgrad (its dy) in the backward's.
+  EXPECT_EQ(kernel("fc2.activation_stats6"), kernel("fc1.output_stats3"));
+  EXPECT_NE(kernel("fc2.activation_stats6").find("gated_activation_fwd<"), std::string::npos);
+  EXPECT_NE(kernel("fc2.activation_stats6").find(", 3, __nv_bfloat16>"), std::string::npos)
+      << kernel("fc2.activation_stats6");
+  EXPECT_EQ(kernel("fc1.gradient_stats2"), kernel("fc2.dgrad_stats10"));
+  EXPECT_NE(kernel("fc1.gradient_stats2").find("gated_activation_bwd<"), std::string::npos);
+  for (const char* cast :
+       {"fc1.weight_stats1", "fc2.weight_stats7", "fc2.gradient_stats8", "fc1.activation_stats0"})
+    EXPECT_NE(kernel(cast).find("cast_transpose<"), std::string::npos) << cast;
+  // Of their own: fc1's dgrad (the norm backward reads it), both wgrads, fc2's output.
+  EXPECT_EQ(own, 4);
+  EXPECT_EQ(merges, 8);
+}
+
+// Records a kernel cannot compute (blockwise ranges, LogFp8TensorStats' casts) keep kernels of
+// their own and undo the fusion that hid their tensor, as before.
+TEST(DebugVariants, BlockwiseStatisticsKeepAKernelOfTheirOwn) {
+  const auto plain = compile(kMlp, nullptr);
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+      "    LogTensorStats:\n      tensors: [activation]\n      stats:\n"
+      "        - max\n        - max_blockwise_dynamic_range: {block_size: 32, dims: 1}\n",
+      {"fc1", "fc2"}, true);
+  const auto v = compile(kMlp, &r->routing);
+  const auto after = fusions(v.plan.sequences[0]);
+  EXPECT_EQ(std::find(after.begin(), after.end(), "activation_cast swiglu_0"), after.end());
+  EXPECT_EQ(after.size() + 1, fusions(plain.plan.sequences[0]).size());
 }
 
 TEST(DebugVariants, GemmsLeaveQuantizationWhereTheFeaturesSay) {

@@ -64,11 +64,32 @@ std::string summary(const debug::Routing& r) {
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
-// A fused step as a reader names it: "norm_cast (layernorm_0, fc1.input)".
+// A fused step as a reader names it: "norm_cast (layernorm_0, fc1.input)". The statistics a
+// kernel computes besides are not part of its fusion (docs/debugging.md, "Statistics fused into
+// kernels"): a pattern that keeps them is not undone, and a kernel that only gained them is none.
 std::string fusion_name(const plan::Step& s) {
   std::vector<std::string> ops;
-  for (const plan::OpRef& op : s.ops) ops.push_back(op.instance);
+  for (const plan::OpRef& op : s.ops)
+    if (op.op != "tensor_stats") ops.push_back(op.instance);
   return fmt::format("{} ({})", s.pattern, fmt::join(ops, ", "));
+}
+
+// A step of a fusion pattern (not a kernel that only gained statistics: pattern "stats").
+bool is_fusion(const plan::Step& s) { return !s.pattern.empty() && s.pattern != "stats"; }
+
+// Which kernel computes the statistics op `instance` (passes/debug_instrument.cpp names it):
+// one of its own, or the kernel of a step that reads or writes its tensor anyway.
+std::string computed_by(const plan::SequencePlan& p, const std::string& instance) {
+  for (const plan::Step& s : p.steps) {
+    const bool here = std::any_of(s.ops.begin(), s.ops.end(), [&](const plan::OpRef& op) {
+      return op.op == "tensor_stats" && op.instance == instance;
+    });
+    if (!here) continue;
+    for (const plan::OpRef& op : s.ops)
+      if (op.op != "tensor_stats") return fmt::format(" (in the kernel of {})", op.instance);
+    return " (a kernel of its own)";
+  }
+  return "";
 }
 
 // What the variant of `at` compiles to against the plain plan: the fusions it undoes and the
@@ -94,9 +115,9 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
     const plan::SequencePlan& v = variant.plan.sequences.at(i);
     std::vector<std::string> fused, undone;
     for (const plan::Step& s : v.steps)
-      if (!s.pattern.empty()) fused.push_back(fusion_name(s));
+      if (is_fusion(s)) fused.push_back(fusion_name(s));
     for (const plan::Step& s : p.steps) {
-      if (s.pattern.empty()) continue;
+      if (!is_fusion(s)) continue;
       const std::string name = fusion_name(s);
       if (std::find(fused.begin(), fused.end(), name) == fused.end()) undone.push_back(name);
     }
@@ -110,7 +131,8 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
           std::printf("    modified operand %s: %s\n", op.instance.c_str(), st.what.c_str());
       }
     }
-    for (const plan::StatSlot& slot : v.stat_slots) {
+    for (size_t i = 0; i < v.stat_slots.size(); ++i) {
+      const plan::StatSlot& slot = v.stat_slots[i];
       std::string what;
       if (slot.record == plan::StatRecordKind::Quantized) {
         // LogFp8TensorStats: which cast, and its scale blocks.
@@ -123,6 +145,7 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
       } else if (slot.block_size > 0) {
         what = fmt::format(" (blocks of {}, {}-D)", slot.block_size, slot.dims);
       }
+      what += computed_by(v, fmt::format("{}.{}_stats{}", slot.layer, slot.tensor, i));
       std::printf("    statistics: %s %s%s\n", slot.layer.c_str(), slot.tensor.c_str(),
                   what.c_str());
     }

@@ -8,7 +8,7 @@ namespace {
 using ir::OpKind;
 constexpr OpKind kCast[] = {OpKind::CastFp8};
 constexpr Step kSteps[] = {
-    {.is = ir::is_pointwise, .link = Link::Start},
+    {.is = ir::is_pointwise, .link = Link::Start, .stats_ok = true},
     {.kinds = kCast, .link = Link::Consumes, .from = 0, .when = cast_can_fold},
 };
 }  // namespace

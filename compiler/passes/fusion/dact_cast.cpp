@@ -10,7 +10,7 @@ using ir::OpKind;
 constexpr OpKind kBiasGrad[] = {OpKind::BiasGrad};
 constexpr OpKind kCast[] = {OpKind::CastFp8};
 constexpr Step kSteps[] = {
-    {.is = ir::is_pointwise_backward, .link = Link::Start},
+    {.is = ir::is_pointwise_backward, .link = Link::Start, .stats_ok = true},
     {.kinds = kBiasGrad, .link = Link::Consumes, .from = 0, .optional = true},
     {.kinds = kCast, .link = Link::Consumes, .from = 0, .when = cast_can_fold},
 };

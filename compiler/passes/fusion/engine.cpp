@@ -43,7 +43,8 @@ class Matcher {
  public:
   Matcher(const Sequence& s, const FusionPattern& p) : s_(s), p_(p) {}
 
-  // Indices (into s.ops, one per step, -1 when absent) of a match anchored at op `start`.
+  // Indices (into s.ops, one per step, -1 when absent) of a match anchored at op `start`, then
+  // those of the statistics ops that join it (Step::stats_ok).
   std::optional<std::vector<int>> match(size_t start) const {
     const auto& steps = p_.steps;
     if (s_.ops[start].phase != p_.phase || !step_accepts(s_, steps[0], s_.ops[start]))
@@ -60,13 +61,20 @@ class Matcher {
       if (from >= 0) at[k] = find_step(step, s_.ops[size_t(from)], at);
       if (at[k] < 0 && !step.optional) return std::nullopt;
     }
-    if (!escapes_are_allowed(at) || !order_is_safe(at)) return std::nullopt;
+    // The statistics ops the kernel computes of its steps' results join the group.
+    std::vector<int> group = at;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      if (at[k] < 0 || !steps[k].stats_ok) continue;
+      const int stats = foldable_stats_of(s_.ops[size_t(at[k])].results.at(0));
+      if (stats >= 0) group.push_back(stats);
+    }
+    if (!escapes_are_allowed(at, group) || !order_is_safe(group)) return std::nullopt;
     if (p_.accept) {
       Match m;
       for (int i : at) m.push_back(i >= 0 ? &s_.ops[size_t(i)] : nullptr);
       if (!p_.accept(s_, m)) return std::nullopt;
     }
-    return at;
+    return group;
   }
 
  private:
@@ -88,8 +96,17 @@ class Matcher {
     return std::find(at.begin(), at.end(), int(j)) != at.end();
   }
 
+  // The first statistics op of the pattern's phase that a kernel could compute of `v`; -1: none.
+  int foldable_stats_of(ValueId v) const {
+    for (size_t j = 0; j < s_.ops.size(); ++j) {
+      const Operation& op = s_.ops[j];
+      if (op.phase == p_.phase && stats_can_fold(s_, op) && op.operands.at(0) == v) return int(j);
+    }
+    return -1;
+  }
+
   // A result another step reads may leave the group only where the step allows it.
-  bool escapes_are_allowed(const std::vector<int>& at) const {
+  bool escapes_are_allowed(const std::vector<int>& at, const std::vector<int>& group) const {
     for (size_t k = 0; k < at.size(); ++k) {
       if (at[k] < 0 || p_.steps[k].escapes_ok) continue;
       const ValueId v = s_.ops[size_t(at[k])].results[0];
@@ -100,7 +117,7 @@ class Matcher {
       if (!linked) continue;
       if (used_by_interface(s_, v)) return false;
       for (size_t j = 0; j < s_.ops.size(); ++j)
-        if (!in_group(at, j) && uses(s_.ops[j], v)) return false;
+        if (!in_group(group, j) && uses(s_.ops[j], v)) return false;
     }
     return true;
   }

@@ -29,6 +29,10 @@ struct Step {
   // result another step reads must have no use outside the group.
   bool escapes_ok = false;
   bool (*when)(const ir::Sequence&, const ir::Operation&) = nullptr;
+  // The fused kernel can compute the statistics of this step's first result (the tiled kernels'
+  // kStats, templates/common/elementwise_tile.cuh): one whole-tensor statistics op reading it
+  // (stats_can_fold) joins the group instead of keeping the result in memory.
+  bool stats_ok = false;
 };
 
 // The ops a match found, by step (nullptr for an optional step that was absent).
@@ -52,5 +56,16 @@ bool apply_patterns(ir::Sequence& seq, ir::Phase phase,
 // An FP8 cast can fold into its producer only under delayed scaling: current scaling needs the
 // amax of the whole tensor before the first element is cast (TE computes it in a separate pass).
 bool cast_can_fold(const ir::Sequence& seq, const ir::Operation& cast);
+
+// A debug config's statistics op that a kernel reading or producing its tensor can compute
+// instead: a LogTensorStats record of the whole tensor (no blockwise ranges; LogFp8TensorStats
+// casts of its own stay separate kernels).
+bool stats_can_fold(const ir::Sequence& seq, const ir::Operation& op);
+
+// After the patterns of `phase`: each foldable statistics op that is still an op of its own moves
+// into the kernel op that reads its tensor as its first input or produces it (a tiled activation
+// or cast kernel, fused or not; docs/debugging.md, "Statistics fused into kernels"). Returns true
+// when any moved.
+bool fold_stats(ir::Sequence& seq, ir::Phase phase);
 
 }  // namespace opfuse::passes::fusion

@@ -1,0 +1,183 @@
+// The record of a tensor's moments and extrema that the precision-debug statistics reduce
+// (docs/debugging.md, "Statistics on the device"), its deterministic merge, and the per-thread
+// accumulator: shared by tensor_stats.cuh (a kernel of its own reading the tensor) and the tiled
+// elementwise kernels that compute the statistics of a tensor they already read or produce
+// (common/elementwise_tile.cuh, kStats). StatRecord has the layout of debug::TensorMoments
+// (debug/stats.h): keep the two identical.
+#ifndef OPFUSE_TEMPLATES_COMMON_STAT_RECORD_CUH_
+#define OPFUSE_TEMPLATES_COMMON_STAT_RECORD_CUH_
+
+namespace opfuse {
+
+struct StatRecord {
+  long long count;
+  double mean;
+  double m2;  // sum of squared deviations from mean (Chan's M2)
+  double min;
+  double max;
+  double sum_abs;
+  double sum_sq;
+  double amax;
+  double min_nonzero_abs;  // +inf: no nonzero value
+  double max_nonzero_abs;
+  double max_blockwise_dynamic_range;
+};
+
+// NaN-propagating min and max: a NaN anywhere makes the statistic NaN, whatever the order.
+__device__ __forceinline__ double stat_min(double a, double b) {
+  return isnan(a) ? a : (isnan(b) ? b : fmin(a, b));
+}
+__device__ __forceinline__ double stat_max(double a, double b) {
+  return isnan(a) ? a : (isnan(b) ? b : fmax(a, b));
+}
+
+__device__ __forceinline__ StatRecord empty_stat_record() {
+  StatRecord r;
+  r.count = 0;
+  r.mean = 0;
+  r.m2 = 0;
+  r.min = __longlong_as_double(0x7FF0000000000000LL);  // +inf
+  r.max = -r.min;
+  r.sum_abs = 0;
+  r.sum_sq = 0;
+  r.amax = 0;
+  r.min_nonzero_abs = r.min;
+  r.max_nonzero_abs = 0;
+  r.max_blockwise_dynamic_range = 0;
+  return r;
+}
+
+// Chan et al.'s parallel update: the record of two disjoint pieces.
+__device__ __forceinline__ StatRecord merge_stat_records(const StatRecord& a, const StatRecord& b) {
+  if (a.count == 0) return b;
+  if (b.count == 0) return a;
+  StatRecord r;
+  r.count = a.count + b.count;
+  const double n = static_cast<double>(r.count);
+  const double na = static_cast<double>(a.count), nb = static_cast<double>(b.count);
+  const double delta = b.mean - a.mean;
+  r.mean = a.mean + delta * (nb / n);
+  r.m2 = a.m2 + b.m2 + delta * delta * (na * nb / n);
+  r.min = stat_min(a.min, b.min);
+  r.max = stat_max(a.max, b.max);
+  r.sum_abs = a.sum_abs + b.sum_abs;
+  r.sum_sq = a.sum_sq + b.sum_sq;
+  r.amax = stat_max(a.amax, b.amax);
+  r.min_nonzero_abs = stat_min(a.min_nonzero_abs, b.min_nonzero_abs);
+  r.max_nonzero_abs = stat_max(a.max_nonzero_abs, b.max_nonzero_abs);
+  r.max_blockwise_dynamic_range =
+      stat_max(a.max_blockwise_dynamic_range, b.max_blockwise_dynamic_range);
+  return r;
+}
+
+__device__ __forceinline__ StatRecord shuffle_xor(const StatRecord& r, int mask) {
+  StatRecord o;
+  o.count = __shfl_xor_sync(0xFFFFFFFFu, r.count, mask);
+  o.mean = __shfl_xor_sync(0xFFFFFFFFu, r.mean, mask);
+  o.m2 = __shfl_xor_sync(0xFFFFFFFFu, r.m2, mask);
+  o.min = __shfl_xor_sync(0xFFFFFFFFu, r.min, mask);
+  o.max = __shfl_xor_sync(0xFFFFFFFFu, r.max, mask);
+  o.sum_abs = __shfl_xor_sync(0xFFFFFFFFu, r.sum_abs, mask);
+  o.sum_sq = __shfl_xor_sync(0xFFFFFFFFu, r.sum_sq, mask);
+  o.amax = __shfl_xor_sync(0xFFFFFFFFu, r.amax, mask);
+  o.min_nonzero_abs = __shfl_xor_sync(0xFFFFFFFFu, r.min_nonzero_abs, mask);
+  o.max_nonzero_abs = __shfl_xor_sync(0xFFFFFFFFu, r.max_nonzero_abs, mask);
+  o.max_blockwise_dynamic_range = __shfl_xor_sync(0xFFFFFFFFu, r.max_blockwise_dynamic_range, mask);
+  return o;
+}
+
+__device__ __forceinline__ float stat_inf() { return __int_as_float(0x7F800000); }
+
+// One thread's running sums: shifted by the first finite value it sees, so the variance does not
+// cancel catastrophically, then turned into a record. A vector of elements is summed in float
+// first (error far below the 1e-5 the statistics promise), then added to double sums; minima and
+// maxima run in float (exact: every input type converts to float exactly) without NaN checks, a
+// NaN being remembered on the side and made the result of every extremum at the end.
+struct StatAccumulator {
+  long long n = 0;
+  float shift = 0;
+  bool shifted = false;
+  bool nan = false;
+  double s1 = 0, s2 = 0, sum_abs = 0, sum_sq = 0;
+  float min = stat_inf(), max = -stat_inf();
+  float amax = 0;
+  float min_nonzero_abs = stat_inf();
+
+  template <int K>
+  __device__ __forceinline__ void add(const float (&values)[K]) {
+    if (!shifted) {
+#pragma unroll
+      for (int e = K - 1; e >= 0; --e) shift = isfinite(values[e]) ? values[e] : shift;
+      shifted = true;
+    }
+    float p1 = 0, p2 = 0, pa = 0, pq = 0;
+#pragma unroll
+    for (int e = 0; e < K; ++e) {
+      const float v = values[e];
+      const float d = v - shift;
+      const float a = fabsf(v);
+      p1 += d;
+      p2 = fmaf(d, d, p2);
+      pa += a;
+      pq = fmaf(v, v, pq);
+      min = fminf(min, v);
+      max = fmaxf(max, v);
+      amax = fmaxf(amax, a);
+      min_nonzero_abs = fminf(min_nonzero_abs, a != 0.0f ? a : stat_inf());
+      nan |= v != v;
+    }
+    n += K;
+    s1 += static_cast<double>(p1);
+    s2 += static_cast<double>(p2);
+    sum_abs += static_cast<double>(pa);
+    sum_sq += static_cast<double>(pq);
+  }
+  __device__ __forceinline__ void add(float value) {
+    const float one[1] = {value};
+    add(one);
+  }
+
+  __device__ __forceinline__ StatRecord record() const {
+    StatRecord out = empty_stat_record();
+    out.count = n;
+    if (n > 0) {
+      const double dn = static_cast<double>(n);
+      out.mean = static_cast<double>(shift) + s1 / dn;
+      const double m2 = s2 - s1 * (s1 / dn);
+      out.m2 = m2 > 0 ? m2 : (isnan(m2) ? m2 : 0.0);
+      const double quiet_nan = __longlong_as_double(0x7FF8000000000000LL);
+      out.min = nan ? quiet_nan : min;
+      out.max = nan ? quiet_nan : max;
+      out.sum_abs = sum_abs;
+      out.sum_sq = sum_sq;
+      out.amax = nan ? quiet_nan : amax;
+      // The largest nonzero magnitude is the amax (0 when every value is 0).
+      out.min_nonzero_abs = nan ? quiet_nan : min_nonzero_abs;
+      out.max_nonzero_abs = out.amax;
+    }
+    return out;
+  }
+};
+
+// The record of a block's accumulators: each warp's records merge in a fixed butterfly, then
+// thread 0 merges the warps' in warp order (the same inputs give the same bits). Must be called by
+// every thread of the block; the result is valid in thread 0. `scratch` holds kThreads / 32
+// records.
+template <int kThreads>
+__device__ __forceinline__ StatRecord block_stat_record(StatRecord r, StatRecord* scratch) {
+  static_assert(kThreads % 32 == 0, "whole warps");
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) r = merge_stat_records(r, shuffle_xor(r, mask));
+  if (lane == 0) scratch[threadIdx.x / 32] = r;
+  __syncthreads();
+  StatRecord total = empty_stat_record();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / 32; ++w) total = merge_stat_records(total, scratch[w]);
+  }
+  return total;
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_COMMON_STAT_RECORD_CUH_
