@@ -4,8 +4,8 @@
 // fixed by the launch shape, never by atomics or scheduling).
 //
 // Entry points: tensor_stats_partial<Input> (one record per thread block, into `partials`) and
-// tensor_stats_final (one warp merges the partials, each lane a fixed run of them, then in a fixed
-// tree, into the slot's record). Without blockwise ranges a block reads its rows as one contiguous
+// tensor_stats_final (merges the partials in a fixed order into the slot's record, or into one
+// record per block for a second launch). Without blockwise ranges a block reads its rows as one contiguous
 // range with 16-byte loads (memory-bound: no division or 64-bit index math per element).
 // StatRecord has the layout of debug::TensorMoments (debug/stats.h): keep the two identical.
 #ifndef OPFUSE_TEMPLATES_TENSOR_STATS_CUH_
@@ -31,8 +31,8 @@ struct TensorStatsParams {
 
 struct TensorStatsFinalParams {
   const StatRecord* partials;
-  int count;  // the partial kernel's gridDim.x
-  StatRecord* record;
+  int count;           // records in partials
+  StatRecord* record;  // gridDim.x records: block b merges the b-th of gridDim.x equal runs
 };
 
 // The elements [begin, end) of x, one thread's share of a block's contiguous range: 16-byte
@@ -144,10 +144,12 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
   if (threadIdx.x == 0) params.partials[blockIdx.x] = total;
 }
 
-// Block: kThreads (a multiple of 32), grid: 1. Thread t merges partials t*k .. t*k+k-1 in order
-// (k = ceil(count / kThreads)); each warp's records merge in a fixed butterfly (the lower lane's
-// record first), then thread 0 merges the warps' in warp order: the same partials give the same
-// bits.
+// Block: kThreads (a multiple of 32). Grid: 1 (every partial into the slot's record), or more to
+// merge a run of partials per block into an array of records that a launch of grid 1 merges next
+// (the tens of thousands of partials of a tiled kernel's statistics). Thread t of a block merges
+// the records t, t + kThreads, ... of the block's run in order (a warp's loads are contiguous);
+// each warp's records merge in a fixed butterfly (the lower lane's record first), then thread 0
+// merges the warps' in warp order: the same partials give the same bits.
 template <int kThreads = 32>
 __global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
                                                               launch::kTensorStatsRegisterBudget))
@@ -156,9 +158,11 @@ __global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
   __shared__ StatRecord warp_records[kThreads / 32];
   const int t = static_cast<int>(threadIdx.x);
   const int lane = t % 32;
-  const int per_thread = (params.count + kThreads - 1) / kThreads;
+  const int run = (params.count + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  const int begin = static_cast<int>(blockIdx.x) * run;
+  const int end = begin + run < params.count ? begin + run : params.count;
   StatRecord total = empty_stat_record();
-  for (int b = t * per_thread; b < (t + 1) * per_thread && b < params.count; ++b)
+  for (int b = begin + t; b < end; b += kThreads)
     total = merge_stat_records(total, params.partials[b]);
 #pragma unroll
   for (int mask = 1; mask < 32; mask <<= 1) {
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
   if (t == 0) {
     StatRecord all = empty_stat_record();
     for (int w = 0; w < kThreads / 32; ++w) all = merge_stat_records(all, warp_records[w]);
-    *params.record = all;
+    params.record[blockIdx.x] = all;
   }
 }
 

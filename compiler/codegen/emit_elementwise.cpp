@@ -53,7 +53,7 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
        bind_quantizer("scale", cast.quantizer, QuantizerValue::Scale),
        bind_quantizer("amax", amax_quantizer, QuantizerValue::Amax),
        bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols),
-       bind_out("in_stats", stats.input_partials)},
+       bind_out("in_stats", stats.input.partials)},
       std::move(plain));
   emit_fused_stats_merge(b, g, stats);
   if (dbias) {
@@ -312,7 +312,7 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
        bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
        bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols),
-       bind_out("in_stats", stats.input_partials), bind_out("out_stats", stats.output_partials)},
+       bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials)},
       WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
   emit_fused_stats_merge(b, g, stats);
 }
@@ -361,7 +361,7 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
        bind_copy("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, QuantizerValue::Scale),
        bind_amax(quantizer, measured), bind_scale_record(measured),
        bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols),
-       bind_out("in_stats", stats.input_partials), bind_out("out_stats", stats.output_partials)});
+       bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials)});
   emit_fused_stats_merge(b, g, stats);
   if (dbias) {
     const ValueId db = dbias->results.at(0);

@@ -130,16 +130,18 @@ void emit_tensor_capture(SequenceBuilder& b, const Group& g);
 // TensorStats parts (folded by the fusion passes, passes/fusion/fold_stats.cpp). Each gets one
 // partial record per block of `grid` (templates/common/elementwise_tile.cuh, kStats).
 struct FusedStats {
-  int input_slot = -1;  // the record slots (Sequence::inspections); -1: none
-  int output_slot = -1;
-  int input_partials = -1;  // their workspaces
-  int output_partials = -1;
+  struct Tap {
+    int slot = -1;         // the record's slot (Sequence::inspections); -1: none
+    int partials = -1;     // its workspace of partial records, one per block
+    std::string instance;  // the statistics op
+  };
+  Tap input, output;
   SymExpr blocks = 0;
   int bits() const;  // the kernel's kStats
   // The template arguments kStats (and StatsAs: `output` when `with_type`) appended to `args`
   // when the kernel computes any (none otherwise: the plain kernel's name is unchanged).
   void append_args(std::vector<std::string>& args, DType output, bool with_type) const;
-  std::string text() const;  // " + statistics of x into record 3", or ""
+  std::string text() const;  // " + statistics of its input into record 3", or ""
 };
 // Fails (no kernel) for a TensorStats part reading anything but `input` or `output`.
 FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueId output,

@@ -4,6 +4,8 @@
 // into the executor's record of the op's slot.
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "codegen/emit_groups.h"
 #include "support/assert.h"
 
@@ -121,8 +123,8 @@ void emit_tensor_stats(SequenceBuilder& b, const Group& g) {
 }
 
 int FusedStats::bits() const {
-  return (input_slot >= 0 ? rules::kStatsOfInput : 0) |
-         (output_slot >= 0 ? rules::kStatsOfOutput : 0);
+  return (input.slot >= 0 ? rules::kStatsOfInput : 0) |
+         (output.slot >= 0 ? rules::kStatsOfOutput : 0);
 }
 
 void FusedStats::append_args(std::vector<std::string>& args, DType output, bool with_type) const {
@@ -133,9 +135,9 @@ void FusedStats::append_args(std::vector<std::string>& args, DType output, bool 
 
 std::string FusedStats::text() const {
   std::string out;
-  if (input_slot >= 0) out += fmt::format(" + statistics of its input into record {}", input_slot);
-  if (output_slot >= 0)
-    out += fmt::format(" + statistics of its output into record {}", output_slot);
+  if (input.slot >= 0) out += fmt::format(" + statistics of its input into record {}", input.slot);
+  if (output.slot >= 0)
+    out += fmt::format(" + statistics of its output into record {}", output.slot);
   return out;
 }
 
@@ -149,27 +151,42 @@ FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueI
     const int slot = int(ir::attr_int(p->attrs, "slot"));
     const plan::StatSlot& s = b.seq().inspections.at(size_t(slot));
     if (s.record != plan::StatRecordKind::Moments || s.block_size != 0) no_kernel(b, g);
-    int* taken = v == input ? &fs.input_slot : (v == output ? &fs.output_slot : nullptr);
-    if (taken == nullptr || *taken >= 0) no_kernel(b, g);
-    *taken = slot;
+    FusedStats::Tap* tap = v == input ? &fs.input : (v == output ? &fs.output : nullptr);
+    if (tap == nullptr || tap->slot >= 0) no_kernel(b, g);
+    tap->slot = slot;
+    tap->instance = p->instance;
     // One record (11 eight-byte fields) per block.
-    const int partials =
+    tap->partials =
         b.add_workspace(p->instance + ".partials", DType::FP32, {fs.blocks * SymExpr(22)});
-    (v == input ? fs.input_partials : fs.output_partials) = partials;
   }
   return fs;
 }
 
 void emit_fused_stats_merge(SequenceBuilder& b, const Group& g, const FusedStats& stats) {
-  constexpr int kThreads = rules::kFusedStatsFinalThreads;
-  for (const auto& [slot, partials] : {std::pair{stats.input_slot, stats.input_partials},
-                                       std::pair{stats.output_slot, stats.output_partials}}) {
-    if (slot < 0) continue;
-    b.add_launch(g, fmt::format("merge the kernel's partial records into record {}", slot),
-                 "tensor_stats_final", {std::to_string(kThreads)}, GridRule{"single", 1, 1, {}},
-                 kThreads, 0,
-                 {bind_in("partials", partials), bind_int("count", stats.blocks),
-                  bind_stat_record("record", slot)});
+  constexpr int kThreads = rules::kStatsMergeThreads;
+  constexpr int64_t kRun = rules::kStatsMergeRun;
+  const std::optional<int64_t> known = stats.blocks.value();
+  const bool two_stages = !known || *known > kRun;
+  const SymExpr runs = ceil_div(stats.blocks, kRun);
+  for (const FusedStats::Tap* tap : {&stats.input, &stats.output}) {
+    if (tap->slot < 0) continue;
+    const int slot = tap->slot, partials = tap->partials;
+    int merged = partials;
+    SymExpr count = stats.blocks;
+    if (two_stages) {
+      merged = b.add_workspace(tap->instance + ".merged", DType::FP32, {runs * SymExpr(22)});
+      b.add_launch(g, fmt::format("merge runs of {} partial records for record {}", kRun, slot),
+                   "tensor_stats_final", {std::to_string(kThreads)},
+                   GridRule{"stats_merge", runs, 1, {{"count", stats.blocks}, {"run", kRun}}},
+                   kThreads, 0,
+                   {bind_in("partials", partials), bind_int("count", stats.blocks),
+                    bind_out("record", merged)});
+      count = runs;
+    }
+    b.add_launch(
+        g, fmt::format("merge the kernel's partial records into record {}", slot),
+        "tensor_stats_final", {std::to_string(kThreads)}, GridRule{"single", 1, 1, {}}, kThreads, 0,
+        {bind_in("partials", merged), bind_int("count", count), bind_stat_record("record", slot)});
   }
 }
 

@@ -162,10 +162,7 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
 #pragma unroll
       for (int b = 0; b < kPassesPerBatch; ++b) {
         const long long row = tile_row0 + (batch + b) * kRowsPerPass + row_in_pass;
-        if (col_valid && row < args.rows) {
-          loaded[b] = op.load(row, col);
-          if constexpr ((kStats & launch::kStatsOfInput) != 0) op.add_input_stats(loaded[b], in_acc);
-        }
+        if (col_valid && row < args.rows) loaded[b] = op.load(row, col);
       }
 #pragma unroll
       for (int b = 0; b < kPassesPerBatch; ++b) {
@@ -175,6 +172,9 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
         float values[kPlanes][kVec];
         if (valid) {
           op.compute(loaded[b], values);
+          // After every load of the batch is issued (here, not at the load: a use there waits
+          // for each load before the next is issued).
+          if constexpr ((kStats & launch::kStatsOfInput) != 0) op.add_input_stats(loaded[b], in_acc);
         } else {
 #pragma unroll
           for (int plane = 0; plane < kPlanes; ++plane) {

@@ -12,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <random>
-#include <variant>
 
 #include "debug/stats.h"
 #include "debug_routing_fixture.h"
@@ -188,14 +187,13 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
   ASSERT_EQ(plan.stat_slots.size(), 12u);
   int fused_merges = 0;
   for (const plan::Step& st : plan.steps) {
-    const auto* launch = std::get_if<plan::LaunchStep>(&st.body);
-    if (launch && launch->name_expression == "opfuse::tensor_stats_final<512>") ++fused_merges;
+    if (st.what.find("merge the kernel's partial records") != std::string::npos) ++fused_merges;
   }
   EXPECT_EQ(fused_merges, 8);
 
   gpu::GemmRunner gemms(stream_);
   gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
-  const int64_t tokens = 200;  // partial row tiles
+  const int64_t tokens = 208;  // partial row tiles; FP8 GEMMs need a multiple of 16
   gpu.bind({{"tokens", tokens}});
   cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
   feed(gpu, ref, tokens, 128);

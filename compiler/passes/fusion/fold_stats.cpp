@@ -76,7 +76,14 @@ bool stats_can_fold(const Sequence& seq, const Operation& op) {
   const auto slot = size_t(attr_int(op.attrs, "slot"));
   if (slot >= seq.inspections.size()) return false;
   const plan::StatSlot& s = seq.inspections[slot];
-  return s.record == plan::StatRecordKind::Moments && s.block_size == 0;
+  if (s.record != plan::StatRecordKind::Moments || s.block_size != 0) return false;
+  // LogFp8TensorStats of the same tensor reads this record (its current-scaling what-ifs take
+  // the amax from it; codegen/emit_stats.cpp): it must be complete before that op runs, so it
+  // stays an op of its own, in place.
+  return std::none_of(seq.inspections.begin(), seq.inspections.end(), [&](const plan::StatSlot& q) {
+    return q.record == plan::StatRecordKind::Quantized && q.layer == s.layer &&
+           q.tensor == s.tensor;
+  });
 }
 
 bool fold_stats(Sequence& seq, Phase phase) {
