@@ -33,12 +33,12 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
     emit_current_amax(b, g, cast, x, cast.quantizer);
     amax_quantizer = -1;  // measured already
   }
-  GridRule grid = tile_grid(rows, cols);
+  const FusedStats stats = fused_stats(b, g, x, ir::kNoValue, tile_grid(rows, cols));
+  GridRule grid = stats.grid;
   const SymExpr partial_rows = grid.y;
   const int partial =
       dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32, {partial_rows, cols})
             : -1;
-  const FusedStats stats = fused_stats(b, g, x, ir::kNoValue, grid);
   auto what = [&](bool with_copy) {
     return fmt::format("cast {} -> {}{}{}", name_of(in), fp8_output_text(out, with_copy),
                        dbias ? " + dbias partial sums" : "", stats.text());
@@ -307,13 +307,13 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
                                    spell(out), spell(transpose)};
   stats.append_args(args, b.value(y_value).type.dtype, true);
   b.add_launch(
-      g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd", args,
-      tile_grid(rows, cols), rules::kTileThreads, 0,
+      g, what(transpose), gated ? "gated_activation_fwd" : "activation_fwd", args, stats.grid,
+      rules::kTileThreads, 0,
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
        bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
        bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols),
        bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials)},
-      WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0});
+      WithoutTranspose{what(false), stats.grid, rules::kTileThreads, 0});
   emit_fused_stats_merge(b, g, stats);
 }
 
@@ -340,13 +340,13 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   const CastOutputs& dx = outputs.copies;
   const bool transpose = dx.columnwise >= 0;
   const SymExpr rows = rows_of(dyv);
-  GridRule grid = tile_grid(rows, cols);
+  const FusedStats stats = fused_stats(b, g, dy, dx_value, tile_grid(rows, cols));
+  GridRule grid = stats.grid;
   const SymExpr partial_rows = grid.y;
   const int partial = dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32,
                                               {partial_rows, dx_cols})
                             : -1;
   const int measured = cast ? -1 : measure_for_cast(b, g, dx_value);
-  const FusedStats stats = fused_stats(b, g, dy, dx_value, grid);
   std::vector<std::string> args = {ir::pointwise_functor_name(forward, act.attrs), spell(in),
                                    spell(out), spell(transpose), spell(dbias != nullptr)};
   stats.append_args(args, b.value(dx_value).type.dtype, true);

@@ -128,7 +128,8 @@ void emit_tensor_capture(SequenceBuilder& b, const Group& g);
 
 // Statistics a tiled kernel computes of its first input and of the value it produces: the group's
 // TensorStats parts (folded by the fusion passes, passes/fusion/fold_stats.cpp). Each gets one
-// partial record per block of `grid` (templates/common/elementwise_tile.cuh, kStats).
+// partial record per block of the kernel's grid (templates/common/elementwise_tile.cuh, kStats);
+// `tile` is the grid without statistics.
 struct FusedStats {
   struct Tap {
     int slot = -1;         // the record's slot (Sequence::inspections); -1: none
@@ -136,8 +137,11 @@ struct FusedStats {
     std::string instance;  // the statistics op
   };
   Tap input, output;
-  SymExpr blocks = 0;
-  int bits() const;  // the kernel's kStats
+  // The kernel's grid: the tile grid, or with statistics fewer row blocks, each taking several
+  // row tiles (the row tiles are strided), so the blocks' record merges stay a small part.
+  GridRule grid;
+  SymExpr blocks = 0;  // grid.x * grid.y: the partial records of each tap
+  int bits() const;    // the kernel's kStats
   // The template arguments kStats (and StatsAs: `output` when `with_type`) appended to `args`
   // when the kernel computes any (none otherwise: the plain kernel's name is unchanged).
   void append_args(std::vector<std::string>& args, DType output, bool with_type) const;
@@ -145,7 +149,7 @@ struct FusedStats {
 };
 // Fails (no kernel) for a TensorStats part reading anything but `input` or `output`.
 FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueId output,
-                       const GridRule& grid);
+                       const GridRule& tile);
 // After the kernel's launch: one tensor_stats_final per record.
 void emit_fused_stats_merge(SequenceBuilder& b, const Group& g, const FusedStats& stats);
 

@@ -4,6 +4,7 @@
 // into the executor's record of the op's slot.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "codegen/emit_groups.h"
@@ -142,9 +143,24 @@ std::string FusedStats::text() const {
 }
 
 FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueId output,
-                       const GridRule& grid) {
+                       const GridRule& tile) {
   FusedStats fs;
-  fs.blocks = grid.x * grid.y;
+  fs.grid = tile;
+  const bool any = std::any_of(g.parts.begin(), g.parts.end(), [](const ir::Operation* p) {
+    return p->kind == OpKind::TensorStats;
+  });
+  if (any) {
+    // At most kStatsTileBlocksPerSm blocks per SM's worth of row blocks per column tile: a block
+    // merges its accumulators into a record once, after all of its row tiles.
+    fs.grid.rule = "tile_stats";
+    const std::optional<int64_t> columns = tile.x.value();
+    OPFUSE_ASSERT(columns.has_value() && *columns > 0, "a tile grid has known column tiles");
+    fs.grid.y = min_of(tile.y, ceil_div(SymExpr::symbol(kNumSmsSymbol) *
+                                            SymExpr(int64_t(rules::kStatsTileBlocksPerSm)),
+                                        *columns));
+    fs.grid.dims.emplace_back("blocks_per_sm", int64_t(rules::kStatsTileBlocksPerSm));
+  }
+  fs.blocks = fs.grid.x * fs.grid.y;
   for (const ir::Operation* p : g.parts) {
     if (p->kind != OpKind::TensorStats) continue;
     const ValueId v = p->operands.at(0);
