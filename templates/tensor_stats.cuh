@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
   const int begin = static_cast<int>(blockIdx.x) * run;
   const int end = begin + run < params.count ? begin + run : params.count;
   StatRecord total = empty_stat_record();
+#pragma unroll 4
   for (int b = begin + t; b < end; b += kThreads)
     total = merge_stat_records(total, params.partials[b]);
 #pragma unroll

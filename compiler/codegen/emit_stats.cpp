@@ -180,29 +180,13 @@ FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueI
 
 void emit_fused_stats_merge(SequenceBuilder& b, const Group& g, const FusedStats& stats) {
   constexpr int kThreads = rules::kStatsMergeThreads;
-  constexpr int64_t kRun = rules::kStatsMergeRun;
-  const std::optional<int64_t> known = stats.blocks.value();
-  const bool two_stages = !known || *known > kRun;
-  const SymExpr runs = ceil_div(stats.blocks, kRun);
   for (const FusedStats::Tap* tap : {&stats.input, &stats.output}) {
     if (tap->slot < 0) continue;
-    const int slot = tap->slot, partials = tap->partials;
-    int merged = partials;
-    SymExpr count = stats.blocks;
-    if (two_stages) {
-      merged = b.add_workspace(tap->instance + ".merged", DType::FP32, {runs * SymExpr(22)});
-      b.add_launch(g, fmt::format("merge runs of {} partial records for record {}", kRun, slot),
-                   "tensor_stats_final", {std::to_string(kThreads)},
-                   GridRule{"stats_merge", runs, 1, {{"count", stats.blocks}, {"run", kRun}}},
-                   kThreads, 0,
-                   {bind_in("partials", partials), bind_int("count", stats.blocks),
-                    bind_out("record", merged)});
-      count = runs;
-    }
-    b.add_launch(
-        g, fmt::format("merge the kernel's partial records into record {}", slot),
-        "tensor_stats_final", {std::to_string(kThreads)}, GridRule{"single", 1, 1, {}}, kThreads, 0,
-        {bind_in("partials", merged), bind_int("count", count), bind_stat_record("record", slot)});
+    b.add_launch(g, fmt::format("merge the kernel's partial records into record {}", tap->slot),
+                 "tensor_stats_final", {std::to_string(kThreads)}, GridRule{"single", 1, 1, {}},
+                 kThreads, 0,
+                 {bind_in("partials", tap->partials), bind_int("count", stats.blocks),
+                  bind_stat_record("record", tap->slot)});
   }
 }
 

@@ -277,17 +277,14 @@ inline constexpr int kTensorStatsThreads = 256;
 inline constexpr int kTensorStatsMaxBlocks = 1024;
 // Doubles throughout (a record is 11 of them): a larger budget than the other small kernels.
 inline constexpr int kTensorStatsRegisterBudget = 128;
-// The merge of the partial records a tiled kernel's blocks wrote (kStats: one per block, tens of
-// thousands for a large tensor): tensor_stats_final with one block of kStatsMergeThreads per run of
-// kStatsMergeRun records, then one block over those (a single block over 28672 records, each
-// thread merging its run in turn, took 160 us on an H200).
+// The merge of the partial records a tiled kernel's blocks wrote (kStats: one per block, at most
+// about kStatsTileBlocksPerSm per SM): tensor_stats_final with kStatsMergeThreads threads.
+inline constexpr int kStatsMergeThreads = 256;
 // A tiled kernel with statistics launches at most kStatsTileBlocksPerSm blocks per SM (several row
 // tiles each): every block ends by merging its threads' accumulators (double-precision Chan
 // merges, a long dependent chain), which at one tile per block cost as much as the tile itself
 // (H200, [16384, 4096] cast: 0.09 ms plain, 0.34 ms with one tile per block).
 inline constexpr int kStatsTileBlocksPerSm = 8;
-inline constexpr int kStatsMergeThreads = 256;
-inline constexpr int kStatsMergeRun = 2048;
 inline constexpr int kScaleUpdateThreads = 256;
 
 // ---------------------------------------------------------------------------------------------

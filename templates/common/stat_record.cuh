@@ -56,8 +56,9 @@ __device__ __forceinline__ StatRecord merge_stat_records(const StatRecord& a, co
   const double n = static_cast<double>(r.count);
   const double na = static_cast<double>(a.count), nb = static_cast<double>(b.count);
   const double delta = b.mean - a.mean;
-  r.mean = a.mean + delta * (nb / n);
-  r.m2 = a.m2 + b.m2 + delta * delta * (na * nb / n);
+  const double w = nb / n;  // one division per merge, as debug/stats.cpp's host merge
+  r.mean = a.mean + delta * w;
+  r.m2 = a.m2 + b.m2 + delta * delta * (na * w);
   r.min = stat_min(a.min, b.min);
   r.max = stat_max(a.max, b.max);
   r.sum_abs = a.sum_abs + b.sum_abs;
