@@ -284,7 +284,7 @@ inline constexpr int kStatsMergeThreads = 256;
 // tiles each): every block ends by merging its threads' accumulators (double-precision Chan
 // merges, a long dependent chain), which at one tile per block cost as much as the tile itself
 // (H200, [16384, 4096] cast: 0.09 ms plain, 0.34 ms with one tile per block).
-inline constexpr int kStatsTileBlocksPerSm = 8;
+inline constexpr int kStatsTileBlocksPerSm = 4;
 inline constexpr int kScaleUpdateThreads = 256;
 
 // ---------------------------------------------------------------------------------------------
