@@ -43,11 +43,11 @@ std::vector<Pass> default_pipeline() {
       // Forward before backward: dgelu_bgrad fuses a backward GELU only where the forward GELU
       // became a GELU_AUX_BIAS epilogue (whose aux buffer it reads).
       {"fuse-forward",
-       "fuse forward ops by the patterns of passes/fusion/",
+       "fuse forward ops by the patterns of passes/fusion/, then fold statistics into kernels",
        fuse_forward,
        {"quantizers"}},
       {"fuse-backward",
-       "fuse backward ops by the patterns of passes/fusion/",
+       "fuse backward ops by the patterns of passes/fusion/, then fold statistics into kernels",
        fuse_backward,
        {"backward", "quantizers"}},
   };
