@@ -116,32 +116,51 @@ class DebugStatsGpu : public GpuStreamTest {
     dy_.data = random_bf16(dy_.data.size(), 0.01, rng);
     upload_bf16(*arrays.at("dy"), dy_.data);
   }
+  // The executor and the reference of `c`'s sequence bound to `tokens`, fed, one forward and one
+  // backward each; returns the GPU's record bytes (the reference's: ref_->stat_records()).
+  std::vector<unsigned char> run_both(const CompiledProgram& c, int64_t tokens) {
+    gemms_ = std::make_unique<gpu::GemmRunner>(stream_);
+    gpu_ =
+        std::make_unique<gpu::SequenceExecutor>(c.plan.sequences[0], *c.modules, *gemms_, stream_);
+    gpu_->bind({{"tokens", tokens}});
+    ref_ = std::make_unique<cpu::ReferenceExecutor<float>>(c.program.sequences[0],
+                                                           cpu::Bindings{{"tokens", tokens}});
+    feed(*gpu_, *ref_, tokens, 128);
+    ref_->forward({x_});
+    ref_->backward({dy_});
+    gpu_->forward(stream_);
+    gpu_->backward(stream_);
+    return gpu_->stat_records(stream_);
+  }
+  // Deterministic: the same inputs again give the same bits.
+  void expect_repeats(const std::vector<unsigned char>& first) {
+    gpu_->forward(stream_);
+    gpu_->backward(stream_);
+    EXPECT_EQ(gpu_->stat_records(stream_), first);
+  }
+  void TearDown() override {
+    gpu_.reset();
+    gemms_.reset();
+    GpuStreamTest::TearDown();
+  }
+
   cpu::Tensor<float> x_, dy_;
   DeviceArray* x_array_ = nullptr;
+  std::unique_ptr<gpu::GemmRunner> gemms_;
+  std::unique_ptr<gpu::SequenceExecutor> gpu_;
+  std::unique_ptr<cpu::ReferenceExecutor<float>> ref_;
 };
 
 TEST_F(DebugStatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
   const auto routed_config = routed(kConfig, {"fc1", "fc2"}, false);
   const auto c = compile_program("mlp", kProgram, "", "", &routed_config->routing);
   ASSERT_TRUE(c);
-  const ir::Sequence& seq = c->program.sequences[0];
   const plan::SequencePlan& plan = c->plan.sequences[0];
   ASSERT_EQ(plan.stat_slots.size(), 36u);
-
-  gpu::GemmRunner gemms(stream_);
-  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
-  const int64_t tokens = 200;  // not a multiple of the blocks: partial blocks and tiles
-  gpu.bind({{"tokens", tokens}});
-  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
-  feed(gpu, ref, tokens, 128);
-
-  ref.forward({x_});
-  ref.backward({dy_});
-  gpu.forward(stream_);
-  gpu.backward(stream_);
-  const std::vector<unsigned char> first = gpu.stat_records(stream_);
+  // 200 tokens, not a multiple of the blocks: partial blocks and tiles.
+  const std::vector<unsigned char> first = run_both(*c, 200);
   const std::vector<TensorMoments> got = records_of(first);
-  const std::vector<TensorMoments>& want = ref.stat_records();
+  const std::vector<TensorMoments>& want = ref_->stat_records();
   ASSERT_EQ(got.size(), plan.stat_slots.size());
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -153,11 +172,7 @@ TEST_F(DebugStatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
                            (slot.layer == "fc2" && slot.tensor == "gradient");
     expect_records_match(slot, got[i], want[i], same_bits, 3e-2);
   }
-
-  // Deterministic: the same inputs again give the same bits.
-  gpu.forward(stream_);
-  gpu.backward(stream_);
-  EXPECT_EQ(gpu.stat_records(stream_), first);
+  expect_repeats(first);
 }
 
 // Statistics fused into kernels (docs/debugging.md): under delayed scaling the SwiGLU kernels
@@ -182,7 +197,6 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
       {"fc1", "fc2"}, false);
   const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
   ASSERT_TRUE(c);
-  const ir::Sequence& seq = c->program.sequences[0];
   const plan::SequencePlan& plan = c->plan.sequences[0];
   ASSERT_EQ(plan.stat_slots.size(), 12u);
   int fused_merges = 0;
@@ -191,19 +205,10 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
   }
   EXPECT_EQ(fused_merges, 8);
 
-  gpu::GemmRunner gemms(stream_);
-  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
-  const int64_t tokens = 208;  // partial row tiles; FP8 GEMMs need a multiple of 16
-  gpu.bind({{"tokens", tokens}});
-  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
-  feed(gpu, ref, tokens, 128);
-  ref.forward({x_});
-  ref.backward({dy_});
-  gpu.forward(stream_);
-  gpu.backward(stream_);
-  const std::vector<unsigned char> first = gpu.stat_records(stream_);
+  // 208 tokens: partial row tiles (FP8 GEMMs need a multiple of 16).
+  const std::vector<unsigned char> first = run_both(*c, 208);
   const std::vector<TensorMoments> got = records_of(first);
-  const std::vector<TensorMoments>& want = ref.stat_records();
+  const std::vector<TensorMoments>& want = ref_->stat_records();
   ASSERT_EQ(got.size(), 12u);
   ASSERT_EQ(want.size(), 12u);
   for (size_t i = 0; i < got.size(); ++i) {
@@ -214,16 +219,14 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
         slot.tensor == "weight" || (slot.layer == "fc2" && slot.tensor == "gradient");
     expect_records_match(slot, got[i], want[i], same_bits, 5e-2);
   }
-  gpu.forward(stream_);
-  gpu.backward(stream_);
-  EXPECT_EQ(gpu.stat_records(stream_), first);
+  expect_repeats(first);
 
   // A NaN in x: the layernorm row, fc1's output and the SwiGLU output carry it.
   std::vector<float> with_nan = x_.data;
   with_nan[3] = std::nanf("");
   upload_bf16(*x_array_, with_nan);
-  gpu.forward(stream_);
-  const std::vector<TensorMoments> nan_records = records_of(gpu.stat_records(stream_));
+  gpu_->forward(stream_);
+  const std::vector<TensorMoments> nan_records = records_of(gpu_->stat_records(stream_));
   for (size_t i = 0; i < plan.stat_slots.size(); ++i) {
     const plan::StatSlot& slot = plan.stat_slots[i];
     const bool reached = (slot.layer == "fc1" && slot.tensor == "activation") ||

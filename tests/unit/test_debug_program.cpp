@@ -198,19 +198,27 @@ TEST(DebugProgram, PlainPlanUnchangedAndWarningsKept) {
 }
 
 // Variants compile on first use (passes, plan, NVRTC) and are shared by key after.
-TEST(DebugProgram, VariantsCompileOnceByKey) {
+// The MLP's plan variants under `config` (text), compiled for sm_90a through NVRTC on demand;
+// null (after a test failure naming the diagnostics) when the front end or the config fails.
+std::shared_ptr<api::DebugProgram> debug_program(const std::string& config) {
   auto sources = std::make_shared<SourceManager>();
   DiagnosticEngine diags(*sources);
   driver::CompileOptions front_end;
   front_end.last_stage = driver::Stage::FrontEnd;
   driver::CompileResult ir = driver::compile_source("mlp.fuse", kMlp, *sources, diags, front_end);
-  ASSERT_TRUE(ir.ok()) << diags.format_all();
+  EXPECT_TRUE(ir.ok()) << diags.format_all();
+  if (!ir.ok()) return nullptr;
   driver::CompileOptions compile;
   compile.arch = "sm_90a";
-  const std::shared_ptr<api::DebugProgram> program =
-      api::DebugProgram::create(DebugConfigSource{"", kEveryOther, "debug.yaml"}, ir.program,
-                                sources, diags, compile, with_config(kEveryOther));
-  ASSERT_TRUE(program) << diags.format_all();
+  auto program = api::DebugProgram::create(DebugConfigSource{"", config, "debug.yaml"}, ir.program,
+                                           sources, diags, compile, with_config(config));
+  EXPECT_TRUE(program) << diags.format_all();
+  return program;
+}
+
+TEST(DebugProgram, VariantsCompileOnceByKey) {
+  const std::shared_ptr<api::DebugProgram> program = debug_program(kEveryOther);
+  ASSERT_TRUE(program);
   const debug::Routing at4 = debug::route(program->bindings(), 4);
   const debug::Routing at6 = debug::route(program->bindings(), 6);
   const auto a = program->variant(at4);
@@ -233,18 +241,8 @@ TEST(DebugProgram, KernelsWithStatisticsCompileThroughNvrtc) {
       "  transformer_engine:\n    LogTensorStats:\n"
       "      tensors: [activation, weight, output, gradient, dgrad, wgrad]\n"
       "      stats: [min, max, std]\n";
-  auto sources = std::make_shared<SourceManager>();
-  DiagnosticEngine diags(*sources);
-  driver::CompileOptions front_end;
-  front_end.last_stage = driver::Stage::FrontEnd;
-  driver::CompileResult ir = driver::compile_source("mlp.fuse", kMlp, *sources, diags, front_end);
-  ASSERT_TRUE(ir.ok()) << diags.format_all();
-  driver::CompileOptions compile;
-  compile.arch = "sm_90a";
-  const std::shared_ptr<api::DebugProgram> program =
-      api::DebugProgram::create(DebugConfigSource{"", every, "debug.yaml"}, ir.program, sources,
-                                diags, compile, with_config(every));
-  ASSERT_TRUE(program) << diags.format_all();
+  const std::shared_ptr<api::DebugProgram> program = debug_program(every);
+  ASSERT_TRUE(program);
   const auto v = program->variant(debug::route(program->bindings(), 0));
   ASSERT_EQ(v->kernels.size(), v->plan.kernels.size());
   std::set<std::string> with_stats;
