@@ -176,8 +176,9 @@ TEST_F(DebugStatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
 }
 
 // Statistics fused into kernels (docs/debugging.md): under delayed scaling the SwiGLU kernels
-// (forward and backward, their FP8 casts folded) and the casts of the weights and of dy compute
-// the statistics of the tensors they read or write; 8 of the 12 records come from them. Their
+// (forward and backward, their FP8 casts folded) and the casts of dy and of the norm's output
+// compute the statistics of the tensors they read or write; 6 of the 12 records come from them
+// (the weights', whose casts are cached, are kernels of their own). Their
 // records agree with the reference like the separate kernel's, repeat bit for bit, and a NaN in
 // the input makes the statistics of every tensor it reaches NaN.
 TEST_F(DebugStatsGpu, StatisticsFusedIntoKernelsMatchTheReference) {
@@ -203,7 +204,7 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
   for (const plan::Step& st : plan.steps) {
     if (st.what.find("merge the kernel's partial records") != std::string::npos) ++fused_merges;
   }
-  EXPECT_EQ(fused_merges, 8);
+  EXPECT_EQ(fused_merges, 6);
 
   // 208 tokens: partial row tiles (FP8 GEMMs need a multiple of 16).
   const std::vector<unsigned char> first = run_both(*c, 208);
@@ -213,7 +214,7 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
   ASSERT_EQ(want.size(), 12u);
   for (size_t i = 0; i < got.size(); ++i) {
     const plan::StatSlot& slot = plan.stat_slots[i];
-    // Bit for bit on both sides: the weights and dy (read by their casts); the layernorm output
+    // Bit for bit on both sides: the weights and dy (dy read by its cast); the layernorm output
     // and everything after it each side computes (FP8 GEMMs).
     const bool same_bits =
         slot.tensor == "weight" || (slot.layer == "fc2" && slot.tensor == "gradient");

@@ -57,9 +57,14 @@ bool has_stats_of(const Operation& op, ValueId v) {
   });
 }
 
-// The op (index) whose kernel can compute the statistics `stats` asks for; -1: none.
+// The op (index) whose kernel can compute the statistics `stats` asks for; -1: none. Never the
+// cast of a parameter: the executor skips a weight's cast while its copy is valid (note "Weight
+// cache" in runtime/gpu/plan_executor.cpp; under `with fp8_weights` it is cast only when the
+// application says the weight changed), and a cast that also wrote statistics would have to run at
+// every forward, recording the weight's amax there.
 int host_of(const Sequence& s, const Operation& stats) {
   const ValueId v = stats.operands.at(0);
+  if (std::find(s.params.begin(), s.params.end(), v) != s.params.end()) return -1;
   for (size_t j = 0; j < s.ops.size(); ++j) {
     const Operation& op = s.ops[j];
     if (op.phase != stats.phase || op.kind == OpKind::TensorStats) continue;
