@@ -54,7 +54,7 @@ struct ActivationFwdParams {
   float* amax;         // max |value| (before scaling; as stored if not FP8); nullptr: not tracked
   const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
   int rows;
-  int cols;  // multiple of 16 / sizeof(Input)
+  int cols;               // multiple of 16 / sizeof(Input)
   StatRecord* in_stats;   // kStats & kStatsOfInput: statistics of x, one partial per block
   StatRecord* out_stats;  // kStats & kStatsOfOutput: statistics of y as StatsAs, one per block
 };
@@ -72,7 +72,7 @@ struct ActivationBwdParams {
   const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
   float* dbias_partial;  // plain [gridDim.y, cols]; gated [gridDim.y, 2 * cols] (kDbias)
   int rows;
-  int cols;  // multiple of 16 / sizeof(Input)
+  int cols;               // multiple of 16 / sizeof(Input)
   StatRecord* in_stats;   // kStats & kStatsOfInput: statistics of dy, one partial per block
   StatRecord* out_stats;  // kStats & kStatsOfOutput: statistics of dx as StatsAs, one per block
 };
@@ -93,7 +93,8 @@ struct ActivationFwdOp {
   __device__ __forceinline__ Loaded load(long long row, int col) const {
     return Loaded{load_vec<Input, kVec>(x + row * cols + col)};
   }
-  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
+                                                  StatAccumulator& acc) const {
     float in[kVec];
     vec_to_float(loaded.x, in);
     acc.add(in);
@@ -127,7 +128,8 @@ struct GatedActivationFwdOp {
     const Input* gate = x + row * (2LL * cols) + col;
     return Loaded{load_vec<Input, kVec>(gate), load_vec<Input, kVec>(gate + cols)};
   }
-  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
+                                                  StatAccumulator& acc) const {
     float gate[kVec], linear[kVec];
     vec_to_float(loaded.gate, gate);
     vec_to_float(loaded.linear, linear);
@@ -165,7 +167,8 @@ struct ActivationBwdOp {
     const long long offset = row * cols + col;
     return Loaded{load_vec<Input, kVec>(dy + offset), load_vec<Input, kVec>(x + offset)};
   }
-  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
+                                                  StatAccumulator& acc) const {
     float grad[kVec];
     vec_to_float(loaded.dy, grad);
     acc.add(grad);
@@ -206,7 +209,8 @@ struct GatedActivationBwdOp {
     return Loaded{load_vec<Input, kVec>(dy + row * cols + col), load_vec<Input, kVec>(gate),
                   load_vec<Input, kVec>(gate + cols)};
   }
-  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
+                                                  StatAccumulator& acc) const {
     float grad[kVec];
     vec_to_float(loaded.dy, grad);
     acc.add(grad);
@@ -244,10 +248,9 @@ __global__ void __launch_bounds__(
                                                     detail::ActivationFwdOp<Act, Input>::kLoads,
                                                     kWriteTranspose, false, kStats != 0)))
     activation_fwd(ActivationFwdParams<Input, Output, StatsAs> params) {
-  const TileOutputs<Output> outputs{params.y,    params.y_t,          params.scale,
-                                    params.amax, params.scale_record, nullptr,
-                                    params.rows, params.cols,
-                                    params.in_stats, params.out_stats};
+  const TileOutputs<Output> outputs{
+      params.y, params.y_t,  params.scale, params.amax,     params.scale_record,
+      nullptr,  params.rows, params.cols,  params.in_stats, params.out_stats};
   run_elementwise_tiles<Output, kWriteTranspose, false, kStats, StatsAs>(
       outputs, detail::ActivationFwdOp<Act, Input>{params.x, params.cols});
 }
@@ -261,10 +264,9 @@ __global__ void __launch_bounds__(
                            sizeof(Input), detail::GatedActivationFwdOp<Act, Input>::kLoads,
                            kWriteTranspose, false, kStats != 0)))
     gated_activation_fwd(ActivationFwdParams<Input, Output, StatsAs> params) {
-  const TileOutputs<Output> outputs{params.y,    params.y_t,          params.scale,
-                                    params.amax, params.scale_record, nullptr,
-                                    params.rows, params.cols,
-                                    params.in_stats, params.out_stats};
+  const TileOutputs<Output> outputs{
+      params.y, params.y_t,  params.scale, params.amax,     params.scale_record,
+      nullptr,  params.rows, params.cols,  params.in_stats, params.out_stats};
   run_elementwise_tiles<Output, kWriteTranspose, false, kStats, StatsAs>(
       outputs, detail::GatedActivationFwdOp<Act, Input>{params.x, params.cols});
 }
@@ -278,10 +280,10 @@ __global__ void __launch_bounds__(
                                                     detail::ActivationBwdOp<Act, Input>::kLoads,
                                                     kWriteTranspose, kDbias, kStats != 0)))
     activation_bwd(ActivationBwdParams<Input, Output, StatsAs> params) {
-  const TileOutputs<Output> outputs{params.dx,   params.dx_t,         params.scale,
-                                    params.amax, params.scale_record, params.dbias_partial,
-                                    params.rows, params.cols,
-                                    params.in_stats, params.out_stats};
+  const TileOutputs<Output> outputs{params.dx,       params.dx_t,         params.scale,
+                                    params.amax,     params.scale_record, params.dbias_partial,
+                                    params.rows,     params.cols,         params.in_stats,
+                                    params.out_stats};
   run_elementwise_tiles<Output, kWriteTranspose, kDbias, kStats, StatsAs>(
       outputs, detail::ActivationBwdOp<Act, Input>{params.dy, params.x, params.cols});
 }
@@ -295,10 +297,10 @@ __global__ void __launch_bounds__(
                            sizeof(Input), detail::GatedActivationBwdOp<Act, Input>::kLoads,
                            kWriteTranspose, kDbias, kStats != 0)))
     gated_activation_bwd(ActivationBwdParams<Input, Output, StatsAs> params) {
-  const TileOutputs<Output> outputs{params.dx,   params.dx_t,         params.scale,
-                                    params.amax, params.scale_record, params.dbias_partial,
-                                    params.rows, params.cols,
-                                    params.in_stats, params.out_stats};
+  const TileOutputs<Output> outputs{params.dx,       params.dx_t,         params.scale,
+                                    params.amax,     params.scale_record, params.dbias_partial,
+                                    params.rows,     params.cols,         params.in_stats,
+                                    params.out_stats};
   run_elementwise_tiles<Output, kWriteTranspose, kDbias, kStats, StatsAs>(
       outputs, detail::GatedActivationBwdOp<Act, Input>{params.dy, params.x, params.cols});
 }

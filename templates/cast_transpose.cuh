@@ -1,8 +1,8 @@
 // Cast to FP8 (or bf16/fp16/fp32) with amax, an optional transposed FP8 copy and optional dbias
 // partial sums in one pass: TE's cast_transpose / cast_transpose_dbias.
 //
-// Entry point: cast_transpose<Input, Output, kWriteTranspose, kDbias, kStats>. Launch rules, shapes and
-// alignment are in templates/README.md ("Tiled elementwise families").
+// Entry point: cast_transpose<Input, Output, kWriteTranspose, kDbias, kStats>. Launch rules, shapes
+// and alignment are in templates/README.md ("Tiled elementwise families").
 #ifndef OPFUSE_TEMPLATES_CAST_TRANSPOSE_CUH_
 #define OPFUSE_TEMPLATES_CAST_TRANSPOSE_CUH_
 
@@ -20,7 +20,7 @@ struct CastParams {
   float* amax;           // max |x|; nullptr: not tracked
   float* dbias_partial;  // [gridDim.y, cols] column sums of x (kDbias)
   int rows;
-  int cols;  // multiple of 16 / sizeof(Input)
+  int cols;              // multiple of 16 / sizeof(Input)
   StatRecord* in_stats;  // kStats (kStatsOfInput only): statistics of x, one partial per block
 };
 
@@ -44,7 +44,8 @@ struct CastOp {
                                           float (&values)[kPlanes][kVec]) const {
     vec_to_float(loaded.x, values[0]);
   }
-  __device__ __forceinline__ void add_input_stats(const Loaded& loaded, StatAccumulator& acc) const {
+  __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
+                                                  StatAccumulator& acc) const {
     float in[kVec];
     vec_to_float(loaded.x, in);
     acc.add(in);
@@ -54,8 +55,8 @@ struct CastOp {
 }  // namespace detail
 
 // Block: launch::kTileThreads (256). Grid: (launch::tile_grid_x(cols), launch::tile_grid_y(rows))
-// or any smaller gridDim.y >= 1 (row tiles are strided). kStats: 0, or launch::kStatsOfInput for the
-// statistics of x (common/elementwise_tile.cuh), one partial record per block.
+// or any smaller gridDim.y >= 1 (row tiles are strided). kStats: 0, or launch::kStatsOfInput for
+// the statistics of x (common/elementwise_tile.cuh), one partial record per block.
 template <typename Input, typename Output, bool kWriteTranspose = true, bool kDbias = false,
           int kStats = 0>
 __global__ void __launch_bounds__(
@@ -64,10 +65,11 @@ __global__ void __launch_bounds__(
                        launch::tile_register_budget(sizeof(Input), detail::CastOp<Input>::kLoads,
                                                     kWriteTranspose, kDbias, kStats != 0)))
     cast_transpose(CastParams<Input, Output> params) {
-  static_assert((kStats & ~launch::kStatsOfInput) == 0, "a cast measures the statistics of its input");
-  const TileOutputs<Output> outputs{params.y,           params.y_t,    params.scale,
-                                    params.amax,        nullptr,       params.dbias_partial,
-                                    params.rows,        params.cols,   params.in_stats};
+  static_assert((kStats & ~launch::kStatsOfInput) == 0,
+                "a cast measures the statistics of its input");
+  const TileOutputs<Output> outputs{params.y,    params.y_t,  params.scale,
+                                    params.amax, nullptr,     params.dbias_partial,
+                                    params.rows, params.cols, params.in_stats};
   run_elementwise_tiles<Output, kWriteTranspose, kDbias, kStats>(
       outputs, detail::CastOp<Input>{params.x, params.cols});
 }

@@ -5,8 +5,8 @@
 //
 // Entry points: tensor_stats_partial<Input> (one record per thread block, into `partials`) and
 // tensor_stats_final (merges the partials in a fixed order into the slot's record, or into one
-// record per block for a second launch). Without blockwise ranges a block reads its rows as one contiguous
-// range with 16-byte loads (memory-bound: no division or 64-bit index math per element).
+// record per block for a second launch). Without blockwise ranges a block reads its rows as one
+// contiguous range with 16-byte loads (memory-bound: no division or 64-bit index math per element).
 // StatRecord has the layout of debug::TensorMoments (debug/stats.h): keep the two identical.
 #ifndef OPFUSE_TEMPLATES_TENSOR_STATS_CUH_
 #define OPFUSE_TEMPLATES_TENSOR_STATS_CUH_
@@ -20,12 +20,12 @@ namespace opfuse {
 
 template <typename Input>
 struct TensorStatsParams {
-  const Input* x;       // rows x cols, row-major
+  const Input* x;  // rows x cols, row-major
   long long rows;
   int cols;
-  int block_size;       // max_blockwise_dynamic_range's blocks; 0: not measured
-  int dims;             // 1: blocks of block_size along a row; 2: block_size x block_size tiles
-  int rows_per_block;   // rows one thread block reduces (a multiple of block_size when dims == 2)
+  int block_size;        // max_blockwise_dynamic_range's blocks; 0: not measured
+  int dims;              // 1: blocks of block_size along a row; 2: block_size x block_size tiles
+  int rows_per_block;    // rows one thread block reduces (a multiple of block_size when dims == 2)
   StatRecord* partials;  // gridDim.x records
 };
 
@@ -92,9 +92,8 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
   const int unit_cols = blockwise ? params.block_size : 1024;
   const int unit_rows = blockwise && params.dims == 2 ? params.block_size : 1;
   const long long col_units = (params.cols + unit_cols - 1) / unit_cols;
-  const long long row_units = row_end > row_begin
-                                  ? (row_end - row_begin + unit_rows - 1) / unit_rows
-                                  : 0;
+  const long long row_units =
+      row_end > row_begin ? (row_end - row_begin + unit_rows - 1) / unit_rows : 0;
   StatAccumulator acc;
   double block_range = 0;
   if (!blockwise && row_end > row_begin) {
@@ -151,8 +150,8 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
 // each warp's records merge in a fixed butterfly (the lower lane's record first), then thread 0
 // merges the warps' in warp order: the same partials give the same bits.
 template <int kThreads = 32>
-__global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
-                                                              launch::kTensorStatsRegisterBudget))
+__global__ void __launch_bounds__(kThreads,
+                                  launch::min_blocks(kThreads, launch::kTensorStatsRegisterBudget))
     tensor_stats_final(TensorStatsFinalParams params) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
   __shared__ StatRecord warp_records[kThreads / 32];
@@ -168,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
 #pragma unroll
   for (int mask = 1; mask < 32; mask <<= 1) {
     const StatRecord other = shuffle_xor(total, mask);
-    total = (lane & mask) == 0 ? merge_stat_records(total, other) : merge_stat_records(other, total);
+    total =
+        (lane & mask) == 0 ? merge_stat_records(total, other) : merge_stat_records(other, total);
   }
   if (lane == 0) warp_records[t / 32] = total;
   __syncthreads();

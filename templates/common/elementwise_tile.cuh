@@ -18,7 +18,8 @@
 //   struct Loaded;                 // raw vectors, loaded for all passes before any is used
 //   Loaded load(long long row, int col) const;
 //   void compute(const Loaded&, float (&values)[kPlanes][kVec]) const;
-//   void add_input_stats(const Loaded&, StatAccumulator&) const;  // kStats & launch::kStatsOfInput:
+//   void add_input_stats(const Loaded&, StatAccumulator&) const;  // kStats &
+//   launch::kStatsOfInput:
 //                                  // the values of the op's first input this vector read
 // Plane p of output column c is column p * cols + c of the [rows, kPlanes * cols] output and row
 // p * cols + c of the [kPlanes * cols, rows] transposed copy.
@@ -174,7 +175,8 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
           op.compute(loaded[b], values);
           // After every load of the batch is issued (here, not at the load: a use there waits
           // for each load before the next is issued).
-          if constexpr ((kStats & launch::kStatsOfInput) != 0) op.add_input_stats(loaded[b], in_acc);
+          if constexpr ((kStats & launch::kStatsOfInput) != 0)
+            op.add_input_stats(loaded[b], in_acc);
         } else {
 #pragma unroll
           for (int plane = 0; plane < kPlanes; ++plane) {
