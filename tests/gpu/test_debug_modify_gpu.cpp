@@ -107,20 +107,10 @@ TEST_F(DebugModifyGpu, ModifiedOperandsMatchTheReference) {
   gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
   const int64_t tokens = 96;
   gpu.bind({{"tokens", tokens}});
-  std::map<std::string, DeviceArray*> arrays;
-  for (const gpu::TensorInfo& info : gpu.tensors()) {
-    if (info.role == plan::BufferRole::Result) continue;
-    arrays[info.name] = &new_array(info.bytes);
-    gpu.set_tensor(info.name, arrays[info.name]->data());
-  }
+  const std::map<std::string, DeviceArray*> arrays = allocate_tensors(gpu);
   cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
   std::mt19937_64 rng(7);
-  for (const std::string& name : ref.param_names()) {
-    cpu::Tensor<float>& p = ref.param(name);
-    p.data = random_bf16(p.data.size(), p.shape.size() == 2 ? 0.05 : 0.1, rng);
-    upload_bf16(*arrays.at(name), p.data);
-  }
-  ref.params_changed();
+  random_params(ref, arrays, rng);
   cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
   x.data = random_bf16(x.data.size(), 1.0, rng);
   upload_bf16(*arrays.at("x"), x.data);

@@ -94,19 +94,9 @@ class DebugStatsGpu : public GpuStreamTest {
   // values on both sides.
   void feed(gpu::SequenceExecutor& gpu, cpu::ReferenceExecutor<float>& ref, int64_t tokens,
             int64_t width) {
-    std::map<std::string, DeviceArray*> arrays;
-    for (const gpu::TensorInfo& info : gpu.tensors()) {
-      if (info.role == plan::BufferRole::Result) continue;
-      arrays[info.name] = &new_array(info.bytes);
-      gpu.set_tensor(info.name, arrays[info.name]->data());
-    }
+    const std::map<std::string, DeviceArray*> arrays = allocate_tensors(gpu);
     std::mt19937_64 rng(42);
-    for (const std::string& name : ref.param_names()) {
-      cpu::Tensor<float>& p = ref.param(name);
-      p.data = random_bf16(p.data.size(), p.shape.size() == 2 ? 0.05 : 0.1, rng);
-      upload_bf16(*arrays.at(name), p.data);
-    }
-    ref.params_changed();
+    random_params(ref, arrays, rng);
     x_ = cpu::Tensor<float>::zeros({tokens, width});
     x_.data = random_bf16(x_.data.size(), 1.0, rng);
     x_.data[5] = 0.0f;

@@ -79,6 +79,26 @@ DeviceArray& GpuStreamTest::new_array(std::size_t bytes) {
   return *arrays_.back();
 }
 
+std::map<std::string, DeviceArray*> GpuStreamTest::allocate_tensors(gpu::SequenceExecutor& gpu) {
+  std::map<std::string, DeviceArray*> arrays;
+  for (const gpu::TensorInfo& info : gpu.tensors()) {
+    if (info.role == plan::BufferRole::Result) continue;
+    arrays[info.name] = &new_array(info.bytes);
+    gpu.set_tensor(info.name, arrays[info.name]->data());
+  }
+  return arrays;
+}
+
+void random_params(cpu::ReferenceExecutor<float>& ref,
+                   const std::map<std::string, DeviceArray*>& arrays, std::mt19937_64& rng) {
+  for (const std::string& name : ref.param_names()) {
+    cpu::Tensor<float>& p = ref.param(name);
+    p.data = random_bf16(p.data.size(), p.shape.size() == 2 ? 0.05 : 0.1, rng);
+    upload_bf16(*arrays.at(name), p.data);
+  }
+  ref.params_changed();
+}
+
 void upload_bf16_bits(const DeviceArray& array, const std::vector<std::uint16_t>& bits) {
   ASSERT_EQ(bits.size() * 2, array.bytes());
   ASSERT_EQ(cudaMemcpy(array.data(), bits.data(), array.bytes(), cudaMemcpyHostToDevice),

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,6 +17,7 @@
 #include "codegen/plan.h"
 #include "gpu/plan_executor.h"
 #include "ir/graph.h"
+#include "reference/reference_executor.h"
 #include "support/source_manager.h"
 
 namespace opfuse::debug {
@@ -66,6 +68,9 @@ class GpuStreamTest : public ::testing::Test {
   void TearDown() override;
   // Device memory that lives until the test ends.
   DeviceArray& new_array(std::size_t bytes);
+  // Device memory of its size for every tensor `gpu` names but its results (inputs, parameters,
+  // output gradients), set on `gpu`; by tensor name.
+  std::map<std::string, DeviceArray*> allocate_tensors(gpu::SequenceExecutor& gpu);
 
   cudaStream_t stream_ = nullptr;
 
@@ -88,5 +93,11 @@ std::vector<float> download_bf16(const void* device, std::size_t count);
 // changing them changes every test's numbers.
 std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64& rng,
                                double mean = 0.0);
+
+// The same random bf16 values for every parameter of `ref` and in its array of `arrays`
+// (stddev 0.05 for matrices, 0.1 for vectors, drawn in ref.param_names() order), then
+// ref.params_changed().
+void random_params(cpu::ReferenceExecutor<float>& ref,
+                   const std::map<std::string, DeviceArray*>& arrays, std::mt19937_64& rng);
 
 }  // namespace opfuse::test
