@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -22,10 +23,10 @@ float tensor_amax(std::span<const float> values) {
 }  // namespace
 
 Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec) {
-  if (!spec.per_tensor() || !plan::dtype_is_fp8(spec.format)) {
+  if (spec.scaling == plan::ScalingKind::MicroScaled || !plan::dtype_is_fp8(spec.format)) {
     throw ReferenceError(fmt::format(
-        "quantizer '{}' uses {} scaling to {}, which the CPU reference does not run (per-tensor "
-        "FP8 delayed and current scaling only)",
+        "quantizer '{}' uses {} scaling to {}, which the CPU reference does not run (FP8 delayed, "
+        "current and block scaling only)",
         name, plan::name(spec.scaling), plan::name(spec.format)));
   }
   Quantizer q;
@@ -39,10 +40,19 @@ Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec) {
   q.amax_epsilon = static_cast<float>(spec.epsilon);
   q.power_of_2_scale = spec.power_of_2_scale;
   q.state.amax_history.assign(static_cast<size_t>(spec.history_slots()), 0.0f);
+  q.block_scaled = !spec.per_tensor();
+  q.block.format = q.format;
+  q.block.two_d = spec.scaling == plan::ScalingKind::Block2D;
+  q.block.power_of_2_scale = spec.power_of_2_scale;
+  q.block.epsilon = static_cast<float>(spec.epsilon);
   return q;
 }
 
 float quantize(Quantizer& quantizer, std::span<const float> values, std::span<float> codes) {
+  if (quantizer.block_scaled) {
+    throw ReferenceError(
+        fmt::format("quantizer '{}' is block-scaled: it has no per-tensor cast", quantizer.name));
+  }
   DelayedScalingState& state = quantizer.state;
   if (quantizer.current_scaling) {
     const float amax = tensor_amax(values);
@@ -60,7 +70,15 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
   return state.scale_inv;
 }
 
-void fake_quantize(Quantizer& quantizer, std::span<float> values) {
+void fake_quantize(Quantizer& quantizer, std::span<float> values, int64_t cols) {
+  if (quantizer.block_scaled) {
+    const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(values.size()) / cols;
+    const BlockQuantizedCopy copy = block_quantize_rowwise(values, rows, cols, quantizer.block);
+    const std::vector<float> decoded =
+        block_dequantize(copy, quantizer.format, quantizer.block.two_d);
+    std::copy(decoded.begin(), decoded.end(), values.begin());
+    return;
+  }
   std::vector<float> codes(values.size());
   const float scale_inv = quantize(quantizer, values, codes);
   // Decoding with scale_inv 1 is exact, so this equals decoding with scale_inv directly.

@@ -6,6 +6,7 @@
 #include <span>
 #include <string>
 
+#include "block_quantization.h"
 #include "plan/quant_spec.h"
 #include "quantizer_math.h"
 
@@ -19,20 +20,27 @@ struct Quantizer {
   float amax_epsilon = 0.0f;      // current scaling
   bool power_of_2_scale = false;  // current scaling
   // Delayed scaling: the history ring and the scale in use. Current scaling: a one-slot history
-  // holding the amax of the latest cast, and the scale computed from it.
+  // holding the amax of the latest cast, and the scale computed from it. Block scaling: unused
+  // (each block's scale comes from the block; runtime/cpu/block_quantization.h).
   DelayedScalingState state;
+  bool block_scaled = false;  // 1 x 128 or 128 x 128 blocks (block.two_d)
+  BlockQuantParams block;
 };
 
-// A quantizer with `spec` (per-tensor delayed or current scaling; ReferenceError otherwise).
+// A quantizer with `spec` (per-tensor delayed or current scaling, 1-D or 2-D block scaling;
+// ReferenceError otherwise).
 Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec);
 
-// In place: values become fp8(x * scale) * scale_inv. Delayed scaling casts with the current scale
-// and max-reduces |x| into history slot 0; current scaling first takes this tensor's amax and
-// computes the scale from it (compute_current_scale), then casts.
-void fake_quantize(Quantizer& quantizer, std::span<float> values);
+// In place: values ([rows, cols] row-major) become fp8(x * scale) * scale_inv. Delayed scaling
+// casts with the current scale and max-reduces |x| into history slot 0; current scaling first takes
+// this tensor's amax and computes the scale from it (compute_current_scale), then casts; block
+// scaling takes each block's scale from the block (its rows of `cols` values, 1 x 128 or 128 x 128
+// blocks).
+void fake_quantize(Quantizer& quantizer, std::span<float> values, int64_t cols);
 
-// The GPU's cast: writes fp8(x * scale) (the FP8 value itself, decoded to float) to `codes` and
-// returns the scale_inv a GEMM must apply to it. Scale and amax bookkeeping as fake_quantize.
+// The GPU's per-tensor cast: writes fp8(x * scale) (the FP8 value itself, decoded to float) to
+// `codes` and returns the scale_inv a GEMM must apply to it. Scale and amax bookkeeping as
+// fake_quantize. Not for block-scaled quantizers (block_quantize_rowwise / _columnwise).
 float quantize(Quantizer& quantizer, std::span<const float> values, std::span<float> codes);
 
 // Ends a step: the delayed-scaling update (update_delayed); a no-op under current scaling.

@@ -195,6 +195,15 @@ void ReferenceExecutor<T>::params_changed() {
     if (it == s.weight_codes.end()) continue;
     Tensor<T>& w = s.values[q.source];
     const std::vector<float> as_float(w.data.begin(), w.data.end());
+    if (s.quantizers[i].block_scaled) {
+      // Block scales: every forward's cast starts from the weight as it was at this change (the
+      // GPU casts it once and keeps both copies); the parameter shows its row-wise dequantization.
+      std::vector<float> shown = as_float;
+      fake_quantize(s.quantizers[i], shown, w.cols());
+      std::copy(shown.begin(), shown.end(), w.data.begin());
+      it->second = {as_float, 0.0f};
+      continue;
+    }
     std::vector<float> codes(as_float.size());
     const float inv = quantize(s.quantizers[i], as_float, codes);
     for (size_t j = 0; j < codes.size(); ++j) w.data[j] = T(codes[j] * inv);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <span>
 #include <type_traits>
 
@@ -18,14 +19,67 @@ namespace {
 using ir::OpKind;
 
 template <typename T>
-void fake_quantize_values(Quantizer& quantizer, std::span<T> values) {
+void fake_quantize_values(Quantizer& quantizer, std::span<T> values, int64_t cols) {
   if constexpr (std::is_same_v<T, float>) {
-    fake_quantize(quantizer, values);
+    fake_quantize(quantizer, values, cols);
   } else {
     std::vector<float> f(values.begin(), values.end());
-    fake_quantize(quantizer, f);
+    fake_quantize(quantizer, f, cols);
     std::copy(f.begin(), f.end(), values.begin());
   }
+}
+
+// The largest finite value of a block cast's source dtype: what an infinite block scale becomes
+// (runtime/cpu/block_quantization.h).
+float value_for_inf(ir::DType source) {
+  switch (source) {
+    case ir::DType::BF16:
+      return bf16_max_finite();
+    case ir::DType::FP16:
+      return fp16_max_finite();
+    default:
+      return std::numeric_limits<float>::max();
+  }
+}
+
+// A block-scaled GEMM operand as block_scaled_gemm takes it: the stored codes (K contiguous, as
+// plan-quantization lays out every FP8 operand) re-encoded to FP8 bits, with the value's grid.
+template <typename T>
+BlockQuantizedCopy block_operand(const ReferenceContext<T>& ctx, ir::ValueId v, Fp8Format format) {
+  const BlockScales& scales = ctx.block_scales.at(v);
+  BlockQuantizedCopy copy;
+  copy.rows = scales.rows;
+  copy.cols = scales.cols;
+  copy.scale_inv = scales.scale_inv;
+  const Tensor<T>& codes = ctx.values[v];
+  copy.data.resize(codes.data.size());
+  for (size_t i = 0; i < codes.data.size(); ++i)
+    copy.data[i] = float_to_fp8(float(codes.data[i]), format);
+  return copy;
+}
+
+Fp8Format fp8_format_of(ir::DType d) {
+  return d == ir::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+}
+
+// A GEMM whose FP8 operands carry block scales: cuBLASLt's block scale modes, as TE's reference
+// defines them (block_scaled_gemm). Both operands are stored K contiguous: a [m, k], b [n, k].
+// Returns false (nothing done) for a GEMM of per-tensor or high-precision operands.
+template <typename T>
+bool block_gemm(ReferenceContext<T>& ctx, const ir::Operation& op, Tensor<T>& d) {
+  const ir::ValueId a = op.operands.at(0), b = op.operands.at(1);
+  const bool a_block = ctx.block_scales.count(a) > 0, b_block = ctx.block_scales.count(b) > 0;
+  if (!a_block && !b_block) return false;
+  OPFUSE_ASSERT(a_block && b_block, "GEMM '{}' mixes block-scaled and other operands", op.instance);
+  const BlockQuantizedCopy qa = block_operand(ctx, a, fp8_format_of(ctx.seq.value(a).type.dtype));
+  const BlockQuantizedCopy qb = block_operand(ctx, b, fp8_format_of(ctx.seq.value(b).type.dtype));
+  const std::vector<float> result = block_scaled_gemm(
+      qa, ctx.block_scales.at(a).two_d, qb, ctx.block_scales.at(b).two_d,
+      fp8_format_of(ctx.seq.value(a).type.dtype), fp8_format_of(ctx.seq.value(b).type.dtype));
+  OPFUSE_ASSERT(result.size() == d.data.size(), "block GEMM '{}' makes {} values for {}",
+                op.instance, result.size(), d.data.size());
+  std::copy(result.begin(), result.end(), d.data.begin());
+  return true;
 }
 
 // [rows, cols] row-major -> [cols, rows].
@@ -97,8 +151,10 @@ void linear(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const Tensor<T>& x = ctx.in(op, 0);
   Tensor<T>& y = ctx.out(op, 0);
   const int64_t n = y.cols(), k = x.cols();
-  ops::linear_forward<T>(x.data, ctx.in(op, 1).data, x.rows(), n, k, y.data);
-  scale_result(y, ctx.operand_scale(op, 0) * ctx.operand_scale(op, 1));
+  if (!block_gemm(ctx, op, y)) {
+    ops::linear_forward<T>(x.data, ctx.in(op, 1).data, x.rows(), n, k, y.data);
+    scale_result(y, ctx.operand_scale(op, 0) * ctx.operand_scale(op, 1));
+  }
   if (ir::attr_bool(op.attrs, "bias")) ops::add_bias<T>(y.data, ctx.in(op, 2).data, n);
 }
 
@@ -108,6 +164,7 @@ void linear_dgrad(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const Tensor<T>& w = ctx.in(op, 1);
   Tensor<T>& dx = ctx.out(op, 0);
   const int64_t m = dy.rows(), n = dy.cols(), k = dx.cols();
+  if (block_gemm(ctx, op, dx)) return;
   if (ctx.transposed[op.operands[1]]) {
     ops::linear_forward<T>(dy.data, w.data, m, k, n, dx.data);  // dx = dy (W^T)^T
   } else {
@@ -123,6 +180,7 @@ void linear_wgrad(ReferenceContext<T>& ctx, const ir::Operation& op) {
   Tensor<T>& dw = ctx.out(op, 0);
   const int64_t n = dw.rows(), k = dw.cols();
   const bool dy_t = ctx.transposed[op.operands[0]], x_t = ctx.transposed[op.operands[1]];
+  if (block_gemm(ctx, op, dw)) return;
   if (dy_t && x_t) {
     // dy^T [N, M], x^T [K, M]; M counts every token (a [batch, seq] input too).
     ops::linear_forward<T>(dy.data, x.data, n, k, dy.numel() / n, dw.data);
@@ -169,7 +227,42 @@ template <typename T>
 void quantize_op(ReferenceContext<T>& ctx, const ir::Operation& op) {
   Tensor<T>& y = ctx.out(op, 0);
   y.data = ctx.in(op, 0).data;
-  if (op.quantizer >= 0) fake_quantize_values<T>(ctx.quantizers.at(size_t(op.quantizer)), y.data);
+  if (op.quantizer >= 0) {
+    Quantizer& q = ctx.quantizers.at(size_t(op.quantizer));
+    q.block.value_for_inf = value_for_inf(ctx.seq.value(op.operands[0]).type.dtype);
+    fake_quantize_values<T>(q, y.data, y.cols());
+  }
+}
+
+// A block-scaled cast (runtime/cpu/block_quantization.h): each copy quantized with its own
+// blocks, the codes in the results and each copy's scale grid kept for the GEMMs that read it.
+template <typename T>
+void block_cast(ReferenceContext<T>& ctx, const ir::Operation& op, Quantizer& q) {
+  const ir::ValueId source = op.operands[0];
+  const Tensor<T>& x = ctx.values[source];
+  // fp8_weights: the weight as it was when the parameters last changed (reference_executor.cpp).
+  const auto weight = ctx.weight_codes.find(source);
+  const std::vector<float> as_float = weight != ctx.weight_codes.end()
+                                          ? weight->second.first
+                                          : std::vector<float>(x.data.begin(), x.data.end());
+  BlockQuantParams params = q.block;
+  params.value_for_inf = value_for_inf(ctx.seq.value(source).type.dtype);
+  const bool transposed_layout =
+      ctx.seq.quantizers.at(size_t(op.quantizer)).columnwise_layout == plan::CopyLayout::Transposed;
+  OPFUSE_ASSERT(transposed_layout || !ir::attr_bool(op.attrs, "columnwise"),
+                "block cast '{}' makes a column-wise copy that is not transposed", op.instance);
+  size_t r = 0;
+  auto keep = [&](const BlockQuantizedCopy& copy) {
+    Tensor<T>& y = ctx.out(op, r);
+    for (size_t i = 0; i < copy.data.size(); ++i)
+      y.data[i] = T(fp8_to_float(copy.data[i], q.format));
+    ctx.block_scales[op.results[r]] = {copy.rows, copy.cols, params.two_d, copy.scale_inv};
+    ++r;
+  };
+  if (ir::attr_bool(op.attrs, "rowwise"))
+    keep(block_quantize_rowwise(as_float, x.rows(), x.cols(), params));
+  if (ir::attr_bool(op.attrs, "columnwise"))
+    keep(block_quantize_columnwise(as_float, x.rows(), x.cols(), params));
 }
 
 // Real FP8 values: the results hold the codes, their scale_inv is kept per value for the GEMMs.
@@ -178,6 +271,7 @@ void cast_fp8(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const ir::ValueId source = op.operands[0];
   Quantizer& q = ctx.quantizers.at(size_t(op.quantizer));
   const Tensor<T>& x = ctx.values[source];
+  if (q.block_scaled) return block_cast(ctx, op, q);
   std::vector<float> codes(x.data.size());
   float inv = 0.0f;
   if (auto it = ctx.weight_codes.find(source); it != ctx.weight_codes.end()) {
@@ -312,7 +406,7 @@ void modify_tensor(ReferenceContext<T>& ctx, const ir::Operation& op) {
   Tensor<T>& y = ctx.out(op, 0);
   y.data = ctx.in(op, 0).data;
   if (op.quantizer >= 0) {
-    fake_quantize_values<T>(ctx.quantizers.at(size_t(op.quantizer)), y.data);
+    fake_quantize_values<T>(ctx.quantizers.at(size_t(op.quantizer)), y.data, y.cols());
     return;
   }
   const std::string& text = ir::attr_name(op.attrs, "expression");

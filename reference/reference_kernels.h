@@ -19,6 +19,15 @@
 
 namespace opfuse::cpu {
 
+// A block-scaled FP8 value's scale_inv grid (note "Block scale grids" in
+// runtime/cpu/block_quantization.h) over its stored matrix [rows, cols].
+struct BlockScales {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool two_d = false;
+  std::vector<float> scale_inv;
+};
+
 // What a kernel sees of the executor's state: the graph, every value, and what FP8 values carry.
 template <typename T>
 struct ReferenceContext {
@@ -27,8 +36,10 @@ struct ReferenceContext {
   std::vector<Tensor<T>> values;             // per value id; parameters live here too
   std::vector<float> scale_inv;              // per value id: FP8 values' scale_inv at cast time
   std::vector<bool> transposed;              // per value id: a column-wise FP8 copy
-  std::vector<Quantizer> quantizers;         // like seq.quantizers
-  // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed().
+  std::map<ir::ValueId, BlockScales> block_scales;  // block-scaled FP8 values: their grids
+  std::vector<Quantizer> quantizers;                // like seq.quantizers
+  // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed() (block
+  // scaling: the weight's values at that change, and 0).
   std::map<ir::ValueId, std::pair<std::vector<float>, float>> weight_codes;
   // The statistics records of the last run, per slot of seq.inspections (tensor_stats ops).
   std::vector<debug::TensorMoments> stat_records;

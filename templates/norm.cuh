@@ -461,8 +461,8 @@ __device__ __forceinline__ void norm_bwd(const NormBwdParams<Input>& params) {
     // would cost 2 * kRowsPerStep * kSlots * kVec registers. Idle slots and invalid rows hold
     // zeros, so every contribution there vanishes.
     // gamma is read per slot (an L1 hit) and kept packed: w = gamma (+ 1 when zero-centered).
-    auto element = [&](int r, int s, int j, const Vec<Input, kVec>& gamma, float& x_hat,
-                       float& g, float& dys) {
+    auto element = [&](int r, int s, int j, const Vec<Input, kVec>& gamma, float& x_hat, float& g,
+                       float& dys) {
       const bool present = valid[r] && Shape::slot_in_row(Shape::vector_index(thread_in_row, s));
       const float xs = present ? to_float(x_raw[r][s].elems[j]) : 0.0f;
       dys = present ? to_float(dy_raw[r][s].elems[j]) : 0.0f;

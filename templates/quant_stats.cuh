@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
 
 // Block: kThreads (one warp), grid: 1. Thread 0 merges the partials in block order.
 template <int kThreads = 32>
-__global__ void __launch_bounds__(kThreads, launch::min_blocks(kThreads,
-                                                              launch::kTensorStatsRegisterBudget))
+__global__ void __launch_bounds__(kThreads,
+                                  launch::min_blocks(kThreads, launch::kTensorStatsRegisterBudget))
     quant_stats_final(QuantStatsFinalParams params) {
   if (threadIdx.x != 0) return;
   QuantStatRecord total = empty_quant_stat_record();

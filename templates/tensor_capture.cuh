@@ -15,9 +15,9 @@ namespace opfuse {
 
 template <typename Input>
 struct TensorCaptureParams {
-  const Input* x;   // count elements, row-major
+  const Input* x;  // count elements, row-major
   long long count;
-  float* capture;   // count floats: the executor's capture of the slot
+  float* capture;  // count floats: the executor's capture of the slot
 };
 
 // Block: launch::kTensorCaptureThreads. Grid: at most launch::kTensorCaptureMaxBlocks blocks, a

@@ -15,9 +15,55 @@
 
 namespace opfuse::codegen::emitters {
 
+namespace {
+
+// A block-scaled cast (note "Block scale grids" in runtime/cpu/block_quantization.h): one kernel
+// per 128 x 128 tile computes each block's amax and scale and writes the row-wise copy, the
+// column-wise (transposed) copy and their scale_inv grids; no quantizer state is read or written.
+void emit_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& cast) {
+  if (g.parts.size() != 1) no_kernel(b, g);  // nothing fuses with a block cast yet
+  const ValueId x = cast.operands.at(0);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype, out = quantizer_format(b, cast);
+  const int64_t cols = width_of(b, cast, xv);
+  require_vector_width(b, cast, cols, in, "block_cast_transpose");
+  const SymExpr rows = rows_of(xv);
+  const CastOutputs y = cast_outputs(b, cast);
+  const bool transpose = y.columnwise >= 0;
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
+  const bool two_d = spec.scaling == plan::ScalingKind::Block2D;
+  auto grid_of = [&](int copy) { return copy >= 0 ? b.plan_buffer(copy).scale_inv.buffer : -1; };
+  auto what = [&](bool with_copy) {
+    return fmt::format("block cast {} -> {} ({} blocks{})", name_of(in),
+                       fp8_output_text(out, with_copy), two_d ? "128x128" : "1x128",
+                       spec.power_of_2_scale ? ", power-of-2 scales" : "");
+  };
+  GridRule grid{"block_cast",
+                rules::block_cast_grid_x(int(cols)),
+                rows.value()
+                    ? SymExpr(rules::block_cast_grid_y(*rows.value()))
+                    : min_of(ceil_div(rows, rules::kBlockCastTile), rules::kBlockCastMaxGridY),
+                {{"rows", rows}, {"cols", cols}}};
+  WithoutTranspose plain{what(false), grid, rules::kBlockCastThreads, 0};
+  b.add_launch(
+      g, what(transpose), "block_cast_transpose",
+      {spell(in), spell(out), spell(two_d), spell(transpose)}, std::move(grid),
+      rules::kBlockCastThreads, 0,
+      {bind_in("x", b.buffer(x, cast)), bind_out("y", y.rowwise),
+       bind_out("y_scale_inv", grid_of(y.rowwise)), bind_copy("y_t", y.columnwise),
+       bind_copy("y_t_scale_inv", grid_of(y.columnwise)), bind_float("epsilon", spec.epsilon),
+       bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0), bind_int("rows", rows),
+       bind_int("cols", cols)},
+      std::move(plain));
+}
+
+}  // namespace
+
 void emit_cast(SequenceBuilder& b, const Group& g) {
   require_only(b, g, {OpKind::CastFp8, OpKind::BiasGrad, OpKind::TensorStats});
   const ir::Operation& cast = *g.find({OpKind::CastFp8});
+  if (!b.seq().quantizers.at(size_t(cast.quantizer)).spec.per_tensor())
+    return emit_block_cast(b, g, cast);
   const ir::Operation* dbias = g.find({OpKind::BiasGrad});
   const ValueId x = cast.operands.at(0);
   if (dbias && dbias->operands.at(0) != x) no_kernel(b, g);
@@ -414,8 +460,34 @@ void emit_fake_quantize(SequenceBuilder& b, const Group& g, const ir::Operation&
   const ValueId x = op.operands.at(0), y = op.results.at(0);
   const ir::Value& xv = b.value(x);
   const DType in = xv.type.dtype;
-  const DType format = b.seq().quantizers.at(size_t(op.quantizer)).format();
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(op.quantizer)).spec;
+  const DType format = spec.format;
   const int64_t cols = width_of(b, op, xv);
+  if (spec.scaling == plan::ScalingKind::Block1D) {
+    // One warp per 1 x 128 block: its amax, scale, cast and decode in registers.
+    require_vector_width(b, op, cols, in, "block_fake_quantize");
+    const SymExpr rows = rows_of(xv);
+    const SymExpr blocks = rows * rules::block_row_count(int(cols));
+    b.add_launch(g,
+                 fmt::format("fake-quantize {} through {} with 1x128 block scales "
+                             "(y = dequantize(quantize(x)))",
+                             name_of(in), name_of(format)),
+                 "block_fake_quantize", {spell(in), spell(format)},
+                 GridRule{"block_rows",
+                          ceil_div(blocks, rules::kBlockFakeQuantizeWarps),
+                          1,
+                          {{"rows", rows}, {"cols", cols}}},
+                 rules::kBlockFakeQuantizeWarps * 32, 0,
+                 {bind_in("x", b.buffer(x, op)), bind_out("y", b.buffer(y, op)),
+                  bind_float("epsilon", spec.epsilon),
+                  bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0),
+                  bind_int("rows", rows), bind_int("cols", cols)});
+    return;
+  }
+  if (!spec.per_tensor()) {
+    b.fail(op, fmt::format("codegen: no kernel fake-quantizes with {} scales",
+                           plan::quant_spec_string(spec)));
+  }
   require_vector_width(b, op, cols, in, "fake_quantize");
   const SymExpr rows = rows_of(xv);
   int amax_quantizer = op.quantizer;

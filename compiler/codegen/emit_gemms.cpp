@@ -22,9 +22,16 @@ GemmOperand gemm_operand(const SequenceBuilder& b, ValueId v, const ir::Operatio
   GemmOperand operand;
   operand.buffer = b.buffer(v, at);
   operand.dtype = value.type.dtype;
-  if (value.quantizer >= 0) operand.scale_inv.quantizer = value.quantizer;
+  // A per-tensor scale is the quantizer's device scalar; a block-scaled copy carries its grid.
+  if (value.quantizer >= 0) operand.scale_inv = b.plan_buffer(operand.buffer).scale_inv;
   operand.usage = b.is_columnwise_copy(v) ? CopyUsage::Columnwise : CopyUsage::Rowwise;
   return operand;
+}
+
+// Whether a block-scaled operand takes part: cuBLASLt's block scale modes have no fast
+// accumulation (docs/architecture.md, "GEMM capabilities").
+bool block_scaled(const GemmStep& gemm) {
+  return gemm.a.scale_inv.buffer >= 0 || gemm.b.scale_inv.buffer >= 0;
 }
 
 // A column-wise FP8 copy stored transposed ([k, rows...]): how TN-only GEMMs read K-major data.
@@ -71,7 +78,8 @@ void emit_fprop(SequenceBuilder& b, const Group& g) {
   gemm.m = rows_of(b.value(x));
   gemm.n = ir::attr_int(linear.attrs, "out");
   gemm.k = ir::attr_int(linear.attrs, "in");
-  gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_fprop_fast_accum;
+  gemm.fast_accum =
+      ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_fprop_fast_accum && !block_scaled(gemm);
   if (own_bias) gemm.bias = b.buffer(linear.operands.at(2), linear);
   if (bias_op) gemm.bias = b.buffer(bias_op->operands.at(1), *bias_op);
   if (gemm.bias >= 0) gemm.epilogue = GemmEpilogue::Bias;
@@ -135,7 +143,8 @@ void emit_dgrad(SequenceBuilder& b, const Group& g) {
     set_output(b, gemm, d, dgrad);
   }
   const std::string what = gemm_text(gemm, dgrad.instance);
-  gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_backward_fast_accum;
+  gemm.fast_accum =
+      ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_backward_fast_accum && !block_scaled(gemm);
   b.add_gemm(g, what, std::move(gemm));
 }
 
@@ -157,7 +166,8 @@ void emit_wgrad(SequenceBuilder& b, const Group& g) {
       gemm.b_transposed ? shape_product(xs, 1, xs.size()) : shape_product(xs, 0, xs.size() - 1);
   set_output(b, gemm, wgrad.results.at(0), wgrad);
   const std::string what = gemm_text(gemm, wgrad.instance);
-  gemm.fast_accum = ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_backward_fast_accum;
+  gemm.fast_accum =
+      ir::dtype_is_fp8(gemm.a.dtype) && b.options().fp8_backward_fast_accum && !block_scaled(gemm);
   b.add_gemm(g, what, std::move(gemm));
 }
 

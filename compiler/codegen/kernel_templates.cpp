@@ -48,6 +48,16 @@ constexpr TemplateParam kCastTransposeParams[] = {
     {"kDbias", Kind::Bool, "false"},
     {"kStats", Kind::Int, "0"},
 };
+constexpr TemplateParam kBlockCastParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kTwoD", Kind::Bool, "false"},
+    {"kWriteTranspose", Kind::Bool, "true"},
+};
+constexpr TemplateParam kBlockFakeQuantizeParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Fp8", Kind::DType, ""},
+};
 constexpr TemplateParam kBiasAddParams[] = {
     {"Input", Kind::DType, ""},
     {"Output", Kind::DType, ""},
@@ -94,6 +104,8 @@ constexpr std::string_view kGatedActivationBwdExample[] = {
     "opfuse::ExampleProduct", "__nv_bfloat16", "__nv_fp8_e5m2", "true", "true"};
 constexpr std::string_view kCastTransposeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true",
                                                       "false"};
+constexpr std::string_view kBlockCastExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "false",
+                                                  "true"};
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
                                                 "true"};
 constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};
@@ -131,6 +143,12 @@ constexpr KernelTemplate kTable[] = {
           "ActivationBwdParams", kActivationBwdParams, kGatedActivationBwdExample),
     entry("cast_transpose", "cast_transpose.cuh", KernelFamily::Cast, "CastParams",
           kCastTransposeParams, kCastTransposeExample),
+    // Block scaling (float8_block_scaling): both copies and their scale grids in one pass.
+    entry("block_cast_transpose", "block_cast.cuh", KernelFamily::Cast, "BlockCastParams",
+          kBlockCastParams, kBlockCastExample),
+    // The quantize op under block scaling: 1 x 128 blocks, cast to FP8 and back in one pass.
+    entry("block_fake_quantize", "block_fake_quantize.cuh", KernelFamily::Cast,
+          "BlockFakeQuantizeParams", kBlockFakeQuantizeParams, kFakeQuantizeExample),
     entry("bias_add", "bias.cuh", KernelFamily::Bias, "BiasAddParams", kBiasAddParams,
           kBiasAddExample, kServesResidual),
     entry("dbias_partial", "bias.cuh", KernelFamily::Bias, "DbiasParams", kInputOnlyParams,

@@ -219,6 +219,8 @@ void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep
   Step& s = add_step(&g, what);
   add_unique(s.reads, gemm.a.buffer);
   add_unique(s.reads, gemm.b.buffer);
+  if (gemm.a.scale_inv.buffer >= 0) add_unique(s.reads, gemm.a.scale_inv.buffer);
+  if (gemm.b.scale_inv.buffer >= 0) add_unique(s.reads, gemm.b.scale_inv.buffer);
   add_unique(s.reads, gemm.c);
   const bool bias_written = epilogue_writes_bias(gemm.epilogue);
   const bool aux_written = epilogue_writes_aux(gemm.epilogue);
@@ -285,11 +287,16 @@ void SequenceBuilder::plan_buffers() {
       const bool columnwise = columnwise_.count(v.id) > 0;
       b.usage = columnwise ? CopyUsage::Columnwise : CopyUsage::Rowwise;
       b.layout = columnwise ? q.columnwise_layout : CopyLayout::AsIs;
-      // Per-tensor specs keep the scale-inverse as the quantizer's device scalar.
+      // Per-tensor specs keep the scale-inverse as the quantizer's device scalar; block specs
+      // give each copy a grid of its own (below).
       if (q.spec.per_tensor()) b.scale_inv.quantizer = v.quantizer;
     }
     buffer_of_[v.id] = b.id;
+    const bool block_scaled =
+        v.quantizer >= 0 && !seq_.quantizers.at(size_t(v.quantizer)).spec.per_tensor();
+    const bool transposed = b.layout == CopyLayout::Transposed;
     out_.buffers.push_back(std::move(b));
+    if (block_scaled) add_scale_grid(v, transposed);
   }
   auto tag = [&](ValueId v, InterfaceKind kind, const std::string& name) {
     if (v != ir::kNoValue && buffer_of_.at(v) >= 0)
@@ -300,6 +307,36 @@ void SequenceBuilder::plan_buffers() {
     tag(seq_.input_grads[i], InterfaceKind::InputGrad, seq_.value(seq_.inputs[i]).name);
   for (size_t i = 0; i < seq_.param_grads.size() && i < seq_.params.size(); ++i)
     tag(seq_.param_grads[i], InterfaceKind::ParamGrad, seq_.value(seq_.params[i]).name);
+}
+
+// Note "Block scale grids" (runtime/cpu/block_quantization.h): the scale_inv grid of a
+// block-scaled FP8 copy, a buffer of its own that the cast writes next to the data and the GEMMs
+// read with it. The stored matrix is the copy as laid out: [rows..., k] as is, [k, rows...]
+// transposed.
+void SequenceBuilder::add_scale_grid(const ir::Value& v, bool transposed) {
+  const ir::Shape& shape = v.type.shape;
+  const SymExpr rows =
+      transposed ? shape_product(shape, 0, 1) : shape_product(shape, 0, shape.size() - 1);
+  const SymExpr cols = transposed ? shape_product(shape, 1, shape.size())
+                                  : shape_product(shape, shape.size() - 1, shape.size());
+  const plan::QuantSpec& spec = seq_.quantizers.at(size_t(v.quantizer)).spec;
+  const bool two_d = spec.scaling == plan::ScalingKind::Block2D;
+  const int64_t block = spec.block.cols;
+  std::vector<SymExpr> grid =
+      two_d ? std::vector<SymExpr>{ceil_div(rows, block), ceil_div(ceil_div(cols, block), 4) * 4}
+            : std::vector<SymExpr>{ceil_div(cols, block), ceil_div(rows, 4) * 4};
+  Buffer& data = out_.buffers.back();
+  Buffer g;
+  g.id = int(out_.buffers.size());
+  g.name = data.name + ".scale_inv";
+  g.role = BufferRole::Result;
+  g.dtype = DType::FP32;
+  g.bytes = grid[0] * grid[1] * 4;
+  g.shape = std::move(grid);
+  g.usage = data.usage;
+  g.layout = data.layout;
+  data.scale_inv.buffer = g.id;
+  out_.buffers.push_back(std::move(g));
 }
 
 // Note "One scale update": delayed scaling updates every delayed quantizer of the sequence once

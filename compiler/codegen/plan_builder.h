@@ -48,6 +48,7 @@ class SequenceBuilder {
   int buffer(ir::ValueId id, const ir::Operation& at) const;
   bool is_materialized(ir::ValueId id) const { return buffer_of_.at(id) >= 0; }
   int existing_buffer(ir::ValueId id) const { return buffer_of_.at(id); }  // -1: none
+  const Buffer& plan_buffer(int id) const { return out_.buffers.at(size_t(id)); }
   // True for the transposed FP8 copy a cast_fp8 makes.
   bool is_columnwise_copy(ir::ValueId id) const { return columnwise_.count(id) > 0; }
   int add_workspace(const std::string& name, ir::DType dtype, std::vector<SymExpr> shape);
@@ -88,6 +89,7 @@ class SequenceBuilder {
   std::vector<OpRef> op_refs(const Group& g) const;
   std::vector<std::string> quantizer_names(const Group& g) const;
   void plan_buffers();
+  void add_scale_grid(const ir::Value& v, bool transposed);
   void plan_quantizers();
   void add_scale_update();
   void find_weight_cache_groups();

@@ -91,6 +91,7 @@ class Builder {
   void define_recipe(const dsl::RecipeDecl& d);
 
   bool set_recipe_param(Recipe& r, const std::string& name, const Expr& v);
+  bool check_block_dims(const Recipe& r, const dsl::RecipeDecl& d);
 
   // Recipe names a sequence can use: the declared ones and the built-in bf16 (unless redeclared).
   std::vector<std::string> recipe_names() const;

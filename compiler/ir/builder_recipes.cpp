@@ -21,11 +21,18 @@ void Builder::define_recipe(const dsl::RecipeDecl& d) {
   } else if (d.kind == "current_scaling") {
     r.kind = RecipeKind::CurrentScaling;
     allowed = {"format", "amax_epsilon", "power_of_2_scale"};
+  } else if (d.kind == "float8_block_scaling") {
+    r.kind = RecipeKind::Float8BlockScaling;
+    r.format = Fp8Format::E4M3;  // TE's Float8BlockScaling default
+    r.power_of_2_scale = true;
+    allowed = {"format", "x_block", "w_block", "grad_block", "power_of_2_scale", "amax_epsilon"};
   } else if (d.kind == "bf16") {
     r.kind = RecipeKind::BF16;
   } else {
-    std::string hint = did_you_mean(d.kind, {"delayed_scaling", "current_scaling", "bf16"});
-    if (hint.empty()) hint = "use delayed_scaling(...), current_scaling(...) or bf16()";
+    std::string hint = did_you_mean(
+        d.kind, {"delayed_scaling", "current_scaling", "float8_block_scaling", "bf16"});
+    if (hint.empty())
+      hint = "use delayed_scaling(...), current_scaling(...), float8_block_scaling(...) or bf16()";
     diags_.error(d.kind_loc, fmt::format("unknown recipe kind '{}'", d.kind), hint);
     return;
   }
@@ -60,6 +67,7 @@ void Builder::define_recipe(const dsl::RecipeDecl& d) {
     }
     ok &= set_recipe_param(r, name, *a.value);
   }
+  if (ok && r.kind == RecipeKind::Float8BlockScaling) ok = check_block_dims(r, d);
   if (ok) program_.recipes.push_back(r);
   recipes_[d.name] = ok ? std::optional<Recipe>(r) : std::nullopt;
 }
@@ -125,6 +133,11 @@ bool Builder::set_recipe_param(Recipe& r, const std::string& name, const Expr& v
     r.amax_epsilon = *x;
     return true;
   }
+  if (name == "x_block" || name == "w_block" || name == "grad_block") {
+    auto x = range_int(1, 2);
+    if (x) (name == "x_block" ? r.x_block : name == "w_block" ? r.w_block : r.grad_block) = int(*x);
+    return x.has_value();
+  }
   if (name == "power_of_2_scale") {
     auto b = eval_bool(v);
     if (b) r.power_of_2_scale = *b;
@@ -132,6 +145,38 @@ bool Builder::set_recipe_param(Recipe& r, const std::string& name, const Expr& v
   }
   OPFUSE_ASSERT(false, "unhandled recipe parameter {}", name);
   return false;
+}
+
+// cuBLASLt's block-scaled GEMMs take a 1-D and a 2-D operand or two 1-D ones, never two 2-D
+// ones (docs/architecture.md, "GEMM capabilities"): fprop reads x and w, dgrad the gradient and w,
+// wgrad the gradient and x.
+bool Builder::check_block_dims(const Recipe& r, const dsl::RecipeDecl& d) {
+  auto where = [&](const char* a, const char* b) {
+    SourceLoc loc = d.kind_loc;
+    for (const dsl::Arg& arg : d.args)
+      if (arg.name && (*arg.name == a || *arg.name == b)) loc = arg.name_loc;  // the later one
+    return loc;
+  };
+  struct Pair {
+    const char* a;
+    int a_dim;
+    const char* b;
+    int b_dim;
+    const char* gemm;
+  };
+  for (const Pair& p : {Pair{"x_block", r.x_block, "w_block", r.w_block, "fprop"},
+                        Pair{"grad_block", r.grad_block, "w_block", r.w_block, "dgrad"},
+                        Pair{"x_block", r.x_block, "grad_block", r.grad_block, "wgrad"}}) {
+    if (p.a_dim == 2 && p.b_dim == 2) {
+      diags_.error(where(p.a, p.b),
+                   fmt::format("{} = 2 with {} = 2 makes the {} GEMM 2-D x 2-D block-scaled, "
+                               "which cuBLASLt cannot run",
+                               p.a, p.b, p.gemm),
+                   fmt::format("give one of {} and {} 1 (1 x 128 blocks)", p.a, p.b));
+      return false;
+    }
+  }
+  return true;
 }
 
 std::vector<std::string> Builder::recipe_names() const {

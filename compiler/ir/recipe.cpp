@@ -12,6 +12,8 @@ std::string_view recipe_kind_name(RecipeKind k) {
       return "delayed_scaling";
     case RecipeKind::CurrentScaling:
       return "current_scaling";
+    case RecipeKind::Float8BlockScaling:
+      return "float8_block_scaling";
   }
   return "?";
 }
@@ -33,6 +35,12 @@ std::string recipe_string(const Recipe& r) {
     case RecipeKind::CurrentScaling:
       return fmt::format("current_scaling(format = {}, amax_epsilon = {}, power_of_2_scale = {})",
                          fp8_format_name(r.format), r.amax_epsilon, r.power_of_2_scale);
+    case RecipeKind::Float8BlockScaling:
+      return fmt::format(
+          "float8_block_scaling(format = {}, x_block = {}, w_block = {}, grad_block = {}, "
+          "power_of_2_scale = {}, amax_epsilon = {})",
+          fp8_format_name(r.format), r.x_block, r.w_block, r.grad_block, r.power_of_2_scale,
+          r.amax_epsilon);
   }
   return "?";
 }

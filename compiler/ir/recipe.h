@@ -8,7 +8,9 @@
 
 namespace opfuse::ir {
 
-enum class RecipeKind { BF16, DelayedScaling, CurrentScaling };
+// Float8BlockScaling: TE's Float8BlockScaling (DeepSeek-V3's recipe): FP32 scales per 1 x 128 or
+// 128 x 128 block, computed from each block's own amax while it is cast.
+enum class RecipeKind { BF16, DelayedScaling, CurrentScaling, Float8BlockScaling };
 // HYBRID: E4M3 forward, E5M2 gradients. E4M3: E4M3 everywhere (TE's Format enum).
 enum class Fp8Format { Hybrid, E4M3 };
 enum class AmaxCompute { Max, MostRecent };
@@ -22,9 +24,14 @@ struct Recipe {
   int amax_history = 1024;
   AmaxCompute amax_compute = AmaxCompute::Max;
   int margin = 0;
-  // Current scaling.
+  // Current scaling and block scaling.
   double amax_epsilon = 0.0;
-  bool power_of_2_scale = false;
+  bool power_of_2_scale = false;  // block scaling: true unless given
+  // Block scaling: the dimensions of each tensor's blocks, 1 (1 x 128) or 2 (128 x 128), for the
+  // inputs (x), weights (w) and output gradients (grad) of linears (TE's x_block_scaling_dim ...).
+  int x_block = 1;
+  int w_block = 2;
+  int grad_block = 1;
 
   bool is_fp8() const { return kind != RecipeKind::BF16; }
 };

@@ -23,7 +23,19 @@ bool is_gradient(QuantizerRole role) {
 plan::QuantSpec recipe_spec(const Recipe& r, QuantizerRole role) {
   plan::QuantSpec spec;
   spec.format = is_gradient(role) && r.format == Fp8Format::Hybrid ? DType::E5M2 : DType::E4M3;
-  if (r.kind == RecipeKind::CurrentScaling) {
+  if (r.kind == RecipeKind::Float8BlockScaling) {
+    // TE's Float8BlockScaling: each tensor's blocks by its role; the quantize op's tensors (output,
+    // grad_input) take 1 x 128 blocks like the activations they are.
+    const int dims = role == QuantizerRole::Weight       ? r.w_block
+                     : role == QuantizerRole::GradOutput ? r.grad_block
+                     : role == QuantizerRole::Input      ? r.x_block
+                                                         : 1;
+    spec.scaling = dims == 2 ? plan::ScalingKind::Block2D : plan::ScalingKind::Block1D;
+    spec.block = {dims == 2 ? 128 : 1, 128};
+    spec.scale_dtype = plan::ScaleDType::FP32;
+    spec.epsilon = r.amax_epsilon;
+    spec.power_of_2_scale = r.power_of_2_scale;
+  } else if (r.kind == RecipeKind::CurrentScaling) {
     spec.scaling = plan::ScalingKind::Current;
     spec.epsilon = r.amax_epsilon;
     spec.power_of_2_scale = r.power_of_2_scale;

@@ -479,6 +479,7 @@ std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
   std::vector<QuantizerStatus> result;
   for (std::size_t i = 0; i < states.size(); ++i) {
     const plan::QuantizerPlan& q = plan.quantizers.at(i);
+    if (!q.spec.per_tensor()) continue;  // block scales live in each copy's grid, not here
     result.push_back({q.name, public_dtype(q.format()), states[i].amax_history, states[i].scale,
                       states[i].scale_inv});
   }

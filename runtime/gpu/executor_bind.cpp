@@ -64,7 +64,7 @@ BoundStep SequenceExecutor::Impl::bind_step(
   BoundStep bound_step;
   const auto* gemm = std::get_if<GemmStep>(&step.body);
   if (gemm == nullptr) return bound_step;
-  bound_step.gemm = gemm_desc(*gemm, values);
+  bound_step.gemm = gemm_desc(*gemm, values, plan);
   const bool fp8 = is_fp8(gemm->a.dtype) || is_fp8(gemm->b.dtype);
   const std::int64_t multiple = plan::gemm_dim_multiple(*gemm_caps, fp8);
   const std::pair<const char*, const plan::SymExpr*> dims[] = {

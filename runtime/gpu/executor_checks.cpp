@@ -40,16 +40,18 @@ void SequenceExecutor::Impl::check_plan() const {
       check_launch(step, *launch);
       continue;
     }
-    // An FP8 operand's scale-inverse: a quantizer's scalar (block-scale grids are not run here).
+    // An FP8 operand's scale-inverse: a quantizer's scalar or a block-scale grid buffer.
     const GemmStep& gemm = std::get<GemmStep>(step.body);
     for (const plan::GemmOperand* operand : {&gemm.a, &gemm.b}) {
       if (!plan::dtype_is_fp8(operand->dtype)) continue;
-      const int q = operand->scale_inv.quantizer;
-      if (q < 0 || q >= static_cast<int>(plan.quantizers.size())) {
+      const int q = operand->scale_inv.quantizer, grid = operand->scale_inv.buffer;
+      const bool scalar = q >= 0 && q < static_cast<int>(plan.quantizers.size());
+      const bool block = grid >= 0 && grid < buffer_count;
+      if (scalar == block) {
         throw UsageError(fmt::format(
-            "{} reads an FP8 operand without a per-tensor scale_inv this runtime can pass "
+            "{} reads an FP8 operand without exactly one scale_inv this runtime can pass "
             "(quantizer {}, scale grid buffer {}): rebuild the plan",
-            describe_step(step), q, operand->scale_inv.buffer));
+            describe_step(step), q, grid));
       }
     }
   }

@@ -51,6 +51,18 @@ cublasLtEpilogue_t cublaslt_epilogue(GemmEpilogue epilogue) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
+std::int32_t cublaslt_scale_mode(ScaleMode mode) {
+  switch (mode) {
+    case ScaleMode::Tensor:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case ScaleMode::Block1D:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case ScaleMode::Block2D:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
 // The alignment check_gemm_args demands of A, B, C, D, bias and aux.
 constexpr std::uint32_t kPointerAlignment = 16;
 // cuBLASLt is told the alignment the pointers of a call have (16 to 256 bytes), and the algorithm
@@ -200,9 +212,12 @@ std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& a
                 "the {} epilogue uses the bias vector", epilogue);
   check_pointer(reasons, "aux", args.aux, epilogue_has_aux(desc.epilogue), kPointerAlignment,
                 "the {} epilogue uses the aux matrix", epilogue);
-  check_pointer(reasons, "a_scale_inv", args.a_scale_inv, is_fp8(desc.a), kScalarPointerAlignment,
+  // Why 16 for grids: cuBLASLt reads block scales with vector loads.
+  check_pointer(reasons, "a_scale_inv", args.a_scale_inv, is_fp8(desc.a),
+                desc.a_scale == ScaleMode::Tensor ? kScalarPointerAlignment : kPointerAlignment,
                 "A is FP8 and needs its dequantization factor");
-  check_pointer(reasons, "b_scale_inv", args.b_scale_inv, is_fp8(desc.b), kScalarPointerAlignment,
+  check_pointer(reasons, "b_scale_inv", args.b_scale_inv, is_fp8(desc.b),
+                desc.b_scale == ScaleMode::Tensor ? kScalarPointerAlignment : kPointerAlignment,
                 "B is FP8 and needs its dequantization factor");
   check_pointer(reasons, "d_scale", args.d_scale, is_fp8(desc.d), kScalarPointerAlignment,
                 "D is FP8 and needs its quantization scale");
@@ -340,6 +355,13 @@ std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const Ge
   if (is_fp8(desc.a)) {
     const std::int8_t fast_accum = desc.fast_accum ? 1 : 0;
     set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum, desc);
+    if (desc.a_scale != ScaleMode::Tensor) {
+      // cuBLASLt's A is our B and its B our A (note "Row-major GEMMs").
+      set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    cublaslt_scale_mode(desc.b_scale), desc);
+      set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                    cublaslt_scale_mode(desc.a_scale), desc);
+    }
     // Why explicit: with FP8 operands the bias and aux types differ from D's default.
     if (epilogue_has_bias(desc.epilogue)) {
       set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(vector_dtype),

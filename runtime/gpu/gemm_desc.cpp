@@ -8,6 +8,18 @@ namespace opfuse::gpu {
 
 bool is_fp8(DType dtype) { return dtype == DType::E4M3 || dtype == DType::E5M2; }
 
+std::string_view scale_mode_name(ScaleMode mode) {
+  switch (mode) {
+    case ScaleMode::Tensor:
+      return "per-tensor";
+    case ScaleMode::Block1D:
+      return "1x128 blocks";
+    case ScaleMode::Block2D:
+      return "128x128 blocks";
+  }
+  return "?";
+}
+
 std::size_t GemmDescHash::operator()(const GemmDesc& desc) const {
   std::size_t seed = 0;
   auto mix = [&seed](std::size_t value) {
@@ -24,7 +36,8 @@ std::size_t GemmDescHash::operator()(const GemmDesc& desc) const {
       static_cast<std::size_t>(desc.a_transposed) << 32 |
       static_cast<std::size_t>(desc.b_transposed) << 33 |
       static_cast<std::size_t>(desc.accumulate) << 34 |
-      static_cast<std::size_t>(desc.fast_accum) << 35);
+      static_cast<std::size_t>(desc.fast_accum) << 35 |
+      static_cast<std::size_t>(desc.a_scale) << 36 | static_cast<std::size_t>(desc.b_scale) << 40);
   return seed;
 }
 
@@ -137,6 +150,53 @@ void check_fp8_output_and_epilogue(const GemmDesc& desc, std::vector<std::string
   }
 }
 
+// cuBLASLt 13's block scale modes on sm_90 (docs/architecture.md, "GEMM capabilities").
+void check_block_scales(const GemmDesc& desc, std::vector<std::string>& reasons) {
+  const bool a_block = desc.a_scale != ScaleMode::Tensor,
+             b_block = desc.b_scale != ScaleMode::Tensor;
+  if (!a_block && !b_block) return;
+  if ((a_block && !is_fp8(desc.a)) || (b_block && !is_fp8(desc.b))) {
+    reasons.push_back("block scales are for FP8 operands only");
+    return;
+  }
+  if (a_block != b_block) {
+    reasons.push_back(fmt::format(
+        "A has {} scales but B {}: cuBLASLt's block scale modes take block scales on both "
+        "operands; quantize both with one block recipe",
+        scale_mode_name(desc.a_scale), scale_mode_name(desc.b_scale)));
+    return;
+  }
+  if (desc.a_scale == ScaleMode::Block2D && desc.b_scale == ScaleMode::Block2D) {
+    reasons.push_back(
+        "both operands have 128x128 blocks: cuBLASLt takes 2-D blocks on one operand only; "
+        "quantize one of them with 1x128 blocks");
+  }
+  if (desc.fast_accum) {
+    reasons.push_back(
+        "fast accumulation is not available with block scales: the GEMM promotes every 128-wide "
+        "partial sum to FP32");
+  }
+  if (is_fp8(desc.d)) {
+    reasons.push_back(fmt::format(
+        "block-scaled GEMMs write bf16, fp16 or fp32, not {}: write D in bf16 and cast it",
+        plan::dtype_name(desc.d)));
+  }
+  if (desc.k % 16 != 0) {
+    reasons.push_back(
+        fmt::format("k = {} is not a multiple of 16, which block-scaled GEMMs need", desc.k));
+  }
+  switch (desc.epilogue) {
+    case GemmEpilogue::None:
+    case GemmEpilogue::Bias:
+      break;
+    default:
+      reasons.push_back(fmt::format(
+          "the {} epilogue is not available with block scales (none and bias are; cuBLASLt 13 "
+          "refuses gelu_aux_bias there)",
+          epilogue_name(desc.epilogue)));
+  }
+}
+
 }  // namespace
 
 GemmDesc fprop_gemm(std::int64_t tokens, std::int64_t in, std::int64_t out, DType x, DType w,
@@ -191,6 +251,9 @@ std::string describe(const GemmDesc& desc) {
   if (desc.aux_ld != 0) text += fmt::format(" (aux_ld {})", desc.aux_ld);
   if (desc.accumulate) text += ", accumulate";
   if (desc.fast_accum) text += ", fast_accum";
+  if (desc.a_scale != ScaleMode::Tensor || desc.b_scale != ScaleMode::Tensor)
+    text += fmt::format(", scales A {}, B {}", scale_mode_name(desc.a_scale),
+                        scale_mode_name(desc.b_scale));
   return text;
 }
 
@@ -210,6 +273,7 @@ std::vector<std::string> check_gemm(const GemmDesc& desc) {
                       desc.b_transposed ? "k" : "n", desc.b_transposed ? desc.k : desc.n, desc.b);
   check_row_alignment(reasons, "D", "[m, n]", "n", desc.n, desc.d);
   check_fp8_output_and_epilogue(desc, reasons);
+  check_block_scales(desc, reasons);
   return reasons;
 }
 

@@ -35,6 +35,12 @@ using plan::GemmEpilogue;
 inline std::string_view epilogue_name(GemmEpilogue e) { return plan::name(e); }
 bool is_fp8(DType dtype);
 
+// How an FP8 operand's scale_inv is given to cuBLASLt: one FP32 scalar, or a grid of FP32 scales
+// (note "Block scale grids" in runtime/cpu/block_quantization.h) per 1 x 128 block along k
+// (VEC128_32F) or per 128 x 128 block (BLK128x128_32F); sm_90 only (plan/gemm_caps.h).
+enum class ScaleMode : std::uint8_t { Tensor, Block1D, Block2D };
+std::string_view scale_mode_name(ScaleMode mode);  // "per-tensor", "1x128 blocks", "128x128 blocks"
+
 struct GemmDesc {
   std::int64_t m = 0, n = 0, k = 0;
   DType a = DType::BF16, b = DType::BF16, d = DType::BF16;
@@ -48,6 +54,9 @@ struct GemmDesc {
   // fprop, off (split accumulator, periodically promoted to fp32) for dgrad and wgrad.
   bool fast_accum = false;
   std::int64_t aux_ld = 0;  // row stride of the aux matrix [m, aux_ld] in elements; 0 means n
+  // FP8 operands: how their scale_inv comes (block modes: both operands, never both 2-D).
+  ScaleMode a_scale = ScaleMode::Tensor;
+  ScaleMode b_scale = ScaleMode::Tensor;
 
   friend bool operator==(const GemmDesc&, const GemmDesc&) = default;
 };

@@ -7,7 +7,36 @@
 
 namespace opfuse::gpu {
 
-GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::int64_t>& symbols) {
+namespace {
+
+// The scale mode of an FP8 operand: its copy's quantizer spec decides.
+ScaleMode scale_mode(const plan::GemmOperand& operand, const plan::SequencePlan& plan) {
+  if (operand.scale_inv.buffer < 0) return ScaleMode::Tensor;
+  const int q = plan.buffers.at(static_cast<std::size_t>(operand.buffer)).quantizer;
+  if (q < 0 || q >= static_cast<int>(plan.quantizers.size())) {
+    throw UsageError(
+        fmt::format("a GEMM operand (buffer {}) has a scale grid but no quantizer: "
+                    "rebuild the plan",
+                    operand.buffer));
+  }
+  switch (plan.quantizers[static_cast<std::size_t>(q)].spec.scaling) {
+    case plan::ScalingKind::Block1D:
+      return ScaleMode::Block1D;
+    case plan::ScalingKind::Block2D:
+      return ScaleMode::Block2D;
+    default:
+      throw UsageError(fmt::format(
+          "quantizer '{}' ({}) has no GEMM scale mode on this runtime: MXFP8 and NVFP4 GEMMs need "
+          "sm_100",
+          plan.quantizers[static_cast<std::size_t>(q)].name,
+          plan::quant_spec_string(plan.quantizers[static_cast<std::size_t>(q)].spec)));
+  }
+}
+
+}  // namespace
+
+GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::int64_t>& symbols,
+                   const plan::SequencePlan& plan) {
   GemmDesc desc;
   desc.m = evaluate_expr(step.m, symbols);
   desc.n = evaluate_expr(step.n, symbols);
@@ -20,6 +49,8 @@ GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::
   desc.epilogue = step.epilogue;
   desc.accumulate = step.accumulate;
   desc.fast_accum = step.fast_accum;
+  desc.a_scale = scale_mode(step.a, plan);
+  desc.b_scale = scale_mode(step.b, plan);
   return desc;
 }
 

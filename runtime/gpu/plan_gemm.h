@@ -15,7 +15,8 @@
 namespace opfuse::gpu {
 
 // Evaluates m, n and k with `symbols` and maps dtypes, layout, epilogue, accumulate, fast_accum.
-GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::int64_t>& symbols);
+GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::int64_t>& symbols,
+                   const plan::SequencePlan& plan);
 
 // The pointers of one run: `buffer_pointer(id)` gives a plan buffer's device memory; FP8 operands
 // take the scale_inv scalar of the quantizer their ScaleInvRef names, an FP8 D its quantizer's
@@ -30,9 +31,16 @@ GemmArgs gemm_args(const plan::GemmStep& step, const GemmDesc& desc, BufferPoint
   if (desc.accumulate && step.c >= 0) args.c = buffer_pointer(step.c);
   if (epilogue_has_bias(desc.epilogue)) args.bias = buffer_pointer(step.bias);
   if (epilogue_has_aux(desc.epilogue)) args.aux = buffer_pointer(step.aux);
+  // A block-scaled copy's scale_inv is its grid buffer; a per-tensor one the quantizer's scalar.
+  if (step.a.scale_inv.buffer >= 0)
+    args.a_scale_inv = static_cast<const float*>(buffer_pointer(step.a.scale_inv.buffer));
+  if (step.b.scale_inv.buffer >= 0)
+    args.b_scale_inv = static_cast<const float*>(buffer_pointer(step.b.scale_inv.buffer));
   if (quantizers != nullptr) {
-    if (is_fp8(desc.a)) args.a_scale_inv = quantizers->scale_inv(step.a.scale_inv.quantizer);
-    if (is_fp8(desc.b)) args.b_scale_inv = quantizers->scale_inv(step.b.scale_inv.quantizer);
+    if (is_fp8(desc.a) && step.a.scale_inv.quantizer >= 0)
+      args.a_scale_inv = quantizers->scale_inv(step.a.scale_inv.quantizer);
+    if (is_fp8(desc.b) && step.b.scale_inv.quantizer >= 0)
+      args.b_scale_inv = quantizers->scale_inv(step.b.scale_inv.quantizer);
     if (is_fp8(desc.d)) {
       args.d_scale = quantizers->scale(step.d_quantizer);
       args.d_amax = quantizers->amax(step.d_quantizer);

@@ -41,10 +41,10 @@ jit::CompiledKernel compile_update_kernel(jit::KernelCache* cache) {
 }  // namespace
 
 QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& spec) {
-  if (!spec.per_tensor()) {
+  if (spec.scaling == plan::ScalingKind::MicroScaled) {
     throw UsageError(fmt::format(
         "quantizer '{}' uses {} scaling, which this runtime's quantizer state does not hold "
-        "(per-tensor delayed and current scaling only)",
+        "(per-tensor delayed and current scaling, and 1x128 / 128x128 block scaling)",
         name, plan::name(spec.scaling)));
   }
   if (!plan::dtype_is_fp8(spec.format)) {
@@ -55,6 +55,7 @@ QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& sp
   settings.name = std::move(name);
   settings.format = spec.format == plan::DType::E5M2 ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3;
   settings.current_scaling = spec.scaling == plan::ScalingKind::Current;
+  settings.block_scaled = !spec.per_tensor();
   settings.history_length = spec.history_slots();
   settings.amax_compute = spec.amax_compute == plan::AmaxCompute::Max
                               ? cpu::AmaxCompute::Max

@@ -31,10 +31,13 @@ struct QuantizerSettings {
   int margin = 0;
   float amax_epsilon = 0.0f;      // current scaling
   bool power_of_2_scale = false;  // current scaling
+  // Block scaling keeps no state here: each FP8 copy carries its scale grid (a plan buffer), and
+  // its slot (one history word, scale and scale_inv 1) is never read or written by a kernel.
+  bool block_scaled = false;
 };
 
 // The settings of a quantizer with `spec`, derived as cpu::make_quantizer does. Throws
-// UsageError for a spec this state cannot hold (block and micro-scaled specs: not yet).
+// UsageError for a spec this state cannot hold (micro-scaled specs: not yet).
 QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& spec);
 
 // Host mirror of templates/common/quantizer_record.cuh's QuantizerRecord, field for field (48

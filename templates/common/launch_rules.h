@@ -253,6 +253,50 @@ OPFUSE_LAUNCH_RULE int tile_grid_y(long long rows) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Block-scaled FP8 cast (block_cast.cuh, TE's Float8BlockScaling): one block of 256 threads per
+// 128 x 128 tile of x (a 128 x 128 scale block, or 128 1 x 128 row blocks and 128 128 x 1 column
+// blocks); blockIdx.x picks the column tile, blockIdx.y the row tile (strided by gridDim.y beyond
+// kBlockCastMaxGridY row tiles). The whole tile is loaded at once (8 or 16 16-byte vectors per
+// thread in flight) and held in registers until its column scales are known.
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kBlockScaleLength = 128;  // Float8BlockScaling's block length
+inline constexpr int kBlockCastThreads = 256;
+inline constexpr int kBlockCastTile = kBlockScaleLength;
+inline constexpr int kBlockCastMaxGridY = 65535;
+// A thread holds its part of the tile in registers as 8 (2-byte inputs) or 16 (fp32) 16-byte
+// vectors, 32 or 64 registers: 64 in all for 2-byte inputs (4 blocks per SM, 128 KiB of loads in
+// flight), 128 for fp32 (2 blocks; 117-126 used on sm_89/sm_90a/sm_100a).
+inline constexpr int kBlockCastRegisterBudget = 64;
+inline constexpr int kBlockCastWideRegisterBudget = 128;
+OPFUSE_LAUNCH_RULE int block_cast_register_budget(int input_bytes) {
+  return input_bytes == 4 ? kBlockCastWideRegisterBudget : kBlockCastRegisterBudget;
+}
+// At least one block in each direction, so that an empty tensor (rows or cols 0) still launches.
+OPFUSE_LAUNCH_RULE int block_cast_grid_x(int cols) {
+  return static_cast<int>(max_of(1, ceil_div(cols, kBlockCastTile)));
+}
+OPFUSE_LAUNCH_RULE int block_cast_grid_y(long long rows) {
+  return static_cast<int>(max_of(1, min_of(ceil_div(rows, kBlockCastTile), kBlockCastMaxGridY)));
+}
+// The scale_inv grid of a stored [rows, cols] copy (runtime/cpu/block_quantization.h, note "Block
+// scale grids"; cuBLASLt's VEC128_32F / BLK128x128_32F layouts): 1-D [ceil(cols / 128)]
+// [roundup(rows, 4)], entry (r, c) at (c / 128) * inner + r; 2-D [ceil(rows / 128)]
+// [roundup(ceil(cols / 128), 4)], entry (r, c) at (r / 128) * inner + c / 128. The row-wise copy
+// is stored [rows, cols], the column-wise copy [cols, rows] (its own grid: swap the extents).
+OPFUSE_LAUNCH_RULE long long block_scale_grid_outer(long long rows, long long cols, bool two_d) {
+  return two_d ? ceil_div(rows, kBlockScaleLength) : ceil_div(cols, kBlockScaleLength);
+}
+OPFUSE_LAUNCH_RULE long long block_scale_grid_inner(long long rows, long long cols, bool two_d) {
+  return two_d ? ceil_div(ceil_div(cols, kBlockScaleLength), 4) * 4 : ceil_div(rows, 4) * 4;
+}
+// The quantize op under block scaling (block_fake_quantize): one warp per 1 x 128 block of a row,
+// kBlockFakeQuantizeWarps warps per block; grid x = ceil_div(rows * block_row_count(cols), warps).
+inline constexpr int kBlockFakeQuantizeWarps = 8;
+OPFUSE_LAUNCH_RULE int block_row_count(int cols) {
+  return static_cast<int>(ceil_div(cols, kBlockScaleLength));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Column partial sums -> final vector (common/column_partials.cuh): a block covers 128 columns
 // with 8 slices of partial rows.
 // ---------------------------------------------------------------------------------------------

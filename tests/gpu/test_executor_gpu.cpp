@@ -23,6 +23,7 @@
 
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
+#include "cpu/block_quantization.h"
 #include "cpu/numerics.h"
 #include "gpu/device.h"
 #include "gpu/gemm.h"
@@ -43,6 +44,7 @@ using codegen::BufferRole;
 constexpr const char* kRecipes = R"(
 recipe delayed = delayed_scaling(format = hybrid, amax_history = 16, amax_compute = max, margin = 0)
 recipe current = current_scaling(format = hybrid, power_of_2_scale = true)
+recipe blocks = float8_block_scaling(format = hybrid)
 )";
 
 constexpr const char* kMlp = R"(
@@ -332,6 +334,10 @@ class SideBySide {
       const cpu::Tensor<float>& w = ref_.param(weight);
       const cpu::Fp8Format format =
           q.format() == ir::DType::E4M3 ? cpu::Fp8Format::E4M3 : cpu::Fp8Format::E5M2;
+      if (!q.spec.per_tensor()) {
+        expect_block_weight_copy(buffer, q, w, format);
+        continue;
+      }
       std::vector<std::uint8_t> want(w.data.size());
       cpu::quantize_fp8(w.data, states[static_cast<std::size_t>(q.index)].scale, format, want,
                         nullptr);
@@ -350,6 +356,36 @@ class SideBySide {
       }
       EXPECT_EQ(mismatches, 0u);
     }
+  }
+
+  // A block-scaled weight copy: its decoded values (codes times their block's scale_inv from the
+  // copy's grid) equal the CPU oracle's block cast of the weight. Values, not codes: under
+  // fp8_weights the reference holds the weight dequantized, whose re-cast may double a block's
+  // power-of-2 scale and halve its codes, the same values.
+  void expect_block_weight_copy(const codegen::Buffer& buffer, const codegen::QuantizerPlan& q,
+                                const cpu::Tensor<float>& w, cpu::Fp8Format format) {
+    cpu::BlockQuantParams params;
+    params.format = format;
+    params.two_d = q.spec.scaling == plan::ScalingKind::Block2D;
+    params.power_of_2_scale = q.spec.power_of_2_scale;
+    params.epsilon = static_cast<float>(q.spec.epsilon);
+    const std::int64_t rows = w.shape[0], cols = w.shape[1];
+    const cpu::BlockQuantizedCopy want =
+        buffer.layout == plan::CopyLayout::Transposed
+            ? cpu::block_quantize_columnwise(w.data, rows, cols, params)
+            : cpu::block_quantize_rowwise(w.data, rows, cols, params);
+    cpu::BlockQuantizedCopy got = want;
+    got.data = download_bytes(gpu_.debug_buffer(buffer.id), want.data.size());
+    ASSERT_GE(buffer.scale_inv.buffer, 0);
+    const std::vector<std::uint8_t> grid =
+        download_bytes(gpu_.debug_buffer(buffer.scale_inv.buffer), want.scale_inv.size() * 4);
+    std::memcpy(got.scale_inv.data(), grid.data(), grid.size());
+    const std::vector<float> got_values = cpu::block_dequantize(got, format, params.two_d);
+    const std::vector<float> want_values = cpu::block_dequantize(want, format, params.two_d);
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < want_values.size(); ++i)
+      mismatches += std::memcmp(&got_values[i], &want_values[i], 4) != 0;
+    EXPECT_EQ(mismatches, 0u);
   }
 
   const ir::Sequence& seq_;
@@ -416,7 +452,7 @@ TEST_P(ExecutorMatchesReference, OutputsGradientsAndQuantizersOverThreeTrainingS
 // change, and its quantizer records the weight's amax only then (a forward recasting the weight
 // would record it at every step: the amax histories would then differ from the reference's).
 TEST_F(ExecutorGpu, Fp8WeightsAreCastOnlyWhenTheParametersChange) {
-  for (const std::string recipe : {"delayed", "current"}) {
+  for (const std::string recipe : {"delayed", "current", "blocks"}) {
     SCOPED_TRACE(recipe);
     const auto c = compile("mlp_residual", kResidual, recipe);
     ASSERT_NE(c, nullptr);
@@ -433,7 +469,8 @@ TEST_F(ExecutorGpu, Fp8WeightsAreCastOnlyWhenTheParametersChange) {
 std::vector<std::pair<int, std::string>> matrix() {
   std::vector<std::pair<int, std::string>> cases;
   for (int p = 0; p < static_cast<int>(program_cases().size()); ++p) {
-    for (const char* recipe : {"bf16", "delayed", "current"}) cases.emplace_back(p, recipe);
+    for (const char* recipe : {"bf16", "delayed", "current", "blocks"})
+      cases.emplace_back(p, recipe);
   }
   return cases;
 }
@@ -500,7 +537,7 @@ std::vector<ActivationCase> activation_cases() {
   std::vector<ActivationCase> cases;
   // Every pointwise op (compiler/ir/pointwise_defs.cpp) with its default attributes.
   for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
-    for (const char* recipe : {"bf16", "delayed", "current"}) {
+    for (const char* recipe : {"bf16", "delayed", "current", "blocks"}) {
       for (const int tokens : {32, 176}) cases.push_back({def->name, def->gated, recipe, tokens});
     }
   }
@@ -554,7 +591,7 @@ TEST_P(WeightCache, SecondForwardReusesTheCastUntilInvalidated) {
   EXPECT_NE(download_bf16(run.gpu().output("y"), count), recast);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, WeightCache, ::testing::Values("delayed", "current"));
+INSTANTIATE_TEST_SUITE_P(Recipes, WeightCache, ::testing::Values("delayed", "current", "blocks"));
 
 // ---- inference forwards -------------------------------------------------------------------------
 
@@ -658,7 +695,8 @@ TEST_P(InferenceForward, AutomaticGraphReplaysMatchEagerForwards) {
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, InferenceForward, ::testing::Values("delayed", "current"));
+INSTANTIATE_TEST_SUITE_P(Recipes, InferenceForward,
+                         ::testing::Values("delayed", "current", "blocks"));
 
 // ---- misuse -------------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/block_quantization.h"
 #include "cpu/numerics.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
@@ -324,6 +325,93 @@ TEST_F(GemmGpu, Fp8FpropDgradWgradWithScaleInvMatchTheCpuReference) {
     EXPECT_TRUE(close_to(bf16_to_floats(to_host<uint16_t>(d_dw, stream_)), ref, l1,
                          kFp32Accumulation, 1.0f / 128))
         << "wgrad";
+  }
+}
+
+// ---- block-scaled FP8 (float8_block_scaling)
+// -----------------------------------------------------
+
+// The same copy with every code's sign cleared: the block GEMM of two such copies bounds the sum of
+// |a| |b| each output accumulates (the tolerance's L1 term).
+cpu::BlockQuantizedCopy absolute(cpu::BlockQuantizedCopy copy) {
+  for (uint8_t& code : copy.data) code &= 0x7F;
+  return copy;
+}
+
+// cuBLASLt's VEC128_32F x BLK128x128_32F and VEC128_32F x VEC128_32F modes against TE's reference
+// semantics (cpu::block_scaled_gemm: each 128-wide partial sum in FP32, then scaled and added).
+// Not bit-exact: inside a 128-wide block the tensor cores sum in another order (and round each
+// partial to FP32 differently), and D is rounded to bf16 once; the bound is the FP32 accumulation
+// one of the per-tensor GEMMs.
+TEST_F(GemmGpu, BlockScaledFpropDgradWgradMatchTheBlockGemmReference) {
+  using cpu::BlockQuantParams;
+  for (const LinearShape s : {LinearShape{256, 384, 512}, LinearShape{208, 272, 144}}) {
+    SCOPED_TRACE(testing::Message() << "tokens " << s.tokens << " in " << s.in << " out " << s.out);
+    std::mt19937 rng(static_cast<unsigned>(s.tokens + s.in));
+    HostBf16 x_raw = random_bf16(s.tokens * s.in, rng);
+    const HostBf16 w_raw = random_bf16(s.out * s.in, rng, 0.05f);
+    const HostBf16 dy_raw = random_bf16(s.tokens * s.out, rng, 1e-3f);
+    x_raw.values[7] = 300.0f;  // one outlier: only its own block's scale changes
+    BlockQuantParams one_d{Fp8Format::E4M3, false, true, 0.0f, cpu::bf16_max_finite()};
+    BlockQuantParams two_d = one_d;
+    two_d.two_d = true;
+    BlockQuantParams grad = one_d;
+    grad.format = Fp8Format::E5M2;
+    const auto x = cpu::block_quantize_rowwise(x_raw.values, s.tokens, s.in, one_d);
+    const auto xt = cpu::block_quantize_columnwise(x_raw.values, s.tokens, s.in, one_d);
+    const auto w = cpu::block_quantize_rowwise(w_raw.values, s.out, s.in, two_d);
+    const auto wt = cpu::block_quantize_columnwise(w_raw.values, s.out, s.in, two_d);
+    const auto dy = cpu::block_quantize_rowwise(dy_raw.values, s.tokens, s.out, grad);
+    const auto dyt = cpu::block_quantize_columnwise(dy_raw.values, s.tokens, s.out, grad);
+
+    struct Case {
+      const char* name;
+      GemmDesc desc;
+      const cpu::BlockQuantizedCopy *a, *b;
+      bool a_two_d, b_two_d;
+      Fp8Format a_format, b_format;
+    };
+    auto block = [](GemmDesc d, ScaleMode a, ScaleMode b) {
+      d.fast_accum = false;
+      d.a_scale = a;
+      d.b_scale = b;
+      return d;
+    };
+    const Case cases[] = {
+        {"fprop",
+         block(fprop_gemm(s.tokens, s.in, s.out, DType::E4M3, DType::E4M3, DType::BF16),
+               ScaleMode::Block1D, ScaleMode::Block2D),
+         &x, &w, false, true, Fp8Format::E4M3, Fp8Format::E4M3},
+        {"dgrad",
+         block(dgrad_gemm(s.tokens, s.in, s.out, DType::E5M2, DType::E4M3, DType::BF16),
+               ScaleMode::Block1D, ScaleMode::Block2D),
+         &dy, &wt, false, true, Fp8Format::E5M2, Fp8Format::E4M3},
+        {"wgrad",
+         block(wgrad_gemm(s.tokens, s.in, s.out, DType::E5M2, DType::E4M3, DType::BF16),
+               ScaleMode::Block1D, ScaleMode::Block1D),
+         &dyt, &xt, false, false, Fp8Format::E5M2, Fp8Format::E4M3},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name);
+      ASSERT_TRUE(check_gemm(c.desc).empty()) << describe(c.desc);
+      DeviceBuffer a = to_device(c.a->data, stream_), b = to_device(c.b->data, stream_);
+      DeviceBuffer a_scales = to_device(c.a->scale_inv, stream_),
+                   b_scales = to_device(c.b->scale_inv, stream_);
+      DeviceBuffer d(static_cast<std::size_t>(c.desc.m * c.desc.n) * 2, stream_);
+      GemmArgs args;
+      args.a = a.data();
+      args.b = b.data();
+      args.d = d.data();
+      args.a_scale_inv = a_scales.as<float>();
+      args.b_scale_inv = b_scales.as<float>();
+      runner_->run(c.desc, args, stream_);
+      const std::vector<float> ref =
+          cpu::block_scaled_gemm(*c.a, c.a_two_d, *c.b, c.b_two_d, c.a_format, c.b_format);
+      const std::vector<float> l1 = cpu::block_scaled_gemm(
+          absolute(*c.a), c.a_two_d, absolute(*c.b), c.b_two_d, c.a_format, c.b_format);
+      EXPECT_TRUE(close_to(bf16_to_floats(to_host<uint16_t>(d, stream_)), ref, l1,
+                           kFp32Accumulation, 1.0f / 128));
+    }
   }
 }
 

@@ -6,11 +6,14 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "../../templates/common/launch_rules.h"
 #include "cpu/numerics.h"
 #include "cpu/quantizer_math.h"
+#include "gpu_test_support.h"
 #include "ir/pointwise_ops.h"
 #include "jit/nvrtc_compiler.h"
 
@@ -40,31 +43,15 @@ class TemplatesGpu : public ::testing::Test {
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       GTEST_SKIP() << "no GPU on this machine: skipping GPU template tests";
     }
-    cudaDeviceProp prop{};
-    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-    arch_ = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
-            (prop.major == 9 || prop.major == 10 ? "a" : "");
   }
 
   // Compiles `source` for this GPU and returns the kernel for `expression`.
   cudaKernel_t load(const std::string& source, const std::string& expression) {
-    jit::CompileRequest request;
-    request.kernel_name = expression;
-    request.source = source;
-    request.name_expressions = {expression};
-    request.arch = arch_;
-    kernel_ = jit::compile_kernel(request);
-    cudaLibrary_t library = nullptr;
-    EXPECT_EQ(cudaLibraryLoadData(&library, kernel_.binary.data(), nullptr, nullptr, 0, nullptr,
-                                  nullptr, 0),
-              cudaSuccess);
-    cudaKernel_t kernel = nullptr;
-    EXPECT_EQ(cudaLibraryGetKernel(&kernel, library, kernel_.lowered_names.at(expression).c_str()),
-              cudaSuccess);
-    return kernel;
+    test::TemplateKernels loaded = test::load_template_kernels(source, {expression});
+    kernel_ = std::move(loaded.compiled);
+    return loaded.kernels.front();
   }
 
-  std::string arch_;
   jit::CompiledKernel kernel_;
 };
 

@@ -58,6 +58,41 @@ std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const 
   return compiled;
 }
 
+TemplateKernels load_template_kernels(const std::string& source,
+                                      const std::vector<std::string>& name_expressions) {
+  TemplateKernels loaded;
+  loaded.kernels.assign(name_expressions.size(), nullptr);
+  jit::CompileRequest request;
+  request.kernel_name = name_expressions.empty() ? "templates" : name_expressions.front();
+  request.source = source;
+  request.name_expressions = name_expressions;
+  request.arch = gpu::current_device().arch;
+  try {
+    loaded.compiled = jit::compile_kernel(request);
+  } catch (const jit::JitError& error) {
+    ADD_FAILURE() << error.what();
+    return loaded;
+  }
+  cudaLibrary_t library = nullptr;
+  const cudaError_t load = cudaLibraryLoadData(&library, loaded.compiled.binary.data(), nullptr,
+                                               nullptr, 0, nullptr, nullptr, 0);
+  if (load != cudaSuccess) {
+    ADD_FAILURE() << "cudaLibraryLoadData: " << cudaGetErrorString(load);
+    return loaded;
+  }
+  for (std::size_t i = 0; i < name_expressions.size(); ++i) {
+    const auto lowered = loaded.compiled.lowered_names.find(name_expressions[i]);
+    if (lowered == loaded.compiled.lowered_names.end()) {
+      ADD_FAILURE() << "no lowered name for " << name_expressions[i];
+      continue;
+    }
+    EXPECT_EQ(cudaLibraryGetKernel(&loaded.kernels[i], library, lowered->second.c_str()),
+              cudaSuccess)
+        << name_expressions[i];
+  }
+  return loaded;
+}
+
 DeviceArray::DeviceArray(std::size_t bytes) : bytes_(bytes) {
   EXPECT_EQ(cudaMalloc(&data_, std::max<std::size_t>(bytes, 16)), cudaSuccess);
 }
@@ -112,6 +147,13 @@ void upload_bf16(const DeviceArray& array, const std::vector<float>& values) {
   std::vector<std::uint16_t> bits(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) bits[i] = cpu::float_to_bf16(values[i]);
   upload_bf16_bits(array, bits);
+}
+
+void upload_bytes(const DeviceArray& array, const void* host, std::size_t bytes) {
+  ASSERT_LE(bytes, array.bytes());
+  ASSERT_EQ(cudaMemcpy(array.data(), host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  // Why: as upload_bf16_bits.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes) {

@@ -17,6 +17,7 @@
 #include "codegen/plan.h"
 #include "gpu/plan_executor.h"
 #include "ir/graph.h"
+#include "jit/nvrtc_compiler.h"
 #include "reference/reference_executor.h"
 #include "support/source_manager.h"
 
@@ -44,6 +45,17 @@ std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const 
                                                  const std::string& recipe_override = "",
                                                  const std::string& kernel_cache_dir = "",
                                                  const debug::Routing* debug_routing = nullptr);
+
+// Kernel templates (templates/) instantiated through NVRTC for the current GPU and loaded: the
+// kernel of every name expression, in order, and the program's compile result (its ptxas figures:
+// registers, spills). The library stays loaded until the process ends. When NVRTC or the load
+// fails, the current test fails and the kernels are nullptr.
+struct TemplateKernels {
+  jit::CompiledKernel compiled;
+  std::vector<cudaKernel_t> kernels;
+};
+TemplateKernels load_template_kernels(const std::string& source,
+                                      const std::vector<std::string>& name_expressions);
 
 // Device memory owned by the test (plain cudaMalloc: the test may synchronize). Never smaller
 // than 16 bytes, so even an empty tensor has an aligned address.
@@ -82,6 +94,10 @@ class GpuStreamTest : public ::testing::Test {
 // the current test when the sizes differ.
 void upload_bf16_bits(const DeviceArray& array, const std::vector<std::uint16_t>& bits);
 void upload_bf16(const DeviceArray& array, const std::vector<float>& values);
+
+// Copies `bytes` bytes from `host` to the start of `array` (at most its size), then waits for the
+// device.
+void upload_bytes(const DeviceArray& array, const void* host, std::size_t bytes);
 
 // The first `bytes` bytes (`count` bf16 elements) at `device`, after the whole device finished.
 std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes);

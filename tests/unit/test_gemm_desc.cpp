@@ -219,6 +219,57 @@ TEST(CheckGemm, EpilogueVectorsAreBf16ForFp8OperandsAndDsDtypeOtherwise) {
   EXPECT_EQ(epilogue_vector_dtype(desc), DType::FP32);
 }
 
+// ---- check_gemm: block scales (cuBLASLt 13 on sm_90)
+// ---------------------------------------------
+
+GemmDesc block_fprop() {
+  GemmDesc d = fprop_gemm(kTokens, kHidden, kFfn, DType::E4M3, DType::E4M3, DType::BF16);
+  d.fast_accum = false;
+  d.a_scale = ScaleMode::Block1D;  // x: 1 x 128
+  d.b_scale = ScaleMode::Block2D;  // W: 128 x 128
+  return d;
+}
+
+TEST(CheckGemm, AcceptsTheBlockScaledGemmsOfALinear) {
+  EXPECT_TRUE(check_gemm(block_fprop()).empty()) << joined(check_gemm(block_fprop()));
+  GemmDesc bias = block_fprop();
+  bias.epilogue = GemmEpilogue::Bias;
+  EXPECT_TRUE(check_gemm(bias).empty()) << joined(check_gemm(bias));
+  GemmDesc wgrad = wgrad_gemm(kTokens, kHidden, kFfn, DType::E5M2, DType::E4M3, DType::BF16);
+  wgrad.a_scale = wgrad.b_scale = ScaleMode::Block1D;
+  wgrad.accumulate = true;
+  EXPECT_TRUE(check_gemm(wgrad).empty()) << joined(check_gemm(wgrad));
+  EXPECT_NE(describe(block_fprop()).find("scales A 1x128 blocks, B 128x128 blocks"),
+            std::string::npos)
+      << describe(block_fprop());
+}
+
+TEST(CheckGemm, RejectsWhatBlockScaleModesCannotRun) {
+  GemmDesc two_by_two = block_fprop();
+  two_by_two.a_scale = ScaleMode::Block2D;
+  EXPECT_TRUE(has_reason(check_gemm(two_by_two), "2-D blocks on one operand only"));
+  GemmDesc mixed = block_fprop();
+  mixed.b_scale = ScaleMode::Tensor;
+  EXPECT_TRUE(has_reason(check_gemm(mixed), "block scales on both operands"));
+  GemmDesc fast = block_fprop();
+  fast.fast_accum = true;
+  EXPECT_TRUE(has_reason(check_gemm(fast), "fast accumulation is not available"));
+  GemmDesc fp8_out = block_fprop();
+  fp8_out.d = DType::E4M3;
+  EXPECT_TRUE(has_reason(check_gemm(fp8_out), "block-scaled GEMMs write bf16"));
+  GemmDesc dgelu = dgrad_gemm(kTokens, kHidden, kFfn, DType::E5M2, DType::E4M3, DType::BF16);
+  dgelu.a_scale = ScaleMode::Block1D;
+  dgelu.b_scale = ScaleMode::Block2D;
+  dgelu.epilogue = GemmEpilogue::DGelu;
+  EXPECT_TRUE(has_reason(check_gemm(dgelu), "not available with block scales"));
+  GemmDesc gelu = block_fprop();
+  gelu.epilogue = GemmEpilogue::GeluAuxBias;
+  EXPECT_TRUE(has_reason(check_gemm(gelu), "refuses gelu_aux_bias"));
+  GemmDesc bf16 = fprop_gemm(kTokens, kHidden, kFfn, DType::BF16, DType::BF16, DType::BF16);
+  bf16.a_scale = ScaleMode::Block1D;
+  EXPECT_TRUE(has_reason(check_gemm(bf16), "FP8 operands only"));
+}
+
 TEST(GemmDesc, HashAndEqualityTellEveryFieldApart) {
   std::vector<GemmDesc> descs(1, good_fp8());
   auto vary = [&descs](auto change) {
@@ -238,6 +289,8 @@ TEST(GemmDesc, HashAndEqualityTellEveryFieldApart) {
   vary([](GemmDesc& d) { d.accumulate = true; });
   vary([](GemmDesc& d) { d.fast_accum = !d.fast_accum; });
   vary([](GemmDesc& d) { d.aux_ld = 8; });
+  vary([](GemmDesc& d) { d.a_scale = ScaleMode::Block1D; });
+  vary([](GemmDesc& d) { d.b_scale = ScaleMode::Block2D; });
   std::unordered_set<GemmDesc, GemmDescHash> set(descs.begin(), descs.end());
   EXPECT_EQ(set.size(), descs.size());
   std::unordered_set<std::size_t> hashes;
@@ -420,12 +473,31 @@ TEST(QuantizerSettings, MatchTheCpuTwinForDelayedAndCurrentRecipes) {
   EXPECT_EQ(quantizer_settings("g", spec(current, false)).history_length, 1);
 }
 
-TEST(QuantizerSettings, BlockScaledSpecsAreRefusedByBothStates) {
+TEST(QuantizerSettings, BlockSpecsKeepNoStateAndMicroScaledOnesAreRefusedByBothStates) {
   plan::QuantSpec block;
-  block.scaling = plan::ScalingKind::Block1D;
-  block.block = {1, 128};
-  EXPECT_THROW(quantizer_settings("fc1.input", block), UsageError);
-  EXPECT_THROW(cpu::make_quantizer("fc1.input", block), opfuse::Error);
+  block.scaling = plan::ScalingKind::Block2D;
+  block.block = {128, 128};
+  block.format = plan::DType::E5M2;
+  block.power_of_2_scale = true;
+  block.epsilon = 0.5;
+  const QuantizerSettings gpu = quantizer_settings("fc1.weight", block);
+  EXPECT_TRUE(gpu.block_scaled);
+  EXPECT_FALSE(gpu.current_scaling);
+  EXPECT_EQ(gpu.history_length, 1);
+  const cpu::Quantizer cpu_q = cpu::make_quantizer("fc1.weight", block);
+  EXPECT_TRUE(cpu_q.block_scaled);
+  EXPECT_TRUE(cpu_q.block.two_d);
+  EXPECT_TRUE(cpu_q.block.power_of_2_scale);
+  EXPECT_EQ(cpu_q.block.epsilon, 0.5f);
+  EXPECT_EQ(cpu_q.block.format, cpu::Fp8Format::E5M2);
+  EXPECT_FALSE(cpu::make_quantizer("fc1.input", plan::QuantSpec{}).block_scaled);
+
+  plan::QuantSpec micro;
+  micro.scaling = plan::ScalingKind::MicroScaled;
+  micro.block = {1, 32};
+  micro.scale_dtype = plan::ScaleDType::E8M0;
+  EXPECT_THROW(quantizer_settings("fc1.input", micro), UsageError);
+  EXPECT_THROW(cpu::make_quantizer("fc1.input", micro), opfuse::Error);
   plan::QuantSpec bf16;
   bf16.format = plan::DType::BF16;
   EXPECT_THROW(quantizer_settings("fc1.input", bf16), UsageError);

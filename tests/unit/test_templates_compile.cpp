@@ -5,9 +5,10 @@
 // header compiling on its own with nvcc, and the README naming every entry point.
 //
 // Time: one NVRTC program per (family, arch, dtype) holds all of that combination's
-// instantiations, so headers are parsed once per case, not once per kernel: 83 NVRTC programs of
-// 0.1-1.5 s and 14 nvcc header compiles of ~1.5 s; ~55 s with ctest -j2 on 2 cores (~115 s of
-// CPU). Needs NVRTC (and nvcc for the header cases, skipped without it), not a GPU.
+// instantiations, so headers are parsed once per case, not once per kernel: 96 NVRTC programs of
+// 0.1-3 s and 22 nvcc header compiles of ~1.5-3 s; ~55 s with ctest -j2 on 2 cores (~115 s of
+// CPU) before the block-scaled cast, whose 9 programs add ~20 s of CPU. Needs NVRTC (and nvcc for
+// the header cases, skipped without it), not a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,7 +35,7 @@ struct TemplateCase {
   std::string header;
   std::vector<std::string> name_expressions;
   std::string arch;
-  // > 0: a single-kernel case whose ptxas register count must stay within this budget.
+  // > 0: the ptxas register count of every kernel of the case must stay within this budget.
   int register_budget = 0;
   std::string prelude = {};  // source after the header's #include (generated functors)
 };
@@ -158,6 +159,25 @@ TemplateCase scale_case(const std::string& arch, const Dtype& in) {
           arch};
 }
 
+// Block-scaled casts (TE's Float8BlockScaling): 1-D and 2-D blocks into both FP8 formats with
+// both copies, and without the column-wise copy, within the family's register budget.
+TemplateCase block_cast_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  TemplateCase c{"block_cast_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
+  for (const char* output : {kE4m3, kE5m2}) {
+    for (const char* two_d : {"false", "true"}) {
+      c.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, output, two_d}) +
+                                   ">");
+    }
+  }
+  c.name_expressions.push_back("opfuse::block_cast_transpose<" +
+                               args({t, kE4m3, "false", "false"}) + ">");
+  c.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, kE5m2, "true", "false"}) +
+                               ">");
+  c.register_budget = launch::block_cast_register_budget(t == "float" ? 4 : 2);
+  return c;
+}
+
 TemplateCase amax_case(const std::string& arch, const Dtype& in) {
   return {
       "amax_" + in.tag + "_" + arch, "amax.cuh", {"opfuse::amax_reduce<" + in.type + ">"}, arch};
@@ -242,6 +262,16 @@ std::vector<TemplateCase> seed_mlp_cases() {
   return cases;
 }
 
+// The quantize op under block scaling: 1 x 128 blocks through both FP8 formats.
+TemplateCase block_fake_quantize_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  return {"block_fake_quantize_" + in.tag + "_" + arch,
+          "block_fake_quantize.cuh",
+          {"opfuse::block_fake_quantize<" + args({t, kE4m3}) + ">",
+           "opfuse::block_fake_quantize<" + args({t, kE5m2}) + ">"},
+          arch};
+}
+
 std::vector<TemplateCase> all_cases() {
   std::vector<TemplateCase> cases = seed_mlp_cases();
   for (const std::string& arch : archs()) {
@@ -253,6 +283,8 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(bias_case(arch, in));
       cases.push_back(scale_case(arch, in));
       cases.push_back(amax_case(arch, in));
+      cases.push_back(block_cast_case(arch, in));
+      cases.push_back(block_fake_quantize_case(arch, in));
     }
     cases.push_back({"scale_update_" + arch,
                      "scale_update.cuh",
@@ -399,6 +431,31 @@ TEST(TemplateLaunchRules, TileAndReductionGrids) {
   EXPECT_EQ(launch::tile_register_budget(2, 3, true, true), 128);   // SwiGLU backward
   EXPECT_EQ(launch::norm_fwd_register_budget(true, false), 64);
   EXPECT_EQ(launch::norm_fwd_register_budget(false, false), 80);  // LayerNorm: 6 blocks per SM
+}
+
+// Block-scaled cast: one 256-thread block per 128 x 128 tile, an idle block for empty tensors,
+// and the scale_inv grids of runtime/cpu/block_quantization.h (note "Block scale grids").
+TEST(TemplateLaunchRules, BlockCastGridsAndScaleGrids) {
+  EXPECT_EQ(launch::kBlockCastThreads, 256);
+  EXPECT_EQ(launch::block_cast_grid_x(4096), 32);
+  EXPECT_EQ(launch::block_cast_grid_x(144), 2);  // a partial last column tile
+  EXPECT_EQ(launch::block_cast_grid_x(0), 1);
+  EXPECT_EQ(launch::block_cast_grid_y(16384), 128);
+  EXPECT_EQ(launch::block_cast_grid_y(300), 3);
+  EXPECT_EQ(launch::block_cast_grid_y(0), 1);
+  EXPECT_EQ(launch::block_cast_grid_y(1LL << 40), launch::kBlockCastMaxGridY);
+  EXPECT_EQ(launch::block_cast_register_budget(2), 64);
+  EXPECT_EQ(launch::block_cast_register_budget(4), 128);
+  // 1-D, a stored [300, 272] copy: [ceil(272 / 128)][roundup(300, 4)] = [3][300]; [5, 16]: [1][8].
+  EXPECT_EQ(launch::block_scale_grid_outer(300, 272, false), 3);
+  EXPECT_EQ(launch::block_scale_grid_inner(300, 272, false), 300);
+  EXPECT_EQ(launch::block_scale_grid_outer(5, 16, false), 1);
+  EXPECT_EQ(launch::block_scale_grid_inner(5, 16, false), 8);
+  // 2-D: [ceil(rows / 128)][roundup(ceil(cols / 128), 4)]: [300, 272] -> [3][4]; [272, 300] too.
+  EXPECT_EQ(launch::block_scale_grid_outer(300, 272, true), 3);
+  EXPECT_EQ(launch::block_scale_grid_inner(300, 272, true), 4);
+  EXPECT_EQ(launch::block_scale_grid_inner(128, 640, true), 8);  // 5 column blocks -> 8
+  EXPECT_EQ(launch::block_scale_grid_outer(0, 128, true), 0);
 }
 
 std::vector<std::string> template_headers() {

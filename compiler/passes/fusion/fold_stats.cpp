@@ -24,7 +24,7 @@ struct Taps {
   ValueId output = kNoValue;
 };
 
-Taps taps_of(const Operation& op) {
+Taps taps_of(const Sequence& seq, const Operation& op) {
   std::vector<const Operation*> parts;
   if (op.kind == OpKind::Fused) {
     for (const Operation& p : op.parts) parts.push_back(&p);
@@ -36,7 +36,8 @@ Taps taps_of(const Operation& op) {
   for (const Operation* p : parts) {
     if (p->kind == OpKind::TensorStats || p->kind == OpKind::BiasGrad) continue;
     if (p->kind == OpKind::CastFp8) {
-      if (cast != nullptr) return {};
+      // A block-scaled cast runs a kernel of its own without the statistics (kStats).
+      if (cast != nullptr || !seq.quantizers.at(size_t(p->quantizer)).spec.per_tensor()) return {};
       cast = p;
     } else if ((is_pointwise(p->kind) || is_pointwise_backward(p->kind)) && lead == nullptr &&
                p == parts.front()) {
@@ -68,7 +69,7 @@ int host_of(const Sequence& s, const Operation& stats) {
   for (size_t j = 0; j < s.ops.size(); ++j) {
     const Operation& op = s.ops[j];
     if (op.phase != stats.phase || op.kind == OpKind::TensorStats) continue;
-    const Taps taps = taps_of(op);
+    const Taps taps = taps_of(s, op);
     if ((taps.input == v || taps.output == v) && !has_stats_of(op, v)) return int(j);
   }
   return -1;

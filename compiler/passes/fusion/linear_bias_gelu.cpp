@@ -21,8 +21,16 @@ constexpr Step kSteps[] = {
     {.is = gelu_forward, .link = Link::Consumes, .from = 1},
 };
 
-bool has_bias(const ir::Sequence&, const Match& m) {
-  return m[1] != nullptr || ir::attr_bool(m[0]->attrs, "bias");
+// cuBLASLt 13 has no block-scaled GEMM with the GELU_AUX_BIAS epilogue (its heuristic answers
+// NOT_SUPPORTED on an H200, VEC128 x BLK128x128 included): under block scaling the GELU stays a
+// kernel of its own.
+bool epilogue_allowed(const ir::Sequence& seq, const ir::Operation& linear) {
+  const int32_t w = seq.value(linear.operands.at(1)).quantizer;
+  return w < 0 || seq.quantizers.at(size_t(w)).spec.per_tensor();
+}
+
+bool has_bias(const ir::Sequence& seq, const Match& m) {
+  return (m[1] != nullptr || ir::attr_bool(m[0]->attrs, "bias")) && epilogue_allowed(seq, *m[0]);
 }
 
 }  // namespace

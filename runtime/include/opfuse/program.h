@@ -264,7 +264,8 @@ class Session {
   void release_graph();
   bool has_graph() const;
 
-  // Every quantizer (plan order), copied to the host after waiting for `stream`.
+  // Every per-tensor quantizer (plan order), copied to the host after waiting for `stream`; block
+  // scaling (float8_block_scaling) keeps its scales with each FP8 copy and is not listed.
   std::vector<QuantizerStatus> quantizers(cudaStream_t stream) const;
 
   MemoryStats memory() const;
