@@ -120,12 +120,31 @@ void add_quant_slots(ir::Sequence& seq, const LayerRouting& l, const FeatureConf
           "scaling quantizer",
           plan::name(*own), r.recipe ? "fp8_delayed_scaling_ statistics" : "overflows%");
     }
+    // A block-scaled own quantizer (float8_block_scaling) casts as the fp8_block_scaling_
+    // what-if does when the recipe keeps TE's defaults: 1x128 blocks for the activation and the
+    // gradient, 128x128 for the weight, power-of-2 scales, no epsilon.
+    const bool own_block =
+        own_cast && own &&
+        (*own == plan::ScalingKind::Block1D || *own == plan::ScalingKind::Block2D);
+    if (own_block && problem.empty()) {
+      const plan::QuantSpec spec = passes::recipe_spec(seq.recipe, role_of(tensor));
+      const plan::ScalingKind what_if =
+          tensor == TensorKind::Weight ? plan::ScalingKind::Block2D : plan::ScalingKind::Block1D;
+      if (spec.scaling != what_if || !spec.power_of_2_scale || spec.epsilon != 0.0) {
+        problem = fmt::format(
+            "its quantizer uses {} (the recipe's blocks, power-of-2 or epsilon differ from TE's "
+            "Float8BlockScaling defaults, the only block cast these statistics model)",
+            plan::quant_spec_string(spec));
+      }
+    }
     if (!problem.empty()) {
       refused.push_back(fmt::format("{} (layer '{}', {}): '{}': {}", f.name, l.layer,
                                     plan::name(tensor), r.name, problem));
       continue;
     }
-    plan::StatSlot slot = quant_slot(l.layer, tensor, r);
+    StatRequest cast = r;
+    if (own_block) cast.recipe = plan::ScalingKind::Block1D;  // the fp8_block_scaling_ cast
+    plan::StatSlot slot = quant_slot(l.layer, tensor, cast);
     slot.format = format;
     // Always there: IterationStats::log finds a tensor's quantized records from it.
     add_slot(seq, {l.layer, std::string(plan::name(tensor)), 0, 1});
@@ -233,9 +252,18 @@ std::vector<StatRecord> IterationStats::records(const Routing& routing, int64_t 
     for (const FeatureConfig* f : l->inspectors[size_t(*t)]) {
       if (f->feature->spec().name == "LogFp8TensorStats") {
         for (const StatRequest& r : quant_stats(*f, *t)) {
-          const plan::StatSlot want = quant_slot(slot.layer, *t, r);
-          const auto q = std::find_if(merged_.begin(), merged_.end(),
-                                      [&](const auto& m) { return matches(m.first, want); });
+          auto find = [&](const StatRequest& request) {
+            const plan::StatSlot want = quant_slot(slot.layer, *t, request);
+            return std::find_if(merged_.begin(), merged_.end(),
+                                [&](const auto& m) { return matches(m.first, want); });
+          };
+          auto q = find(r);
+          if (q == merged_.end() && !r.recipe) {
+            // A block-scaled own quantizer's statistics are the block what-if's (add_quant_slots).
+            StatRequest block = r;
+            block.recipe = plan::ScalingKind::Block1D;
+            q = find(block);
+          }
           if (q == merged_.end()) continue;
           out.push_back(StatRecord{slot.layer, slot.tensor, "", r.name, iteration,
                                    value(as_quantized(q->second), r.kind)});

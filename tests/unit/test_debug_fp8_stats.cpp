@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -331,6 +332,61 @@ TEST(Fp8Stats, MicroBatchesMergeAndWeightsCountOnce) {
         "fc1_weight_mxfp8_underflow_blocks% \t\t\t\t iteration=000003 \t\t\t\t value=100.0000"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << "\n" << text;
   }
+}
+
+// Under float8_block_scaling the layer's own cast is the fp8_block_scaling_ what-if (TE's
+// defaults): a bare statistic reads that record (one slot for both spellings) and logs the same
+// value; a recipe whose blocks, power of 2 or epsilon differ from the what-if is refused.
+TEST(Fp8Stats, BlockScaledLayersMeasureTheirOwnBlockCast) {
+  std::string blocks = kLinear;
+  blocks.replace(blocks.find("delayed_scaling()"), 17, "float8_block_scaling()");
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    LogFp8TensorStats: {tensors: [activation, weight], stats: [mse, "
+      "fp8_block_scaling_mse, underflows%]}\n",
+      {"fc1"}, true);
+  const auto v = compile(blocks, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  size_t i = 0;
+  for (const plan::StatSlot& s : seq.inspections) {
+    if (s.record == plan::StatRecordKind::Quantized) {
+      EXPECT_NE(s.cast, plan::QuantStatCast::Quantizer) << s.tensor << ": no per-tensor cast";
+    }
+  }
+  const plan::StatSlot* w = find_slot(seq, "weight", plan::QuantStatCast::Float8Block, false, &i);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->dims, 2);
+  ASSERT_NE(find_slot(seq, "activation", plan::QuantStatCast::Float8Block, false, &i), nullptr);
+  EXPECT_EQ(seq.inspections.size(), 4u) << "moments and one block record per tensor";
+
+  // The records a run would give: both spellings log the block record's value.
+  QuantizedMoments q;
+  q.count = 100;
+  q.underflows = 25;
+  q.sq_err = 2.0;
+  IterationStats stats;
+  std::vector<TensorMoments> records;
+  for (const plan::StatSlot& s : seq.inspections)
+    records.push_back(s.record == plan::StatRecordKind::Quantized ? as_record(q) : TensorMoments{});
+  stats.add_run(seq.inspections, records);
+  std::map<std::string, double> logged;
+  for (const StatRecord& rec : stats.records(r->routing, 1))
+    logged[rec.tensor + " " + rec.stat] = rec.value;
+  EXPECT_EQ(logged.count("activation mse"), 1u);
+  EXPECT_EQ(logged["activation mse"], logged["activation fp8_block_scaling_mse"]);
+  EXPECT_EQ(logged["weight underflows%"], 25.0);
+
+  std::string plain_scales = kLinear;
+  plain_scales.replace(plain_scales.find("delayed_scaling()"), 17,
+                       "float8_block_scaling(power_of_2_scale = false)");
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.debug_routing = &r->routing;
+  const auto refused = driver::compile_source("s.fuse", plain_scales, sources, diags, options);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.error.find("'mse': its quantizer uses block_1d"), std::string::npos)
+      << refused.error;
 }
 
 // ---- fusec run --device cpu --debug-config ------------------------------------------------------
