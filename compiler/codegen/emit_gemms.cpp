@@ -9,6 +9,7 @@
 #include "codegen/emit_groups.h"
 #include "codegen/kernel_templates.h"
 #include "ir/pointwise_ops.h"
+#include "plan/gemm_caps.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen::emitters {
@@ -23,7 +24,18 @@ GemmOperand gemm_operand(const SequenceBuilder& b, ValueId v, const ir::Operatio
   operand.buffer = b.buffer(v, at);
   operand.dtype = value.type.dtype;
   // A per-tensor scale is the quantizer's device scalar; a block-scaled copy carries its grid.
-  if (value.quantizer >= 0) operand.scale_inv = b.plan_buffer(operand.buffer).scale_inv;
+  if (value.quantizer >= 0) {
+    operand.scale_inv = b.plan_buffer(operand.buffer).scale_inv;
+    const ir::QuantizerDecl& q = b.seq().quantizers.at(size_t(value.quantizer));
+    const std::string problem =
+        plan::gemm_support_problem(plan::gemm_caps(b.options().arch), q.spec);
+    if (!problem.empty()) {
+      b.fail(at,
+             fmt::format("{} of '{}' reads '{}' quantized as {}, but {}", ir::op_info(at.kind).name,
+                         at.instance, q.name, plan::quant_spec_string(q.spec), problem),
+             "compile for sm_90a (H100, H200), or use a per-tensor recipe for this sequence");
+    }
+  }
   operand.usage = b.is_columnwise_copy(v) ? CopyUsage::Columnwise : CopyUsage::Rowwise;
   return operand;
 }

@@ -53,6 +53,18 @@ void SequenceExecutor::Impl::check_plan() const {
             "(quantizer {}, scale grid buffer {}): rebuild the plan",
             describe_step(step), q, grid));
       }
+      // A block-scaled operand needs its scale mode on this device (plan/gemm_caps.h): refused
+      // here, before anything runs, rather than by cuBLASLt's heuristic at the first step.
+      const int owner = plan.buffers.at(static_cast<std::size_t>(operand->buffer)).quantizer;
+      if (!block || owner < 0 || owner >= static_cast<int>(plan.quantizers.size())) continue;
+      const plan::QuantizerPlan& quantizer = plan.quantizers[static_cast<std::size_t>(owner)];
+      const std::string problem = plan::gemm_support_problem(*gemm_caps, quantizer.spec);
+      if (!problem.empty()) {
+        throw UsageError(fmt::format(
+            "{} reads quantizer '{}' ({}), but {}: run this plan on an H100 or H200 (sm_90), "
+            "or compile the program with a per-tensor recipe (delayed_scaling, current_scaling)",
+            describe_step(step), quantizer.name, plan::quant_spec_string(quantizer.spec), problem));
+      }
     }
   }
 }
