@@ -39,15 +39,6 @@ sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses blocks {
 }
 )";
 
-driver::CompileResult compile(const std::string& recipe) {
-  SourceManager sources;
-  DiagnosticEngine diags(sources);
-  driver::CompileOptions options;
-  options.recipe = recipe;
-  options.last_stage = driver::Stage::Plan;
-  return driver::compile_source("mlp.fuse", kMlp, sources, diags, options);
-}
-
 // One linear, no norm before it to squash an outlier of its input.
 constexpr const char* kOne = R"(
 recipe blocks = float8_block_scaling()
@@ -58,14 +49,18 @@ sequence one(x: bf16[tokens, 256]) -> (y: bf16[tokens, 128]) uses blocks {
 }
 )";
 
-driver::CompileResult compile_one(const std::string& recipe) {
+// `text` (kMlp: mlp.fuse, kOne: one.fuse) through the plan, under `recipe` ("": its own `uses`).
+driver::CompileResult compile(const std::string& recipe, const char* text = kMlp) {
   SourceManager sources;
   DiagnosticEngine diags(sources);
   driver::CompileOptions options;
   options.recipe = recipe;
   options.last_stage = driver::Stage::Plan;
-  return driver::compile_source("one.fuse", kOne, sources, diags, options);
+  return driver::compile_source(text == kOne ? "one.fuse" : "mlp.fuse", text, sources, diags,
+                                options);
 }
+
+driver::CompileResult compile_one(const std::string& recipe) { return compile(recipe, kOne); }
 
 const plan::QuantizerPlan& quantizer(const plan::SequencePlan& s, const std::string& name) {
   for (const plan::QuantizerPlan& q : s.quantizers)
