@@ -42,22 +42,6 @@ float value_for_inf(ir::DType source) {
   }
 }
 
-// A block-scaled GEMM operand as block_scaled_gemm takes it: the stored codes (K contiguous, as
-// plan-quantization lays out every FP8 operand) re-encoded to FP8 bits, with the value's grid.
-template <typename T>
-BlockQuantizedCopy block_operand(const ReferenceContext<T>& ctx, ir::ValueId v, Fp8Format format) {
-  const BlockScales& scales = ctx.block_scales.at(v);
-  BlockQuantizedCopy copy;
-  copy.rows = scales.rows;
-  copy.cols = scales.cols;
-  copy.scale_inv = scales.scale_inv;
-  const Tensor<T>& codes = ctx.values[v];
-  copy.data.resize(codes.data.size());
-  for (size_t i = 0; i < codes.data.size(); ++i)
-    copy.data[i] = float_to_fp8(float(codes.data[i]), format);
-  return copy;
-}
-
 Fp8Format fp8_format_of(ir::DType d) {
   return d == ir::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
 }
@@ -67,15 +51,16 @@ Fp8Format fp8_format_of(ir::DType d) {
 // Returns false (nothing done) for a GEMM of per-tensor or high-precision operands.
 template <typename T>
 bool block_gemm(ReferenceContext<T>& ctx, const ir::Operation& op, Tensor<T>& d) {
-  const ir::ValueId a = op.operands.at(0), b = op.operands.at(1);
-  const bool a_block = ctx.block_scales.count(a) > 0, b_block = ctx.block_scales.count(b) > 0;
-  if (!a_block && !b_block) return false;
-  OPFUSE_ASSERT(a_block && b_block, "GEMM '{}' mixes block-scaled and other operands", op.instance);
-  const BlockQuantizedCopy qa = block_operand(ctx, a, fp8_format_of(ctx.seq.value(a).type.dtype));
-  const BlockQuantizedCopy qb = block_operand(ctx, b, fp8_format_of(ctx.seq.value(b).type.dtype));
-  const std::vector<float> result = block_scaled_gemm(
-      qa, ctx.block_scales.at(a).two_d, qb, ctx.block_scales.at(b).two_d,
-      fp8_format_of(ctx.seq.value(a).type.dtype), fp8_format_of(ctx.seq.value(b).type.dtype));
+  const auto a = ctx.block_scaled.find(op.operands.at(0));
+  const auto b = ctx.block_scaled.find(op.operands.at(1));
+  const auto none = ctx.block_scaled.end();
+  if (a == none && b == none) return false;
+  OPFUSE_ASSERT(a != none && b != none, "GEMM '{}' mixes block-scaled and other operands",
+                op.instance);
+  const std::vector<float> result =
+      block_scaled_gemm(a->second.copy, a->second.two_d, b->second.copy, b->second.two_d,
+                        fp8_format_of(ctx.seq.value(a->first).type.dtype),
+                        fp8_format_of(ctx.seq.value(b->first).type.dtype));
   OPFUSE_ASSERT(result.size() == d.data.size(), "block GEMM '{}' makes {} values for {}",
                 op.instance, result.size(), d.data.size());
   std::copy(result.begin(), result.end(), d.data.begin());
@@ -252,11 +237,11 @@ void block_cast(ReferenceContext<T>& ctx, const ir::Operation& op, Quantizer& q)
   OPFUSE_ASSERT(transposed_layout || !ir::attr_bool(op.attrs, "columnwise"),
                 "block cast '{}' makes a column-wise copy that is not transposed", op.instance);
   size_t r = 0;
-  auto keep = [&](const BlockQuantizedCopy& copy) {
+  auto keep = [&](BlockQuantizedCopy copy) {
     Tensor<T>& y = ctx.out(op, r);
     for (size_t i = 0; i < copy.data.size(); ++i)
       y.data[i] = T(fp8_to_float(copy.data[i], q.format));
-    ctx.block_scales[op.results[r]] = {copy.rows, copy.cols, params.two_d, copy.scale_inv};
+    ctx.block_scaled[op.results[r]] = {std::move(copy), params.two_d};
     ++r;
   };
   if (ir::attr_bool(op.attrs, "rowwise"))

@@ -19,13 +19,11 @@
 
 namespace opfuse::cpu {
 
-// A block-scaled FP8 value's scale_inv grid (note "Block scale grids" in
-// runtime/cpu/block_quantization.h) over its stored matrix [rows, cols].
-struct BlockScales {
-  int64_t rows = 0;
-  int64_t cols = 0;
+// A block-scaled FP8 value as its cast made it: the stored copy's FP8 bits and scale_inv grid
+// (note "Block scale grids" in runtime/cpu/block_quantization.h), what the GEMMs reading it take.
+struct BlockScaled {
+  BlockQuantizedCopy copy;
   bool two_d = false;
-  std::vector<float> scale_inv;
 };
 
 // What a kernel sees of the executor's state: the graph, every value, and what FP8 values carry.
@@ -36,7 +34,7 @@ struct ReferenceContext {
   std::vector<Tensor<T>> values;             // per value id; parameters live here too
   std::vector<float> scale_inv;              // per value id: FP8 values' scale_inv at cast time
   std::vector<bool> transposed;              // per value id: a column-wise FP8 copy
-  std::map<ir::ValueId, BlockScales> block_scales;  // block-scaled FP8 values: their grids
+  std::map<ir::ValueId, BlockScaled> block_scaled;  // block-scaled FP8 values: their copies
   std::vector<Quantizer> quantizers;                // like seq.quantizers
   // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed() (block
   // scaling: the weight's values at that change, and 0).

@@ -14,13 +14,15 @@
 
 namespace opfuse::gpu {
 
-// Evaluates m, n and k with `symbols` and maps dtypes, layout, epilogue, accumulate, fast_accum.
+// Evaluates m, n and k with `symbols` and maps dtypes, layout, epilogue, accumulate, fast_accum,
+// and each FP8 operand's scale mode (its copy's quantizer spec in `plan`).
 GemmDesc gemm_desc(const plan::GemmStep& step, const std::map<std::string, std::int64_t>& symbols,
                    const plan::SequencePlan& plan);
 
 // The pointers of one run: `buffer_pointer(id)` gives a plan buffer's device memory; FP8 operands
-// take the scale_inv scalar of the quantizer their ScaleInvRef names, an FP8 D its quantizer's
-// scale and amax (`quantizers` may be null for a GEMM without FP8).
+// take what their ScaleInvRef names (a quantizer's scale_inv scalar, or a block-scaled copy's grid
+// buffer), an FP8 D its quantizer's scale and amax (`quantizers` may be null for a GEMM without
+// per-tensor FP8).
 template <typename BufferPointer>
 GemmArgs gemm_args(const plan::GemmStep& step, const GemmDesc& desc, BufferPointer&& buffer_pointer,
                    const QuantizerState* quantizers) {
