@@ -132,7 +132,9 @@ class Evaluator {
   }
   int64_t product() {
     int64_t v = term();
-    while (accept('*')) v *= term();
+    while (accept('*')) {
+      if (__builtin_mul_overflow(v, term(), &v)) fail("the product overflows 64 bits");
+    }
     return v;
   }
   int64_t term() {
@@ -141,7 +143,11 @@ class Evaluator {
     const size_t start = at_;
     if (std::isdigit(static_cast<unsigned char>(text_[at_]))) {
       while (at_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[at_]))) ++at_;
-      return std::stoll(text_.substr(start, at_ - start));
+      try {
+        return std::stoll(text_.substr(start, at_ - start));
+      } catch (const std::out_of_range&) {
+        fail("the number overflows 64 bits");
+      }
     }
     while (at_ < text_.size() &&
            (std::isalnum(static_cast<unsigned char>(text_[at_])) || text_[at_] == '_'))
@@ -159,7 +165,7 @@ class Evaluator {
     expect(')');
     if (name == "ceil_div") {
       if (b <= 0) fail("ceil_div by a non-positive number");
-      return (a + b - 1) / b;
+      return a / b + (a % b > 0 ? 1 : 0);
     }
     if (name == "min") return std::min(a, b);
     if (name == "max") return std::max(a, b);

@@ -151,6 +151,12 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.program = program.impl_;
+  const Program::Impl& p = *s.program;
+  // A misnamed sequence is the same mistake with or without a GPU: said first.
+  s.plan = &find_sequence_plan(p, sequence);
+  // Every entry point starts so: once the CUDA context has faulted, each call repeats that
+  // message instead of failing in unrelated ways (note "Faulted context", gpu/cuda_check.h).
+  gpu::throw_if_faulted();
   std::string why;
   if (!gpu::gpu_available(&why)) {
     throw UsageError(fmt::format(
@@ -158,8 +164,6 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
         "cpu`)",
         why));
   }
-  const Program::Impl& p = *s.program;
-  s.plan = &find_sequence_plan(p, sequence);
   s.stream = stream;
   const std::string device_arch = gpu::current_device().arch;
   if (p.plan.arch != device_arch) {
@@ -185,6 +189,7 @@ Session& Session::operator=(Session&&) noexcept = default;
 const std::string& Session::sequence() const { return impl_->plan->name; }
 
 void Session::bind(const std::map<std::string, std::int64_t>& sizes) {
+  gpu::throw_if_faulted();  // note "Faulted context" (gpu/cuda_check.h)
   Impl& s = *impl_;
   s.require_no_graph("bind()");
   s.executor->bind(sizes);
@@ -206,6 +211,7 @@ std::vector<TensorInfo> Session::tensors() const {
 }
 
 void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_bound("own_parameters()");
   s.require_no_graph("own_parameters()");
@@ -247,6 +253,7 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
 }
 
 void Session::allocate_parameters(cudaStream_t stream) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_bound("allocate_parameters()");
   s.require_no_graph("allocate_parameters()");
@@ -272,6 +279,7 @@ void* Session::parameter(std::string_view name) const {
 }
 
 void Session::set_tensor(std::string_view name, const void* device_ptr) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_no_graph("set_tensor()");
   s.set_everywhere(std::string(name), device_ptr);
@@ -282,6 +290,7 @@ void Session::set_tensor(std::string_view name, const void* device_ptr) {
 }
 
 void Session::parameters_changed() {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.exec().invalidate_weight_cache();
   // A recording of an fp8_weights sequence holds no weight casts (capture()): cast them now.
@@ -289,6 +298,7 @@ void Session::parameters_changed() {
 }
 
 void Session::forward(cudaStream_t stream, RunMode mode) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_bound("forward()");
   s.require_no_graph("forward()");
@@ -299,6 +309,7 @@ void Session::forward(cudaStream_t stream, RunMode mode) {
 }
 
 void Session::backward(cudaStream_t stream) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_bound("backward()");
   s.require_no_graph("backward()");
@@ -307,6 +318,7 @@ void Session::backward(cudaStream_t stream) {
 }
 
 void Session::step(cudaStream_t stream) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_no_graph("step()");
   s.exec().end_step(stream);
@@ -333,6 +345,7 @@ const void* Session::param_grad(std::string_view name) const {
 }
 
 void Session::save(const std::string& path, cudaStream_t stream) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_bound("save()");
   api::StateFile state = s.state_layout();
@@ -360,6 +373,7 @@ void Session::save(const std::string& path, cudaStream_t stream) {
 }
 
 void Session::load(const std::string& path, cudaStream_t stream) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_no_graph("load()");
   s.require_bound("load()");
@@ -401,6 +415,7 @@ void Session::load(const std::string& path, cudaStream_t stream) {
 }
 
 void Session::capture(cudaStream_t stream, GraphScope scope) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_bound("capture()");
   s.require_no_graph("capture()");
@@ -454,6 +469,7 @@ void Session::capture(cudaStream_t stream, GraphScope scope) {
 }
 
 void Session::replay(cudaStream_t stream) {
+  gpu::throw_if_faulted();
   Impl& s = *impl_;
   if (s.graph_exec == nullptr)
     throw UsageError(fmt::format("replay() on sequence '{}' without capture()", s.plan->name));
@@ -472,6 +488,7 @@ void Session::release_graph() {
 bool Session::has_graph() const { return impl_->graph_exec != nullptr; }
 
 std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
+  gpu::throw_if_faulted();
   const Impl& s = *impl_;
   // The quantizers of the variant that runs now (plan order).
   const std::vector<cpu::DelayedScalingState> states = s.exec().download_quantizers(stream);

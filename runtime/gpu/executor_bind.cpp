@@ -1,5 +1,5 @@
-// What SequenceExecutor::bind() evaluates and the memory it places: the symbols checked,
-// each step's launch or GEMM bound to the sizes (bind_launch, bind_step), the buffers placed in
+// What SequenceExecutor::bind() evaluates and the memory it places: each step's launch or GEMM
+// bound to the sizes check_binding() accepted (bind_launch, bind_step), the buffers placed in
 // one allocation per run mode (place_buffers, note "Executor buffers" in plan_executor.cpp), and
 // the pointers and allocation the running steps use (pointer, require_set, ensure_memory,
 // free_memory).
@@ -7,45 +7,12 @@
 
 namespace opfuse::gpu {
 
-std::map<std::string, std::int64_t> SequenceExecutor::Impl::checked_symbols(
-    const std::map<std::string, std::int64_t>& given) const {
-  std::map<std::string, std::int64_t> values;
-  for (const std::string& symbol : plan.symbols) {
-    if (symbol == plan::kNumSmsSymbol) continue;
-    const auto found = given.find(symbol);
-    if (found == given.end()) {
-      throw UsageError(fmt::format("sequence '{}' needs a size for '{}': bind every one of [{}]",
-                                   plan.name, symbol, fmt::join(plan.symbols, ", ")));
-    }
-    if (found->second < 1) {
-      throw UsageError(fmt::format("'{}' = {} for sequence '{}': sizes must be at least 1", symbol,
-                                   found->second, plan.name));
-    }
-    values.emplace(symbol, found->second);
-  }
-  for (const auto& [symbol, value] : given) {
-    if (values.count(symbol) == 0) {
-      throw UsageError(fmt::format(
-          "sequence '{}' has no size '{}'{}: its sizes are [{}]", plan.name, symbol,
-          symbol == plan::kNumSmsSymbol ? " to bind (num_sms comes from the device)" : "",
-          fmt::join(plan.symbols, ", ")));
-    }
-  }
-  values[plan::kNumSmsSymbol] = num_sms;
-  return values;
-}
-
+// The sizes were checked (check_binding): the grids fit, the GEMMs run.
 BoundStep SequenceExecutor::Impl::bind_launch(
-    const Step& step, const LaunchStep& launch,
-    const std::map<std::string, std::int64_t>& values) const {
+    const LaunchStep& launch, const std::map<std::string, std::int64_t>& values) const {
   BoundStep bound_step;
   const std::int64_t x = evaluate_expr(launch.grid.x, values);
   const std::int64_t y = evaluate_expr(launch.grid.y, values);
-  if (x < 0 || y < 0 || x > std::numeric_limits<int>::max() || y > 65535) {
-    throw UsageError(
-        fmt::format("{}: its grid ({}, {}) is outside CUDA's limits: bind smaller sizes",
-                    describe_step(step), x, y));
-  }
   bound_step.kernel = &modules.kernel(launch.kernel);
   bound_step.skip = x == 0 || y == 0;
   bound_step.grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
@@ -58,31 +25,10 @@ BoundStep SequenceExecutor::Impl::bind_launch(
 
 BoundStep SequenceExecutor::Impl::bind_step(
     const Step& step, const std::map<std::string, std::int64_t>& values) const {
-  if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
-    return bind_launch(step, *launch, values);
-  }
+  if (const auto* launch = std::get_if<LaunchStep>(&step.body)) return bind_launch(*launch, values);
   BoundStep bound_step;
-  const auto* gemm = std::get_if<GemmStep>(&step.body);
-  if (gemm == nullptr) return bound_step;
-  bound_step.gemm = gemm_desc(*gemm, values, plan);
-  const bool fp8 = is_fp8(gemm->a.dtype) || is_fp8(gemm->b.dtype);
-  const std::int64_t multiple = plan::gemm_dim_multiple(*gemm_caps, fp8);
-  const std::pair<const char*, const plan::SymExpr*> dims[] = {
-      {"m", &gemm->m}, {"n", &gemm->n}, {"k", &gemm->k}};
-  for (const auto& [dim, expr] : dims) {
-    const std::int64_t value = evaluate_expr(*expr, values);
-    if (value % multiple == 0) continue;
-    throw UsageError(fmt::format(
-        "{}: {} = {} = {} is not a multiple of {}, which cuBLASLt needs for {} GEMMs: bind the "
-        "sizes in '{}' so that it is",
-        describe_step(step), dim, expr->text(), value, multiple, fp8 ? "FP8" : "16-bit",
-        expr->text()));
-  }
-  const std::vector<std::string> reasons = check_gemm(bound_step.gemm);
-  if (!reasons.empty()) {
-    throw UsageError(fmt::format("{}: cuBLASLt cannot run {}: {}", describe_step(step),
-                                 describe(bound_step.gemm), fmt::join(reasons, "; ")));
-  }
+  if (const auto* gemm = std::get_if<GemmStep>(&step.body))
+    bound_step.gemm = gemm_desc(*gemm, values, plan);
   return bound_step;
 }
 
@@ -135,8 +81,16 @@ void SequenceExecutor::Impl::require_set(int begin, int end, const char* call) c
   }
   bool all_set = true;
   for (int index = begin; index < end && all_set; ++index) {
-    for (int root : callers_read[static_cast<std::size_t>(index)])
-      all_set = all_set && caller_pointers[static_cast<std::size_t>(root)] != nullptr;
+    for (int root : callers_read[static_cast<std::size_t>(index)]) {
+      const auto r = static_cast<std::size_t>(root);
+      all_set = all_set && caller_pointers[r] != nullptr;
+      // A pointer set before a bind() to larger sizes may be too small now.
+      const std::optional<std::size_t>& room = caller_facts[r].bytes_to_end;
+      if (caller_pointers[r] != nullptr && room && *room < bytes[r]) {
+        throw pointer_error(root, caller_pointers[r],
+                            pointer_problem(caller_facts[r], device, bytes[r]));
+      }
+    }
   }
   if (all_set) return;
   std::vector<std::string> missing;
@@ -153,6 +107,21 @@ void SequenceExecutor::Impl::require_set(int begin, int end, const char* call) c
   throw UsageError(fmt::format(
       "{}() of sequence '{}' reads [{}], which were not set: call set_tensor() for each", call,
       plan.name, fmt::join(missing, ", ")));
+}
+
+UsageError SequenceExecutor::Impl::pointer_error(int root, const void* pointer,
+                                                 std::string_view problem) const {
+  const auto r = static_cast<std::size_t>(root);
+  const char* kind = plan.buffers[r].role == BufferRole::Param        ? "parameter"
+                     : plan.buffers[r].role == BufferRole::OutputGrad ? "output gradient"
+                                                                      : "input";
+  const std::string size =
+      bound ? fmt::format("{} bytes", bytes[r]) : std::string("the tensor (sizes not bound yet)");
+  return UsageError(fmt::format(
+      "set_tensor(\"{}\") of sequence '{}': the {} at {} is {}; give device memory of GPU {} "
+      "(cudaMalloc, cudaMallocAsync or managed memory), 16-byte aligned, with room for {} from "
+      "that address",
+      ir_name(plan.buffers[r].name), plan.name, kind, pointer, problem, device, size));
 }
 
 void SequenceExecutor::Impl::ensure_memory(std::size_t needed, cudaStream_t stream) {

@@ -18,6 +18,7 @@
 #include <set>
 #include <utility>
 
+#include "gpu/binding_check.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
@@ -25,6 +26,7 @@
 #include "gpu/memory_plan.h"
 #include "gpu/plan_executor.h"
 #include "gpu/plan_gemm.h"
+#include "gpu/pointer_check.h"
 #include "gpu/quantizer_state.h"
 #include "opfuse/error.h"
 #include "plan/gemm_caps.h"
@@ -44,19 +46,6 @@ inline bool is_callers(BufferRole role) {
 
 inline std::string ir_name(const std::string& name) {
   return name.starts_with('%') ? name.substr(1) : name;
-}
-
-// "fprop GEMM of fc1 (...) (mlp.fuse:15)": what a step is and where the .fuse file asks for it.
-inline std::string describe_step(const Step& step) {
-  std::vector<std::string> locations;
-  for (const plan::OpRef& op : step.ops) {
-    if (!op.location.empty() &&
-        std::find(locations.begin(), locations.end(), op.location) == locations.end()) {
-      locations.push_back(op.location);
-    }
-  }
-  if (locations.empty()) return fmt::format("step {} ({})", step.index, step.what);
-  return fmt::format("step {} ({}, {})", step.index, step.what, fmt::join(locations, ", "));
 }
 
 inline QuantizerSettings settings_of(const plan::QuantizerPlan& quantizer) {
@@ -127,9 +116,7 @@ struct SequenceExecutor::Impl {
   const void* state_pointer(const ParamBinding& param) const;
 
   // ---- bind ----
-  std::map<std::string, std::int64_t> checked_symbols(
-      const std::map<std::string, std::int64_t>& given) const;
-  BoundStep bind_launch(const Step& step, const LaunchStep& launch,
+  BoundStep bind_launch(const LaunchStep& launch,
                         const std::map<std::string, std::int64_t>& values) const;
   BoundStep bind_step(const Step& step, const std::map<std::string, std::int64_t>& values) const;
   void place_buffers();
@@ -137,6 +124,8 @@ struct SequenceExecutor::Impl {
   // ---- running ----
   void* pointer(int buffer) const;
   void require_set(int begin, int end, const char* call) const;
+  // The UsageError for caller tensor `root` at `pointer`, which is `problem`.
+  UsageError pointer_error(int root, const void* pointer, std::string_view problem) const;
   void ensure_memory(std::size_t bytes, cudaStream_t stream);
   void free_memory(cudaStream_t stream);
   // `enqueue` false only updates what running them would (liveness, the weight cache): for a
@@ -146,6 +135,9 @@ struct SequenceExecutor::Impl {
   void record_graph(cudaStream_t stream);
   void drop_graph();
   void run_step(int index, cudaStream_t stream);
+  // OPFUSE_CHECK_EACH_STEP=1: waits for step `index` (which ran `work`) and reports a fault as
+  // that step's (note "Faulted context", gpu/cuda_check.h). Nothing while `stream` is capturing.
+  void synchronize_after(int index, std::string_view work, cudaStream_t stream) const;
   void observed_step(int index, cudaStream_t stream);
   // One step of run mode `m`: its buffers marked live, enqueued (unless `enqueue` is false: a
   // graph replay ran it), a finished weight cast's scale_inv kept, its last uses marked dead.
@@ -164,6 +156,7 @@ struct SequenceExecutor::Impl {
   const PlanModules& modules;
   GemmRunner& gemms;
   std::optional<QuantizerState> quantizers;
+  int device = 0;  // the CUDA device the executor was made on
   int num_sms = 0;
   const plan::GemmCaps* gemm_caps = nullptr;  // the device's row of plan/gemm_caps (bind checks)
   int first_backward = 0;  // index of the first backward step (steps.size() without backward)
@@ -200,10 +193,13 @@ struct SequenceExecutor::Impl {
 
   // Running state.
   std::vector<const void*> caller_pointers;  // per buffer id (caller roots)
-  DeviceBuffer memory;                       // every owned buffer (note "Executor buffers")
-  RunMode layout = RunMode::Training;        // whose offsets the buffers have now
-  std::vector<char> live;                    // per root: holds values now
-  std::vector<char> skip_group;              // per weight-cast group, during run_steps
+  std::vector<PointerFacts> caller_facts;    // per buffer id: what set_tensor() found there
+  // Per step, a description for fault messages (OperationScope): describe_step() and its phase.
+  std::vector<std::string> step_labels;
+  DeviceBuffer memory;                 // every owned buffer (note "Executor buffers")
+  RunMode layout = RunMode::Training;  // whose offsets the buffers have now
+  std::vector<char> live;              // per root: holds values now
+  std::vector<char> skip_group;        // per weight-cast group, during run_steps
   bool training_forward_done = false;
   bool outputs_valid = false;
   bool grads_valid = false;

@@ -84,11 +84,13 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
   const Step& step = plan.steps[i];
   BoundStep& bound_step =
       layout == RunMode::Inference && inference_steps[i] ? *inference_steps[i] : steps[i];
+  const OperationScope scope(step_labels[i]);  // note "Faulted context" (gpu/cuda_check.h)
   if (std::holds_alternative<LaunchStep>(step.body)) {
     if (bound_step.skip) return;
     bound_step.params.set_buffers([this](int buffer) { return pointer(buffer); });
     gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
                 stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
+    if (check_each_step()) synchronize_after(index, bound_step.kernel->name(), stream);
   } else {
     const GemmStep& gemm = std::get<GemmStep>(step.body);
     GemmArgs args = gemm_args(
@@ -106,7 +108,28 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
         args.b_scale_inv = cast_scale_inv_slot(gemm.b.scale_inv.quantizer);
     }
     gemms.run(bound_step.gemm, args, stream);
+    if (check_each_step())
+      synchronize_after(index, fmt::format("cuBLASLt's {}", describe(bound_step.gemm)), stream);
   }
+}
+
+void SequenceExecutor::Impl::synchronize_after(int index, std::string_view work,
+                                               cudaStream_t stream) const {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  OPFUSE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture), "OPFUSE_CHECK_EACH_STEP");
+  if (capture != cudaStreamCaptureStatusNone) return;  // a recording runs later, as a whole
+  const cudaError_t status = cudaStreamSynchronize(stream);
+  if (status == cudaSuccess) return;
+  const std::string& label = step_labels[static_cast<std::size_t>(index)];
+  if (is_context_fault(status)) {
+    report_context_fault(
+        status, fmt::format("the synchronization after {}", label),
+        fmt::format("This step faulted, in {}: OPFUSE_CHECK_EACH_STEP=1 synchronized after it "
+                    "and after every earlier step of this stream without a fault.",
+                    work));
+  }
+  check_cuda(status, "cudaStreamSynchronize(stream)", __FILE__, __LINE__,
+             fmt::format("OPFUSE_CHECK_EACH_STEP after {}", label));
 }
 
 void SequenceExecutor::Impl::keep_cast_scale_inv(const WeightCacheGroup& group,

@@ -314,6 +314,8 @@ int GemmRunner::Impl::fastest(const Plan& plan,
         float ms = 0;
         OPFUSE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "autotuning a GEMM");
         times[static_cast<std::size_t>(i)].push_back(ms);
+      } catch (const ContextFaultError&) {
+        throw;
       } catch (const CudaError&) {
         // Why go on: a candidate the heuristic offered may still refuse these pointers at
         // cublasLtMatmul (cuBLASLt answers NOT_SUPPORTED then); the others are still good. When

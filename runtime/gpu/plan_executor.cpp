@@ -78,9 +78,10 @@ const Kernel& PlanModules::kernel(std::string_view id) const {
 SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& modules_in,
                              GemmRunner& gemms_in, cudaStream_t stream)
     : plan(plan_in), modules(modules_in), gemms(gemms_in), last_stream(stream) {
-  const DeviceInfo device = current_device();
-  num_sms = device.sm_count;
-  gemm_caps = &plan::gemm_caps(device.arch);
+  const DeviceInfo info = current_device();
+  device = info.ordinal;
+  num_sms = info.sm_count;
+  gemm_caps = &plan::gemm_caps(info.arch);
   first_backward = static_cast<int>(plan.steps.size());
   for (const Step& step : plan.steps) {
     if (step.phase == plan::Phase::Backward && step.group >= 0) {
@@ -104,6 +105,14 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
     OPFUSE_CUDA_CHECK(cudaMemsetAsync(stat_records.data(), 0, stat_records.size(), stream));
   }
   caller_pointers.assign(plan.buffers.size(), nullptr);
+  caller_facts.assign(plan.buffers.size(), PointerFacts{});
+  for (const Step& step : plan.steps) {
+    step_labels.push_back(
+        fmt::format("{} {} of sequence '{}'", describe_step(step),
+                    step.index < first_backward ? "in the forward" : "in the backward", plan.name));
+  }
+  // OPFUSE_CHECK_EACH_STEP=1 synchronizes after every step: automatic graphs would hide them.
+  if (check_each_step()) auto_graph = false;
   live.assign(plan.buffers.size(), 0);
   skip_group.assign(cache_groups.size(), 0);
   // Why here: the pool otherwise returns freed memory to the driver at every synchronization.
@@ -120,7 +129,8 @@ SequenceExecutor::~SequenceExecutor() {
 
 void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) {
   Impl& s = *impl_;
-  std::map<std::string, std::int64_t> values = s.checked_symbols(symbols);
+  std::map<std::string, std::int64_t> values =
+      check_binding(s.plan, symbols, *s.gemm_caps, s.num_sms);
   std::vector<std::size_t> bytes;
   for (const plan::Buffer& buffer : s.plan.buffers) {
     bytes.push_back(static_cast<std::size_t>(evaluate_expr(buffer.bytes, values)));
@@ -150,8 +160,7 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
   for (const Step& step : s.plan.steps) {
     steps.push_back(s.bind_step(step, values));
     inference_steps.emplace_back();
-    if (step.inference)
-      inference_steps.back() = s.bind_launch(step, step.inference->launch, values);
+    if (step.inference) inference_steps.back() = s.bind_launch(step.inference->launch, values);
   }
   // Everything checked: replace the old binding (its buffers may have other sizes).
   if (s.pinned) {
@@ -228,13 +237,24 @@ void SequenceExecutor::set_tensor(std::string_view name, const void* device_ptr)
         s.plan.name, name, fmt::join(names, ", ")));
   }
   const auto address = reinterpret_cast<std::uintptr_t>(device_ptr);
+  const int root = found->second;
   if (device_ptr == nullptr || address % 16 != 0) {
-    throw UsageError(fmt::format(
-        "tensor '{}' of sequence '{}' at {:#x} is {}: pass device memory that starts 16-byte "
-        "aligned (cudaMallocAsync gives 256)",
-        name, s.plan.name, address, device_ptr == nullptr ? "null" : "not 16-byte aligned"));
+    throw s.pointer_error(root, device_ptr,
+                          device_ptr == nullptr ? "null"
+                                                : "not 16-byte aligned (cudaMallocAsync "
+                                                  "gives 256-byte aligned memory)");
   }
-  s.caller_pointers[static_cast<std::size_t>(found->second)] = device_ptr;
+  const auto r = static_cast<std::size_t>(root);
+  // Asked only for a new pointer: applications set their tensors before every forward.
+  if (device_ptr != s.caller_pointers[r]) {
+    const PointerFacts facts = pointer_facts(device_ptr);
+    const std::optional<std::size_t> bytes =
+        s.bound ? std::optional<std::size_t>(s.bytes[r]) : std::nullopt;
+    if (const std::string problem = pointer_problem(facts, s.device, bytes); !problem.empty())
+      throw s.pointer_error(root, device_ptr, problem);
+    s.caller_facts[r] = facts;
+  }
+  s.caller_pointers[r] = device_ptr;
 }
 
 void SequenceExecutor::forward(cudaStream_t stream, RunMode mode) {

@@ -18,20 +18,14 @@
 #include "gpu/plan_executor.h"
 #include "gpu_test_support.h"
 #include "opfuse/program.h"
+#include "test_support.h"
 
 namespace opfuse {
 namespace {
 
 constexpr std::int64_t kTokens = 32, kHidden = 256, kFfn = 1024;
 
-constexpr const char* kProgram = R"(recipe fp8 = delayed_scaling(amax_history = 16)
-sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses fp8 {
-  layernorm(256)
-  linear(256, 1024, bias = false) as fc1
-  swiglu()
-  linear(512, 256, bias = false) as fc2
-}
-)";
+constexpr const char* kProgram = test::kSmallFp8Mlp;
 
 // Every before/after call, in order.
 class Recorder : public gpu::StepObserver {

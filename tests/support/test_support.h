@@ -28,4 +28,15 @@ bool contains(const std::string& haystack, const std::string& needle);
 // How often `needle` occurs in `haystack`, overlapping occurrences included.
 size_t count(const std::string& haystack, const std::string& needle);
 
+// The seed MLP at a small size under delayed scaling (amax history 16), as `mlp.fuse`-named
+// tests compile it: the program the bench, misuse and other small GPU tests run.
+inline constexpr const char* kSmallFp8Mlp = R"(recipe fp8 = delayed_scaling(amax_history = 16)
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses fp8 {
+  layernorm(256)
+  linear(256, 1024, bias = false) as fc1
+  swiglu()
+  linear(512, 256, bias = false) as fc2
+}
+)";
+
 }  // namespace opfuse::test

@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "opfuse/version.h"
 #include "test_support.h"
@@ -21,6 +22,14 @@ constexpr int kExitUsage = 2;
 
 std::string example(const std::string& name) {
   return shell_quoted(test::source_path("dsl_examples/" + name + ".fuse"));
+}
+
+// fusec's stdout alone (stderr dropped), and its stderr alone (stdout dropped).
+test::CommandResult fusec_stdout(const std::string& args) {
+  return test::run_command("{ " + test::fusec_path() + " " + args + " 2>/dev/null; }");
+}
+test::CommandResult fusec_stderr(const std::string& args) {
+  return test::run_command("{ " + test::fusec_path() + " " + args + " 2>&1 >/dev/null; }");
 }
 
 // Writes `text` to a fresh temp file named `name` and returns its quoted path.
@@ -78,7 +87,53 @@ TEST(FusecExitCodes, NonexistentFileIsAUsageErrorNamingIt) {
 TEST(FusecExitCodes, NoSubcommandIsAUsageError) {
   const auto r = fusec("");
   EXPECT_EQ(r.exit_code, kExitUsage) << r.output;
-  EXPECT_TRUE(contains(r.output, "subcommand")) << r.output;
+  EXPECT_TRUE(contains(r.output, "fusec: error: a command is required; commands: check ir run"))
+      << r.output;
+}
+
+// A directory where a .fuse file is expected: the directory is named, for every command.
+TEST(FusecExitCodes, DirectoryGivenAsAFileIsAUsageErrorNamingIt) {
+  const std::string dir = test::source_path("dsl_examples");
+  const auto check = fusec_stderr("check " + shell_quoted(dir));
+  EXPECT_EQ(check.exit_code, kExitUsage) << check.output;
+  EXPECT_EQ(check.output, "fusec: error: files: File is actually a directory: " + dir +
+                              "\nfusec: run 'fusec check --help' for usage\n");
+  for (const std::string command : {"ir", "run", "build -o /nonexistent/out",
+                                    "dump-kernels -o /nonexistent/out", "bench", "debug-plan"}) {
+    const auto r = fusec_stderr(command + " " + shell_quoted(dir));
+    EXPECT_EQ(r.exit_code, kExitUsage) << command << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("fusec: error: ", 0), 0u) << command << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "File is actually a directory: " + dir)) << r.output;
+  }
+}
+
+// CLI11's errors in fusec's form, on stderr alone, with the help of the command given.
+TEST(FusecExitCodes, CommandLineErrorsArePrintedAsFusecErrors) {
+  struct Case {
+    std::string args;
+    std::string error;
+    std::string help;
+  };
+  const std::vector<Case> cases = {
+      {"check --nope " + example("mlp"), "The following argument was not expected: --nope",
+       "fusec check"},
+      {"check", "files is required", "fusec check"},
+      {"ir --after", "--after: 1 required TEXT missing", "fusec ir"},
+      {"frobnicate " + example("mlp"),
+       "unknown command 'frobnicate'; commands: check ir run build dump-kernels bench "
+       "debug-plan debug-report",
+       "fusec"},
+      {"--nope", "a command is required; commands: check ir", "fusec"},
+  };
+  for (const Case& c : cases) {
+    const auto r = fusec_stderr(c.args);
+    EXPECT_EQ(r.exit_code, kExitUsage) << c.args << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("fusec: error: " + c.error, 0), 0u) << c.args << ": " << r.output;
+    EXPECT_EQ(count(r.output, "\n"), 2u) << c.args << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "\nfusec: run '" + c.help + " --help' for usage\n"))
+        << c.args << ": " << r.output;
+    EXPECT_EQ(fusec_stdout(c.args).output, "") << c.args;
+  }
 }
 
 TEST(FusecExitCodes, UnknownPassIsAUsageErrorListingThePasses) {
@@ -114,6 +169,18 @@ TEST(FusecExitCodes, DisablingAPassALaterPassRequiresIsAUsageError) {
 }
 
 // ---- --help and --version -----------------------------------------------------------------------
+
+TEST(FusecHelp, HelpIsPrintedOnStdout) {
+  const auto out = fusec_stdout("--help");
+  EXPECT_EQ(out.exit_code, kExitOk) << out.output;
+  EXPECT_TRUE(contains(out.output, "Usage: fusec [OPTIONS] SUBCOMMAND")) << out.output;
+  const auto err = fusec_stderr("--help");
+  EXPECT_EQ(err.exit_code, kExitOk) << err.output;
+  EXPECT_EQ(err.output, "");
+  const auto check = fusec_stdout("check --help");
+  EXPECT_EQ(check.exit_code, kExitOk) << check.output;
+  EXPECT_TRUE(contains(check.output, "Usage: fusec check [OPTIONS] files...")) << check.output;
+}
 
 TEST(FusecHelp, HelpListsSubcommandsAndExitCodes) {
   const auto r = fusec("--help");

@@ -5,9 +5,13 @@
 //   UsageError   misuse found before anything was launched: a shape or dtype the GPU path cannot
 //                take, a misaligned or missing pointer, no GPU. Nothing was enqueued.
 //   CudaError    a CUDA runtime or cuBLASLt call failed. The message names the call, the library's
-//                error name and string, the source location, and what to check. After errors
-//                such as an illegal memory access the CUDA context is unusable: the process must
-//                restart before using the GPU again.
+//                error name and string, the source location, and what to check.
+//   ContextFaultError  a CudaError saying the CUDA context has faulted (an illegal memory access,
+//                a kernel trap: in a kernel of opfuse, of cuBLASLt or of the application). The
+//                first opfuse call that sees it names the operation and step that saw it; every
+//                later call throws the same message. Nothing on this GPU works in this process
+//                any more: it must restart. OPFUSE_CHECK_EACH_STEP=1 names the faulting step
+//                (docs/embedding.md, "Faults").
 #pragma once
 
 #include <stdexcept>
@@ -39,6 +43,11 @@ class CudaError : public Error {
  private:
   std::string library_;
   int code_;
+};
+
+class ContextFaultError : public CudaError {
+ public:
+  using CudaError::CudaError;
 };
 
 }  // namespace opfuse

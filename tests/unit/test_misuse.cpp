@@ -1,0 +1,158 @@
+// The embedding API's misuse checks that need no GPU (docs/embedding.md, "What is checked"): the
+// sizes bind() takes (gpu/binding_check.h) with messages naming the size, the step and the .fuse
+// line; plan expressions that would overflow; a misnamed sequence; what set_tensor() says about
+// each kind of pointer (gpu/pointer_check.h, from the facts CUDA would report). State files:
+// test_state_file.cpp. The same checks through a Session on the GPU: tests/gpu/test_misuse_gpu.cpp.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "driver/compile.h"
+#include "gpu/binding_check.h"
+#include "gpu/pointer_check.h"
+#include "opfuse/error.h"
+#include "opfuse/program.h"
+#include "plan/gemm_caps.h"
+#include "plan/sym_expr.h"
+#include "support/diagnostics.h"
+#include "test_support.h"
+
+namespace opfuse {
+namespace {
+
+constexpr const char* kMlp = test::kSmallFp8Mlp;
+
+class BindingCheck : public ::testing::Test {
+ protected:
+  void compile(const std::string& recipe) {
+    DiagnosticEngine diags(sources_);
+    driver::CompileOptions options;
+    options.recipe = recipe;
+    options.last_stage = driver::Stage::Plan;
+    result_ = driver::compile_source("mlp.fuse", kMlp, sources_, diags, options);
+    ASSERT_FALSE(diags.has_errors()) << diags.format_all();
+  }
+
+  // The UsageError's message for binding `sizes`, or "" when they are accepted.
+  std::string error_for(const std::map<std::string, std::int64_t>& sizes) {
+    try {
+      (void)gpu::check_binding(result_.plan.sequences.at(0), sizes, plan::gemm_caps("sm_90a"), 132);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  SourceManager sources_;
+  driver::CompileResult result_;
+};
+
+TEST_F(BindingCheck, GoodSizesGiveEveryValueWithTheDevicesSmCount) {
+  compile("fp8");
+  const auto values = gpu::check_binding(result_.plan.sequences.at(0), {{"tokens", 4096}},
+                                         plan::gemm_caps("sm_90a"), 132);
+  EXPECT_EQ(values.at("tokens"), 4096);
+  EXPECT_EQ(values.at(plan::kNumSmsSymbol), 132);
+}
+
+TEST_F(BindingCheck, SizesOutOfRangeNameTheSizeAndTheRange) {
+  compile("fp8");
+  for (const std::int64_t bad : {std::int64_t{0}, std::int64_t{-16}, std::int64_t{1} << 40,
+                                 std::numeric_limits<std::int64_t>::max()}) {
+    const std::string message = error_for({{"tokens", bad}});
+    EXPECT_NE(message.find("'tokens' = " + std::to_string(bad)), std::string::npos) << message;
+    EXPECT_NE(message.find("sizes must be from 1 to 2147483647"), std::string::npos) << message;
+  }
+}
+
+TEST_F(BindingCheck, MissingAndUnknownSizesListTheSequencesSizes) {
+  compile("fp8");
+  std::string message = error_for({});
+  EXPECT_NE(message.find("needs a size for 'tokens'"), std::string::npos) << message;
+  message = error_for({{"tokens", 64}, {"tokenz", 64}});
+  EXPECT_NE(message.find("has no size 'tokenz'"), std::string::npos) << message;
+  message = error_for({{"tokens", 64}, {"num_sms", 64}});
+  EXPECT_NE(message.find("num_sms comes from the device"), std::string::npos) << message;
+}
+
+TEST_F(BindingCheck, Fp8GemmSizesNotAMultipleOf16NameTheStepAndTheLine) {
+  compile("fp8");
+  const std::string message = error_for({{"tokens", 24}});
+  EXPECT_NE(message.find("= 24 is not a multiple of 16, which cuBLASLt needs for FP8 GEMMs"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("mlp.fuse:"), std::string::npos) << message;
+  EXPECT_EQ(error_for({{"tokens", 32}}), "");
+  // BF16 GEMMs take any token count.
+  compile("bf16");
+  EXPECT_EQ(error_for({{"tokens", 24}}), "");
+}
+
+TEST(PlanExpressions, OverflowIsAnErrorNotAWrappedSize) {
+  const std::map<std::string, std::int64_t> huge = {{"tokens", std::int64_t{1} << 40}};
+  EXPECT_EQ(plan::evaluate("tokens * 1024", huge), std::int64_t{1} << 50);
+  EXPECT_THROW((void)plan::evaluate("tokens * 1048576 * 1024", huge), std::invalid_argument);
+  EXPECT_THROW((void)plan::evaluate("99999999999999999999", {}), std::invalid_argument);
+  EXPECT_EQ(plan::evaluate("ceil_div(tokens, 3)", {{"tokens", 7}}), 3);
+  EXPECT_EQ(plan::evaluate("ceil_div(tokens, 3)", {{"tokens", 9}}), 3);
+}
+
+TEST(SessionMisuse, AnUnknownSequenceIsNamedBeforeTheGpuIsAskedFor) {
+  CompileOptions options;
+  options.arch = "sm_90a";
+  const Program program = Program::compile(
+      "sequence a(x: bf16[t, 64]) -> (y: bf16[t, 64]) {\n  linear(64, 64, bias = false)\n}\n"
+      "sequence b(x: bf16[t, 64]) -> (y: bf16[t, 64]) {\n  linear(64, 64, bias = false)\n}\n",
+      "two.fuse", options);
+  for (const char* name : {"c", ""}) {
+    try {
+      Session session(program, name);
+      ADD_FAILURE() << "sequence '" << name << "' was accepted";
+    } catch (const UsageError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("a, b"), std::string::npos) << message;
+      EXPECT_EQ(message.find("needs a CUDA GPU"), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(PointerProblem, EachKindOfPointerIsSaidPlainly) {
+  using Kind = gpu::PointerFacts::Kind;
+  gpu::PointerFacts facts;
+  facts.kind = Kind::Unregistered;
+  EXPECT_NE(gpu::pointer_problem(facts, 0, 1024)
+                .find("host memory from malloc or new, or device "
+                      "memory already freed"),
+            std::string::npos);
+  facts.kind = Kind::PinnedHost;
+  facts.device = 0;
+  EXPECT_NE(gpu::pointer_problem(facts, 0, 1024).find("pinned host memory"), std::string::npos);
+  facts.kind = Kind::Device;
+  facts.device = 1;
+  EXPECT_EQ(gpu::pointer_problem(facts, 0, 1024),
+            "device memory of GPU 1, but the session runs on GPU 0");
+  facts.device = 0;
+  facts.bytes_to_end = 4096;
+  EXPECT_EQ(gpu::pointer_problem(facts, 0, 4096), "");
+  EXPECT_EQ(gpu::pointer_problem(facts, 0, std::nullopt), "");  // before bind(): kind only
+  EXPECT_EQ(gpu::pointer_problem(facts, 0, 6144),
+            "in an allocation that ends 4096 bytes after it, 2048 bytes short of the tensor");
+  facts.bytes_to_end.reset();  // the driver could not tell: the kind decides
+  EXPECT_EQ(gpu::pointer_problem(facts, 0, 6144), "");
+  facts.kind = Kind::Managed;
+  facts.device = 1;
+  EXPECT_EQ(gpu::pointer_problem(facts, 0, 6144), "");
+}
+
+TEST(ErrorHierarchy, AFaultedContextIsACudaError) {
+  const ContextFaultError fault("the CUDA context has faulted", "CUDA", 700);
+  const CudaError& as_cuda = fault;
+  EXPECT_EQ(as_cuda.code(), 700);
+  EXPECT_EQ(as_cuda.library(), "CUDA");
+}
+
+}  // namespace
+}  // namespace opfuse
