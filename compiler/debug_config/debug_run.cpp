@@ -14,7 +14,7 @@ bool written_by(std::string_view tensor, RunPhase phase) {
 }
 
 DebugRun::DebugRun(DebugRunSetup setup)
-    : setup_(std::move(setup)), iteration_(setup_.start_iteration) {
+    : setup_(std::move(setup)), iteration_(setup_.start_iteration), current_(iteration_) {
   if (dumps_tensors(setup_.bindings)) {
     if (setup_.log_dir.empty())
       throw DebugLogError("DumpTensors needs a log directory to write to (--debug-log-dir)");
@@ -48,6 +48,16 @@ const Routing& DebugRun::routing() {
 
 void DebugRun::add_run(std::span<const plan::StatSlot> slots,
                        std::span<const TensorMoments> records, RunPhase phase) {
+  current_.add_run(slots, records, phase);
+}
+
+void DebugRun::add_captures(std::span<const plan::CaptureSlot> slots,
+                            std::span<const CapturedTensor> captures, RunPhase phase) {
+  current_.add_captures(slots, captures, phase);
+}
+
+void IterationRecords::add_run(std::span<const plan::StatSlot> slots,
+                               std::span<const TensorMoments> records, RunPhase phase) {
   std::vector<plan::StatSlot> taken_slots;
   std::vector<TensorMoments> taken;
   for (const plan::StatSlot& slot : slots) {
@@ -62,8 +72,8 @@ void DebugRun::add_run(std::span<const plan::StatSlot> slots,
   stats_.add_run(taken_slots, taken);
 }
 
-void DebugRun::add_captures(std::span<const plan::CaptureSlot> slots,
-                            std::span<const CapturedTensor> captures, RunPhase phase) {
+void IterationRecords::add_captures(std::span<const plan::CaptureSlot> slots,
+                                    std::span<const CapturedTensor> captures, RunPhase phase) {
   std::vector<plan::CaptureSlot> taken_slots;
   std::vector<CapturedTensor> taken;
   for (size_t i = 0; i < slots.size() && i < captures.size(); ++i) {
@@ -81,13 +91,35 @@ void DebugRun::add_captures(std::span<const plan::CaptureSlot> slots,
 }
 
 void DebugRun::end_step() {
-  if (!stats_.empty() || !captures_.empty()) {
-    std::vector<StatRecord> records = stats_.records(routing(), iteration_);
-    for (StatRecord& r : captures_.finish(routing(), iteration_, setup_.log_dir, setup_.rank))
+  IterationRecords closed = close_iteration();
+  write(closed);
+}
+
+IterationRecords DebugRun::close_iteration() {
+  IterationRecords closed = std::move(current_);
+  // The routing its runs had (asked by their variant()); asked here only when it has records.
+  const bool asked = routing_ && iteration_ < routing_->next_change;
+  if (asked || !closed.stats_.empty() || !closed.captures_.empty()) closed.routing_ = routing();
+  ++iteration_;
+  current_ = IterationRecords(iteration_);
+  return closed;
+}
+
+void DebugRun::write(IterationRecords& closed) {
+  // Statistics that came after the close need the routing too (a closed iteration without any
+  // at its close takes its own iteration's routing, asked again).
+  if (!closed.routing_ && (!closed.stats_.empty() || !closed.captures_.empty()))
+    closed.routing_ = route(setup_.bindings, closed.iteration_);
+  if (closed.routing_) {
+    const Routing& routing = *closed.routing_;
+    std::vector<StatRecord> records = closed.stats_.records(routing, closed.iteration_);
+    for (StatRecord& r :
+         closed.captures_.finish(routing, closed.iteration_, setup_.log_dir, setup_.rank))
       records.push_back(std::move(r));
-    const auto rank = [this](const StatRecord& r) {
-      return std::find(order_.begin(), order_.end(), std::make_pair(r.layer, r.tensor)) -
-             order_.begin();
+    const auto& order = closed.order_;
+    const auto rank = [&order](const StatRecord& r) {
+      return std::find(order.begin(), order.end(), std::make_pair(r.layer, r.tensor)) -
+             order.begin();
     };
     std::stable_sort(
         records.begin(), records.end(),
@@ -97,11 +129,8 @@ void DebugRun::end_step() {
       if (setup_.on_stat) setup_.on_stat(r);
     }
   }
-  stats_ = IterationStats();
-  captures_ = IterationCaptures();
-  order_.clear();
+  closed = IterationRecords(closed.iteration_);
   if (setup_.log) setup_.log->end_step();
-  ++iteration_;
 }
 
 }  // namespace opfuse::debug

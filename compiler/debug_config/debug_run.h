@@ -6,7 +6,10 @@
 // Per iteration: variant() answers which plan variant runs (asking the routing calls again only
 // at the iteration their last answers named); each run of the variant (a forward, a backward)
 // hands its statistics records to add_run(); end_step() logs the merged statistics of the
-// iteration (log files and the application's callback) and moves to the next iteration.
+// iteration (log files and the application's callback) and moves to the next iteration. The GPU
+// session splits end_step() in two (note "Statistics written behind the GPU" in
+// runtime/api/debug_session.cpp): close_iteration() moves on at once, and the closed iteration
+// takes the records its runs' copies bring once they land, then write() logs it.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +45,31 @@ struct DebugRunSetup {
   int rank = 0;
 };
 
+// One iteration's records and captures, merged over its runs, with the routing that decides what
+// is logged.
+class IterationRecords {
+ public:
+  IterationRecords() = default;
+  explicit IterationRecords(int64_t iteration) : iteration_(iteration) {}
+
+  int64_t iteration() const { return iteration_; }
+  // As DebugRun::add_run / add_captures.
+  void add_run(std::span<const plan::StatSlot> slots, std::span<const TensorMoments> records,
+               RunPhase phase);
+  void add_captures(std::span<const plan::CaptureSlot> slots,
+                    std::span<const CapturedTensor> captures, RunPhase phase);
+
+ private:
+  friend class DebugRun;
+  int64_t iteration_ = 0;
+  std::optional<Routing> routing_;  // set when the iteration is closed
+  IterationStats stats_;
+  IterationCaptures captures_;
+  // The tensors of the iteration's records in plan slot order: the order they are logged in,
+  // whichever run gave them first.
+  std::vector<std::pair<std::string, std::string>> order_;
+};
+
 class DebugRun {
  public:
   // A config with DumpTensors needs a writable log directory: DebugLogError here otherwise,
@@ -67,7 +95,14 @@ class DebugRun {
                     std::span<const CapturedTensor> captures, RunPhase phase);
   // Logs the iteration's statistics (log files, flushed, and the callback), writes its dumps, and
   // advances to the next iteration. Throws DebugLogError when the files cannot be written.
+  // The same as write(close_iteration()).
   void end_step();
+  // Advances to the next iteration and returns the one that ended, with its routing, for records
+  // still to come (IterationRecords::add_run) and write().
+  IterationRecords close_iteration();
+  // Logs a closed iteration as end_step() does (closed iterations are written in order) and
+  // empties it.
+  void write(IterationRecords& closed);
 
  private:
   DebugRunSetup setup_;
@@ -75,11 +110,7 @@ class DebugRun {
   std::optional<Routing> routing_;
   uint64_t generation_ = 0;
   std::string logged_key_ = "-";  // the variant key last written to the debug log
-  IterationStats stats_;
-  IterationCaptures captures_;
-  // The tensors of the iteration's records in plan slot order: the order they are logged in,
-  // whichever run gave them first.
-  std::vector<std::pair<std::string, std::string>> order_;
+  IterationRecords current_;
 };
 
 }  // namespace opfuse::debug

@@ -1,13 +1,15 @@
 // The precision-debug side of an opfuse::Session (docs/debugging.md, "Sessions"): one executor per
 // plan variant the run has needed, the switch between them at the first forward of an iteration
 // whose routing asks for another variant, the statistics records of each forward and backward
-// copied to pinned host memory as they run, and step(), which waits for them and logs them
-// (compiler/debug_config/debug_run.h). Internal to the runtime.
+// copied to pinned host memory as they run, and step(), which ends the iteration and logs it once
+// its records have landed (compiler/debug_config/debug_run.h; note "Statistics written behind
+// the GPU" in debug_session.cpp). Internal to the runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,8 +49,12 @@ class DebugSession {
   gpu::SequenceExecutor& current() const { return *current_; }
   // After a forward or backward of current(): its statistics records, copied without waiting.
   void after_run(debug::RunPhase phase, cudaStream_t stream);
-  // Ends the iteration: waits for its records, merges and logs them, calls the callback.
+  // Ends the iteration: the next forward belongs to the next one. Its records are merged and
+  // logged (the callback called) once they have landed: now, at a later call, or at the next
+  // end_step() at the latest, which waits for them.
   void end_step();
+  // Waits for the records of every ended iteration and logs them.
+  void flush();
   std::int64_t iteration() const { return run_.iteration(); }
 
   // Every quantizer's state by name: those of the current variant, and the last known state of
@@ -66,6 +72,12 @@ class DebugSession {
   void bank_states(cudaStream_t stream);
   // Waits for the oldest `count` pending runs' records and adds them to the iteration.
   void merge_pending(std::size_t count);
+  // Adds one run's landed records to `into` (or, when null, to the current iteration) and
+  // recycles its buffer.
+  void merge(std::unique_ptr<Pending> pending, debug::IterationRecords* into);
+  // Logs the ended iterations whose records have landed, oldest first, stopping at the first
+  // that has not; with `wait`, waits for each instead.
+  void write_landed(bool wait);
   static constexpr std::size_t kMaxPending = 16;
 
   std::shared_ptr<const DebugProgram> program_;
@@ -82,6 +94,12 @@ class DebugSession {
   std::map<std::string, const void*> tensors_;
   std::map<std::string, cpu::DelayedScalingState> bank_;
   std::vector<std::unique_ptr<Pending>> pending_, free_;
+  // Ended iterations, oldest first, with the runs whose records have not landed yet.
+  struct Ended {
+    debug::IterationRecords records;
+    std::vector<std::unique_ptr<Pending>> pending;
+  };
+  std::deque<Ended> ended_;
 };
 
 }  // namespace opfuse::api

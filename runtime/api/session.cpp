@@ -326,6 +326,11 @@ void Session::step(cudaStream_t stream) {
   if (s.debug) s.debug->end_step();
 }
 
+void Session::flush_debug_stats() {
+  gpu::throw_if_faulted();
+  if (impl_->debug) impl_->debug->flush();
+}
+
 std::int64_t Session::debug_iteration() const {
   if (!impl_->debug) {
     throw UsageError(

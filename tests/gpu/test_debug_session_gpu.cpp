@@ -1,10 +1,12 @@
 // Precision debugging through the embedding API on the GPU (docs/debugging.md, "Sessions"): a
 // Session of a program compiled with a debug config switches plan variants by iteration, carries
-// the quantizer state across them, logs the statistics at step() to the files and the callback,
-// and `fusec run --device gpu --debug-config` logs what `--device cpu` logs.
+// the quantizer state across them, logs each iteration's statistics to the files and the callback
+// once the GPU finished it, and `fusec run --device gpu --debug-config` logs what `--device cpu`
+// logs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -88,6 +90,7 @@ class DebugSessionGpu : public test::GpuStreamTest {
       session.backward(stream_);
       session.step(stream_);
     }
+    session.flush_debug_stats();
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   void* x_ = nullptr;
@@ -131,6 +134,34 @@ TEST_F(DebugSessionGpu, StatisticsGoToTheFilesAndTheCallbackAtTheirIterations) {
           .string());
   EXPECT_TRUE(test::contains(text, "fc1_activation_max \t\t\t\t iteration=000010 \t\t\t\t value="));
   EXPECT_FALSE(test::contains(text, "iteration=000011"));
+}
+
+// step() logs an iteration once the GPU has finished it, without draining the stream: by the time
+// the step() after it returns at the latest, and in iteration order.
+TEST_F(DebugSessionGpu, StatisticsTrailTheGpuByAtMostOneIterationInOrder) {
+  const Program program = compile(true);
+  std::vector<std::int64_t> iterations;
+  DebugSessionOptions debug;
+  debug.start_iteration = 10;
+  debug.on_stat = [&iterations](const DebugStat& s) { iterations.push_back(s.iteration); };
+  Session session = make_session(program, debug);
+  const auto one_step = [&] {
+    session.forward(stream_);
+    session.backward(stream_);
+    session.step(stream_);
+  };
+  one_step();  // iteration 10: 30 statistics, logged now or later
+  EXPECT_TRUE(iterations.empty() || iterations.size() == 30u) << iterations.size();
+  one_step();  // 11 (nothing to log) waits for 10
+  ASSERT_EQ(iterations.size(), 30u);
+  one_step();  // 12
+  one_step();  // 13 waits for 12
+  ASSERT_EQ(iterations.size(), 60u);
+  session.flush_debug_stats();
+  ASSERT_EQ(iterations.size(), 60u);
+  EXPECT_TRUE(std::is_sorted(iterations.begin(), iterations.end()));
+  EXPECT_EQ(iterations.front(), 10);
+  EXPECT_EQ(iterations.back(), 12);
 }
 
 // Statistics observe; they do not change the training. The variants' quantizer states continue

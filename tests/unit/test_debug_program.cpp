@@ -94,6 +94,52 @@ TEST(DebugRun, AsksTheRoutingOnlyWhenItMayChangeAndLogsEachIteration) {
   EXPECT_EQ(seen[3], (debug::StatRecord{"fc1", "activation", "", "max", 6, 13.0}));
 }
 
+// The GPU session's split of end_step(): iterations closed first (the next one's routing asked
+// before the records land), their records added late and written later, in order, log exactly
+// what end_step() with the records in time logs.
+TEST(DebugRun, ClosedIterationsWrittenLateLogWhatEndStepLogs) {
+  const auto r = test::routed(kEveryOther, {"fc1", "fc2"}, true);
+  const std::vector<plan::StatSlot> slots = {{"fc1", "gradient", 0, 1},
+                                             {"fc1", "activation", 0, 1}};
+  const auto records = [](int i) {
+    debug::TensorMoments a, g;
+    a.count = g.count = 1;
+    a.max = a.min = 10.0 + i;
+    g.max = g.min = 20.0 + i;
+    return std::vector<debug::TensorMoments>{g, a};
+  };
+  std::vector<debug::StatRecord> in_time, late;
+  for (const bool split : {false, true}) {
+    std::vector<debug::StatRecord>& seen = split ? late : in_time;
+    debug::DebugRunSetup setup;
+    setup.bindings = r->bindings;
+    setup.start_iteration = 3;
+    setup.on_stat = [&seen](const debug::StatRecord& s) { seen.push_back(s); };
+    debug::DebugRun run(setup);
+    std::vector<debug::IterationRecords> ended;
+    for (int i = 0; i < 5; ++i) {  // iterations 3..7: 4 and 6 log
+      const bool active = !run.routing().variant_key().empty();
+      if (!split) {
+        if (active) run.add_run(slots, records(i), debug::RunPhase::Both);
+        run.end_step();
+        continue;
+      }
+      ended.push_back(run.close_iteration());
+      EXPECT_EQ(ended.back().iteration(), 3 + i);
+      (void)run.routing();  // the next iteration starts before this one's records land
+      if (active) ended.back().add_run(slots, records(i), debug::RunPhase::Both);
+      if (i % 2 == 1) {  // written two at a time
+        for (debug::IterationRecords& closed : ended) run.write(closed);
+        ended.clear();
+      }
+    }
+    for (debug::IterationRecords& closed : ended) run.write(closed);
+    EXPECT_EQ(run.iteration(), 8);
+  }
+  ASSERT_EQ(in_time.size(), 4u);
+  EXPECT_EQ(late, in_time);
+}
+
 TEST(DebugRun, AnAlwaysOnConfigIsRoutedOnce) {
   const auto r = test::routed(
       "s:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"

@@ -457,10 +457,11 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   report.warmup = options.warmup;
   if (program.has_debug_config()) {
     report.notes.push_back(fmt::format(
-        "precision debug config: each iteration runs its routing's plan variant and step() waits "
-        "for its statistics{}; the per-step breakdown is the variant that ran after the warm-up",
+        "precision debug config: each iteration runs its routing's plan variant and its "
+        "statistics are merged{} once the GPU finished it (step() waits for the iteration before "
+        "the one it ends); the per-step breakdown is the variant that ran after the warm-up",
         options.debug.log_dir.empty() ? " (not written: no --debug-log-dir)"
-                                      : " and writes them to " + options.debug.log_dir));
+                                      : " and written to " + options.debug.log_dir));
   }
 
   Iteration iteration(session, options, stream);

@@ -44,7 +44,7 @@ struct BenchOptions {
   int calibrate = 4;
   std::uint64_t seed = 0;
   // For a program compiled with a debug config (fusec bench --debug-config): how its session
-  // logs. Every timed iteration is a debug iteration (each step() waits for its statistics).
+  // logs. Every timed iteration is a debug iteration (its statistics logged behind the GPU).
   DebugSessionOptions debug;
   // Only for the report: the program's compile wall time as the caller measured it.
   double compile_wall_ms = 0;

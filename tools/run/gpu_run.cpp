@@ -126,6 +126,7 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
     }
     session.parameters_changed();
   }
+  session.flush_debug_stats();  // the last iteration's statistics, before the report is read
   OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "fusec run");
   const MemoryStats memory = session.memory();
   out += fmt::format(

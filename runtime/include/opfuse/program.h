@@ -166,7 +166,8 @@ struct DebugSessionOptions {
   int rank = 0;                      // the log files' global rank
   int precision = 4;                 // decimals of the text log's values (TE prints 4); 0 to 30
   std::int64_t start_iteration = 0;  // the iteration of the first step (a resumed run)
-  // Called by step() with each statistic of the iteration that ended, in log order.
+  // Called with each statistic of an ended iteration, in log order and iteration order, on the
+  // calling thread of the session call that logs it (Session::step).
   std::function<void(const DebugStat&)> on_stat;
 };
 
@@ -229,10 +230,16 @@ class Session {
   // Ends a training step: every quantizer's amax history and scale updated in one launch; the
   // FP8 weight copies are recast at the next forward. Under `with fp8_weights` they are the
   // weights: recast only after parameters_changed(), set_tensor() of a parameter or load().
-  // With a debug config it also ends the debug iteration: it waits for the statistics of the
-  // iteration's forwards and backwards (copied to the host as they ran), logs them and hands them
-  // to DebugSessionOptions::on_stat; the next forward runs the next iteration's variant.
+  // With a debug config it also ends the debug iteration: the next forward runs the next
+  // iteration's variant. The iteration's statistics (copied to the host as its forwards and
+  // backwards ran) are logged and handed to DebugSessionOptions::on_stat once the GPU has
+  // finished it, without draining the stream: at a later forward, backward or step(), at the
+  // next step() at the latest (which waits for the iteration before the one it ends), at
+  // flush_debug_stats() or when the session is destroyed. Logs trail by at most one iteration.
   void step(cudaStream_t stream);
+  // Waits for the statistics of every iteration step() ended and logs them (files, on_stat);
+  // throws Error when the log files cannot be written. Nothing to do without a debug config.
+  void flush_debug_stats();
   // The debug iteration the next forward belongs to (DebugSessionOptions::start_iteration plus
   // the steps since); UsageError without a debug config.
   std::int64_t debug_iteration() const;
