@@ -33,8 +33,13 @@ PFN_cuMemGetAddressRange_v3020 address_range_function() {
 PointerFacts pointer_facts(const void* pointer) {
   PointerFacts facts;
   cudaPointerAttributes attributes{};
-  OPFUSE_CUDA_CHECK(cudaPointerGetAttributes(&attributes, pointer),
-                    "asking CUDA what a pointer given to set_tensor() is");
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  // Why InvalidValue is an answer: drivers before CUDA 11 report memory they do not know so.
+  if (status == cudaErrorInvalidValue) {
+    (void)cudaGetLastError();
+    return facts;
+  }
+  OPFUSE_CUDA_CHECK(status, "asking CUDA what a pointer given to set_tensor() is");
   facts.device = attributes.device;
   switch (attributes.type) {
     case cudaMemoryTypeDevice:

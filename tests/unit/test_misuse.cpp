@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <string>
 
 #include "driver/compile.h"
 #include "gpu/binding_check.h"
+#include "gpu/cuda_check.h"
 #include "gpu/pointer_check.h"
 #include "opfuse/error.h"
 #include "opfuse/program.h"
@@ -152,6 +155,61 @@ TEST(ErrorHierarchy, AFaultedContextIsACudaError) {
   const CudaError& as_cuda = fault;
   EXPECT_EQ(as_cuda.code(), 700);
   EXPECT_EQ(as_cuda.library(), "CUDA");
+}
+
+// Note "Faulted context" (gpu/cuda_check.h), which needs no GPU to record and repeat a fault: in a
+// child process (the record is the process's), the first fault names the call and the
+// operations running (innermost first), and every later check, of any status, and
+// throw_if_faulted() repeat it verbatim; errors that are not faults stay ordinary CudaErrors.
+[[noreturn]] void faulted_context_child() {
+  const auto fail = [](const char* why) {
+    std::fprintf(stderr, "child: %s\n", why);
+    std::_Exit(1);
+  };
+  try {  // not a fault: an ordinary CudaError, nothing recorded
+    gpu::check_cuda(cudaErrorInvalidValue, "cudaMemcpyAsync(...)", "a.cpp", 1);
+  } catch (const ContextFaultError&) {
+    fail("an invalid value was taken for a fault");
+  } catch (const CudaError&) {
+  }
+  gpu::throw_if_faulted();
+  std::string first;
+  try {
+    const gpu::OperationScope outer("the forward of sequence 'mlp'");
+    const gpu::OperationScope inner("step 3 (fc1 fprop)");
+    gpu::check_cuda(cudaErrorIllegalAddress, "cudaLaunchKernel(...)", "run.cpp", 7,
+                    "launching 'k'");
+    fail("no throw");
+  } catch (const ContextFaultError& e) {
+    first = e.what();
+  }
+  const char* parts[] = {
+      "the CUDA context has faulted: cudaErrorIllegalAddress",
+      "first seen by cudaLaunchKernel(...) at run.cpp:7 (launching 'k') during step 3 (fc1 "
+      "fprop) of the forward of sequence 'mlp'",
+      "OPFUSE_CHECK_EACH_STEP=1", "restart the process"};
+  for (const char* part : parts)
+    if (first.find(part) == std::string::npos) fail(("missing: " + first).c_str());
+  for (const cudaError_t later : {cudaErrorInvalidValue, cudaErrorIllegalAddress}) {
+    try {
+      gpu::check_cuda(later, "cudaFree(p)", "b.cpp", 2);
+    } catch (const ContextFaultError& e) {
+      if (first != e.what()) fail("a later check said something else");
+    }
+  }
+  try {
+    gpu::throw_if_faulted();
+    fail("throw_if_faulted() let a call through");
+  } catch (const ContextFaultError& e) {
+    if (first != e.what()) fail("throw_if_faulted() said something else");
+  }
+  std::fprintf(stderr, "child: ok\n");
+  std::_Exit(0);
+}
+
+TEST(FaultedContext, TheFirstFaultIsRecordedNamedAndRepeated) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(faulted_context_child(), ::testing::ExitedWithCode(0), "child: ok");
 }
 
 }  // namespace
