@@ -38,7 +38,9 @@ struct StatSlot {
   std::string layer;   // the layer's name (`as fc1`)
   std::string tensor;  // activation, weight, gradient, output, dgrad, wgrad
   // Moments: max_blockwise_dynamic_range's blocks (0: not measured). Quantized: the scale blocks
-  // of a block cast (128 or 32; 0 for a per-tensor scale).
+  // of a block cast (128 or 32; 0 for a per-tensor scale). A Quantizer cast with blocks is the
+  // layer's own block-scaled quantizer whose settings differ from the Float8Block what-if's
+  // (its blocks, power of 2 and epsilon are its spec's).
   int block_size = 0;
   int dims = 1;  // 1: blocks along a row (down a column when columnwise); 2: square tiles
   StatRecordKind record = StatRecordKind::Moments;

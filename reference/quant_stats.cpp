@@ -42,8 +42,10 @@ BlockScale block_scale(const QuantStatsCast& c, float amax, float fp8_max) {
     if (e == 0xFF) return {kNaNf, kNaNf};
     return {pow2f(127 - int(e)), pow2f(int(e) - 127)};
   }
-  const bool pow2 = c.cast == plan::QuantStatCast::Float8Block || c.power_of_2;
-  const float eps = c.cast == plan::QuantStatCast::Quantizer ? c.epsilon : 0.0f;
+  const bool block = c.cast == plan::QuantStatCast::Float8Block;
+  const bool pow2 = block ? c.block_power_of_2 : c.power_of_2;
+  const float eps =
+      block ? c.block_epsilon : (c.cast == plan::QuantStatCast::Quantizer ? c.epsilon : 0.0f);
   const CurrentScale s = compute_current_scale(amax, fp8_max, eps, pow2);
   return {s.scale, s.scale_inv};
 }

@@ -28,6 +28,10 @@ struct QuantStatsCast {
   float scale_inv = 1.0f;
   float epsilon = 0.0f;
   bool power_of_2 = false;
+  // Float8Block: the blocks' amax floor and power-of-2 rounding (the what-if's are TE's defaults;
+  // a block-scaled quantizer's own cast has its spec's).
+  float block_epsilon = 0.0f;
+  bool block_power_of_2 = true;
 };
 
 // The statistics of casting the row-major rows x cols tensor x as `c` says:

@@ -314,7 +314,7 @@ void pointwise_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
 // the run holds it (rounded to its dtype, as the device reads it), into the slot's record.
 // A Quantized slot (LogFp8TensorStats): the cast its slot describes (reference/quant_stats.h), with
 // the layer's quantizer of the tensor ("<layer>.input" / ".weight" / ".grad_output") for
-// QuantStatCast::Quantizer.
+// QuantStatCast::Quantizer (with blocks: its block cast).
 template <typename T>
 debug::QuantizedMoments quantized_record(const ReferenceContext<T>& ctx, const plan::StatSlot& s,
                                          std::span<const float> x, int64_t rows, int64_t cols) {
@@ -338,6 +338,11 @@ debug::QuantizedMoments quantized_record(const ReferenceContext<T>& ctx, const p
     c.scale_inv = q.state.scale_inv;
     c.epsilon = q.amax_epsilon;
     c.power_of_2 = q.power_of_2_scale;
+    if (s.block_size > 0) {  // a block-scaled quantizer: its own block cast (plan/stat_slot.h)
+      c.cast = plan::QuantStatCast::Float8Block;
+      c.block_epsilon = q.block.epsilon;
+      c.block_power_of_2 = q.block.power_of_2_scale;
+    }
   }
   return quantized_stats(x, rows, cols, c);
 }

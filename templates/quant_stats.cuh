@@ -51,7 +51,11 @@ struct QuantStatsParams {
   int cast;        // QuantStatCastMode
   int block_rows;  // block casts: the scale block (1 x 128, 128 x 1, 128 x 128, 1 x 32, 32 x 1)
   int block_cols;
-  int rows_per_block;                // rows one thread block reduces (a multiple of block_rows)
+  int rows_per_block;  // rows one thread block reduces (a multiple of block_rows)
+  // kQuantStatFloat8Block: the blocks' amax floor and power-of-2 rounding (TE's defaults 0 and 1
+  // for the what-if; a block-scaled quantizer's own settings for its own cast).
+  float block_epsilon;
+  int block_power_of_2;
   const QuantizerRecord* quantizer;  // kQuantStatQuantizer: the layer's quantizer of x
   const StatRecord* moments;         // per-tensor casts: x's moments record (its amax)
   QuantStatRecord* partials;         // gridDim.x records
@@ -225,7 +229,8 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
       for (int mask = 16; mask > 0; mask >>= 1)
         unit_amax = fmaxf(unit_amax, __shfl_xor_sync(0xFFFFFFFFu, unit_amax, mask));
       if (__any_sync(0xFFFFFFFFu, unit_nan)) unit_amax = __uint_as_float(0x7FC00000u);
-      s = quant_stat_scale(params.cast, unit_amax, kFp8Max, 0.0f, true);
+      s = quant_stat_scale(params.cast, unit_amax, kFp8Max, params.block_epsilon,
+                           params.block_power_of_2 != 0);
     }
     bool unit_underflow = false;
     for (int e = lane; e < h * w; e += 32) {

@@ -41,16 +41,28 @@ void emit_quant_stats(SequenceBuilder& b, const Group& g, const ir::Operation& o
   const ir::Value& xv = b.value(x);
   const int64_t cols = width_of(b, op, xv);
   const SymExpr rows = rows_of(xv);
-  const bool blocked =
-      s.cast == plan::QuantStatCast::Float8Block || s.cast == plan::QuantStatCast::Mxfp8;
+  // The layer's own block-scaled quantizer (a Quantizer cast with blocks) casts as a Float8Block
+  // what-if with its spec's power of 2 and epsilon.
+  const bool own_blocks = s.cast == plan::QuantStatCast::Quantizer && s.block_size > 0;
+  const bool blocked = own_blocks || s.cast == plan::QuantStatCast::Float8Block ||
+                       s.cast == plan::QuantStatCast::Mxfp8;
   const int block_rows = blocked && (s.dims == 2 || s.columnwise) ? s.block_size : 1;
   const int block_cols = blocked && (s.dims == 2 || !s.columnwise) ? s.block_size : 1;
   int quantizer = -1;
   DType format = s.format;
+  plan::QuantStatCast cast = s.cast;
+  double block_epsilon = 0.0;  // the what-if's: TE's Float8BlockScaling defaults
+  bool block_power_of_2 = true;
   if (s.cast == plan::QuantStatCast::Quantizer) {
     quantizer = own_quantizer(b.seq(), s);
     OPFUSE_ASSERT(quantizer >= 0, "no quantizer for the statistics of {}.{}", s.layer, s.tensor);
-    format = b.seq().quantizers[size_t(quantizer)].format();
+    const plan::QuantSpec& spec = b.seq().quantizers[size_t(quantizer)].spec;
+    format = spec.format;
+    if (own_blocks) {
+      cast = plan::QuantStatCast::Float8Block;
+      block_epsilon = spec.epsilon;
+      block_power_of_2 = spec.power_of_2_scale;
+    }
   }
   const int moments = blocked ? -1 : moments_slot(b.seq(), s);
   OPFUSE_ASSERT(blocked || (moments >= 0 && moments < slot), "no moments record before slot {}",
@@ -71,8 +83,10 @@ void emit_quant_stats(SequenceBuilder& b, const Group& g, const ir::Operation& o
   b.add_launch(g, what, "quant_stats_partial", {spell(xv.type.dtype), spell(format)},
                GridRule{"tensor_stats", blocks, 1, {{"rows", rows}}}, rules::kTensorStatsThreads, 0,
                {bind_in("x", b.buffer(x, op)), bind_int64("rows", rows), bind_int("cols", cols),
-                bind_int("cast", int64_t(s.cast)), bind_int("block_rows", block_rows),
+                bind_int("cast", int64_t(cast)), bind_int("block_rows", block_rows),
                 bind_int("block_cols", block_cols), bind_int("rows_per_block", per_block),
+                bind_float("block_epsilon", block_epsilon),
+                bind_int("block_power_of_2", block_power_of_2 ? 1 : 0),
                 quantizer >= 0 ? bind_records("quantizer", {quantizer}) : bind_null("quantizer"),
                 moments >= 0 ? bind_stat_record("moments", moments) : bind_null("moments"),
                 bind_out("partials", partials)});

@@ -121,21 +121,20 @@ void add_quant_slots(ir::Sequence& seq, const LayerRouting& l, const FeatureConf
           plan::name(*own), r.recipe ? "fp8_delayed_scaling_ statistics" : "overflows%");
     }
     // A block-scaled own quantizer (float8_block_scaling) casts as the fp8_block_scaling_
-    // what-if does when the recipe keeps TE's defaults: 1x128 blocks for the activation and the
-    // gradient, 128x128 for the weight, power-of-2 scales, no epsilon.
+    // what-if does when the recipe keeps TE's defaults (1x128 blocks for the activation and the
+    // gradient, 128x128 for the weight, power-of-2 scales, no epsilon): one record for both.
+    // Other settings get a record of their own, the cast with the recipe's blocks and scales.
     const bool own_block =
         own_cast && own &&
         (*own == plan::ScalingKind::Block1D || *own == plan::ScalingKind::Block2D);
+    bool what_if_block = false;
+    std::optional<plan::QuantSpec> own_block_spec;
     if (own_block && problem.empty()) {
       const plan::QuantSpec spec = passes::recipe_spec(seq.recipe, role_of(tensor));
       const plan::ScalingKind what_if =
           tensor == TensorKind::Weight ? plan::ScalingKind::Block2D : plan::ScalingKind::Block1D;
-      if (spec.scaling != what_if || !spec.power_of_2_scale || spec.epsilon != 0.0) {
-        problem = fmt::format(
-            "its quantizer uses {} (the recipe's blocks, power-of-2 or epsilon differ from TE's "
-            "Float8BlockScaling defaults, the only block cast these statistics model)",
-            plan::quant_spec_string(spec));
-      }
+      what_if_block = spec.scaling == what_if && spec.power_of_2_scale && spec.epsilon == 0.0;
+      if (!what_if_block) own_block_spec = spec;
     }
     if (!problem.empty()) {
       refused.push_back(fmt::format("{} (layer '{}', {}): '{}': {}", f.name, l.layer,
@@ -143,9 +142,14 @@ void add_quant_slots(ir::Sequence& seq, const LayerRouting& l, const FeatureConf
       continue;
     }
     StatRequest cast = r;
-    if (own_block) cast.recipe = plan::ScalingKind::Block1D;  // the fp8_block_scaling_ cast
+    if (what_if_block) cast.recipe = plan::ScalingKind::Block1D;  // the fp8_block_scaling_ cast
     plan::StatSlot slot = quant_slot(l.layer, tensor, cast);
     slot.format = format;
+    if (own_block_spec) {
+      slot.block_size = 128;
+      slot.dims = own_block_spec->scaling == plan::ScalingKind::Block2D ? 2 : 1;
+      slot.columnwise = r.columnwise && slot.dims == 1;
+    }
     // Always there: IterationStats::log finds a tensor's quantized records from it.
     add_slot(seq, {l.layer, std::string(plan::name(tensor)), 0, 1});
     add_slot(seq, slot);
@@ -259,7 +263,17 @@ std::vector<StatRecord> IterationStats::records(const Routing& routing, int64_t 
           };
           auto q = find(r);
           if (q == merged_.end() && !r.recipe) {
-            // A block-scaled own quantizer's statistics are the block what-if's (add_quant_slots).
+            // A block-scaled own quantizer's cast (add_quant_slots): a record of its own where its
+            // settings differ from the fp8_block_scaling_ what-if, else the what-if's.
+            q = std::find_if(merged_.begin(), merged_.end(), [&](const auto& m) {
+              const plan::StatSlot& o = m.first;
+              return o.layer == slot.layer && o.tensor == slot.tensor &&
+                     o.record == plan::StatRecordKind::Quantized &&
+                     o.cast == plan::QuantStatCast::Quantizer && o.block_size > 0 &&
+                     (o.dims == 2 || o.columnwise == r.columnwise);
+            });
+          }
+          if (q == merged_.end() && !r.recipe) {
             StatRequest block = r;
             block.recipe = plan::ScalingKind::Block1D;
             q = find(block);

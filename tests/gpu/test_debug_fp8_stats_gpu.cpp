@@ -54,17 +54,51 @@ double relative(double got, double want) {
   return std::abs(got - want) / std::max(std::abs(want), 1e-30);
 }
 
-class DebugFp8StatsGpu : public GpuStreamTest {};
+class DebugFp8StatsGpu : public GpuStreamTest {
+ protected:
+  // `program` under `config`: the GPU's records equal the CPU reference's where both read the
+  // same bits, and repeat bit for bit. Returns the plan's slots.
+  std::vector<plan::StatSlot> expect_records_match(const std::string& program,
+                                                   const std::string& config);
+};
+
+// A float8_block_scaling recipe with other settings than the what-if's (FP32 scales, an epsilon,
+// 1x128 weight blocks): the layers' own casts have records of their own, on both sides alike.
+TEST_F(DebugFp8StatsGpu, OwnBlockCastsWithOtherSettingsMatchTheReference) {
+  std::string program = kProgram;
+  program.replace(program.find("delayed_scaling()"), 17,
+                  "float8_block_scaling(power_of_2_scale = false, amax_epsilon = 0.001, "
+                  "w_block = 1)");
+  const std::vector<plan::StatSlot> slots = expect_records_match(program, R"(
+all:
+  layers: {layer_types: [fc]}
+  transformer_engine:
+    LogFp8TensorStats:
+      tensors: [activation, weight, gradient]
+      stats: [underflows%, scale_inv_min, scale_inv_max, mse, mse_columnwise,
+              fp8_block_scaling_mse]
+)");
+  int own = 0;
+  for (const plan::StatSlot& slot : slots)
+    own += slot.cast == plan::QuantStatCast::Quantizer && slot.block_size == 128;
+  EXPECT_EQ(own, 2 * 3 * 2) << "per layer and tensor, the own cast row-wise and column-wise";
+}
 
 TEST_F(DebugFp8StatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
-  const auto routed_config = routed(kConfig, {"fc1", "fc2"}, true);
-  const auto c = compile_program("mlp", kProgram, "", "", &routed_config->routing);
-  ASSERT_TRUE(c);
-  const ir::Sequence& seq = c->program.sequences[0];
-  const plan::SequencePlan& plan = c->plan.sequences[0];
+  const std::vector<plan::StatSlot> slots = expect_records_match(kProgram, kConfig);
   // Per layer and tensor: moments, quantizer, current, block, MXFP8 rowwise and columnwise, and
   // (activation, gradient) block columnwise.
-  ASSERT_EQ(plan.stat_slots.size(), 2u * (3 * 6 + 2));
+  EXPECT_EQ(slots.size(), 2u * (3 * 6 + 2));
+}
+
+std::vector<plan::StatSlot> DebugFp8StatsGpu::expect_records_match(const std::string& program,
+                                                                   const std::string& config) {
+  const auto routed_config = routed(config, {"fc1", "fc2"}, true);
+  const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
+  EXPECT_TRUE(c);
+  if (!c) return {};
+  const ir::Sequence& seq = c->program.sequences[0];
+  const plan::SequencePlan& plan = c->plan.sequences[0];
 
   gpu::GemmRunner gemms(stream_);
   gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
@@ -92,8 +126,9 @@ TEST_F(DebugFp8StatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
   const std::vector<unsigned char> first = gpu.stat_records(stream_);
   const std::vector<TensorMoments> got = records_of(first);
   const std::vector<TensorMoments>& want = ref.stat_records();
-  ASSERT_EQ(got.size(), plan.stat_slots.size());
-  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(got.size(), plan.stat_slots.size());
+  EXPECT_EQ(want.size(), got.size());
+  if (got.size() != plan.stat_slots.size() || want.size() != got.size()) return {};
   int64_t underflows = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const plan::StatSlot& slot = plan.stat_slots[i];
@@ -129,6 +164,7 @@ TEST_F(DebugFp8StatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
   gpu.forward(stream_);
   gpu.backward(stream_);
   EXPECT_EQ(gpu.stat_records(stream_), second);
+  return plan.stat_slots;
 }
 
 TEST_F(DebugFp8StatsGpu, NanGivesNanStatistics) {

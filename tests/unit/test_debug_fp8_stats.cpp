@@ -5,6 +5,7 @@
 // logging the statistics in TE's format.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cpu/block_quantization.h"
 #include "cpu/numerics.h"
 #include "debug/stats.h"
 #include "debug_config/instrument.h"
@@ -334,9 +336,9 @@ TEST(Fp8Stats, MicroBatchesMergeAndWeightsCountOnce) {
   }
 }
 
-// Under float8_block_scaling the layer's own cast is the fp8_block_scaling_ what-if (TE's
-// defaults): a bare statistic reads that record (one slot for both spellings) and logs the same
-// value; a recipe whose blocks, power of 2 or epsilon differ from the what-if is refused.
+// Under float8_block_scaling with TE's defaults the layer's own cast is the fp8_block_scaling_
+// what-if: a bare statistic reads that record (one slot for both spellings) and logs the same
+// value.
 TEST(Fp8Stats, BlockScaledLayersMeasureTheirOwnBlockCast) {
   std::string blocks = kLinear;
   blocks.replace(blocks.find("delayed_scaling()"), 17, "float8_block_scaling()");
@@ -375,18 +377,94 @@ TEST(Fp8Stats, BlockScaledLayersMeasureTheirOwnBlockCast) {
   EXPECT_EQ(logged.count("activation mse"), 1u);
   EXPECT_EQ(logged["activation mse"], logged["activation fp8_block_scaling_mse"]);
   EXPECT_EQ(logged["weight underflows%"], 25.0);
+}
 
-  std::string plain_scales = kLinear;
-  plain_scales.replace(plain_scales.find("delayed_scaling()"), 17,
-                       "float8_block_scaling(power_of_2_scale = false)");
-  SourceManager sources;
-  DiagnosticEngine diags(sources);
-  driver::CompileOptions options;
-  options.debug_routing = &r->routing;
-  const auto refused = driver::compile_source("s.fuse", plain_scales, sources, diags, options);
-  EXPECT_FALSE(refused.ok());
-  EXPECT_NE(refused.error.find("'mse': its quantizer uses block_1d"), std::string::npos)
-      << refused.error;
+// A float8_block_scaling recipe whose settings differ from the fp8_block_scaling_ what-if's
+// (FP32 scales, an epsilon, 1x128 weight blocks) measures its own cast in a record of its own:
+// the reference's statistics are those of the block cast its GEMMs read (runtime/cpu/
+// block_quantization.h: its scale grid's extremes, its underflows, its error), and the what-if
+// still logs TE's defaults.
+TEST(Fp8Stats, BlockRecipesWithOtherSettingsMeasureTheirOwnCast) {
+  std::string text = kLinear;
+  text.replace(text.find("delayed_scaling()"), 17,
+               "float8_block_scaling(power_of_2_scale = false, amax_epsilon = 0.001, w_block = 1)");
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    LogFp8TensorStats: {tensors: [activation, weight], stats: [underflows%, "
+      "scale_inv_min, scale_inv_max, mse, mse_columnwise, fp8_block_scaling_scale_inv_max]}\n",
+      {"fc1"}, true);
+  const auto v = compile(text, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  size_t i = 0;
+  const plan::StatSlot* w = find_slot(seq, "weight", plan::QuantStatCast::Quantizer, false, &i);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->block_size, 128);
+  EXPECT_EQ(w->dims, 1) << "w_block = 1: the weight's own blocks are 1x128";
+  ASSERT_NE(find_slot(seq, "activation", plan::QuantStatCast::Quantizer, true, &i), nullptr);
+  ASSERT_NE(find_slot(seq, "weight", plan::QuantStatCast::Float8Block, false, &i), nullptr);
+
+  const int64_t tokens = 200;
+  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
+  cpu::init_params_from_seed(exec, 7);
+  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
+  for (int64_t k = 0; k < x.numel(); ++k) x.data[size_t(k)] *= std::ldexp(1.0f, -int(k / 160 % 24));
+  cpu::round_to_bf16(x.data);
+  exec.forward({x});
+  IterationStats stats;
+  stats.add_run(seq.inspections, exec.stat_records());
+  std::map<std::string, double> logged;
+  for (const StatRecord& rec : stats.records(r->routing, 1))
+    logged[rec.tensor + " " + rec.stat] = rec.value;
+
+  struct Case {
+    const char* tensor;
+    const std::vector<float>* data;
+    int64_t rows, cols;
+  };
+  const Case cases[] = {{"activation", &x.data, tokens, 160},
+                        {"weight", &exec.param("fc1.weight").data, 96, 160}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tensor);
+    cpu::BlockQuantParams params;
+    params.power_of_2_scale = false;
+    params.epsilon = 0.001f;
+    params.value_for_inf = cpu::bf16_max_finite();
+    for (const bool columnwise : {false, true}) {
+      const cpu::BlockQuantizedCopy copy =
+          columnwise ? cpu::block_quantize_columnwise(*c.data, c.rows, c.cols, params)
+                     : cpu::block_quantize_rowwise(*c.data, c.rows, c.cols, params);
+      const std::vector<float> dq = cpu::block_dequantize(copy, params.format, false);
+      double sq_err = 0, inv_min = INFINITY, inv_max = 0;
+      int64_t underflows = 0;
+      for (int64_t row = 0; row < copy.rows; ++row) {
+        for (int64_t col = 0; col < copy.cols; ++col) {
+          // The stored copy is transposed when column-wise.
+          const float v = columnwise ? (*c.data)[size_t(col * c.cols + row)]
+                                     : (*c.data)[size_t(row * c.cols + col)];
+          const float got = dq[size_t(row * copy.cols + col)];
+          sq_err += (double(v) - double(got)) * (double(v) - double(got));
+          underflows += v != 0.0f && got == 0.0f;
+          const double inv = copy.scale_inv_at(row, col, false);
+          inv_min = std::min(inv_min, inv);
+          inv_max = std::max(inv_max, inv);
+        }
+      }
+      const double n = double(c.rows * c.cols);
+      if (columnwise) {
+        EXPECT_NEAR(logged[std::string(c.tensor) + " mse_columnwise"], sq_err / n,
+                    1e-12 * sq_err / n);
+        continue;
+      }
+      EXPECT_NEAR(logged[std::string(c.tensor) + " mse"], sq_err / n, 1e-12 * sq_err / n);
+      EXPECT_EQ(logged[std::string(c.tensor) + " scale_inv_min"], inv_min);
+      EXPECT_EQ(logged[std::string(c.tensor) + " scale_inv_max"], inv_max);
+      EXPECT_DOUBLE_EQ(logged[std::string(c.tensor) + " underflows%"],
+                       100.0 * double(underflows) / n);
+      // FP32 scales are not powers of 2: the what-if (power-of-2 scales) logs other extremes.
+      EXPECT_NE(logged[std::string(c.tensor) + " fp8_block_scaling_scale_inv_max"], inv_max);
+    }
+  }
+  EXPECT_GT(logged["activation underflows%"], 0.0) << "the spread of magnitudes underflows";
 }
 
 // ---- fusec run --device cpu --debug-config ------------------------------------------------------
