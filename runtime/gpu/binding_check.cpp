@@ -108,4 +108,30 @@ std::map<std::string, std::int64_t> check_binding(const plan::SequencePlan& plan
   return values;
 }
 
+std::map<std::string, int, std::less<>> caller_tensors(const plan::SequencePlan& plan) {
+  std::map<std::string, int, std::less<>> callers;
+  for (std::size_t id = 0; id < plan.buffers.size(); ++id) {
+    const plan::Buffer& buffer = plan.buffers[id];
+    const bool callers_role = buffer.role == plan::BufferRole::Input ||
+                              buffer.role == plan::BufferRole::Param ||
+                              buffer.role == plan::BufferRole::OutputGrad;
+    if (!callers_role || buffer.alias_of >= 0) continue;
+    callers.emplace(buffer.name.starts_with('%') ? buffer.name.substr(1) : buffer.name,
+                    static_cast<int>(id));
+  }
+  return callers;
+}
+
+int caller_tensor(const plan::SequencePlan& plan,
+                  const std::map<std::string, int, std::less<>>& callers, std::string_view name) {
+  if (const auto found = callers.find(name); found != callers.end()) return found->second;
+  std::vector<std::string> names;
+  names.reserve(callers.size());
+  for (const auto& [known, id] : callers) names.push_back(known);
+  throw UsageError(fmt::format(
+      "sequence '{}' takes no tensor '{}' from the caller: it takes [{}] (inputs, parameters "
+      "and output gradients)",
+      plan.name, name, fmt::join(names, ", ")));
+}
+
 }  // namespace opfuse::gpu

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include "plan/gemm_caps.h"
 #include "plan/plan.h"
@@ -27,5 +29,15 @@ std::string describe_step(const plan::Step& step);
 std::map<std::string, std::int64_t> check_binding(const plan::SequencePlan& plan,
                                                   const std::map<std::string, std::int64_t>& given,
                                                   const plan::GemmCaps& caps, int num_sms);
+
+// The tensors a sequence takes from the caller (inputs, parameters, output gradients: the
+// interface buffers that are not views), by their .fuse name ("x", "fc1.weight", "dy"), with
+// their buffer ids.
+std::map<std::string, int, std::less<>> caller_tensors(const plan::SequencePlan& plan);
+
+// The caller tensor `name`'s buffer id in `callers` (caller_tensors()); UsageError listing the
+// tensors the sequence takes when it takes no such tensor.
+int caller_tensor(const plan::SequencePlan& plan,
+                  const std::map<std::string, int, std::less<>>& callers, std::string_view name);
 
 }  // namespace opfuse::gpu

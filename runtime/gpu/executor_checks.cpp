@@ -143,9 +143,6 @@ void SequenceExecutor::Impl::learn_buffers() {
     fact.weight_cache = root_buffer.weight_cache;
     fact.callers = is_callers(plan.buffers[static_cast<std::size_t>(root)].role);
     const plan::Buffer& buffer = plan.buffers[id];
-    if (is_callers(buffer.role) && buffer.alias_of < 0) {
-      callers_by_name.emplace(ir_name(buffer.name), static_cast<int>(id));
-    }
     for (const plan::InterfaceTag& tag : buffer.interface) {
       switch (tag.kind) {
         case plan::InterfaceKind::Output:

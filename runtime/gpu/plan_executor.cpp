@@ -90,6 +90,7 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
     }
   }
   check_plan();
+  callers_by_name = caller_tensors(plan);
   learn_buffers();
   find_weight_cache_groups();
   if (!plan.quantizers.empty()) {
@@ -227,17 +228,8 @@ TensorInfo SequenceExecutor::tensor(std::string_view name) const {
 
 void SequenceExecutor::set_tensor(std::string_view name, const void* device_ptr) {
   Impl& s = *impl_;
-  const auto found = s.callers_by_name.find(name);
-  if (found == s.callers_by_name.end()) {
-    std::vector<std::string> names;
-    for (const auto& [known, id] : s.callers_by_name) names.push_back(known);
-    throw UsageError(fmt::format(
-        "sequence '{}' takes no tensor '{}' from the caller: it takes [{}] (inputs, parameters "
-        "and output gradients)",
-        s.plan.name, name, fmt::join(names, ", ")));
-  }
   const auto address = reinterpret_cast<std::uintptr_t>(device_ptr);
-  const int root = found->second;
+  const int root = caller_tensor(s.plan, s.callers_by_name, name);
   if (device_ptr == nullptr || address % 16 != 0) {
     throw s.pointer_error(root, device_ptr,
                           device_ptr == nullptr ? "null"

@@ -11,6 +11,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "driver/compile.h"
 #include "gpu/binding_check.h"
@@ -92,6 +93,27 @@ TEST_F(BindingCheck, Fp8GemmSizesNotAMultipleOf16NameTheStepAndTheLine) {
   // BF16 GEMMs take any token count.
   compile("bf16");
   EXPECT_EQ(error_for({{"tokens", 24}}), "");
+}
+
+TEST_F(BindingCheck, TensorNamesAreTheProgramsAndAnUnknownOneListsThem) {
+  compile("fp8");
+  const plan::SequencePlan& plan = result_.plan.sequences.at(0);
+  const auto callers = gpu::caller_tensors(plan);
+  std::vector<std::string> names;
+  for (const auto& [name, id] : callers) {
+    names.push_back(name);
+    EXPECT_EQ(gpu::caller_tensor(plan, callers, name), id);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"dy", "fc1.weight", "fc2.weight", "layernorm_0.bias",
+                                             "layernorm_0.weight", "x"}));
+  try {
+    (void)gpu::caller_tensor(plan, callers, "fc3.weight");
+    ADD_FAILURE() << "an unknown tensor was found";
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("takes no tensor 'fc3.weight'"), std::string::npos) << message;
+    EXPECT_NE(message.find("[dy, fc1.weight, fc2.weight"), std::string::npos) << message;
+  }
 }
 
 TEST(PlanExpressions, OverflowIsAnErrorNotAWrappedSize) {
