@@ -4,8 +4,9 @@
 // a CUDA graph, save and load parameters with the quantizer state.
 //
 // Every error is an opfuse::Error (opfuse/error.h) whose message says what to change; misuse
-// (wrong names, unbound sizes, a size cuBLASLt FP8 cannot take, misaligned pointers, no GPU) is
-// a UsageError thrown before anything is enqueued.
+// (wrong names, unbound sizes, a size cuBLASLt FP8 cannot take, host, freed or too-small
+// memory, misaligned pointers, no GPU) is a UsageError thrown before anything is enqueued; a
+// faulted CUDA context is a ContextFaultError from every call (docs/embedding.md).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -218,8 +219,9 @@ class Session {
   void* parameter(std::string_view name) const;  // UsageError unless owned
 
   // The application's device memory for an input, parameter or output gradient (16-byte
-  // aligned, laid out row-major as tensors() says). Replacing a parameter invalidates the FP8
-  // weight copies.
+  // aligned, laid out row-major as tensors() says). A new pointer is asked of CUDA: it must be
+  // device memory of this GPU or managed memory, with room for the tensor from that address
+  // (UsageError otherwise). Replacing a parameter invalidates the FP8 weight copies.
   void set_tensor(std::string_view name, const void* device_ptr);
   // The parameters' contents changed (an optimizer step): the FP8 weight copies are recast at the
   // next forward (under `with fp8_weights` while a graph is held: now, on the graph's stream).
