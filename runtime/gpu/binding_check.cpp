@@ -112,12 +112,8 @@ std::map<std::string, int, std::less<>> caller_tensors(const plan::SequencePlan&
   std::map<std::string, int, std::less<>> callers;
   for (std::size_t id = 0; id < plan.buffers.size(); ++id) {
     const plan::Buffer& buffer = plan.buffers[id];
-    const bool callers_role = buffer.role == plan::BufferRole::Input ||
-                              buffer.role == plan::BufferRole::Param ||
-                              buffer.role == plan::BufferRole::OutputGrad;
-    if (!callers_role || buffer.alias_of >= 0) continue;
-    callers.emplace(buffer.name.starts_with('%') ? buffer.name.substr(1) : buffer.name,
-                    static_cast<int>(id));
+    if (!is_callers(buffer.role) || buffer.alias_of >= 0) continue;
+    callers.emplace(ir_name(buffer.name), static_cast<int>(id));
   }
   return callers;
 }

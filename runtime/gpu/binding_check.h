@@ -30,6 +30,17 @@ std::map<std::string, std::int64_t> check_binding(const plan::SequencePlan& plan
                                                   const std::map<std::string, std::int64_t>& given,
                                                   const plan::GemmCaps& caps, int num_sms);
 
+// Whether a buffer of `role` is the caller's (an input, parameter or output gradient).
+inline bool is_callers(plan::BufferRole role) {
+  return role == plan::BufferRole::Input || role == plan::BufferRole::Param ||
+         role == plan::BufferRole::OutputGrad;
+}
+
+// A buffer's .fuse name: "x" for the plan's "%x".
+inline std::string ir_name(const std::string& name) {
+  return name.starts_with('%') ? name.substr(1) : name;
+}
+
 // The tensors a sequence takes from the caller (inputs, parameters, output gradients: the
 // interface buffers that are not views), by their .fuse name ("x", "fc1.weight", "dy"), with
 // their buffer ids.

@@ -59,11 +59,6 @@ std::string_view cuda_hint(cudaError_t status) {
     case cudaErrorMemoryAllocation:
       return "The GPU is out of memory: use fewer tokens, free other allocations, or check "
              "nvidia-smi for another process holding the GPU.";
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-    case cudaErrorMisalignedAddress:
-      return "A kernel touched memory it does not own: run the program under compute-sanitizer. "
-             "The CUDA context is now unusable; restart the process.";
     case cudaErrorNoKernelImageForDevice:
     case cudaErrorInvalidKernelImage:
     case cudaErrorUnsupportedPtxVersion:
@@ -125,7 +120,7 @@ std::string cublas_error_message(cublasStatus_t status, std::string_view call,
 void check_cuda(cudaError_t status, std::string_view call, std::string_view file, int line,
                 std::string_view context) {
   if (status == cudaSuccess) return;
-  if (g_faulted.load(std::memory_order_acquire)) throw_recorded_fault();
+  throw_if_faulted();
   if (is_context_fault(status)) {
     report_context_fault(status,
                          fmt::format("{} at {}:{}{}", call, file, line, with_context(context)));
@@ -140,7 +135,7 @@ void check_cuda(cudaError_t status, std::string_view call, std::string_view file
 void check_cublas(cublasStatus_t status, std::string_view call, std::string_view file, int line,
                   std::string_view context) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  if (g_faulted.load(std::memory_order_acquire)) throw_recorded_fault();
+  throw_if_faulted();
   if (const cudaError_t fault = context_fault_now(); fault != cudaSuccess) {
     report_context_fault(fault, fmt::format("{} at {}:{}{}, which returned {}", call, file, line,
                                             with_context(context), cublasLtGetStatusName(status)));

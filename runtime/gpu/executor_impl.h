@@ -40,14 +40,6 @@ using plan::ParamBinding;
 using plan::SequencePlan;
 using plan::Step;
 
-inline bool is_callers(BufferRole role) {
-  return role == BufferRole::Input || role == BufferRole::Param || role == BufferRole::OutputGrad;
-}
-
-inline std::string ir_name(const std::string& name) {
-  return name.starts_with('%') ? name.substr(1) : name;
-}
-
 inline QuantizerSettings settings_of(const plan::QuantizerPlan& quantizer) {
   return quantizer_settings(quantizer.name, quantizer.spec);
 }
