@@ -39,6 +39,9 @@ enum class InterfaceKind : uint8_t { Output, InputGrad, ParamGrad };
 enum class GemmRole : uint8_t { Fprop, Dgrad, Wgrad };
 
 // What cuBLASLt does after the product (the fusions TE makes through its epilogues).
+// A collective step's operation over the tensor-parallel group (CollectiveStep).
+enum class CollectiveKind : uint8_t { AllReduce, AllGather, ReduceScatter };
+
 enum class GemmEpilogue : uint8_t {
   None,           // D = A B
   Bias,           // D = A B + bias[n] (added to every row)
@@ -115,6 +118,9 @@ OPFUSE_ENUM_NAMES(InterfaceKind, {InterfaceKind::Output, "output"},
                   {InterfaceKind::ParamGrad, "param_grad"})
 OPFUSE_ENUM_NAMES(GemmRole, {GemmRole::Fprop, "fprop"}, {GemmRole::Dgrad, "dgrad"},
                   {GemmRole::Wgrad, "wgrad"})
+OPFUSE_ENUM_NAMES(CollectiveKind, {CollectiveKind::AllReduce, "all_reduce"},
+                  {CollectiveKind::AllGather, "all_gather"},
+                  {CollectiveKind::ReduceScatter, "reduce_scatter"})
 OPFUSE_ENUM_NAMES(GemmEpilogue, {GemmEpilogue::None, "none"}, {GemmEpilogue::Bias, "bias"},
                   {GemmEpilogue::GeluAuxBias, "gelu_aux_bias"}, {GemmEpilogue::DGelu, "dgelu"},
                   {GemmEpilogue::DGeluBiasGrad, "dgelu_bias_grad"},

@@ -19,6 +19,8 @@ std::vector<int> buffers_named_by(const Step& step, bool inference) {
   } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
     ids.insert(ids.end(),
                {gemm->a.buffer, gemm->b.buffer, gemm->d, gemm->c, gemm->bias, gemm->aux});
+  } else if (const auto* collective = std::get_if<CollectiveStep>(&step.body)) {
+    ids.insert(ids.end(), {collective->input, collective->output});
   }
   std::erase_if(ids, [](int id) { return id < 0; });
   std::sort(ids.begin(), ids.end());

@@ -18,6 +18,7 @@
 
 #include "plan/capture_slot.h"
 #include "plan/enums.h"
+#include "plan/parallel.h"
 #include "plan/param_init.h"
 #include "plan/quant_spec.h"
 #include "plan/stat_slot.h"
@@ -80,7 +81,8 @@ struct Buffer {
   Lifetime training;
   Lifetime inference;
   bool weight_cache = false;
-  ParamInit init;  // Param buffers: how Session::own_parameters fills it (its op's declaration)
+  ParamInit init;   // Param buffers: how Session::own_parameters fills it (its op's declaration)
+  ShardSpec shard;  // Param buffers of a tensor-parallel sequence: how the whole one is cut
   // A quantized copy: the quantizer that made it, which of its copies it is and how that copy
   // is laid out, and where its scale-inverse lives (GEMMs and dequantizing readers take it).
   int quantizer = -1;
@@ -164,6 +166,18 @@ struct GemmStep {
   int d_quantizer = -1;     // FP8 D: its scale and amax
 };
 
+// A collective over the sequence's tensor-parallel group (runtime/comm, NCCL), enqueued on the
+// session's stream between the launches and GEMMs around it. `count` is the elements this rank
+// sends: the whole tensor (all_reduce, reduce_scatter) or its share (all_gather); dim 0 is the
+// gathered or scattered one, which every rank holds contiguously.
+struct CollectiveStep {
+  CollectiveKind kind = CollectiveKind::AllReduce;
+  DType dtype = DType::BF16;
+  SymExpr count;
+  int input = -1;
+  int output = -1;
+};
+
 // A forward launch as an inference forward (RunMode::Inference) runs it: another instantiation of
 // the same op that leaves out the outputs only backward reads (the FP8 transposed copies), so an
 // inference forward neither computes nor allocates them.
@@ -188,7 +202,7 @@ struct Step {
   std::string pattern;  // the fusion pattern, empty for an unfused op
   std::vector<OpRef> ops;
   std::string what;  // one line for readers
-  std::variant<LaunchStep, GemmStep> body;
+  std::variant<LaunchStep, GemmStep, CollectiveStep> body;
   std::vector<int> reads;  // buffer ids
   std::vector<int> writes;
   // Forward launches whose outputs include some only backward reads; absent otherwise.
@@ -205,6 +219,10 @@ struct SequencePlan {
   std::string name;
   std::string recipe;  // recipe_string()
   bool fp8_weights = false;
+  // `with parallel(...)`: the plan is one rank's of tp (absent from plan.json when tp = 1). Every
+  // symbol a shape divides (`tokens / 2`) must be bound to a multiple of its divisor.
+  ParallelSpec parallel;
+  std::vector<std::pair<std::string, int64_t>> symbol_divisors;
   std::vector<std::string> symbols;  // bound at run time, plus num_sms
   std::vector<QuantizerPlan> quantizers;
   std::vector<Buffer> buffers;

@@ -59,6 +59,7 @@ Json buffer_json(const Buffer& b) {
   if (b.role == BufferRole::Param) {
     j["init"] = {{"kind", b.init.kind == ParamInit::Kind::Normal ? "normal" : "constant"},
                  {"value", b.init.value}};
+    if (b.shard.sharded()) j["shard"] = {{"dim", b.shard.dim}, {"blocks", b.shard.blocks}};
   }
   if (b.quantizer >= 0) {
     j["quantizer"] = b.quantizer;
@@ -212,15 +213,24 @@ Json gemm_json(const SequencePlan& s, const GemmStep& g) {
 
 Json step_json(const SequencePlan& s, const Step& step) {
   Json j{{"index", step.index}};
-  j["kind"] = std::holds_alternative<LaunchStep>(step.body) ? "launch" : "gemm";
+  j["kind"] = std::holds_alternative<LaunchStep>(step.body)
+                  ? "launch"
+                  : (std::holds_alternative<GemmStep>(step.body) ? "gemm" : "collective");
   j["group"] = step.group;
   if (!step.pattern.empty()) j["pattern"] = step.pattern;
   j["ops"] = op_refs(step.ops);
   j["what"] = step.what;
   if (const auto* launch = std::get_if<LaunchStep>(&step.body)) {
     j["launch"] = launch_json(s, *launch);
+  } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
+    j["gemm"] = gemm_json(s, *gemm);
   } else {
-    j["gemm"] = gemm_json(s, std::get<GemmStep>(step.body));
+    const auto& c = std::get<CollectiveStep>(step.body);
+    j["collective"] = {{"op", name(c.kind)},
+                       {"dtype", name(c.dtype)},
+                       {"count", expr(c.count)},
+                       {"input", c.input},
+                       {"output", c.output}};
   }
   j["reads"] = step.reads;
   j["writes"] = step.writes;
@@ -250,6 +260,11 @@ Json sequence_json(const SequencePlan& s) {
          {"quantizers", quantizers},
          {"buffers", buffers},
          {"weight_cache_groups", caches}};
+  if (s.parallel.active()) {
+    Json divisors = Json::object();
+    for (const auto& [symbol, divisor] : s.symbol_divisors) divisors[symbol] = divisor;
+    j["parallel"] = {{"tp", s.parallel.tp}, {"sp", s.parallel.sp}, {"symbol_divisors", divisors}};
+  }
   if (!s.stat_slots.empty()) {
     Json slots = Json::array();
     for (const StatSlot& slot : s.stat_slots) {

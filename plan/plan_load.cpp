@@ -137,6 +137,13 @@ Buffer read_buffer(const Json& j, const std::string& path) {
       fail(sub(p, "kind"), fmt::format("unknown value \"{}\"", kind));
     b.init = {kind == "normal" ? ParamInit::Kind::Normal : ParamInit::Kind::Constant,
               get<double>(init, p, "value")};
+    if (j.contains("shard")) {
+      const Json& shard = field(j, path, "shard");
+      b.shard = {get<int>(shard, sub(path, "shard"), "dim"),
+                 get<int>(shard, sub(path, "shard"), "blocks")};
+      if (b.shard.dim < 0 || size_t(b.shard.dim) >= b.shape.size() || b.shard.blocks < 1)
+        fail(sub(path, "shard"), "not a dimension of the parameter and a block count >= 1");
+    }
   }
   if (j.contains("quantizer")) {
     b.quantizer = get<int>(j, path, "quantizer");
@@ -336,6 +343,16 @@ Step read_step(const Json& j, const std::string& path, Phase phase,
     s.body = read_launch(field(j, path, "launch"), sub(path, "launch"));
   } else if (kind == "gemm") {
     s.body = read_gemm(field(j, path, "gemm"), sub(path, "gemm"), quantizers);
+  } else if (kind == "collective") {
+    const Json& c = field(j, path, "collective");
+    const std::string p = sub(path, "collective");
+    CollectiveStep step;
+    step.kind = enum_field<CollectiveKind>(c, p, "op");
+    step.dtype = dtype(c, p, "dtype");
+    step.count = expr(c, p, "count");
+    step.input = get<int>(c, p, "input");
+    step.output = get<int>(c, p, "output");
+    s.body = step;
   } else {
     fail(sub(path, "kind"), fmt::format("unknown step kind \"{}\"", kind));
   }
@@ -353,6 +370,18 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
   s.recipe = get<std::string>(j, path, "recipe");
   s.fp8_weights = get<bool>(j, path, "fp8_weights");
   s.symbols = get<std::vector<std::string>>(j, path, "symbols");
+  if (j.contains("parallel")) {
+    const Json& par = field(j, path, "parallel");
+    const std::string p = sub(path, "parallel");
+    s.parallel = {get<int>(par, p, "tp"), get<bool>(par, p, "sp")};
+    if (s.parallel.tp < 1) fail(sub(p, "tp"), "the group size must be >= 1");
+    const Json& divisors = field(par, p, "symbol_divisors");
+    for (const auto& [symbol, divisor] : divisors.items()) {
+      if (!divisor.is_number_integer() || divisor.get<int64_t>() < 1)
+        fail(sub(p, "symbol_divisors") + "." + symbol, "not a positive integer");
+      s.symbol_divisors.emplace_back(symbol, divisor.get<int64_t>());
+    }
+  }
   const Json& quantizers = array(j, path, "quantizers");
   for (std::size_t i = 0; i < quantizers.size(); ++i)
     s.quantizers.push_back(read_quantizer(quantizers[i], at(sub(path, "quantizers"), i)));

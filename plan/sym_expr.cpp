@@ -85,6 +85,16 @@ SymExpr ceil_div(const SymExpr& a, int64_t divisor) {
   return SymExpr::opaque(fmt::format("ceil_div({}, {})", a.text(), divisor));
 }
 
+SymExpr exact_div(const SymExpr& a, int64_t divisor) {
+  if (divisor == 1) return a;
+  if (a.constant_ % divisor == 0) {
+    SymExpr exact = a;
+    exact.constant_ /= divisor;
+    return exact;
+  }
+  return SymExpr::opaque(fmt::format("div({}, {})", a.text(), divisor));
+}
+
 SymExpr min_of(const SymExpr& a, const SymExpr& b) {
   if (a.is_known() && b.is_known()) return std::min(a.constant_, b.constant_);
   return SymExpr::opaque(fmt::format("min({}, {})", a.text(), b.text()));
@@ -166,6 +176,11 @@ class Evaluator {
     if (name == "ceil_div") {
       if (b <= 0) fail("ceil_div by a non-positive number");
       return a / b + (a % b > 0 ? 1 : 0);
+    }
+    if (name == "div") {
+      if (b <= 0) fail("div by a non-positive number");
+      if (a % b != 0) fail(fmt::format("{} does not divide by {}", a, b));
+      return a / b;
     }
     if (name == "min") return std::min(a, b);
     if (name == "max") return std::max(a, b);

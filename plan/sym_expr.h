@@ -37,6 +37,7 @@ class SymExpr {
  private:
   static SymExpr opaque(std::string call);  // a call that cannot fold: one factor
   friend SymExpr ceil_div(const SymExpr& a, int64_t divisor);
+  friend SymExpr exact_div(const SymExpr& a, int64_t divisor);
   friend SymExpr min_of(const SymExpr& a, const SymExpr& b);
   friend SymExpr max_of(const SymExpr& a, const SymExpr& b);
 
@@ -45,10 +46,13 @@ class SymExpr {
 };
 
 SymExpr ceil_div(const SymExpr& a, int64_t divisor);
+// a / divisor where the binding makes it whole (`tokens / tp`): "div(tokens, 2)", whose
+// evaluation fails for a size that does not divide.
+SymExpr exact_div(const SymExpr& a, int64_t divisor);
 SymExpr min_of(const SymExpr& a, const SymExpr& b);
 SymExpr max_of(const SymExpr& a, const SymExpr& b);
 
-// Evaluates a plan expression (integers, symbols, `*`, ceil_div/min/max calls) with `bindings`;
+// Evaluates a plan expression (integers, symbols, `*`, ceil_div/div/min/max calls) with `bindings`;
 // throws std::invalid_argument naming the first unbound symbol or the malformed text.
 int64_t evaluate(const std::string& text, const std::map<std::string, int64_t>& bindings);
 

@@ -55,7 +55,8 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
   }
   DelayedScalingState& state = quantizer.state;
   if (quantizer.current_scaling) {
-    const float amax = tensor_amax(values);
+    float amax = tensor_amax(values);
+    if (quantizer.reduce_amax) amax = quantizer.reduce_amax(amax);
     const CurrentScale s = compute_current_scale(
         amax, quantizer.delayed.fp8_max, quantizer.amax_epsilon, quantizer.power_of_2_scale);
     state.amax_history[0] = amax;

@@ -3,6 +3,7 @@
 // the reference applies to a GEMM operand: x -> fp8(x * scale) * scale_inv.
 #pragma once
 
+#include <functional>
 #include <span>
 #include <string>
 
@@ -25,6 +26,9 @@ struct Quantizer {
   DelayedScalingState state;
   bool block_scaled = false;  // 1 x 128 or 128 x 128 blocks (block.two_d)
   BlockQuantParams block;
+  // Tensor-parallel current scaling: the amax of the whole tensor from this rank's share's (the
+  // max over the ranks); unset: the share is the whole tensor.
+  std::function<float(float)> reduce_amax;
 };
 
 // A quantizer with `spec` (per-tensor delayed or current scaling, 1-D or 2-D block scaling;

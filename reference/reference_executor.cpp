@@ -20,7 +20,7 @@ using ir::OpKind;
 std::vector<int64_t> bind_shape(const ir::Shape& shape, const Bindings& bindings) {
   std::vector<int64_t> out;
   for (const ir::Dim& d : shape)
-    out.push_back(d.is_symbolic() ? bindings.find(d.symbol)->second : d.size);
+    out.push_back(d.is_symbolic() ? bindings.find(d.symbol)->second / d.divisor : d.size);
   return out;
 }
 
@@ -120,6 +120,25 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
                     "a size with --bind NAME=SIZE (e.g.{})",
                     s.seq.name, unbound.size() == 1 ? "" : "s", names, example));
   }
+  // `tokens / tp`: a rank's share must be whole.
+  for (const ir::Value& v : s.seq.values) {
+    for (const ir::Dim& d : v.type.shape) {
+      if (d.is_symbolic() && bindings.find(d.symbol)->second % d.divisor != 0)
+        throw ReferenceError(fmt::format(
+            "dimension '{}' of sequence '{}' is bound to {}, which does not divide into {} "
+            "equal shares ({} is {}); bind a multiple of {}",
+            d.symbol, s.seq.name, bindings.find(d.symbol)->second, d.divisor,
+            v.name.empty() ? "a value" : v.name, ir::type_string(v.type), d.divisor));
+    }
+  }
+  if (s.seq.parallel.active() &&
+      (options.group == nullptr || options.group->size() != s.seq.parallel.tp))
+    throw ReferenceError(fmt::format(
+        "sequence '{}' is tensor-parallel over tp = {} ranks: run one executor per rank with a "
+        "group of {} (cpu::SimulatedGroup){}",
+        s.seq.name, s.seq.parallel.tp, s.seq.parallel.tp,
+        options.group ? fmt::format(", not {}", options.group->size()) : ""));
+  s.group = s.seq.parallel.active() ? options.group : nullptr;
   for (const ir::Value& v : s.seq.values) s.shapes.push_back(bind_shape(v.type.shape, bindings));
   s.values.resize(s.seq.values.size());
   s.scale_inv.assign(s.seq.values.size(), 1.0f);
@@ -139,6 +158,15 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
   }
   for (const ir::QuantizerDecl& q : s.seq.quantizers) {
     s.quantizers.push_back(make_quantizer(q.name, q.spec));
+    if (s.group) {
+      // Current scaling casts with the amax of the whole tensor, the max over the ranks' shares.
+      Collectives* group = s.group;
+      s.quantizers.back().reduce_amax = [group](float amax) {
+        double v = amax;
+        group->all_reduce(std::span(&v, 1), ReduceKind::Max);
+        return static_cast<float>(v);
+      };
+    }
     if (s.seq.fp8_weights && q.role == ir::QuantizerRole::Weight) s.weight_codes[q.source] = {};
   }
 }
@@ -305,6 +333,16 @@ void ReferenceExecutor<T>::set_quantizer_states(const std::vector<QuantizerInfo>
 
 template <typename T>
 void ReferenceExecutor<T>::step() {
+  if (state_->group) {
+    std::vector<double> amax;
+    for (const Quantizer& q : state_->quantizers)
+      if (!q.current_scaling && !q.block_scaled) amax.push_back(q.state.amax_history.at(0));
+    state_->group->all_reduce(amax, ReduceKind::Max);
+    size_t i = 0;
+    for (Quantizer& q : state_->quantizers)
+      if (!q.current_scaling && !q.block_scaled)
+        q.state.amax_history[0] = static_cast<float>(amax[i++]);
+  }
   for (Quantizer& q : state_->quantizers) end_step(q);
 }
 

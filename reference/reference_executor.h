@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "collectives.h"
 #include "cpu_quantizers.h"
 #include "cpu_tensor.h"
 #include "debug/capture.h"
@@ -29,6 +30,10 @@ struct ReferenceOptions {
   // Round each op's results to their storage dtype (false: keep every value in T, for measuring
   // the error of rounding itself).
   bool round_outputs = true;
+  // A tensor-parallel sequence (`with parallel(tp = N)`): this rank's group of N
+  // (reference/collectives.h), which the collectives and the FP8 amax reductions use. Every rank's
+  // executor runs on its own thread and makes the same calls. Null for tp = 1.
+  Collectives* group = nullptr;
 };
 
 // A quantizer as shown to users and tests.
@@ -80,6 +85,8 @@ class ReferenceExecutor {
   // ".grad_output"); empty under bf16.
   std::vector<QuantizerInfo> quantizers() const;
   // Ends a training step: delayed-scaling amax history roll + scale update of every quantizer.
+  // Tensor-parallel: first the max of every quantizer's amax over the ranks (one reduction), so
+  // every rank scales with the amax of the whole tensor, as the unsharded run would.
   void step();
   // Takes over the state (history, scale, scale_inv) of the quantizers in `states` with the same
   // name, format and history length; the others keep theirs. For a plan variant that continues

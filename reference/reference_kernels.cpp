@@ -413,6 +413,44 @@ void modify_tensor(ReferenceContext<T>& ctx, const ir::Operation& op) {
   }
 }
 
+// ---- collectives: the rank's group (reference/collectives.h); without one (tp = 1) each is a
+// copy, as NCCL's are over one rank.
+
+template <typename T>
+std::vector<double> as_doubles(const Tensor<T>& x) {
+  return {x.data.begin(), x.data.end()};
+}
+
+template <typename T>
+void all_reduce(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  Tensor<T>& y = ctx.out(op, 0);
+  std::vector<double> v = as_doubles(ctx.in(op, 0));
+  if (ctx.group) ctx.group->all_reduce(v, ReduceKind::Sum);
+  std::copy(v.begin(), v.end(), y.data.begin());
+}
+
+template <typename T>
+void all_gather(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  Tensor<T>& y = ctx.out(op, 0);
+  const std::vector<double> local = as_doubles(ctx.in(op, 0));
+  const std::vector<double> v = ctx.group ? ctx.group->all_gather(local) : local;
+  OPFUSE_ASSERT(v.size() == y.data.size(), "all_gather '{}': {} values for {}", op.instance,
+                v.size(), y.data.size());
+  std::copy(v.begin(), v.end(), y.data.begin());
+}
+
+template <typename T>
+void reduce_scatter(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  Tensor<T>& y = ctx.out(op, 0);
+  std::vector<double> v = as_doubles(ctx.in(op, 0));
+  const size_t rank = ctx.group ? size_t(ctx.group->rank()) : 0;
+  if (ctx.group) ctx.group->all_reduce(v, ReduceKind::Sum);
+  OPFUSE_ASSERT(v.size() == y.data.size() * (ctx.group ? size_t(ctx.group->size()) : 1),
+                "reduce_scatter '{}': {} values for {}", op.instance, v.size(), y.data.size());
+  const auto first = v.begin() + std::ptrdiff_t(rank * y.data.size());
+  std::copy(first, first + std::ptrdiff_t(y.data.size()), y.data.begin());
+}
+
 template <typename T>
 struct KernelEntry {
   OpKind kind;
@@ -431,6 +469,9 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::ConstantScale, constant_scale<T>},
     {OpKind::Identity, copy<T>},
     {OpKind::Reshape, copy<T>},
+    {OpKind::AllReduce, all_reduce<T>},
+    {OpKind::AllGather, all_gather<T>},
+    {OpKind::ReduceScatter, reduce_scatter<T>},
     {OpKind::CastFp8, cast_fp8<T>},
     {OpKind::LayerNormBackward, layernorm_backward<T>},
     {OpKind::RMSNormBackward, rmsnorm_backward<T>},

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives.h"
 #include "cpu_quantizers.h"
 #include "cpu_tensor.h"
 #include "debug/capture.h"
@@ -43,6 +44,8 @@ struct ReferenceContext {
   std::vector<debug::TensorMoments> stat_records;
   // The tensors captured by the last run, per slot of seq.captures (tensor_capture ops).
   std::vector<debug::CapturedTensor> captures;
+  // The rank's group in a tensor-parallel sequence (reference/collectives.h); null with tp = 1.
+  Collectives* group = nullptr;
 
   Tensor<T> zeros_like(ir::ValueId id) const { return Tensor<T>::zeros(shapes[id]); }
   const Tensor<T>& in(const ir::Operation& op, size_t i) const { return values[op.operands[i]]; }

@@ -125,6 +125,7 @@ void emit_cast(SequenceBuilder& b, const Group& g);
 
 void emit_tensor_stats(SequenceBuilder& b, const Group& g);
 void emit_tensor_capture(SequenceBuilder& b, const Group& g);
+void emit_collective(SequenceBuilder& b, const Group& g);  // emit_collective.cpp
 
 // Statistics a tiled kernel computes of its first input and of the value it produces: the group's
 // TensorStats parts (folded by the fusion passes, passes/fusion/fold_stats.cpp). Each gets one

@@ -4,12 +4,14 @@
 
 namespace opfuse::codegen {
 
+SymExpr dim_expr(const ir::Dim& d) {
+  if (!d.is_symbolic()) return d.size;
+  return exact_div(SymExpr::symbol(d.symbol), d.divisor);
+}
+
 SymExpr shape_product(const ir::Shape& shape, size_t begin, size_t end) {
   SymExpr product = 1;
-  for (size_t i = begin; i < end && i < shape.size(); ++i) {
-    const ir::Dim& d = shape[i];
-    product = product * (d.is_symbolic() ? SymExpr::symbol(d.symbol) : SymExpr(d.size));
-  }
+  for (size_t i = begin; i < end && i < shape.size(); ++i) product = product * dim_expr(shape[i]);
   return product;
 }
 

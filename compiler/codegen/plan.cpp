@@ -230,6 +230,14 @@ void SequenceBuilder::add_gemm(const Group& g, const std::string& what, GemmStep
   s.body = std::move(gemm);
 }
 
+void SequenceBuilder::add_collective(const Group& g, const std::string& what,
+                                     CollectiveStep collective) {
+  Step& s = add_step(&g, what);
+  add_unique(s.reads, collective.input);
+  add_unique(s.writes, collective.output);
+  s.body = std::move(collective);
+}
+
 void SequenceBuilder::plan_quantizers() {
   for (size_t i = 0; i < seq_.quantizers.size(); ++i) {
     const ir::QuantizerDecl& d = seq_.quantizers[i];
@@ -269,6 +277,7 @@ void SequenceBuilder::plan_buffers() {
       case ir::ValueKind::Param:
         b.role = BufferRole::Param;
         b.init = v.init;
+        b.shard = v.shard;
         break;
       case ir::ValueKind::OutputGrad:
         b.role = BufferRole::OutputGrad;
@@ -278,8 +287,7 @@ void SequenceBuilder::plan_buffers() {
         break;
     }
     b.dtype = v.type.dtype;
-    for (const ir::Dim& d : v.type.shape)
-      b.shape.push_back(d.is_symbolic() ? SymExpr::symbol(d.symbol) : SymExpr(d.size));
+    for (const ir::Dim& d : v.type.shape) b.shape.push_back(dim_expr(d));
     b.bytes = element_count_expr(v.type.shape) * ir::dtype_bytes(v.type.dtype);
     b.quantizer = v.quantizer;
     if (v.quantizer >= 0) {
@@ -492,6 +500,15 @@ SequencePlan SequenceBuilder::build() {
   out_.name = seq_.name;
   out_.recipe = ir::recipe_string(seq_.recipe);
   out_.fp8_weights = seq_.fp8_weights;
+  out_.parallel = seq_.parallel;
+  if (seq_.parallel.active()) {
+    std::map<std::string, int64_t> divisors;
+    for (const ir::Value& v : seq_.values)
+      for (const ir::Dim& d : v.type.shape)
+        if (d.is_symbolic() && d.divisor > 1)
+          divisors[d.symbol] = std::max(divisors[d.symbol], d.divisor);
+    out_.symbol_divisors.assign(divisors.begin(), divisors.end());
+  }
   out_.stat_slots = seq_.inspections;
   out_.capture_slots = seq_.captures;
   out_.symbols = seq_.symbols();

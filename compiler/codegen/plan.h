@@ -59,6 +59,7 @@ class CodegenError : public std::runtime_error {
 };
 
 // Product of the dimensions of `shape` (begin..end), e.g. rows of [batch, seq, 4096] = batch * seq.
+SymExpr dim_expr(const ir::Dim& d);  // `tokens / 2`: exact_div(tokens, 2)
 SymExpr shape_product(const ir::Shape& shape, size_t begin, size_t end);
 SymExpr element_count_expr(const ir::Shape& shape);
 

@@ -70,6 +70,7 @@ class SequenceBuilder {
                   int dynamic_smem_bytes, std::vector<ParamBinding> params,
                   std::optional<WithoutTranspose> without_transpose = std::nullopt);
   void add_gemm(const Group& g, const std::string& what, GemmStep gemm);
+  void add_collective(const Group& g, const std::string& what, CollectiveStep collective);
   // Current scaling (note "Current scaling" in docs/codegen.md): the kernel producing `value`
   // measures its amax for `quantizer` and derives the scale, so that cast needs neither.
   void mark_amax_measured(ir::ValueId value, int quantizer) { measured_amax_[value] = quantizer; }

@@ -89,8 +89,7 @@ int epilogue_output(SequenceBuilder& b, ValueId v, const std::string& what) {
   if (b.is_materialized(v)) return b.existing_buffer(v);
   const ir::Value& value = b.value(v);
   std::vector<SymExpr> shape;
-  for (const ir::Dim& d : value.type.shape)
-    shape.push_back(d.is_symbolic() ? SymExpr::symbol(d.symbol) : SymExpr(d.size));
+  for (const ir::Dim& d : value.type.shape) shape.push_back(dim_expr(d));
   return b.add_workspace(what, value.type.dtype, std::move(shape));
 }
 
@@ -236,6 +235,8 @@ void emit_group(SequenceBuilder& b, const Group& g) {
   if (g.find({OpKind::CastFp8})) return emit_cast(b, g);
   if (g.find({OpKind::TensorStats})) return emit_tensor_stats(b, g);
   if (g.find({OpKind::TensorCapture})) return emit_tensor_capture(b, g);
+  if (g.find({OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter}))
+    return emit_collective(b, g);
   if (g.find({OpKind::ModifyTensor})) return emit_modify_tensor(b, g);
   if (g.find({OpKind::BiasGrad})) return emit_dbias(b, g);
   if (g.find({OpKind::ConstantScale})) return emit_constant_scale(b, g);

@@ -89,13 +89,16 @@ struct RecipeDecl {
   std::vector<Arg> args;
 };
 
-// A flag after `with` in a sequence header: `with fp8_weights`.
+// An option after `with` in a sequence header: a flag (`with fp8_weights`) or an option with
+// arguments (`with parallel(tp = 2, sp = true)`).
 struct SequenceFlag {
   std::string name;
   SourceLoc loc;
+  bool has_args = false;  // written with parentheses (possibly empty)
+  std::vector<Arg> args;
 };
 
-// sequence NAME(inputs) -> (outputs) [uses RECIPE] [with FLAG, ...] { ops }
+// sequence NAME(inputs) -> (outputs) [uses RECIPE] [with OPTION, ...] { ops }
 struct SequenceDecl {
   std::string name;
   SourceLoc loc;

@@ -105,7 +105,10 @@ class Dumper {
     for (const Param& param : decl.inputs) params(1, "input", param);
     for (const Param& param : decl.outputs) params(1, "output", param);
     if (decl.recipe) line(1, "uses {} {}", *decl.recipe, at(decl.recipe_loc));
-    for (const SequenceFlag& flag : decl.flags) line(1, "with {} {}", flag.name, at(flag.loc));
+    for (const SequenceFlag& flag : decl.flags) {
+      line(1, "with {} {}", flag.name, at(flag.loc));
+      args(2, flag.args);
+    }
     for (const OpStmt& op : decl.body) {
       if (op.instance) {
         line(1, "op {} {} as {}", op.op, at(op.loc), *op.instance);

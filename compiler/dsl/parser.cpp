@@ -197,11 +197,16 @@ bool Parser::parse_sequence(Module& module) {
     do {
       if (!at(TokenKind::Ident)) {
         error_here(fmt::format("expected a flag name after 'with', found {}", found()),
-                   "write: with fp8_weights");
+                   "write: with fp8_weights, or with parallel(tp = 2)");
         return false;
       }
       const Token& flag = advance();
-      seq.flags.push_back({std::string(flag.text), flag.loc});
+      SequenceFlag option{std::string(flag.text), flag.loc, false, {}};
+      if (accept(TokenKind::LParen)) {
+        option.has_args = true;
+        if (!parse_args(option.args, option.name)) return false;
+      }
+      seq.flags.push_back(std::move(option));
     } while (accept(TokenKind::Comma));
   }
   if (!at(TokenKind::LBrace)) {

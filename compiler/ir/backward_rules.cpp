@@ -48,7 +48,18 @@ void linear(BackwardBuilder& b, const Operation& f, ValueId dy) {
     AttrList attrs{{"size", attr_int(f.attrs, "out")}};
     b.accumulate(bias_param, b.emit(f, OpKind::BiasGrad, {dy}, {type_of(b, bias_param)}, attrs)[0]);
   }
-  b.accumulate(x, b.emit(f, OpKind::LinearDgrad, {dy, weight}, {type_of(b, x)}, f.attrs)[0]);
+  ValueId dx = b.emit(f, OpKind::LinearDgrad, {dy, weight}, {type_of(b, x)}, f.attrs)[0];
+  // A column-parallel rank's dx is its part of the sum over the output features: the ranks'
+  // parts are summed, unless x came from an all_gather, whose backward (reduce_scatter) sums them
+  // (TE's column-parallel Linear: all-reduce of dgrad, or reduce-scatter under sequence
+  // parallelism).
+  if (linear_parallel(f.attrs) == LinearParallel::Column && b.sequence().parallel.active()) {
+    const int32_t producer = b.sequence().value(x).producer;
+    const bool gathered =
+        producer >= 0 && b.sequence().ops[size_t(producer)].kind == OpKind::AllGather;
+    if (!gathered) dx = b.emit(f, OpKind::AllReduce, {dx}, {type_of(b, x)}, {})[0];
+  }
+  b.accumulate(x, dx);
   b.accumulate(weight, b.emit(f, OpKind::LinearWgrad, {dy, x}, {type_of(b, weight)}, f.attrs)[0]);
 }
 
@@ -96,6 +107,22 @@ void quantize(BackwardBuilder& b, const Operation& f, ValueId dy) {
     return;
   }
   b.accumulate(x, b.emit(f, OpKind::Quantize, {dy}, {type_of(b, x)}, f.attrs)[0]);
+}
+
+// all_reduce sums partial tensors into one every rank holds: each rank's gradient of its part
+// is the whole gradient (Megatron's g operator).
+void all_reduce(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  b.accumulate(f.operands[0], dy);
+}
+
+void all_gather(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  b.accumulate(x, b.emit(f, OpKind::ReduceScatter, {dy}, {type_of(b, x)}, f.attrs)[0]);
+}
+
+void reduce_scatter(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  b.accumulate(x, b.emit(f, OpKind::AllGather, {dy}, {type_of(b, x)}, f.attrs)[0]);
 }
 
 }  // namespace backward

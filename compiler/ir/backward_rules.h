@@ -41,6 +41,9 @@ void quantize(BackwardBuilder& b, const Operation& f, ValueId dy);
 void constant_scale(BackwardBuilder& b, const Operation& f, ValueId dy);
 void reshape(BackwardBuilder& b, const Operation& f, ValueId dy);
 void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy);  // every pointwise op
+void all_reduce(BackwardBuilder& b, const Operation& f, ValueId dy);
+void all_gather(BackwardBuilder& b, const Operation& f, ValueId dy);
+void reduce_scatter(BackwardBuilder& b, const Operation& f, ValueId dy);
 }  // namespace backward
 
 // op_info(kind).backward; an internal error naming the op when its entry has none.

@@ -209,6 +209,22 @@ std::optional<Dim> Builder::eval_dim(const Expr& e, bool allow_minus_one) {
     }
     return Dim::named(e.text);
   }
+  // `tokens / tp`: a rank's share of a symbolic size (tensor-parallel sequences); the bound size
+  // must divide, which the runtime checks before anything runs.
+  if (e.kind == Expr::Kind::Binary && e.op == '/' && e.operands.size() == 2 && e.operands[0] &&
+      e.operands[1] && e.operands[0]->kind == Expr::Kind::Name &&
+      find_symbol(*e.operands[0]) == e.operands[0].get() && !find_symbol(*e.operands[1])) {
+    auto divisor = eval_int(*e.operands[1]);
+    if (!divisor) return std::nullopt;
+    if (*divisor <= 0 || *divisor > (int64_t(1) << 20)) {
+      diags_.error(
+          e.operands[1]->loc,
+          fmt::format("a symbolic dimension can be divided by 1 to 2^20, not {}", *divisor),
+          "write `tokens / tp` for a rank's share of the tokens");
+      return std::nullopt;
+    }
+    return Dim::named(e.operands[0]->text, *divisor);
+  }
   if (const Expr* symbol = find_symbol(e)) {
     // A name near a constant is more likely a typo than a symbol used in arithmetic.
     if (!closest_spelling(symbol->text, const_names()).empty()) {
@@ -217,7 +233,8 @@ std::optional<Dim> Builder::eval_dim(const Expr& e, bool allow_minus_one) {
       diags_.error(
           symbol->loc,
           fmt::format("the symbolic dimension '{}' cannot be used in arithmetic", symbol->text),
-          "write the symbol alone as a dimension; it is bound at run time");
+          "write the symbol alone as a dimension, or divided by a constant (`tokens / tp`); it is "
+          "bound at run time");
     }
     return std::nullopt;
   }

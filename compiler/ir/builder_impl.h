@@ -15,6 +15,7 @@
 #include "dsl/ast.h"
 #include "ir/builder.h"
 #include "ir/graph.h"
+#include "ir/parallel.h"
 #include "support/diagnostics.h"
 
 namespace opfuse::ir::builder_detail {
@@ -110,12 +111,23 @@ class Builder {
     std::map<std::string, SourceLoc> used_inputs;  // extra inputs added, where
     std::map<std::string, SourceLoc> made_outputs;
     std::map<std::string, const dsl::Param*> params_by_name;
+    std::vector<Layout> layouts;  // per value: how it lies over the tensor-parallel ranks
   };
 
   ValueId add_value(Sequence& s, ValueKind kind, TensorType type, std::string name,
                     int32_t producer);
 
   void build_sequence(const dsl::SequenceDecl& d);
+  // `with parallel(tp = N, sp = ...)`: sets s.parallel; false after reporting an error.
+  bool parallel_option(Sequence& s, const dsl::SequenceFlag& f);
+  // Appends an op the builder makes itself (the collectives around tensor-parallel linears, a
+  // row-parallel linear's bias) with its shape rule; its layout is checked like a written one.
+  // Its parameters are named "<param_owner>.<role>" (the instance when empty).
+  std::optional<ValueId> add_builder_op(SequenceScope& sc, OpKind kind, AttrList attrs, ValueId cur,
+                                        const std::string& instance, SourceLoc loc,
+                                        const std::string& param_owner = {});
+  // Records the new op's result layout; reports (at `loc`) an op that cannot take its operand's.
+  bool check_layout(SequenceScope& sc, SourceLoc loc);
 
   // Binds the call's arguments to the op's attributes (positional in order, then named).
   std::optional<AttrList> bind_attrs(const dsl::OpStmt& stmt, const OpInfo& info);

@@ -187,7 +187,6 @@ std::optional<ValueId> Builder::build_op(
   auto attrs = bind_attrs(stmt, info);
   if (!attrs) return std::nullopt;
 
-  const TensorType in_type = s.value(cur).type;
   const TensorType* extra = nullptr;
   std::optional<ValueId> extra_value;
   if (info.kind == OpKind::AddExtraInput || info.kind == OpKind::MakeExtraOutput) {
@@ -226,11 +225,44 @@ std::optional<ValueId> Builder::build_op(
     }
   }
 
-  ShapeResult shape = info.shape_rule(ShapeInput{in_type, *attrs, extra});
+  // Tensor parallelism around a linear (TE's column / row-parallel Linear): a column-parallel
+  // linear reading the ranks' shares of the tokens gathers them first; a row-parallel one leaves
+  // partial sums that are reduced (all_reduce, or reduce_scatter under sequence parallelism)
+  // before its bias is added.
+  const bool parallel_linear = info.kind == OpKind::Linear && s.parallel.active() &&
+                               linear_parallel(*attrs) != LinearParallel::None &&
+                               linear_parallel(*attrs) != LinearParallel::Invalid;
+  bool row_bias = false;
+  if (parallel_linear && linear_parallel(*attrs) == LinearParallel::Column &&
+      sc.layouts.at(cur) == Layout::SplitTokens) {
+    auto gathered = add_builder_op(sc, OpKind::AllGather, {{"dim", int64_t(0)}}, cur,
+                                   instance + ".gather", stmt.loc);
+    if (!gathered) return std::nullopt;
+    return build_op(sc, stmt, info, *gathered, instance, output_types);
+  }
+  if (parallel_linear && linear_parallel(*attrs) == LinearParallel::Row) {
+    for (Attr& a : *attrs)
+      if (a.name == "bias" && std::get<bool>(a.value)) {
+        row_bias = true;
+        a.value = false;
+      }
+  }
+  const TensorType in_type_now = s.value(cur).type;
+  ShapeInput shape_input{in_type_now, *attrs, extra};
+  shape_input.tp = s.parallel.tp;
+  ShapeResult shape = info.shape_rule(shape_input);
   if (!shape.errors.empty()) {
     for (const ShapeError& e : shape.errors)
       diags_.error(attr_loc(stmt, info, e.attr), e.message, e.hint);
     return std::nullopt;
+  }
+  if (info.kind == OpKind::Linear) {
+    // The rank's features: what every pass, the GEMMs and the reference see.
+    const Shape& w = shape.params.at(0).type.shape;
+    for (Attr& a : *attrs) {
+      if (a.name == "out") a.value = w[0].size;
+      if (a.name == "in") a.value = w[1].size;
+    }
   }
   if (info.kind == OpKind::Linear && s.recipe.is_fp8()) {
     // The strictest FP8 rule of the architectures the compiler targets (plan/gemm_caps.h).
@@ -259,6 +291,7 @@ std::optional<ValueId> Builder::build_op(
   for (const ParamDecl& p : shape.params) {
     const ValueId v = add_value(s, ValueKind::Param, p.type, instance + "." + p.role, -1);
     s.values[v].init = p.init;
+    s.values[v].shard = p.shard;
     s.params.push_back(v);
     op.operands.push_back(v);
   }
@@ -270,6 +303,80 @@ std::optional<ValueId> Builder::build_op(
     s.outputs[sc.extra_outputs[attr_name(op.attrs, "name")]].value = result;
   }
   s.ops.push_back(std::move(op));
+  if (!check_layout(sc, stmt.loc)) return std::nullopt;
+  if (s.parallel.active() && info.family == KernelFamily::GatedActivation &&
+      sc.layouts.at(cur) == Layout::SplitFeatures) {
+    // Each rank's features are [its gate part | its value part]: the column-parallel linear
+    // that made them cuts its output features as two blocks (plan/parallel.h, ShardSpec).
+    for (ValueId v = cur;;) {
+      const int32_t producer = s.value(v).producer;
+      if (producer < 0) break;
+      Operation& p = s.ops[size_t(producer)];
+      if (p.kind == OpKind::Linear) {
+        for (size_t i = 1; i < p.operands.size(); ++i) s.values[p.operands[i]].shard.blocks = 2;
+        break;
+      }
+      v = p.operands[0];
+    }
+  }
+  if (parallel_linear && linear_parallel(s.ops[size_t(op_index)].attrs) == LinearParallel::Row) {
+    const bool sp = s.parallel.sp;
+    auto reduced = add_builder_op(sc, sp ? OpKind::ReduceScatter : OpKind::AllReduce,
+                                  sp ? AttrList{{"dim", int64_t(0)}} : AttrList{}, result,
+                                  instance + (sp ? ".reduce_scatter" : ".all_reduce"), stmt.loc);
+    if (!reduced || !row_bias) return reduced;
+    // The bias parameter keeps the linear's name ("<linear>.bias"), as without tp.
+    return add_builder_op(sc, OpKind::Bias,
+                          {{"size", attr_int(s.ops[size_t(op_index)].attrs, "out")}}, *reduced,
+                          instance + ".bias", stmt.loc, instance);
+  }
+  return result;
+}
+
+bool Builder::check_layout(SequenceScope& sc, SourceLoc loc) {
+  Sequence& s = sc.seq;
+  sc.layouts.resize(s.values.size(), Layout::Replicated);
+  const Operation& op = s.ops.back();
+  const LayoutResult r = result_layout(s, op, sc.layouts);
+  if (!r.error.empty()) {
+    diags_.error(loc, r.error, r.hint);
+    return false;
+  }
+  for (ValueId v : op.results) sc.layouts[v] = r.layout;
+  return true;
+}
+
+std::optional<ValueId> Builder::add_builder_op(SequenceScope& sc, OpKind kind, AttrList attrs,
+                                               ValueId cur, const std::string& instance,
+                                               SourceLoc loc, const std::string& param_owner) {
+  Sequence& s = sc.seq;
+  const OpInfo& info = op_info(kind);
+  ShapeInput shape_input{s.value(cur).type, attrs, nullptr};
+  shape_input.tp = s.parallel.tp;
+  ShapeResult shape = info.shape_rule(shape_input);
+  if (!shape.errors.empty()) {
+    for (const ShapeError& e : shape.errors) diags_.error(loc, e.message, e.hint);
+    return std::nullopt;
+  }
+  Operation op;
+  op.kind = kind;
+  op.attrs = std::move(attrs);
+  op.instance = instance;
+  op.loc = loc;
+  op.operands.push_back(cur);
+  for (const ParamDecl& p : shape.params) {
+    const ValueId v = add_value(s, ValueKind::Param, p.type,
+                                (param_owner.empty() ? instance : param_owner) + "." + p.role, -1);
+    s.values[v].init = p.init;
+    s.values[v].shard = p.shard;
+    s.params.push_back(v);
+    op.operands.push_back(v);
+  }
+  const ValueId result =
+      add_value(s, ValueKind::Result, shape.out, "", static_cast<int32_t>(s.ops.size()));
+  op.results.push_back(result);
+  s.ops.push_back(std::move(op));
+  if (!check_layout(sc, loc)) return std::nullopt;
   return result;
 }
 

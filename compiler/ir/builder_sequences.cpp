@@ -21,6 +21,33 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
   s.loc = d.loc;
   bool ok = true;
 
+  // The parallel option first: `tp` names the group size in the signature (`tokens / tp`).
+  bool defined_tp = false;
+  for (const dsl::SequenceFlag& f : d.flags) {
+    if (f.name != "parallel") continue;
+    if (!parallel_option(s, f)) return;
+    if (auto c = consts_.find("tp"); c != consts_.end()) {
+      if (!std::holds_alternative<int64_t>(c->second) ||
+          std::get<int64_t>(c->second) != s.parallel.tp) {
+        diags_.error(f.loc,
+                     fmt::format("parallel(tp = {}) disagrees with the constant tp = {}",
+                                 s.parallel.tp, const_value_string(c->second)),
+                     "write parallel(tp = tp), or rename the constant");
+        return;
+      }
+    } else {
+      consts_["tp"] = int64_t(s.parallel.tp);
+      defined_tp = true;
+    }
+  }
+  struct EraseTp {
+    std::map<std::string, ConstValue>& consts;
+    bool active;
+    ~EraseTp() {
+      if (active) consts.erase("tp");
+    }
+  } erase_tp{consts_, defined_tp};
+
   if (d.inputs.empty()) {
     diags_.error(d.loc, fmt::format("sequence '{}' has no inputs", d.name),
                  "the first input is the tensor the ops transform");
@@ -79,6 +106,12 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
   }
   s.recipe = override_ ? *override_ : *own;
   for (const dsl::SequenceFlag& f : d.flags) {
+    if (f.name == "parallel") continue;  // read first
+    if (f.has_args) {
+      diags_.error(f.loc, fmt::format("sequence option '{}' takes no arguments", f.name));
+      ok = false;
+      continue;
+    }
     if (f.name == "fp8_weights") {
       if (s.fp8_weights) diags_.warning(f.loc, "fp8_weights is given twice");
       s.fp8_weights = true;
@@ -90,9 +123,10 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
         s.fp8_weights = false;
       }
     } else {
-      diags_.error(f.loc, fmt::format("unknown sequence option '{}'", f.name),
-                   did_you_mean(f.name, {"fp8_weights"}).empty() ? "the only option is fp8_weights"
-                                                                 : "did you mean 'fp8_weights'?");
+      const std::string near = did_you_mean(f.name, {"fp8_weights", "parallel"});
+      diags_.error(
+          f.loc, fmt::format("unknown sequence option '{}'", f.name),
+          near.empty() ? "the options are fp8_weights and parallel(tp = N, sp = bool)" : near);
       ok = false;
     }
   }
@@ -113,6 +147,8 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
   }
   std::map<std::string, int> kind_counters;
 
+  sc.layouts.assign(s.values.size(), s.parallel.active() && s.parallel.sp ? Layout::SplitTokens
+                                                                          : Layout::Replicated);
   ValueId cur = s.inputs[0];
   for (const dsl::OpStmt& stmt : d.body) {
     if (diags_.at_error_limit()) return;
@@ -154,6 +190,19 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
     ok = false;
   }
   s.outputs[0].value = cur;
+  for (const SequenceOutput& out : s.outputs) {
+    const Layout l = sc.layouts.at(out.value);
+    if (l == Layout::SplitFeatures || l == Layout::Partial) {
+      diags_.error(out.loc,
+                   fmt::format("output '{}' is {}: every rank must hold it whole or its share "
+                               "of the tokens",
+                               out.name, layout_name(l)),
+                   l == Layout::Partial
+                       ? "sum the parts first: all_reduce() or reduce_scatter()"
+                       : "end the split with a row-parallel linear (parallel = row)");
+      ok = false;
+    }
+  }
   for (const auto& [name, index] : sc.extra_outputs) {
     if (!sc.made_outputs.count(name)) {
       diags_.error(
@@ -178,6 +227,46 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
     }
   }
   if (ok) program_.sequences.push_back(std::move(s));
+}
+
+bool Builder::parallel_option(Sequence& s, const dsl::SequenceFlag& f) {
+  if (s.parallel.active()) {
+    diags_.error(f.loc, "parallel is given twice");
+    return false;
+  }
+  std::optional<int64_t> tp;
+  bool sp = false;
+  size_t positional = 0;
+  for (const dsl::Arg& a : f.args) {
+    if (!a.value) return false;
+    const std::string name = a.name ? *a.name : (positional++ == 0 ? "tp" : "sp");
+    const SourceLoc loc = a.name ? a.name_loc : a.value->loc;
+    if (name == "tp") {
+      tp = eval_int(*a.value);
+      if (!tp) return false;
+      if (*tp < 1 || *tp > 1024) {
+        diags_.error(a.value->loc, fmt::format("tp = {} is out of range", *tp),
+                     "the tensor-parallel group has 1 to 1024 ranks, one GPU each");
+        return false;
+      }
+    } else if (name == "sp") {
+      auto v = eval_bool(*a.value);
+      if (!v) return false;
+      sp = *v;
+    } else {
+      const std::string near = did_you_mean(name, {"tp", "sp"});
+      diags_.error(loc, fmt::format("parallel has no argument '{}'", name),
+                   near.empty() ? "write parallel(tp = N, sp = true|false)" : near);
+      return false;
+    }
+  }
+  if (!tp) {
+    diags_.error(f.loc, "parallel needs the group size tp",
+                 "write parallel(tp = N, sp = true|false): N ranks, one GPU each");
+    return false;
+  }
+  s.parallel = plan::ParallelSpec{static_cast<int>(*tp), sp};
+  return true;
 }
 
 void Builder::unknown_io(const SequenceScope& sc, const std::string& name, SourceLoc loc,

@@ -11,6 +11,7 @@
 #include "ir/recipe.h"
 #include "ir/types.h"
 #include "plan/capture_slot.h"
+#include "plan/parallel.h"
 #include "plan/quant_spec.h"
 #include "plan/stat_slot.h"
 #include "support/source_manager.h"
@@ -39,6 +40,8 @@ struct Value {
   int32_t quantizer = -1;
   // Param: how it starts out, as the owning op's shape rule declared it.
   ParamInit init{};
+  // Param of a tensor-parallel sequence: how the unsharded parameter is cut into this rank's.
+  plan::ShardSpec shard{};
 };
 
 // Which GEMM operand a quantizer serves (TE's names); gradients use E5M2 under HYBRID.
@@ -120,6 +123,9 @@ struct Sequence {
   std::vector<Value> values;  // indexed by ValueId
   Recipe recipe;
   bool fp8_weights = false;  // TE's quantized_model_init: weights stored in FP8 only
+  // `with parallel(tp = N, sp = ...)`: the sequence as one of N ranks runs it (every shape and
+  // parameter is the rank's; collective ops join the ranks). tp = 1: one GPU, no collectives.
+  plan::ParallelSpec parallel{};
 
   // Made by build-backward (empty before): one per output / input / param, signature order.
   bool has_backward = false;

@@ -29,6 +29,11 @@ constexpr AttrSpec kLinearAttrs[] = {
     {"in", AttrType::Int, true, 0, 1, kMaxDim, "input features (the incoming last dimension)"},
     {"out", AttrType::Int, true, 0, 1, kMaxDim, "output features"},
     {"bias", AttrType::Bool, false, 1, 0, 1, "add a learned bias of size out"},
+    {"parallel", AttrType::Name, false, 0, 0, 0,
+     "tensor parallelism: column (weight split on out) or row (split on in); unset: none"},
+};
+constexpr AttrSpec kCollectiveDimAttrs[] = {
+    {"dim", AttrType::Int, false, 0, 0, 7, "the dimension gathered or scattered (0: the tokens)"},
 };
 constexpr AttrSpec kBiasAttrs[] = {
     {"size", AttrType::Int, true, 0, 1, kMaxDim, "the last dimension"},
@@ -118,21 +123,118 @@ ShapeResult rmsnorm_shape(const ShapeInput& in) {
   return r;
 }
 
+// `in` and `out` are the layer's features as written (unsharded); a tensor-parallel rank holds
+// out / tp of them (column) or reads in / tp (row), the sizes its GEMMs see.
 ShapeResult linear_shape(const ShapeInput& in) {
   ShapeResult r{in.in, {}, {}};
-  const int64_t in_features = attr_int(in.attrs, "in");
-  const int64_t out_features = attr_int(in.attrs, "out");
+  int64_t in_features = attr_int(in.attrs, "in");
+  int64_t out_features = attr_int(in.attrs, "out");
+  const LinearParallel mode = linear_parallel(in.attrs);
+  if (mode == LinearParallel::Invalid) {
+    r.errors.push_back({"parallel",
+                        fmt::format("parallel = {} is not a tensor-parallel mode",
+                                    attr_name(in.attrs, "parallel")),
+                        "write parallel = column (split the output features) or parallel = row "
+                        "(split the input features)"});
+    return r;
+  }
+  plan::ShardSpec weight_shard, bias_shard;
+  if (mode == LinearParallel::Column && in.tp > 1) {
+    if (out_features % in.tp != 0) {
+      r.errors.push_back({"out",
+                          fmt::format("out = {} does not divide over tp = {} ranks (a "
+                                      "column-parallel linear splits its output features)",
+                                      out_features, in.tp),
+                          "make out a multiple of tp"});
+      return r;
+    }
+    out_features /= in.tp;
+    weight_shard = bias_shard = plan::ShardSpec{0, 1};
+  } else if (mode == LinearParallel::Row && in.tp > 1) {
+    if (in_features % in.tp != 0) {
+      r.errors.push_back({"in",
+                          fmt::format("in = {} does not divide over tp = {} ranks (a row-parallel "
+                                      "linear splits its input features)",
+                                      in_features, in.tp),
+                          "make in a multiple of tp"});
+      return r;
+    }
+    in_features /= in.tp;
+    weight_shard = plan::ShardSpec{1, 1};
+    if (!in.in.shape.empty() && !in.in.shape.back().is_symbolic() &&
+        in.in.shape.back().size != in_features) {
+      r.errors.push_back(
+          {"in",
+           fmt::format("a row-parallel linear reads in / tp = {} / {} = {} features on each "
+                       "rank, but the incoming tensor is {}",
+                       attr_int(in.attrs, "in"), in.tp, in_features, type_string(in.in)),
+           "make the linear before it column-parallel, so each rank holds its share"});
+      return r;
+    }
+  }
   if (!last_dim_is(in, in_features, "in", "linear", r)) return r;
   r.out.shape.back() = Dim::known(out_features);
   // TE's default init_method: normal with std 0.02; biases start at zero.
   r.params = {{"weight",
                TensorType{in.in.dtype, {Dim::known(out_features), Dim::known(in_features)}},
-               ParamInit::normal(0.02)}};
+               ParamInit::normal(0.02), weight_shard}};
   if (attr_bool(in.attrs, "bias"))
-    r.params.push_back(
-        {"bias", TensorType{in.in.dtype, {Dim::known(out_features)}}, ParamInit::constant(0)});
+    r.params.push_back({"bias", TensorType{in.in.dtype, {Dim::known(out_features)}},
+                        ParamInit::constant(0), bias_shard});
   return r;
 }
+
+// all_gather / reduce_scatter along `dim`: the rank's share of it times / over tp. Only the
+// leading dimension (the tokens, contiguous per rank) is supported.
+ShapeResult collective_shape(const ShapeInput& in, bool gather) {
+  ShapeResult r{in.in, {}, {}};
+  const char* what = gather ? "all_gather" : "reduce_scatter";
+  const int64_t dim = attr_int(in.attrs, "dim");
+  if (dim != 0) {
+    r.errors.push_back({"dim",
+                        fmt::format("{} along dim {} is not supported: only dim 0 (the tokens, "
+                                    "which each rank holds contiguously)",
+                                    what, dim),
+                        "gather or scatter the tokens (dim = 0)"});
+    return r;
+  }
+  if (in.in.shape.size() < 2) {
+    r.errors.push_back(
+        {"", fmt::format("{} needs a tensor of rank >= 2, got {}", what, type_string(in.in)), ""});
+    return r;
+  }
+  if (in.tp == 1) return r;
+  Dim& d = r.out.shape[0];
+  if (gather) {
+    if (d.is_symbolic()) {
+      if (d.divisor % in.tp != 0) {
+        r.errors.push_back({"",
+                            fmt::format("all_gather of {}: dimension 0 is {}, not a rank's "
+                                        "share of a size",
+                                        type_string(in.in), dim_string(d)),
+                            "split the tokens over the ranks: tokens / tp"});
+        return r;
+      }
+      d.divisor /= in.tp;
+    } else {
+      d.size *= in.tp;
+    }
+  } else if (d.is_symbolic()) {
+    d.divisor *= in.tp;
+  } else if (d.size % in.tp != 0) {
+    r.errors.push_back({"",
+                        fmt::format("reduce_scatter of {}: dimension 0 = {} does not divide "
+                                    "over tp = {} ranks",
+                                    type_string(in.in), d.size, in.tp),
+                        ""});
+    return r;
+  } else {
+    d.size /= in.tp;
+  }
+  return r;
+}
+ShapeResult all_gather_shape(const ShapeInput& in) { return collective_shape(in, true); }
+ShapeResult reduce_scatter_shape(const ShapeInput& in) { return collective_shape(in, false); }
 
 ShapeResult bias_shape(const ShapeInput& in) {
   ShapeResult r{in.in, {}, {}};
@@ -274,6 +376,20 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
     {OpKind::Reshape, "reshape", KernelFamily::Alias, kReshapeAttrs, reshape_shape,
      "[...] -> shape", "views the tensor with a new shape of the same element count",
      backward::reshape},
+    {OpKind::AllReduce, "all_reduce", KernelFamily::Collective, kNoAttrs, same_shape,
+     "[...] -> [...]",
+     "sums the ranks' partial tensors (a row-parallel linear's output); its backward passes the "
+     "gradient through",
+     backward::all_reduce},
+    {OpKind::AllGather, "all_gather", KernelFamily::Collective, kCollectiveDimAttrs,
+     all_gather_shape, "[n / tp, ...] -> [n, ...]",
+     "concatenates the ranks' shares of dim 0 in rank order; its backward is reduce_scatter",
+     backward::all_gather},
+    {OpKind::ReduceScatter, "reduce_scatter", KernelFamily::Collective, kCollectiveDimAttrs,
+     reduce_scatter_shape, "[n, ...] -> [n / tp, ...]",
+     "sums the ranks' partial tensors and keeps this rank's share of dim 0; its backward is "
+     "all_gather",
+     backward::reduce_scatter},
     // ---- internal ops: made by passes (docs/architecture.md, "Training graph"); no backward ----
     {OpKind::CastFp8, "cast_fp8", KernelFamily::Cast, kCastFp8Attrs, nullptr,
      "[..., k] -> e4m3|e5m2[..., k] and/or [k, ...]", "FP8 cast with the op's quantizer"},
@@ -388,6 +504,8 @@ std::string_view kernel_family_name(KernelFamily f) {
       return "cast";
     case KernelFamily::Scale:
       return "scale";
+    case KernelFamily::Collective:
+      return "collective";
   }
   return "?";
 }
@@ -404,6 +522,18 @@ const std::string& attr_name(const AttrList& attrs, std::string_view name) {
 }
 const Shape& attr_shape(const AttrList& attrs, std::string_view name) {
   return get_attr<Shape>(attrs, name);
+}
+
+LinearParallel linear_parallel(const AttrList& attrs) {
+  const std::string& mode = attr_name(attrs, "parallel");
+  if (mode.empty() || mode == "none") return LinearParallel::None;
+  if (mode == "column") return LinearParallel::Column;
+  if (mode == "row") return LinearParallel::Row;
+  return LinearParallel::Invalid;
+}
+
+bool is_collective(OpKind kind) {
+  return kind == OpKind::AllReduce || kind == OpKind::AllGather || kind == OpKind::ReduceScatter;
 }
 
 std::string attr_value_string(const AttrValue& v) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ir/types.h"
+#include "plan/parallel.h"
 #include "plan/param_init.h"
 
 namespace opfuse::ir {
@@ -32,6 +33,9 @@ enum class OpKind : uint8_t {
   ConstantScale,
   Identity,
   Reshape,
+  AllReduce,  // tensor-parallel collectives (TE's AllReduce, AllGather, ReduceScatter ops)
+  AllGather,
+  ReduceScatter,
   // Internal ops (note "Training graph" in docs/architecture.md): made by passes, never parsed.
   CastFp8,            // quantize to FP8 (row-wise and/or column-wise copy), one quantizer
   LayerNormBackward,  // (dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)
@@ -50,7 +54,7 @@ enum class OpKind : uint8_t {
 };
 inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Fused) + 1;  // fixed kinds
 // Fixed ops a .fuse program can name come first; the rest are internal.
-inline constexpr size_t kNumUserOpKinds = static_cast<size_t>(OpKind::Reshape) + 1;
+inline constexpr size_t kNumUserOpKinds = static_cast<size_t>(OpKind::ReduceScatter) + 1;
 inline constexpr size_t kFirstPointwise = 64;
 inline constexpr size_t kFirstPointwiseBackward = 160;
 
@@ -75,6 +79,7 @@ enum class KernelFamily : uint8_t {
   Cast,             // templates/cast_transpose.cuh
   Scale,            // elementwise constant scale
   Stats,            // templates/tensor_stats.cuh: a reduction into a statistics record
+  Collective,       // NCCL across the tensor-parallel ranks (runtime/comm)
 };
 std::string_view kernel_family_name(KernelFamily f);
 
@@ -104,12 +109,19 @@ const std::string& attr_name(const AttrList& attrs, std::string_view name);
 const Shape& attr_shape(const AttrList& attrs, std::string_view name);
 std::string attr_value_string(const AttrValue& v);
 
+// A linear's (and its dgrad's and wgrad's) `parallel` attribute.
+enum class LinearParallel : uint8_t { None, Column, Row, Invalid };
+LinearParallel linear_parallel(const AttrList& attrs);
+bool is_collective(OpKind kind);  // all_reduce, all_gather, reduce_scatter
+
 // What a shape rule sees.
 struct ShapeInput {
   const TensorType& in;
   const AttrList& attrs;
   // add_extra_input: the named input's type; make_extra_output: the named output's declared type.
   const TensorType* extra = nullptr;
+  // The sequence's tensor-parallel group size (`with parallel(tp = N)`; 1 without).
+  int64_t tp = 1;
 };
 
 // A user error found by a shape rule; `attr` names the attribute to point at (empty: the op).
@@ -128,8 +140,9 @@ using plan::ParamInit;
 // A trainable parameter the op owns, e.g. {"weight", bf16[28672, 4096], normal(0.02)}.
 struct ParamDecl {
   std::string role;
-  TensorType type;
+  TensorType type;  // the rank's shard in a tensor-parallel sequence
   ParamInit init{};
+  plan::ShardSpec shard{};  // how the unsharded parameter is cut (plan/parallel.h)
 };
 
 struct ShapeResult {

@@ -55,8 +55,15 @@ void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
   std::vector<std::string> attrs;
   if (is_pointwise_backward(op.kind))
     attrs.push_back(fmt::format("activation = {}", pointwise_def(op.kind)->name));
-  for (const Attr& a : op.attrs)
-    attrs.push_back(fmt::format("{} = {}", a.name, attr_value_string(a.value)));
+  const std::span<const AttrSpec> specs = op_info(op.kind).attrs;
+  for (size_t i = 0; i < op.attrs.size(); ++i) {
+    const Attr& a = op.attrs[i];
+    // An optional name left unset (a linear's `parallel`) is not printed.
+    const bool unset_name =
+        i < specs.size() && !specs[i].required && specs[i].type == AttrType::Name &&
+        std::get_if<std::string>(&a.value) != nullptr && std::get<std::string>(a.value).empty();
+    if (!unset_name) attrs.push_back(fmt::format("{} = {}", a.name, attr_value_string(a.value)));
+  }
   if (!attrs.empty()) line += fmt::format(" {{{}}}", fmt::join(attrs, ", "));
   line += fmt::format(" as \"{}\"", op.instance);
   if (op.quantizer >= 0)
@@ -91,10 +98,16 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
   // A declared recipe is printed once at the top of the program; sequences name it.
   out += "    uses " + (s.recipe.name.empty() ? recipe_string(s.recipe) : s.recipe.name);
   if (s.fp8_weights) out += " fp8_weights";
+  if (s.parallel.active())
+    out += fmt::format(" parallel(tp = {}, sp = {})", s.parallel.tp, s.parallel.sp);
   out += " {\n";
   for (ValueId p : s.params) {
     const Value& v = s.value(p);
-    out += fmt::format("  param {}: {}\n", names[v.id], type_string(v.type));
+    out += fmt::format("  param {}: {}", names[v.id], type_string(v.type));
+    if (v.shard.sharded())
+      out += fmt::format(" shard(dim = {}{})", v.shard.dim,
+                         v.shard.blocks > 1 ? fmt::format(", blocks = {}", v.shard.blocks) : "");
+    out += "\n";
   }
   for (const QuantizerDecl& q : s.quantizers) {
     out += fmt::format(

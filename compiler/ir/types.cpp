@@ -15,7 +15,8 @@ std::optional<DType> parse_user_dtype(std::string_view name) {
 }
 
 std::string dim_string(const Dim& d) {
-  return d.is_symbolic() ? d.symbol : fmt::format("{}", d.size);
+  if (!d.is_symbolic()) return fmt::format("{}", d.size);
+  return d.divisor == 1 ? d.symbol : fmt::format("{} / {}", d.symbol, d.divisor);
 }
 
 std::string shape_string(const Shape& s) {
@@ -35,7 +36,7 @@ ElementCount element_count(const Shape& s) {
   ElementCount c;
   for (const Dim& d : s) {
     if (d.is_symbolic()) {
-      c.symbols.push_back(d.symbol);
+      c.symbols.push_back(dim_string(d));
     } else if (!c.overflowed) {
       if (d.size != 0 && c.known > std::numeric_limits<int64_t>::max() / d.size) {
         c.overflowed = true;

@@ -113,7 +113,10 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
       const TensorType* extra = nullptr;
       if (op.kind == OpKind::AddExtraInput && !op.operands.empty())
         extra = &s.values[op.operands.back()].type;
-      ShapeResult r = info.shape_rule(ShapeInput{s.values[op.operands[0]].type, op.attrs, extra});
+      ShapeInput in{s.values[op.operands[0]].type, op.attrs, extra};
+      // A linear's attributes are the rank's features once built; collectives scale by tp.
+      in.tp = op.kind == OpKind::Linear ? 1 : s.parallel.tp;
+      ShapeResult r = info.shape_rule(in);
       if (!r.errors.empty())
         bad(fmt::format("{} ({}) fails its shape rule: {}", where, info.name, r.errors[0].message));
       else if (!(r.out.shape == s.values[op.results[0]].type.shape) ||

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ir/backward_rules.h"
+#include "ir/parallel.h"
 #include "support/assert.h"
 
 namespace opfuse::passes {
@@ -69,6 +72,7 @@ class Builder final : public BackwardBuilder {
       s_.output_grads.push_back(seed);
       accumulate(out, seed);
     }
+    const std::vector<ValueId> summed = params_summed_over_ranks(s_);
     // Backward ops are appended to s_.ops while we walk the forward ops; index, never iterate.
     const size_t forward_count = s_.ops.size();
     for (size_t i = forward_count; i-- > 0;) {
@@ -83,8 +87,17 @@ class Builder final : public BackwardBuilder {
     }
     for (ValueId in : s_.inputs) s_.input_grads.push_back(grad(in));
     for (ValueId p : s_.params) {
-      const ValueId g = grad(p);
+      ValueId g = grad(p);
       OPFUSE_ASSERT(g != kNoValue, "parameter '{}' got no gradient", s_.value(p).name);
+      if (std::ranges::find(summed, p) != summed.end()) {
+        // Each rank's gradient covers its share of the tokens: every rank gets the sum.
+        const auto owner = std::ranges::find_if(s_.ops, [&](const Operation& op) {
+          return op.phase == Phase::Forward &&
+                 std::ranges::find(op.operands, p) != op.operands.end();
+        });
+        const Operation forward = *owner;
+        g = emit(forward, OpKind::AllReduce, {g}, {s_.value(p).type}, {})[0];
+      }
       s_.param_grads.push_back(g);
     }
     s_.has_backward = true;

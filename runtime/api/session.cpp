@@ -1,10 +1,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
+
 #include "api/debug_session.h"
 #include "api/program_impl.h"
 #include "api/session_access.h"
 #include "api/state_file.h"
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
@@ -56,7 +60,8 @@ struct Session::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<gpu::PlanModules> modules;
   std::unique_ptr<gpu::GemmRunner> gemms;
-  std::unique_ptr<gpu::SequenceExecutor> executor;  // the plain plan's
+  std::unique_ptr<comm::Communicator> communicator;  // tensor-parallel sequences
+  std::unique_ptr<gpu::SequenceExecutor> executor;   // the plain plan's
   // With a debug config: the variants' executors and the iteration loop. exec() is the executor
   // of the variant that runs now.
   std::unique_ptr<api::DebugSession> debug;
@@ -172,15 +177,68 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
         "empty (the GPU's) or \"{}\"",
         p.source_name, p.plan.arch, gpu::current_device().name, device_arch, device_arch));
   }
+  const ParallelOptions& par = options.parallel;
+  if (par.size != s.plan->parallel.tp || par.rank < 0 || par.rank >= par.size) {
+    throw UsageError(fmt::format(
+        "sequence '{}' is built for {} rank{}, but this process is rank {} of {}: {}", s.plan->name,
+        s.plan->parallel.tp, s.plan->parallel.tp == 1 ? "" : "s", par.rank, par.size,
+        s.plan->parallel.active()
+            ? fmt::format("start {} processes, one GPU each (fusec run --nproc {}), and set "
+                          "SessionOptions::parallel (ParallelOptions::from_environment())",
+                          s.plan->parallel.tp, s.plan->parallel.tp)
+            : "the sequence has no `with parallel(tp = N)`; run it in one process"));
+  }
+  if (p.debug && s.plan->parallel.active()) {
+    throw UsageError(fmt::format(
+        "sequence '{}' is tensor-parallel and the program has a precision-debug config: the "
+        "debug variants do not run over several ranks yet; run the config on the one-rank program",
+        s.plan->name));
+  }
   s.modules = std::make_unique<gpu::PlanModules>(p.plan, p.kernels);
   s.gemms = std::make_unique<gpu::GemmRunner>(stream, gpu::GemmOptions{options.gemm_autotune});
   s.executor = std::make_unique<gpu::SequenceExecutor>(*s.plan, *s.modules, *s.gemms, stream);
   s.executor->set_auto_graph(options.auto_graph);
+  if (s.plan->parallel.active()) {
+    for (const plan::QuantizerPlan& q : s.plan->quantizers) {
+      if (q.spec.scaling == plan::ScalingKind::Current)
+        throw UsageError(fmt::format(
+            "sequence '{}' is tensor-parallel with current scaling (quantizer {}): the GPU "
+            "path does not yet reduce a current-scaling amax over the ranks before its cast; "
+            "use delayed scaling, block scaling or bf16 (the CPU reference runs it)",
+            s.plan->name, q.name));
+    }
+    comm::UniqueId id;
+    if (!par.nccl_id.empty()) {
+      id = comm::unique_id_from_hex(par.nccl_id);
+    } else {
+      if (par.bootstrap_dir.empty() || par.job.empty())
+        throw UsageError("SessionOptions::parallel needs nccl_id, or bootstrap_dir and job");
+      id = comm::exchange_unique_id(par.bootstrap_dir, par.job, par.rank, par.size,
+                                    std::chrono::seconds(par.timeout_s));
+    }
+    s.communicator = std::make_unique<comm::Communicator>(id, par.rank, par.size);
+    if (par.nccl_id.empty() && par.rank == 0)
+      comm::remove_unique_id_file(par.bootstrap_dir, par.job);
+    s.executor->set_communicator(s.communicator.get());
+  }
   if (p.debug) {
     s.debug = std::make_unique<api::DebugSession>(p.debug, s.plan->name, options.debug, *s.gemms,
                                                   options.auto_graph, *s.executor);
   }
 }
+
+ParallelOptions ParallelOptions::from_environment() {
+  ParallelOptions o;
+  const std::optional<comm::LaunchEnv> env = comm::launch_env_from_environment();
+  if (!env) return o;
+  o.rank = env->rank;
+  o.size = env->size;
+  o.bootstrap_dir = env->dir.string();
+  o.job = env->job;
+  return o;
+}
+
+std::string new_parallel_id() { return comm::unique_id_hex(comm::new_unique_id()); }
 
 Session::~Session() = default;
 Session::Session(Session&&) noexcept = default;

@@ -32,6 +32,17 @@ std::map<std::string, std::int64_t> checked_symbols(
     }
     values.emplace(symbol, found->second);
   }
+  // A tensor-parallel plan's `tokens / tp`: each rank's share must be whole.
+  for (const auto& [symbol, divisor] : plan.symbol_divisors) {
+    const auto found = values.find(symbol);
+    if (found != values.end() && found->second % divisor != 0) {
+      throw UsageError(fmt::format(
+          "'{}' = {} for sequence '{}' does not split into {} equal shares: the sequence is "
+          "tensor-parallel over tp = {} ranks and a tensor's dimension is {} / {}; bind a "
+          "multiple of {}",
+          symbol, found->second, plan.name, divisor, plan.parallel.tp, symbol, divisor, divisor));
+    }
+  }
   for (const auto& [symbol, value] : given) {
     if (values.count(symbol) == 0) {
       throw UsageError(fmt::format(

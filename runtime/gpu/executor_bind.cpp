@@ -29,6 +29,8 @@ BoundStep SequenceExecutor::Impl::bind_step(
   BoundStep bound_step;
   if (const auto* gemm = std::get_if<GemmStep>(&step.body))
     bound_step.gemm = gemm_desc(*gemm, values, plan);
+  if (const auto* collective = std::get_if<plan::CollectiveStep>(&step.body))
+    bound_step.collective_count = evaluate_expr(collective->count, values);
   return bound_step;
 }
 
@@ -78,6 +80,12 @@ void SequenceExecutor::Impl::require_set(int begin, int end, const char* call) c
   if (!bound) {
     throw UsageError(fmt::format("{}() of sequence '{}' before bind(): bind the sizes [{}] first",
                                  call, plan.name, fmt::join(plan.symbols, ", ")));
+  }
+  if (plan.parallel.active() && communicator == nullptr) {
+    throw UsageError(fmt::format(
+        "{}() of sequence '{}': it is tensor-parallel over tp = {} ranks and this executor has "
+        "no communicator (set_communicator, or a Session with SessionOptions::parallel)",
+        call, plan.name, plan.parallel.tp));
   }
   bool all_set = true;
   for (int index = begin; index < end && all_set; ++index) {

@@ -40,6 +40,15 @@ void SequenceExecutor::Impl::check_plan() const {
       check_launch(step, *launch);
       continue;
     }
+    if (const auto* collective = std::get_if<plan::CollectiveStep>(&step.body)) {
+      const bool buffers = collective->input >= 0 && collective->input < buffer_count &&
+                           collective->output >= 0 && collective->output < buffer_count;
+      if (!buffers) {
+        throw UsageError(fmt::format("{} names a buffer the plan does not have: rebuild the plan",
+                                     describe_step(step)));
+      }
+      continue;
+    }
     // An FP8 operand's scale-inverse: a quantizer's scalar or a block-scale grid buffer.
     const GemmStep& gemm = std::get<GemmStep>(step.body);
     for (const plan::GemmOperand* operand : {&gemm.a, &gemm.b}) {

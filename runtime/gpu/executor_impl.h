@@ -18,6 +18,7 @@
 #include <set>
 #include <utility>
 
+#include "comm/communicator.h"
 #include "gpu/binding_check.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
@@ -72,6 +73,7 @@ struct BoundStep {
   std::size_t dynamic_smem = 0;
   PackedParams params;
   GemmDesc gemm;
+  std::int64_t collective_count = 0;  // collectives: elements this rank sends
 };
 
 // What construction learns about one buffer (note "Executor buffers").
@@ -127,6 +129,11 @@ struct SequenceExecutor::Impl {
   void record_graph(cudaStream_t stream);
   void drop_graph();
   void run_step(int index, cudaStream_t stream);
+  void run_collective(const plan::CollectiveStep& collective, std::int64_t count,
+                      cudaStream_t stream);
+  // Tensor-parallel delayed scaling: the max of every delayed quantizer's amax over the ranks,
+  // in place, before the scale update (one NCCL group).
+  void reduce_amaxes(cudaStream_t stream);
   // OPFUSE_CHECK_EACH_STEP=1: waits for step `index` (which ran `work`) and reports a fault as
   // that step's (note "Faulted context", gpu/cuda_check.h). Nothing while `stream` is capturing.
   void synchronize_after(int index, std::string_view work, cudaStream_t stream) const;
@@ -147,6 +154,7 @@ struct SequenceExecutor::Impl {
   const SequencePlan& plan;
   const PlanModules& modules;
   GemmRunner& gemms;
+  comm::Communicator* communicator = nullptr;  // tensor-parallel plans (set_communicator)
   std::optional<QuantizerState> quantizers;
   int device = 0;  // the CUDA device the executor was made on
   int num_sms = 0;

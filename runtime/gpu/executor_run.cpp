@@ -91,6 +91,9 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
     gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
                 stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
     if (check_each_step()) synchronize_after(index, bound_step.kernel->name(), stream);
+  } else if (const auto* collective = std::get_if<plan::CollectiveStep>(&step.body)) {
+    run_collective(*collective, bound_step.collective_count, stream);
+    if (check_each_step()) synchronize_after(index, "NCCL's collective", stream);
   } else {
     const GemmStep& gemm = std::get<GemmStep>(step.body);
     GemmArgs args = gemm_args(
@@ -110,6 +113,36 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
     gemms.run(bound_step.gemm, args, stream);
     if (check_each_step())
       synchronize_after(index, fmt::format("cuBLASLt's {}", describe(bound_step.gemm)), stream);
+  }
+}
+
+// Note "Collectives": a one-rank plan's collectives are copies (an all_reduce of one rank is
+// the tensor, a gather or scatter over one rank its only share), so a tp = 1 plan needs no NCCL;
+// a tensor-parallel plan enqueues NCCL's on the same stream, ordered with the launches and GEMMs
+// around it and captured with them in CUDA graphs.
+void SequenceExecutor::Impl::run_collective(const plan::CollectiveStep& collective,
+                                            std::int64_t count, cudaStream_t stream) {
+  const void* in = pointer(collective.input);
+  void* out = const_cast<void*>(pointer(collective.output));
+  const auto n = static_cast<std::size_t>(count);
+  if (!plan.parallel.active()) {  // require_set refused a tensor-parallel plan without one
+    if (in != out)
+      OPFUSE_CUDA_CHECK(cudaMemcpyAsync(out, in, n * plan::dtype_bytes(collective.dtype),
+                                        cudaMemcpyDeviceToDevice, stream),
+                        "a one-rank collective");
+    return;
+  }
+  const auto tp = static_cast<std::size_t>(plan.parallel.tp);
+  switch (collective.kind) {
+    case plan::CollectiveKind::AllReduce:
+      communicator->all_reduce(in, out, n, collective.dtype, comm::ReduceOp::Sum, stream);
+      break;
+    case plan::CollectiveKind::AllGather:
+      communicator->all_gather(in, out, n, collective.dtype, stream);
+      break;
+    case plan::CollectiveKind::ReduceScatter:
+      communicator->reduce_scatter(in, out, n / tp, collective.dtype, comm::ReduceOp::Sum, stream);
+      break;
   }
 }
 

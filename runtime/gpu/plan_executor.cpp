@@ -282,11 +282,43 @@ void SequenceExecutor::backward(cudaStream_t stream) {
   s.grads_valid = true;
 }
 
+void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
+  Impl& s = *impl_;
+  if (communicator != nullptr && communicator->size() != s.plan.parallel.tp) {
+    throw UsageError(
+        fmt::format("sequence '{}' is {} over {} rank{}, but the communicator has {}", s.plan.name,
+                    s.plan.parallel.active() ? "tensor-parallel" : "built", s.plan.parallel.tp,
+                    s.plan.parallel.tp == 1 ? "" : "s", communicator->size()));
+  }
+  s.communicator = communicator;
+}
+
+// Note "Amax reduction": every rank must cast with the scale of the whole tensor (TE's amax
+// reduction over the group), so the amax each delayed-scaling quantizer's kernels raised this
+// step is replaced by the max over the ranks before the one scale-update launch. The histories
+// are separate allocations, so this is one NCCL group of one-word all-reduces (one launch).
+void SequenceExecutor::Impl::reduce_amaxes(cudaStream_t stream) {
+  if (!plan.parallel.active() || communicator == nullptr || !quantizers) return;
+  std::vector<int> delayed;
+  for (int i = 0; i < quantizers->count(); ++i) {
+    const QuantizerSettings& q = quantizers->settings(i);
+    if (!q.current_scaling && !q.block_scaled) delayed.push_back(i);
+  }
+  if (delayed.empty()) return;
+  comm::GroupScope group(*communicator);
+  for (int i : delayed) {
+    float* amax = quantizers->amax(i);
+    communicator->all_reduce(amax, amax, 1, plan::DType::FP32, comm::ReduceOp::Max, stream);
+  }
+  group.end();
+}
+
 void SequenceExecutor::end_step(cudaStream_t stream) {
   Impl& s = *impl_;
   if (!s.bound) {
     throw UsageError(fmt::format("end_step() of sequence '{}' before bind()", s.plan.name));
   }
+  s.reduce_amaxes(stream);
   for (const Step& step : s.plan.steps) {
     if (step.group < 0) s.observed_step(step.index, stream);
   }
@@ -457,6 +489,8 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     if (const LaunchStep* launch = launch_of(step, mode)) {
       profile.kind = StepProfile::Kind::Kernel;
       profile.kernel = launch->kernel;
+    } else if (std::holds_alternative<plan::CollectiveStep>(step.body)) {
+      profile.kind = StepProfile::Kind::Collective;
     } else {
       const GemmDesc& desc = s.steps[static_cast<std::size_t>(step.index)].gemm;
       profile.kind = StepProfile::Kind::Gemm;

@@ -23,6 +23,10 @@
 #include "jit/nvrtc_compiler.h"
 #include "plan/plan.h"
 
+namespace opfuse::comm {
+class Communicator;
+}
+
 namespace opfuse::gpu {
 
 // The generated kernels of a plan, loaded on the current device.
@@ -68,7 +72,7 @@ struct ExecutorMemory {
 // what it moves (the step's reads and writes lists at their bound sizes) and, for a GEMM, its
 // problem, so a report can give TFLOP/s for GEMMs and GB/s for memory-bound kernels.
 struct StepProfile {
-  enum class Kind : std::uint8_t { Kernel, Gemm };
+  enum class Kind : std::uint8_t { Kernel, Gemm, Collective };
   int index = 0;
   plan::Phase phase = plan::Phase::Forward;
   Kind kind = Kind::Kernel;
@@ -109,6 +113,11 @@ class SequenceExecutor {
   SequenceExecutor& operator=(const SequenceExecutor&) = delete;
 
   const plan::SequencePlan& plan() const;
+
+  // A tensor-parallel plan (plan.parallel.tp > 1) runs its collective steps, and reduces its
+  // delayed-scaling amaxes before each scale update, over this communicator (runtime/comm),
+  // which must outlive the executor and have plan.parallel.tp ranks. A one-rank plan needs none.
+  void set_communicator(comm::Communicator* communicator);
 
   // Sets the run-time sizes (every symbol of plan.symbols but num_sms, which comes from the
   // device) and places the buffers for them. Throws UsageError, launching nothing, for a missing

@@ -1,8 +1,18 @@
 #include "gpu_test_support.h"
 #include "driver/compile.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <map>
+#include <optional>
+#include <thread>
 #include <utility>
 
 #include "api/program_impl.h"
@@ -15,6 +25,8 @@
 #include "passes/pipeline.h"
 #include "support/diagnostics.h"
 #include "test_support.h"
+
+extern char** environ;
 
 namespace opfuse::test {
 
@@ -184,6 +196,95 @@ std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64
   for (float& v : values)
     v = cpu::bf16_to_float(cpu::float_to_bf16(static_cast<float>(normal(rng))));
   return values;
+}
+
+void run_ranks(int size, const std::string& child_test, const std::string& dir,
+               const std::string& job, const std::vector<std::string>& extra_env,
+               std::chrono::seconds timeout) {
+  SCOPED_TRACE(std::to_string(size) + " ranks");
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+
+  // Everything the children need is built before fork: after fork in a threaded process (CUDA's
+  // threads) the child only calls execve.
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.starts_with("OPFUSE_RANK=") || entry.starts_with("OPFUSE_WORLD_SIZE=") ||
+        entry.starts_with("OPFUSE_LOCAL_DEVICE=") || entry.starts_with("OPFUSE_BOOTSTRAP_DIR=") ||
+        entry.starts_with("OPFUSE_JOB=") || entry.starts_with("GTEST_OUTPUT=")) {
+      continue;
+    }
+    base_env.push_back(entry);
+  }
+  base_env.insert(base_env.end(), extra_env.begin(), extra_env.end());
+  if (std::getenv("NCCL_NVLS_ENABLE") == nullptr) base_env.emplace_back("NCCL_NVLS_ENABLE=0");
+  std::vector<std::string> args = {exe, "--gtest_also_run_disabled_tests",
+                                   "--gtest_filter=" + child_test};
+  std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  std::vector<std::vector<std::string>> envs(size, base_env);
+  std::vector<std::vector<char*>> envps(size);
+  for (int rank = 0; rank < size; ++rank) {
+    envs[rank].push_back("OPFUSE_RANK=" + std::to_string(rank));
+    envs[rank].push_back("OPFUSE_WORLD_SIZE=" + std::to_string(size));
+    envs[rank].push_back("OPFUSE_LOCAL_DEVICE=" + std::to_string(rank));
+    envs[rank].push_back("OPFUSE_BOOTSTRAP_DIR=" + dir);
+    envs[rank].push_back("OPFUSE_JOB=" + job);
+    envps[rank].reserve(envs[rank].size() + 1);
+    for (std::string& e : envs[rank]) envps[rank].push_back(e.data());
+    envps[rank].push_back(nullptr);
+  }
+
+  std::vector<pid_t> pids(size, -1);
+  // Rank 0 last, so that the others wait for its file as a launcher's ranks may.
+  for (int rank = size - 1; rank >= 0; --rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execve(argv[0], argv.data(), envps[rank].data());
+      ::_exit(127);
+    }
+    ASSERT_GT(pid, 0) << "fork: " << std::strerror(errno);
+    pids[rank] = pid;
+  }
+
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<std::optional<int>> statuses(size);
+  int running = size;
+  while (running > 0) {
+    for (int rank = 0; rank < size; ++rank) {
+      if (statuses[rank]) continue;
+      int status = 0;
+      if (::waitpid(pids[rank], &status, WNOHANG) == pids[rank]) {
+        statuses[rank] = status;
+        --running;
+      }
+    }
+    if (running == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int rank = 0; rank < size; ++rank) {
+        if (statuses[rank]) continue;
+        ADD_FAILURE() << "rank " << rank << " still running after " << timeout.count()
+                      << " s: killed (a hang in NCCL init or a collective; see its output)";
+        ::kill(pids[rank], SIGKILL);
+        int status = 0;
+        ::waitpid(pids[rank], &status, 0);
+      }
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (int rank = 0; rank < size; ++rank) {
+    const int status = *statuses[rank];
+    if (WIFEXITED(status)) {
+      EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << rank << " failed; its output is above";
+    } else {
+      ADD_FAILURE() << "rank " << rank << " ended by signal "
+                    << (WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+    }
+  }
 }
 
 }  // namespace opfuse::test

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -115,5 +116,15 @@ std::vector<float> random_bf16(std::size_t count, double stddev, std::mt19937_64
 // ref.params_changed().
 void random_params(cpu::ReferenceExecutor<float>& ref,
                    const std::map<std::string, DeviceArray*>& arrays, std::mt19937_64& rng);
+
+// Runs `size` ranks of a tensor-parallel test, one process per GPU (0..size-1): fork + exec of
+// this test program running only `child_test` (a DISABLED_ test), with the launcher's variables
+// (OPFUSE_RANK, OPFUSE_WORLD_SIZE, OPFUSE_LOCAL_DEVICE, OPFUSE_BOOTSTRAP_DIR = dir, OPFUSE_JOB =
+// job), `extra_env` ("NAME=VALUE") and NCCL_NVLS_ENABLE=0 unless set. Rank 0 starts last, so the
+// others wait for its id file. Fails the current test for every rank that does not exit with 0
+// within `timeout` (killing it then).
+void run_ranks(int size, const std::string& child_test, const std::string& dir,
+               const std::string& job, const std::vector<std::string>& extra_env,
+               std::chrono::seconds timeout);
 
 }  // namespace opfuse::test

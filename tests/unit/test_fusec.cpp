@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/device.h"
 #include "opfuse/version.h"
 #include "test_support.h"
 
@@ -330,6 +331,32 @@ TEST(FusecCheck, TwentyFiveErrorsShowTwentyAndCountTheRest) {
   EXPECT_FALSE(contains(r.output, "many.fuse:21:")) << r.output;
   EXPECT_TRUE(contains(r.output, "opfuse: note: 5 more errors not shown (limit 20)")) << r.output;
   EXPECT_TRUE(contains(r.output, "many.fuse: 25 errors, 0 warnings")) << r.output;
+}
+
+}  // namespace
+}  // namespace opfuse
+
+namespace opfuse {
+namespace {
+
+// `fusec run --nproc N` (docs/parallel.md): without N GPUs, and on the CPU, it says why and runs
+// nothing; a tensor-parallel sequence run as one process names its group size.
+TEST(FusecParallel, NprocNeedsAGpuPerRankAndTheGpu) {
+  const std::string file = shell_quoted(test::source_path("dsl_examples/mlp_tp.fuse"));
+  const auto cpu = fusec("run --nproc 2 --device cpu " + file + " --bind tokens=64");
+  EXPECT_EQ(cpu.exit_code, kExitUsage) << cpu.output;
+  EXPECT_TRUE(contains(cpu.output, "--nproc starts GPU processes")) << cpu.output;
+  const auto gpus = fusec("run --nproc 2 --device gpu " + file + " --bind tokens=64");
+  if (!gpu::gpu_available()) {
+    EXPECT_EQ(gpus.exit_code, kExitUserError) << gpus.output;
+    EXPECT_TRUE(contains(gpus.output, "--nproc 2 starts one process per GPU, but this machine has"))
+        << gpus.output;
+  }
+  const auto one = fusec("run --device cpu " + file + " --bind tokens=64");
+  EXPECT_EQ(one.exit_code, kExitUserError) << one.output;
+  EXPECT_TRUE(contains(one.output, "tensor-parallel over tp = 2 ranks")) << one.output;
+  const auto bad = fusec("run --nproc 0 " + file + " --bind tokens=64");
+  EXPECT_EQ(bad.exit_code, kExitUsage) << bad.output;
 }
 
 }  // namespace

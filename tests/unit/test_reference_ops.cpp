@@ -128,6 +128,10 @@ std::vector<OpCase> every_op_kind() {
       {"constant_scale", x8, "constant_scale(2.5)"},
       {"identity", x8, "identity()"},
       {"reshape", "(x: fp32[tokens, 8]) -> (y: fp32[tokens, 2, 4])", "reshape([tokens, 2, 4])"},
+      // Over one rank the collectives are the identity; test_parallel checks them sharded.
+      {"all_reduce", x8, "all_reduce()"},
+      {"all_gather", x8, "all_gather()"},
+      {"reduce_scatter", x8, "reduce_scatter()"},
   };
 }
 

@@ -351,6 +351,8 @@ std::string kind_name(gpu::StepProfile::Kind kind) {
   switch (kind) {
     case gpu::StepProfile::Kind::Gemm:
       return "gemm";
+    case gpu::StepProfile::Kind::Collective:
+      return "collective";
     case gpu::StepProfile::Kind::Kernel:
       break;
   }

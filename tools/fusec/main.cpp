@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "launch.h"
 #include "opfuse/error.h"
 #include "opfuse/program.h"
 #include "support/assert.h"
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
       add_debug_plan_command(app, common),   add_debug_report_command(app, common),
   };
 
+  set_process_args(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,7 @@
 #include "debug/stat_log.h"
 #include "debug_config/routing.h"
 #include "gpu/device.h"
+#include "launch.h"
 #include "opfuse/program.h"
 #include "reference/run_driver.h"
 #include "run/gpu_run.h"
@@ -29,6 +30,7 @@ struct RunCommandOptions {
   std::string debug_log_dir;
   int debug_precision = 4;
   int64_t debug_start_iteration = 0;
+  int nproc = 1;  // tensor-parallel ranks, one process per GPU
 };
 
 // `fusec run --device gpu`: compile through the kernel cache, then the GPU training loop.
@@ -71,6 +73,16 @@ int run_on_gpu(const RunCommandOptions& opts, const CommonOptions& common,
 }
 
 int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
+  if (opts.nproc > 1 && !is_launched_rank()) {
+    if (opts.device == "cpu") {
+      std::fprintf(
+          stderr,
+          "fusec: error: --nproc starts GPU processes; the CPU reference runs a "
+          "tensor-parallel sequence's ranks in one process (tests/unit/test_parallel.cpp)\n");
+      return kExitUsage;
+    }
+    return launch_ranks(opts.nproc);
+  }
   cpu::RunOptions run;
   const auto bindings = parse_bindings(opts.binds);
   if (!bindings) return kExitUsage;
@@ -163,6 +175,10 @@ Command add_run_command(CLI::App& app, CommonOptions& common) {
   run->add_option("--seed", opts->seed, "seed of the random inputs and parameters")
       ->capture_default_str();
   run->add_option("--lr", opts->lr, "SGD learning rate")->capture_default_str();
+  run->add_option("--nproc", opts->nproc,
+                  "processes, one GPU each, for a sequence `with parallel(tp = N)` (N ranks)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   auto* config = run->add_option("--debug-config", opts->debug_config,
                                  "a precision-debug config (TE's config.yaml schema; "
                                  "docs/debugging.md): each step runs its iteration's plan variant "

@@ -172,6 +172,29 @@ struct DebugSessionOptions {
   std::function<void(const DebugStat&)> on_stat;
 };
 
+// Tensor parallelism (docs/parallel.md): a sequence built `with parallel(tp = N)` runs as N
+// processes, one GPU each, every one with its own Session; this process is rank `rank` of `size`
+// (= N). The ranks meet through NCCL: give every rank the id rank 0 made with
+// new_parallel_id() (distributed by the application), or leave `nccl_id` empty and name a
+// directory all ranks share plus a job name unique to this launch, through which rank 0 hands it
+// out. `fusec run --nproc N` starts the ranks and sets OPFUSE_RANK, OPFUSE_WORLD_SIZE,
+// OPFUSE_LOCAL_DEVICE, OPFUSE_BOOTSTRAP_DIR and OPFUSE_JOB, which from_environment() reads. Set
+// the rank's CUDA device before creating the Session.
+struct ParallelOptions {
+  int rank = 0;
+  int size = 1;
+  std::string nccl_id;        // new_parallel_id()'s text; empty: through bootstrap_dir
+  std::string bootstrap_dir;  // shared by the ranks
+  std::string job;            // [A-Za-z0-9._-], unique per launch
+  int timeout_s = 300;        // how long a rank waits for rank 0's id
+  // The launcher's variables; a one-rank ParallelOptions when OPFUSE_WORLD_SIZE is unset.
+  // Throws UsageError for malformed values.
+  static ParallelOptions from_environment();
+};
+// A new NCCL unique id as text, for ParallelOptions::nccl_id (rank 0 makes it, every rank uses
+// it). Throws UsageError when NCCL cannot be loaded.
+std::string new_parallel_id();
+
 struct SessionOptions {
   // Time the first candidates cuBLASLt's heuristic offers for each GEMM at its first run and
   // keep the fastest, instead of taking the heuristic's first. The first forward/backward then
@@ -188,6 +211,8 @@ struct SessionOptions {
   // Used when the program was compiled with a debug config: each iteration (from one step() to
   // the next) runs the plan variant its routing asks for, and step() logs its statistics.
   DebugSessionOptions debug;
+  // This process's rank of a tensor-parallel sequence; size must equal the sequence's tp.
+  ParallelOptions parallel;
 };
 
 // One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time

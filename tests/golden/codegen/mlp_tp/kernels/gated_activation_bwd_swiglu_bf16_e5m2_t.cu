@@ -1,0 +1,54 @@
+// opfuse generated kernel gated_activation_bwd_swiglu_bf16_e5m2_t
+// Written by fusec from mlp_tp.fuse; `fusec build` compiles it with NVRTC through the name expression
+// below. Do not edit: change the .fuse program and rebuild.
+//
+// Used by:
+//   sequence mlp, backward, fused dact_cast:
+//     gated_activation_backward "swiglu_0" (mlp_tp.fuse:16)
+//     cast_fp8 "fc1.grad_output" (mlp_tp.fuse:15)
+//     swiglu backward bf16 -> e5m2 + transposed copy
+//     quantizers: fc1.grad_output (e5m2)
+//
+// Name expression (NVRTC):
+//   opfuse::gated_activation_bwd<opfuse::pointwise_swiglu, __nv_bfloat16, __nv_fp8_e5m2, true, false>
+// Parameter, by value (templates/README.md):
+//   opfuse::ActivationBwdParams<__nv_bfloat16, __nv_fp8_e5m2>
+#include "activation.cuh"
+
+// The pointwise op swiglu (compiler/ir/pointwise_defs.cpp), generated from its definition.
+#include "common/scalar_math.cuh"
+namespace opfuse {
+struct pointwise_swiglu {
+  static constexpr int kInputs = 2;
+  __device__ __forceinline__ static float forward(const float (&in)[2]) {
+    float value;
+    const float t0 = in[0];
+    const float t1 = in[1];
+    const float t2 = opfuse::sigmoid(t0);
+    const float t3 = t0 * t2;
+    const float t9 = t3 * t1;
+    value = t9;
+    return value;
+  }
+  __device__ __forceinline__ static void backward(const float (&in)[2], float dy,
+                                                  float (&grad)[2]) {
+    const float t0 = in[0];
+    const float t1 = in[1];
+    const float t2 = opfuse::sigmoid(t0);
+    const float t3 = t0 * t2;
+    const float t4 = 1.0f;
+    const float t5 = t4 - t2;
+    const float t6 = t0 * t5;
+    const float t7 = t4 + t6;
+    const float t8 = t2 * t7;
+    const float t10 = dy;
+    const float t12 = t8 * t1;
+    const float t13 = t12 * t10;
+    const float t14 = t3 * t10;
+    grad[0] = t13;
+    grad[1] = t14;
+  }
+};
+}  // namespace opfuse
+
+template __global__ void opfuse::gated_activation_bwd<opfuse::pointwise_swiglu, __nv_bfloat16, __nv_fp8_e5m2, true, false>(opfuse::ActivationBwdParams<__nv_bfloat16, __nv_fp8_e5m2>);
