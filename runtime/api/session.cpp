@@ -61,6 +61,7 @@ struct Session::Impl {
   std::unique_ptr<gpu::PlanModules> modules;
   std::unique_ptr<gpu::GemmRunner> gemms;
   std::unique_ptr<comm::Communicator> communicator;  // tensor-parallel sequences
+  int rank = 0;                                      // this process's, of plan->parallel.tp
   std::unique_ptr<gpu::SequenceExecutor> executor;   // the plain plan's
   // With a debug config: the variants' executors and the iteration loop. exec() is the executor
   // of the variant that runs now.
@@ -138,6 +139,8 @@ struct Session::Impl {
     api::StateFile state;
     state.program = fmt::format("{}:{}", program->source_name, plan->name);
     state.recipe = plan->recipe;
+    state.tp = plan->parallel.tp;
+    state.rank = rank;
     for (const gpu::TensorInfo& info : params()) {
       state.tensors.push_back({info.name, info.dtype, info.shape, {}});
     }
@@ -217,6 +220,7 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
                                     std::chrono::seconds(par.timeout_s));
     }
     s.communicator = std::make_unique<comm::Communicator>(id, par.rank, par.size);
+    s.rank = par.rank;
     if (par.nccl_id.empty() && par.rank == 0)
       comm::remove_unique_id_file(par.bootstrap_dir, par.job);
     s.executor->set_communicator(s.communicator.get());

@@ -147,11 +147,12 @@ std::string encode(const StateFile& state) {
         {{"name", quantizer.name}, {"history_length", length}, {"offset", payload_size}});
     payload_size += (length + kQuantizerScalarFloats) * sizeof(float);
   }
-  const json header_json = {{"program", state.program},
-                            {"recipe", state.recipe},
-                            {"step", state.step},
-                            {"tensors", std::move(tensors)},
-                            {"quantizers", std::move(quantizers)}};
+  json header_json = {{"program", state.program},
+                      {"recipe", state.recipe},
+                      {"step", state.step},
+                      {"tensors", std::move(tensors)},
+                      {"quantizers", std::move(quantizers)}};
+  if (state.tp > 1) header_json["parallel"] = {{"tp", state.tp}, {"rank", state.rank}};
   std::string header = header_json.dump(1);
   header.resize(align_up(kPreludeBytes + header.size()) - kPreludeBytes, ' ');
 
@@ -304,6 +305,15 @@ class HeaderReader {
     state.program = string_field(header, "program", "header");
     state.recipe = string_field(header, "recipe", "header");
     state.step = integer_field(header, "step", "header");
+    if (header.contains("parallel")) {
+      const json& parallel = header["parallel"];
+      const std::int64_t tp = integer_field(parallel, "tp", "the header's parallel");
+      const std::int64_t rank = integer_field(parallel, "rank", "the header's parallel");
+      if (tp < 1 || tp > 1024 || rank >= tp)
+        fail(fmt::format("parallel says rank {} of {} ranks", rank, tp));
+      state.tp = static_cast<int>(tp);
+      state.rank = static_cast<int>(rank);
+    }
     std::set<std::string> names;
     for (const json& entry : array_field(header, "tensors")) {
       state.tensors.push_back(tensor(entry, state.tensors.size()));
@@ -462,6 +472,16 @@ std::vector<std::string> state_mismatches(const StateFile& file, const StateFile
   if (file.program != expected.program) {
     reasons.push_back(fmt::format("it was saved from program '{}', this is '{}'", file.program,
                                   expected.program));
+  }
+  if (file.tp != expected.tp || file.rank != expected.rank) {
+    const auto layout = [](const StateFile& f) {
+      return f.tp == 1 ? std::string("one rank's whole parameters")
+                       : fmt::format("rank {} of {} ranks' shards", f.rank, f.tp);
+    };
+    reasons.push_back(fmt::format(
+        "it holds {}, this session needs {} (a tensor-parallel checkpoint loads into the same "
+        "rank of the same group size)",
+        layout(file), layout(expected)));
   }
   if (file.recipe != expected.recipe) {
     reasons.push_back(fmt::format("it was saved with recipe '{}', this run uses '{}'", file.recipe,

@@ -41,6 +41,10 @@ struct StateFile {
   std::string program;                     // which sequence, e.g. "mlp.fuse:mlp"
   std::string recipe;                      // the plan's recipe string of the recipe it trained with
   std::int64_t step = 0;                   // training steps done (not compared by state_mismatches)
+  // A tensor-parallel sequence's file holds one rank's shards (docs/parallel.md): which rank of
+  // how many. A file loads only into the same rank of the same group size.
+  int tp = 1;
+  int rank = 0;
   std::vector<StateTensor> tensors;        // names unique within the file
   std::vector<StateQuantizer> quantizers;  // names unique within the file
 };
@@ -61,6 +65,7 @@ void write_state_file(const std::string& path, const StateFile& state);
 StateFile read_state_file(const std::string& path);
 
 // Every reason `file` cannot be loaded into a program laid out like `expected`: program, recipe,
+// the rank and group size of a tensor-parallel run,
 // tensors (matched by name: missing, extra, dtype, shape) and quantizers (missing, extra, history
 // length). Only the layout of `expected` is read (its bytes and amax values may be empty). Empty
 // when the file fits.

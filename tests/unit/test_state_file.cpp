@@ -306,6 +306,35 @@ TEST(StateFile, MatchingLayoutHasNoMismatches) {
   EXPECT_NO_THROW(require_state_fits(file, expected_layout(), "model.state"));
 }
 
+// A tensor-parallel run's checkpoint holds one rank's shards (docs/parallel.md): the rank and
+// group size round-trip and a file loads only into the same rank of the same group size.
+TEST(StateFile, TensorParallelRankRoundTripsAndLoadsOnlyIntoItsRank) {
+  StateFile file = sample_state();
+  file.tp = 2;
+  file.rank = 1;
+  const std::string path = test::make_temp_dir("tp_rank") + "/model.state";
+  write_state_file(path, file);
+  const StateFile back = read_state_file(path);
+  EXPECT_EQ(back.tp, 2);
+  EXPECT_EQ(back.rank, 1);
+  StateFile rank0 = expected_layout();
+  rank0.tp = 2;
+  rank0.rank = 0;
+  const std::vector<std::string> reasons = state_mismatches(back, rank0);
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0],
+            "it holds rank 1 of 2 ranks' shards, this session needs rank 0 of 2 ranks' shards (a "
+            "tensor-parallel checkpoint loads into the same rank of the same group size)");
+  const std::vector<std::string> whole = state_mismatches(back, expected_layout());
+  ASSERT_FALSE(whole.empty());
+  EXPECT_TRUE(test::contains(whole[0], "this session needs one rank's whole parameters"));
+  rank0.rank = 1;
+  EXPECT_EQ(state_mismatches(back, rank0), std::vector<std::string>{});
+  // A one-rank file has no parallel key: the format of a plain program's files is unchanged.
+  write_state_file(path, sample_state());
+  EXPECT_EQ(read_state_file(path).tp, 1);
+}
+
 TEST(StateFile, MismatchesListEveryReason) {
   StateFile file = sample_state();
   file.program = "other.fuse:block";
