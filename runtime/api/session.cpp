@@ -142,7 +142,10 @@ struct Session::Impl {
     state.tp = plan->parallel.tp;
     state.rank = rank;
     for (const gpu::TensorInfo& info : params()) {
-      state.tensors.push_back({info.name, info.dtype, info.shape, {}});
+      state.tensors.push_back({info.name, info.dtype, info.shape, {}, {}});
+      for (const plan::Buffer& b : plan->buffers)  // its cut over the ranks (docs/parallel.md)
+        if (b.role == plan::BufferRole::Param && b.name == "%" + info.name)
+          state.tensors.back().shard = b.shard;
     }
     for (const plan::QuantizerPlan& q : plan->quantizers) {
       api::StateQuantizer quantizer;

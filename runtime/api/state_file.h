@@ -11,6 +11,7 @@
 #include "cpu/quantizer_math.h"
 #include "opfuse/error.h"
 #include "plan/enums.h"
+#include "plan/parallel.h"
 
 namespace opfuse::api {
 
@@ -29,6 +30,8 @@ struct StateTensor {
   plan::DType dtype = plan::DType::FP32;
   std::vector<std::int64_t> shape;
   std::vector<unsigned char> bytes;
+  // A tensor-parallel rank's shard of the parameter: how the whole one is cut (plan/parallel.h).
+  plan::ShardSpec shard;
 };
 
 // One delayed-scaling quantizer; its history length is amax_history.size() (at least 1).
@@ -38,9 +41,9 @@ struct StateQuantizer {
 };
 
 struct StateFile {
-  std::string program;                     // which sequence, e.g. "mlp.fuse:mlp"
-  std::string recipe;                      // the plan's recipe string of the recipe it trained with
-  std::int64_t step = 0;                   // training steps done (not compared by state_mismatches)
+  std::string program;    // which sequence, e.g. "mlp.fuse:mlp"
+  std::string recipe;     // the plan's recipe string of the recipe it trained with
+  std::int64_t step = 0;  // training steps done (not compared by state_mismatches)
   // A tensor-parallel sequence's file holds one rank's shards (docs/parallel.md): which rank of
   // how many. A file loads only into the same rank of the same group size.
   int tp = 1;
@@ -74,5 +77,14 @@ std::vector<std::string> state_mismatches(const StateFile& file, const StateFile
 // Throws UsageError listing every state_mismatches() reason, naming `path` (where `file` came
 // from), when `file` does not fit `expected`.
 void require_state_fits(const StateFile& file, const StateFile& expected, const std::string& path);
+
+// The one-rank state of a tensor-parallel run from every rank's file (docs/parallel.md,
+// "Checkpoints"): `ranks` are the files of ranks 0..tp-1 in any order, each with the same program,
+// recipe, step, tensors and quantizers. Sharded tensors are joined (plan::join_shards); the others
+// and the quantizers (whose amaxes every rank reduced over the group) must be identical on every
+// rank, and are taken from rank 0. The result has tp = 1 and `program` as given (empty: the
+// files'). Throws UsageError naming the first problem (a missing or repeated rank, files of
+// different runs, a replicated tensor that differs between ranks).
+StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::string& program = {});
 
 }  // namespace opfuse::api

@@ -223,7 +223,7 @@ TEST(ParallelLanguage, OneRankIsThePlainProgram) {
 // ---------------------------------------------------------------------------------------
 
 TEST(ParallelShards, TakeAndJoinAreInverseAndPairGatedBlocks) {
-  std::vector<float> full(8 * 3);
+  std::vector<float> full(24);  // [8, 3]
   for (size_t i = 0; i < full.size(); ++i) full[i] = float(i);
   const plan::ShardSpec gated{0, 2};
   const auto r0 = plan::take_shard<float>(full, {8, 3}, gated, 2, 0);
@@ -236,6 +236,7 @@ TEST(ParallelShards, TakeAndJoinAreInverseAndPairGatedBlocks) {
   const auto c1 = plan::take_shard<float>(full, {8, 3}, plan::ShardSpec{1, 1}, 3, 1);
   EXPECT_EQ(c1, (std::vector<float>{1, 4, 7, 10, 13, 16, 19, 22}));
   std::vector<std::vector<float>> parts;
+  parts.reserve(3);
   for (int r = 0; r < 3; ++r) parts.push_back(plan::take_shard<float>(full, {8, 3}, cols, 3, r));
   EXPECT_EQ(plan::join_shards<float>({parts[0], parts[1], parts[2]}, {8, 1}, cols), full);
   EXPECT_THROW((void)plan::take_shard<float>(full, {8, 3}, cols, 2, 0), std::invalid_argument);
@@ -355,6 +356,7 @@ void expect_sharded_equals_unsharded(int tp, bool sp, const std::string& recipe,
     executors.emplace_back(split.sequences.at(0), cpu::Bindings{{"tokens", kTokens}}, o);
   }
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(tp));
   for (int r = 0; r < tp; ++r)
     threads.emplace_back([&, r] {
       try {
@@ -387,6 +389,7 @@ void expect_sharded_equals_unsharded(int tp, bool sp, const std::string& recipe,
     ASSERT_NE(v, nullptr);
     if (v->shard.sharded()) {
       std::vector<std::span<const float>> shards;
+      shards.reserve(runs.size());
       for (const Run& r : runs) shards.emplace_back(r.grads.at(name));
       const std::vector<int64_t> shape = plan::shard_shape(d.shapes.at(name), v->shard, tp);
       EXPECT_LE(relative_error(plan::join_shards<float>(shards, shape, v->shard), g), tol);
@@ -427,6 +430,7 @@ TEST(ParallelReference, CollectivesAreExactAndOrdered) {
   cpu::SimulatedGroup group(3);
   std::vector<std::vector<double>> sums(3), maxes(3), gathered(3);
   std::vector<std::thread> threads;
+  threads.reserve(3);
   for (int r = 0; r < 3; ++r)
     threads.emplace_back([&, r] {
       cpu::Collectives& c = group.rank(r);

@@ -23,6 +23,7 @@
 #include "jit/nvrtc_compiler.h"
 #include "jit/sha256.h"
 #include "opfuse/error.h"
+#include "plan/parallel.h"
 #include "reference/run_driver.h"
 #include "test_support.h"
 
@@ -41,7 +42,7 @@ StateTensor tensor(const std::string& name, ir::DType dtype, std::vector<std::in
                    std::size_t seed) {
   std::size_t n = static_cast<std::size_t>(ir::dtype_bytes(dtype));
   for (const std::int64_t dim : shape) n *= static_cast<std::size_t>(dim);
-  return {name, dtype, std::move(shape), pattern_bytes(n, seed)};
+  return {name, dtype, std::move(shape), pattern_bytes(n, seed), {}};
 }
 
 StateQuantizer quantizer(const std::string& name, std::size_t history_length, float first_amax) {
@@ -333,6 +334,65 @@ TEST(StateFile, TensorParallelRankRoundTripsAndLoadsOnlyIntoItsRank) {
   // A one-rank file has no parallel key: the format of a plain program's files is unchanged.
   write_state_file(path, sample_state());
   EXPECT_EQ(read_state_file(path).tp, 1);
+}
+
+// Merging a tensor-parallel run's rank files (fusec merge-state): the sharded tensors joined as
+// plan::join_shards cuts them, the rest taken once; files of different runs, a missing rank and
+// replicated tensors or quantizers that differ between ranks refused.
+TEST(StateFile, RankFilesMergeIntoTheWholeParameters) {
+  StateFile whole;
+  whole.program = "mlp_tp.fuse:mlp";
+  whole.recipe = "bf16";
+  whole.step = 3;
+  std::vector<std::uint16_t> w(16);  // [8, 2]
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<std::uint16_t>(i + 1);
+  StateTensor weight{"fc1.weight", plan::DType::BF16, {8, 2}, {}, {}};
+  weight.bytes.resize(w.size() * 2);
+  std::memcpy(weight.bytes.data(), w.data(), weight.bytes.size());
+  StateTensor gamma{"norm.weight", plan::DType::FP32, {2}, std::vector<unsigned char>(8, 7), {}};
+  const plan::ShardSpec gated{0, 2};
+  std::vector<StateFile> ranks;
+  for (int r = 0; r < 2; ++r) {
+    StateFile f = whole;
+    f.tp = 2;
+    f.rank = r;
+    const std::vector<std::uint16_t> part = plan::take_shard<std::uint16_t>(w, {8, 2}, gated, 2, r);
+    StateTensor shard{"fc1.weight", plan::DType::BF16, {4, 2}, {}, gated};
+    shard.bytes.resize(part.size() * 2);
+    std::memcpy(shard.bytes.data(), part.data(), shard.bytes.size());
+    f.tensors = {shard, gamma};
+    f.quantizers = {{"fc1.input", {{1.5f, 0.0f}, 2.0f, 0.5f}}};
+    ranks.push_back(f);
+  }
+  // Through files: the shard specs round-trip.
+  const std::string dir = test::make_temp_dir("merge_ranks");
+  write_state_file(dir + "/r1.state", ranks[1]);
+  ranks[1] = read_state_file(dir + "/r1.state");
+  EXPECT_EQ(ranks[1].tensors[0].shard, gated);
+  const StateFile merged = merge_state_shards({ranks[1], ranks[0]}, "mlp.fuse:mlp");
+  EXPECT_EQ(merged.tp, 1);
+  EXPECT_EQ(merged.program, "mlp.fuse:mlp");
+  EXPECT_EQ(merged.step, 3);
+  ASSERT_EQ(merged.tensors.size(), 2u);
+  EXPECT_EQ(merged.tensors[0].shape, (std::vector<std::int64_t>{8, 2}));
+  EXPECT_EQ(merged.tensors[0].bytes, weight.bytes);
+  EXPECT_FALSE(merged.tensors[0].shard.sharded());
+  EXPECT_EQ(merged.tensors[1].bytes, gamma.bytes);
+  EXPECT_EQ(merged.quantizers.size(), 1u);
+
+  EXPECT_THROW((void)merge_state_shards({ranks[0]}), UsageError);            // a rank missing
+  EXPECT_THROW((void)merge_state_shards({ranks[0], ranks[0]}), UsageError);  // one rank twice
+  StateFile drifted = ranks[1];
+  drifted.tensors[1].bytes[0] = 9;  // a replicated tensor that differs
+  try {
+    (void)merge_state_shards({ranks[0], drifted});
+    FAIL() << "differing replicated tensors merged";
+  } catch (const UsageError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "'norm.weight' is replicated but differs")) << e.what();
+  }
+  StateFile other_step = ranks[1];
+  other_step.step = 4;
+  EXPECT_THROW((void)merge_state_shards({ranks[0], other_step}), UsageError);
 }
 
 TEST(StateFile, MismatchesListEveryReason) {
