@@ -656,8 +656,12 @@ StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::str
     for (std::size_t i = 0; i < first.quantizers.size(); ++i) {
       const StateQuantizer& a = first.quantizers[i];
       const StateQuantizer& b = f->quantizers[i];
-      if (a.name != b.name || a.state.amax_history != b.state.amax_history ||
-          a.state.scale != b.state.scale) {
+      const auto& ha = a.state.amax_history;
+      const auto& hb = b.state.amax_history;
+      const bool same = a.name == b.name && a.state.scale == b.state.scale &&
+                        a.state.scale_inv == b.state.scale_inv && ha.size() == hb.size() &&
+                        std::equal(ha.begin() + 1, ha.end(), hb.begin() + 1);
+      if (!same) {
         throw UsageError(fmt::format(
             "quantizer '{}' differs between rank 0 and rank {}: its amaxes were not reduced over "
             "the ranks",
@@ -666,6 +670,12 @@ StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::str
     }
   }
   out.quantizers = first.quantizers;
+  // Slot 0 holds the amax of a step in progress (saved between forward and step()), which each
+  // rank measured over its share: the whole tensor's is the max, as step() would reduce it.
+  for (std::size_t i = 0; i < out.quantizers.size(); ++i)
+    for (const StateFile* f : by_rank)
+      out.quantizers[i].state.amax_history[0] =
+          std::max(out.quantizers[i].state.amax_history[0], f->quantizers[i].state.amax_history[0]);
   return out;
 }
 

@@ -82,9 +82,10 @@ void require_state_fits(const StateFile& file, const StateFile& expected, const 
 // "Checkpoints"): `ranks` are the files of ranks 0..tp-1 in any order, each with the same program,
 // recipe, step, tensors and quantizers. Sharded tensors are joined (plan::join_shards); the others
 // and the quantizers (whose amaxes every rank reduced over the group) must be identical on every
-// rank, and are taken from rank 0. The result has tp = 1 and `program` as given (empty: the
-// files'). Throws UsageError naming the first problem (a missing or repeated rank, files of
-// different runs, a replicated tensor that differs between ranks).
+// rank, and are taken from rank 0, except each history's slot 0 (the amax of a step in progress,
+// not reduced yet), which becomes the max over the ranks. The result has tp = 1 and `program` as
+// given (empty: the files'). Throws UsageError naming the first problem (a missing or repeated
+// rank, files of different runs, a replicated tensor that differs between ranks).
 StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::string& program = {});
 
 }  // namespace opfuse::api

@@ -11,14 +11,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "api/state_file.h"
 #include "comm/bootstrap.h"
 #include "cpu/numerics.h"
 #include "driver/frontend.h"
@@ -141,6 +144,20 @@ TEST(ParallelGpuChild, DISABLED_Rank) {
   session.forward(stream);
   write_floats(mine / "y2.bin", test::download_bf16(session.output("y"), size_t(rows * kHidden)));
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  // The rank's checkpoint (its shards, its rank); the parent merges them. A file of the other
+  // rank is refused before anything is copied.
+  session.save((mine / "state").string(), stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const fs::path other = dir / ("rank" + std::to_string(1 - par.rank)) / "state";
+  for (int wait = 0; wait < 600 && !fs::exists(other); ++wait)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  try {
+    session.load(other.string(), stream);
+    ADD_FAILURE() << "rank " << par.rank << " loaded the other rank's checkpoint";
+  } catch (const UsageError& e) {
+    EXPECT_TRUE(test::contains(e.what(), "a tensor-parallel checkpoint loads into the same rank"))
+        << e.what();
+  }
 }
 
 double rms_error(const std::vector<float>& got, const std::vector<float>& want) {
@@ -229,6 +246,22 @@ void expect_two_ranks_match_the_reference(const std::string& recipe, double tol)
     std::vector<int64_t> shape = ref.param(name).shape;
     shape[size_t(s.dim)] /= 2;
     EXPECT_LE(rms_error(plan::join_shards<float>({a, b}, shape, s), g.params[i].data), tol);
+  }
+  // The ranks' checkpoints merge into the whole parameters the run started from (no optimizer
+  // step ran), with the quantizer state every rank reduced to the same values.
+  const api::StateFile merged =
+      api::merge_state_shards({api::read_state_file((dir / "rank0" / "state").string()),
+                               api::read_state_file((dir / "rank1" / "state").string())},
+                              "mlp.fuse:mlp");
+  for (const api::StateTensor& t : merged.tensors) {
+    SCOPED_TRACE(t.name);
+    std::vector<float> values(t.bytes.size() / 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, t.bytes.data() + 2 * i, 2);
+      values[i] = cpu::bf16_to_float(bits);
+    }
+    EXPECT_EQ(values, read_floats(dir / (file_name(t.name) + ".bin")));
   }
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }

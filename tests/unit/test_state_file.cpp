@@ -361,7 +361,8 @@ TEST(StateFile, RankFilesMergeIntoTheWholeParameters) {
     shard.bytes.resize(part.size() * 2);
     std::memcpy(shard.bytes.data(), part.data(), shard.bytes.size());
     f.tensors = {shard, gamma};
-    f.quantizers = {{"fc1.input", {{1.5f, 0.0f}, 2.0f, 0.5f}}};
+    // Slot 0 is the step in progress, each rank's own amax; slot 1 was reduced at the last step.
+    f.quantizers = {{"fc1.input", {{r == 0 ? 1.5f : 2.5f, 3.0f}, 2.0f, 0.5f}}};
     ranks.push_back(f);
   }
   // Through files: the shard specs round-trip.
@@ -378,7 +379,11 @@ TEST(StateFile, RankFilesMergeIntoTheWholeParameters) {
   EXPECT_EQ(merged.tensors[0].bytes, weight.bytes);
   EXPECT_FALSE(merged.tensors[0].shard.sharded());
   EXPECT_EQ(merged.tensors[1].bytes, gamma.bytes);
-  EXPECT_EQ(merged.quantizers.size(), 1u);
+  ASSERT_EQ(merged.quantizers.size(), 1u);
+  EXPECT_EQ(merged.quantizers[0].state.amax_history, (std::vector<float>{2.5f, 3.0f}));
+  StateFile unreduced = ranks[1];
+  unreduced.quantizers[0].state.amax_history[1] = 4.0f;
+  EXPECT_THROW((void)merge_state_shards({ranks[0], unreduced}), UsageError);
 
   EXPECT_THROW((void)merge_state_shards({ranks[0]}), UsageError);            // a rank missing
   EXPECT_THROW((void)merge_state_shards({ranks[0], ranks[0]}), UsageError);  // one rank twice
