@@ -3,33 +3,21 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <barrier>
 
 #include "cpu_tensor.h"
 
 namespace opfuse::cpu {
 
-// Every rank posts its buffer, waits until all have (a generation barrier), computes its result
-// from all of them, and waits again before the next call may overwrite a posted buffer.
+// Every rank posts its buffer, waits until all have, computes its result from all of them, and
+// waits again before the next call may overwrite a posted buffer.
 struct SimulatedGroup::Shared {
-  explicit Shared(int n) : size(n), posted(size_t(n)) {}
+  explicit Shared(int n) : size(n), posted(size_t(n)), sync(n) {}
   int size;
-  std::mutex mutex;
-  std::condition_variable cv;
-  int arrived = 0;
-  long generation = 0;
   std::vector<std::span<const double>> posted;
+  std::barrier<> sync;
 
-  void barrier() {
-    std::unique_lock lock(mutex);
-    const long gen = generation;
-    if (++arrived == size) {
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
-      return;
-    }
-    cv.wait(lock, [&] { return generation != gen; });
-  }
+  void barrier() { sync.arrive_and_wait(); }
 };
 
 class SimulatedGroup::Rank : public Collectives {

@@ -4,9 +4,7 @@
 // double), so a sharded run differs from the unsharded one only by the order of its sums.
 #pragma once
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 

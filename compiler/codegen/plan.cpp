@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 
 #include "codegen/kernel_source.h"
@@ -505,8 +506,11 @@ SequencePlan SequenceBuilder::build() {
     std::map<std::string, int64_t> divisors;
     for (const ir::Value& v : seq_.values)
       for (const ir::Dim& d : v.type.shape)
-        if (d.is_symbolic() && d.divisor > 1)
-          divisors[d.symbol] = std::max(divisors[d.symbol], d.divisor);
+        if (d.is_symbolic() && d.divisor > 1) {
+          // Every share must be whole: the size divides by all of its divisors.
+          int64_t& all = divisors.try_emplace(d.symbol, 1).first->second;
+          all = std::lcm(all, d.divisor);
+        }
     out_.symbol_divisors.assign(divisors.begin(), divisors.end());
   }
   out_.stat_slots = seq_.inspections;

@@ -126,6 +126,10 @@ class Builder {
   std::optional<ValueId> add_builder_op(SequenceScope& sc, OpKind kind, AttrList attrs, ValueId cur,
                                         const std::string& instance, SourceLoc loc,
                                         const std::string& param_owner = {});
+  // The op's parameters as its shape rule declared them, named "<owner>.<role>", appended to the
+  // sequence's parameters and the op's operands.
+  void add_params(Sequence& s, Operation& op, const std::vector<ParamDecl>& params,
+                  const std::string& owner);
   // Records the new op's result layout; reports (at `loc`) an op that cannot take its operand's.
   bool check_layout(SequenceScope& sc, SourceLoc loc);
 

@@ -288,13 +288,7 @@ std::optional<ValueId> Builder::build_op(
   op.instance = instance;
   op.loc = stmt.loc;
   op.operands.push_back(cur);
-  for (const ParamDecl& p : shape.params) {
-    const ValueId v = add_value(s, ValueKind::Param, p.type, instance + "." + p.role, -1);
-    s.values[v].init = p.init;
-    s.values[v].shard = p.shard;
-    s.params.push_back(v);
-    op.operands.push_back(v);
-  }
+  add_params(s, op, shape.params, instance);
   if (extra_value) op.operands.push_back(*extra_value);
   const ValueId result = add_value(s, ValueKind::Result, shape.out, "", op_index);
   op.results.push_back(result);
@@ -333,6 +327,17 @@ std::optional<ValueId> Builder::build_op(
   return result;
 }
 
+void Builder::add_params(Sequence& s, Operation& op, const std::vector<ParamDecl>& params,
+                         const std::string& owner) {
+  for (const ParamDecl& p : params) {
+    const ValueId v = add_value(s, ValueKind::Param, p.type, owner + "." + p.role, -1);
+    s.values[v].init = p.init;
+    s.values[v].shard = p.shard;
+    s.params.push_back(v);
+    op.operands.push_back(v);
+  }
+}
+
 bool Builder::check_layout(SequenceScope& sc, SourceLoc loc) {
   Sequence& s = sc.seq;
   sc.layouts.resize(s.values.size(), Layout::Replicated);
@@ -364,14 +369,7 @@ std::optional<ValueId> Builder::add_builder_op(SequenceScope& sc, OpKind kind, A
   op.instance = instance;
   op.loc = loc;
   op.operands.push_back(cur);
-  for (const ParamDecl& p : shape.params) {
-    const ValueId v = add_value(s, ValueKind::Param, p.type,
-                                (param_owner.empty() ? instance : param_owner) + "." + p.role, -1);
-    s.values[v].init = p.init;
-    s.values[v].shard = p.shard;
-    s.params.push_back(v);
-    op.operands.push_back(v);
-  }
+  add_params(s, op, shape.params, param_owner.empty() ? instance : param_owner);
   const ValueId result =
       add_value(s, ValueKind::Result, shape.out, "", static_cast<int32_t>(s.ops.size()));
   op.results.push_back(result);

@@ -9,6 +9,7 @@
 #include "api/state_file.h"
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
+#include "gpu/binding_check.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
@@ -141,11 +142,11 @@ struct Session::Impl {
     state.recipe = plan->recipe;
     state.tp = plan->parallel.tp;
     state.rank = rank;
+    const auto callers = gpu::caller_tensors(*plan);
     for (const gpu::TensorInfo& info : params()) {
-      state.tensors.push_back({info.name, info.dtype, info.shape, {}, {}});
-      for (const plan::Buffer& b : plan->buffers)  // its cut over the ranks (docs/parallel.md)
-        if (b.role == plan::BufferRole::Param && b.name == "%" + info.name)
-          state.tensors.back().shard = b.shard;
+      // With its cut over the ranks (docs/parallel.md).
+      const plan::ShardSpec shard = plan->buffers.at(std::size_t(callers.at(info.name))).shard;
+      state.tensors.push_back({info.name, info.dtype, info.shape, {}, shard});
     }
     for (const plan::QuantizerPlan& q : plan->quantizers) {
       api::StateQuantizer quantizer;
@@ -286,7 +287,7 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
   std::map<std::string, std::vector<float>, std::less<>> values;
   for (const plan::Buffer& buffer : s.plan->buffers) {
     if (buffer.role != plan::BufferRole::Param || buffer.alias_of >= 0) continue;
-    const std::string name = buffer.name.substr(buffer.name.starts_with('%') ? 1 : 0);
+    const std::string name = gpu::ir_name(buffer.name);
     std::size_t elements = 1;
     for (const plan::SymExpr& d : buffer.shape) {
       const std::optional<std::int64_t> size = d.value();
