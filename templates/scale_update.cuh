@@ -34,10 +34,11 @@ __device__ __forceinline__ float delayed_scaling_scale(float amax, float old_sca
 // Block: kThreads (launch::kScaleUpdateThreads = 256). Grid: one block per record
 // (gridDim.x = count; a smaller grid strides over the records).
 //
-// Delayed scaling, for a history old[0..L-1]: amax = fmaxf over old from 0 (TE's kernel: a NaN
-// slot never wins, an Inf slot does and then keeps the old scale), or old[0] as it is; the history
-// becomes new[0] = 0, new[k] = old[k + 1] for 1 <= k <= L - 2, new[L - 1] = old[0] (L == 1: new[0]
-// = 0), i.e. TE's roll by -1 with the fresh slot 0 zeroed for the next step's atomicMax.
+// Delayed scaling, for a history old[0..L-1] (old[0] is *record.amax, old[k] is
+// record.amax_history[k - 1]): amax = fmaxf over old from 0 (TE's kernel: a NaN slot never wins,
+// an Inf slot does and then keeps the old scale), or old[0] as it is; the history becomes new[0] =
+// 0, new[k] = old[k + 1] for 1 <= k <= L - 2, new[L - 1] = old[0] (L == 1: new[0] = 0), i.e. TE's
+// roll by -1 with the fresh slot 0 zeroed for the next step's atomicMax.
 template <int kThreads = launch::kScaleUpdateThreads>
 __global__ void __launch_bounds__(kThreads,
                                   launch::min_blocks(kThreads, launch::kSmallKernelRegisterBudget))
@@ -46,36 +47,33 @@ __global__ void __launch_bounds__(kThreads,
   for (int index = blockIdx.x; index < params.count; index += gridDim.x) {
     const QuantizerRecord record = params.records[index];
     if (record.mode == kCurrentScaling) {
-      if (threadIdx.x == 0) store_current_scale(record, record.amax_history[0]);
+      if (threadIdx.x == 0) store_current_scale(record, *record.amax);
       continue;  // uniform across the block: the record is the same for every thread
     }
 
-    float* history = record.amax_history;
-    const int length = record.history_length;
-    const float newest = history[0];
-    float window_max = 0.0f;
-    // The roll shifts left by one in place, chunk by chunk from the front: a chunk's writes only
-    // touch indices below every index the later chunks read, so one barrier per chunk (between
-    // its reads and its writes) suffices.
+    // The older slots old[1..L-1] are older[0..L-2]: they shift left by one, and newest lands
+    // last. The shift runs in place, chunk by chunk from the front: a chunk's writes only touch
+    // indices below every index the later chunks read, so one barrier per chunk (between its
+    // reads and its writes) suffices. Every thread reads newest before thread 0 zeroes it, and
+    // the block barrier below orders the two.
+    float* older = record.amax_history;
+    const int length = record.history_length - 1;  // older slots
+    const float newest = *record.amax;
+    float window_max = fmaxf(0.0f, newest);
     for (int chunk = 0; chunk < length; chunk += kThreads) {
       const int k = chunk + threadIdx.x;
-      float shifted = 0.0f;
+      float shifted = newest;
       if (k < length) {
-        window_max = fmaxf(window_max, history[k]);
-        if (k + 1 < length) shifted = history[k + 1];
+        window_max = fmaxf(window_max, older[k]);
+        if (k + 1 < length) shifted = older[k + 1];
       }
       __syncthreads();
-      if (k == 0) {
-        history[0] = 0.0f;
-      } else if (k <= length - 2) {
-        history[k] = shifted;
-      }
+      if (k < length) older[k] = shifted;
     }
-    if (length >= 2 && threadIdx.x == 0) history[length - 1] = newest;
-
     float amax = block_allreduce<kThreads>(window_max, scratch, MaxOp{});
     if (record.mode == kDelayedScalingMostRecent) amax = newest;
     if (threadIdx.x == 0) {
+      *record.amax = 0.0f;
       const float scale = delayed_scaling_scale(amax, *record.scale, record.fp8_max, record.margin);
       *record.scale = scale;
       *record.scale_inv = __fdiv_rn(1.0f, scale);

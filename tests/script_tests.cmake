@@ -36,4 +36,8 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME bench_compare_py
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/test_compare.py)
   set_tests_properties(bench_compare_py PROPERTIES LABELS "cpu;bench")
+  # bench/peers/summarize_tp.py (bench/run_tp.sh's table) on made-up reports in the real layout.
+  add_test(NAME bench_summarize_tp_py
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/test_summarize_tp.py)
+  set_tests_properties(bench_summarize_tp_py PROPERTIES LABELS "cpu;bench")
 endif()

@@ -205,9 +205,11 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   s.gemms = std::make_unique<gpu::GemmRunner>(stream, gpu::GemmOptions{options.gemm_autotune});
   s.executor = std::make_unique<gpu::SequenceExecutor>(*s.plan, *s.modules, *s.gemms, stream);
   s.executor->set_auto_graph(options.auto_graph);
-  if (s.plan->parallel.active()) {
+  // A one-rank sequence given an NCCL id runs its collectives through a one-rank communicator
+  // (ParallelOptions::nccl_id): the path of N ranks, on one GPU.
+  if (s.plan->parallel.active() || !par.nccl_id.empty()) {
     for (const plan::QuantizerPlan& q : s.plan->quantizers) {
-      if (q.spec.scaling == plan::ScalingKind::Current)
+      if (q.spec.scaling == plan::ScalingKind::Current && s.plan->parallel.active())
         throw UsageError(fmt::format(
             "sequence '{}' is tensor-parallel with current scaling (quantizer {}): the GPU "
             "path does not yet reduce a current-scaling amax over the ranks before its cast; "
@@ -590,5 +592,9 @@ void Session::reset_peak_memory() {
 }
 
 gpu::SequenceExecutor& SessionAccess::executor(Session& session) { return session.impl_->exec(); }
+
+comm::Communicator* SessionAccess::communicator(Session& session) {
+  return session.impl_->communicator.get();
+}
 
 }  // namespace opfuse

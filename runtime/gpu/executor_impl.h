@@ -133,6 +133,7 @@ struct SequenceExecutor::Impl {
                       cudaStream_t stream);
   // Tensor-parallel delayed scaling: the max of every delayed quantizer's amax over the ranks,
   // in place, before the scale update (one NCCL group).
+  bool reduces_amaxes() const;  // a communicator and delayed-scaling quantizers
   void reduce_amaxes(cudaStream_t stream);
   // OPFUSE_CHECK_EACH_STEP=1: waits for step `index` (which ran `work`) and reports a fault as
   // that step's (note "Faulted context", gpu/cuda_check.h). Nothing while `stream` is capturing.

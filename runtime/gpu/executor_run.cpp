@@ -117,15 +117,16 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
 }
 
 // Note "Collectives": a one-rank plan's collectives are copies (an all_reduce of one rank is
-// the tensor, a gather or scatter over one rank its only share), so a tp = 1 plan needs no NCCL;
-// a tensor-parallel plan enqueues NCCL's on the same stream, ordered with the launches and GEMMs
+// the tensor, a gather or scatter over one rank its only share), so a tp = 1 plan needs no NCCL
+// (unless it was given a one-rank communicator: then NCCL's calls, as N ranks make them); a
+// tensor-parallel plan enqueues NCCL's on the same stream, ordered with the launches and GEMMs
 // around it and captured with them in CUDA graphs.
 void SequenceExecutor::Impl::run_collective(const plan::CollectiveStep& collective,
                                             std::int64_t count, cudaStream_t stream) {
   const void* in = pointer(collective.input);
   void* out = const_cast<void*>(pointer(collective.output));
   const auto n = static_cast<std::size_t>(count);
-  if (!plan.parallel.active()) {  // require_set refused a tensor-parallel plan without one
+  if (communicator == nullptr) {  // require_set refused a tensor-parallel plan without one
     if (in != out)
       OPFUSE_CUDA_CHECK(cudaMemcpyAsync(out, in, n * plan::dtype_bytes(collective.dtype),
                                         cudaMemcpyDeviceToDevice, stream),

@@ -295,22 +295,27 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
 
 // Note "Amax reduction": every rank must cast with the scale of the whole tensor (TE's amax
 // reduction over the group), so the amax each delayed-scaling quantizer's kernels raised this
-// step is replaced by the max over the ranks before the one scale-update launch. The histories
-// are separate allocations, so this is one NCCL group of one-word all-reduces (one launch).
-void SequenceExecutor::Impl::reduce_amaxes(cudaStream_t stream) {
-  if (!plan.parallel.active() || communicator == nullptr || !quantizers) return;
-  std::vector<int> delayed;
+// step is replaced by the max over the ranks before the one scale-update launch. The amaxes of
+// all quantizers sit in one contiguous section of the quantizer state (gpu/quantizer_state.h), so
+// this is ONE all-reduce (MAX) of count 16-byte slots per step, whatever the number of
+// quantizers; the padding and the slots of other quantizers are zero on every rank and stay so.
+// A benchmark's observer sees it as the step after the plan's last (step_profiles).
+bool SequenceExecutor::Impl::reduces_amaxes() const {
+  if (communicator == nullptr || !quantizers) return false;
   for (int i = 0; i < quantizers->count(); ++i) {
     const QuantizerSettings& q = quantizers->settings(i);
-    if (!q.current_scaling && !q.block_scaled) delayed.push_back(i);
+    if (!q.current_scaling && !q.block_scaled) return true;
   }
-  if (delayed.empty()) return;
-  comm::GroupScope group(*communicator);
-  for (int i : delayed) {
-    float* amax = quantizers->amax(i);
-    communicator->all_reduce(amax, amax, 1, plan::DType::FP32, comm::ReduceOp::Max, stream);
-  }
-  group.end();
+  return false;
+}
+
+void SequenceExecutor::Impl::reduce_amaxes(cudaStream_t stream) {
+  if (!reduces_amaxes()) return;
+  const int index = static_cast<int>(plan.steps.size());
+  if (observer != nullptr) observer->before(index, stream);
+  communicator->all_reduce(quantizers->amaxes(), quantizers->amaxes(), quantizers->amaxes_floats(),
+                           plan::DType::FP32, comm::ReduceOp::Max, stream);
+  if (observer != nullptr) observer->after(index, stream);
 }
 
 void SequenceExecutor::end_step(cudaStream_t stream) {
@@ -498,6 +503,17 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
       profile.gemm_role = std::string(plan::name(std::get<GemmStep>(step.body).role));
       profile.flops = 2.0 * double(desc.m) * double(desc.n) * double(desc.k);
     }
+    profiles.push_back(std::move(profile));
+  }
+  if (mode == RunMode::Training && s.reduces_amaxes()) {  // note "Amax reduction"
+    StepProfile profile;
+    profile.index = static_cast<int>(s.plan.steps.size());
+    profile.phase = plan::Phase::Backward;
+    profile.kind = StepProfile::Kind::Collective;
+    profile.what = fmt::format("amax all-reduce (max over {} ranks, {} quantizers)",
+                               s.plan.parallel.tp, s.quantizers->count());
+    profile.bytes_read = profile.bytes_written = s.quantizers->amaxes_floats() * sizeof(float);
+    profile.end_of_step = true;
     profiles.push_back(std::move(profile));
   }
   return profiles;

@@ -116,7 +116,8 @@ class SequenceExecutor {
 
   // A tensor-parallel plan (plan.parallel.tp > 1) runs its collective steps, and reduces its
   // delayed-scaling amaxes before each scale update, over this communicator (runtime/comm),
-  // which must outlive the executor and have plan.parallel.tp ranks. A one-rank plan needs none.
+  // which must outlive the executor and have plan.parallel.tp ranks. A one-rank plan needs none
+  // (its collectives are copies); given a one-rank communicator it makes NCCL's calls instead.
   void set_communicator(comm::Communicator* communicator);
 
   // Sets the run-time sizes (every symbol of plan.symbols but num_sms, which comes from the
@@ -198,7 +199,9 @@ class SequenceExecutor {
 
   // Benchmark hooks. set_observer(nullptr) (the default) removes it; the observer must outlive
   // its use. step_profiles() is per plan step (Step::index order) as `mode` runs it (Inference:
-  // the inference variants); UsageError before bind().
+  // the inference variants), and in Training mode of a plan with a communicator and delayed
+  // scaling one more, index plan.steps.size(): end_step()'s amax all-reduce, which the observer
+  // sees under that index; UsageError before bind().
   void set_observer(StepObserver* observer);
   std::vector<StepProfile> step_profiles(RunMode mode = RunMode::Training) const;
 

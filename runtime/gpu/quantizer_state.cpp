@@ -72,7 +72,8 @@ QuantizerLayout plan_quantizer_layout(const std::vector<QuantizerSettings>& sett
   layout.records_offset = 0;
   layout.scales_offset = align16(count * sizeof(QuantizerRecord));
   layout.scale_invs_offset = layout.scales_offset + count * QuantizerLayout::kScalarSlotBytes;
-  std::size_t offset = layout.scale_invs_offset + count * QuantizerLayout::kScalarSlotBytes;
+  layout.amaxes_offset = layout.scale_invs_offset + count * QuantizerLayout::kScalarSlotBytes;
+  std::size_t offset = layout.amaxes_offset + count * QuantizerLayout::kScalarSlotBytes;
   for (const QuantizerSettings& quantizer : settings) {
     if (!quantizer.current_scaling && quantizer.history_length < 1) {
       throw UsageError(fmt::format(
@@ -81,8 +82,10 @@ QuantizerLayout plan_quantizer_layout(const std::vector<QuantizerSettings>& sett
     }
     const int length = quantizer.current_scaling ? 1 : quantizer.history_length;
     // Current scaling: the measured amax, the arrival count and the running max of
-    // templates/common/quantizer_record.cuh (kCurrentScalingWords).
-    const int words = quantizer.current_scaling ? QuantizerLayout::kCurrentScalingWords : length;
+    // templates/common/quantizer_record.cuh (kCurrentScalingWords). Delayed scaling: the older
+    // slots (slot 0 is in the amaxes section).
+    const int words =
+        quantizer.current_scaling ? QuantizerLayout::kCurrentScalingWords : length - 1;
     layout.history_offsets.push_back(offset);
     layout.history_lengths.push_back(length);
     offset = align16(offset + static_cast<std::size_t>(words) * sizeof(float));
@@ -109,8 +112,19 @@ float* QuantizerState::float_at(std::size_t offset) const {
   return reinterpret_cast<float*>(memory_.as<unsigned char>() + offset);
 }
 
+std::size_t QuantizerState::offset_of(const float* pointer) const {
+  return static_cast<std::size_t>(reinterpret_cast<const unsigned char*>(pointer) -
+                                  memory_.as<unsigned char>());
+}
+
 float* QuantizerState::amax_history(int index) const {
   return float_at(layout_.history_offsets.at(static_cast<std::size_t>(index)));
+}
+
+float* QuantizerState::amax(int index) const {
+  if (settings_.at(static_cast<std::size_t>(index)).current_scaling) return amax_history(index);
+  return float_at(layout_.amaxes_offset +
+                  static_cast<std::size_t>(index) * QuantizerLayout::kScalarSlotBytes);
 }
 
 float* QuantizerState::running_amax(int index) const {
@@ -143,6 +157,7 @@ std::vector<unsigned char> QuantizerState::host_image(
     const QuantizerSettings& quantizer = settings_[i];
     const int index = static_cast<int>(i);
     QuantizerRecord record{};
+    record.amax = amax(index);
     record.amax_history = amax_history(index);
     record.scale = scale(index);
     record.scale_inv = scale_inv(index);
@@ -158,8 +173,14 @@ std::vector<unsigned char> QuantizerState::host_image(
                 &states[i].scale, sizeof(float));
     std::memcpy(image.data() + layout_.scale_invs_offset + i * QuantizerLayout::kScalarSlotBytes,
                 &states[i].scale_inv, sizeof(float));
-    std::memcpy(image.data() + layout_.history_offsets[i], states[i].amax_history.data(),
-                states[i].amax_history.size() * sizeof(float));
+    // Slot 0 is the amax (its own slot under delayed scaling, word 0 of the history under
+    // current scaling); a delayed history's older slots follow it in its history section.
+    const std::vector<float>& history = states[i].amax_history;
+    std::memcpy(image.data() + offset_of(amax(index)), history.data(), sizeof(float));
+    if (!quantizer.current_scaling && history.size() > 1) {
+      std::memcpy(image.data() + layout_.history_offsets[i], history.data() + 1,
+                  (history.size() - 1) * sizeof(float));
+    }
   }
   return image;
 }
@@ -203,9 +224,13 @@ std::vector<cpu::DelayedScalingState> QuantizerState::download(cudaStream_t stre
     std::memcpy(&states[i].scale_inv,
                 image.data() + layout_.scale_invs_offset + i * QuantizerLayout::kScalarSlotBytes,
                 sizeof(float));
-    states[i].amax_history.resize(static_cast<std::size_t>(layout_.history_lengths[i]));
-    std::memcpy(states[i].amax_history.data(), image.data() + layout_.history_offsets[i],
-                states[i].amax_history.size() * sizeof(float));
+    std::vector<float>& history = states[i].amax_history;
+    history.resize(static_cast<std::size_t>(layout_.history_lengths[i]));
+    std::memcpy(history.data(), image.data() + offset_of(amax(static_cast<int>(i))), sizeof(float));
+    if (!settings_[i].current_scaling && history.size() > 1) {
+      std::memcpy(history.data() + 1, image.data() + layout_.history_offsets[i],
+                  (history.size() - 1) * sizeof(float));
+    }
   }
   return states;
 }

@@ -40,10 +40,11 @@ struct QuantizerSettings {
 // UsageError for a spec this state cannot hold (micro-scaled specs: not yet).
 QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& spec);
 
-// Host mirror of templates/common/quantizer_record.cuh's QuantizerRecord, field for field (48
+// Host mirror of templates/common/quantizer_record.cuh's QuantizerRecord, field for field (56
 // bytes).
 struct QuantizerRecord {
-  float* amax_history;
+  float* amax;          // delayed: its slot of the amax section; current: word 0 of the history
+  float* amax_history;  // delayed: the older slots (history_length - 1 words); current: 4 words
   float* scale;
   float* scale_inv;
   int history_length;
@@ -53,10 +54,13 @@ struct QuantizerRecord {
   float epsilon;
   int power_of_2_scale;
 };
-static_assert(sizeof(QuantizerRecord) == 48, "must match templates/common/quantizer_record.cuh");
+static_assert(sizeof(QuantizerRecord) == 56, "must match templates/common/quantizer_record.cuh");
 
-// Byte offsets inside the one allocation: the records, then all scales, all scale_invs, then
-// each history; every section starts 16-byte aligned, and so does every scale and scale_inv:
+// Byte offsets inside the one allocation: the records, then all scales, all scale_invs, all
+// amaxes (delayed scaling's slot 0 of the history: the amax the step in progress raises), then
+// each history's older slots; every section starts 16-byte aligned, and so does every scale,
+// scale_inv and amax (the amaxes section is one contiguous array of 16-byte slots, so one
+// all-reduce covers every quantizer's amax: note "Amax reduction" in plan_executor.cpp):
 // cuBLASLt 13 rejects FP8 GEMMs (CUBLAS_STATUS_NOT_SUPPORTED at cublasLtMatmul, after the
 // heuristic accepted them) whose scale or amax pointers are only 4-byte aligned (measured on an
 // H100, bench/RESULTS.md).
@@ -65,11 +69,14 @@ struct QuantizerLayout {
   // A current-scaling history: the measured amax, the arrival count, the running max, unused.
   static constexpr int kCurrentScalingWords = 4;
   static constexpr int kRunningAmaxWord = 2;
-  std::size_t records_offset = 0;            // QuantizerRecord[count]
-  std::size_t scales_offset = 0;             // float slot[count]
-  std::size_t scale_invs_offset = 0;         // float slot[count]
-  std::vector<std::size_t> history_offsets;  // current scaling: kCurrentScalingWords words
-  std::vector<int> history_lengths;          // 1 under current scaling
+  std::size_t records_offset = 0;     // QuantizerRecord[count]
+  std::size_t scales_offset = 0;      // float slot[count]
+  std::size_t scale_invs_offset = 0;  // float slot[count]
+  std::size_t amaxes_offset = 0;      // float slot[count]; unused by current scaling
+  // Delayed scaling: history_length - 1 words (the older slots); current scaling:
+  // kCurrentScalingWords words.
+  std::vector<std::size_t> history_offsets;
+  std::vector<int> history_lengths;  // 1 under current scaling
   std::size_t total_bytes = 0;
 };
 
@@ -88,13 +95,22 @@ class QuantizerState {
   const QuantizerSettings& settings(int index) const { return settings_.at(index); }
 
   // Slot 0 of the amax history: under delayed scaling the amax the cast kernels of this step
-  // max-reduce into (the update zeroes it for the next step); under current scaling the measured
-  // amax, written by the last block of the kernel that measures it. Device pointers; valid while
-  // this object lives.
-  float* amax(int index) const { return amax_history(index); }
+  // max-reduce into (the update zeroes it for the next step), in the amaxes section; under
+  // current scaling the measured amax, written by the last block of the kernel that measures it.
+  // Device pointers; valid while this object lives.
+  float* amax(int index) const;
+  // The amaxes section: count() 16-byte slots, one float each (zero padding between them, and
+  // zero in the slots of current-scaling and block-scaled quantizers). A max over ranks of the
+  // whole section (an all-reduce of amaxes_floats() floats) reduces every delayed-scaling amax.
+  float* amaxes() const { return float_at(layout_.amaxes_offset); }
+  std::size_t amaxes_floats() const {
+    return settings_.size() * (QuantizerLayout::kScalarSlotBytes / sizeof(float));
+  }
   // Current scaling only (UsageError otherwise): the running max the measuring kernel's blocks
   // raise; 0 between measurements (templates/common/quantizer_record.cuh).
   float* running_amax(int index) const;
+  // Delayed scaling: the older slots (history_length - 1 words); current scaling: the
+  // kCurrentScalingWords words of templates/common/quantizer_record.cuh.
   float* amax_history(int index) const;
   float* scale(int index) const;      // read by the cast kernels
   float* scale_inv(int index) const;  // given to the GEMM as the operand's scale_inv
@@ -113,6 +129,7 @@ class QuantizerState {
  private:
   std::vector<unsigned char> host_image(const std::vector<cpu::DelayedScalingState>& states) const;
   float* float_at(std::size_t offset) const;
+  std::size_t offset_of(const float* pointer) const;  // inverse of float_at
 
   std::vector<QuantizerSettings> settings_;
   QuantizerLayout layout_;

@@ -26,11 +26,17 @@ enum ScalingMode : int {
 };
 
 // Device-resident state of one quantizer; the runtime keeps an array of these (one per quantized
-// tensor of the sequence) in device memory. 48 bytes, 8-byte aligned; host code mirrors it field
+// tensor of the sequence) in device memory. 56 bytes, 8-byte aligned; host code mirrors it field
 // for field (runtime/gpu/quantizer_state.h).
 struct QuantizerRecord {
-  float* amax_history;   // delayed: [history_length], slot 0 = this step's amax (kernels
-                         // atomicMax into it); current: [4], see the top of this file
+  // Delayed scaling: this step's amax (the cast kernels atomicMax into it), in the state's amax
+  // section, where every quantizer's amax sits in one 16-byte slot of one contiguous array, so a
+  // tensor-parallel run max-reduces them all with one all-reduce. Current scaling: word 0 of
+  // amax_history (the measured amax).
+  float* amax;
+  float* amax_history;   // delayed: the history_length - 1 older amaxes, oldest last (slot k of
+                         // TE's history is amax_history[k - 1]; slot 0 is *amax); current: [4],
+                         // see the top of this file
   float* scale;          // [1] read by the cast kernels: fp8 = cast(value * scale)
   float* scale_inv;      // [1] = 1 / scale, given to the GEMM as the operand's dequant factor
   int history_length;    // delayed: >= 1 (any length); current: ignored

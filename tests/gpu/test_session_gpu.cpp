@@ -235,6 +235,74 @@ TEST_F(SessionGpu, GraphReplayOfTrainingStepsEqualsEagerSteps) {
   }
 }
 
+// NCCL with one rank (ParallelOptions::nccl_id on a one-rank sequence) makes the calls N ranks
+// make: every collective step an NCCL call, the amaxes all-reduced before each scale update. Over
+// one rank they are the identity, so the results equal the plain path's (collectives as copies)
+// bit for bit, eager and replayed from a CUDA graph that captured the NCCL calls.
+TEST_F(SessionGpu, OneRankThroughNcclEqualsThePlainPath) {
+  try {
+    (void)new_parallel_id();
+  } catch (const UsageError& e) {
+    GTEST_SKIP() << "no NCCL on this machine: " << e.what();
+  }
+  const Program program = Program::compile(R"(recipe fp8 = delayed_scaling(amax_history = 16)
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses fp8 with parallel(tp = 1, sp = true) {
+  layernorm(256)
+  all_gather(dim = 0)
+  linear(256, 1024, bias = false, parallel = column) as fc1
+  swiglu()
+  linear(512, 256, parallel = row) as fc2
+  all_reduce()
+  reduce_scatter(dim = 0)
+}
+)",
+                                           "one_rank.fuse");
+  // An NCCL id makes one communicator: each NCCL session gets its own.
+  const auto session_with = [&](bool through_nccl) {
+    SessionOptions options;
+    if (through_nccl) options.parallel.nccl_id = new_parallel_id();
+    Session session(program, "", stream_, options);
+    session.bind({{"tokens", 64}});
+    session.own_parameters(5, stream_);
+    session.set_tensor("x", random_bf16(64 * 256, 11));
+    session.set_tensor("dy", random_bf16(64 * 256, 12));
+    return session;
+  };
+  Session plain = session_with(false);
+  Session nccl = session_with(true);
+  Session graphed = session_with(true);
+  graphed.capture(stream_, Session::GraphScope::TrainingStep);
+  for (int step = 0; step < 3; ++step) {
+    train_step(plain);
+    train_step(nccl);
+    graphed.replay(stream_);
+    const auto y = read(plain.output("y"), y_bytes());
+    EXPECT_EQ(read(nccl.output("y"), y_bytes()), y) << "step " << step;
+    EXPECT_EQ(read(graphed.output("y"), y_bytes()), y) << "step " << step;
+    for (const auto& [name, bytes] :
+         {std::pair<std::string, std::size_t>{"fc1.weight", 1024 * 256 * 2},
+          {"fc2.weight", 256 * 512 * 2},
+          {"fc2.bias", 256 * 2}}) {
+      const auto grad = read(plain.param_grad(name), bytes);
+      EXPECT_EQ(read(nccl.param_grad(name), bytes), grad) << name << ", step " << step;
+      EXPECT_EQ(read(graphed.param_grad(name), bytes), grad) << name << ", step " << step;
+    }
+  }
+  const auto plain_q = plain.quantizers(stream_);
+  ASSERT_FALSE(plain_q.empty());
+  for (const Session* session : {&nccl, &graphed}) {
+    const auto q = session->quantizers(stream_);
+    ASSERT_EQ(q.size(), plain_q.size());
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      EXPECT_EQ(q[i].amax_history, plain_q[i].amax_history) << q[i].name;
+      EXPECT_EQ(q[i].scale, plain_q[i].scale) << q[i].name;
+    }
+  }
+  // The amaxes were live: three steps of delayed scaling moved the scales off 1.
+  EXPECT_NE(plain_q[0].scale, 1.0f) << plain_q[0].name;
+  graphed.release_graph();
+}
+
 // Under `with fp8_weights` the recording holds no weight casts: the weights are cast at capture
 // and again when parameters_changed() says so, outside the graph, as the eager session does.
 TEST_F(SessionGpu, GraphReplayWithFp8WeightsRecastsOnlyWhenTheParametersChange) {

@@ -515,10 +515,15 @@ TEST(QuantizerLayout, SectionsAreAlignedAndDisjoint) {
   std::vector<std::pair<std::size_t, std::size_t>> sections = {
       {layout.records_offset, layout.records_offset + 3 * sizeof(QuantizerRecord)},
       {layout.scales_offset, layout.scales_offset + 3 * QuantizerLayout::kScalarSlotBytes},
-      {layout.scale_invs_offset, layout.scale_invs_offset + 3 * QuantizerLayout::kScalarSlotBytes}};
+      {layout.scale_invs_offset, layout.scale_invs_offset + 3 * QuantizerLayout::kScalarSlotBytes},
+      // One contiguous array of amax slots: one all-reduce covers every quantizer.
+      {layout.amaxes_offset, layout.amaxes_offset + 3 * QuantizerLayout::kScalarSlotBytes}};
+  // Delayed scaling keeps its older slots (slot 0 is in the amaxes section); current scaling its
+  // four words.
+  const std::vector<std::size_t> words = {15, QuantizerLayout::kCurrentScalingWords, 4};
   for (std::size_t i = 0; i < 3; ++i) {
     sections.emplace_back(layout.history_offsets[i],
-                          layout.history_offsets[i] + layout.history_lengths[i] * sizeof(float));
+                          layout.history_offsets[i] + words[i] * sizeof(float));
   }
   for (std::size_t i = 0; i < sections.size(); ++i) {
     EXPECT_EQ(sections[i].first % 16, 0u) << "section " << i;

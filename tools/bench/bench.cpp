@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "api/session_access.h"
+#include "comm/communicator.h"
 #include "cpu/numerics.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
@@ -288,6 +289,26 @@ int choose_iterations(const BenchOptions& options, Iteration& iteration) {
       std::clamp(wanted, double(kAutoMinIterations), double(kAutoMaxIterations)));
 }
 
+// Every rank of a tensor-parallel session must run the same number of iterations (each one
+// meets the others in its collectives): the largest any rank chose, through the session's
+// communicator. One rank: `iterations` as it is.
+int agreed(int iterations, Session& session, cudaStream_t stream) {
+  comm::Communicator* communicator = SessionAccess::communicator(session);
+  if (communicator == nullptr) return iterations;
+  gpu::DeviceBuffer word(sizeof(float), stream);
+  auto value = static_cast<float>(iterations);  // exact: at most kAutoMaxIterations
+  OPFUSE_CUDA_CHECK(
+      cudaMemcpyAsync(word.data(), &value, sizeof value, cudaMemcpyHostToDevice, stream),
+      "fusec bench");
+  communicator->all_reduce(word.data(), word.data(), 1, plan::DType::FP32, comm::ReduceOp::Max,
+                           stream);
+  OPFUSE_CUDA_CHECK(
+      cudaMemcpyAsync(&value, word.data(), sizeof value, cudaMemcpyDeviceToHost, stream),
+      "fusec bench");
+  OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "fusec bench");
+  return static_cast<int>(value);
+}
+
 // Wall time of the enqueueing calls alone: the stream is drained before each, so a full launch
 // queue never blocks the host and inflates the number.
 TimeStats host_pass(int iterations, Iteration& iteration) {
@@ -404,6 +425,8 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
       }
       if (step.kind == "gemm") {
         report.gemm_ms += step.time.median;
+      } else if (step.kind == "collective") {
+        report.collective_ms += step.time.median;
       } else {
         report.kernel_ms += step.time.median;
         report.kernel_bytes += step.bytes_read + step.bytes_written;
@@ -438,6 +461,7 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   session_options.gemm_autotune = options.gemm_autotune;
   session_options.auto_graph = options.auto_graph;
   session_options.debug = options.debug;
+  session_options.parallel = options.parallel;
   if (program.has_debug_config() && options.graph) {
     throw UsageError(
         "--graph with --debug-config: a debug session runs eagerly (its plan changes by "
@@ -453,6 +477,8 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   report.sm_count = device.sm_count;
   report.l2_bytes = device.l2_cache_bytes;
   report.bindings = options.bindings;
+  report.tp = options.parallel.size;
+  report.rank = options.parallel.rank;
   report.graph = options.graph;
   report.build = program.build_stats();
   report.compile_wall_ms = options.compile_wall_ms;
@@ -510,7 +536,7 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   iteration.sync();
 
   // The profiling pass runs eagerly, also under --graph (a graph's steps are the same kernels).
-  const int probe_iterations = choose_iterations(options, iteration);
+  const int probe_iterations = agreed(choose_iterations(options, iteration), session, stream);
   report.profile_iterations = std::min(probe_iterations, kProfileIterations);
   gpu::SequenceExecutor& executor = SessionAccess::executor(session);
   const std::vector<gpu::StepProfile> profiles = executor.step_profiles(
@@ -538,7 +564,8 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
         "graph replay: the inputs are not rotated (a CUDA graph's pointers are fixed), so at "
         "small sizes the L2 may hold them between replays");
   }
-  report.iterations = options.graph ? choose_iterations(options, iteration) : probe_iterations;
+  report.iterations = options.graph ? agreed(choose_iterations(options, iteration), session, stream)
+                                    : probe_iterations;
   const bool casts_weights = options.recast_weights || options.mode == BenchMode::ForwardBackward ||
                              (options.graph && options.mode == BenchMode::Forward);
   report.weights = casts_weights ? "cast every call" : "cast once, cached";

@@ -48,6 +48,10 @@ struct BenchOptions {
   DebugSessionOptions debug;
   // Only for the report: the program's compile wall time as the caller measured it.
   double compile_wall_ms = 0;
+  // A rank of a tensor-parallel sequence (`fusec bench --nproc N`, docs/parallel.md): every rank
+  // runs run_benchmark with the same options, its GPU current; the ranks agree on the iteration
+  // counts, and each reports its own times (its steps include the collectives it waits in).
+  ParallelOptions parallel;
 };
 
 // Order statistics of a set of times, in milliseconds.
@@ -83,6 +87,7 @@ struct BenchReport {
   int sm_count = 0;
   std::size_t l2_bytes = 0;
   std::map<std::string, std::int64_t> bindings;
+  int tp = 1, rank = 0;  // the tensor-parallel group size and this report's rank
   bool graph = false;
   std::string weights;          // "cached" (cast once, reused) or "recast every call"
   std::string gemm_algorithms;  // "cuBLASLt heuristic" or "autotuned"
@@ -110,6 +115,7 @@ struct BenchReport {
   int profile_iterations = 0;
   std::vector<BenchStep> steps;       // the steps of the mode (fwd: the forward steps)
   double gemm_ms = 0, kernel_ms = 0;  // sums of the steps' medians
+  double collective_ms = 0;           // NCCL steps (the amax all-reduce included)
   std::size_t kernel_bytes = 0;
   double kernel_gb_per_s = 0, kernel_copy_share = 0;  // generated kernels together
   std::vector<std::string> notes;

@@ -47,16 +47,18 @@ std::string step_line(const BenchStep& step, double steps_ms) {
 std::string format_bench_report(const BenchReport& r) {
   std::string out = fmt::format(
       "fusec bench {}: sequence {}, mode {}{}, recipe {}\n"
-      "device {} ({}, {} SMs, L2 {:.1f} MiB); bindings {}\n"
+      "device {} ({}, {} SMs, L2 {:.1f} MiB){}; bindings {}\n"
       "compile: {} kernels ({} from the cache, {} compiled), kernel stage {:.0f} ms, whole "
       "compile {:.0f} ms\n"
       "inputs rotated over {} set{} of {:.1f} MiB ({:.1f}x the L2); FP8 weights {}; GEMM "
       "algorithms: {}\n"
       "{} warm-up, {} timed iterations per pass\n\n",
       r.file, r.sequence, r.mode, r.graph ? " (CUDA graph replay)" : "", r.recipe, r.device, r.arch,
-      r.sm_count, mib(r.l2_bytes), bindings_text(r.bindings), r.build.kernels, r.build.cache_hits,
-      r.build.compiled, r.build.compile_ms, r.compile_wall_ms, r.rotation_sets,
-      r.rotation_sets == 1 ? "" : "s", mib(r.input_set_bytes),
+      r.sm_count, mib(r.l2_bytes),
+      r.tp > 1 ? fmt::format("; tensor-parallel rank {} of {} (its own times)", r.rank, r.tp) : "",
+      bindings_text(r.bindings), r.build.kernels, r.build.cache_hits, r.build.compiled,
+      r.build.compile_ms, r.compile_wall_ms, r.rotation_sets, r.rotation_sets == 1 ? "" : "s",
+      mib(r.input_set_bytes),
       r.l2_bytes > 0 ? double(r.rotation_sets * r.input_set_bytes) / double(r.l2_bytes) : 0.0,
       r.weights, r.gemm_algorithms, r.warmup, r.iterations);
   out += fmt::format(
@@ -82,7 +84,7 @@ std::string format_bench_report(const BenchReport& r) {
       "read + written)\n",
       r.copy_gb_per_s, mib(r.copy_bytes));
 
-  const double steps_ms = r.gemm_ms + r.kernel_ms;
+  const double steps_ms = r.gemm_ms + r.kernel_ms + r.collective_ms;
   out += fmt::format(
       "\nper step (median of {} profiled iterations, eager, one event pair per "
       "step):\n",
@@ -93,9 +95,14 @@ std::string format_bench_report(const BenchReport& r) {
   const auto percent = [&](double ms) { return steps_ms > 0 ? 100 * ms / steps_ms : 0.0; };
   out += fmt::format(
       "GEMMs {:.4f} ms ({:.0f}%), generated kernels {:.4f} ms ({:.0f}%; {:.0f} GB/s = {:.0f}% of "
-      "the copy); the steps sum to {:.4f} ms of the {:.4f} ms device-only iteration\n",
+      "the copy){}; the steps sum to {:.4f} ms of the {:.4f} ms device-only iteration\n",
       r.gemm_ms, percent(r.gemm_ms), r.kernel_ms, percent(r.kernel_ms), r.kernel_gb_per_s,
-      100 * r.kernel_copy_share, steps_ms, r.device_time.median);
+      100 * r.kernel_copy_share,
+      r.tp > 1 ? fmt::format(", collectives {:.4f} ms ({:.0f}%, waiting for the other ranks "
+                             "included)",
+                             r.collective_ms, percent(r.collective_ms))
+               : "",
+      steps_ms, r.device_time.median);
   for (const std::string& note : r.notes) out += "note: " + note + "\n";
   return out;
 }
@@ -148,6 +155,7 @@ std::string bench_report_json(const BenchReport& r) {
       {"device",
        {{"name", r.device}, {"arch", r.arch}, {"sm_count", r.sm_count}, {"l2_bytes", r.l2_bytes}}},
       {"bindings", bindings},
+      {"parallel", {{"tp", r.tp}, {"rank", r.rank}}},
       {"compile",
        {{"kernels", r.build.kernels},
         {"cache_hits", r.build.cache_hits},
@@ -174,6 +182,7 @@ std::string bench_report_json(const BenchReport& r) {
       {"summary",
        {{"gemm_ms", r.gemm_ms},
         {"kernel_ms", r.kernel_ms},
+        {"collective_ms", r.collective_ms},
         {"kernel_bytes", r.kernel_bytes},
         {"kernel_gb_per_s", r.kernel_gb_per_s},
         {"kernel_copy_share", r.kernel_copy_share}}},

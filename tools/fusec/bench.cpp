@@ -7,6 +7,7 @@
 #include "bench/bench.h"
 #include "commands.h"
 #include "gpu/device.h"
+#include "launch.h"
 #include "opfuse/program.h"
 
 namespace opfuse::fusec {
@@ -31,9 +32,11 @@ struct BenchCommandOptions {
   std::string json;
   std::string debug_config;
   std::string debug_log_dir;
+  int nproc = 1;  // tensor-parallel ranks, one process per GPU
 };
 
 int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
+  if (opts.nproc > 1 && !is_launched_rank()) return launch_ranks(opts.nproc);
   const auto bindings = parse_bindings(opts.binds);
   if (!bindings) return kExitUsage;
   std::string no_gpu;
@@ -44,6 +47,8 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     return kExitUserError;
   }
   try {
+    opfuse::api::BenchOptions bench;
+    bench.parallel = launched_rank();
     opfuse::CompileOptions compile;
     compile.recipe = common.recipe;
     if (!opts.debug_config.empty())
@@ -51,7 +56,6 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     const Clock::time_point start = Clock::now();
     const opfuse::Program program = opfuse::Program::compile_file(opts.file, compile);
     std::fputs(program.warnings().c_str(), stderr);
-    opfuse::api::BenchOptions bench;
     bench.debug.log_dir = opts.debug_log_dir;
     bench.compile_wall_ms = milliseconds_since(start);
     bench.sequence = opts.sequence;
@@ -69,7 +73,8 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     opfuse::api::BenchReport report = opfuse::api::run_benchmark(program, bench);
     report.file = opts.file;
     std::fputs(opfuse::api::format_bench_report(report).c_str(), stdout);
-    if (!opts.json.empty()) {
+    // Every rank prints its report (rank r > 0 to its log); rank 0 writes the JSON.
+    if (!opts.json.empty() && bench.parallel.rank == 0) {
       const fs::path parent = fs::path(opts.json).parent_path();
       if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
       if (!write_output(opts.json, opfuse::api::bench_report_json(report))) return kExitUserError;
@@ -131,7 +136,14 @@ Command add_bench_command(CLI::App& app, CommonOptions& common) {
       ->capture_default_str();
   bench->add_option("--seed", opts->seed, "seed of the parameters and inputs")
       ->capture_default_str();
-  bench->add_option("--json", opts->json, "also write every number to this JSON file");
+  bench->add_option("--json", opts->json,
+                    "also write every number to this JSON file (rank 0's under --nproc)");
+  bench
+      ->add_option("--nproc", opts->nproc,
+                   "processes, one GPU each, for a sequence `with parallel(tp = N)`: every rank "
+                   "times its part and rank 0 prints its report (docs/parallel.md)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   auto* debug_config =
       bench
           ->add_option("--debug-config", opts->debug_config,

@@ -15,7 +15,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "common.h"
+#include "opfuse/error.h"
 
 extern char** environ;
 
@@ -33,6 +36,18 @@ std::vector<std::string>& process_args() {
 void set_process_args(int argc, char** argv) { process_args().assign(argv, argv + argc); }
 
 bool is_launched_rank() { return std::getenv("OPFUSE_WORLD_SIZE") != nullptr; }
+
+ParallelOptions launched_rank() {
+  ParallelOptions parallel = ParallelOptions::from_environment();
+  if (const char* device = std::getenv("OPFUSE_LOCAL_DEVICE");
+      device != nullptr && parallel.size > 1) {
+    if (const cudaError_t rc = cudaSetDevice(std::atoi(device)); rc != cudaSuccess) {
+      throw UsageError(fmt::format("rank {} of {}: cudaSetDevice({}): {}", parallel.rank,
+                                   parallel.size, device, cudaGetErrorString(rc)));
+    }
+  }
+  return parallel;
+}
 
 int launch_ranks(int nproc) {
   int devices = 0;

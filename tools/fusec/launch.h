@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "opfuse/program.h"
+
 namespace opfuse::fusec {
 
 // fusec's own command line, kept by main() for the launcher to start its ranks with.
@@ -19,5 +21,11 @@ bool is_launched_rank();
 // When a rank fails the others are stopped (a survivor would wait in NCCL forever). Returns the
 // first failing rank's exit code, else 0; an error message and 1 when fewer GPUs than nproc.
 int launch_ranks(int nproc);
+
+// This process's place in the group: ParallelOptions::from_environment(), after making the
+// rank's GPU (OPFUSE_LOCAL_DEVICE) the current device in a launched rank. A one-rank
+// ParallelOptions outside a launch. Throws opfuse::Error for malformed variables or a device that
+// cannot be selected.
+ParallelOptions launched_rank();
 
 }  // namespace opfuse::fusec

@@ -57,6 +57,7 @@ int run_on_gpu(const RunCommandOptions& opts, const CommonOptions& common,
     std::fputs(program.warnings().c_str(), stderr);
     if (common.warnings_as_errors && !program.warnings().empty()) return kExitUserError;
     gpu_run.sequence = opts.sequence;
+    gpu_run.parallel = launched_rank();
     gpu_run.bindings.insert(run.bindings.begin(), run.bindings.end());
     gpu_run.steps = run.steps;
     gpu_run.seed = run.seed;

@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -50,11 +48,6 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
     throw UsageError(fmt::format("--steps must be at least 1, got {}", options.steps));
   if (std::string why; !gpu::gpu_available(&why))
     throw UsageError(fmt::format("fusec run on the GPU: {}", why));
-  // A rank of `fusec run --nproc N` (docs/parallel.md): its GPU, then its place in the group.
-  const ParallelOptions parallel = ParallelOptions::from_environment();
-  if (const char* device = std::getenv("OPFUSE_LOCAL_DEVICE");
-      device != nullptr && parallel.size > 1)
-    OPFUSE_CUDA_CHECK(cudaSetDevice(std::atoi(device)), "fusec run --nproc");
   cudaStream_t stream = nullptr;
   OPFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "fusec run");
   struct StreamOwner {
@@ -64,7 +57,7 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
 
   SessionOptions session_options;
   session_options.debug = options.debug;
-  session_options.parallel = parallel;
+  session_options.parallel = options.parallel;
   Session session(program, options.sequence, stream, session_options);
   session.bind(options.bindings);
   session.own_parameters(options.seed, stream);
@@ -102,9 +95,9 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
       "sequence {}  recipe {}  device {} ({})\nbindings{}  steps {}  seed {}  lr {}\n{}; SGD on "
       "every parameter\nquantizers: amax of this step (history slot 0) and the scale used in it\n",
       session.sequence(), program.recipe(options.sequence), device.name,
-      parallel.size > 1
-          ? fmt::format("{}, rank {} of {}", device.arch, parallel.rank, parallel.size)
-          : device.arch,
+      options.parallel.size > 1 ? fmt::format("{}, rank {} of {}", device.arch,
+                                              options.parallel.rank, options.parallel.size)
+                                : device.arch,
       bindings, options.steps, options.seed, options.lr, cpu::kRunLossDescription);
   gpu::reset_pool_peak();
   session.reset_peak_memory();

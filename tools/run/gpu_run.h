@@ -21,6 +21,8 @@ struct GpuRunOptions {
   double lr = 0.01;
   // For a program compiled with a debug config: where and how its session logs.
   DebugSessionOptions debug;
+  // A rank of `fusec run --nproc N` (docs/parallel.md); its GPU is already the current device.
+  ParallelOptions parallel;
 };
 
 // Throws opfuse::Error (UsageError for misuse such as unbound sizes or steps < 1).

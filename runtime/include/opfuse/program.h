@@ -179,7 +179,9 @@ struct DebugSessionOptions {
 // directory all ranks share plus a job name unique to this launch, through which rank 0 hands it
 // out. `fusec run --nproc N` starts the ranks and sets OPFUSE_RANK, OPFUSE_WORLD_SIZE,
 // OPFUSE_LOCAL_DEVICE, OPFUSE_BOOTSTRAP_DIR and OPFUSE_JOB, which from_environment() reads. Set
-// the rank's CUDA device before creating the Session.
+// the rank's CUDA device before creating the Session. A one-rank sequence (size 1) runs its
+// collectives as copies without NCCL, unless `nccl_id` is set: then through a one-rank NCCL
+// communicator, the calls N ranks make (the same results; a check of the NCCL path on one GPU).
 struct ParallelOptions {
   int rank = 0;
   int size = 1;
