@@ -14,7 +14,7 @@
 # tp.json and tp_results.tar.gz (every report and log).
 #
 # FUSEC: a built fusec (default: build it into build/bench, Release). BUDGET_S (default 560): the
-# peers stop where the time runs out (what they measured is kept).
+# peers stop where the time runs out (what they measured is kept). PEERS=0 skips them.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/opfuse-tp}
@@ -58,7 +58,7 @@ if [[ -z $fusec ]]; then
     tail -30 "$work/build.log"
     exit 1
   }
-  fusec=build/bench/tools/fusec/fusec
+  fusec=build/bench/tools/fusec
 fi
 
 status=0
@@ -79,7 +79,9 @@ for recipe in $recipes; do
   done
 done
 
-for tp in 1 $tps; do
+peer_tps="1 $tps"
+[[ ${PEERS:-1} == 0 ]] && peer_tps=""
+for tp in $peer_tps; do
   left=$((budget - SECONDS))
   if ((left < 60)); then
     echo "peers at tp $tp and above skipped: ${left} s of the budget left"

@@ -137,10 +137,16 @@ TEST_F(QuantizerStateGpu, RecordsPointIntoTheOneAllocation) {
             cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(records[i].amax, state.amax(i));
     EXPECT_EQ(records[i].amax_history, state.amax_history(i));
     EXPECT_EQ(records[i].scale, state.scale(i));
     EXPECT_EQ(records[i].scale_inv, state.scale_inv(i));
   }
+  // Delayed scaling's amax is its slot of the one amaxes section (what a tensor-parallel step
+  // all-reduces); current scaling's is word 0 of its own four.
+  EXPECT_EQ(state.amax(0), state.amaxes());
+  EXPECT_EQ(state.amaxes_floats(), 2 * QuantizerLayout::kScalarSlotBytes / sizeof(float));
+  EXPECT_EQ(state.amax(1), state.amax_history(1));
   EXPECT_EQ(records[0].history_length, 16);
   EXPECT_EQ(records[0].mode, 0);
   EXPECT_EQ(records[0].fp8_max, 448.0f);

@@ -24,6 +24,7 @@ namespace {
 
 // Mirrors templates/common/quantizer_record.cuh's QuantizerRecord field for field.
 struct QuantizerRecord {
+  float* amax;
   float* amax_history;
   float* scale;
   float* scale_inv;
@@ -34,7 +35,7 @@ struct QuantizerRecord {
   float epsilon;
   int power_of_2_scale;
 };
-static_assert(sizeof(QuantizerRecord) == 48);
+static_assert(sizeof(QuantizerRecord) == 56);
 
 class TemplatesGpu : public ::testing::Test {
  protected:
@@ -144,7 +145,7 @@ struct CurrentScaleState {
     scale = device_copy(std::vector<float>{1.0f});
     scale_inv = device_copy(std::vector<float>{1.0f});
     record = device_copy(std::vector<QuantizerRecord>{
-        {words, scale, scale_inv, 1, 2, fp8_max, 0, epsilon, power_of_2}});
+        {words, words, scale, scale_inv, 1, 2, fp8_max, 0, epsilon, power_of_2}});
   }
   ~CurrentScaleState() { cudaFree(words), cudaFree(scale), cudaFree(scale_inv), cudaFree(record); }
   float* running_max() const { return words + 2; }  // the kernels' amax pointer
@@ -260,16 +261,22 @@ TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
   };
   cudaKernel_t kernel = load("#include \"scale_update.cuh\"\n", "opfuse::update_scales<256>");
 
+  // Delayed scaling: slot 0 (this step's amax) apart, the older slots in the history; current
+  // scaling: the amax is word 0 of its history.
   std::vector<cpu::DelayedScalingState> cpu_state(cases.size());
-  std::vector<float*> d_history(cases.size()), d_scale(cases.size()), d_scale_inv(cases.size());
+  std::vector<float*> d_amax(cases.size()), d_history(cases.size()), d_scale(cases.size()),
+      d_scale_inv(cases.size());
   std::vector<QuantizerRecord> records;
   for (size_t i = 0; i < cases.size(); ++i) {
     cpu_state[i].amax_history.assign(cases[i].length, 0.0f);
-    d_history[i] = device_copy(cpu_state[i].amax_history);
+    const bool current = cases[i].mode == 2;
+    d_history[i] = device_copy(std::vector<float>(current ? 4 : std::max(cases[i].length - 1, 1)));
+    d_amax[i] = current ? d_history[i] : device_copy(std::vector<float>{0.0f});
     d_scale[i] = device_copy(std::vector<float>{1.0f});
     d_scale_inv[i] = device_copy(std::vector<float>{1.0f});
-    records.push_back({d_history[i], d_scale[i], d_scale_inv[i], cases[i].length, cases[i].mode,
-                       cases[i].fp8_max, cases[i].margin, cases[i].epsilon, cases[i].pow2});
+    records.push_back({d_amax[i], d_history[i], d_scale[i], d_scale_inv[i], cases[i].length,
+                       cases[i].mode, cases[i].fp8_max, cases[i].margin, cases[i].epsilon,
+                       cases[i].pow2});
   }
   QuantizerRecord* d_records = device_copy(records);
   struct {
@@ -288,7 +295,7 @@ TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
       if (step == 7 && i == 1) amax = INFINITY;  // keeps the old scale
       if (step == 9 && i == 0) amax = 1e-39f;    // subnormal: scale overflows to FLT_MAX
       cpu_state[i].amax_history[0] = amax;
-      CUDA_OK(cudaMemcpy(d_history[i], &amax, sizeof amax, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemcpy(d_amax[i], &amax, sizeof amax, cudaMemcpyHostToDevice));
       if (cases[i].mode == 2) {
         const auto s = cpu::compute_current_scale(amax, cases[i].fp8_max, cases[i].epsilon,
                                                   cases[i].pow2 != 0);
@@ -313,15 +320,19 @@ TEST_F(TemplatesGpu, UpdateScalesMatchesCpuQuantizerMathOver20Steps) {
       ASSERT_EQ(std::memcmp(&scale_inv, &cpu_state[i].scale_inv, 4), 0)
           << "step " << step << " quantizer " << i;
       if (cases[i].mode != 2) {
-        const auto history = host_copy(d_history[i], cases[i].length);
+        std::vector<float> history = host_copy(d_amax[i], 1);
+        const auto older = host_copy(d_history[i], cases[i].length - 1);
+        history.insert(history.end(), older.begin(), older.end());
         ASSERT_EQ(std::memcmp(history.data(), cpu_state[i].amax_history.data(), 4 * history.size()),
                   0)
             << "step " << step << " quantizer " << i;
       }
     }
   }
-  for (size_t i = 0; i < cases.size(); ++i)
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (d_amax[i] != d_history[i]) cudaFree(d_amax[i]);
     cudaFree(d_history[i]), cudaFree(d_scale[i]), cudaFree(d_scale_inv[i]);
+  }
   cudaFree(d_records);
 }
 
