@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <utility>
@@ -98,6 +99,31 @@ struct WeightCacheGroup {
 
 // ---- SequenceExecutor::Impl ---------------------------------------------------------------------
 
+// Note "Overlapped collectives" (executor_run.cpp): the stream a tensor-parallel plan's
+// collectives run on, beside the session's, and per collective step the events that fork it from
+// and join it back to the session's stream. Made by set_communicator() on the executor's device.
+class CollectiveStream {
+ public:
+  CollectiveStream(std::size_t steps);  // a high-priority non-blocking stream
+  ~CollectiveStream();                  // waits for nothing: the executor joined every fork
+  CollectiveStream(const CollectiveStream&) = delete;
+  CollectiveStream& operator=(const CollectiveStream&) = delete;
+  cudaStream_t stream() const { return stream_; }
+  cudaEvent_t ready(std::size_t step);  // made on first use
+  cudaEvent_t done(std::size_t step);
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  std::vector<cudaEvent_t> ready_, done_;
+};
+
+// A collective enqueued on the CollectiveStream that the session's stream has not waited for
+// yet, with the address ranges [begin, end) of its input and output.
+struct PendingCollective {
+  int step = 0;
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+};
+
 struct SequenceExecutor::Impl {
   Impl(const SequencePlan& plan_in, const PlanModules& modules_in, GemmRunner& gemms_in,
        cudaStream_t stream);
@@ -131,6 +157,14 @@ struct SequenceExecutor::Impl {
   void run_step(int index, cudaStream_t stream);
   void run_collective(const plan::CollectiveStep& collective, std::int64_t count,
                       cudaStream_t stream);
+  // Note "Overlapped collectives": collective step `index` of run mode `m` forked onto the
+  // collective stream; the session's stream waits for a pending collective before the first
+  // step whose memory overlaps its input or output (join_overlapping), and for all of them at
+  // the end of every run (join_all).
+  void fork_collective(int index, int m, cudaStream_t stream);
+  void join_overlapping(int index, int m, cudaStream_t stream);
+  void join_all(cudaStream_t stream);
+  std::pair<std::uintptr_t, std::uintptr_t> range_of(int root) const;
   // Tensor-parallel delayed scaling: the max of every delayed quantizer's amax over the ranks,
   // in place, before the scale update (one NCCL group).
   bool reduces_amaxes() const;  // a communicator and delayed-scaling quantizers
@@ -155,7 +189,9 @@ struct SequenceExecutor::Impl {
   const SequencePlan& plan;
   const PlanModules& modules;
   GemmRunner& gemms;
-  comm::Communicator* communicator = nullptr;  // tensor-parallel plans (set_communicator)
+  comm::Communicator* communicator = nullptr;           // tensor-parallel plans (set_communicator)
+  std::unique_ptr<CollectiveStream> collective_stream;  // with a communicator
+  std::vector<PendingCollective> pending_collectives;
   std::optional<QuantizerState> quantizers;
   int device = 0;  // the CUDA device the executor was made on
   int num_sms = 0;

@@ -51,6 +51,7 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
     if (group >= 0 && skip_group[static_cast<std::size_t>(group)] != 0) continue;
     run_listed_step(index, m, stream, enqueue);
   }
+  if (enqueue) join_all(stream);
   for (WeightCacheGroup& group : cache_groups) {
     if (group.steps.front() < begin || group.steps.back() >= end) continue;
     mark_cast(group);
@@ -63,7 +64,12 @@ void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stre
     if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
   }
   if (enqueue) {
-    observed_step(index, stream);
+    join_overlapping(index, m, stream);
+    if (collective_stream && std::holds_alternative<plan::CollectiveStep>(plan.steps[i].body)) {
+      fork_collective(index, m, stream);
+    } else {
+      observed_step(index, stream);
+    }
     const int group = cache_group_of_step[i];
     if (group >= 0 && cache_groups[static_cast<std::size_t>(group)].steps.back() == index)
       keep_cast_scale_inv(cache_groups[static_cast<std::size_t>(group)], stream);
@@ -146,6 +152,92 @@ void SequenceExecutor::Impl::run_collective(const plan::CollectiveStep& collecti
       break;
   }
 }
+
+// Note "Overlapped collectives": a tensor-parallel step's collectives need not hold up the steps
+// that do not depend on them, e.g. the all-reduce of fc1's input gradient and fc1's wgrad GEMM
+// (TE overlaps the two the same way), or a gather and the next weight's cast. Each collective
+// runs on the CollectiveStream (high priority, so NCCL's few blocks get SMs beside a GEMM's):
+// forked from the session's stream after the steps before it (event `ready`), its completion
+// recorded (event `done`). The session's stream waits for `done` before the first later step
+// whose memory overlaps the collective's input or output (its consumer, or a step the memory plan
+// placed in memory the collective still reads or writes), and for every pending collective at
+// the end of the run, so a forward or backward ends as complete on the session's stream as
+// before, and a CUDA graph captured from it joins the fork back. The ranks issue their
+// collectives in the same order (one stream each), as NCCL requires.
+std::pair<std::uintptr_t, std::uintptr_t> SequenceExecutor::Impl::range_of(int root) const {
+  const auto begin = reinterpret_cast<std::uintptr_t>(pointer(root));
+  return {begin, begin + bytes[static_cast<std::size_t>(root)]};
+}
+
+void SequenceExecutor::Impl::fork_collective(int index, int m, cudaStream_t stream) {
+  const auto i = static_cast<std::size_t>(index);
+  CollectiveStream& side = *collective_stream;
+  OPFUSE_CUDA_CHECK(cudaEventRecord(side.ready(i), stream), "forking a collective");
+  OPFUSE_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), side.ready(i), 0), "forking a collective");
+  observed_step(index, side.stream());
+  OPFUSE_CUDA_CHECK(cudaEventRecord(side.done(i), side.stream()), "forking a collective");
+  PendingCollective pending{index, {}};
+  for (int root : touched[m][i]) pending.ranges.push_back(range_of(root));
+  pending_collectives.push_back(std::move(pending));
+}
+
+void SequenceExecutor::Impl::join_overlapping(int index, int m, cudaStream_t stream) {
+  if (pending_collectives.empty()) return;
+  const auto& roots = touched[m][static_cast<std::size_t>(index)];
+  std::erase_if(pending_collectives, [&](const PendingCollective& pending) {
+    const bool overlaps = std::ranges::any_of(roots, [&](int root) {
+      const auto [begin, end] = range_of(root);
+      return std::ranges::any_of(pending.ranges, [&](const auto& range) {
+        return begin < range.second && range.first < end;
+      });
+    });
+    if (overlaps) {
+      OPFUSE_CUDA_CHECK(
+          cudaStreamWaitEvent(stream,
+                              collective_stream->done(static_cast<std::size_t>(pending.step)), 0),
+          "joining a collective");
+    }
+    return overlaps;
+  });
+}
+
+void SequenceExecutor::Impl::join_all(cudaStream_t stream) {
+  for (const PendingCollective& pending : pending_collectives) {
+    OPFUSE_CUDA_CHECK(
+        cudaStreamWaitEvent(stream, collective_stream->done(static_cast<std::size_t>(pending.step)),
+                            0),
+        "joining a collective");
+  }
+  pending_collectives.clear();
+}
+
+CollectiveStream::CollectiveStream(std::size_t steps) : ready_(steps), done_(steps) {
+  int least = 0, greatest = 0;
+  OPFUSE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "the collective stream");
+  OPFUSE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
+                    "the collective stream");
+}
+
+CollectiveStream::~CollectiveStream() {
+  for (cudaEvent_t event : ready_)
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  for (cudaEvent_t event : done_)
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  (void)cudaStreamDestroy(stream_);
+}
+
+namespace {
+cudaEvent_t made(cudaEvent_t& event) {
+  if (event == nullptr) {
+    OPFUSE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                      "the collective stream's events");
+  }
+  return event;
+}
+}  // namespace
+
+cudaEvent_t CollectiveStream::ready(std::size_t step) { return made(ready_.at(step)); }
+cudaEvent_t CollectiveStream::done(std::size_t step) { return made(done_.at(step)); }
 
 void SequenceExecutor::Impl::synchronize_after(int index, std::string_view work,
                                                cudaStream_t stream) const {

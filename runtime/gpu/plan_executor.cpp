@@ -291,6 +291,10 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
                     s.plan.parallel.tp == 1 ? "" : "s", communicator->size()));
   }
   s.communicator = communicator;
+  s.pending_collectives.clear();
+  s.collective_stream.reset();
+  if (communicator != nullptr)  // note "Overlapped collectives"
+    s.collective_stream = std::make_unique<CollectiveStream>(s.plan.steps.size());
 }
 
 // Note "Amax reduction": every rank must cast with the scale of the whole tensor (TE's amax
