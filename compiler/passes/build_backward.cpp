@@ -5,7 +5,9 @@
 #include <algorithm>
 
 #include "ir/backward_rules.h"
+#include "ir/op_table.h"
 #include "ir/parallel.h"
+#include "ir/rewrite.h"
 #include "support/assert.h"
 
 namespace opfuse::passes {
@@ -100,10 +102,33 @@ class Builder final : public BackwardBuilder {
       }
       s_.param_grads.push_back(g);
     }
+    hoist_collectives(forward_count);
     s_.has_backward = true;
   }
 
  private:
+  // Each backward collective moves up to just after the op that makes its operand, so the ops
+  // that do not need its result run while it is on the wire (the runtime overlaps them: note
+  // "Overlapped collectives" in runtime/gpu/executor_run.cpp). The rules emit a linear's dgrad
+  // and wgrad together, so the reduce_scatter that sums a sequence-parallel dgrad (the backward
+  // of the all_gather before the linear) would otherwise come after the wgrad GEMM; hoisted, it
+  // overlaps it, as TE's column-parallel Linear overlaps its dgrad collective with the wgrad.
+  // Dependencies hold: the operand is made before the new place, the consumers follow the old.
+  void hoist_collectives(size_t forward_count) {
+    for (size_t j = forward_count; j < s_.ops.size(); ++j) {
+      if (op_info(s_.ops[j].kind).family != KernelFamily::Collective) continue;
+      size_t target = forward_count;
+      for (ValueId operand : s_.ops[j].operands) {
+        const int32_t producer = s_.value(operand).producer;
+        if (producer >= 0) target = std::max(target, size_t(producer) + 1);
+      }
+      if (target >= j) continue;
+      std::rotate(s_.ops.begin() + std::ptrdiff_t(target), s_.ops.begin() + std::ptrdiff_t(j),
+                  s_.ops.begin() + std::ptrdiff_t(j) + 1);
+      recompute_producers(s_);
+    }
+  }
+
   std::vector<ValueId> append(Operation op, const std::vector<TensorType>& types) {
     const int32_t index = int32_t(s_.ops.size());
     for (const TensorType& t : types) {

@@ -117,6 +117,9 @@ class CollectiveStream {
   std::vector<cudaEvent_t> ready_, done_;
 };
 
+// The SMs a GEMM beside a collective in flight leaves to it, unless OPFUSE_COLLECTIVE_SMS says.
+inline constexpr int kCollectiveSms = 16;
+
 // A collective enqueued on the CollectiveStream that the session's stream has not waited for
 // yet, with the address ranges [begin, end) of its input and output.
 struct PendingCollective {
@@ -192,6 +195,7 @@ struct SequenceExecutor::Impl {
   comm::Communicator* communicator = nullptr;           // tensor-parallel plans (set_communicator)
   std::unique_ptr<CollectiveStream> collective_stream;  // with a communicator
   std::vector<PendingCollective> pending_collectives;
+  int collective_sms = 0;  // SMs a GEMM leaves to a collective in flight
   std::optional<QuantizerState> quantizers;
   int device = 0;  // the CUDA device the executor was made on
   int num_sms = 0;

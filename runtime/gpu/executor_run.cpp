@@ -116,9 +116,13 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
       if (args.b_scale_inv != nullptr && cached(gemm.b))
         args.b_scale_inv = cast_scale_inv_slot(gemm.b.scale_inv.quantizer);
     }
-    gemms.run(bound_step.gemm, args, stream);
+    // Note "Overlapped collectives": beside a collective in flight, the GEMM leaves it SMs.
+    GemmDesc desc = bound_step.gemm;
+    if (!pending_collectives.empty() && collective_sms > 0 && collective_sms < num_sms)
+      desc.sm_count_target = num_sms - collective_sms;
+    gemms.run(desc, args, stream);
     if (check_each_step())
-      synchronize_after(index, fmt::format("cuBLASLt's {}", describe(bound_step.gemm)), stream);
+      synchronize_after(index, fmt::format("cuBLASLt's {}", describe(desc)), stream);
   }
 }
 
@@ -163,7 +167,11 @@ void SequenceExecutor::Impl::run_collective(const plan::CollectiveStep& collecti
 // placed in memory the collective still reads or writes), and for every pending collective at
 // the end of the run, so a forward or backward ends as complete on the session's stream as
 // before, and a CUDA graph captured from it joins the fork back. The ranks issue their
-// collectives in the same order (one stream each), as NCCL requires.
+// collectives in the same order (one stream each), as NCCL requires. A GEMM launched while a
+// collective is in flight would otherwise take every SM for its whole run (cuBLASLt's Hopper
+// kernels are persistent) and NCCL's blocks would wait for it to end: such a GEMM runs on all
+// but collective_sms SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, as TE does for its overlapped
+// GEMMs); OPFUSE_COLLECTIVE_SMS sets how many (default kCollectiveSms, 0: no limit).
 std::pair<std::uintptr_t, std::uintptr_t> SequenceExecutor::Impl::range_of(int root) const {
   const auto begin = reinterpret_cast<std::uintptr_t>(pointer(root));
   return {begin, begin + bytes[static_cast<std::size_t>(root)]};

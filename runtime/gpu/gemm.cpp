@@ -353,6 +353,10 @@ std::unique_ptr<Plan> GemmRunner::Impl::make_plan(const GemmDesc& desc, const Ge
   set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_TRANSB, transb, desc);
   set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_EPILOGUE, cublaslt_epilogue(desc.epilogue),
                 desc);
+  if (desc.sm_count_target > 0) {
+    const std::int32_t sms = desc.sm_count_target;
+    set_attribute(plan->matmul, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, sms, desc);
+  }
   const DType vector_dtype = epilogue_vector_dtype(desc);
   if (is_fp8(desc.a)) {
     const std::int8_t fast_accum = desc.fast_accum ? 1 : 0;

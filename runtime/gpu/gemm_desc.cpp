@@ -31,6 +31,7 @@ std::size_t GemmDescHash::operator()(const GemmDesc& desc) const {
   mix(hash_int(desc.n));
   mix(hash_int(desc.k));
   mix(hash_int(desc.aux_ld));
+  mix(hash_int(desc.sm_count_target));
   mix(static_cast<std::size_t>(desc.a) | static_cast<std::size_t>(desc.b) << 8 |
       static_cast<std::size_t>(desc.d) << 16 | static_cast<std::size_t>(desc.epilogue) << 24 |
       static_cast<std::size_t>(desc.a_transposed) << 32 |
@@ -254,6 +255,7 @@ std::string describe(const GemmDesc& desc) {
   if (desc.a_scale != ScaleMode::Tensor || desc.b_scale != ScaleMode::Tensor)
     text += fmt::format(", scales A {}, B {}", scale_mode_name(desc.a_scale),
                         scale_mode_name(desc.b_scale));
+  if (desc.sm_count_target > 0) text += fmt::format(", on {} SMs", desc.sm_count_target);
   return text;
 }
 

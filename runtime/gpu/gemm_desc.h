@@ -57,6 +57,10 @@ struct GemmDesc {
   // FP8 operands: how their scale_inv comes (block modes: both operands, never both 2-D).
   ScaleMode a_scale = ScaleMode::Tensor;
   ScaleMode b_scale = ScaleMode::Tensor;
+  // > 0: the SMs cuBLASLt may use (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET), leaving the rest to a
+  // collective running beside the GEMM (note "Overlapped collectives", gpu/executor_run.cpp);
+  // 0: all of them.
+  int sm_count_target = 0;
 
   friend bool operator==(const GemmDesc&, const GemmDesc&) = default;
 };

@@ -38,6 +38,8 @@
 // moves the quantizer's scale on for the next cast, and GEMMs on the copy read the kept one.
 #include "gpu/plan_executor.h"
 
+#include <cstdlib>
+
 #include "gpu/executor_impl.h"
 
 namespace opfuse::gpu {
@@ -293,8 +295,21 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
   s.communicator = communicator;
   s.pending_collectives.clear();
   s.collective_stream.reset();
-  if (communicator != nullptr)  // note "Overlapped collectives"
+  if (communicator != nullptr) {  // note "Overlapped collectives"
     s.collective_stream = std::make_unique<CollectiveStream>(s.plan.steps.size());
+    s.collective_sms = kCollectiveSms;
+    if (const char* text = std::getenv("OPFUSE_COLLECTIVE_SMS"); text != nullptr) {
+      char* end = nullptr;
+      const long sms = std::strtol(text, &end, 10);
+      if (end == text || *end != '\0' || sms < 0 || sms >= s.num_sms) {
+        throw UsageError(fmt::format(
+            "OPFUSE_COLLECTIVE_SMS={}: give the SMs a GEMM leaves to a collective beside it, from "
+            "0 (no limit) to {}",
+            text, s.num_sms - 1));
+      }
+      s.collective_sms = static_cast<int>(sms);
+    }
+  }
 }
 
 // Note "Amax reduction": every rank must cast with the scale of the whole tensor (TE's amax

@@ -212,6 +212,26 @@ TEST(ParallelLanguage, BackwardSumsWhereTransformerEngineDoes) {
       << "the forward sums fc2's partial products";
 }
 
+// Each backward collective follows the op that makes its operand (build_backward's
+// hoist_collectives), so the runtime overlaps it with the ops that do not need it: fc1's summed
+// dgrad goes on the wire before fc1's wgrad GEMM, with and without sequence parallelism.
+TEST(ParallelLanguage, BackwardCollectivesFollowTheirProducers) {
+  for (const bool sp : {true, false}) {
+    SCOPED_TRACE(sp ? "sp" : "no sp");
+    const std::string text = ir_text(compile(mlp(2, sp, "bf16")));
+    const std::string bwd = text.substr(text.find("backward:"));
+    const size_t dgrad = bwd.find("linear_dgrad(", bwd.find("as \"fc2\""));
+    const size_t sum = bwd.find(sp ? "reduce_scatter(" : "= all_reduce(", dgrad);
+    const size_t wgrad = bwd.find("linear_wgrad(", dgrad);
+    ASSERT_NE(dgrad, std::string::npos) << bwd;
+    ASSERT_NE(sum, std::string::npos) << bwd;
+    ASSERT_NE(wgrad, std::string::npos) << bwd;
+    // fc1's dgrad, its sum, then fc1's wgrad (the rules emit dgrad and wgrad together).
+    EXPECT_LT(sum, wgrad) << bwd;
+    EXPECT_EQ(dgrad, bwd.rfind("linear_dgrad(")) << "fc1's is the last dgrad:\n" << bwd;
+  }
+}
+
 TEST(ParallelLanguage, OneRankIsThePlainProgram) {
   const std::string one = ir_text(compile(mlp(1, false, "delayed")));
   EXPECT_FALSE(test::contains(one, "all_")) << one;
