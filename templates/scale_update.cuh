@@ -81,6 +81,25 @@ __global__ void __launch_bounds__(kThreads,
   }
 }
 
+// Current scaling over a tensor-parallel group (runtime/gpu/quantizer_state.h, finish_current):
+// the kernel that measured the amax ran without its record, so no block derived a scale from this
+// rank's part alone, and the runtime max-reduced the running max over the ranks in place. This
+// takes that max as the measured amax, returns the running max to 0 for the next measurement and
+// derives scale and scale_inv, as derive_current_scale does in the one-rank case. Block: any
+// (thread 0 works); grid: any (strides over the records).
+template <int kThreads = 32>
+__global__ void __launch_bounds__(kThreads) finish_current_scales(ScaleUpdateParams params) {
+  if (threadIdx.x != 0) return;
+  for (int index = blockIdx.x; index < params.count; index += gridDim.x) {
+    const QuantizerRecord record = params.records[index];
+    float* words = record.amax_history;
+    const float measured = words[kRunningAmaxWord];
+    words[kRunningAmaxWord] = 0.0f;
+    words[0] = measured;
+    store_current_scale(record, measured);
+  }
+}
+
 }  // namespace opfuse
 
 #endif  // OPFUSE_TEMPLATES_SCALE_UPDATE_CUH_

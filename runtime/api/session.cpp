@@ -208,14 +208,6 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   // A one-rank sequence given an NCCL id runs its collectives through a one-rank communicator
   // (ParallelOptions::nccl_id): the path of N ranks, on one GPU.
   if (s.plan->parallel.active() || !par.nccl_id.empty()) {
-    for (const plan::QuantizerPlan& q : s.plan->quantizers) {
-      if (q.spec.scaling == plan::ScalingKind::Current && s.plan->parallel.active())
-        throw UsageError(fmt::format(
-            "sequence '{}' is tensor-parallel with current scaling (quantizer {}): the GPU "
-            "path does not yet reduce a current-scaling amax over the ranks before its cast; "
-            "use delayed scaling, block scaling or bf16 (the CPU reference runs it)",
-            s.plan->name, q.name));
-    }
     comm::UniqueId id;
     if (!par.nccl_id.empty()) {
       id = comm::unique_id_from_hex(par.nccl_id);

@@ -18,8 +18,17 @@ BoundStep SequenceExecutor::Impl::bind_launch(
   bound_step.grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(y));
   bound_step.block = dim3(static_cast<unsigned>(launch.block_threads));
   bound_step.dynamic_smem = static_cast<std::size_t>(launch.dynamic_smem_bytes);
-  bound_step.params = pack_params(launch.params, values,
-                                  [this](const ParamBinding& p) { return state_pointer(p); });
+  // Note "Current scaling over ranks" (executor_run.cpp): a tensor-parallel kernel measures
+  // without its record, and the scale is derived once the ranks' amaxes are reduced.
+  const bool over_ranks = plan.parallel.active();
+  bound_step.params = pack_params(launch.params, values, [&](const ParamBinding& p) -> const void* {
+    if (over_ranks && p.kind == plan::ParamKind::Records) {
+      bound_step.finish_current.insert(bound_step.finish_current.end(), p.records.begin(),
+                                       p.records.end());
+      return nullptr;
+    }
+    return state_pointer(p);
+  });
   return bound_step;
 }
 

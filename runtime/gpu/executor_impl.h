@@ -75,6 +75,9 @@ struct BoundStep {
   PackedParams params;
   GemmDesc gemm;
   std::int64_t collective_count = 0;  // collectives: elements this rank sends
+  // Tensor-parallel launches that measure a current-scaling amax: their quantizers, whose scale
+  // is derived after the amax is max-reduced over the ranks (note "Current scaling over ranks").
+  std::vector<int> finish_current;
 };
 
 // What construction learns about one buffer (note "Executor buffers").
@@ -165,6 +168,7 @@ struct SequenceExecutor::Impl {
   // step whose memory overlaps its input or output (join_overlapping), and for all of them at
   // the end of every run (join_all).
   void fork_collective(int index, int m, cudaStream_t stream);
+  void finish_current_scales(const BoundStep& bound_step, cudaStream_t stream);
   void join_overlapping(int index, int m, cudaStream_t stream);
   void join_all(cudaStream_t stream);
   std::pair<std::uintptr_t, std::uintptr_t> range_of(int root) const;

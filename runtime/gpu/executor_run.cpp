@@ -96,6 +96,7 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
     bound_step.params.set_buffers([this](int buffer) { return pointer(buffer); });
     gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
                 stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
+    if (!bound_step.finish_current.empty()) finish_current_scales(bound_step, stream);
     if (check_each_step()) synchronize_after(index, bound_step.kernel->name(), stream);
   } else if (const auto* collective = std::get_if<plan::CollectiveStep>(&step.body)) {
     run_collective(*collective, bound_step.collective_count, stream);
@@ -172,6 +173,28 @@ void SequenceExecutor::Impl::run_collective(const plan::CollectiveStep& collecti
 // kernels are persistent) and NCCL's blocks would wait for it to end: such a GEMM runs on all
 // but collective_sms SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, as TE does for its overlapped
 // GEMMs); OPFUSE_COLLECTIVE_SMS sets how many (default kCollectiveSms, 0: no limit).
+// Note "Current scaling over ranks": every rank must cast a tensor-parallel tensor with the scale
+// of the whole tensor (the CPU reference's reduce_amax hook), so a current-scaling amax cannot
+// become a scale inside the kernel that measures this rank's part. Such a kernel runs without
+// its quantizer record (bind_launch); after it, on the same stream, the running max it raised is
+// max-reduced over the ranks in place (one NCCL group for the step's quantizers) and one small
+// launch per quantizer takes it as the measured amax and derives scale and scale_inv
+// (QuantizerState::finish_current), bit for bit the one-rank formula. The cast that reads the
+// scale follows on the stream. One all-reduce of one word per measured tensor, on the critical
+// path (TE's current scaling reduces its amax the same way).
+void SequenceExecutor::Impl::finish_current_scales(const BoundStep& bound_step,
+                                                   cudaStream_t stream) {
+  {
+    comm::GroupScope group(*communicator);
+    for (int q : bound_step.finish_current) {
+      float* running = quantizers->running_amax(q);
+      communicator->all_reduce(running, running, 1, plan::DType::FP32, comm::ReduceOp::Max, stream);
+    }
+    group.end();
+  }
+  for (int q : bound_step.finish_current) quantizers->finish_current(q, stream);
+}
+
 std::pair<std::uintptr_t, std::uintptr_t> SequenceExecutor::Impl::range_of(int root) const {
   const auto begin = reinterpret_cast<std::uintptr_t>(pointer(root));
   return {begin, begin + bytes[static_cast<std::size_t>(root)]};

@@ -14,6 +14,7 @@ namespace opfuse::gpu {
 namespace {
 
 constexpr const char* kUpdateExpression = "opfuse::update_scales<256>";
+constexpr const char* kFinishExpression = "opfuse::finish_current_scales<32>";
 constexpr unsigned kUpdateThreads = 256;  // launch::kScaleUpdateThreads
 
 struct ScaleUpdateParams {  // templates/scale_update.cuh
@@ -32,7 +33,7 @@ jit::CompiledKernel compile_update_kernel(jit::KernelCache* cache) {
   jit::CompileRequest request;
   request.kernel_name = "update_scales";
   request.source = "#include \"scale_update.cuh\"\n";
-  request.name_expressions = {kUpdateExpression};
+  request.name_expressions = {kUpdateExpression, kFinishExpression};
   request.arch = current_device().arch;
   if (cache == nullptr) return jit::compile_kernel(request);
   return std::move(jit::compile_all({request}, cache, 1).kernels.at(0));
@@ -100,7 +101,8 @@ QuantizerState::QuantizerState(std::vector<QuantizerSettings> settings, cudaStre
       layout_(plan_quantizer_layout(settings_)),
       memory_(layout_.total_bytes, stream),
       module_(compile_update_kernel(cache)),
-      update_kernel_(module_.kernel(kUpdateExpression)) {
+      update_kernel_(module_.kernel(kUpdateExpression)),
+      finish_kernel_(module_.kernel(kFinishExpression)) {
   std::vector<cpu::DelayedScalingState> initial(settings_.size());
   for (std::size_t i = 0; i < settings_.size(); ++i) {
     initial[i].amax_history.assign(static_cast<std::size_t>(layout_.history_lengths[i]), 0.0f);
@@ -233,6 +235,15 @@ std::vector<cpu::DelayedScalingState> QuantizerState::download(cudaStream_t stre
     }
   }
   return states;
+}
+
+void QuantizerState::finish_current(int index, cudaStream_t stream) {
+  if (!settings_.at(static_cast<std::size_t>(index)).current_scaling) {
+    throw UsageError(fmt::format("quantizer '{}' uses delayed scaling: it has no running amax",
+                                 settings_[static_cast<std::size_t>(index)].name));
+  }
+  const ScaleUpdateParams params{records() + index, 1};
+  launch(finish_kernel_, dim3(1), dim3(32), 0, stream, params);
 }
 
 void QuantizerState::update(cudaStream_t stream) {

@@ -119,6 +119,11 @@ class QuantizerState {
 
   // Ends a step: ONE update_scales<256> launch over every record, on `stream`, no host sync.
   void update(cudaStream_t stream);
+  // Current scaling over ranks: after a measuring kernel that ran without its record and an
+  // all-reduce (max) of running_amax(index) over the ranks, takes the reduced max as the measured
+  // amax, zeroes the running max and derives scale and scale_inv (templates/scale_update.cuh,
+  // finish_current_scales), on `stream`. UsageError for a delayed-scaling quantizer.
+  void finish_current(int index, cudaStream_t stream);
 
   // Copies the whole state to the host (waits for `stream`), e.g. for tests and checkpoints.
   std::vector<cpu::DelayedScalingState> download(cudaStream_t stream) const;
@@ -136,6 +141,7 @@ class QuantizerState {
   DeviceBuffer memory_;
   Module module_;
   Kernel update_kernel_;
+  Kernel finish_kernel_;
 };
 
 }  // namespace opfuse::gpu

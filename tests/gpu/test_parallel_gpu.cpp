@@ -51,7 +51,9 @@ sequence mlp(x: bf16[{}, {}]) -> (y: bf16[{}, {}]) uses r with parallel(tp = {},
   linear(256, {}, parallel = row) as fc2
 }}
 )",
-                     recipe == "delayed" ? "delayed_scaling(amax_history = 4)" : "bf16()",
+                     recipe == "delayed"   ? "delayed_scaling(amax_history = 4)"
+                     : recipe == "current" ? "current_scaling()"
+                                           : "bf16()",
                      tp > 1 ? "tokens / tp" : "tokens", kHidden, tp > 1 ? "tokens / tp" : "tokens",
                      kHidden, tp, kHidden, kHidden, kHidden);
 }
@@ -283,6 +285,13 @@ TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceBf16) {
 
 TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceFp8Delayed) {
   expect_two_ranks_match_the_reference("delayed", 6e-2);
+}
+
+// Current scaling over the ranks (note "Current scaling over ranks" in
+// runtime/gpu/executor_run.cpp): every measured amax max-reduced before its scale is derived, so
+// each rank casts with the scale of the whole tensor, as the unsharded reference does.
+TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceFp8Current) {
+  expect_two_ranks_match_the_reference("current", 6e-2);
 }
 
 // Misuse found before any NCCL or launch: a tensor-parallel sequence in a one-rank process.
