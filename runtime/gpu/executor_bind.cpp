@@ -20,9 +20,15 @@ BoundStep SequenceExecutor::Impl::bind_launch(
   bound_step.dynamic_smem = static_cast<std::size_t>(launch.dynamic_smem_bytes);
   // Note "Current scaling over ranks" (executor_run.cpp): a tensor-parallel kernel measures
   // without its record, and the scale is derived once the ranks' amaxes are reduced.
-  const bool over_ranks = plan.parallel.active();
+  // Only a measuring kernel's current-scaling record: the scale update's records (delayed
+  // scaling, after end_step's amax all-reduce) stay bound.
+  const auto measured_over_ranks = [&](const ParamBinding& p) {
+    return plan.parallel.active() && p.kind == plan::ParamKind::Records && quantizers &&
+           std::ranges::all_of(p.records,
+                               [&](int q) { return quantizers->settings(q).current_scaling; });
+  };
   bound_step.params = pack_params(launch.params, values, [&](const ParamBinding& p) -> const void* {
-    if (over_ranks && p.kind == plan::ParamKind::Records) {
+    if (measured_over_ranks(p)) {
       bound_step.finish_current.insert(bound_step.finish_current.end(), p.records.begin(),
                                        p.records.end());
       return nullptr;
