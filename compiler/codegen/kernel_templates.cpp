@@ -114,6 +114,7 @@ constexpr std::string_view kBf16Example[] = {"__nv_bfloat16"};
 constexpr std::string_view kStatsFinalExample[] = {"32"};
 constexpr std::string_view kTensorStatsFinalExample[] = {"256"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
+constexpr std::string_view kFinishCurrentExample[] = {"32"};
 
 // One row of the table; also_serves last because most entries have none.
 constexpr KernelTemplate entry(std::string_view name, std::string_view header, KernelFamily family,
@@ -160,6 +161,9 @@ constexpr KernelTemplate kTable[] = {
           kBf16Example),
     entry("update_scales", "scale_update.cuh", KernelFamily::Cast, "ScaleUpdateParams",
           kScaleUpdateParams, kScaleUpdateExample),
+    // Current scaling over tensor-parallel ranks (runtime/gpu/quantizer_state.h, finish_current).
+    entry("finish_current_scales", "scale_update.cuh", KernelFamily::Cast, "ScaleUpdateParams",
+          kStatsFinalParams, kFinishCurrentExample),
     entry("constant_scale", "scale.cuh", KernelFamily::Scale, "ConstantScaleParams",
           kConstantScaleParams, kConstantScaleExample),
     // A debug config's statistics (compiler/passes/debug_instrument.h): partial records, merged.

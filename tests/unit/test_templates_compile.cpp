@@ -234,6 +234,8 @@ std::vector<TemplateCase> seed_mlp_cases() {
        launch::kSmallKernelRegisterBudget},
       {"update_scales", "scale_update.cuh", "opfuse::update_scales<256>",
        launch::kSmallKernelRegisterBudget},
+      {"finish_current_scales", "scale_update.cuh", "opfuse::finish_current_scales<32>",
+       launch::kSmallKernelRegisterBudget},
       {"tensor_stats_partial", "tensor_stats.cuh", "opfuse::tensor_stats_partial<" + bf16 + ">",
        launch::kTensorStatsRegisterBudget},
       {"tensor_stats_final", "tensor_stats.cuh", "opfuse::tensor_stats_final<256>",
@@ -288,7 +290,8 @@ std::vector<TemplateCase> all_cases() {
     }
     cases.push_back({"scale_update_" + arch,
                      "scale_update.cuh",
-                     {"opfuse::update_scales<256>", "opfuse::update_scales<128>"},
+                     {"opfuse::update_scales<256>", "opfuse::update_scales<128>",
+                      "opfuse::finish_current_scales<32>"},
                      arch});
   }
   return cases;
