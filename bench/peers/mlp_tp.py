@@ -75,45 +75,44 @@ class ReduceFromRanks(torch.autograd.Function):
         return grad
 
 
+def gather_tokens(x):
+    """Every rank's token rows stacked, rank-major (all-gather along dim 0)."""
+    world = dist.get_world_size()
+    out = torch.empty((x.shape[0] * world, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x.contiguous())
+    return out
+
+
+def scatter_tokens(x):
+    """The sum over the ranks, each keeping its block of token rows (reduce-scatter, dim 0)."""
+    world = dist.get_world_size()
+    out = torch.empty((x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, x.contiguous())
+    return out
+
+
 class GatherTokens(torch.autograd.Function):
-    """Forward: every rank's token rows stacked (all-gather); backward: reduce-scatter."""
+    """Forward: all-gather of the token rows; backward: reduce-scatter."""
 
     @staticmethod
     def forward(ctx, x):
-        world = dist.get_world_size()
-        out = torch.empty((x.shape[0] * world, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous())
-        return out
+        return gather_tokens(x)
 
     @staticmethod
     def backward(ctx, grad):
-        world = dist.get_world_size()
-        out = torch.empty(
-            (grad.shape[0] // world, *grad.shape[1:]), dtype=grad.dtype, device=grad.device
-        )
-        dist.reduce_scatter_tensor(out, grad.contiguous())
-        return out
+        return scatter_tokens(grad)
 
 
 class ScatterTokens(torch.autograd.Function):
-    """Forward: the sum over the ranks, each keeping its token rows (reduce-scatter); backward:
-    all-gather."""
+    """Forward: reduce-scatter of the token rows; backward: all-gather."""
 
     @staticmethod
     def forward(ctx, x):
-        world = dist.get_world_size()
-        out = torch.empty((x.shape[0] // world, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.reduce_scatter_tensor(out, x.contiguous())
-        return out
+        return scatter_tokens(x)
 
     @staticmethod
     def backward(ctx, grad):
-        world = dist.get_world_size()
-        out = torch.empty(
-            (grad.shape[0] * world, *grad.shape[1:]), dtype=grad.dtype, device=grad.device
-        )
-        dist.all_gather_into_tensor(out, grad.contiguous())
-        return out
+        return gather_tokens(grad)
 
 
 # --- the model: two compute regions between the collectives ---
