@@ -107,8 +107,8 @@ struct WeightCacheGroup {
 // and join it back to the session's stream. Made by set_communicator() on the executor's device.
 class CollectiveStream {
  public:
-  CollectiveStream(std::size_t steps);  // a high-priority non-blocking stream
-  ~CollectiveStream();                  // waits for nothing: the executor joined every fork
+  explicit CollectiveStream(std::size_t steps);  // a high-priority non-blocking stream
+  ~CollectiveStream();  // waits for nothing: the executor joined every fork
   CollectiveStream(const CollectiveStream&) = delete;
   CollectiveStream& operator=(const CollectiveStream&) = delete;
   cudaStream_t stream() const { return stream_; }

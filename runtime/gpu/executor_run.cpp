@@ -217,9 +217,9 @@ void SequenceExecutor::Impl::join_overlapping(int index, int m, cudaStream_t str
   const auto& roots = touched[m][static_cast<std::size_t>(index)];
   std::erase_if(pending_collectives, [&](const PendingCollective& pending) {
     const bool overlaps = std::ranges::any_of(roots, [&](int root) {
-      const auto [begin, end] = range_of(root);
+      const std::pair<std::uintptr_t, std::uintptr_t> mine = range_of(root);
       return std::ranges::any_of(pending.ranges, [&](const auto& range) {
-        return begin < range.second && range.first < end;
+        return mine.first < range.second && range.first < mine.second;
       });
     });
     if (overlaps) {
