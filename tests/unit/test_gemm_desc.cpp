@@ -291,6 +291,8 @@ TEST(GemmDesc, HashAndEqualityTellEveryFieldApart) {
   vary([](GemmDesc& d) { d.aux_ld = 8; });
   vary([](GemmDesc& d) { d.a_scale = ScaleMode::Block1D; });
   vary([](GemmDesc& d) { d.b_scale = ScaleMode::Block2D; });
+  // A GEMM beside a collective in flight (note "Overlapped collectives") is a plan of its own.
+  vary([](GemmDesc& d) { d.sm_count_target = 116; });
   std::unordered_set<GemmDesc, GemmDescHash> set(descs.begin(), descs.end());
   EXPECT_EQ(set.size(), descs.size());
   std::unordered_set<std::size_t> hashes;
@@ -308,6 +310,11 @@ TEST(GemmDesc, DescribeNamesShapesDtypesAndFlags) {
   EXPECT_EQ(describe(good_fp8()),
             "GEMM m=256 n=384 k=512: A e4m3 [m, k], B e4m3 [n, k], D bf16, epilogue none, "
             "fast_accum");
+  GemmDesc beside = good_fp8();
+  beside.sm_count_target = 116;
+  EXPECT_EQ(describe(beside),
+            "GEMM m=256 n=384 k=512: A e4m3 [m, k], B e4m3 [n, k], D bf16, epilogue none, "
+            "fast_accum, on 116 SMs");
 }
 
 // ---- the row-major -> cuBLASLt mapping ---------------------------------------------------------
