@@ -28,7 +28,7 @@ TEST(FusecBench, HelpNamesEveryOptionAndTheExitCodes) {
   EXPECT_EQ(r.exit_code, kExitOk) << r.output;
   for (const char* option :
        {"--sequence", "--bind", "--mode", "fwdbwd", "--recipe", "--graph", "--iterations",
-        "--warmup", "--calibrate", "--json", "--recast-weights"}) {
+        "--warmup", "--calibrate", "--json", "--recast-weights", "--nproc"}) {
     EXPECT_TRUE(contains(r.output, option)) << option << " missing from:\n" << r.output;
   }
   EXPECT_TRUE(contains(r.output, "Exit codes:")) << r.output;
@@ -74,6 +74,23 @@ TEST(FusecBench, WithoutAGpuSaysSoAndExitsOne) {
   EXPECT_TRUE(contains(r.output, "fusec: error: bench needs a GPU: " + why)) << r.output;
   EXPECT_FALSE(test::run_command("test -e '" + out + "'").exit_code == 0)
       << "no JSON is written when nothing was measured";
+}
+
+// `fusec bench --nproc N` (docs/parallel.md) starts a process per GPU: without N GPUs it says
+// so and writes nothing; a count below 1 is a usage error.
+TEST(FusecBench, NprocNeedsAGpuPerRank) {
+  const std::string tp = "'" + test::source_path("bench/workloads/mlp_large_tp.fuse") + "'";
+  if (!gpu::gpu_available()) {
+    const std::string out = test::make_temp_dir("bench") + "/tp.json";
+    const auto r = bench(
+        tp + " --sequence mlp_tp2 --nproc 2 --bind tokens=64 --mode fwdbwd --json '" + out + "'");
+    EXPECT_EQ(r.exit_code, kExitUserError) << r.output;
+    EXPECT_TRUE(contains(r.output, "--nproc 2 starts one process per GPU, but this machine has 0"))
+        << r.output;
+    EXPECT_FALSE(test::run_command("test -e '" + out + "'").exit_code == 0);
+  }
+  const auto zero = bench(tp + " --sequence mlp_tp2 --nproc 0 --bind tokens=64");
+  EXPECT_EQ(zero.exit_code, kExitUsage) << zero.output;
 }
 
 }  // namespace
