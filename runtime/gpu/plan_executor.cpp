@@ -297,7 +297,9 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
   s.collective_stream.reset();
   if (communicator != nullptr) {  // note "Overlapped collectives"
     s.collective_stream = std::make_unique<CollectiveStream>(s.plan.steps.size());
-    s.collective_sms = kCollectiveSms;
+    // One rank's collectives are trivial: its GEMMs keep every SM (and so the plain path's
+    // algorithms, bit for bit).
+    s.collective_sms = s.plan.parallel.active() ? kCollectiveSms : 0;
     if (const char* text = std::getenv("OPFUSE_COLLECTIVE_SMS"); text != nullptr) {
       char* end = nullptr;
       const long sms = std::strtol(text, &end, 10);
@@ -307,7 +309,7 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
             "0 (no limit) to {}",
             text, s.num_sms - 1));
       }
-      s.collective_sms = static_cast<int>(sms);
+      if (s.plan.parallel.active()) s.collective_sms = static_cast<int>(sms);
     }
   }
 }
