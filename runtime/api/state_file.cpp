@@ -2,11 +2,9 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <span>
 
 #include <algorithm>
 #include <bit>
@@ -556,10 +554,6 @@ void require_state_fits(const StateFile& file, const StateFile& expected, const 
       "saved from the same program and recipe",
       path, fmt::join(reasons, "\n  - ")));
 }
-
-}  // namespace opfuse::api
-
-namespace opfuse::api {
 
 namespace {
 

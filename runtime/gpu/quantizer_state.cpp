@@ -129,11 +129,15 @@ float* QuantizerState::amax(int index) const {
                   static_cast<std::size_t>(index) * QuantizerLayout::kScalarSlotBytes);
 }
 
-float* QuantizerState::running_amax(int index) const {
+void QuantizerState::require_current(int index) const {
   if (!settings_.at(static_cast<std::size_t>(index)).current_scaling) {
     throw UsageError(fmt::format("quantizer '{}' uses delayed scaling: it has no running amax",
                                  settings_[static_cast<std::size_t>(index)].name));
   }
+}
+
+float* QuantizerState::running_amax(int index) const {
+  require_current(index);
   return amax_history(index) + QuantizerLayout::kRunningAmaxWord;
 }
 
@@ -238,10 +242,7 @@ std::vector<cpu::DelayedScalingState> QuantizerState::download(cudaStream_t stre
 }
 
 void QuantizerState::finish_current(int index, cudaStream_t stream) {
-  if (!settings_.at(static_cast<std::size_t>(index)).current_scaling) {
-    throw UsageError(fmt::format("quantizer '{}' uses delayed scaling: it has no running amax",
-                                 settings_[static_cast<std::size_t>(index)].name));
-  }
+  require_current(index);
   const ScaleUpdateParams params{records() + index, 1};
   launch(finish_kernel_, dim3(1), dim3(32), 0, stream, params);
 }

@@ -133,6 +133,7 @@ class QuantizerState {
 
  private:
   std::vector<unsigned char> host_image(const std::vector<cpu::DelayedScalingState>& states) const;
+  void require_current(int index) const;  // UsageError for a delayed-scaling quantizer
   float* float_at(std::size_t offset) const;
   std::size_t offset_of(const float* pointer) const;  // inverse of float_at
 
