@@ -7,6 +7,26 @@
 // would flatten one of them); in a chart one line per rank (ranks are not merged: a rank that
 // diverges is what one looks for). NaN and +-Inf values are left out of the lines, marked in the
 // chart with a dashed red line at their iteration and counted in the legend and the table.
+//
+// A scale-exponent histogram (docs/debugging.md) comes as one record per non-empty bin, named
+// `<base>_e<k>` (k in -127..127, e-127 holding 2^-127 and below) or `<base>_nonfinite`, with a base
+// of [<recipe>_]scale_exponent_histogram[_columnwise]; a line per bin would scatter one
+// distribution over dozens of charts, so each (tensor, GEMM, base) is one chart instead: a heatmap
+// per rank, one below the other on the same axes. Across: the iterations (the line charts' axis),
+// a column per logged iteration reaching halfway to its neighbours. Up: a row per exponent between
+// the lowest and highest holding blocks anywhere in the histogram, and a top row of non-finite
+// blocks where there are any. A cell's colour is the bin's share of that rank's iteration's blocks
+// (white to dark blue, the legend gives the ramp); a bin not logged, or logged as 0, has no cell.
+// Each cell is a <rect class="cell"> with data-iteration, data-exponent (k, or "nonfinite") and
+// data-count, and a <title> for hover; each heatmap's <svg> carries data-rank, and its
+// data-y-axis puts row k at [k - 0.5, k + 0.5] (the non-finite row is the one above the highest
+// exponent). In the table a histogram has a row per rank: "points" are its iterations, "last
+// value" summarises the last iteration as "2^lo..2^hi, mode 2^m (share)" (the exponents holding
+// blocks and the bin holding the most, the lower of equal ones), "min" and "max" are the lowest
+// and highest exponent of any iteration, "non-finite" the non-finite blocks of all iterations. A
+// bin logged twice for an iteration keeps its last count; a value that is no count (NaN, Inf,
+// negative) is left out and counted in the legend. A statistic that only ends like a bin (`foo_e5`)
+// is an ordinary one.
 #pragma once
 
 #include <string>

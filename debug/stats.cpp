@@ -1,8 +1,10 @@
 #include "debug/stats.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -264,6 +266,7 @@ bool is_per_block_stat(StatKind kind) {
     case StatKind::ScaleInvLog2Max:
     case StatKind::ScaleInvLog2Mean:
     case StatKind::ScaleInvLog2Std:
+    case StatKind::ScaleExponentHistogram:
       return true;
     default:
       return false;
@@ -306,10 +309,62 @@ double value(const QuantizedMoments& m, StatKind kind) {
       // Rounding can leave a tiny negative variance when every exponent is equal.
       return var > 0 ? std::sqrt(var) : (std::isnan(var) ? var : 0.0);
     }
+    case StatKind::ScaleExponentHistogram:
+      throw std::invalid_argument("scale_exponent_histogram has one value per bin (histogram_of)");
     default:
       break;
   }
   throw std::invalid_argument("unreachable statistic kind");
+}
+
+int exponent_bin(float amax, float scale_inv) {
+  if (!std::isfinite(amax)) return kNonFiniteBin;
+  if (amax == 0.0f) return -1;
+  if (std::isnan(scale_inv)) return kNonFiniteBin;
+  return static_cast<int>((std::bit_cast<uint32_t>(scale_inv) >> 23) & 0xFFu);
+}
+
+std::string exponent_bin_name(int bin) {
+  if (bin == kNonFiniteBin) return "nonfinite";
+  return "e" + std::to_string(bin - 127);
+}
+
+std::optional<int> parse_exponent_bin(std::string_view name) {
+  for (int bin = 0; bin < kExponentBins; ++bin)
+    if (exponent_bin_name(bin) == name) return bin;
+  return std::nullopt;
+}
+
+ExponentHistogram histogram_of(std::span<const TensorMoments> records) {
+  static_assert(sizeof(TensorMoments) == kCountsPerRecord * sizeof(int64_t));
+  if (records.size() != size_t(kExponentHistogramRecords))
+    throw std::invalid_argument("histogram_of: wrong number of records");
+  ExponentHistogram h;
+  for (int b = 0; b < kExponentBins; ++b) {
+    const auto counts =
+        std::bit_cast<std::array<int64_t, kCountsPerRecord>>(records[size_t(b / kCountsPerRecord)]);
+    h.bins[b] = counts[size_t(b % kCountsPerRecord)];
+  }
+  return h;
+}
+
+void histogram_to_records(const ExponentHistogram& h, std::span<TensorMoments> records) {
+  if (records.size() != size_t(kExponentHistogramRecords))
+    throw std::invalid_argument("histogram_to_records: wrong number of records");
+  for (size_t r = 0; r < records.size(); ++r) {
+    std::array<int64_t, kCountsPerRecord> counts{};
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const size_t b = r * kCountsPerRecord + k;
+      counts[k] = b < size_t(kExponentBins) ? h.bins[b] : 0;
+    }
+    records[r] = std::bit_cast<TensorMoments>(counts);
+  }
+}
+
+ExponentHistogram merge(const ExponentHistogram& a, const ExponentHistogram& b) {
+  ExponentHistogram m;
+  for (int i = 0; i < kExponentBins; ++i) m.bins[i] = a.bins[i] + b.bins[i];
+  return m;
 }
 
 }  // namespace opfuse::debug

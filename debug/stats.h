@@ -27,6 +27,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -55,6 +56,8 @@ enum class StatKind : uint8_t {
   ScaleInvLog2Max,   // log2(scale_inv_max)
   ScaleInvLog2Mean,  // mean of log2(scale_inv) over the blocks holding a nonzero finite value
   ScaleInvLog2Std,   // their population standard deviation (the spread of the scale exponents)
+  // How many blocks have each scale exponent (ExponentHistogram): several logged values.
+  ScaleExponentHistogram,
 };
 
 // Which TE feature a statistic belongs to (which record value() reads it from).
@@ -89,6 +92,7 @@ inline constexpr StatInfo kStatTable[] = {
     {StatKind::ScaleInvLog2Max, "scale_inv_log2_max", StatFamily::Quantized},
     {StatKind::ScaleInvLog2Mean, "scale_inv_log2_mean", StatFamily::Quantized},
     {StatKind::ScaleInvLog2Std, "scale_inv_log2_std", StatFamily::Quantized},
+    {StatKind::ScaleExponentHistogram, "scale_exponent_histogram", StatFamily::Quantized},
 };
 
 // Whether `kind` is one of opfuse's per-block statistics (only for block-scaled what-ifs).
@@ -201,7 +205,46 @@ QuantizedMoments merge(const QuantizedMoments& a, const QuantizedMoments& b);
 // overflows% likewise, mse = sq_err / count, scale_inv_min/max as merged; underflow_blocks% =
 // 100 * underflow_blocks / blocks, scale_inv_log2_min/max = log2 of scale_inv_min/max,
 // scale_inv_log2_mean/std over the scaled blocks (NaN without any). Throws
-// std::invalid_argument for a LogTensorStats kind.
+// std::invalid_argument for a LogTensorStats kind and for ScaleExponentHistogram (several values:
+// ExponentHistogram below).
 double value(const QuantizedMoments& m, StatKind kind);
+
+// The scale-exponent histogram of a block cast (opfuse's `scale_exponent_histogram`; TE's users
+// ask for the distribution of the scale factors, not only their range, TE#2801): per real block,
+// the binade of its scale_inv. Bin b counts the blocks whose fp32 scale_inv has the biased
+// exponent field b, that is scale_inv in [2^(b-127), 2^(b-126)): under power-of-2 scales (MXFP8's
+// E8M0, Float8BlockScaling's default) exactly the blocks with scale_inv = 2^(b - 127). Bin 0 holds
+// 2^-127 and below (E8M0's smallest scale, and FP32 subnormals). Blocks of zeros have no scale to
+// speak of and are not counted; blocks whose amax is NaN or Inf go to kNonFiniteBin. So the bins
+// add up to the blocks with a nonzero amax.
+//
+// On the executors the 256 int64 counts ride in kExponentHistogramRecords records of 88 bytes
+// (11 counts each, the last 8 counts unused) right after the Quantized record of the same cast
+// (plan::StatSlot::exponent_histogram): the record layout stays one size.
+inline constexpr int kExponentBins = 256;
+inline constexpr int kNonFiniteBin = 255;
+inline constexpr int kCountsPerRecord = 11;
+inline constexpr int kExponentHistogramRecords =
+    (kExponentBins + kCountsPerRecord - 1) / kCountsPerRecord;  // 24
+
+struct ExponentHistogram {
+  int64_t bins[kExponentBins] = {};
+  friend bool operator==(const ExponentHistogram&, const ExponentHistogram&) = default;
+};
+
+// The bin of a block with amax `amax` cast with `scale_inv`; -1 for a block of zeros.
+int exponent_bin(float amax, float scale_inv);
+// A bin's suffix of the logged statistic: "e-12" (2^-12), "e0", "e3", "e-127" (bin 0: 2^-127 and
+// below), "nonfinite" (kNonFiniteBin).
+std::string exponent_bin_name(int bin);
+// The bin named `name` (exponent_bin_name's inverse); nullopt for any other text.
+std::optional<int> parse_exponent_bin(std::string_view name);
+
+// The histogram from its executor records (`records` holds kExponentHistogramRecords records,
+// read as int64 counts), and back.
+ExponentHistogram histogram_of(std::span<const TensorMoments> records);
+void histogram_to_records(const ExponentHistogram& h, std::span<TensorMoments> records);
+// Bins add (micro-batches; a weight counts once per iteration, the caller's policy).
+ExponentHistogram merge(const ExponentHistogram& a, const ExponentHistogram& b);
 
 }  // namespace opfuse::debug

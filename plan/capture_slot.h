@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/enums.h"
 #include "plan/sym_expr.h"
 
 namespace opfuse::plan {
@@ -19,6 +20,12 @@ struct CaptureSlot {
   // The tensor's shape (float32 elements the capture holds): set by codegen in
   // SequencePlan::capture_slots, empty in ir::Sequence::captures.
   std::vector<SymExpr> shape;
+  // The FP8 copy the layer's first GEMM of the tensor reads (fprop's for the activation and the
+  // weight, dgrad's for the gradient) instead of the high-precision tensor: its values as float32
+  // (unscaled FP8 numbers, exact) followed by one more float, the scale_inv the GEMM reads.
+  // Placed by passes::debug_capture_quantized after plan-quantization; `format` is the copy's.
+  bool quantized = false;
+  DType format = DType::E4M3;
   friend bool operator==(const CaptureSlot&, const CaptureSlot&) = default;
 };
 

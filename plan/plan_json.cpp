@@ -272,21 +272,28 @@ Json sequence_json(const SequencePlan& s) {
               {"tensor", slot.tensor},
               {"block_size", slot.block_size},
               {"dims", slot.dims}};
-      if (slot.record == StatRecordKind::Quantized) {  // moments slots keep their old spelling
+      if (slot.record != StatRecordKind::Moments) {  // moments slots keep their old spelling
         js["record"] = name(slot.record);
         js["cast"] = name(slot.cast);
         js["columnwise"] = slot.columnwise;
         js["format"] = name(slot.format);
       }
+      if (slot.exponent_histogram) js["exponent_histogram"] = true;
+      if (slot.record == StatRecordKind::ExponentHistogram) js["part"] = slot.part;
       slots.push_back(std::move(js));
     }
     j["stat_slots"] = std::move(slots);
   }
   if (!s.capture_slots.empty()) {
     Json slots = Json::array();
-    for (const CaptureSlot& slot : s.capture_slots)
-      slots.push_back(
-          {{"layer", slot.layer}, {"tensor", slot.tensor}, {"shape", exprs(slot.shape)}});
+    for (const CaptureSlot& slot : s.capture_slots) {
+      Json js{{"layer", slot.layer}, {"tensor", slot.tensor}, {"shape", exprs(slot.shape)}};
+      if (slot.quantized) {
+        js["quantized"] = true;
+        js["format"] = name(slot.format);
+      }
+      slots.push_back(std::move(js));
+    }
     j["capture_slots"] = std::move(slots);
   }
   j["phases"] = Json::array({Json{{"phase", "forward"}, {"steps", forward}},

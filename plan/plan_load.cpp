@@ -410,6 +410,9 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
         slot.columnwise = get<bool>(slots[i], p, "columnwise");
         slot.format = enum_field<DType>(slots[i], p, "format");
       }
+      if (slots[i].contains("exponent_histogram"))
+        slot.exponent_histogram = get<bool>(slots[i], p, "exponent_histogram");
+      if (slots[i].contains("part")) slot.part = get<int>(slots[i], p, "part");
       s.stat_slots.push_back(std::move(slot));
     }
   }
@@ -422,6 +425,10 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
       const Json& shape = array(slots[i], p, "shape");
       for (std::size_t d = 0; d < shape.size(); ++d)
         slot.shape.push_back(expr(shape[d], at(sub(p, "shape"), d)));
+      if (slots[i].contains("quantized")) {
+        slot.quantized = get<bool>(slots[i], p, "quantized");
+        slot.format = enum_field<DType>(slots[i], p, "format");
+      }
       s.capture_slots.push_back(std::move(slot));
     }
   }

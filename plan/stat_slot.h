@@ -8,8 +8,9 @@
 namespace opfuse::plan {
 
 // Which layout a slot's record has (debug/stats.h): the moments of the high-precision tensor
-// (LogTensorStats) or the statistics of one cast of it (LogFp8TensorStats).
-enum class StatRecordKind : uint8_t { Moments, Quantized };
+// (LogTensorStats), the statistics of one cast of it (LogFp8TensorStats), or a part of the
+// scale-exponent histogram of the cast in the Quantized record before it (11 of its counts).
+enum class StatRecordKind : uint8_t { Moments, Quantized, ExponentHistogram };
 
 // The cast a Quantized record measures (docs/debugging.md, "LogFp8TensorStats"): the layer's own
 // quantizer of the tensor (its format and the scale the step's cast uses), or a what-if cast
@@ -20,7 +21,9 @@ enum class QuantStatCast : uint8_t { Quantizer, Current, Float8Block, Mxfp8 };
 template <>
 struct EnumNames<StatRecordKind> {
   static constexpr std::pair<StatRecordKind, std::string_view> kNames[] = {
-      {StatRecordKind::Moments, "moments"}, {StatRecordKind::Quantized, "quantized"}};
+      {StatRecordKind::Moments, "moments"},
+      {StatRecordKind::Quantized, "quantized"},
+      {StatRecordKind::ExponentHistogram, "exponent_histogram"}};
 };
 template <>
 struct EnumNames<QuantStatCast> {
@@ -48,6 +51,11 @@ struct StatSlot {
   QuantStatCast cast = QuantStatCast::Quantizer;
   bool columnwise = false;     // dims-1 blocks run down the columns (the column-wise copy's)
   DType format = DType::E4M3;  // what-if casts: e4m3 or e5m2 (the quantizer's own otherwise)
+  // A Quantized slot of a block cast whose scale-exponent histogram is logged: the next
+  // debug::kExponentHistogramRecords slots are its ExponentHistogram parts (part 0, 1, ...; the
+  // same layer, tensor and cast), written by the same kernels. Parts have no op of their own.
+  bool exponent_histogram = false;
+  int part = 0;
   friend bool operator==(const StatSlot&, const StatSlot&) = default;
 };
 

@@ -76,7 +76,9 @@ uint8_t e8m0_round_up(float value) {
 }
 
 debug::QuantizedMoments quantized_stats(std::span<const float> x, int64_t rows, int64_t cols,
-                                        const QuantStatsCast& c) {
+                                        const QuantStatsCast& c,
+                                        debug::ExponentHistogram* histogram) {
+  if (histogram != nullptr) *histogram = {};
   if (rows < 0 || cols < 0 || uint64_t(rows) * uint64_t(cols) != x.size()) {
     throw std::invalid_argument(
         fmt::format("quantized_stats: {} values for a {} x {} tensor", x.size(), rows, cols));
@@ -138,6 +140,10 @@ debug::QuantizedMoments quantized_stats(std::span<const float> x, int64_t rows, 
         ++m.scaled_blocks;
         m.log2_scale_inv_sum += l;
         m.log2_scale_inv_sq_sum += l * l;
+      }
+      if (histogram != nullptr) {
+        if (const int bin = debug::exponent_bin(amax, s.scale_inv); bin >= 0)
+          ++histogram->bins[bin];
       }
     }
   }

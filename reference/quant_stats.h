@@ -41,10 +41,13 @@ struct QuantStatsCast {
 //  - Float8Block: per block, the same with the block's amax and a power-of-2 scale;
 //  - Mxfp8: per block, e = e8m0_round_up(amax / fp8_max), q = fp8(x * 2^(127 - e)), dequantized
 //    q * 2^(e - 127).
-// Only real blocks count (the last block of a row or column may be partial). Throws
-// std::invalid_argument for rows * cols != x.size() or a block cast without a block size.
+// Only real blocks count (the last block of a row or column may be partial). With `histogram`,
+// a block cast also counts each block's scale exponent there (debug::exponent_bin; a per-tensor
+// cast leaves it empty). Throws std::invalid_argument for rows * cols != x.size() or a block cast
+// without a block size.
 debug::QuantizedMoments quantized_stats(std::span<const float> x, int64_t rows, int64_t cols,
-                                        const QuantStatsCast& c);
+                                        const QuantStatsCast& c,
+                                        debug::ExponentHistogram* histogram = nullptr);
 
 // MXFP8's shared exponent of `value` (amax / fp8_max), rounded up so nothing clips: the biased
 // fp32 exponent, plus 1 if any mantissa bit is set; NaN -> 0xFF, Inf -> 0xFE, 0 -> 0.

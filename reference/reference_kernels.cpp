@@ -317,7 +317,8 @@ void pointwise_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
 // QuantStatCast::Quantizer (with blocks: its block cast).
 template <typename T>
 debug::QuantizedMoments quantized_record(const ReferenceContext<T>& ctx, const plan::StatSlot& s,
-                                         std::span<const float> x, int64_t rows, int64_t cols) {
+                                         std::span<const float> x, int64_t rows, int64_t cols,
+                                         debug::ExponentHistogram* histogram) {
   QuantStatsCast c;
   c.cast = s.cast;
   c.format = s.format == plan::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
@@ -344,7 +345,7 @@ debug::QuantizedMoments quantized_record(const ReferenceContext<T>& ctx, const p
       c.block_power_of_2 = q.block.power_of_2_scale;
     }
   }
-  return quantized_stats(x, rows, cols, c);
+  return quantized_stats(x, rows, cols, c, histogram);
 }
 
 template <typename T>
@@ -363,7 +364,17 @@ void tensor_stats(ReferenceContext<T>& ctx, const ir::Operation& op) {
   if (s.record == plan::StatRecordKind::Quantized) {
     const int64_t cols = x.shape.empty() ? 1 : x.shape.back();
     const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-    ctx.stat_records[slot] = debug::as_record(quantized_record(ctx, s, values, rows, cols));
+    debug::ExponentHistogram histogram;
+    ctx.stat_records[slot] = debug::as_record(
+        quantized_record(ctx, s, values, rows, cols, s.exponent_histogram ? &histogram : nullptr));
+    // Its parts follow it (plan::StatSlot::exponent_histogram).
+    if (s.exponent_histogram) {
+      OPFUSE_ASSERT(slot + size_t(debug::kExponentHistogramRecords) < ctx.stat_records.size(),
+                    "the exponent histogram of record {} has no parts", slot);
+      debug::histogram_to_records(
+          histogram,
+          std::span(ctx.stat_records).subspan(slot + 1, size_t(debug::kExponentHistogramRecords)));
+    }
     return;
   }
   debug::TensorMoments m = debug::moments_of(values);
@@ -386,6 +397,13 @@ void tensor_capture(ReferenceContext<T>& ctx, const ir::Operation& op) {
   debug::CapturedTensor& c = ctx.captures.at(slot);
   c.shape = x.shape;
   c.values.assign(x.data.begin(), x.data.end());
+  // The FP8 copy a GEMM reads: its values are the codes, its scale_inv kept beside it (cast_fp8).
+  c.scale_inv.clear();
+  if (ctx.seq.captures.at(slot).quantized) {
+    const ir::ValueId copy = op.operands.at(0);
+    OPFUSE_ASSERT(copy < ctx.scale_inv.size(), "capture {} reads no per-tensor FP8 copy", slot);
+    c.scale_inv = {ctx.scale_inv[copy]};
+  }
 }
 
 // A GEMM operand as a debug feature replaces it (compiler/passes/debug_modify.h): fake

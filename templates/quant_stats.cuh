@@ -59,13 +59,30 @@ struct QuantStatsParams {
   const QuantizerRecord* quantizer;  // kQuantStatQuantizer: the layer's quantizer of x
   const StatRecord* moments;         // per-tensor casts: x's moments record (its amax)
   QuantStatRecord* partials;         // gridDim.x records
+  // Block casts whose scale-exponent histogram is logged: kQuantStatExponentBins counts per
+  // thread block (gridDim.x x 256); nullptr: none.
+  unsigned int* histogram;
 };
 
 struct QuantStatsFinalParams {
   const QuantStatRecord* partials;
   int count;  // the partial kernel's gridDim.x
   QuantStatRecord* record;
+  // The partial kernel's histogram counts, or nullptr. The sums go to the records after `record`
+  // (its ExponentHistogram parts: 256 long long counts, debug::ExponentHistogram).
+  const unsigned int* histogram_partials;
 };
+
+// debug::kExponentBins and debug::kNonFiniteBin (debug/stats.h): a block's bin is the biased
+// exponent field of its fp32 scale_inv; a block whose amax is NaN or Inf goes to the last bin,
+// a block of zeros to none.
+enum : int { kQuantStatExponentBins = 256, kQuantStatNonFiniteBin = 255 };
+
+__device__ __forceinline__ int exponent_bin(float amax, float scale_inv) {
+  if (!isfinite(amax) || isnan(scale_inv)) return kQuantStatNonFiniteBin;
+  if (amax == 0.0f) return -1;
+  return static_cast<int>((__float_as_uint(scale_inv) >> 23) & 0xFFu);
+}
 
 __device__ __forceinline__ QuantStatRecord empty_quant_stat_record() {
   QuantStatRecord r;
@@ -178,6 +195,12 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
   constexpr int kWarps = launch::kTensorStatsThreads / 32;
   constexpr float kFp8Max = DtypeTraits<Fp8>::kMax;
   __shared__ QuantStatRecord warp_records[kWarps];
+  __shared__ unsigned int histogram[kQuantStatExponentBins];
+  const bool with_histogram = params.histogram != nullptr;
+  if (with_histogram) {
+    for (int b = threadIdx.x; b < kQuantStatExponentBins; b += blockDim.x) histogram[b] = 0;
+    __syncthreads();
+  }
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const bool blocked = params.cast == kQuantStatFloat8Block || params.cast == kQuantStatMxfp8;
@@ -255,7 +278,17 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
         acc.log2_sum += l;
         acc.log2_sq_sum += l * l;
       }
+      if (with_histogram) {
+        const int bin = exponent_bin(unit_amax, s.scale_inv);
+        if (bin >= 0) atomicAdd(&histogram[bin], 1u);  // integer counts: any order, same sums
+      }
     }
+  }
+  if (with_histogram) {
+    __syncthreads();
+    for (int b = threadIdx.x; b < kQuantStatExponentBins; b += blockDim.x)
+      params.histogram[static_cast<long long>(blockIdx.x) * kQuantStatExponentBins + b] =
+          histogram[b];
   }
   if (!blocked && blockIdx.x == 0 && threadIdx.x == 0) {
     acc.scale_inv_min = static_cast<double>(tensor_scale.scale_inv);
@@ -273,11 +306,21 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
   }
 }
 
-// Block: kThreads (one warp), grid: 1. Thread 0 merges the partials in block order.
+// Block: kThreads (one warp), grid: 1. Thread 0 merges the partials in block order; with a
+// histogram, the threads first add its bins over the blocks.
 template <int kThreads = 32>
 __global__ void __launch_bounds__(kThreads,
                                   launch::min_blocks(kThreads, launch::kTensorStatsRegisterBudget))
     quant_stats_final(QuantStatsFinalParams params) {
+  if (params.histogram_partials != nullptr) {
+    long long* bins = reinterpret_cast<long long*>(params.record + 1);
+    for (int b = threadIdx.x; b < kQuantStatExponentBins; b += blockDim.x) {
+      long long sum = 0;
+      for (int k = 0; k < params.count; ++k)
+        sum += params.histogram_partials[static_cast<long long>(k) * kQuantStatExponentBins + b];
+      bins[b] = sum;
+    }
+  }
   if (threadIdx.x != 0) return;
   QuantStatRecord total = empty_quant_stat_record();
   for (int b = 0; b < params.count; ++b)

@@ -1,8 +1,8 @@
 // A copy of one tensor for the precision-debug features that read whole tensors (DumpTensors, the
 // inspect_tensor call of C++ features; docs/debugging.md, "Tensor captures"): the tensor, wherever
 // the plan keeps it in reused memory, converted to float32 into the executor's capture of its
-// slot, which outlives the run. Every element is converted exactly (bf16, fp16 and fp32 are all
-// float32 values), so the host reads the very values the run held.
+// slot, which outlives the run. Every element is converted exactly (bf16, fp16, fp32 and the FP8
+// formats are all float32 values), so the host reads the very values the run held.
 //
 // Entry point: tensor_capture<Input>.
 #ifndef OPFUSE_TEMPLATES_TENSOR_CAPTURE_CUH_
@@ -17,7 +17,10 @@ template <typename Input>
 struct TensorCaptureParams {
   const Input* x;  // count elements, row-major
   long long count;
-  float* capture;  // count floats: the executor's capture of the slot
+  float* capture;  // count floats: the executor's capture of the slot (count + 1 with scale_inv)
+  // The FP8 copy a GEMM reads (plan::CaptureSlot::quantized): its quantizer's scale_inv, stored
+  // after the values; nullptr otherwise.
+  const float* scale_inv;
 };
 
 // Block: launch::kTensorCaptureThreads. Grid: at most launch::kTensorCaptureMaxBlocks blocks, a
@@ -30,6 +33,8 @@ __global__ void __launch_bounds__(launch::kTensorCaptureThreads)
        i < params.count; i += stride) {
     params.capture[i] = to_float(params.x[i]);
   }
+  if (params.scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+    params.capture[params.count] = *params.scale_inv;
 }
 
 }  // namespace opfuse

@@ -19,11 +19,18 @@ void emit_tensor_capture(SequenceBuilder& b, const Group& g) {
   for (const SymExpr& d : b.set_capture_buffer(slot, buffer)) count = count * d;
   constexpr int64_t kThreads = rules::kTensorCaptureThreads;
   const SymExpr blocks = min_of(ceil_div(count, kThreads), SymExpr(rules::kTensorCaptureMaxBlocks));
-  const std::string what = fmt::format("capture of {}'s {} ({}) as float32 into capture {}",
-                                       s.layer, s.tensor, name_of(xv.type.dtype), slot);
+  // A quantized capture (the FP8 copy a GEMM reads) also takes the copy's scale_inv, after the
+  // values (the executor's capture holds one more float).
+  const bool quantized = s.quantized && op.quantizer >= 0;
+  const std::string what =
+      fmt::format("capture of {}'s {} ({}{}) as float32 into capture {}", s.layer, s.tensor,
+                  name_of(xv.type.dtype),
+                  quantized ? ", the FP8 copy its GEMM reads, and its scale_inv" : "", slot);
   b.add_launch(g, what, "tensor_capture", {spell(xv.type.dtype)},
                GridRule{"tensor_capture", blocks, 1, {{"count", count}}}, kThreads, 0,
-               {bind_in("x", buffer), bind_int64("count", count), bind_capture("capture", slot)});
+               {bind_in("x", buffer), bind_int64("count", count), bind_capture("capture", slot),
+                quantized ? bind_quantizer("scale_inv", op.quantizer, QuantizerValue::ScaleInv)
+                          : bind_null("scale_inv")});
 }
 
 }  // namespace opfuse::codegen::emitters

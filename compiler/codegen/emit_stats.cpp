@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "codegen/emit_groups.h"
+#include "debug/stats.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen::emitters {
@@ -75,11 +76,20 @@ void emit_quant_stats(SequenceBuilder& b, const Group& g, const ir::Operation& o
   // One record (11 eight-byte fields) per block, at most kMaxBlocks.
   const int partials =
       b.add_workspace(op.instance + ".partials", DType::FP32, {SymExpr(kMaxBlocks * 22)});
+  // The scale-exponent histogram (plan::StatSlot::exponent_histogram): 256 four-byte counts per
+  // block, added up by the final launch into the records after the slot's.
+  const int histogram = s.exponent_histogram
+                            ? b.add_workspace(op.instance + ".histogram", DType::FP32,
+                                              {SymExpr(kMaxBlocks * int64_t(debug::kExponentBins))})
+                            : -1;
   const std::string what =
-      fmt::format("{} statistics of {}'s {} ({}) cast to {}{}{} into record {}", plan::name(s.cast),
-                  s.layer, s.tensor, name_of(xv.type.dtype), name_of(format),
+      fmt::format("{} statistics of {}'s {} ({}) cast to {}{}{} into record {}{}",
+                  plan::name(s.cast), s.layer, s.tensor, name_of(xv.type.dtype), name_of(format),
                   blocked ? fmt::format(" in {}x{} blocks", block_rows, block_cols) : "",
-                  s.cast == plan::QuantStatCast::Quantizer ? " by its quantizer" : "", slot);
+                  s.cast == plan::QuantStatCast::Quantizer ? " by its quantizer" : "", slot,
+                  histogram >= 0 ? fmt::format(", its scale-exponent histogram into records {}-{}",
+                                               slot + 1, slot + debug::kExponentHistogramRecords)
+                                 : "");
   b.add_launch(g, what, "quant_stats_partial", {spell(xv.type.dtype), spell(format)},
                GridRule{"tensor_stats", blocks, 1, {{"rows", rows}}}, rules::kTensorStatsThreads, 0,
                {bind_in("x", b.buffer(x, op)), bind_int64("rows", rows), bind_int("cols", cols),
@@ -89,11 +99,14 @@ void emit_quant_stats(SequenceBuilder& b, const Group& g, const ir::Operation& o
                 bind_int("block_power_of_2", block_power_of_2 ? 1 : 0),
                 quantizer >= 0 ? bind_records("quantizer", {quantizer}) : bind_null("quantizer"),
                 moments >= 0 ? bind_stat_record("moments", moments) : bind_null("moments"),
-                bind_out("partials", partials)});
+                bind_out("partials", partials),
+                histogram >= 0 ? bind_out("histogram", histogram) : bind_null("histogram")});
   b.add_launch(
       g, fmt::format("merge the partial records into record {}", slot), "quant_stats_final", {"32"},
       GridRule{"single", 1, 1, {}}, 32, 0,
-      {bind_in("partials", partials), bind_int("count", blocks), bind_stat_record("record", slot)});
+      {bind_in("partials", partials), bind_int("count", blocks), bind_stat_record("record", slot),
+       histogram >= 0 ? bind_in("histogram_partials", histogram)
+                      : bind_null("histogram_partials")});
 }
 
 }  // namespace

@@ -1,9 +1,13 @@
 #include "debug_config/captures.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <system_error>
+#include <unordered_map>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "debug_config/npy.h"
 #include "support/atomic_file.h"
@@ -31,21 +35,124 @@ bool is_builtin_stats(const FeatureConfig& f) {
   throw DebugLogError(fmt::format("cannot write tensor dumps to '{}': {}", where.string(), reason));
 }
 
+// The value of FP8 code `c`: E4M3 (bias 7, no infinities, S.1111.111 is NaN) or E5M2 (bias 15).
+float fp8_value(uint8_t c, bool e4m3) {
+  const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, emax = e4m3 ? 15 : 31;
+  const int e = (c & 0x7F) >> mbits, m = c & ((1 << mbits) - 1);
+  const float sign = (c & 0x80) != 0 ? -1.0f : 1.0f;
+  if (e4m3 && e == emax && m == (1 << mbits) - 1) return std::nanf("");
+  if (!e4m3 && e == emax) return m == 0 ? sign * INFINITY : std::nanf("");
+  const float mantissa =
+      e == 0 ? float(m) / float(1 << mbits) : 1.0f + float(m) / float(1 << mbits);
+  return sign * std::ldexp(mantissa, (e == 0 ? 1 : e) - bias);
+}
+
+// Every number of a format by its float32 bits (both zeros included), built once.
+const std::unordered_map<uint32_t, uint8_t>& codes_of(bool e4m3) {
+  auto build = [](bool e) {
+    std::unordered_map<uint32_t, uint8_t> codes;
+    for (int c = 0; c < 256; ++c) {
+      const float v = fp8_value(uint8_t(c), e);
+      if (!std::isnan(v)) codes.emplace(std::bit_cast<uint32_t>(v), uint8_t(c));
+    }
+    return codes;
+  };
+  static const std::unordered_map<uint32_t, uint8_t> e4m3_codes = build(true);
+  static const std::unordered_map<uint32_t, uint8_t> e5m2_codes = build(false);
+  return e4m3 ? e4m3_codes : e5m2_codes;
+}
+
+// The files of one quantized capture: codes, scale_inv and a description a reader can trust
+// without opfuse ({layer}_{tensor}_quantized{suffix}.*).
+void write_quantized(const fs::path& dir, const std::string& stem, const plan::CaptureSlot& slot,
+                     const CapturedTensor& tensor) {
+  NpyArray codes{NpyType::Uint8, tensor.shape, {}, {}};
+  codes.u8.reserve(tensor.values.size());
+  for (const float v : tensor.values) {
+    const std::optional<uint8_t> c = fp8_code(v, slot.format);
+    // The capture holds the FP8 copy's numbers; anything else is a broken capture.
+    if (!c) {
+      throw DebugLogError(fmt::format("the captured {} copy of {}'s {} holds {}, not an {} number",
+                                      plan::name(slot.format), slot.layer, slot.tensor, v,
+                                      plan::name(slot.format)));
+    }
+    codes.u8.push_back(*c);
+  }
+  const std::string data_file = stem + ".npy", scale_file = stem + "_scale_inv.npy";
+  try {
+    write_npy((dir / data_file).string(), codes);
+    write_npy((dir / scale_file).string(), {NpyType::Float32, {}, tensor.scale_inv, {}});
+  } catch (const NpyError& e) {
+    cannot_dump(dir, e.what());
+  }
+  const nlohmann::json about = {
+      {"layer", slot.layer},
+      {"tensor", slot.tensor},
+      {"format", plan::name(slot.format)},
+      {"shape", tensor.shape},
+      {"data", data_file},
+      {"scale_inv", scale_file},
+      {"scaling", "per_tensor"},
+      {"dequantize", "value(code) * scale_inv, value(code) the FP8 number of the code"},
+      {"copy", slot.tensor == "gradient" ? "row-wise, as the dgrad GEMM reads it"
+                                         : "row-wise, as the fprop GEMM reads it"}};
+  const std::string error = write_file_atomically((dir / (stem + ".json")).string(),
+                                                  about.dump(2) + "\n", Durability::VisibleOnly);
+  if (!error.empty()) cannot_dump(dir, error);
+}
+
 }  // namespace
 
+std::optional<uint8_t> fp8_code(float value, plan::DType format) {
+  if (format != plan::DType::E4M3 && format != plan::DType::E5M2) return std::nullopt;
+  const bool e4m3 = format == plan::DType::E4M3;
+  if (std::isnan(value)) return uint8_t((std::signbit(value) ? 0x80 : 0) | 0x7F);
+  const auto& codes = codes_of(e4m3);
+  const auto it = codes.find(std::bit_cast<uint32_t>(value));
+  if (it == codes.end()) return std::nullopt;
+  return it->second;
+}
+
 void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
-                 const FeatureConfig& f, std::vector<std::string>& refused) {
-  if (f.feature->spec().name == kDumpTensors) {
+                 const FeatureConfig& f, std::optional<plan::ScalingKind> quantized_by,
+                 std::vector<std::string>& refused) {
+  const bool dump = f.feature->spec().name == kDumpTensors;
+  bool high_precision = true, quantized = !dump;
+  if (dump) {
     const Settings* s = f.find(std::nullopt, tensor);
-    if (s && s->get_bool("quantized_tensor", false)) {
-      refused.push_back(fmt::format("{} (layer '{}', {}): quantized_tensor is not executed yet",
-                                    f.name, l.layer, plan::name(tensor)));
-    }
-    if (!s || !s->get_bool("high_precision_tensor", true)) return;
+    if (!s) return;
+    high_precision = s->get_bool("high_precision_tensor", true);
+    quantized = s->get_bool("quantized_tensor", false);
   }
-  const plan::CaptureSlot slot{l.layer, std::string(plan::name(tensor)), {}};
-  if (std::find(seq.captures.begin(), seq.captures.end(), slot) == seq.captures.end())
-    seq.captures.push_back(slot);
+  auto add = [&](const plan::CaptureSlot& slot) {
+    if (std::find(seq.captures.begin(), seq.captures.end(), slot) == seq.captures.end())
+      seq.captures.push_back(slot);
+  };
+  if (high_precision) add({l.layer, std::string(plan::name(tensor)), {}});
+  // Only a GEMM operand quantized this iteration has an FP8 copy (TE's quantized tensor is None
+  // otherwise: nothing to dump).
+  const bool operand = tensor == TensorKind::Activation || tensor == TensorKind::Weight ||
+                       tensor == TensorKind::Gradient;
+  if (!quantized || !operand || !quantized_by) return;
+  std::string problem;
+  if (*quantized_by == plan::ScalingKind::Block1D || *quantized_by == plan::ScalingKind::Block2D ||
+      *quantized_by == plan::ScalingKind::MicroScaled) {
+    problem = "a block-scaled copy is not captured yet (its scale grid lives with the GEMM)";
+  } else if (tensor == TensorKind::Weight && seq.fp8_weights) {
+    problem =
+        "under `with fp8_weights` the GEMM reads the scale_inv kept from the weight's last cast, "
+        "which is not captured yet";
+  }
+  if (!problem.empty()) {
+    if (dump) {
+      refused.push_back(fmt::format("{} (layer '{}', {}): quantized_tensor: {}", f.name, l.layer,
+                                    plan::name(tensor), problem));
+    }
+    return;
+  }
+  plan::CaptureSlot slot{l.layer, std::string(plan::name(tensor)), {}};
+  slot.quantized = true;
+  add(slot);
 }
 
 fs::path dump_root(const fs::path& log_dir, int rank) {
@@ -102,7 +209,17 @@ std::vector<StatRecord> IterationCaptures::finish(const Routing& routing, int64_
   std::vector<StatRecord> out;
   const bool several = runs_.size() > 1;
   for (size_t k = 0; k < runs_.size(); ++k) {
-    for (const auto& entry : runs_[k]) {
+    const auto& run = runs_[k];
+    // The quantized capture of the same tensor in this run, if any.
+    auto quantized_of = [&](const plan::CaptureSlot& hp) -> const CapturedTensor* {
+      for (const auto& other : run) {
+        if (other.first.quantized && other.first.layer == hp.layer &&
+            other.first.tensor == hp.tensor)
+          return &other.second;
+      }
+      return nullptr;
+    };
+    for (const auto& entry : run) {
       const plan::CaptureSlot& slot = entry.first;
       const CapturedTensor& tensor = entry.second;
       const LayerRouting* l = find_layer(routing, slot.layer);
@@ -113,23 +230,37 @@ std::vector<StatRecord> IterationCaptures::finish(const Routing& routing, int64_
         const Settings* s = f->find(std::nullopt, *t);
         if (!s) continue;
         if (f->feature->spec().name == kDumpTensors) {
-          if (!s->get_bool("high_precision_tensor", true)) continue;
+          const bool wanted = slot.quantized ? s->get_bool("quantized_tensor", false)
+                                             : s->get_bool("high_precision_tensor", true);
+          if (!wanted) continue;
           const fs::path dir = dump_dir(log_dir, rank, iteration);
           std::error_code ec;
           fs::create_directories(dir, ec);
           if (ec) cannot_dump(dir, ec.message());
-          const std::string file = several
-                                       ? fmt::format("{}_{}_mb{}.npy", slot.layer, slot.tensor, k)
-                                       : fmt::format("{}_{}.npy", slot.layer, slot.tensor);
+          const std::string stem =
+              fmt::format("{}_{}{}{}", slot.layer, slot.tensor, slot.quantized ? "_quantized" : "",
+                          several ? fmt::format("_mb{}", k) : "");
+          if (slot.quantized) {
+            write_quantized(dir, stem, slot, tensor);
+            continue;
+          }
           try {
-            write_npy((dir / file).string(), {NpyType::Float32, tensor.shape, tensor.values, {}});
+            write_npy((dir / (stem + ".npy")).string(),
+                      {NpyType::Float32, tensor.shape, tensor.values, {}});
           } catch (const NpyError& e) {
             cannot_dump(dir, e.what());
           }
           continue;
         }
+        // C++ features see the high-precision tensor, with the quantized copy beside it.
+        if (slot.quantized) continue;
+        const CapturedTensor* q = quantized_of(slot);
         const CallContext context{l->layer, *s};
-        const InspectedTensor view{tensor.shape, tensor.values, {}, 0};
+        InspectedTensor view{tensor.shape, tensor.values, {}, 0};
+        if (q != nullptr && !q->scale_inv.empty()) {
+          view.quantized = q->values;
+          view.scale_inv = q->scale_inv.front();
+        }
         for (const FeatureStat& stat : f->feature->inspect_tensor(context, *t, view, iteration))
           out.push_back(StatRecord{slot.layer, slot.tensor, "", stat.name, iteration, stat.value});
       }

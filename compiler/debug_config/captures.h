@@ -6,7 +6,9 @@
 // end of the iteration, finish().
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,11 +21,21 @@
 namespace opfuse::debug {
 
 // apply_routing's part for one inspector `f` of `tensor` of layer `l` that is neither
-// LogTensorStats nor LogFp8TensorStats: adds the capture it needs to `seq.captures` (once per
-// layer and tensor), or a message to `refused` for what is not executed yet (DumpTensors'
-// quantized_tensor).
+// LogTensorStats nor LogFp8TensorStats: adds the captures it needs to `seq.captures` (once per
+// layer, tensor and kind): the high-precision tensor, and the FP8 copy its first GEMM reads
+// (plan::CaptureSlot::quantized) for DumpTensors' quantized_tensor and for C++ features, when
+// `quantized_by` says how that GEMM's copy is scaled this iteration (nullopt: it runs in high
+// precision, so there is no copy, as in TE). A copy opfuse cannot capture yet is a message in
+// `refused` for DumpTensors (block-scaled copies, FP8 weights kept across steps) and left out
+// for C++ features (their inspect_tensor sees no quantized copy).
 void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
-                 const FeatureConfig& f, std::vector<std::string>& refused);
+                 const FeatureConfig& f, std::optional<plan::ScalingKind> quantized_by,
+                 std::vector<std::string>& refused);
+
+// The FP8 bit pattern (E4M3 or E5M2, `format`) of `value`, which must be a number of that format
+// exactly (a captured FP8 copy's values are); NaN gives the format's NaN with value's sign.
+// nullopt for a value the format cannot hold exactly, or another format.
+std::optional<uint8_t> fp8_code(float value, plan::DType format);
 
 // Where a rank's dumps go: {log_dir}/tensor_dumps/rank_{rank}.
 std::filesystem::path dump_root(const std::filesystem::path& log_dir, int rank);
@@ -48,9 +60,12 @@ class IterationCaptures {
   // Does what the routing's features ask with every run's captures: DumpTensors writes
   // dump_dir(log_dir, rank, iteration)/{layer}_{tensor}.npy (float32, the tensor's shape) when
   // the iteration had one run, {layer}_{tensor}_mb{k}.npy for run k when it had several (a
-  // weight once, from the first run); C++ features' inspect_tensor is called per run (a weight
-  // once) and its statistics returned, in order. Throws DebugLogError for a dump that cannot be
-  // written.
+  // weight once, from the first run), and for quantized_tensor {layer}_{tensor}_quantized.npy
+  // (uint8: the FP8 bit patterns), {layer}_{tensor}_quantized_scale_inv.npy (float32, shape ())
+  // and {layer}_{tensor}_quantized.json (format, shape, the files, how to dequantize), with the
+  // same _mb{k} rule; C++ features' inspect_tensor is called per run (a weight once), with the
+  // quantized copy where one was captured, and its statistics returned, in order. Throws
+  // DebugLogError for a dump that cannot be written.
   std::vector<StatRecord> finish(const Routing& routing, int64_t iteration,
                                  const std::filesystem::path& log_dir, int rank) const;
   bool empty() const { return runs_.empty(); }

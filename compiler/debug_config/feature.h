@@ -127,8 +127,11 @@ struct CallContext {
 struct InspectedTensor {
   std::span<const int64_t> shape;  // row-major
   std::span<const float> values;   // the high-precision tensor as the run held it, as float32
-  // The quantized copy the GEMM reads (the FP8 values as float32, unscaled) and its scale_inv:
-  // not captured yet, so empty and 0 (docs/debugging.md, "Status").
+  // The FP8 copy the tensor's first GEMM reads (fprop's for the activation and the weight,
+  // dgrad's for the gradient: the row-wise copy), as float32 FP8 numbers (unscaled), and its
+  // scale_inv (dequantized = quantized[i] * scale_inv). Empty and 0 where that GEMM runs in high
+  // precision, for the other tensors, and where opfuse does not capture the copy (block-scaled
+  // copies, FP8 weights kept across steps; docs/debugging.md, "Status").
   std::span<const float> quantized;
   float scale_inv = 0;
 };

@@ -1,6 +1,8 @@
 #include "debug_config/instrument.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <set>
 
 #include <fmt/format.h>
@@ -76,10 +78,58 @@ bool matches(const plan::StatSlot& slot, const plan::StatSlot& want) {
          slot.columnwise == want.columnwise;
 }
 
+// Adds `slot` unless there is one like it; a Quantized slot asking for its exponent histogram
+// gets its parts right after it (plan::StatSlot::exponent_histogram), also when an earlier
+// request made the slot without them.
 void add_slot(ir::Sequence& seq, const plan::StatSlot& slot) {
-  for (const plan::StatSlot& s : seq.inspections)
-    if (matches(s, slot)) return;
-  seq.inspections.push_back(slot);
+  auto it = std::find_if(seq.inspections.begin(), seq.inspections.end(),
+                         [&](const plan::StatSlot& s) { return matches(s, slot); });
+  if (it == seq.inspections.end()) {
+    seq.inspections.push_back(slot);
+    it = seq.inspections.end() - 1;
+  } else if (!slot.exponent_histogram || it->exponent_histogram) {
+    return;
+  }
+  if (!slot.exponent_histogram) return;
+  it->exponent_histogram = true;
+  std::vector<plan::StatSlot> parts;
+  for (int k = 0; k < kExponentHistogramRecords; ++k) {
+    plan::StatSlot part = *it;
+    part.record = plan::StatRecordKind::ExponentHistogram;
+    part.exponent_histogram = false;
+    part.part = k;
+    parts.push_back(std::move(part));
+  }
+  seq.inspections.insert(it + 1, parts.begin(), parts.end());
+}
+
+// The parts of `slot`'s exponent histogram among `merged`; empty when it has none.
+template <typename Merged>
+std::vector<TensorMoments> histogram_parts(const Merged& merged, const plan::StatSlot& slot) {
+  std::vector<TensorMoments> parts(static_cast<size_t>(kExponentHistogramRecords));
+  int found = 0;
+  for (const auto& m : merged) {
+    const plan::StatSlot& o = m.first;
+    if (o.record != plan::StatRecordKind::ExponentHistogram || o.layer != slot.layer ||
+        o.tensor != slot.tensor || o.cast != slot.cast || o.block_size != slot.block_size ||
+        o.dims != slot.dims || o.columnwise != slot.columnwise || o.part < 0 ||
+        o.part >= kExponentHistogramRecords)
+      continue;
+    parts[size_t(o.part)] = m.second;
+    ++found;
+  }
+  if (found != kExponentHistogramRecords) parts.clear();
+  return parts;
+}
+
+// Two records of counts (ExponentHistogram parts) added field by field.
+TensorMoments add_counts(const TensorMoments& a, const TensorMoments& b) {
+  using Counts = std::array<int64_t, kCountsPerRecord>;
+  const auto x = std::bit_cast<Counts>(a);
+  const auto y = std::bit_cast<Counts>(b);
+  Counts sum{};
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + y[i];
+  return std::bit_cast<TensorMoments>(sum);
 }
 
 // How `tensor` of layer `l` is cast this iteration: nullopt when none of its GEMMs quantizes it,
@@ -100,6 +150,27 @@ std::optional<plan::ScalingKind> own_scaling(const ir::Sequence& seq, const Laye
     }
   }
   return out;
+}
+
+// How the first GEMM reading `tensor` (fprop for the activation and the weight, dgrad for the
+// gradient) quantizes it this iteration: its recipe's scaling, per-tensor current under
+// PerTensorScaling, nullopt when that GEMM runs in high precision or reads another feature's
+// modification of it (whose copy is not the layer's tensor).
+std::optional<plan::ScalingKind> first_gemm_scaling(const ir::Sequence& seq, const LayerRouting& l,
+                                                    TensorKind tensor) {
+  const GemmRole gemm = tensor == TensorKind::Gradient ? GemmRole::Dgrad : GemmRole::Fprop;
+  const size_t gi = gemm == GemmRole::Fprop ? 0 : 1;
+  const GemmRouting& g = l.gemms[gi];
+  if (!l.recipe_quantized || !g.quantized) return std::nullopt;
+  for (size_t k = 0; k < 2; ++k) {
+    if (operands_of(gemm)[k] != tensor) continue;
+    if (g.operands[k] == OperandAction::Quantize)
+      return passes::recipe_spec(seq.recipe, role_of(tensor)).scaling;
+    if (g.operands[k] == OperandAction::Modify && g.modifiers[k] &&
+        g.modifiers[k]->feature->spec().name == "PerTensorScaling")
+      return plan::ScalingKind::Current;
+  }
+  return std::nullopt;
 }
 
 // LogFp8TensorStats of `tensor`: one Quantized slot per distinct cast it asks about, after the
@@ -145,6 +216,7 @@ void add_quant_slots(ir::Sequence& seq, const LayerRouting& l, const FeatureConf
     if (what_if_block) cast.recipe = plan::ScalingKind::Block1D;  // the fp8_block_scaling_ cast
     plan::StatSlot slot = quant_slot(l.layer, tensor, cast);
     slot.format = format;
+    slot.exponent_histogram = r.kind == StatKind::ScaleExponentHistogram;
     if (own_block_spec) {
       slot.block_size = 128;
       slot.dims = own_block_spec->scaling == plan::ScalingKind::Block2D ? 2 : 1;
@@ -191,7 +263,8 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
         continue;
       }
       if (f->feature->spec().name != "LogTensorStats") {
-        add_capture(seq, l, t, *f, refused);  // DumpTensors, C++ features (captures.h)
+        // DumpTensors, C++ features (captures.h).
+        add_capture(seq, l, t, *f, first_gemm_scaling(seq, l, t), refused);
         continue;
       }
       // One record for the moments, one per block configuration.
@@ -231,6 +304,8 @@ void IterationStats::add_run(std::span<const plan::StatSlot> slots,
       continue;
     } else if (slots[i].record == plan::StatRecordKind::Quantized) {
       it->second = as_record(merge(as_quantized(it->second), as_quantized(records[i])));
+    } else if (slots[i].record == plan::StatRecordKind::ExponentHistogram) {
+      it->second = add_counts(it->second, records[i]);
     } else {
       it->second = merge(it->second, records[i]);
     }
@@ -279,6 +354,19 @@ std::vector<StatRecord> IterationStats::records(const Routing& routing, int64_t 
             q = find(block);
           }
           if (q == merged_.end()) continue;
+          if (r.kind == StatKind::ScaleExponentHistogram) {
+            // One value per bin that holds a block: `{name}_e-12` (docs/debugging.md).
+            const std::vector<TensorMoments> parts = histogram_parts(merged_, q->first);
+            if (parts.empty()) continue;
+            const ExponentHistogram h = histogram_of(parts);
+            for (int b = 0; b < kExponentBins; ++b) {
+              if (h.bins[b] == 0) continue;
+              out.push_back(StatRecord{slot.layer, slot.tensor, "",
+                                       r.name + "_" + exponent_bin_name(b), iteration,
+                                       static_cast<double>(h.bins[b])});
+            }
+            continue;
+          }
           out.push_back(StatRecord{slot.layer, slot.tensor, "", r.name, iteration,
                                    value(as_quantized(q->second), r.kind)});
         }

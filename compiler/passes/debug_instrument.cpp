@@ -40,6 +40,15 @@ Place place(const Sequence& s, const Slot& slot) {
   return {};
 }
 
+// Whether a slot is written by an op of its own: not an exponent histogram's part (the op of the
+// Quantized record before it writes it).
+bool has_op(const plan::StatSlot& slot) {
+  return slot.record != plan::StatRecordKind::ExponentHistogram;
+}
+// A quantized capture reads an FP8 copy, which plan-quantization makes later
+// (debug_capture_quantized).
+bool has_op(const plan::CaptureSlot& slot) { return !slot.quantized; }
+
 // One op of `kind` reading the tensor of each of `slots`, collected by the op it goes before or
 // after; `slots` keeps the placed ones (slot = index).
 template <typename Slot>
@@ -50,6 +59,10 @@ void place_all(const Sequence& s, OpKind kind, const char* suffix, std::vector<S
   for (const Slot& slot : slots) {
     const Place p = place(s, slot);
     if (p.value == kNoValue) continue;
+    if (!has_op(slot)) {
+      kept.push_back(slot);
+      continue;
+    }
     Operation op;
     op.kind = kind;
     op.phase = s.ops[size_t(p.op)].phase;
@@ -80,7 +93,63 @@ bool instrument(Sequence& s) {
   return true;
 }
 
+bool capture_quantized(Sequence& s) {
+  std::map<int, std::vector<Operation>> before;
+  // Slots whose copy does not exist (a first layer whose backward computes no input gradient,
+  // hence no dgrad reading the gradient's copy; plan-quantization disabled): dropped, as TE has
+  // no quantized tensor there.
+  std::vector<int64_t> renumber(s.captures.size());
+  std::vector<plan::CaptureSlot> kept;
+  for (size_t slot = 0; slot < s.captures.size(); ++slot) {
+    plan::CaptureSlot c = s.captures[slot];
+    renumber[slot] = int64_t(kept.size());
+    if (!c.quantized) {
+      kept.push_back(std::move(c));
+      continue;
+    }
+    const bool gradient = c.tensor == "gradient";
+    const int gemm = gradient ? find_layer_op(s, OpKind::LinearDgrad, Phase::Backward, c.layer)
+                              : find_layer_op(s, OpKind::Linear, Phase::Forward, c.layer);
+    if (gemm < 0) continue;
+    const Operation& g = s.ops[size_t(gemm)];
+    const ValueId copy = g.operands.at(c.tensor == "weight" ? 1 : 0);
+    const Value& v = s.value(copy);
+    if (v.quantizer < 0 || !dtype_is_fp8(v.type.dtype)) continue;
+    c.format = v.type.dtype;
+    const int64_t index = int64_t(kept.size());
+    kept.push_back(c);
+    Operation op;
+    op.kind = OpKind::TensorCapture;
+    op.phase = g.phase;
+    op.operands = {copy};
+    op.quantizer = v.quantizer;
+    op.attrs = {{"slot", index}};
+    op.instance = fmt::format("{}.{}_quantized_capture{}", c.layer, c.tensor, index);
+    op.loc = g.loc;
+    before[gemm].push_back(std::move(op));
+  }
+  if (kept.size() == s.captures.size() && before.empty()) return false;
+  std::vector<Operation> ops;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    for (Operation& op : before[int(i)]) ops.push_back(std::move(op));
+    Operation& op = s.ops[i];
+    if (op.kind == OpKind::TensorCapture)
+      op.attrs = {{"slot", renumber.at(size_t(attr_int(op.attrs, "slot")))}};
+    ops.push_back(std::move(op));
+  }
+  s.ops = std::move(ops);
+  s.captures = std::move(kept);
+  recompute_producers(s);
+  return true;
+}
+
 }  // namespace
+
+bool debug_capture_quantized(Program& program) {
+  bool changed = false;
+  for (Sequence& s : program.sequences) changed |= capture_quantized(s);
+  return changed;
+}
 
 bool debug_instrument(Program& program) {
   bool changed = false;

@@ -16,4 +16,12 @@ namespace opfuse::passes {
 
 bool debug_instrument(ir::Program& program);
 
+// debug-capture-quantized: the captures of FP8 copies (plan::CaptureSlot::quantized, which
+// debug-instrument keeps without an op): a tensor_capture op right before the GEMM that reads the
+// copy (the layer's fprop for its activation and weight, its dgrad for its gradient), reading the
+// GEMM's FP8 operand, with that operand's quantizer (whose scale_inv the capture copies). Runs
+// after plan-quantization, before fusion (an op between a cast and its GEMM leaves the casts'
+// fusions into norms and activations alone).
+bool debug_capture_quantized(ir::Program& program);
+
 }  // namespace opfuse::passes

@@ -40,6 +40,11 @@ std::vector<Pass> default_pipeline() {
        plan_quantization,
        {"backward"},
        {"quantizers"}},
+      // After plan-quantization (it reads the FP8 copies it made; without them it drops its
+      // slots) and before fusion.
+      {"debug-capture-quantized",
+       "place the captures of the FP8 copies a debug config's routing asks for",
+       debug_capture_quantized},
       // Forward before backward: dgelu_bgrad fuses a backward GELU only where the forward GELU
       // became a GELU_AUX_BIAS epilogue (whose aux buffer it reads).
       {"fuse-forward",

@@ -23,8 +23,14 @@ std::map<std::string, std::int64_t> checked_symbols(
     if (symbol == plan::kNumSmsSymbol) continue;
     const auto found = given.find(symbol);
     if (found == given.end()) {
-      throw UsageError(fmt::format("sequence '{}' needs a size for '{}': bind every one of [{}]",
-                                   plan.name, symbol, fmt::join(plan.symbols, ", ")));
+      // The SM count is bound by the executor, never by the caller: not listed.
+      std::vector<std::string> sizes;
+      for (const std::string& s : plan.symbols)
+        if (s != plan::kNumSmsSymbol) sizes.push_back(s);
+      throw UsageError(fmt::format(
+          "sequence '{}' needs a size for '{}': bind every one of [{}] (Session::bind, or "
+          "fusec's --bind NAME=SIZE, e.g. --bind {}=64)",
+          plan.name, symbol, fmt::join(sizes, ", "), symbol));
     }
     if (found->second < 1 || found->second > kMaxSymbolValue) {
       throw UsageError(fmt::format("'{}' = {} for sequence '{}': sizes must be from 1 to {}",

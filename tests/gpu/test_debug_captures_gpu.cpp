@@ -175,5 +175,73 @@ TEST_F(DebugCapturesGpu, CppFeatureGivesTheReferenceStatistics) {
   EXPECT_EQ(got.at("fc1_weight_negative_fraction"), want.at("fc1_weight_negative_fraction"));
 }
 
+// DumpTensors' quantized_tensor under current scaling: the FP8 copies the GEMMs read and their
+// scale_inv, against the reference's; for the tensors both sides hold bit for bit the codes and
+// the scales are equal.
+TEST_F(DebugCapturesGpu, QuantizedCopiesMatchTheReference) {
+  std::string program = kProgram;
+  program.replace(program.find("sequence"), 8, "recipe fp8 = current_scaling()\nsequence");
+  program.replace(program.find(") {"), 3, ") uses fp8 {");
+  const auto routed_config = routed(
+      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, weight, gradient], quantized_tensor: true}\n",
+      {"fc1", "fc2"}, true);
+  const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
+  ASSERT_TRUE(c);
+  const ir::Sequence& seq = c->program.sequences[0];
+  const plan::SequencePlan& plan = c->plan.sequences[0];
+  // Per layer: the three high-precision tensors and their FP8 copies.
+  int quantized = 0;
+  for (const plan::CaptureSlot& s : plan.capture_slots) quantized += s.quantized;
+  EXPECT_EQ(quantized, 6);
+  EXPECT_EQ(plan.capture_slots.size(), 12u);
+
+  gpu::GemmRunner gemms(stream_);
+  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
+  const int64_t tokens = 208;
+  gpu.bind({{"tokens", tokens}});
+  const std::map<std::string, DeviceArray*> arrays = allocate_tensors(gpu);
+  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
+  std::mt19937_64 rng(5);
+  random_params(ref, arrays, rng);
+  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
+  x.data = random_bf16(x.data.size(), 3.0, rng);
+  upload_bf16(*arrays.at("x"), x.data);
+  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
+  dy.data = random_bf16(dy.data.size(), 0.01, rng);
+  upload_bf16(*arrays.at("dy"), dy.data);
+  ref.forward({x});
+  ref.backward({dy});
+  gpu.forward(stream_);
+  gpu.backward(stream_);
+  const std::vector<debug::CapturedTensor> got = gpu.captures(stream_);
+  const std::vector<debug::CapturedTensor>& want = ref.captures();
+  ASSERT_EQ(got.size(), plan.capture_slots.size());
+  ASSERT_EQ(want.size(), got.size());
+  int compared = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const plan::CaptureSlot& slot = plan.capture_slots[i];
+    if (!slot.quantized) continue;
+    SCOPED_TRACE(slot.layer + " " + slot.tensor);
+    ASSERT_EQ(got[i].scale_inv.size(), 1u);
+    ASSERT_EQ(want[i].scale_inv.size(), 1u);
+    ASSERT_EQ(got[i].values.size(), want[i].values.size());
+    // Current scaling: scale_inv = amax / fp8_max, far from 1 for these magnitudes.
+    EXPECT_NE(got[i].scale_inv[0], 1.0f);
+    for (const float v : got[i].values) ASSERT_TRUE(debug::fp8_code(v, slot.format)) << v;
+    const bool same_bits = (slot.layer == "fc1" && slot.tensor == "activation") ||
+                           slot.tensor == "weight" ||
+                           (slot.layer == "fc2" && slot.tensor == "gradient");
+    if (same_bits) {
+      EXPECT_EQ(got[i].scale_inv, want[i].scale_inv);
+      EXPECT_EQ(got[i].values, want[i].values);
+      ++compared;
+    } else {
+      EXPECT_NEAR(got[i].scale_inv[0], want[i].scale_inv[0], 0.05 * want[i].scale_inv[0]);
+    }
+  }
+  EXPECT_EQ(compared, 4);  // fc1's activation, both weights, fc2's gradient
+}
+
 }  // namespace
 }  // namespace opfuse::test

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <span>
 
 #include "debug/stats.h"
 #include "debug_routing_fixture.h"
@@ -91,6 +92,26 @@ TEST_F(DebugFp8StatsGpu, RecordsMatchTheReferenceAndRepeatBitForBit) {
   EXPECT_EQ(slots.size(), 2u * (3 * 6 + 2));
 }
 
+// scale_exponent_histogram (debug/stats.h): the partial kernels count each block's scale
+// exponent, the final one adds the counts into the records after the cast's.
+TEST_F(DebugFp8StatsGpu, ScaleExponentHistogramsMatchTheReference) {
+  const std::vector<plan::StatSlot> slots = expect_records_match(kProgram, R"(
+all:
+  layers: {layer_types: [fc]}
+  transformer_engine:
+    LogFp8TensorStats:
+      tensors: [activation, weight, gradient]
+      stats: [mxfp8_scale_exponent_histogram, mxfp8_scale_exponent_histogram_columnwise,
+              fp8_block_scaling_scale_exponent_histogram,
+              fp8_block_scaling_scale_exponent_histogram_columnwise]
+)");
+  int histograms = 0;
+  for (const plan::StatSlot& slot : slots) histograms += slot.exponent_histogram;
+  // Per layer: MXFP8 both ways and block row-wise for the three tensors, block column-wise for
+  // the activation and the gradient (a weight's 128x128 blocks serve both copies).
+  EXPECT_EQ(histograms, 2 * (3 * 3 + 2));
+}
+
 std::vector<plan::StatSlot> DebugFp8StatsGpu::expect_records_match(const std::string& program,
                                                                    const std::string& config) {
   const auto routed_config = routed(config, {"fc1", "fc2"}, true);
@@ -132,6 +153,30 @@ std::vector<plan::StatSlot> DebugFp8StatsGpu::expect_records_match(const std::st
   int64_t underflows = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const plan::StatSlot& slot = plan.stat_slots[i];
+    const bool same_bits = (slot.layer == "fc1" && slot.tensor == "activation") ||
+                           slot.tensor == "weight" ||
+                           (slot.layer == "fc2" && slot.tensor == "gradient");
+    if (slot.exponent_histogram && same_bits) {
+      // The scale-exponent histogram in the parts after the record: bin for bin, and every
+      // scaled block counted once.
+      SCOPED_TRACE(slot.layer + " " + slot.tensor + " histogram of " +
+                   std::string(plan::name(slot.cast)));
+      const auto parts = [&](const std::vector<TensorMoments>& r) {
+        return debug::histogram_of(std::span(r).subspan(i + 1, debug::kExponentHistogramRecords));
+      };
+      const debug::ExponentHistogram g = parts(got), w = parts(want);
+      int64_t total = 0, nonzero_bins = 0;
+      for (int b = 0; b < debug::kExponentBins; ++b) {
+        EXPECT_EQ(g.bins[b], w.bins[b]) << "bin " << debug::exponent_bin_name(b);
+        total += g.bins[b];
+        nonzero_bins += g.bins[b] != 0;
+      }
+      EXPECT_EQ(total, debug::as_quantized(got[i]).scaled_blocks);
+      // fc1's input spans 2^0 to 2^-30 down its rows: the row-wise casts see it all.
+      if (slot.layer == "fc1" && slot.tensor == "activation" && !slot.columnwise) {
+        EXPECT_GT(nonzero_bins, 20) << "a spread of scales";
+      }
+    }
     if (slot.record != plan::StatRecordKind::Quantized) continue;
     SCOPED_TRACE(slot.layer + " " + slot.tensor + " " + std::string(plan::name(slot.cast)) +
                  (slot.columnwise ? " columnwise" : ""));
@@ -139,9 +184,6 @@ std::vector<plan::StatSlot> DebugFp8StatsGpu::expect_records_match(const std::st
     const QuantizedMoments w = debug::as_quantized(want[i]);
     EXPECT_EQ(g.count, w.count);
     EXPECT_EQ(g.blocks, w.blocks);
-    const bool same_bits = (slot.layer == "fc1" && slot.tensor == "activation") ||
-                           slot.tensor == "weight" ||
-                           (slot.layer == "fc2" && slot.tensor == "gradient");
     if (!same_bits) continue;
     EXPECT_EQ(g.underflows, w.underflows);
     EXPECT_EQ(g.overflows, w.overflows);
@@ -195,6 +237,40 @@ TEST_F(DebugFp8StatsGpu, NanGivesNanStatistics) {
     EXPECT_TRUE(std::isnan(q.sq_err)) << i;
   }
   EXPECT_TRUE(std::isnan(debug::as_quantized(records[3]).scale_inv_min));
+}
+
+TEST_F(DebugFp8StatsGpu, NanBlocksAreCountedAsNonFinite) {
+  const auto routed_config = routed(
+      "a:\n  layers: {layer_types: [fc1]}\n  transformer_engine:\n"
+      "    LogFp8TensorStats: {tensors: [activation], stats: [mxfp8_scale_exponent_histogram]}\n",
+      {"fc1", "fc2"}, true);
+  const auto c = compile_program("mlp", kProgram, "", "", &routed_config->routing);
+  ASSERT_TRUE(c);
+  gpu::GemmRunner gemms(stream_);
+  gpu::SequenceExecutor gpu(c->plan.sequences[0], *c->modules, gemms, stream_);
+  gpu.bind({{"tokens", 32}});
+  for (const gpu::TensorInfo& info : gpu.tensors()) {
+    if (info.role == plan::BufferRole::Result) continue;
+    DeviceArray& a = new_array(info.bytes);
+    std::vector<float> values(info.bytes / 2, 0.5f);
+    if (info.name == "x") {
+      values[3] = std::nanf("");
+      for (size_t k = 128; k < 160; ++k) values[k] = 0.0f;  // one block of zeros: not counted
+    }
+    upload_bf16(a, values);
+    gpu.set_tensor(info.name, a.data());
+  }
+  gpu.forward(stream_);
+  const auto records = records_of(gpu.stat_records(stream_));
+  ASSERT_EQ(records.size(), 2u + size_t(debug::kExponentHistogramRecords));
+  const debug::ExponentHistogram h =
+      debug::histogram_of(std::span(records).subspan(2, debug::kExponentHistogramRecords));
+  // 32 x 128 in 1 x 32 blocks: 128 blocks, one NaN, one of zeros; the others have amax 0.5:
+  // 0.5 / 448 rounds up to 2^-9.
+  debug::ExponentHistogram want;
+  want.bins[debug::kNonFiniteBin] = 1;
+  want.bins[127 - 9] = 126;
+  EXPECT_EQ(h, want);
 }
 
 }  // namespace

@@ -214,7 +214,7 @@ TEST(DebugCaptures, MicroBatchesGetOneFileEachAndAWeightOnce) {
       "    DumpTensors: {tensors: [activation, weight]}\n",
       {"fc1"}, false, 4);
   const std::vector<plan::CaptureSlot> slots = {{"fc1", "activation", {}}, {"fc1", "weight", {}}};
-  const CapturedTensor a1{{1, 2}, {1, 2}}, a2{{1, 2}, {3, 4}}, w{{2}, {-1, 1}};
+  const CapturedTensor a1{{1, 2}, {1, 2}, {}}, a2{{1, 2}, {3, 4}, {}}, w{{2}, {-1, 1}, {}};
   const std::string dir = test::make_temp_dir("captures_mb");
   IterationCaptures one;
   one.add_run(slots, std::vector<CapturedTensor>{a1, w});
@@ -234,6 +234,114 @@ TEST(DebugCaptures, MicroBatchesGetOneFileEachAndAWeightOnce) {
   EXPECT_TRUE(fs::exists(it5 / "fc1_weight_mb0.npy"));
   EXPECT_FALSE(fs::exists(it5 / "fc1_weight_mb1.npy"));
   EXPECT_FALSE(fs::exists(it5 / "fc1_activation.npy"));
+}
+
+TEST(DebugCaptures, Fp8CodesAreTheFormatsNumbers) {
+  // Every code of both formats round-trips through its float value; NaN keeps its sign.
+  for (const plan::DType format : {plan::DType::E4M3, plan::DType::E5M2}) {
+    const cpu::Fp8Format f =
+        format == plan::DType::E4M3 ? cpu::Fp8Format::E4M3 : cpu::Fp8Format::E5M2;
+    int numbers = 0;
+    for (int c = 0; c < 256; ++c) {
+      const float v = cpu::fp8_to_float(uint8_t(c), f);
+      if (std::isnan(v) || std::isinf(v)) continue;
+      ++numbers;
+      EXPECT_EQ(fp8_code(v, format), uint8_t(c)) << plan::name(format) << " " << v;
+    }
+    EXPECT_EQ(numbers, format == plan::DType::E4M3 ? 254 : 248);
+    EXPECT_EQ(fp8_code(std::nanf(""), format), uint8_t(0x7F));
+    EXPECT_EQ(fp8_code(-std::nanf(""), format), uint8_t(0xFF));
+    EXPECT_EQ(fp8_code(0.3f, format), std::nullopt) << "not a number of the format";
+  }
+  EXPECT_EQ(fp8_code(500.0f, plan::DType::E4M3), std::nullopt);  // beyond 448
+  EXPECT_EQ(fp8_code(512.0f, plan::DType::E5M2), uint8_t(0x60));
+  EXPECT_EQ(fp8_code(-0.0f, plan::DType::E4M3), uint8_t(0x80));
+  EXPECT_EQ(fp8_code(1.0f, plan::DType::BF16), std::nullopt);
+}
+
+// DumpTensors' quantized_tensor: the FP8 copy each operand's first GEMM reads (fprop for the
+// activation and the weight, dgrad for the gradient), as its codes, its scale_inv and a
+// description; C++ features get the same copy beside the high-precision tensor.
+TEST(DebugCaptures, QuantizedCopiesAreTheGemmsOperands) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, weight, gradient, output], quantized_tensor: "
+      "true, high_precision_tensor: false}\n",
+      {"fc1", "fc2"}, true);
+  const auto v = compile(kMlp, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  // No high-precision captures; the output has no FP8 copy.
+  ASSERT_EQ(seq.captures.size(), 3u);
+  for (const plan::CaptureSlot& c : seq.captures) {
+    EXPECT_TRUE(c.quantized) << c.tensor;
+    // The copy's format is its quantizer's (E5M2 for a gradient under HYBRID).
+    const std::string role =
+        c.tensor == "activation" ? "input" : (c.tensor == "weight" ? "weight" : "grad_output");
+    const auto q =
+        std::find_if(seq.quantizers.begin(), seq.quantizers.end(),
+                     [&](const ir::QuantizerDecl& d) { return d.name == "fc2." + role; });
+    ASSERT_NE(q, seq.quantizers.end()) << role;
+    EXPECT_EQ(c.format, q->format()) << c.tensor;
+  }
+  const plan::SequencePlan& p = v.plan.sequences.at(0);
+  EXPECT_EQ(plan::plan_json_text(plan::plan_from_json(plan::plan_to_json(v.plan))),
+            plan::plan_json_text(v.plan));
+  ASSERT_EQ(p.capture_slots.size(), 3u);
+  EXPECT_TRUE(p.capture_slots[0].quantized);
+
+  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", 48}});
+  cpu::init_params_from_seed(exec, 7);
+  cpu::Tensor<float> x = cpu::seeded_normal({48, 64}, 11, 1.0);
+  cpu::round_to_bf16(x.data);
+  exec.forward({x});
+  cpu::Tensor<float> dy = cpu::seeded_normal({48, 64}, 13, 0.1);
+  cpu::round_to_bf16(dy.data);
+  exec.backward({dy});
+  const auto& captures = exec.captures();
+  ASSERT_EQ(captures.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(seq.captures[i].tensor);
+    ASSERT_EQ(captures[i].scale_inv.size(), 1u);
+    // Step 0 of delayed scaling: scale_inv 1, the codes are the tensor cast as it is.
+    EXPECT_EQ(captures[i].scale_inv[0], 1.0f);
+    for (const float c : captures[i].values)
+      ASSERT_TRUE(fp8_code(c, seq.captures[i].format).has_value()) << c;
+  }
+  // The weight's copy is fc2's weight cast to E4M3 (saturating, round to nearest even).
+  size_t w = 0;
+  while (seq.captures[w].tensor != "weight") ++w;
+  const std::vector<float>& weight = exec.param("fc2.weight").data;
+  ASSERT_EQ(captures[w].values.size(), weight.size());
+  for (size_t k = 0; k < weight.size(); ++k) {
+    const float want =
+        cpu::fp8_to_float(cpu::float_to_fp8(weight[k], cpu::Fp8Format::E4M3), cpu::Fp8Format::E4M3);
+    ASSERT_EQ(captures[w].values[k], want) << k;
+  }
+  EXPECT_EQ(captures[w].shape, (std::vector<int64_t>{64, 128}));
+
+  // The files: codes as uint8 with the tensor's shape, scale_inv as a scalar, the description.
+  const std::string dir = test::make_temp_dir("captures_quantized");
+  IterationCaptures it;
+  it.add_run(seq.captures, captures);
+  (void)it.finish(r->routing, 0, dir, 0);
+  const fs::path d = dump_dir(dir, 0, 0);
+  const NpyArray codes = read_npy((d / "fc2_weight_quantized.npy").string());
+  EXPECT_EQ(codes.type, NpyType::Uint8);
+  EXPECT_EQ(codes.shape, (std::vector<int64_t>{64, 128}));
+  ASSERT_EQ(codes.u8.size(), weight.size());
+  for (size_t k = 0; k < weight.size(); ++k)
+    ASSERT_EQ(codes.u8[k], cpu::float_to_fp8(weight[k], cpu::Fp8Format::E4M3)) << k;
+  const NpyArray inv = read_npy((d / "fc2_weight_quantized_scale_inv.npy").string());
+  EXPECT_TRUE(inv.shape.empty());
+  EXPECT_EQ(inv.f32, std::vector<float>{1.0f});
+  const auto about =
+      nlohmann::json::parse(test::read_text((d / "fc2_weight_quantized.json").string()));
+  EXPECT_EQ(about["format"], "e4m3");
+  EXPECT_EQ(about["data"], "fc2_weight_quantized.npy");
+  EXPECT_TRUE(fs::exists(d / "fc2_gradient_quantized.npy"));
+  EXPECT_TRUE(fs::exists(d / "fc2_activation_quantized.npy"));
+  EXPECT_FALSE(fs::exists(d / "fc2_output_quantized.npy"));
+  EXPECT_FALSE(fs::exists(d / "fc2_weight.npy")) << "high_precision_tensor: false";
 }
 
 // ---- the CPU run ------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ struct Expected {
   double sq_err = 0;
   double inv_min = std::numeric_limits<double>::infinity();
   double inv_max = -std::numeric_limits<double>::infinity();
-  std::vector<double> log2_invs;  // of the blocks holding a nonzero value
+  std::vector<double> log2_invs;     // of the blocks holding a nonzero value
+  std::map<int, int64_t> exponents;  // log2(scale_inv) -> blocks holding a nonzero value
 };
 
 float fp8_round(float v, Fp8Format f) { return cpu::fp8_to_float(cpu::float_to_fp8(v, f), f); }
@@ -112,7 +113,10 @@ Expected blocks(const std::vector<float>& x, int64_t rows, int64_t cols, int64_t
       ++e.blocks;
       e.inv_min = std::min(e.inv_min, double(inv));
       e.inv_max = std::max(e.inv_max, double(inv));
-      if (amax > 0) e.log2_invs.push_back(std::log2(double(inv)));
+      if (amax > 0) {
+        e.log2_invs.push_back(std::log2(double(inv)));
+        ++e.exponents[int(std::lround(std::log2(double(inv))))];
+      }
     }
   }
   return e;
@@ -290,6 +294,92 @@ TEST(Fp8Stats, ReferenceRecordsMatchAnIndependentComputation) {
   size_t i = 0;
   ASSERT_TRUE(find_slot(seq, "activation", plan::QuantStatCast::Quantizer, false, &i));
   EXPECT_GT(as_quantized(records[i]).underflows, 0);
+}
+
+// scale_exponent_histogram: the Quantized record of its cast carries the histogram's parts right
+// after it (one plan slot each, no op of their own), the reference fills them, and each bin that
+// holds a block is logged as `{stat}_e{k}` with the number of blocks whose scale_inv is 2^k.
+TEST(Fp8Stats, ScaleExponentHistogramsCountTheBlocksOfEachScale) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    LogFp8TensorStats:\n      tensors: [activation, gradient]\n"
+      "      stats: [mxfp8_underflows%, mxfp8_scale_exponent_histogram,\n"
+      "              fp8_block_scaling_scale_exponent_histogram_columnwise]\n",
+      {"fc1"}, true);
+  const auto v = compile(kLinear, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  // Per tensor: moments, MXFP8 (its histogram's parts after it), block columnwise (likewise).
+  ASSERT_EQ(seq.inspections.size(), 2 * (3u + 2u * size_t(kExponentHistogramRecords)));
+  for (const char* tensor : {"activation", "gradient"}) {
+    for (const auto& [cast, columnwise] : {std::pair{plan::QuantStatCast::Mxfp8, false},
+                                           std::pair{plan::QuantStatCast::Float8Block, true}}) {
+      size_t i = 0;
+      const plan::StatSlot* q = find_slot(seq, tensor, cast, columnwise, &i);
+      ASSERT_NE(q, nullptr) << tensor;
+      EXPECT_TRUE(q->exponent_histogram);
+      for (int k = 0; k < kExponentHistogramRecords; ++k) {
+        const plan::StatSlot& part = seq.inspections.at(i + 1 + size_t(k));
+        EXPECT_EQ(part.record, plan::StatRecordKind::ExponentHistogram);
+        EXPECT_EQ(part.part, k);
+        EXPECT_EQ(part.cast, cast);
+        EXPECT_EQ(part.columnwise, columnwise);
+        EXPECT_EQ(part.tensor, tensor);
+      }
+    }
+  }
+  const plan::Plan back = plan::plan_from_json(plan::plan_to_json(v.plan));
+  EXPECT_EQ(back.sequences.at(0).stat_slots, v.plan.sequences[0].stat_slots);
+  // Only the Quantized records have ops: two statistics ops per tensor and the moments'.
+  const auto stats_ops = std::count_if(seq.ops.begin(), seq.ops.end(), [](const ir::Operation& op) {
+    return op.kind == ir::OpKind::TensorStats;
+  });
+  EXPECT_EQ(stats_ops, 6);
+
+  const int64_t tokens = 200;
+  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
+  cpu::init_params_from_seed(exec, 7);
+  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data[size_t(i)] *= std::ldexp(1.0f, -int(i / 160 % 24));
+  for (int64_t c = 0; c < 160; ++c) x.data[size_t(5 * 160 + c)] = 0;  // a row of zeros: no scale
+  cpu::round_to_bf16(x.data);
+  exec.forward({x});
+  cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 1e-3);
+  cpu::round_to_bf16(dy.data);
+  exec.backward({dy});
+  IterationStats stats;
+  stats.add_run(seq.inspections, exec.stat_records());
+  std::map<std::string, double> logged;
+  for (const StatRecord& rec : stats.records(r->routing, 1))
+    logged[rec.tensor + " " + rec.stat] = rec.value;
+
+  struct Case {
+    const char* tensor;
+    const std::vector<float>* data;
+    int64_t cols;
+    Fp8Format format;
+  };
+  for (const Case& c : {Case{"activation", &x.data, 160, Fp8Format::E4M3},
+                        Case{"gradient", &dy.data, 96, Fp8Format::E5M2}}) {
+    SCOPED_TRACE(c.tensor);
+    const Expected mx = blocks(*c.data, tokens, c.cols, 1, 32, true, c.format);
+    const Expected col = blocks(*c.data, tokens, c.cols, 128, 1, false, c.format);
+    if (c.tensor == std::string("activation")) {
+      EXPECT_GT(mx.exponents.size(), 20u) << "a spread of scales";
+      EXPECT_LT(int64_t(mx.log2_invs.size()), mx.blocks) << "blocks of zeros are not counted";
+    }
+    std::map<std::string, double> want;
+    const std::string t = c.tensor;
+    for (const auto& [e, n] : mx.exponents)
+      want[t + " mxfp8_scale_exponent_histogram_e" + std::to_string(e)] = double(n);
+    for (const auto& [e, n] : col.exponents)
+      want[t + " fp8_block_scaling_scale_exponent_histogram_columnwise_e" + std::to_string(e)] =
+          double(n);
+    want[t + " mxfp8_underflows%"] = logged[t + " mxfp8_underflows%"];
+    std::map<std::string, double> got;
+    for (const auto& [name, value] : logged)
+      if (name.starts_with(t + " ")) got[name] = value;
+    EXPECT_EQ(got, want);
+  }
 }
 
 TEST(Fp8Stats, MicroBatchesMergeAndWeightsCountOnce) {

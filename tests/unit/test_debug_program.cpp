@@ -169,7 +169,8 @@ TEST(DebugRun, ForwardAndBackwardCapturesAreOneMicroBatch) {
   debug::DebugRun run(setup);
   (void)run.routing();
   const std::vector<plan::CaptureSlot> slots = {{"fc1", "activation", {}}, {"fc1", "gradient", {}}};
-  const debug::CapturedTensor a{{1, 2}, {1, 2}}, g{{1, 2}, {5, 6}}, stale{{1, 2}, {0, 0}};
+  const debug::CapturedTensor a{{1, 2}, {1, 2}, {}}, g{{1, 2}, {5, 6}, {}},
+      stale{{1, 2}, {0, 0}, {}};
   run.add_captures(slots, std::vector<debug::CapturedTensor>{a, stale}, debug::RunPhase::Forward);
   run.add_captures(slots, std::vector<debug::CapturedTensor>{stale, g}, debug::RunPhase::Backward);
   run.end_step();

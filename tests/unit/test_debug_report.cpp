@@ -1,7 +1,8 @@
 // The precision-debug report (debug/report.h) and its log reader (debug/report_logs.h): one
 // <svg> per (layer, tensor, GEMM, statistic), points where the values put them (read back from
-// the page), escaping, non-finite values left out of the lines and counted, and the same bytes
-// for the same records. The command line and the rendered page are test_fusec_debug_report.cpp
+// the page), escaping, non-finite values left out of the lines and counted, scale-exponent
+// histograms as one heatmap per rank with a cell per logged bin, and the same bytes for the same
+// records. The command line and the rendered page are test_fusec_debug_report.cpp
 // and test_debug_report_screenshot.cpp.
 #include <gtest/gtest.h>
 
@@ -241,6 +242,222 @@ TEST(DebugReport, NiceAxes) {
   const Axis huge = nice_axis(-1e308, 1.7e308, false);  // the spread overflows a double
   EXPECT_TRUE(std::isfinite(huge.lo) && std::isfinite(huge.hi));
   EXPECT_GE(huge.ticks.size(), 2u);
+}
+
+// ---- scale-exponent histograms ------------------------------------------------------------------
+
+// The heatmaps of a page: the <svg>s that carry a rank (a line chart's lines carry theirs).
+std::vector<std::string> heatmaps(const std::string& html) {
+  std::vector<std::string> out;
+  for (const std::string& svg : charts(html))
+    if (svg.substr(0, svg.find('>')).find(" data-rank=") != std::string::npos) out.push_back(svg);
+  return out;
+}
+
+struct Cell {
+  std::string iteration, exponent, count, fill, title;
+  double x, y, width, height;
+};
+// A heatmap's <rect class="cell">s, in page order.
+std::vector<Cell> cells(const std::string& svg) {
+  std::vector<Cell> out;
+  const std::string open = "<rect class=\"cell\"";
+  for (size_t at = svg.find(open); at != std::string::npos; at = svg.find(open, at + 1)) {
+    const std::string rect = svg.substr(at, svg.find("</rect>", at) - at);
+    const size_t title = rect.find("<title>") + 7;
+    out.push_back(
+        {attributes(rect, "data-iteration").at(0), attributes(rect, "data-exponent").at(0),
+         attributes(rect, "data-count").at(0), attributes(rect, "fill").at(0),
+         rect.substr(title, rect.find("</title>") - title), std::stod(attributes(rect, "x").at(0)),
+         std::stod(attributes(rect, "y").at(0)), std::stod(attributes(rect, "width").at(0)),
+         std::stod(attributes(rect, "height").at(0))});
+  }
+  return out;
+}
+
+// (iteration, exponent, count) of each cell.
+std::vector<std::string> cell_keys(const std::string& svg) {
+  std::vector<std::string> out;
+  for (const Cell& c : cells(svg)) out.push_back(c.iteration + " " + c.exponent + " " + c.count);
+  return out;
+}
+
+// fc1's activation (fprop GEMM) MXFP8 histogram at iterations 0, 5, 10 on ranks 0 and 1; rank 1
+// has non-finite blocks at iteration 10.
+std::vector<RankedRecord> histogram_sample() {
+  const std::string base = "mxfp8_scale_exponent_histogram_";
+  const auto bin = [&](int rank, int64_t iteration, const std::string& name, double count) {
+    return rec(rank, "fc1", "activation", "fprop", base + name, iteration, count);
+  };
+  return {bin(0, 0, "e-3", 10),  bin(0, 0, "e-2", 90),        bin(0, 5, "e-2", 100),
+          bin(0, 5, "e-3", 0),   bin(0, 5, "e-9", 0),         bin(0, 10, "e-4", 1),
+          bin(0, 10, "e-2", 9),  bin(1, 0, "e-2", 50),        bin(1, 0, "e-1", 50),
+          bin(1, 5, "e-2", 100), bin(1, 10, "nonfinite", 10), bin(1, 10, "e-2", 40)};
+}
+
+TEST(DebugReportHistogram, OneHeatmapPerRankWithACellPerBin) {
+  const std::string html = render_report(histogram_sample());
+  // One chart: no line per bin.
+  EXPECT_EQ(count(html, "<svg "), 2u);
+  EXPECT_EQ(count(html, "<figure "), 1u);
+  EXPECT_EQ(html.find("<polyline"), std::string::npos);
+  EXPECT_EQ(html.find("histogram_e"), std::string::npos);
+  EXPECT_NE(html.find("1 chart,"), std::string::npos);
+  const std::vector<std::string> svgs = heatmaps(html);
+  ASSERT_EQ(svgs.size(), 2u);
+  EXPECT_EQ(attributes(svgs[0], "data-rank").at(0), "0");
+  EXPECT_EQ(attributes(svgs[1], "data-rank").at(0), "1");
+  EXPECT_NE(svgs[0].find("activation · mxfp8_scale_exponent_histogram (fprop GEMM) · rank 0"),
+            std::string::npos);
+
+  // A cell per nonzero (iteration, bin): the logged zeros have none.
+  EXPECT_EQ(cell_keys(svgs[0]),
+            (std::vector<std::string>{"0 -3 10", "0 -2 90", "5 -2 100", "10 -4 1", "10 -2 9"}));
+  EXPECT_EQ(cell_keys(svgs[1]), (std::vector<std::string>{"0 -2 50", "0 -1 50", "5 -2 100",
+                                                          "10 -2 40", "10 nonfinite 10"}));
+  const std::vector<Cell> rank0 = cells(svgs[0]), rank1 = cells(svgs[1]);
+  EXPECT_EQ(rank0[0].title, "iteration 0, 2^-3: 10 blocks (10%)");
+  EXPECT_EQ(rank0[3].title, "iteration 10, 2^-4: 1 block (10%)");
+  EXPECT_EQ(rank1[4].title, "iteration 10, non-finite: 10 blocks (20%)");
+  // The colour is the share of the iteration's blocks, not the count.
+  EXPECT_EQ(rank0[2].fill, "#08306b");  // 100%
+  EXPECT_NE(rank0[0].fill, rank0[2].fill);
+  EXPECT_NE(rank0[0].fill, rank0[1].fill);  // 10% and 90% of one iteration
+  EXPECT_EQ(rank0[0].fill, rank0[3].fill);  // 10 of 100 and 1 of 10
+  EXPECT_EQ(rank0[1].fill, rank0[4].fill);  // 90 of 100 and 9 of 10
+  EXPECT_EQ(rank0[2].fill, rank1[2].fill);
+
+  // Rows -4..-1 (seen on either rank; the logged 0 at e-9 is no row) and the non-finite row on
+  // top, on both ranks' heatmaps.
+  for (const std::string& svg : svgs) {
+    EXPECT_EQ(attributes(svg, "data-y-axis").at(0), "-4.5 0.5");
+    EXPECT_EQ(attributes(svg, "data-x-axis").at(0), "0 10");
+    EXPECT_NE(svg.find(">NaN/Inf</text>"), std::string::npos);
+    EXPECT_EQ(svg.find("2^-9"), std::string::npos);
+  }
+  // Read back through the axes: iteration 5's column reaches halfway to 0 and to 10, a row is
+  // one exponent high.
+  const Cell& middle = rank0[2];
+  const auto [iteration, exponent] =
+      unmap(svgs[0], {middle.x + middle.width / 2, middle.y + middle.height / 2});
+  EXPECT_NEAR(iteration, 5, 0.01);
+  EXPECT_NEAR(exponent, -2, 0.01);
+  EXPECT_NEAR(middle.width, (L::kPlotRight - L::kPlotLeft) / 2, 0.02);
+  EXPECT_NEAR(middle.height, (L::kPlotBottom - L::kPlotTop) / 5, 0.02);
+  EXPECT_NEAR(rank0[0].x, L::kPlotLeft, 0.01);  // the first column starts at the axis
+  const Cell& non_finite = rank1[4];
+  EXPECT_NEAR(unmap(svgs[1], {non_finite.x, non_finite.y + non_finite.height / 2}).second, 0, 0.01);
+
+  // The table: a row per rank, the last iteration summarised.
+  EXPECT_EQ(count(html, "<tr><td>activation</td>"), 2u);
+  EXPECT_NE(html.find("<td>2^-4..2^-2, mode 2^-2 (90%)</td><td class=\"num\">2^-4</td><td "
+                      "class=\"num\">2^-2</td><td>0</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<td>2^-2, mode 2^-2 (80%)</td><td class=\"num\">2^-2</td><td "
+                      "class=\"num\">2^-1</td><td class=\"bad\">10 blocks</td>"),
+            std::string::npos);
+  // The ramp's legend.
+  EXPECT_NE(html.find("background:#08306b\"></span> 100%"), std::string::npos);
+  EXPECT_EQ(count(html, "non-finite blocks</span>"), 1u);  // rank 1's only
+}
+
+TEST(DebugReportHistogram, NonFiniteRowOnlyWhenLogged) {
+  std::vector<RankedRecord> r = histogram_sample();
+  r.erase(
+      std::remove_if(r.begin(), r.end(),
+                     [](const RankedRecord& x) { return x.record.stat.ends_with("nonfinite"); }),
+      r.end());
+  for (const std::string& svg : heatmaps(render_report(r))) {
+    EXPECT_EQ(attributes(svg, "data-y-axis").at(0), "-4.5 -0.5");
+    EXPECT_EQ(svg.find("NaN/Inf"), std::string::npos);
+    EXPECT_EQ(svg.find("nonfinite"), std::string::npos);
+  }
+  // Only non-finite blocks: the one row.
+  const std::string html =
+      render_report({rec(2, "l", "weight", "", "scale_exponent_histogram_nonfinite", 3, 4)});
+  const std::string svg = heatmaps(html).at(0);
+  EXPECT_EQ(attributes(svg, "data-y-axis").at(0), "-0.5 0.5");
+  EXPECT_EQ(cell_keys(svg), std::vector<std::string>{"3 nonfinite 4"});
+  EXPECT_NE(html.find("<td>no finite scale, mode non-finite (100%)</td>"), std::string::npos);
+}
+
+TEST(DebugReportHistogram, BasesAreSeparateChartsAndOtherNamesAreLines) {
+  std::vector<RankedRecord> r;
+  for (const std::string stat :
+       {"scale_exponent_histogram_e0", "scale_exponent_histogram_columnwise_e0",
+        "mxfp8_scale_exponent_histogram_e1",
+        "fp8_block_scaling_scale_exponent_histogram_columnwise_e-3",
+        // Not histogram bins: no base, a base without its `_`, the exponent spelled otherwise
+        // or out of range, no exponent.
+        "foo_e5", "xscale_exponent_histogram_e1", "scale_exponent_histogram_e-012",
+        "scale_exponent_histogram_e128", "scale_exponent_histogram_e"})
+    r.push_back(rec(0, "fc1", "activation", "", stat, 0, 4));
+  const std::string html = render_report(r);
+  const std::vector<std::string> maps = heatmaps(html);
+  ASSERT_EQ(maps.size(), 4u);
+  // In the order of their base names.
+  const std::vector<std::string> bases = {
+      "fp8_block_scaling_scale_exponent_histogram_columnwise", "mxfp8_scale_exponent_histogram",
+      "scale_exponent_histogram", "scale_exponent_histogram_columnwise"};
+  const std::vector<std::string> exponents = {"-3", "1", "0", "0"};
+  for (size_t i = 0; i < maps.size(); ++i) {
+    EXPECT_NE(maps[i].find("<title>activation · " + bases[i] + " · rank 0</title>"),
+              std::string::npos)
+        << i;
+    const std::vector<Cell> c = cells(maps[i]);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].exponent, exponents[i]);
+    // One iteration: its column is the whole plot.
+    EXPECT_NEAR(c[0].x, L::kPlotLeft, 0.01);
+    EXPECT_NEAR(c[0].width, L::kPlotRight - L::kPlotLeft, 0.01);
+  }
+  EXPECT_EQ(count(html, "<svg "), 9u);
+  EXPECT_EQ(count(html, "class=\"cell\""), 4u);
+  for (const std::string stat :
+       {"foo_e5", "xscale_exponent_histogram_e1", "scale_exponent_histogram_e-012",
+        "scale_exponent_histogram_e128", "scale_exponent_histogram_e"})
+    EXPECT_NE(html.find("<title>activation · " + stat + "</title>"), std::string::npos) << stat;
+  EXPECT_EQ(count(html, "class=\"point\""), 5u);  // a dot each
+}
+
+TEST(DebugReportHistogram, RepeatedBinsKeepTheLastCountAndNonCountsAreLeftOut) {
+  const std::string stat = "scale_exponent_histogram_e-7";
+  const std::string html =
+      render_report({rec(0, "l", "t", "", stat, 0, 5), rec(0, "l", "t", "", stat, 0, 7),
+                     rec(0, "l", "t", "", "scale_exponent_histogram_e-6", 0, kNaN),
+                     rec(0, "l", "t", "", "scale_exponent_histogram_e-5", 1, -1)});
+  const std::string svg = heatmaps(html).at(0);
+  EXPECT_EQ(cell_keys(svg), std::vector<std::string>{"0 -7 7"});
+  EXPECT_EQ(attributes(svg, "data-y-axis").at(0), "-7.5 -6.5");
+  EXPECT_NE(html.find("1 repeated record (the last value kept)"), std::string::npos);
+  EXPECT_NE(html.find("2 records without a block count not drawn"), std::string::npos);
+  // Iteration 1 had only the negative count: in the table, nothing to summarise.
+  EXPECT_NE(html.find("<td>no blocks</td>"), std::string::npos);
+}
+
+TEST(DebugReportHistogram, SameBytesInAnyOrderAndEscaped) {
+  std::vector<RankedRecord> r = histogram_sample();
+  for (RankedRecord& x : r) {
+    x.record.layer = "a<b&\"c";
+    x.record.tensor = "t'<x>";
+  }
+  r.push_back(rec(0, "a<b&\"c", "t'<x>", "", "max", 0, 1.0));
+  const std::string first = render_report(r);
+  EXPECT_EQ(render_report(r), first);
+  std::reverse(r.begin(), r.end());
+  EXPECT_EQ(render_report(r), first);
+  EXPECT_EQ(first.find("a<b"), std::string::npos);
+  EXPECT_EQ(first.find("t'<x>"), std::string::npos);
+  EXPECT_NE(first.find("Layer a&lt;b&amp;&quot;c</h2>"), std::string::npos);
+  EXPECT_NE(first.find("<title>t&#39;&lt;x&gt; · mxfp8_scale_exponent_histogram (fprop GEMM) · "
+                       "rank 1</title>"),
+            std::string::npos);
+  EXPECT_NE(first.find("<tr><td>t&#39;&lt;x&gt;</td><td>fprop</td><td>mxfp8_scale_exponent_"
+                       "histogram</td>"),
+            std::string::npos);
+  // Self-contained still: nothing fetched, nothing run.
+  EXPECT_EQ(first.find("<script"), std::string::npos);
+  EXPECT_EQ(count(first, "http"), count(first, "http://www.w3.org/2000/svg"));
 }
 
 // ---- the log reader -----------------------------------------------------------------------------

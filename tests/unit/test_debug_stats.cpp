@@ -3,6 +3,7 @@
 // matrices with partial blocks, the quantization statistics, and NaN/Inf inputs; the CPU
 // reference's LogFp8TensorStats casts (reference/quant_stats.h) on hand-computed tensors.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -47,7 +48,8 @@ TEST(DebugStats, NameTableHasTeSpellingsInEnumOrder) {
                          "scale_inv_log2_min",
                          "scale_inv_log2_max",
                          "scale_inv_log2_mean",
-                         "scale_inv_log2_std"};
+                         "scale_inv_log2_std",
+                         "scale_exponent_histogram"};
   ASSERT_EQ(std::size(kStatTable), std::size(names));
   for (size_t i = 0; i < std::size(names); ++i) {
     const auto kind = static_cast<StatKind>(i);
@@ -527,7 +529,76 @@ TEST(QuantStats, RecordsMergeAndRoundTripThroughTheExecutorLayout) {
   EXPECT_EQ(back.scale_inv_max, whole.scale_inv_max);
   EXPECT_EQ(back.log2_scale_inv_sq_sum, whole.log2_scale_inv_sq_sum);
   EXPECT_TRUE(is_per_block_stat(StatKind::UnderflowBlocks));
+  EXPECT_TRUE(is_per_block_stat(StatKind::ScaleExponentHistogram));
   EXPECT_FALSE(is_per_block_stat(StatKind::Mse));
+}
+
+TEST(ExponentHistogram, BinsAreTheScaleInvBinadesNamedByTheirExponent) {
+  EXPECT_EQ(exponent_bin(1.0f, 1.0f), 127);
+  EXPECT_EQ(exponent_bin(3.0f, 0.0078125f), 127 - 7);
+  EXPECT_EQ(exponent_bin(3.0f, 0.01f), 127 - 7);  // a non-power-of-2 scale: its binade
+  EXPECT_EQ(exponent_bin(0.0f, 1.0f), -1);        // a block of zeros is not counted
+  EXPECT_EQ(exponent_bin(kNaN, 1.0f), kNonFiniteBin);
+  EXPECT_EQ(exponent_bin(kInf, 1.0f), kNonFiniteBin);
+  EXPECT_EQ(exponent_bin(1.0f, std::ldexp(1.0f, -127)), 0);  // E8M0's 2^-127 (subnormal)
+  EXPECT_EQ(exponent_bin(1.0f, std::ldexp(1.0f, -140)), 0);
+  EXPECT_EQ(exponent_bin_name(127), "e0");
+  EXPECT_EQ(exponent_bin_name(115), "e-12");
+  EXPECT_EQ(exponent_bin_name(130), "e3");
+  EXPECT_EQ(exponent_bin_name(0), "e-127");
+  EXPECT_EQ(exponent_bin_name(kNonFiniteBin), "nonfinite");
+  for (int b = 0; b < kExponentBins; ++b) EXPECT_EQ(parse_exponent_bin(exponent_bin_name(b)), b);
+  for (const char* bad : {"", "e", "e+3", "e03", "e128", "e-128", "3", "nan"})
+    EXPECT_EQ(parse_exponent_bin(bad), std::nullopt) << bad;
+
+  // 24 records of 11 counts hold the 256 bins; the spare counts stay 0.
+  ExponentHistogram h;
+  h.bins[0] = 5;
+  h.bins[10] = 7;
+  h.bins[11] = 1;
+  h.bins[255] = 2;
+  std::vector<TensorMoments> records(static_cast<size_t>(kExponentHistogramRecords));
+  histogram_to_records(h, records);
+  EXPECT_EQ(records[0].count, 5);
+  EXPECT_EQ(std::bit_cast<int64_t>(records[0].max_blockwise_dynamic_range), 7);
+  EXPECT_EQ(records[1].count, 1);
+  EXPECT_EQ(histogram_of(records), h);
+  EXPECT_EQ(merge(h, h).bins[10], 14);
+  EXPECT_THROW(histogram_of(std::span(records).first(3)), std::invalid_argument);
+  EXPECT_THROW(value(QuantizedMoments{}, StatKind::ScaleExponentHistogram), std::invalid_argument);
+}
+
+TEST(ExponentHistogram, TheReferenceCountsEveryScaledBlockOnce) {
+  // MXFP8 rows of 32: amaxes 449 (scale_inv 2^1), 1 (2^-8), 1 (2^-8), 0 (not counted), NaN.
+  std::vector<float> x(5 * 32, 0.0f);
+  x[0] = 449;
+  x[32] = 1;
+  x[64] = -1;
+  x[128] = kNaN;
+  ExponentHistogram h;
+  h.bins[17] = 99;  // overwritten, not added to
+  const QuantizedMoments m =
+      cpu::quantized_stats(x, 5, 32, block_cast(QuantStatCast::Mxfp8, 32, 1, false), &h);
+  EXPECT_EQ(m.blocks, 5);
+  ExponentHistogram want;
+  want.bins[128] = 1;
+  want.bins[127 - 8] = 2;
+  want.bins[kNonFiniteBin] = 1;
+  EXPECT_EQ(h, want);
+  // Float8BlockScaling, 1 x 128 over the same values as one row of 160: block 0 (amax 449:
+  // 448 / 449 rounds down to 2^-1, scale_inv 2) and block 1 (the NaN: non-finite).
+  const QuantizedMoments f =
+      cpu::quantized_stats(x, 1, 160, block_cast(QuantStatCast::Float8Block, 128, 1, false), &h);
+  EXPECT_EQ(f.blocks, 2);
+  ExponentHistogram want_f;
+  want_f.bins[128] = 1;
+  want_f.bins[kNonFiniteBin] = 1;
+  EXPECT_EQ(h, want_f);
+  // A per-tensor cast has no blocks: the histogram stays empty.
+  QuantStatsCast c;
+  c.cast = QuantStatCast::Current;
+  cpu::quantized_stats(x, 5, 32, c, &h);
+  EXPECT_EQ(h, ExponentHistogram{});
 }
 
 }  // namespace

@@ -76,6 +76,9 @@ TEST_F(BindingCheck, MissingAndUnknownSizesListTheSequencesSizes) {
   compile("fp8");
   std::string message = error_for({});
   EXPECT_NE(message.find("needs a size for 'tokens'"), std::string::npos) << message;
+  // The sizes the caller binds, not the SM count the executor binds; and how to bind them.
+  EXPECT_NE(message.find("bind every one of [tokens] ("), std::string::npos) << message;
+  EXPECT_NE(message.find("--bind tokens=64"), std::string::npos) << message;
   message = error_for({{"tokens", 64}, {"tokenz", 64}});
   EXPECT_NE(message.find("has no size 'tokenz'"), std::string::npos) << message;
   message = error_for({{"tokens", 64}, {"num_sms", 64}});

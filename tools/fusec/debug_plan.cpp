@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "commands.h"
+#include "debug/stats.h"
 #include "debug_config/routing.h"
 #include "driver/compile.h"
 
@@ -133,6 +134,8 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
     }
     for (size_t i = 0; i < v.stat_slots.size(); ++i) {
       const plan::StatSlot& slot = v.stat_slots[i];
+      // A histogram's parts are written with the record before them (said there).
+      if (slot.record == plan::StatRecordKind::ExponentHistogram) continue;
       std::string what;
       if (slot.record == plan::StatRecordKind::Quantized) {
         // LogFp8TensorStats: which cast, and its scale blocks.
@@ -142,6 +145,9 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
                   : slot.columnwise ? fmt::format(" ({}x1 blocks)", slot.block_size)
                                     : fmt::format(" (1x{} blocks)", slot.block_size);
         }
+        if (slot.exponent_histogram)
+          what += fmt::format(", with its scale-exponent histogram (records {}-{})", i + 1,
+                              i + size_t(debug::kExponentHistogramRecords));
       } else if (slot.block_size > 0) {
         what = fmt::format(" (blocks of {}, {}-D)", slot.block_size, slot.dims);
       }
