@@ -2,10 +2,12 @@
 // tensors: DumpTensors, the inspect_tensor call of C++ features).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "plan/enums.h"
+#include "plan/quant_spec.h"
 #include "plan/sym_expr.h"
 
 namespace opfuse::plan {
@@ -22,10 +24,24 @@ struct CaptureSlot {
   std::vector<SymExpr> shape;
   // The FP8 copy the layer's first GEMM of the tensor reads (fprop's for the activation and the
   // weight, dgrad's for the gradient) instead of the high-precision tensor: its values as float32
-  // (unscaled FP8 numbers, exact) followed by one more float, the scale_inv the GEMM reads.
-  // Placed by passes::debug_capture_quantized after plan-quantization; `format` is the copy's.
+  // (unscaled FP8 numbers, exact) followed by the scale_inv the GEMM reads: one float for a
+  // per-tensor scale; for block scales (`block` 1 x 128 or 128 x 128) the grid without the
+  // padding of its layout, [ceil(cols / 128)][rows] for 1 x 128 blocks (block-column major, as
+  // stored) and [ceil(rows / 128)][ceil(cols / 128)] for 128 x 128 ones. Placed by
+  // passes::debug_capture_quantized after plan-quantization; `format` and `block` are the copy's.
   bool quantized = false;
   DType format = DType::E4M3;
+  BlockShape block{};
+  // How many scale_inv floats follow the values of a quantized capture of a tensor of `shape`
+  // (the tensor's, evaluated; the last extent is the columns): 1, or the grid's real entries.
+  int64_t scale_count(const std::vector<int64_t>& shape) const {
+    if (!quantized) return 0;
+    if (block.rows == 0 || shape.empty()) return 1;
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    const int64_t col_blocks = (shape.back() + block.cols - 1) / block.cols;
+    return (block.rows > 1 ? (rows + block.rows - 1) / block.rows : rows) * col_blocks;
+  }
   friend bool operator==(const CaptureSlot&, const CaptureSlot&) = default;
 };
 

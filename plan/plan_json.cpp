@@ -291,6 +291,7 @@ Json sequence_json(const SequencePlan& s) {
       if (slot.quantized) {
         js["quantized"] = true;
         js["format"] = name(slot.format);
+        if (slot.block.rows > 0) js["block"] = {slot.block.rows, slot.block.cols};
       }
       slots.push_back(std::move(js));
     }

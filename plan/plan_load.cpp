@@ -428,6 +428,11 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
       if (slots[i].contains("quantized")) {
         slot.quantized = get<bool>(slots[i], p, "quantized");
         slot.format = enum_field<DType>(slots[i], p, "format");
+        if (slots[i].contains("block")) {
+          const auto block = get<std::vector<int>>(slots[i], p, "block");
+          if (block.size() != 2) fail(sub(p, "block"), "want [rows, cols]");
+          slot.block = {block[0], block[1]};
+        }
       }
       s.capture_slots.push_back(std::move(slot));
     }

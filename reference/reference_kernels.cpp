@@ -397,12 +397,31 @@ void tensor_capture(ReferenceContext<T>& ctx, const ir::Operation& op) {
   debug::CapturedTensor& c = ctx.captures.at(slot);
   c.shape = x.shape;
   c.values.assign(x.data.begin(), x.data.end());
-  // The FP8 copy a GEMM reads: its values are the codes, its scale_inv kept beside it (cast_fp8).
+  // The FP8 copy a GEMM reads: its values are the codes, its scale_inv kept beside it (cast_fp8):
+  // a scalar, or a block copy's grid without padding in the order plan::CaptureSlot gives.
   c.scale_inv.clear();
-  if (ctx.seq.captures.at(slot).quantized) {
-    const ir::ValueId copy = op.operands.at(0);
+  const plan::CaptureSlot& s = ctx.seq.captures.at(slot);
+  if (!s.quantized) return;
+  const ir::ValueId copy = op.operands.at(0);
+  if (s.block.rows == 0) {
     OPFUSE_ASSERT(copy < ctx.scale_inv.size(), "capture {} reads no per-tensor FP8 copy", slot);
     c.scale_inv = {ctx.scale_inv[copy]};
+    return;
+  }
+  const auto scaled = ctx.block_scaled.find(copy);
+  OPFUSE_ASSERT(scaled != ctx.block_scaled.end(), "capture {} reads no block-scaled copy", slot);
+  const BlockQuantizedCopy& q = scaled->second.copy;
+  const bool two_d = scaled->second.two_d;
+  const int64_t block = s.block.cols;
+  const int64_t col_blocks = (q.cols + block - 1) / block;
+  if (two_d) {
+    for (int64_t rb = 0; rb * block < q.rows; ++rb)
+      for (int64_t cb = 0; cb < col_blocks; ++cb)
+        c.scale_inv.push_back(q.scale_inv_at(rb * block, cb * block, true));
+  } else {
+    for (int64_t cb = 0; cb < col_blocks; ++cb)
+      for (int64_t r = 0; r < q.rows; ++r)
+        c.scale_inv.push_back(q.scale_inv_at(r, cb * block, false));
   }
 }
 

@@ -21,6 +21,12 @@ struct TensorCaptureParams {
   // The FP8 copy a GEMM reads (plan::CaptureSlot::quantized): its quantizer's scale_inv, stored
   // after the values; nullptr otherwise.
   const float* scale_inv;
+  // A block-scaled copy instead: its scale grid, grid_rows x grid_stride with padding; the first
+  // grid_used entries of each grid row are stored after the values, row after row.
+  const float* scale_grid;
+  long long grid_rows;
+  long long grid_stride;
+  long long grid_used;
 };
 
 // Block: launch::kTensorCaptureThreads. Grid: at most launch::kTensorCaptureMaxBlocks blocks, a
@@ -35,6 +41,15 @@ __global__ void __launch_bounds__(launch::kTensorCaptureThreads)
   }
   if (params.scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
     params.capture[params.count] = *params.scale_inv;
+  if (params.scale_grid != nullptr) {
+    const long long entries = params.grid_rows * params.grid_used;
+    for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < entries;
+         i += stride) {
+      const long long row = i / params.grid_used;
+      params.capture[params.count + i] =
+          params.scale_grid[row * params.grid_stride + (i - row * params.grid_used)];
+    }
+  }
 }
 
 }  // namespace opfuse

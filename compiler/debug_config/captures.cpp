@@ -78,24 +78,49 @@ void write_quantized(const fs::path& dir, const std::string& stem, const plan::C
     }
     codes.u8.push_back(*c);
   }
+  // The scale_inv: a scalar, or the block grid as [row blocks, column blocks] (a 1 x 128 grid
+  // arrives block-column major, plan::CaptureSlot: transposed here).
+  NpyArray scales{NpyType::Float32, {}, tensor.scale_inv, {}};
+  const bool blocks = slot.block.rows > 0;
+  if (blocks) {
+    const int64_t cols = tensor.shape.empty() ? 1 : tensor.shape.back();
+    const int64_t rows = cols == 0 ? 0 : int64_t(tensor.values.size()) / cols;
+    const int64_t col_blocks = (cols + slot.block.cols - 1) / slot.block.cols;
+    const int64_t row_blocks = (rows + slot.block.rows - 1) / slot.block.rows;
+    if (int64_t(tensor.scale_inv.size()) != row_blocks * col_blocks) {
+      throw DebugLogError(fmt::format("the captured scale grid of {}'s {} has {} entries, not {}",
+                                      slot.layer, slot.tensor, tensor.scale_inv.size(),
+                                      row_blocks * col_blocks));
+    }
+    scales.shape = {row_blocks, col_blocks};
+    if (slot.block.rows == 1) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t cb = 0; cb < col_blocks; ++cb)
+          scales.f32[size_t(r * col_blocks + cb)] = tensor.scale_inv[size_t(cb * rows + r)];
+    }
+  }
   const std::string data_file = stem + ".npy", scale_file = stem + "_scale_inv.npy";
   try {
     write_npy((dir / data_file).string(), codes);
-    write_npy((dir / scale_file).string(), {NpyType::Float32, {}, tensor.scale_inv, {}});
+    write_npy((dir / scale_file).string(), scales);
   } catch (const NpyError& e) {
     cannot_dump(dir, e.what());
   }
-  const nlohmann::json about = {
+  nlohmann::json about = {
       {"layer", slot.layer},
       {"tensor", slot.tensor},
       {"format", plan::name(slot.format)},
       {"shape", tensor.shape},
       {"data", data_file},
       {"scale_inv", scale_file},
-      {"scaling", "per_tensor"},
-      {"dequantize", "value(code) * scale_inv, value(code) the FP8 number of the code"},
+      {"scaling", blocks ? "block" : "per_tensor"},
+      {"dequantize",
+       blocks ? "value(code[r, c]) * scale_inv[r // block[0], c // block[1]], value(code) the FP8 "
+                "number of the code"
+              : "value(code) * scale_inv, value(code) the FP8 number of the code"},
       {"copy", slot.tensor == "gradient" ? "row-wise, as the dgrad GEMM reads it"
                                          : "row-wise, as the fprop GEMM reads it"}};
+  if (blocks) about["block"] = {slot.block.rows, slot.block.cols};
   const std::string error = write_file_atomically((dir / (stem + ".json")).string(),
                                                   about.dump(2) + "\n", Durability::VisibleOnly);
   if (!error.empty()) cannot_dump(dir, error);
@@ -134,10 +159,13 @@ void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
   const bool operand = tensor == TensorKind::Activation || tensor == TensorKind::Weight ||
                        tensor == TensorKind::Gradient;
   if (!quantized || !operand || !quantized_by) return;
+  const bool blocks =
+      *quantized_by == plan::ScalingKind::Block1D || *quantized_by == plan::ScalingKind::Block2D;
+  // InspectedTensor carries one scale_inv: C++ features see no block-scaled copy.
+  if (blocks && !dump) return;
   std::string problem;
-  if (*quantized_by == plan::ScalingKind::Block1D || *quantized_by == plan::ScalingKind::Block2D ||
-      *quantized_by == plan::ScalingKind::MicroScaled) {
-    problem = "a block-scaled copy is not captured yet (its scale grid lives with the GEMM)";
+  if (*quantized_by == plan::ScalingKind::MicroScaled) {
+    problem = "no MXFP8 copy is made (no MXFP8 recipe yet)";
   } else if (tensor == TensorKind::Weight && seq.fp8_weights) {
     problem =
         "under `with fp8_weights` the GEMM reads the scale_inv kept from the weight's last cast, "

@@ -26,8 +26,8 @@ namespace opfuse::debug {
 // (plan::CaptureSlot::quantized) for DumpTensors' quantized_tensor and for C++ features, when
 // `quantized_by` says how that GEMM's copy is scaled this iteration (nullopt: it runs in high
 // precision, so there is no copy, as in TE). A copy opfuse cannot capture yet is a message in
-// `refused` for DumpTensors (block-scaled copies, FP8 weights kept across steps) and left out
-// for C++ features (their inspect_tensor sees no quantized copy).
+// `refused` for DumpTensors (FP8 weights kept across steps) and left out for C++ features, which
+// also get no block-scaled copy (InspectedTensor has one scale_inv).
 void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
                  const FeatureConfig& f, std::optional<plan::ScalingKind> quantized_by,
                  std::vector<std::string>& refused);
@@ -61,8 +61,9 @@ class IterationCaptures {
   // dump_dir(log_dir, rank, iteration)/{layer}_{tensor}.npy (float32, the tensor's shape) when
   // the iteration had one run, {layer}_{tensor}_mb{k}.npy for run k when it had several (a
   // weight once, from the first run), and for quantized_tensor {layer}_{tensor}_quantized.npy
-  // (uint8: the FP8 bit patterns), {layer}_{tensor}_quantized_scale_inv.npy (float32, shape ())
-  // and {layer}_{tensor}_quantized.json (format, shape, the files, how to dequantize), with the
+  // (uint8: the FP8 bit patterns), {layer}_{tensor}_quantized_scale_inv.npy (float32, shape (),
+  // or [row blocks, column blocks] for a block-scaled copy) and {layer}_{tensor}_quantized.json
+  // (format, shape, scaling and block, the files, how to dequantize), with the
   // same _mb{k} rule; C++ features' inspect_tensor is called per run (a weight once), with the
   // quantized copy where one was captured, and its statistics returned, in order. Throws
   // DebugLogError for a dump that cannot be written.

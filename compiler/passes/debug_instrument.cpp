@@ -116,6 +116,8 @@ bool capture_quantized(Sequence& s) {
     const Value& v = s.value(copy);
     if (v.quantizer < 0 || !dtype_is_fp8(v.type.dtype)) continue;
     c.format = v.type.dtype;
+    const plan::QuantSpec& spec = s.quantizers.at(size_t(v.quantizer)).spec;
+    if (!spec.per_tensor()) c.block = spec.block;
     const int64_t index = int64_t(kept.size());
     kept.push_back(c);
     Operation op;

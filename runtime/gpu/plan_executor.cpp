@@ -143,9 +143,13 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
   s.capture_counts.resize(s.plan.capture_slots.size());
   for (std::size_t i = 0; i < s.plan.capture_slots.size(); ++i) {
     std::int64_t count = 1;
-    for (const plan::SymExpr& d : s.plan.capture_slots[i].shape) count *= evaluate_expr(d, values);
-    // A quantized capture keeps the copy's scale_inv after its values.
-    const std::int64_t floats = count + (s.plan.capture_slots[i].quantized ? 1 : 0);
+    std::vector<std::int64_t> shape;
+    for (const plan::SymExpr& d : s.plan.capture_slots[i].shape) {
+      shape.push_back(evaluate_expr(d, values));
+      count *= shape.back();
+    }
+    // A quantized capture keeps the copy's scale_inv (a scalar or a grid) after its values.
+    const std::int64_t floats = count + s.plan.capture_slots[i].scale_count(shape);
     const auto bytes = static_cast<std::size_t>(floats) * sizeof(float);
     if (s.captures[i].size() != bytes) {
       // A pinned graph holds the old pointers (the check below would come too late for them).
@@ -448,12 +452,13 @@ std::vector<debug::CapturedTensor> SequenceExecutor::captures(cudaStream_t strea
     for (const plan::SymExpr& d : s.plan.capture_slots[i].shape)
       out[i].shape.push_back(evaluate_expr(d, s.symbols));
     out[i].values.resize(static_cast<std::size_t>(s.capture_counts[i]));
-    if (s.plan.capture_slots[i].quantized) {
-      out[i].scale_inv.resize(1);
+    out[i].scale_inv.resize(
+        static_cast<std::size_t>(s.plan.capture_slots[i].scale_count(out[i].shape)));
+    if (!out[i].scale_inv.empty()) {
       OPFUSE_CUDA_CHECK(
           cudaMemcpyAsync(out[i].scale_inv.data(),
                           static_cast<const float*>(s.captures[i].data()) + s.capture_counts[i],
-                          sizeof(float), cudaMemcpyDeviceToHost, stream));
+                          out[i].scale_inv.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
     }
     if (out[i].values.empty()) continue;
     OPFUSE_CUDA_CHECK(cudaMemcpyAsync(out[i].values.data(), s.captures[i].data(),

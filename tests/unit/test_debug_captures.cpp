@@ -14,7 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
+#include "cpu/block_quantization.h"
 #include "cpu/numerics.h"
 #include "debug_config/captures.h"
 #include "debug_config/npy.h"
@@ -342,6 +344,87 @@ TEST(DebugCaptures, QuantizedCopiesAreTheGemmsOperands) {
   EXPECT_TRUE(fs::exists(d / "fc2_activation_quantized.npy"));
   EXPECT_FALSE(fs::exists(d / "fc2_output_quantized.npy"));
   EXPECT_FALSE(fs::exists(d / "fc2_weight.npy")) << "high_precision_tensor: false";
+}
+
+// Under float8_block_scaling the quantized dump holds the block copy's codes and its scale grid
+// without the layout's padding: [rows, ceil(cols / 128)] for the 1 x 128 blocks of the activation
+// and the gradient, [ceil(rows / 128), ceil(cols / 128)] for the weight's 128 x 128 ones.
+TEST(DebugCaptures, BlockScaledCopiesAreDumpedWithTheirGrids) {
+  const std::string program = R"(
+recipe fp8 = float8_block_scaling()
+sequence mlp(x: bf16[tokens, 160]) -> (y: bf16[tokens, 96]) uses fp8 {
+  linear(160, 96, bias = false) as fc1
+}
+)";
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [activation, weight, gradient], quantized_tensor: true}\n",
+      {"fc1"}, true);
+  const auto v = compile(program, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  int quantized = 0;
+  for (const plan::CaptureSlot& c : seq.captures) {
+    if (!c.quantized) continue;
+    ++quantized;
+    EXPECT_EQ(c.block.cols, 128) << c.tensor;
+    EXPECT_EQ(c.block.rows, c.tensor == "weight" ? 128 : 1) << c.tensor;
+  }
+  EXPECT_EQ(quantized, 3);
+  EXPECT_EQ(plan::plan_json_text(plan::plan_from_json(plan::plan_to_json(v.plan))),
+            plan::plan_json_text(v.plan));
+
+  const int64_t tokens = 200;
+  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
+  cpu::init_params_from_seed(exec, 7);
+  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
+  // Rows of very different magnitudes: every block row gets its own scale.
+  for (int64_t k = 0; k < x.numel(); ++k) x.data[size_t(k)] *= std::ldexp(1.0f, -int(k / 160 % 9));
+  cpu::round_to_bf16(x.data);
+  exec.forward({x});
+  cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 0.1);
+  cpu::round_to_bf16(dy.data);
+  exec.backward({dy});
+  const std::string dir = test::make_temp_dir("captures_block");
+  IterationCaptures it;
+  it.add_run(seq.captures, exec.captures());
+  (void)it.finish(r->routing, 0, dir, 0);
+  const fs::path d = dump_dir(dir, 0, 0);
+
+  // The activation: its 1 x 128 row-wise copy, as the block quantizer makes it from x.
+  cpu::BlockQuantParams params;
+  const cpu::BlockQuantizedCopy want = cpu::block_quantize_rowwise(x.data, tokens, 160, params);
+  const NpyArray codes = read_npy((d / "fc1_activation_quantized.npy").string());
+  EXPECT_EQ(codes.shape, (std::vector<int64_t>{tokens, 160}));
+  EXPECT_EQ(codes.u8, want.data);
+  const NpyArray grid = read_npy((d / "fc1_activation_quantized_scale_inv.npy").string());
+  ASSERT_EQ(grid.shape, (std::vector<int64_t>{tokens, 2}));
+  std::set<float> distinct;
+  for (int64_t row = 0; row < tokens; ++row) {
+    for (int64_t cb = 0; cb < 2; ++cb) {
+      const float s = grid.f32[size_t(row * 2 + cb)];
+      ASSERT_EQ(s, want.scale_inv_at(row, cb * 128, false)) << row << " " << cb;
+      int e = 0;
+      EXPECT_EQ(std::frexp(s, &e), 0.5f) << "a power of 2";
+      distinct.insert(s);
+    }
+  }
+  EXPECT_GT(distinct.size(), 5u);
+  const auto about =
+      nlohmann::json::parse(test::read_text((d / "fc1_activation_quantized.json").string()));
+  EXPECT_EQ(about["scaling"], "block");
+  EXPECT_EQ(about["block"], nlohmann::json::array({1, 128}));
+  // The weight: one 128 x 128 block row of two block columns.
+  cpu::BlockQuantParams two_d;
+  two_d.two_d = true;
+  const cpu::BlockQuantizedCopy w =
+      cpu::block_quantize_rowwise(exec.param("fc1.weight").data, 96, 160, two_d);
+  const NpyArray wgrid = read_npy((d / "fc1_weight_quantized_scale_inv.npy").string());
+  ASSERT_EQ(wgrid.shape, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(wgrid.f32[0], w.scale_inv_at(0, 0, true));
+  EXPECT_EQ(wgrid.f32[1], w.scale_inv_at(0, 128, true));
+  EXPECT_EQ(read_npy((d / "fc1_weight_quantized.npy").string()).u8, w.data);
+  EXPECT_EQ(read_npy((d / "fc1_gradient_quantized_scale_inv.npy").string()).shape,
+            (std::vector<int64_t>{tokens, 1}));
 }
 
 // ---- the CPU run ------------------------------------------------------------------------------
