@@ -32,6 +32,10 @@ struct CaptureSlot {
   bool quantized = false;
   DType format = DType::E4M3;
   BlockShape block{};
+  // Of a 1 x 128 block-scaled tensor, also its column-wise copy (quantized again down the
+  // columns, stored transposed: the shape is [cols, rows]) as the GEMM reading it has it: wgrad
+  // for the activation and the gradient, dgrad for the weight.
+  bool columnwise = false;
   // How many scale_inv floats follow the values of a quantized capture of a tensor of `shape`
   // (the tensor's, evaluated; the last extent is the columns): 1, or the grid's real entries.
   int64_t scale_count(const std::vector<int64_t>& shape) const {

@@ -292,6 +292,7 @@ Json sequence_json(const SequencePlan& s) {
         js["quantized"] = true;
         js["format"] = name(slot.format);
         if (slot.block.rows > 0) js["block"] = {slot.block.rows, slot.block.cols};
+        if (slot.columnwise) js["columnwise"] = true;
       }
       slots.push_back(std::move(js));
     }

@@ -433,6 +433,7 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
           if (block.size() != 2) fail(sub(p, "block"), "want [rows, cols]");
           slot.block = {block[0], block[1]};
         }
+        if (slots[i].contains("columnwise")) slot.columnwise = get<bool>(slots[i], p, "columnwise");
       }
       s.capture_slots.push_back(std::move(slot));
     }

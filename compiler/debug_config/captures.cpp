@@ -118,8 +118,12 @@ void write_quantized(const fs::path& dir, const std::string& stem, const plan::C
        blocks ? "value(code[r, c]) * scale_inv[r // block[0], c // block[1]], value(code) the FP8 "
                 "number of the code"
               : "value(code) * scale_inv, value(code) the FP8 number of the code"},
-      {"copy", slot.tensor == "gradient" ? "row-wise, as the dgrad GEMM reads it"
-                                         : "row-wise, as the fprop GEMM reads it"}};
+      {"copy", slot.columnwise
+                   ? (slot.tensor == "weight"
+                          ? "column-wise, stored transposed, as the dgrad GEMM reads it"
+                          : "column-wise, stored transposed, as the wgrad GEMM reads it")
+               : slot.tensor == "gradient" ? "row-wise, as the dgrad GEMM reads it"
+                                           : "row-wise, as the fprop GEMM reads it"}};
   if (blocks) about["block"] = {slot.block.rows, slot.block.cols};
   const std::string error = write_file_atomically((dir / (stem + ".json")).string(),
                                                   about.dump(2) + "\n", Durability::VisibleOnly);
@@ -181,6 +185,11 @@ void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
   plan::CaptureSlot slot{l.layer, std::string(plan::name(tensor)), {}};
   slot.quantized = true;
   add(slot);
+  // 1 x 128 blocks quantize the column-wise copy again, down the columns: another copy to dump.
+  if (*quantized_by == plan::ScalingKind::Block1D) {
+    slot.columnwise = true;
+    add(slot);
+  }
 }
 
 fs::path dump_root(const fs::path& log_dir, int rank) {
@@ -241,7 +250,7 @@ std::vector<StatRecord> IterationCaptures::finish(const Routing& routing, int64_
     // The quantized capture of the same tensor in this run, if any.
     auto quantized_of = [&](const plan::CaptureSlot& hp) -> const CapturedTensor* {
       for (const auto& other : run) {
-        if (other.first.quantized && other.first.layer == hp.layer &&
+        if (other.first.quantized && !other.first.columnwise && other.first.layer == hp.layer &&
             other.first.tensor == hp.tensor)
           return &other.second;
       }
@@ -265,9 +274,9 @@ std::vector<StatRecord> IterationCaptures::finish(const Routing& routing, int64_
           std::error_code ec;
           fs::create_directories(dir, ec);
           if (ec) cannot_dump(dir, ec.message());
-          const std::string stem =
-              fmt::format("{}_{}{}{}", slot.layer, slot.tensor, slot.quantized ? "_quantized" : "",
-                          several ? fmt::format("_mb{}", k) : "");
+          const std::string stem = fmt::format(
+              "{}_{}{}{}{}", slot.layer, slot.tensor, slot.quantized ? "_quantized" : "",
+              slot.columnwise ? "_columnwise" : "", several ? fmt::format("_mb{}", k) : "");
           if (slot.quantized) {
             write_quantized(dir, stem, slot, tensor);
             continue;

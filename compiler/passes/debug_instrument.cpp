@@ -107,12 +107,23 @@ bool capture_quantized(Sequence& s) {
       kept.push_back(std::move(c));
       continue;
     }
-    const bool gradient = c.tensor == "gradient";
-    const int gemm = gradient ? find_layer_op(s, OpKind::LinearDgrad, Phase::Backward, c.layer)
-                              : find_layer_op(s, OpKind::Linear, Phase::Forward, c.layer);
+    // The GEMM reading the copy, and which operand it is: fprop (x, W) and dgrad (dy, W^T) read
+    // the row-wise copies of x, W and dy; dgrad the weight's column-wise copy, wgrad (dy^T, x^T)
+    // those of the gradient and the activation.
+    const bool gradient = c.tensor == "gradient", weight = c.tensor == "weight";
+    OpKind kind = OpKind::Linear;
+    size_t operand = weight ? 1 : 0;
+    if (c.columnwise) {
+      kind = weight ? OpKind::LinearDgrad : OpKind::LinearWgrad;
+      operand = gradient ? 0 : 1;
+    } else if (gradient) {
+      kind = OpKind::LinearDgrad;
+    }
+    const int gemm =
+        find_layer_op(s, kind, kind == OpKind::Linear ? Phase::Forward : Phase::Backward, c.layer);
     if (gemm < 0) continue;
     const Operation& g = s.ops[size_t(gemm)];
-    const ValueId copy = g.operands.at(c.tensor == "weight" ? 1 : 0);
+    const ValueId copy = g.operands.at(operand);
     const Value& v = s.value(copy);
     if (v.quantizer < 0 || !dtype_is_fp8(v.type.dtype)) continue;
     c.format = v.type.dtype;
@@ -126,7 +137,8 @@ bool capture_quantized(Sequence& s) {
     op.operands = {copy};
     op.quantizer = v.quantizer;
     op.attrs = {{"slot", index}};
-    op.instance = fmt::format("{}.{}_quantized_capture{}", c.layer, c.tensor, index);
+    op.instance = fmt::format("{}.{}_quantized{}_capture{}", c.layer, c.tensor,
+                              c.columnwise ? "_columnwise" : "", index);
     op.loc = g.loc;
     before[gemm].push_back(std::move(op));
   }

@@ -63,7 +63,7 @@ std::map<std::string, double> feature_values(const debug::Routing& routing,
 
 class DebugCapturesGpu : public GpuStreamTest {
  protected:
-  int expect_quantized_copies_match(const std::string& recipe, int64_t tokens);
+  int expect_quantized_copies_match(const std::string& recipe, int64_t tokens, int copies);
 };
 
 TEST_F(DebugCapturesGpu, CapturesMatchTheReference) {
@@ -182,7 +182,8 @@ TEST_F(DebugCapturesGpu, CppFeatureGivesTheReferenceStatistics) {
 // DumpTensors' quantized_tensor: the FP8 copies the GEMMs read and their scale_inv (a scalar or
 // a block grid), against the reference's; for the tensors both sides hold bit for bit the codes
 // and the scales are equal. Returns how many captures were compared bit for bit.
-int DebugCapturesGpu::expect_quantized_copies_match(const std::string& recipe, int64_t tokens) {
+int DebugCapturesGpu::expect_quantized_copies_match(const std::string& recipe, int64_t tokens,
+                                                    int copies) {
   cudaStream_t stream = stream_;
   std::string program = kProgram;
   program.replace(program.find("sequence"), 8, "recipe fp8 = " + recipe + "\nsequence");
@@ -199,8 +200,8 @@ int DebugCapturesGpu::expect_quantized_copies_match(const std::string& recipe, i
   // Per layer: the three high-precision tensors and their FP8 copies.
   int quantized = 0;
   for (const plan::CaptureSlot& s : plan.capture_slots) quantized += s.quantized;
-  EXPECT_EQ(quantized, 6);
-  EXPECT_EQ(plan.capture_slots.size(), 12u);
+  EXPECT_EQ(quantized, copies);
+  EXPECT_EQ(plan.capture_slots.size(), size_t(6 + copies));
 
   gpu::GemmRunner gemms(stream);
   gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream);
@@ -247,6 +248,7 @@ int DebugCapturesGpu::expect_quantized_copies_match(const std::string& recipe, i
                            slot.tensor == "weight" ||
                            (slot.layer == "fc2" && slot.tensor == "gradient");
     if (same_bits) {
+      EXPECT_EQ(got[i].shape, want[i].shape);
       EXPECT_EQ(got[i].scale_inv, want[i].scale_inv);
       EXPECT_EQ(got[i].values, want[i].values);
       ++compared;
@@ -262,11 +264,13 @@ int DebugCapturesGpu::expect_quantized_copies_match(const std::string& recipe, i
 
 TEST_F(DebugCapturesGpu, QuantizedCopiesMatchTheReference) {
   // fc1's activation, both weights, fc2's gradient.
-  EXPECT_EQ(expect_quantized_copies_match("current_scaling()", 208), 4);
+  EXPECT_EQ(expect_quantized_copies_match("current_scaling()", 208, 6), 4);
 }
 
+// Under float8_block_scaling also the column-wise copies of the activations and the gradients
+// (quantized again down the columns), as the wgrad GEMMs read them.
 TEST_F(DebugCapturesGpu, BlockScaledCopiesMatchTheReference) {
-  EXPECT_EQ(expect_quantized_copies_match("float8_block_scaling()", 256), 4);
+  EXPECT_EQ(expect_quantized_copies_match("float8_block_scaling()", 256, 10), 6);
 }
 
 }  // namespace

@@ -362,14 +362,17 @@ sequence mlp(x: bf16[tokens, 160]) -> (y: bf16[tokens, 96]) uses fp8 {
       {"fc1"}, true);
   const auto v = compile(program, &r->routing);
   const ir::Sequence& seq = v.program.sequences[0];
-  int quantized = 0;
+  int quantized = 0, columnwise = 0;
   for (const plan::CaptureSlot& c : seq.captures) {
     if (!c.quantized) continue;
     ++quantized;
+    columnwise += c.columnwise;
     EXPECT_EQ(c.block.cols, 128) << c.tensor;
     EXPECT_EQ(c.block.rows, c.tensor == "weight" ? 128 : 1) << c.tensor;
+    EXPECT_FALSE(c.columnwise && c.tensor == "weight") << "128 x 128 blocks: one copy's blocks";
   }
-  EXPECT_EQ(quantized, 3);
+  EXPECT_EQ(quantized, 5);
+  EXPECT_EQ(columnwise, 2);  // the activation's and the gradient's, quantized down the columns
   EXPECT_EQ(plan::plan_json_text(plan::plan_from_json(plan::plan_to_json(v.plan))),
             plan::plan_json_text(v.plan));
 
@@ -425,6 +428,23 @@ sequence mlp(x: bf16[tokens, 160]) -> (y: bf16[tokens, 96]) uses fp8 {
   EXPECT_EQ(read_npy((d / "fc1_weight_quantized.npy").string()).u8, w.data);
   EXPECT_EQ(read_npy((d / "fc1_gradient_quantized_scale_inv.npy").string()).shape,
             (std::vector<int64_t>{tokens, 1}));
+  // The activation's column-wise copy, as wgrad reads it: x^T [160, 200] in 1 x 128 blocks of
+  // its rows (128 x 1 of x), quantized again.
+  const cpu::BlockQuantizedCopy col = cpu::block_quantize_columnwise(x.data, tokens, 160, params);
+  const NpyArray col_codes = read_npy((d / "fc1_activation_quantized_columnwise.npy").string());
+  EXPECT_EQ(col_codes.shape, (std::vector<int64_t>{160, tokens}));
+  EXPECT_EQ(col_codes.u8, col.data);
+  const NpyArray col_grid =
+      read_npy((d / "fc1_activation_quantized_columnwise_scale_inv.npy").string());
+  ASSERT_EQ(col_grid.shape, (std::vector<int64_t>{160, 2}));
+  for (int64_t row = 0; row < 160; ++row)
+    for (int64_t cb = 0; cb < 2; ++cb)
+      ASSERT_EQ(col_grid.f32[size_t(row * 2 + cb)], col.scale_inv_at(row, cb * 128, false));
+  const auto col_about = nlohmann::json::parse(
+      test::read_text((d / "fc1_activation_quantized_columnwise.json").string()));
+  EXPECT_EQ(col_about["copy"], "column-wise, stored transposed, as the wgrad GEMM reads it");
+  EXPECT_TRUE(fs::exists(d / "fc1_gradient_quantized_columnwise.npy"));
+  EXPECT_FALSE(fs::exists(d / "fc1_weight_quantized_columnwise.npy"));
 }
 
 // ---- the CPU run ------------------------------------------------------------------------------
