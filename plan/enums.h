@@ -59,8 +59,10 @@ bool epilogue_writes_aux(GemmEpilogue e);   // GeluAuxBias
 // The device state of one quantizer a kernel or GEMM is given (templates/README.md, "Quantizer
 // records"): Amax is the slot a producing kernel raises (delayed: history slot 0; current: the
 // record's single amax); RunningAmax the amax a current-scaling producer measures before the
-// scale is derived from it.
-enum class QuantizerValue : uint8_t { Scale, ScaleInv, Amax, RunningAmax };
+// scale is derived from it; GemmScaleInv the scale_inv the GEMMs read with the quantizer's copies:
+// ScaleInv, except for an FP8 weight kept across steps (`with fp8_weights`), whose copy keeps the
+// scale_inv it was cast with (note "Weight cache" in runtime/gpu/plan_executor.cpp).
+enum class QuantizerValue : uint8_t { Scale, ScaleInv, Amax, RunningAmax, GemmScaleInv };
 
 // How a quantizer turns amax into a scale (note "Quantization specs" in docs/architecture.md).
 enum class ScalingKind : uint8_t {
@@ -127,7 +129,8 @@ OPFUSE_ENUM_NAMES(GemmEpilogue, {GemmEpilogue::None, "none"}, {GemmEpilogue::Bia
                   {GemmEpilogue::BiasGradA, "bias_grad_a"})
 OPFUSE_ENUM_NAMES(QuantizerValue, {QuantizerValue::Scale, "scale"},
                   {QuantizerValue::ScaleInv, "scale_inv"}, {QuantizerValue::Amax, "amax"},
-                  {QuantizerValue::RunningAmax, "running_amax"})
+                  {QuantizerValue::RunningAmax, "running_amax"},
+                  {QuantizerValue::GemmScaleInv, "gemm_scale_inv"})
 OPFUSE_ENUM_NAMES(ScalingKind, {ScalingKind::Delayed, "delayed"}, {ScalingKind::Current, "current"},
                   {ScalingKind::Block1D, "block_1d"}, {ScalingKind::Block2D, "block_2d"},
                   {ScalingKind::MicroScaled, "micro_scaled"})

@@ -40,15 +40,15 @@ void emit_tensor_capture(SequenceBuilder& b, const Group& g) {
       fmt::format("capture of {}'s {} ({}{}) as float32 into capture {}", s.layer, s.tensor,
                   name_of(xv.type.dtype),
                   quantized ? ", the FP8 copy its GEMM reads, and its scale_inv" : "", slot);
-  b.add_launch(
-      g, what, "tensor_capture", {spell(xv.type.dtype)},
-      GridRule{"tensor_capture", blocks, 1, {{"count", count}}}, kThreads, 0,
-      {bind_in("x", buffer), bind_int64("count", count), bind_capture("capture", slot),
-       quantized && grid < 0 ? bind_quantizer("scale_inv", op.quantizer, QuantizerValue::ScaleInv)
-                             : bind_null("scale_inv"),
-       grid >= 0 ? bind_in("scale_grid", grid) : bind_null("scale_grid"),
-       bind_int64("grid_rows", grid_rows), bind_int64("grid_stride", grid_stride),
-       bind_int64("grid_used", grid_used)});
+  b.add_launch(g, what, "tensor_capture", {spell(xv.type.dtype)},
+               GridRule{"tensor_capture", blocks, 1, {{"count", count}}}, kThreads, 0,
+               {bind_in("x", buffer), bind_int64("count", count), bind_capture("capture", slot),
+                quantized && grid < 0
+                    ? bind_quantizer("scale_inv", op.quantizer, QuantizerValue::GemmScaleInv)
+                    : bind_null("scale_inv"),
+                grid >= 0 ? bind_in("scale_grid", grid) : bind_null("scale_grid"),
+                bind_int64("grid_rows", grid_rows), bind_int64("grid_stride", grid_stride),
+                bind_int64("grid_used", grid_used)});
 }
 
 }  // namespace opfuse::codegen::emitters

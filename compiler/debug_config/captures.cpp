@@ -167,18 +167,11 @@ void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
       *quantized_by == plan::ScalingKind::Block1D || *quantized_by == plan::ScalingKind::Block2D;
   // InspectedTensor carries one scale_inv: C++ features see no block-scaled copy.
   if (blocks && !dump) return;
-  std::string problem;
   if (*quantized_by == plan::ScalingKind::MicroScaled) {
-    problem = "no MXFP8 copy is made (no MXFP8 recipe yet)";
-  } else if (tensor == TensorKind::Weight && seq.fp8_weights) {
-    problem =
-        "under `with fp8_weights` the GEMM reads the scale_inv kept from the weight's last cast, "
-        "which is not captured yet";
-  }
-  if (!problem.empty()) {
     if (dump) {
-      refused.push_back(fmt::format("{} (layer '{}', {}): quantized_tensor: {}", f.name, l.layer,
-                                    plan::name(tensor), problem));
+      refused.push_back(fmt::format(
+          "{} (layer '{}', {}): quantized_tensor: no MXFP8 copy is made (no MXFP8 recipe yet)",
+          f.name, l.layer, plan::name(tensor)));
     }
     return;
   }

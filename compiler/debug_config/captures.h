@@ -26,8 +26,8 @@ namespace opfuse::debug {
 // (plan::CaptureSlot::quantized) for DumpTensors' quantized_tensor and for C++ features, when
 // `quantized_by` says how that GEMM's copy is scaled this iteration (nullopt: it runs in high
 // precision, so there is no copy, as in TE). A copy opfuse cannot capture yet is a message in
-// `refused` for DumpTensors (FP8 weights kept across steps) and left out for C++ features, which
-// also get no block-scaled copy (InspectedTensor has one scale_inv).
+// `refused` for DumpTensors (an MXFP8 copy: none is made yet) and left out for C++ features,
+// which also get no block-scaled copy (InspectedTensor has one scale_inv).
 void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
                  const FeatureConfig& f, std::optional<plan::ScalingKind> quantized_by,
                  std::vector<std::string>& refused);

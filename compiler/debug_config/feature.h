@@ -130,9 +130,8 @@ struct InspectedTensor {
   // The FP8 copy the tensor's first GEMM reads (fprop's for the activation and the weight,
   // dgrad's for the gradient: the row-wise copy), as float32 FP8 numbers (unscaled), and its
   // scale_inv (dequantized = quantized[i] * scale_inv). Empty and 0 where that GEMM runs in high
-  // precision, for the other tensors, for block-scaled copies (one scale_inv cannot describe
-  // them; DumpTensors writes them) and for FP8 weights kept across steps (docs/debugging.md,
-  // "Status").
+  // precision, for the other tensors, and for block-scaled copies (one scale_inv cannot describe
+  // them; DumpTensors writes them; docs/debugging.md, "Status").
   std::span<const float> quantized;
   float scale_inv = 0;
 };

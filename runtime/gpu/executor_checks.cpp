@@ -3,6 +3,8 @@
 // per-mode lifetime (note "Executor buffers" in plan_executor.cpp); find_weight_cache_groups()
 // finds the forward groups that only cast parameters (note "Weight cache"); state_pointer()
 // resolves a params field bound to quantizer state.
+#include <algorithm>
+
 #include "gpu/executor_impl.h"
 
 namespace opfuse::gpu {
@@ -285,6 +287,16 @@ const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) con
       return quantizers->amax(param.quantizer);
     case plan::QuantizerValue::RunningAmax:
       return quantizers->running_amax(param.quantizer);
+    case plan::QuantizerValue::GemmScaleInv:
+      // As the GEMMs read it (executor_run.cpp): a kept FP8 weight's copy has its own scale_inv.
+      if (cast_scale_inv.data() != nullptr) {
+        for (const WeightCacheGroup& group : cache_groups) {
+          if (std::find(group.quantizers.begin(), group.quantizers.end(), param.quantizer) !=
+              group.quantizers.end())
+            return cast_scale_inv_slot(param.quantizer);
+        }
+      }
+      return quantizers->scale_inv(param.quantizer);
   }
   throw UsageError(fmt::format("params field '{}' binds an unknown quantizer value", param.field));
 }

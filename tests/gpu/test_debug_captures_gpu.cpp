@@ -273,5 +273,64 @@ TEST_F(DebugCapturesGpu, BlockScaledCopiesMatchTheReference) {
   EXPECT_EQ(expect_quantized_copies_match("float8_block_scaling()", 256, 10), 6);
 }
 
+// `with fp8_weights`: the weights are cast once, and their copies keep the scale_inv they were
+// cast with while the quantizers' scales move on at each step. The captured scale_inv is the kept
+// one, as the GEMMs read it, after a step as before; the reference keeps its cast codes alike.
+TEST_F(DebugCapturesGpu, KeptFp8WeightsAreCapturedWithTheScaleTheirGemmsRead) {
+  std::string program = kProgram;
+  program.replace(program.find("sequence"), 8, "recipe fp8 = delayed_scaling()\nsequence");
+  program.replace(program.find(") {"), 3, ") uses fp8 with fp8_weights {");
+  const auto routed_config = routed(
+      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
+      "    DumpTensors: {tensors: [weight], quantized_tensor: true, high_precision_tensor: "
+      "false}\n",
+      {"fc1", "fc2"}, true);
+  const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
+  ASSERT_TRUE(c);
+  const ir::Sequence& seq = c->program.sequences[0];
+  const plan::SequencePlan& plan = c->plan.sequences[0];
+  ASSERT_EQ(plan.capture_slots.size(), 2u);
+  gpu::GemmRunner gemms(stream_);
+  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
+  const int64_t tokens = 64;
+  gpu.bind({{"tokens", tokens}});
+  const std::map<std::string, DeviceArray*> arrays = allocate_tensors(gpu);
+  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
+  std::mt19937_64 rng(9);
+  random_params(ref, arrays, rng);
+  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
+  x.data = random_bf16(x.data.size(), 1.0, rng);
+  upload_bf16(*arrays.at("x"), x.data);
+  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
+  dy.data = random_bf16(dy.data.size(), 0.01, rng);
+  upload_bf16(*arrays.at("dy"), dy.data);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    ref.forward({x});
+    ref.backward({dy});
+    gpu.forward(stream_);
+    gpu.backward(stream_);
+    const std::vector<debug::CapturedTensor> got = gpu.captures(stream_);
+    const std::vector<debug::CapturedTensor>& want = ref.captures();
+    ASSERT_EQ(got.size(), 2u);
+    ASSERT_EQ(want.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(got[i].values, want[i].values);
+      ASSERT_EQ(got[i].scale_inv.size(), 1u);
+      EXPECT_EQ(got[i].scale_inv, want[i].scale_inv);
+      // Cast once, at scale 1 (step 0 of delayed scaling): kept after the step moved the scale.
+      EXPECT_EQ(got[i].scale_inv[0], 1.0f);
+    }
+    ref.step();
+    gpu.end_step(stream_);
+  }
+  // The quantizers did move on: a scale_inv bound to them would have read another value.
+  const std::vector<cpu::DelayedScalingState> states = gpu.download_quantizers(stream_);
+  bool moved = false;
+  for (size_t q = 0; q < states.size() && q < plan.quantizers.size(); ++q)
+    moved |= plan.quantizers[q].name.ends_with(".weight") && states[q].scale_inv != 1.0f;
+  EXPECT_TRUE(moved);
+}
+
 }  // namespace
 }  // namespace opfuse::test
