@@ -61,40 +61,72 @@ std::map<std::string, double> feature_values(const debug::Routing& routing,
   return out;
 }
 
+// One program on the GPU and on the reference under one routing, from the same parameters and
+// inputs: x (row r scaled by 2^-(r % spread)) and a small dy, uploaded.
+struct BothSides {
+  std::unique_ptr<CompiledProgram> compiled;
+  std::unique_ptr<gpu::GemmRunner> gemms;
+  std::unique_ptr<gpu::SequenceExecutor> gpu;
+  std::unique_ptr<cpu::ReferenceExecutor<float>> ref;
+  cpu::Tensor<float> x, dy;
+
+  const ir::Sequence& seq() const { return compiled->program.sequences[0]; }
+  const plan::SequencePlan& plan() const { return compiled->plan.sequences[0]; }
+  // A forward and a backward on each side.
+  void run(cudaStream_t stream) {
+    ref->forward({x});
+    ref->backward({dy});
+    gpu->forward(stream);
+    gpu->backward(stream);
+  }
+};
+
 class DebugCapturesGpu : public GpuStreamTest {
  protected:
+  // nullptr (the test failed) when the program does not compile.
+  std::unique_ptr<BothSides> both_sides(const std::string& program, const debug::Routing& routing,
+                                        int64_t tokens, uint64_t seed, double x_scale, int spread);
   int expect_quantized_copies_match(const std::string& recipe, int64_t tokens, int copies);
 };
 
+std::unique_ptr<BothSides> DebugCapturesGpu::both_sides(const std::string& program,
+                                                        const debug::Routing& routing,
+                                                        int64_t tokens, uint64_t seed,
+                                                        double x_scale, int spread) {
+  auto b = std::make_unique<BothSides>();
+  b->compiled = compile_program("mlp", program, "", "", &routing);
+  EXPECT_TRUE(b->compiled);
+  if (!b->compiled) return nullptr;
+  b->gemms = std::make_unique<gpu::GemmRunner>(stream_);
+  b->gpu =
+      std::make_unique<gpu::SequenceExecutor>(b->plan(), *b->compiled->modules, *b->gemms, stream_);
+  b->gpu->bind({{"tokens", tokens}});
+  const std::map<std::string, DeviceArray*> arrays = allocate_tensors(*b->gpu);
+  b->ref =
+      std::make_unique<cpu::ReferenceExecutor<float>>(b->seq(), cpu::Bindings{{"tokens", tokens}});
+  std::mt19937_64 rng(seed);
+  random_params(*b->ref, arrays, rng);
+  b->x = cpu::Tensor<float>::zeros({tokens, 128});
+  b->x.data = random_bf16(b->x.data.size(), x_scale, rng);
+  for (size_t i = 0; i < b->x.data.size(); ++i)
+    b->x.data[i] *= std::ldexp(1.0f, -int(i / 128 % size_t(spread)));
+  upload_bf16(*arrays.at("x"), b->x.data);
+  b->dy = cpu::Tensor<float>::zeros({tokens, 128});
+  b->dy.data = random_bf16(b->dy.data.size(), 0.01, rng);
+  upload_bf16(*arrays.at("dy"), b->dy.data);
+  return b;
+}
+
 TEST_F(DebugCapturesGpu, CapturesMatchTheReference) {
   const auto routed_config = routed(kConfig, {"fc1", "fc2"}, false);
-  const auto c = compile_program("mlp", kProgram, "", "", &routed_config->routing);
-  ASSERT_TRUE(c);
-  const ir::Sequence& seq = c->program.sequences[0];
-  const plan::SequencePlan& plan = c->plan.sequences[0];
+  const auto b = both_sides(kProgram, routed_config->routing, 200, 7, 1.0, 1);
+  ASSERT_TRUE(b);
+  const ir::Sequence& seq = b->seq();
+  const plan::SequencePlan& plan = b->plan();
   ASSERT_EQ(plan.capture_slots.size(), 12u);
-
-  gpu::GemmRunner gemms(stream_);
-  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
-  const int64_t tokens = 200;
-  gpu.bind({{"tokens", tokens}});
-  const std::map<std::string, DeviceArray*> arrays = allocate_tensors(gpu);
-  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
-  std::mt19937_64 rng(7);
-  random_params(ref, arrays, rng);
-  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
-  x.data = random_bf16(x.data.size(), 1.0, rng);
-  upload_bf16(*arrays.at("x"), x.data);
-  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
-  dy.data = random_bf16(dy.data.size(), 0.01, rng);
-  upload_bf16(*arrays.at("dy"), dy.data);
-
-  ref.forward({x});
-  ref.backward({dy});
-  gpu.forward(stream_);
-  gpu.backward(stream_);
-  const std::vector<debug::CapturedTensor> got = gpu.captures(stream_);
-  const std::vector<debug::CapturedTensor>& want = ref.captures();
+  b->run(stream_);
+  const std::vector<debug::CapturedTensor> got = b->gpu->captures(stream_);
+  const std::vector<debug::CapturedTensor>& want = b->ref->captures();
   ASSERT_EQ(got.size(), plan.capture_slots.size());
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -184,7 +216,6 @@ TEST_F(DebugCapturesGpu, CppFeatureGivesTheReferenceStatistics) {
 // and the scales are equal. Returns how many captures were compared bit for bit.
 int DebugCapturesGpu::expect_quantized_copies_match(const std::string& recipe, int64_t tokens,
                                                     int copies) {
-  cudaStream_t stream = stream_;
   std::string program = kProgram;
   program.replace(program.find("sequence"), 8, "recipe fp8 = " + recipe + "\nsequence");
   program.replace(program.find(") {"), 3, ") uses fp8 {");
@@ -192,38 +223,18 @@ int DebugCapturesGpu::expect_quantized_copies_match(const std::string& recipe, i
       "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n"
       "    DumpTensors: {tensors: [activation, weight, gradient], quantized_tensor: true}\n",
       {"fc1", "fc2"}, true);
-  const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
-  EXPECT_TRUE(c);
-  if (!c) return 0;
-  const ir::Sequence& seq = c->program.sequences[0];
-  const plan::SequencePlan& plan = c->plan.sequences[0];
+  // Rows of different magnitudes: block scales that differ.
+  const auto b = both_sides(program, routed_config->routing, tokens, 5, 3.0, 7);
+  if (!b) return 0;
+  const plan::SequencePlan& plan = b->plan();
   // Per layer: the three high-precision tensors and their FP8 copies.
   int quantized = 0;
   for (const plan::CaptureSlot& s : plan.capture_slots) quantized += s.quantized;
   EXPECT_EQ(quantized, copies);
   EXPECT_EQ(plan.capture_slots.size(), size_t(6 + copies));
-
-  gpu::GemmRunner gemms(stream);
-  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream);
-  gpu.bind({{"tokens", tokens}});
-  const std::map<std::string, DeviceArray*> arrays = allocate_tensors(gpu);
-  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
-  std::mt19937_64 rng(5);
-  random_params(ref, arrays, rng);
-  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
-  x.data = random_bf16(x.data.size(), 3.0, rng);
-  // Rows of different magnitudes: block scales that differ.
-  for (size_t i = 0; i < x.data.size(); ++i) x.data[i] *= std::ldexp(1.0f, -int(i / 128 % 7));
-  upload_bf16(*arrays.at("x"), x.data);
-  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
-  dy.data = random_bf16(dy.data.size(), 0.01, rng);
-  upload_bf16(*arrays.at("dy"), dy.data);
-  ref.forward({x});
-  ref.backward({dy});
-  gpu.forward(stream);
-  gpu.backward(stream);
-  const std::vector<debug::CapturedTensor> got = gpu.captures(stream);
-  const std::vector<debug::CapturedTensor>& want = ref.captures();
+  b->run(stream_);
+  const std::vector<debug::CapturedTensor> got = b->gpu->captures(stream_);
+  const std::vector<debug::CapturedTensor>& want = b->ref->captures();
   EXPECT_EQ(got.size(), plan.capture_slots.size());
   EXPECT_EQ(want.size(), got.size());
   if (got.size() != plan.capture_slots.size() || want.size() != got.size()) return 0;
@@ -285,33 +296,15 @@ TEST_F(DebugCapturesGpu, KeptFp8WeightsAreCapturedWithTheScaleTheirGemmsRead) {
       "    DumpTensors: {tensors: [weight], quantized_tensor: true, high_precision_tensor: "
       "false}\n",
       {"fc1", "fc2"}, true);
-  const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
-  ASSERT_TRUE(c);
-  const ir::Sequence& seq = c->program.sequences[0];
-  const plan::SequencePlan& plan = c->plan.sequences[0];
+  const auto b = both_sides(program, routed_config->routing, 64, 9, 1.0, 1);
+  ASSERT_TRUE(b);
+  const plan::SequencePlan& plan = b->plan();
   ASSERT_EQ(plan.capture_slots.size(), 2u);
-  gpu::GemmRunner gemms(stream_);
-  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
-  const int64_t tokens = 64;
-  gpu.bind({{"tokens", tokens}});
-  const std::map<std::string, DeviceArray*> arrays = allocate_tensors(gpu);
-  cpu::ReferenceExecutor<float> ref(seq, {{"tokens", tokens}});
-  std::mt19937_64 rng(9);
-  random_params(ref, arrays, rng);
-  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({tokens, 128});
-  x.data = random_bf16(x.data.size(), 1.0, rng);
-  upload_bf16(*arrays.at("x"), x.data);
-  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({tokens, 128});
-  dy.data = random_bf16(dy.data.size(), 0.01, rng);
-  upload_bf16(*arrays.at("dy"), dy.data);
   for (int step = 0; step < 2; ++step) {
     SCOPED_TRACE(step);
-    ref.forward({x});
-    ref.backward({dy});
-    gpu.forward(stream_);
-    gpu.backward(stream_);
-    const std::vector<debug::CapturedTensor> got = gpu.captures(stream_);
-    const std::vector<debug::CapturedTensor>& want = ref.captures();
+    b->run(stream_);
+    const std::vector<debug::CapturedTensor> got = b->gpu->captures(stream_);
+    const std::vector<debug::CapturedTensor>& want = b->ref->captures();
     ASSERT_EQ(got.size(), 2u);
     ASSERT_EQ(want.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
@@ -321,11 +314,11 @@ TEST_F(DebugCapturesGpu, KeptFp8WeightsAreCapturedWithTheScaleTheirGemmsRead) {
       // Cast once, at scale 1 (step 0 of delayed scaling): kept after the step moved the scale.
       EXPECT_EQ(got[i].scale_inv[0], 1.0f);
     }
-    ref.step();
-    gpu.end_step(stream_);
+    b->ref->step();
+    b->gpu->end_step(stream_);
   }
   // The quantizers did move on: a scale_inv bound to them would have read another value.
-  const std::vector<cpu::DelayedScalingState> states = gpu.download_quantizers(stream_);
+  const std::vector<cpu::DelayedScalingState> states = b->gpu->download_quantizers(stream_);
   bool moved = false;
   for (size_t q = 0; q < states.size() && q < plan.quantizers.size(); ++q)
     moved |= plan.quantizers[q].name.ends_with(".weight") && states[q].scale_inv != 1.0f;

@@ -167,6 +167,31 @@ const plan::StatSlot* find_slot(const ir::Sequence& seq, const std::string& tens
   return nullptr;
 }
 
+// The reference run of a plan variant of kLinear: 200 tokens of x whose row r is scaled by
+// 2^-(r % 24) (a spread of magnitudes, so that casts underflow; `zero_row` made all zeros), and
+// a small dy when `backward`.
+struct LinearRun {
+  static constexpr int64_t kTokens = 200;
+  cpu::ReferenceExecutor<float> exec;
+  cpu::Tensor<float> x, dy;
+};
+LinearRun run_linear(const ir::Sequence& seq, bool backward, int64_t zero_row = -1) {
+  LinearRun r{cpu::ReferenceExecutor<float>(seq, {{"tokens", LinearRun::kTokens}}), {}, {}};
+  cpu::init_params_from_seed(r.exec, 7);
+  r.x = cpu::seeded_normal({LinearRun::kTokens, 160}, 11, 1.0);
+  for (int64_t i = 0; i < r.x.numel(); ++i)
+    r.x.data[size_t(i)] *= std::ldexp(1.0f, -int(i / 160 % 24));
+  if (zero_row >= 0) std::fill_n(r.x.data.begin() + zero_row * 160, 160, 0.0f);
+  cpu::round_to_bf16(r.x.data);
+  r.exec.forward({r.x});
+  if (backward) {
+    r.dy = cpu::seeded_normal({LinearRun::kTokens, 96}, 13, 1e-3);
+    cpu::round_to_bf16(r.dy.data);
+    r.exec.backward({r.dy});
+  }
+  return r;
+}
+
 TEST(Fp8Stats, RoutingAddsOneSlotPerDistinctCast) {
   const auto r = test::routed(
       "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
@@ -244,17 +269,12 @@ TEST(Fp8Stats, ReferenceRecordsMatchAnIndependentComputation) {
       {"fc1"}, true);
   const auto v = compile(kLinear, &r->routing);
   const ir::Sequence& seq = v.program.sequences[0];
-  const int64_t tokens = 200;  // two row blocks of 128 (one partial) for the column blocks
-  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
-  cpu::init_params_from_seed(exec, 7);
-  // A spread of magnitudes so that casts underflow: normal values times 2^-k, k = row % 24.
-  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data[size_t(i)] *= std::ldexp(1.0f, -int(i / 160 % 24));
-  cpu::round_to_bf16(x.data);
-  exec.forward({x});
-  cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 1e-3);
-  cpu::round_to_bf16(dy.data);
-  exec.backward({dy});
+  // 200 tokens: two row blocks of 128 (one partial) for the column blocks.
+  const int64_t tokens = LinearRun::kTokens;
+  LinearRun run = run_linear(seq, true);
+  cpu::ReferenceExecutor<float>& exec = run.exec;
+  const cpu::Tensor<float>& x = run.x;
+  const cpu::Tensor<float>& dy = run.dy;
   const auto& records = exec.stat_records();
   ASSERT_EQ(records.size(), seq.inspections.size());
 
@@ -335,17 +355,11 @@ TEST(Fp8Stats, ScaleExponentHistogramsCountTheBlocksOfEachScale) {
   });
   EXPECT_EQ(stats_ops, 6);
 
-  const int64_t tokens = 200;
-  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
-  cpu::init_params_from_seed(exec, 7);
-  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data[size_t(i)] *= std::ldexp(1.0f, -int(i / 160 % 24));
-  for (int64_t c = 0; c < 160; ++c) x.data[size_t(5 * 160 + c)] = 0;  // a row of zeros: no scale
-  cpu::round_to_bf16(x.data);
-  exec.forward({x});
-  cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 1e-3);
-  cpu::round_to_bf16(dy.data);
-  exec.backward({dy});
+  const int64_t tokens = LinearRun::kTokens;
+  const LinearRun run = run_linear(seq, true, 5);  // row 5 all zeros: blocks without a scale
+  const cpu::ReferenceExecutor<float>& exec = run.exec;
+  const cpu::Tensor<float>& x = run.x;
+  const cpu::Tensor<float>& dy = run.dy;
   IterationStats stats;
   stats.add_run(seq.inspections, exec.stat_records());
   std::map<std::string, double> logged;
@@ -493,13 +507,10 @@ TEST(Fp8Stats, BlockRecipesWithOtherSettingsMeasureTheirOwnCast) {
   ASSERT_NE(find_slot(seq, "activation", plan::QuantStatCast::Quantizer, true, &i), nullptr);
   ASSERT_NE(find_slot(seq, "weight", plan::QuantStatCast::Float8Block, false, &i), nullptr);
 
-  const int64_t tokens = 200;
-  cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
-  cpu::init_params_from_seed(exec, 7);
-  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
-  for (int64_t k = 0; k < x.numel(); ++k) x.data[size_t(k)] *= std::ldexp(1.0f, -int(k / 160 % 24));
-  cpu::round_to_bf16(x.data);
-  exec.forward({x});
+  const int64_t tokens = LinearRun::kTokens;
+  LinearRun run = run_linear(seq, false);
+  cpu::ReferenceExecutor<float>& exec = run.exec;
+  const cpu::Tensor<float>& x = run.x;
   IterationStats stats;
   stats.add_run(seq.inspections, exec.stat_records());
   std::map<std::string, double> logged;
