@@ -639,6 +639,48 @@ TEST(FusecRunDumps, WritesTheDumpsUnderTheLogDirectory) {
       << plan.output;
 }
 
+// quantized_tensor through `fusec run --device cpu`: the FP8 copies beside the tensors, and the
+// dry run says which copy each capture is.
+TEST(FusecRunDumps, QuantizedCopiesAreWrittenBesideTheTensors) {
+  const std::string dir = test::make_temp_dir("fusec_dumps_quantized");
+  const std::string config =
+      write_config(dir,
+                   "d:\n  layers: {exact_layer_names: [fc2]}\n  transformer_engine:\n"
+                   "    DumpTensors: {tensors: [activation, gradient], quantized_tensor: true}\n");
+  const std::string program =
+      test::shell_quoted(test::source_path("tests/errors/debug_config/program.fuse"));
+  const auto r = test::fusec("run " + program + " --device cpu --bind tokens=16 --steps 1 " +
+                             "--debug-config " + test::shell_quoted(config) + " --debug-log-dir " +
+                             test::shell_quoted(dir + "/logs"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string it0 = dir + "/logs/tensor_dumps/rank_0/iter_000000/";
+  EXPECT_EQ(files_under(it0),
+            (std::vector<std::string>{"fc2_activation.npy", "fc2_activation_quantized.json",
+                                      "fc2_activation_quantized.npy",
+                                      "fc2_activation_quantized_scale_inv.npy", "fc2_gradient.npy",
+                                      "fc2_gradient_quantized.json", "fc2_gradient_quantized.npy",
+                                      "fc2_gradient_quantized_scale_inv.npy"}));
+  // fc2's input is GELU's output: its codes are that tensor cast with scale 1 (step 0).
+  const NpyArray hp = read_npy(it0 + "fc2_activation.npy");
+  const NpyArray codes = read_npy(it0 + "fc2_activation_quantized.npy");
+  EXPECT_EQ(codes.shape, hp.shape);
+  ASSERT_EQ(codes.u8.size(), hp.f32.size());
+  for (size_t k = 0; k < hp.f32.size(); ++k)
+    ASSERT_EQ(codes.u8[k], cpu::float_to_fp8(hp.f32[k], cpu::Fp8Format::E4M3)) << k;
+  EXPECT_EQ(read_npy(it0 + "fc2_activation_quantized_scale_inv.npy").f32, std::vector<float>{1.0f});
+  const auto about = nlohmann::json::parse(test::read_text(it0 + "fc2_gradient_quantized.json"));
+  EXPECT_EQ(about["copy"], "row-wise, as the dgrad GEMM reads it");
+
+  const auto plan =
+      test::fusec("debug-plan " + program + " --debug-config " + test::shell_quoted(config));
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(
+      plan.output.find(
+          "    capture: fc2 activation (FP8 copy as fprop reads it, e4m3, and its scale_inv)"),
+      std::string::npos)
+      << plan.output;
+}
+
 TEST(FusecRunDumps, UnwritableDumpDirectoryIsReportedBeforeTheFirstStep) {
   const std::string dir = test::make_temp_dir("fusec_dumps_bad");
   const std::string config =

@@ -155,8 +155,20 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
       std::printf("    statistics: %s %s%s\n", slot.layer.c_str(), slot.tensor.c_str(),
                   what.c_str());
     }
-    for (const plan::CaptureSlot& slot : v.capture_slots)
-      std::printf("    capture: %s %s\n", slot.layer.c_str(), slot.tensor.c_str());
+    for (const plan::CaptureSlot& slot : v.capture_slots) {
+      std::string what;
+      if (slot.quantized) {
+        // The FP8 copy a GEMM reads (docs/debugging.md, "Tensor captures").
+        const char* gemm = slot.columnwise ? (slot.tensor == "weight" ? "dgrad" : "wgrad")
+                                           : (slot.tensor == "gradient" ? "dgrad" : "fprop");
+        what = fmt::format(" ({}FP8 copy as {} reads it, {}, {})",
+                           slot.columnwise ? "column-wise " : "", gemm, plan::name(slot.format),
+                           slot.block.rows > 0 ? fmt::format("{}x{} blocks and their scale grid",
+                                                             slot.block.rows, slot.block.cols)
+                                               : std::string("and its scale_inv"));
+      }
+      std::printf("    capture: %s %s%s\n", slot.layer.c_str(), slot.tensor.c_str(), what.c_str());
+    }
   }
   return true;
 }
