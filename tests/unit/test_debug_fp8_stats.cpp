@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
@@ -192,6 +193,18 @@ LinearRun run_linear(const ir::Sequence& seq, bool backward, int64_t zero_row = 
   return r;
 }
 
+// What one run's records log at iteration 1, by "tensor stat".
+std::map<std::string, double> logged_of(std::span<const plan::StatSlot> slots,
+                                        std::span<const TensorMoments> records,
+                                        const Routing& routing) {
+  IterationStats stats;
+  stats.add_run(slots, records);
+  std::map<std::string, double> logged;
+  for (const StatRecord& rec : stats.records(routing, 1))
+    logged[rec.tensor + " " + rec.stat] = rec.value;
+  return logged;
+}
+
 TEST(Fp8Stats, RoutingAddsOneSlotPerDistinctCast) {
   const auto r = test::routed(
       "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
@@ -360,11 +373,8 @@ TEST(Fp8Stats, ScaleExponentHistogramsCountTheBlocksOfEachScale) {
   const cpu::ReferenceExecutor<float>& exec = run.exec;
   const cpu::Tensor<float>& x = run.x;
   const cpu::Tensor<float>& dy = run.dy;
-  IterationStats stats;
-  stats.add_run(seq.inspections, exec.stat_records());
-  std::map<std::string, double> logged;
-  for (const StatRecord& rec : stats.records(r->routing, 1))
-    logged[rec.tensor + " " + rec.stat] = rec.value;
+  std::map<std::string, double> logged =
+      logged_of(seq.inspections, exec.stat_records(), r->routing);
 
   struct Case {
     const char* tensor;
@@ -470,14 +480,10 @@ TEST(Fp8Stats, BlockScaledLayersMeasureTheirOwnBlockCast) {
   q.count = 100;
   q.underflows = 25;
   q.sq_err = 2.0;
-  IterationStats stats;
   std::vector<TensorMoments> records;
   for (const plan::StatSlot& s : seq.inspections)
     records.push_back(s.record == plan::StatRecordKind::Quantized ? as_record(q) : TensorMoments{});
-  stats.add_run(seq.inspections, records);
-  std::map<std::string, double> logged;
-  for (const StatRecord& rec : stats.records(r->routing, 1))
-    logged[rec.tensor + " " + rec.stat] = rec.value;
+  std::map<std::string, double> logged = logged_of(seq.inspections, records, r->routing);
   EXPECT_EQ(logged.count("activation mse"), 1u);
   EXPECT_EQ(logged["activation mse"], logged["activation fp8_block_scaling_mse"]);
   EXPECT_EQ(logged["weight underflows%"], 25.0);
@@ -511,11 +517,8 @@ TEST(Fp8Stats, BlockRecipesWithOtherSettingsMeasureTheirOwnCast) {
   LinearRun run = run_linear(seq, false);
   cpu::ReferenceExecutor<float>& exec = run.exec;
   const cpu::Tensor<float>& x = run.x;
-  IterationStats stats;
-  stats.add_run(seq.inspections, exec.stat_records());
-  std::map<std::string, double> logged;
-  for (const StatRecord& rec : stats.records(r->routing, 1))
-    logged[rec.tensor + " " + rec.stat] = rec.value;
+  std::map<std::string, double> logged =
+      logged_of(seq.inspections, exec.stat_records(), r->routing);
 
   struct Case {
     const char* tensor;
