@@ -65,7 +65,7 @@ const std::unordered_map<uint32_t, uint8_t>& codes_of(bool e4m3) {
 // The files of one quantized capture: codes, scale_inv and a description a reader can trust
 // without opfuse ({layer}_{tensor}_quantized{suffix}.*).
 void write_quantized(const fs::path& dir, const std::string& stem, const plan::CaptureSlot& slot,
-                     const CapturedTensor& tensor) {
+                     TensorKind kind, const CapturedTensor& tensor) {
   NpyArray codes{NpyType::Uint8, tensor.shape, {}, {}};
   codes.u8.reserve(tensor.values.size());
   for (const float v : tensor.values) {
@@ -118,12 +118,9 @@ void write_quantized(const fs::path& dir, const std::string& stem, const plan::C
        blocks ? "value(code[r, c]) * scale_inv[r // block[0], c // block[1]], value(code) the FP8 "
                 "number of the code"
               : "value(code) * scale_inv, value(code) the FP8 number of the code"},
-      {"copy", slot.columnwise
-                   ? (slot.tensor == "weight"
-                          ? "column-wise, stored transposed, as the dgrad GEMM reads it"
-                          : "column-wise, stored transposed, as the wgrad GEMM reads it")
-               : slot.tensor == "gradient" ? "row-wise, as the dgrad GEMM reads it"
-                                           : "row-wise, as the fprop GEMM reads it"}};
+      {"copy", fmt::format("{}, as the {} GEMM reads it",
+                           slot.columnwise ? "column-wise, stored transposed" : "row-wise",
+                           plan::name(gemms_of(kind)[slot.columnwise ? 1 : 0]))}};
   if (blocks) about["block"] = {slot.block.rows, slot.block.cols};
   const std::string error = write_file_atomically((dir / (stem + ".json")).string(),
                                                   about.dump(2) + "\n", Durability::VisibleOnly);
@@ -160,9 +157,7 @@ void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
   if (high_precision) add({l.layer, std::string(plan::name(tensor)), {}});
   // Only a GEMM operand quantized this iteration has an FP8 copy (TE's quantized tensor is None
   // otherwise: nothing to dump).
-  const bool operand = tensor == TensorKind::Activation || tensor == TensorKind::Weight ||
-                       tensor == TensorKind::Gradient;
-  if (!quantized || !operand || !quantized_by) return;
+  if (!quantized || !is_operand(tensor) || !quantized_by) return;
   const bool blocks =
       *quantized_by == plan::ScalingKind::Block1D || *quantized_by == plan::ScalingKind::Block2D;
   // InspectedTensor carries one scale_inv: C++ features see no block-scaled copy.
@@ -271,7 +266,7 @@ std::vector<StatRecord> IterationCaptures::finish(const Routing& routing, int64_
               "{}_{}{}{}{}", slot.layer, slot.tensor, slot.quantized ? "_quantized" : "",
               slot.columnwise ? "_columnwise" : "", several ? fmt::format("_mb{}", k) : "");
           if (slot.quantized) {
-            write_quantized(dir, stem, slot, tensor);
+            write_quantized(dir, stem, slot, *t, tensor);
             continue;
           }
           try {

@@ -158,9 +158,8 @@ std::optional<plan::ScalingKind> own_scaling(const ir::Sequence& seq, const Laye
 // modification of it (whose copy is not the layer's tensor).
 std::optional<plan::ScalingKind> first_gemm_scaling(const ir::Sequence& seq, const LayerRouting& l,
                                                     TensorKind tensor) {
-  const GemmRole gemm = tensor == TensorKind::Gradient ? GemmRole::Dgrad : GemmRole::Fprop;
-  const size_t gi = gemm == GemmRole::Fprop ? 0 : 1;
-  const GemmRouting& g = l.gemms[gi];
+  const GemmRole gemm = gemms_of(tensor).front();  // the row-wise copy's reader
+  const GemmRouting& g = l.gemms[size_t(gemm)];
   if (!l.recipe_quantized || !g.quantized) return std::nullopt;
   for (size_t k = 0; k < 2; ++k) {
     if (operands_of(gemm)[k] != tensor) continue;

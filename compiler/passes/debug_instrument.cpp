@@ -1,9 +1,11 @@
 #include "passes/debug_instrument.h"
 
+#include <algorithm>
 #include <map>
 
 #include <fmt/format.h>
 
+#include "debug/names.h"
 #include "ir/rewrite.h"
 
 namespace opfuse::passes {
@@ -107,21 +109,21 @@ bool capture_quantized(Sequence& s) {
       kept.push_back(std::move(c));
       continue;
     }
-    // The GEMM reading the copy, and which operand it is: fprop (x, W) and dgrad (dy, W^T) read
-    // the row-wise copies of x, W and dy; dgrad the weight's column-wise copy, wgrad (dy^T, x^T)
-    // those of the gradient and the activation.
-    const bool gradient = c.tensor == "gradient", weight = c.tensor == "weight";
-    OpKind kind = OpKind::Linear;
-    size_t operand = weight ? 1 : 0;
-    if (c.columnwise) {
-      kind = weight ? OpKind::LinearDgrad : OpKind::LinearWgrad;
-      operand = gradient ? 0 : 1;
-    } else if (gradient) {
-      kind = OpKind::LinearDgrad;
-    }
+    // The GEMM reading the copy, and which of its operands the copy is (debug::operands_of: the
+    // IR's order, fprop (x, W), dgrad (dy, W^T), wgrad (dy^T, x^T)).
+    const std::optional<debug::TensorKind> tensor = plan::parse<debug::TensorKind>(c.tensor);
+    if (!tensor) continue;
+    // debug::gemms_of: the reader of the row-wise copy first, then the column-wise one's.
+    const plan::GemmRole reader = debug::gemms_of(*tensor)[c.columnwise ? 1 : 0];
+    const auto operands = debug::operands_of(reader);
+    const size_t operand =
+        size_t(std::find(operands.begin(), operands.end(), *tensor) - operands.begin());
+    const OpKind kind = reader == plan::GemmRole::Fprop   ? OpKind::Linear
+                        : reader == plan::GemmRole::Dgrad ? OpKind::LinearDgrad
+                                                          : OpKind::LinearWgrad;
     const int gemm =
         find_layer_op(s, kind, kind == OpKind::Linear ? Phase::Forward : Phase::Backward, c.layer);
-    if (gemm < 0) continue;
+    if (gemm < 0 || operand >= operands.size()) continue;
     const Operation& g = s.ops[size_t(gemm)];
     const ValueId copy = g.operands.at(operand);
     const Value& v = s.value(copy);

@@ -159,8 +159,10 @@ bool print_variant_changes(const ir::Program& program, const debug::Routing& at,
       std::string what;
       if (slot.quantized) {
         // The FP8 copy a GEMM reads (docs/debugging.md, "Tensor captures").
-        const char* gemm = slot.columnwise ? (slot.tensor == "weight" ? "dgrad" : "wgrad")
-                                           : (slot.tensor == "gradient" ? "dgrad" : "fprop");
+        const auto tensor = plan::parse<debug::TensorKind>(slot.tensor);
+        const std::string gemm =
+            tensor ? std::string(plan::name(debug::gemms_of(*tensor)[slot.columnwise ? 1 : 0]))
+                   : "?";
         what = fmt::format(" ({}FP8 copy as {} reads it, {}, {})",
                            slot.columnwise ? "column-wise " : "", gemm, plan::name(slot.format),
                            slot.block.rows > 0 ? fmt::format("{}x{} blocks and their scale grid",
