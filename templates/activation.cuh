@@ -95,9 +95,7 @@ struct ActivationFwdOp {
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
-    float in[kVec];
-    vec_to_float(loaded.x, in);
-    acc.add(in);
+    acc.add_vec(loaded.x);
   }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
@@ -130,11 +128,8 @@ struct GatedActivationFwdOp {
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
-    float gate[kVec], linear[kVec];
-    vec_to_float(loaded.gate, gate);
-    vec_to_float(loaded.linear, linear);
-    acc.add(gate);
-    acc.add(linear);
+    acc.add_vec(loaded.gate);
+    acc.add_vec(loaded.linear);
   }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
@@ -169,9 +164,7 @@ struct ActivationBwdOp {
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
-    float grad[kVec];
-    vec_to_float(loaded.dy, grad);
-    acc.add(grad);
+    acc.add_vec(loaded.dy);
   }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
@@ -211,9 +204,7 @@ struct GatedActivationBwdOp {
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
-    float grad[kVec];
-    vec_to_float(loaded.dy, grad);
-    acc.add(grad);
+    acc.add_vec(loaded.dy);
   }
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {

@@ -46,9 +46,7 @@ struct CastOp {
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
-    float in[kVec];
-    vec_to_float(loaded.x, in);
-    acc.add(in);
+    acc.add_vec(loaded.x);
   }
 };
 

@@ -52,19 +52,10 @@ __device__ __forceinline__ void accumulate_range(const Input* x, long long begin
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) chunk[u] = load_vec<Input, kVec>(x + v + u * stride);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float values[kVec];
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) values[e] = to_float(chunk[u].elems[e]);
-        acc.add(values);
-      }
+      for (int u = 0; u < kUnroll; ++u) acc.add_vec(chunk[u]);
     }
     for (; v + kVec <= end; v += stride) {
-      const Vec<Input, kVec> chunk = load_vec<Input, kVec>(x + v);
-      float values[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) values[e] = to_float(chunk.elems[e]);
-      acc.add(values);
+      acc.add_vec(load_vec<Input, kVec>(x + v));
     }
     // What no whole vector covers: the tail after the last full vector of the range.
     i = begin + ((end - begin) / kVec) * kVec;

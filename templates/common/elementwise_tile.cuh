@@ -192,13 +192,8 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
             if constexpr (kDbias) dbias[plane][j] += values[plane][j];
           }
           if constexpr ((kStats & launch::kStatsOfOutput) != 0) {
-            if (valid) {
-              float stored[kVec];
-#pragma unroll
-              for (int j = 0; j < kVec; ++j)
-                stored[j] = to_float(from_float<StatsAs>(values[plane][j]));
-              out_acc.add(stored);
-            }
+            // The values as a StatsAs tensor would hold them (rounded; bf16 pairs packed).
+            if (valid) out_acc.add_vec(float_to_vec<StatsAs, kVec>(values[plane], 1.0f));
           }
           const Vec<Output, kVec> converted = float_to_vec<Output, kVec>(values[plane], scale);
           if (valid && args.out != nullptr) {

@@ -7,6 +7,9 @@
 #ifndef OPFUSE_TEMPLATES_COMMON_STAT_RECORD_CUH_
 #define OPFUSE_TEMPLATES_COMMON_STAT_RECORD_CUH_
 
+#include "types.cuh"
+#include "vec.cuh"
+
 namespace opfuse {
 
 struct StatRecord {
@@ -94,6 +97,13 @@ __device__ __forceinline__ float stat_inf() { return __int_as_float(0x7F800000);
 // first (error far below the 1e-5 the statistics promise), then added to double sums; minima and
 // maxima run in float (exact: every input type converts to float exactly) without NaN checks, a
 // NaN being remembered on the side and made the result of every extremum at the end.
+//
+// Statistics make the fused kernels bound by instruction issue (templates/README.md,
+// "Statistics"), so bf16 vectors (add_vec) take their extrema on the packed pairs as loaded, two
+// values per instruction: min and max with min.bf16x2 / max.bf16x2 and the smallest nonzero
+// magnitude with one add-and-min of the pairs' 16-bit halves (sm_90's VIADDMNMX), folded into the
+// float extrema by record(). Both give the same values as the float path: a bf16 converts to float
+// exactly and in order.
 struct StatAccumulator {
   // Float partial sums are moved into the double sums every kFlushCalls calls of add() (a 32- to
   // 64-bit conversion runs at 1/8 of the float rate on sm_90: per call it cost more than the
@@ -111,12 +121,17 @@ struct StatAccumulator {
   // The bits of the smallest nonzero |v|, less one: nonnegative floats order as their bits, and
   // 0 - 1 wraps to the largest value, so an unsigned min skips zeros with no compare and select.
   unsigned int min_nonzero_bits = 0xFFFFFFFFu;
+  // The packed extrema of bf16 pairs (add_vec): per 16-bit half, the min, the max, and the bits of
+  // the smallest nonzero |v| less one (as min_nonzero_bits, in bf16 bits). Neutral at the start.
+  unsigned int pair_min = 0x7F807F80u;  // +inf, +inf
+  unsigned int pair_max = 0xFF80FF80u;  // -inf, -inf
+  unsigned int pair_nonzero_bits = 0xFFFFFFFFu;
 
-  // Per element: the shifted sums, |v| and v^2 sums, min, max and the smallest nonzero |v|. The
-  // amax is max(|min|, |max|) and a NaN shows in the sum of |v| (never NaN otherwise: it adds no
-  // two infinities of opposite sign), so neither is tracked per element.
+  // Per element: the shifted sums and the |v| and v^2 sums. The amax is max(|min|, |max|) and a
+  // NaN shows in the sum of |v| (never NaN otherwise: it adds no two infinities of opposite
+  // sign), so neither is tracked per element.
   template <int K>
-  __device__ __forceinline__ void add(const float (&values)[K]) {
+  __device__ __forceinline__ void add_sums(const float (&values)[K]) {
     if (!shifted) {
 #pragma unroll
       for (int e = K - 1; e >= 0; --e) shift = isfinite(values[e]) ? values[e] : shift;
@@ -127,14 +142,10 @@ struct StatAccumulator {
     for (int e = 0; e < K; ++e) {
       const float v = values[e];
       const float d = v - shift;
-      const float a = fabsf(v);
       q1 += d;
       q2 = fmaf(d, d, q2);
-      qa += a;
+      qa += fabsf(v);
       qq = fmaf(v, v, qq);
-      min = fminf(min, v);
-      max = fmaxf(max, v);
-      min_nonzero_bits = umin(min_nonzero_bits, __float_as_uint(a) - 1u);
     }
     n += K;
     p1 += q1;
@@ -142,6 +153,42 @@ struct StatAccumulator {
     pa += qa;
     pq += qq;
     if (++pending == kFlushCalls) flush();
+  }
+
+  // The sums, min, max and the smallest nonzero |v| of K values.
+  template <int K>
+  __device__ __forceinline__ void add(const float (&values)[K]) {
+    add_sums(values);
+#pragma unroll
+    for (int e = 0; e < K; ++e) {
+      const float v = values[e];
+      min = fminf(min, v);
+      max = fmaxf(max, v);
+      min_nonzero_bits = umin(min_nonzero_bits, __float_as_uint(fabsf(v)) - 1u);
+    }
+  }
+
+  // A vector as loaded: bf16 pairs take their extrema packed (above), other dtypes widen first.
+  template <typename T, int K>
+  __device__ __forceinline__ void add_vec(const Vec<T, K>& value) {
+    float values[K];
+    vec_to_float(value, values);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (kIsSame<T, __nv_bfloat16> && K % 2 == 0) {
+      add_sums(values);
+      const unsigned int* pairs = reinterpret_cast<const unsigned int*>(&value);
+#pragma unroll
+      for (int p = 0; p < K / 2; ++p) {
+        asm("min.bf16x2 %0, %0, %1;" : "+r"(pair_min) : "r"(pairs[p]));
+        asm("max.bf16x2 %0, %0, %1;" : "+r"(pair_max) : "r"(pairs[p]));
+        // Per half: min(|v| - 1, running), the subtraction wrapping a zero to 0xFFFF.
+        pair_nonzero_bits =
+            __viaddmin_u16x2(pairs[p] & 0x7FFF7FFFu, 0xFFFFFFFFu, pair_nonzero_bits);
+      }
+      return;
+    }
+#endif
+    add(values);
   }
   __device__ __forceinline__ void add(float value) {
     const float one[1] = {value};
@@ -155,10 +202,26 @@ struct StatAccumulator {
     p1 = p2 = pa = pq = 0;
     pending = 0;
   }
+  // The packed bf16 extrema into the float ones: a bf16's float has its bits in the upper half.
+  __device__ __forceinline__ void fold_pairs() {
+    min =
+        fminf(min, fminf(__uint_as_float(pair_min << 16), __uint_as_float(pair_min & 0xFFFF0000u)));
+    max =
+        fmaxf(max, fmaxf(__uint_as_float(pair_max << 16), __uint_as_float(pair_max & 0xFFFF0000u)));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const unsigned int bits = (pair_nonzero_bits >> (16 * half)) & 0xFFFFu;
+      if (bits != 0xFFFFu) min_nonzero_bits = umin(min_nonzero_bits, ((bits + 1u) << 16) - 1u);
+    }
+    pair_min = 0x7F807F80u;
+    pair_max = 0xFF80FF80u;
+    pair_nonzero_bits = 0xFFFFFFFFu;
+  }
 
   __device__ __forceinline__ StatRecord record() const {
     StatAccumulator all = *this;
     all.flush();
+    all.fold_pairs();
     StatRecord out = empty_stat_record();
     out.count = n;
     if (n > 0) {
@@ -168,14 +231,15 @@ struct StatAccumulator {
       out.m2 = m2 > 0 ? m2 : (isnan(m2) ? m2 : 0.0);
       const bool nan = isnan(all.sum_abs);
       const double quiet_nan = __longlong_as_double(0x7FF8000000000000LL);
-      out.min = nan ? quiet_nan : min;
-      out.max = nan ? quiet_nan : max;
+      out.min = nan ? quiet_nan : all.min;
+      out.max = nan ? quiet_nan : all.max;
       out.sum_abs = all.sum_abs;
       out.sum_sq = all.sum_sq;
-      out.amax = nan ? quiet_nan : fmaxf(fabsf(min), fabsf(max));
+      out.amax = nan ? quiet_nan : fmaxf(fabsf(all.min), fabsf(all.max));
       // The largest nonzero magnitude is the amax (0 when every value is 0).
-      const float min_nonzero_abs =
-          min_nonzero_bits == 0xFFFFFFFFu ? stat_inf() : __uint_as_float(min_nonzero_bits + 1u);
+      const float min_nonzero_abs = all.min_nonzero_bits == 0xFFFFFFFFu
+                                        ? stat_inf()
+                                        : __uint_as_float(all.min_nonzero_bits + 1u);
       out.min_nonzero_abs = nan ? quiet_nan : min_nonzero_abs;
       out.max_nonzero_abs = out.amax;
     }

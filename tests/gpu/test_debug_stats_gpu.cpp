@@ -101,9 +101,25 @@ class DebugStatsGpu : public GpuStreamTest {
     x_.data = random_bf16(x_.data.size(), 1.0, rng);
     x_.data[5] = 0.0f;
     x_array_ = arrays.at("x");
-    upload_bf16(*x_array_, x_.data);
     dy_ = cpu::Tensor<float>::zeros({tokens, width});
     dy_.data = random_bf16(dy_.data.size(), 0.01, rng);
+    if (special_values_) {
+      // bf16 subnormals (the smallest nonzero magnitudes, in the upper half of a packed pair in x
+      // and the lower half in dy), signed zeros and large values of both signs: the packed
+      // extrema (common/stat_record.cuh) must give what the float path gives.
+      const float tiny = std::ldexp(1.0f, -133);  // the smallest bf16 subnormal
+      x_.data[6] = -0.0f;
+      x_.data[9] = -tiny;
+      x_.data[12] = std::ldexp(3.0f, -133);
+      x_.data[40] = 1000.0f;
+      x_.data[41] = -2000.0f;
+      dy_.data[2] = tiny;
+      dy_.data[3] = -0.0f;
+      dy_.data[17] = std::ldexp(5.0f, -133);
+      dy_.data[30] = -6.0f;
+      dy_.data[131] = 7.0f;
+    }
+    upload_bf16(*x_array_, x_.data);
     upload_bf16(*arrays.at("dy"), dy_.data);
   }
   // The executor and the reference of `c`'s sequence bound to `tokens`, fed, one forward and one
@@ -135,6 +151,7 @@ class DebugStatsGpu : public GpuStreamTest {
   }
 
   cpu::Tensor<float> x_, dy_;
+  bool special_values_ = false;
   DeviceArray* x_array_ = nullptr;
   std::unique_ptr<gpu::GemmRunner> gemms_;
   std::unique_ptr<gpu::SequenceExecutor> gpu_;
@@ -227,6 +244,52 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
     SCOPED_TRACE(slot.layer + " " + slot.tensor);
     EXPECT_TRUE(std::isnan(nan_records[i].max));
     EXPECT_TRUE(std::isnan(nan_records[i].mean));
+  }
+}
+
+// The extrema of bf16 tensors are taken on packed pairs (common/stat_record.cuh): subnormals,
+// signed zeros and large values in either half of a pair give exactly the reference's min, max,
+// amax and smallest nonzero magnitude, in the kernels of their own (x and dy under bf16) and in a
+// tiled kernel (dy read by its FP8 cast under delayed scaling).
+TEST_F(DebugStatsGpu, ExtremaOfSpecialBf16ValuesMatchTheReference) {
+  special_values_ = true;
+  const std::string fp8_program = R"(
+recipe fp8 = delayed_scaling()
+sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
+  linear(128, 256) as fc1
+  gelu()
+  linear(256, 128) as fc2
+}
+)";
+  const auto routed_config = routed(
+      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n    LogTensorStats:\n"
+      "      tensors: [activation, gradient]\n"
+      "      stats: [min, max, mean, std, l1_norm, l2_norm, dynamic_range]\n",
+      {"fc1", "fc2"}, false);
+  const float tiny = std::ldexp(1.0f, -133);
+  for (const std::string& program : {kProgram, fp8_program}) {
+    SCOPED_TRACE(program);
+    const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
+    ASSERT_TRUE(c);
+    const plan::SequencePlan& plan = c->plan.sequences[0];
+    const std::vector<TensorMoments> got = records_of(run_both(*c, 208));
+    const std::vector<TensorMoments>& want = ref_->stat_records();
+    ASSERT_EQ(got.size(), plan.stat_slots.size());
+    ASSERT_EQ(want.size(), got.size());
+    int checked = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const plan::StatSlot& slot = plan.stat_slots[i];
+      const bool x = slot.layer == "fc1" && slot.tensor == "activation";
+      const bool dy = slot.layer == "fc2" && slot.tensor == "gradient";
+      if (!x && !dy) continue;
+      ++checked;
+      // The inputs hold what was planted (so the comparison below covers it).
+      EXPECT_EQ(want[i].min_nonzero_abs, tiny);
+      EXPECT_EQ(want[i].min, x ? -2000.0 : -6.0);
+      EXPECT_EQ(want[i].max, x ? 1000.0 : 7.0);
+      expect_records_match(slot, got[i], want[i], true, 0);
+    }
+    EXPECT_EQ(checked, 2);
   }
 }
 
