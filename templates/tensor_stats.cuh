@@ -4,7 +4,7 @@
 // fixed by the launch shape, never by atomics or scheduling).
 //
 // Entry points: tensor_stats_partial<Input> (one record per thread block, into `partials`) and
-// tensor_stats_final (merges the partials in a fixed order into the slot's record, or into one
+// tensor_stats_final (sums the partials in a fixed order into the slot's record, or into one
 // record per block for a second launch). Without blockwise ranges a block reads its rows as one
 // contiguous range with 16-byte loads (memory-bound: no division or 64-bit index math per element).
 // StatRecord has the layout of debug::TensorMoments (debug/stats.h): keep the two identical.
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
                                                      launch::kTensorStatsRegisterBudget))
     tensor_stats_partial(TensorStatsParams<Input> params) {
   constexpr int kWarps = launch::kTensorStatsThreads / 32;
-  __shared__ StatRecord warp_records[kWarps];
+  __shared__ StatSums warp_sums[kWarps];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const long long row_begin = static_cast<long long>(blockIdx.x) * params.rows_per_block;
@@ -130,44 +130,34 @@ __global__ void __launch_bounds__(launch::kTensorStatsThreads,
   // unit, so its count is not 0 when the warp had a unit: merging cannot drop the range with an
   // empty record).
   r.max_blockwise_dynamic_range = block_range;
-  const StatRecord total = block_stat_record<launch::kTensorStatsThreads>(r, warp_records);
+  const StatRecord total = block_stat_record<launch::kTensorStatsThreads>(r, warp_sums);
   if (threadIdx.x == 0) params.partials[blockIdx.x] = total;
 }
 
 // Block: kThreads (a multiple of 32). Grid: 1 (every partial into the slot's record), or more to
 // merge a run of partials per block into an array of records that a launch of grid 1 merges next
-// (the tens of thousands of partials of a tiled kernel's statistics). Thread t of a block merges
-// the records t, t + kThreads, ... of the block's run in order (a warp's loads are contiguous);
-// each warp's records merge in a fixed butterfly (the lower lane's record first), then thread 0
-// merges the warps' in warp order: the same partials give the same bits.
+// (the tens of thousands of partials of a tiled kernel's statistics). The partials are summed
+// about the mean of the run's first record (StatSums: no division per merge): thread t adds the
+// records t, t + kThreads, ... of the block's run in order (a warp's loads are contiguous), each
+// warp's sums meet in a fixed butterfly, then thread 0 adds the warps' in warp order: the same
+// partials give the same bits.
 template <int kThreads = 32>
 __global__ void __launch_bounds__(kThreads,
                                   launch::min_blocks(kThreads, launch::kTensorStatsRegisterBudget))
     tensor_stats_final(TensorStatsFinalParams params) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
-  __shared__ StatRecord warp_records[kThreads / 32];
+  __shared__ StatSums warp_sums[kThreads / 32];
   const int t = static_cast<int>(threadIdx.x);
-  const int lane = t % 32;
   const int run = (params.count + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
   const int begin = static_cast<int>(blockIdx.x) * run;
   const int end = begin + run < params.count ? begin + run : params.count;
-  StatRecord total = empty_stat_record();
+  const double ref = begin < end ? stat_reference(params.partials[begin]) : 0.0;
+  StatSums total = sums_about(empty_stat_record(), ref);
 #pragma unroll 4
   for (int b = begin + t; b < end; b += kThreads)
-    total = merge_stat_records(total, params.partials[b]);
-#pragma unroll
-  for (int mask = 1; mask < 32; mask <<= 1) {
-    const StatRecord other = shuffle_xor(total, mask);
-    total =
-        (lane & mask) == 0 ? merge_stat_records(total, other) : merge_stat_records(other, total);
-  }
-  if (lane == 0) warp_records[t / 32] = total;
-  __syncthreads();
-  if (t == 0) {
-    StatRecord all = empty_stat_record();
-    for (int w = 0; w < kThreads / 32; ++w) all = merge_stat_records(all, warp_records[w]);
-    params.record[blockIdx.x] = all;
-  }
+    total = add_stat_sums(total, sums_about(params.partials[b], ref));
+  total = block_stat_sums<kThreads>(total, warp_sums);
+  if (t == 0) params.record[blockIdx.x] = record_of(total);
 }
 
 }  // namespace opfuse

@@ -132,7 +132,7 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
       16) unsigned char staged[kTranspose ? kPlanes : 1][kTileRows][detail::kTileStagePitch];
   __shared__ float amax_scratch[kWarps];
   __shared__ float dbias_scratch[kDbias ? kPlanes : 1][kWarps][kTileCols];
-  __shared__ StatRecord stats_scratch[kStats != 0 ? kWarps : 1];
+  __shared__ StatSums stats_scratch[kStats != 0 ? kWarps : 1];
   StatAccumulator in_acc, out_acc;
 
   const int vec_in_row = threadIdx.x % kVecsPerTileRow;
