@@ -79,7 +79,9 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
     emit_current_amax(b, g, cast, x, cast.quantizer);
     amax_quantizer = -1;  // measured already
   }
-  const FusedStats stats = fused_stats(b, g, x, ir::kNoValue, tile_grid(rows, cols));
+  const FusedStats stats =
+      fused_stats(b, g, x, ir::kNoValue, tile_grid(rows, cols),
+                  TileKernelShape{plan::dtype_bytes(in), 1, transpose, dbias != nullptr});
   GridRule grid = stats.grid;
   const SymExpr partial_rows = grid.y;
   const int partial =
@@ -344,7 +346,9 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   const bool transpose = y.columnwise >= 0;
   const SymExpr rows = rows_of(xv);
   const int measured = cast ? -1 : measure_for_cast(b, g, y_value);
-  const FusedStats stats = fused_stats(b, g, x, y_value, tile_grid(rows, cols));
+  const FusedStats stats =
+      fused_stats(b, g, x, y_value, tile_grid(rows, cols),
+                  TileKernelShape{plan::dtype_bytes(in), gated ? 2 : 1, transpose, false});
   auto what = [&](bool with_copy) {
     return fmt::format("{} {} -> {}{}", name_of(act.kind), name_of(in),
                        fp8_output_text(out, with_copy), stats.text());
@@ -386,7 +390,9 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   const CastOutputs& dx = outputs.copies;
   const bool transpose = dx.columnwise >= 0;
   const SymExpr rows = rows_of(dyv);
-  const FusedStats stats = fused_stats(b, g, dy, dx_value, tile_grid(rows, cols));
+  const FusedStats stats = fused_stats(
+      b, g, dy, dx_value, tile_grid(rows, cols),
+      TileKernelShape{plan::dtype_bytes(in), gated ? 3 : 2, transpose, dbias != nullptr});
   GridRule grid = stats.grid;
   const SymExpr partial_rows = grid.y;
   const int partial = dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32,

@@ -138,8 +138,10 @@ struct FusedStats {
     std::string instance;  // the statistics op
   };
   Tap input, output;
-  // The kernel's grid: the tile grid, or with statistics fewer row blocks, each taking several
-  // row tiles (the row tiles are strided), so the blocks' record merges stay a small part.
+  // The kernel's grid: the tile grid without statistics. With them (templates/common/
+  // elementwise_tile.cuh), one wave of the GPU's resident blocks, each taking an equal run of the
+  // tiles (no partial last wave, few partial records), or with dbias (whose column sums fix a
+  // block's columns) fewer row blocks each taking several strided row tiles.
   GridRule grid;
   SymExpr blocks = 0;  // grid.x * grid.y: the partial records of each tap
   int bits() const;    // the kernel's kStats
@@ -148,9 +150,17 @@ struct FusedStats {
   void append_args(std::vector<std::string>& args, DType output, bool with_type) const;
   std::string text() const;  // " + statistics of its input into record 3", or ""
 };
+// The tiled kernel that may compute statistics: what its register budget (and so its resident
+// blocks per SM) depends on (launch_rules.h, tile_register_budget).
+struct TileKernelShape {
+  int input_bytes = 2;
+  int loads = 1;  // input vectors per element (the Op's kLoads)
+  bool transpose = false;
+  bool dbias = false;
+};
 // Fails (no kernel) for a TensorStats part reading anything but `input` or `output`.
 FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueId output,
-                       const GridRule& tile);
+                       const GridRule& tile, const TileKernelShape& shape);
 // After the kernel's launch: one tensor_stats_final per record.
 void emit_fused_stats_merge(SequenceBuilder& b, const Group& g, const FusedStats& stats);
 

@@ -170,22 +170,47 @@ std::string FusedStats::text() const {
 }
 
 FusedStats fused_stats(SequenceBuilder& b, const Group& g, ValueId input, ValueId output,
-                       const GridRule& tile) {
+                       const GridRule& tile, const TileKernelShape& shape) {
   FusedStats fs;
   fs.grid = tile;
   const bool any = std::any_of(g.parts.begin(), g.parts.end(), [](const ir::Operation* p) {
     return p->kind == OpKind::TensorStats;
   });
   if (any) {
-    // At most kStatsTileBlocksPerSm blocks per SM's worth of row blocks per column tile: a block
-    // merges its accumulators into a record once, after all of its row tiles.
-    fs.grid.rule = "tile_stats";
     const std::optional<int64_t> columns = tile.x.value();
     OPFUSE_ASSERT(columns.has_value() && *columns > 0, "a tile grid has known column tiles");
-    fs.grid.y = min_of(tile.y, ceil_div(SymExpr::symbol(kNumSmsSymbol) *
-                                            SymExpr(int64_t(rules::kStatsTileBlocksPerSm)),
-                                        *columns));
-    fs.grid.dims.emplace_back("blocks_per_sm", int64_t(rules::kStatsTileBlocksPerSm));
+    if (!shape.dbias) {
+      // The flat schedule: as many blocks as the GPU holds at once (the kernel's register budget
+      // gives its resident blocks per SM), each running an equal run of the column-major tiles.
+      // A grid of kStatsTileBlocksPerSm row blocks per SM left a partial last wave (the large
+      // MLP's SwiGLU: 224 column tiles x 3 on 2 x 132 resident blocks, 12% of the kernel idle).
+      const int resident = rules::min_blocks(
+          rules::kTileThreads, rules::tile_register_budget(shape.input_bytes, shape.loads,
+                                                           shape.transpose, false, true));
+      auto dim = [&](const std::string& name) {
+        for (const auto& [key, value] : tile.dims) {
+          if (key == name) return value;
+        }
+        OPFUSE_ASSERT(false, "a tile grid names its rows and cols");
+        return SymExpr(0);
+      };
+      const SymExpr rows = dim("rows");
+      const SymExpr tiles = ceil_div(rows, rules::kTileRows) * SymExpr(*columns);
+      fs.grid = GridRule{
+          "tile_stats_flat",
+          max_of(SymExpr(1),
+                 min_of(tiles, SymExpr::symbol(kNumSmsSymbol) * SymExpr(int64_t(resident)))),
+          1,
+          {{"rows", rows}, {"cols", dim("cols")}, {"blocks_per_sm", int64_t(resident)}}};
+    } else {
+      // At most kStatsTileBlocksPerSm blocks per SM's worth of row blocks per column tile: a
+      // block merges its accumulators into a record once, after all of its row tiles.
+      fs.grid.rule = "tile_stats";
+      fs.grid.y = min_of(tile.y, ceil_div(SymExpr::symbol(kNumSmsSymbol) *
+                                              SymExpr(int64_t(rules::kStatsTileBlocksPerSm)),
+                                          *columns));
+      fs.grid.dims.emplace_back("blocks_per_sm", int64_t(rules::kStatsTileBlocksPerSm));
+    }
   }
   fs.blocks = fs.grid.x * fs.grid.y;
   for (const ir::Operation* p : g.parts) {

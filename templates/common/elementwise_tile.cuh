@@ -10,7 +10,10 @@
 // passes (2-byte inputs, 8 threads per tile row) or 8 passes (fp32 inputs, 16 threads per tile
 // row), loaded in batches of launch::tile_passes_per_batch. blockIdx.x picks the column tile;
 // blockIdx.y walks row tiles with a stride of gridDim.y, so a thread's columns never change and its
-// dbias sums stay in registers until the end.
+// dbias sums stay in registers until the end. With statistics and no dbias the schedule is flat
+// instead: gridDim.x blocks (the GPU's resident blocks, one wave) each run an equal contiguous run
+// of the column-major tiles, so no partial last wave idles the GPU and few partial records need
+// merging (run_elementwise_tiles).
 //
 // The Op concept:
 //   static constexpr int kVec;     // elements per input vector: 16 / sizeof(input dtype)
@@ -124,6 +127,9 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
   constexpr int kPasses = kTileRows / kRowsPerPass;
   constexpr int kPassesPerBatch = launch::tile_passes_per_batch(kPasses, Op::kLoads);
   constexpr bool kIsFp8 = DtypeTraits<Output>::kIsFp8;
+  // With statistics and no dbias (whose column sums need a block's columns fixed): a flat
+  // schedule of equal runs of tiles, one per block (below).
+  constexpr bool kFlatSchedule = kStats != 0 && !kDbias;
   static_assert(kVec == 4 || kVec == 8, "16-byte vectors of a 2- or 4-byte input dtype");
   static_assert(kPlanes == 1 || kPlanes == 2, "one or two output planes");
   static_assert(!kTranspose || kIsFp8, "the transposed copy is an FP8 output");
@@ -137,9 +143,8 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
 
   const int vec_in_row = threadIdx.x % kVecsPerTileRow;
   const int row_in_pass = threadIdx.x / kVecsPerTileRow;
-  const int tile_col0 = blockIdx.x * kTileCols;
-  const int col = tile_col0 + vec_in_row * kVec;
-  const bool col_valid = col < args.cols;
+  // The column tile of a block walking rows (below); a flat schedule sets it per tile.
+  int tile_col0 = blockIdx.x * kTileCols;
   const long long out_stride = static_cast<long long>(kPlanes) * args.cols;
   float scale = 1.0f;
   if constexpr (kIsFp8) scale = *args.scale;
@@ -152,8 +157,11 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
     for (int j = 0; j < kVec; ++j) dbias[plane][j] = 0.0f;
   }
 
-  for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTileRows; tile_row0 < args.rows;
-       tile_row0 += static_cast<long long>(gridDim.y) * kTileRows) {
+  // One tile: rows [tile_row0, tile_row0 + kTileRows) of the columns of tile_col0. last_tile: the
+  // block's last (its amax is published with the transposed copy's barrier).
+  auto run_tile = [&](long long tile_row0, bool last_tile) {
+    const int col = tile_col0 + vec_in_row * kVec;
+    const bool col_valid = col < args.cols;
     // Issue the loads of kPassesPerBatch passes before any arithmetic (launch_rules.h: 64 bytes
     // or 2 passes per thread). Batches stay a loop: unrolled, ptxas hoists the next batch's loads
     // over this one's arithmetic and spills (the bf16 SwiGLU backward with its transposed copy).
@@ -215,7 +223,6 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
       // On the block's last tile the barrier before the write phase also publishes the warps'
       // amax, and no barrier follows the write phase: the block ends without the three barriers
       // of a separate amax reduction and the staging buffer's release.
-      const bool last_tile = tile_row0 + static_cast<long long>(gridDim.y) * kTileRows >= args.rows;
       if (last_tile && args.amax != nullptr) {
         publish_warp_amax(published_amax<Output>(amax), amax_scratch);
       }
@@ -226,6 +233,33 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
       } else {
         __syncthreads();
       }
+    }
+  };
+
+  if constexpr (kFlatSchedule) {
+    // Flat: the column-major tiles (a column's row tiles in order, then the next column's) split
+    // into gridDim.x equal contiguous runs, one per block: one wave of blocks when the grid is
+    // the resident blocks of the GPU, with no partial last wave (launch_rules.h,
+    // kStatsTileBlocksPerSm). A block's runs are fixed by its index: deterministic statistics.
+    // Counts fit an int: a tile holds kTileRows * kTileCols elements.
+    const int row_tiles = (args.rows + kTileRows - 1) / kTileRows;
+    const int tiles = row_tiles * ((args.cols + kTileCols - 1) / kTileCols);
+    const int first = static_cast<int>(static_cast<long long>(tiles) * blockIdx.x / gridDim.x);
+    int count =
+        static_cast<int>(static_cast<long long>(tiles) * (blockIdx.x + 1) / gridDim.x) - first;
+    int row_tile = row_tiles > 0 ? first % row_tiles : 0;
+    tile_col0 = row_tiles > 0 ? first / row_tiles * kTileCols : 0;
+    for (; count > 0; --count) {
+      run_tile(static_cast<long long>(row_tile) * kTileRows, count == 1);
+      if (++row_tile == row_tiles) {
+        row_tile = 0;
+        tile_col0 += kTileCols;
+      }
+    }
+  } else {
+    for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTileRows;
+         tile_row0 < args.rows; tile_row0 += static_cast<long long>(gridDim.y) * kTileRows) {
+      run_tile(tile_row0, tile_row0 + static_cast<long long>(gridDim.y) * kTileRows >= args.rows);
     }
   }
 

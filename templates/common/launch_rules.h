@@ -75,9 +75,9 @@ OPFUSE_LAUNCH_RULE int tile_register_budget_level(int input_bytes, int loads_per
 // With statistics (kStats: double-precision accumulators per thread) one level wider.
 OPFUSE_LAUNCH_RULE int tile_register_budget(int input_bytes, int loads_per_element,
                                             bool write_transpose, bool dbias, bool stats = false) {
-  return min_of(2, tile_register_budget_level(input_bytes, loads_per_element, write_transpose,
-                                              dbias) +
-                       (stats ? 1 : 0)) == 0
+  return min_of(2,
+                tile_register_budget_level(input_bytes, loads_per_element, write_transpose, dbias) +
+                    (stats ? 1 : 0)) == 0
              ? kTileRegisterBudget
          : min_of(2, tile_register_budget_level(input_bytes, loads_per_element, write_transpose,
                                                 dbias) +
@@ -324,10 +324,13 @@ inline constexpr int kTensorStatsRegisterBudget = 128;
 // The merge of the partial records a tiled kernel's blocks wrote (kStats: one per block, at most
 // about kStatsTileBlocksPerSm per SM): tensor_stats_final with kStatsMergeThreads threads.
 inline constexpr int kStatsMergeThreads = 256;
-// A tiled kernel with statistics launches at most kStatsTileBlocksPerSm blocks per SM (several row
-// tiles each): every block ends by merging its threads' accumulators (double-precision Chan
-// merges, a long dependent chain), which at one tile per block cost as much as the tile itself
-// (H200, [16384, 4096] cast: 0.09 ms plain, 0.34 ms with one tile per block).
+// A tiled kernel with statistics runs few blocks over several tiles each: every block ends by
+// merging its threads' accumulators, which at one tile per block cost as much as the tile itself
+// (H200, [16384, 4096] cast: 0.09 ms plain, 0.34 ms with one tile per block). Without dbias it
+// runs one wave: min_blocks(kTileThreads, tile_register_budget(..., stats)) blocks per SM, each an
+// equal run of the tiles (a flat schedule: compiler/codegen/emit_stats.cpp). With dbias (whose
+// column sums keep a block on one column tile) at most kStatsTileBlocksPerSm blocks per SM's worth
+// of row blocks per column tile, each over strided row tiles.
 inline constexpr int kStatsTileBlocksPerSm = 4;
 inline constexpr int kScaleUpdateThreads = 256;
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <variant>
 
 #include "debug/stats.h"
 #include "debug_routing_fixture.h"
@@ -245,6 +246,48 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
     EXPECT_TRUE(std::isnan(nan_records[i].max));
     EXPECT_TRUE(std::isnan(nan_records[i].mean));
   }
+}
+
+// The tiled kernels with statistics run one wave of blocks over equal runs of the column-major
+// tiles (templates/common/elementwise_tile.cuh, flat schedule): at 17000 tokens each block's run
+// spans several tiles and crosses from one column tile to the next (17000 is no multiple of the
+// 128-row tile, so every column ends in a partial tile); the records still match the reference
+// and repeat bit for bit.
+TEST_F(DebugStatsGpu, FusedStatisticsOverRunsOfManyTilesMatchTheReference) {
+  const std::string program = R"(
+recipe fp8 = delayed_scaling()
+sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
+  layernorm(128)
+  linear(128, 512, bias = false) as fc1
+  swiglu()
+  linear(256, 128, bias = false) as fc2
+}
+)";
+  const auto routed_config = routed(
+      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n    LogTensorStats:\n"
+      "      tensors: [activation, output, gradient, dgrad]\n"
+      "      stats: [min, max, mean, std, l1_norm, l2_norm, dynamic_range]\n",
+      {"fc1", "fc2"}, false);
+  const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
+  ASSERT_TRUE(c);
+  const plan::SequencePlan& plan = c->plan.sequences[0];
+  int flat = 0;
+  for (const plan::Step& st : plan.steps) {
+    const auto* launch = std::get_if<plan::LaunchStep>(&st.body);
+    if (launch != nullptr && launch->grid.rule == "tile_stats_flat") ++flat;
+  }
+  EXPECT_EQ(flat, 4);  // the SwiGLU forward and backward, the casts of x and dy
+  const std::vector<unsigned char> first = run_both(*c, 17000);
+  const std::vector<TensorMoments> got = records_of(first);
+  const std::vector<TensorMoments>& want = ref_->stat_records();
+  ASSERT_EQ(got.size(), plan.stat_slots.size());
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const plan::StatSlot& slot = plan.stat_slots[i];
+    expect_records_match(slot, got[i], want[i], slot.layer == "fc2" && slot.tensor == "gradient",
+                         5e-2);
+  }
+  expect_repeats(first);
 }
 
 // The extrema of bf16 tensors are taken on packed pairs (common/stat_record.cuh): subnormals,

@@ -175,6 +175,38 @@ TEST(DebugVariants, StatisticsFoldIntoTheKernelsThatReadOrWriteTheTensor) {
   EXPECT_EQ(kernel("fc2.weight_stats7").find("cast_transpose<"), std::string::npos);
   EXPECT_EQ(own, 6);
   EXPECT_EQ(merges, 6);
+  // The kernels with statistics run one wave of the GPU's resident blocks, each an equal run of
+  // the tiles (templates/common/elementwise_tile.cuh, flat schedule): at 16384 tokens on 132 SMs,
+  // the SwiGLU forward's 128 x 64 tiles (128 row tiles x 2 column tiles of its 128-wide output)
+  // take 256 blocks (fewer tiles than 132 x 2 resident blocks); at 64 tokens one block per tile.
+  // The backward computes fc1's dbias too (its column sums keep a block on one column tile): row
+  // blocks of strided row tiles, at most kStatsTileBlocksPerSm per SM's worth.
+  int kernels = 0;
+  for (const plan::Step& st : s.steps) {
+    const auto* launch = std::get_if<plan::LaunchStep>(&st.body);
+    if (launch == nullptr || launch->name_expression.find("activation_") == std::string::npos)
+      continue;
+    ++kernels;
+    SCOPED_TRACE(launch->name_expression);
+    const auto blocks = [&](int64_t tokens, int64_t sms) {
+      return plan::evaluate(launch->grid.x.text(),
+                            {{"tokens", tokens}, {plan::kNumSmsSymbol, sms}}) *
+             plan::evaluate(launch->grid.y.text(),
+                            {{"tokens", tokens}, {plan::kNumSmsSymbol, sms}});
+    };
+    if (launch->name_expression.find("gated_activation_fwd<") != std::string::npos) {
+      EXPECT_EQ(launch->grid.rule, "tile_stats_flat");
+      EXPECT_EQ(blocks(16384, 132), 256);
+      EXPECT_EQ(blocks(16384, 100), 200);  // 2 resident blocks per SM
+      EXPECT_EQ(blocks(64, 132), 2);
+    } else {
+      EXPECT_EQ(launch->grid.rule, "tile_stats");
+      // 2 column tiles x min(128 row tiles, ceil(132 * 4 / 2)) row blocks; fewer SMs, fewer rows.
+      EXPECT_EQ(blocks(16384, 132), 2 * 128);
+      EXPECT_EQ(blocks(16384, 20), 2 * 40);
+    }
+  }
+  EXPECT_EQ(kernels, 2);
 }
 
 // Records a kernel cannot compute (blockwise ranges, LogFp8TensorStats' casts) or that another
