@@ -64,6 +64,35 @@ const std::unordered_map<uint32_t, uint8_t>& codes_of(bool e4m3) {
 
 // The files of one quantized capture: codes, scale_inv and a description a reader can trust
 // without opfuse ({layer}_{tensor}_quantized{suffix}.*).
+}  // namespace
+
+std::vector<float> scale_grid(const plan::CaptureSlot& slot, const CapturedTensor& tensor,
+                              std::vector<int64_t>* shape) {
+  if (slot.block.rows == 0) {
+    if (shape != nullptr) shape->clear();
+    return tensor.scale_inv;
+  }
+  const int64_t cols = tensor.shape.empty() ? 1 : tensor.shape.back();
+  const int64_t rows = cols == 0 ? 0 : int64_t(tensor.values.size()) / cols;
+  const int64_t col_blocks = (cols + slot.block.cols - 1) / slot.block.cols;
+  const int64_t row_blocks = (rows + slot.block.rows - 1) / slot.block.rows;
+  if (int64_t(tensor.scale_inv.size()) != row_blocks * col_blocks) {
+    throw DebugLogError(fmt::format("the captured scale grid of {}'s {} has {} entries, not {}",
+                                    slot.layer, slot.tensor, tensor.scale_inv.size(),
+                                    row_blocks * col_blocks));
+  }
+  if (shape != nullptr) *shape = {row_blocks, col_blocks};
+  // A 1 x 128 grid arrives block-column major (plan::CaptureSlot): transposed here.
+  if (slot.block.rows != 1) return tensor.scale_inv;
+  std::vector<float> out(tensor.scale_inv.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t cb = 0; cb < col_blocks; ++cb)
+      out[size_t(r * col_blocks + cb)] = tensor.scale_inv[size_t(cb * rows + r)];
+  return out;
+}
+
+namespace {
+
 void write_quantized(const fs::path& dir, const std::string& stem, const plan::CaptureSlot& slot,
                      TensorKind kind, const CapturedTensor& tensor) {
   NpyArray codes{NpyType::Uint8, tensor.shape, {}, {}};
@@ -78,27 +107,11 @@ void write_quantized(const fs::path& dir, const std::string& stem, const plan::C
     }
     codes.u8.push_back(*c);
   }
-  // The scale_inv: a scalar, or the block grid as [row blocks, column blocks] (a 1 x 128 grid
-  // arrives block-column major, plan::CaptureSlot: transposed here).
-  NpyArray scales{NpyType::Float32, {}, tensor.scale_inv, {}};
+  // The scale_inv: a scalar, or the block grid as [row blocks, column blocks].
   const bool blocks = slot.block.rows > 0;
-  if (blocks) {
-    const int64_t cols = tensor.shape.empty() ? 1 : tensor.shape.back();
-    const int64_t rows = cols == 0 ? 0 : int64_t(tensor.values.size()) / cols;
-    const int64_t col_blocks = (cols + slot.block.cols - 1) / slot.block.cols;
-    const int64_t row_blocks = (rows + slot.block.rows - 1) / slot.block.rows;
-    if (int64_t(tensor.scale_inv.size()) != row_blocks * col_blocks) {
-      throw DebugLogError(fmt::format("the captured scale grid of {}'s {} has {} entries, not {}",
-                                      slot.layer, slot.tensor, tensor.scale_inv.size(),
-                                      row_blocks * col_blocks));
-    }
-    scales.shape = {row_blocks, col_blocks};
-    if (slot.block.rows == 1) {
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t cb = 0; cb < col_blocks; ++cb)
-          scales.f32[size_t(r * col_blocks + cb)] = tensor.scale_inv[size_t(cb * rows + r)];
-    }
-  }
+  std::vector<int64_t> grid_shape;
+  NpyArray scales{NpyType::Float32, {}, scale_grid(slot, tensor, &grid_shape), {}};
+  if (blocks) scales.shape = grid_shape;
   const std::string data_file = stem + ".npy", scale_file = stem + "_scale_inv.npy";
   try {
     write_npy((dir / data_file).string(), codes);
@@ -158,10 +171,6 @@ void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
   // Only a GEMM operand quantized this iteration has an FP8 copy (TE's quantized tensor is None
   // otherwise: nothing to dump).
   if (!quantized || !is_operand(tensor) || !quantized_by) return;
-  const bool blocks =
-      *quantized_by == plan::ScalingKind::Block1D || *quantized_by == plan::ScalingKind::Block2D;
-  // InspectedTensor carries one scale_inv: C++ features see no block-scaled copy.
-  if (blocks && !dump) return;
   if (*quantized_by == plan::ScalingKind::MicroScaled) {
     if (dump) {
       refused.push_back(fmt::format(
@@ -235,12 +244,14 @@ std::vector<StatRecord> IterationCaptures::finish(const Routing& routing, int64_
   const bool several = runs_.size() > 1;
   for (size_t k = 0; k < runs_.size(); ++k) {
     const auto& run = runs_[k];
-    // The quantized capture of the same tensor in this run, if any.
-    auto quantized_of = [&](const plan::CaptureSlot& hp) -> const CapturedTensor* {
+    // A quantized capture (row-wise or column-wise) of the same tensor in this run, if any.
+    auto quantized_of =
+        [&](const plan::CaptureSlot& hp,
+            bool columnwise) -> const std::pair<plan::CaptureSlot, CapturedTensor>* {
       for (const auto& other : run) {
-        if (other.first.quantized && !other.first.columnwise && other.first.layer == hp.layer &&
-            other.first.tensor == hp.tensor)
-          return &other.second;
+        if (other.first.quantized && other.first.columnwise == columnwise &&
+            other.first.layer == hp.layer && other.first.tensor == hp.tensor)
+          return &other;
       }
       return nullptr;
     };
@@ -279,12 +290,17 @@ std::vector<StatRecord> IterationCaptures::finish(const Routing& routing, int64_
         }
         // C++ features see the high-precision tensor, with the quantized copy beside it.
         if (slot.quantized) continue;
-        const CapturedTensor* q = quantized_of(slot);
         const CallContext context{l->layer, *s};
-        InspectedTensor view{tensor.shape, tensor.values, {}, 0};
-        if (q != nullptr && !q->scale_inv.empty()) {
-          view.quantized = q->values;
-          view.scale_inv = q->scale_inv.front();
+        InspectedTensor view{tensor.shape, tensor.values, {}, {}};
+        std::vector<float> grids[2];  // the copies' scale grids, row-major
+        for (const bool columnwise : {false, true}) {
+          const auto* q = quantized_of(slot, columnwise);
+          if (q == nullptr || q->second.scale_inv.empty()) continue;
+          std::vector<float>& grid = grids[columnwise ? 1 : 0];
+          grid = scale_grid(q->first, q->second, nullptr);
+          QuantizedView& copy = columnwise ? view.columnwise : view.rowwise;
+          copy = QuantizedView{q->second.shape, q->second.values,    grid,
+                               q->first.format, q->first.block.rows, q->first.block.cols};
         }
         for (const FeatureStat& stat : f->feature->inspect_tensor(context, *t, view, iteration))
           out.push_back(StatRecord{slot.layer, slot.tensor, "", stat.name, iteration, stat.value});

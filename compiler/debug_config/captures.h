@@ -26,8 +26,7 @@ namespace opfuse::debug {
 // (plan::CaptureSlot::quantized) for DumpTensors' quantized_tensor and for C++ features, when
 // `quantized_by` says how that GEMM's copy is scaled this iteration (nullopt: it runs in high
 // precision, so there is no copy, as in TE). A copy opfuse cannot capture yet is a message in
-// `refused` for DumpTensors (an MXFP8 copy: none is made yet) and left out for C++ features,
-// which also get no block-scaled copy (InspectedTensor has one scale_inv).
+// `refused` for DumpTensors (an MXFP8 copy: none is made yet) and left out for C++ features.
 void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
                  const FeatureConfig& f, std::optional<plan::ScalingKind> quantized_by,
                  std::vector<std::string>& refused);
@@ -36,6 +35,13 @@ void add_capture(ir::Sequence& seq, const LayerRouting& l, TensorKind tensor,
 // exactly (a captured FP8 copy's values are); NaN gives the format's NaN with value's sign.
 // nullopt for a value the format cannot hold exactly, or another format.
 std::optional<uint8_t> fp8_code(float value, plan::DType format);
+
+// The scale_inv of a quantized capture: the one value of a per-tensor scale, or the block grid
+// row-major [row blocks][column blocks] of the capture's shape (a 1 x 128 grid arrives
+// block-column major and is transposed), its shape in `shape` (empty for one value). Throws
+// DebugLogError when the grid's size does not match the capture.
+std::vector<float> scale_grid(const plan::CaptureSlot& slot, const CapturedTensor& tensor,
+                              std::vector<int64_t>* shape);
 
 // Where a rank's dumps go: {log_dir}/tensor_dumps/rank_{rank}.
 std::filesystem::path dump_root(const std::filesystem::path& log_dir, int rank);

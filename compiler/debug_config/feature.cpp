@@ -135,6 +135,14 @@ std::vector<KeySpec> cadence_keys() {
   };
 }
 
+float QuantizedView::dequantized(int64_t r, int64_t c) const {
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  const float value = values[size_t(r * cols + c)];
+  if (block_rows == 0) return value * scale_inv[0];
+  const int64_t col_blocks = (cols + block_cols - 1) / block_cols;
+  return value * scale_inv[size_t((r / block_rows) * col_blocks + c / block_cols)];
+}
+
 void FeatureRegistry::add(std::shared_ptr<const Feature> feature) {
   const std::string name = feature->spec().name;
   if (!features_.emplace(name, std::move(feature)).second) {

@@ -123,17 +123,38 @@ struct CallContext {
   const Settings& settings;
 };
 
+// An FP8 copy of an inspected tensor as a GEMM reads it (TE's rowwise_quantized_tensor and
+// columnwise_quantized_tensor): host memory, valid during the call. Empty where there is none.
+struct QuantizedView {
+  // As stored: the tensor's shape for the row-wise copy, [cols, rows] (transposed) for the
+  // column-wise one.
+  std::span<const int64_t> shape;
+  std::span<const float> values;  // the FP8 numbers (unscaled) as float32, row-major in `shape`
+  // dequantized[r][c] = values[r][c] * scale_inv[r / block_rows][c / block_cols]: one value for a
+  // per-tensor scale (block_rows = block_cols = 0), else the block grid, row-major
+  // [ceil(rows / block_rows)][ceil(cols / block_cols)] of `shape` (1 x 128 or 128 x 128 blocks).
+  std::span<const float> scale_inv;
+  plan::DType format = plan::DType::E4M3;
+  int block_rows = 0;
+  int block_cols = 0;
+  bool empty() const { return values.empty(); }
+  // The value at (r, c) of `shape` times its scale_inv.
+  float dequantized(int64_t r, int64_t c) const;
+};
+
 // A captured tensor as inspect_tensor sees it: host memory, valid during the call.
 struct InspectedTensor {
   std::span<const int64_t> shape;  // row-major
   std::span<const float> values;   // the high-precision tensor as the run held it, as float32
-  // The FP8 copy the tensor's first GEMM reads (fprop's for the activation and the weight,
-  // dgrad's for the gradient: the row-wise copy), as float32 FP8 numbers (unscaled), and its
-  // scale_inv (dequantized = quantized[i] * scale_inv). Empty and 0 where that GEMM runs in high
-  // precision, for the other tensors, and for block-scaled copies (one scale_inv cannot describe
-  // them; DumpTensors writes them; docs/debugging.md, "Status").
-  std::span<const float> quantized;
-  float scale_inv = 0;
+  // For a GEMM operand quantized in that iteration, the FP8 copies its GEMMs read: `rowwise`, read
+  // by its first GEMM (fprop's for the activation and the weight, dgrad's for the gradient), and
+  // `columnwise`, read by its other GEMM (wgrad's, or dgrad's for the weight) where it is a
+  // quantization of its own: under 1 x 128 block scaling (quantized again down the columns).
+  // Under per-tensor scaling and 128 x 128 blocks the column-wise copy is the row-wise one
+  // transposed (scales included) and `columnwise` is empty. Both empty where the GEMMs run in
+  // high precision, and for the other tensors.
+  QuantizedView rowwise;
+  QuantizedView columnwise;
 };
 
 // One statistic inspect_tensor returns: logged as `{layer}_{tensor}_{name}` like a built-in one.

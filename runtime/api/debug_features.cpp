@@ -202,7 +202,12 @@ class Adapter final : public debug::Feature {
   std::vector<debug::FeatureStat> inspect_tensor(const debug::CallContext& c, debug::TensorKind t,
                                                  const debug::InspectedTensor& tensor,
                                                  int64_t it) const override {
-    const DebugInspectedTensor view{tensor.shape, tensor.values};
+    auto copy = [](const debug::QuantizedView& q) {
+      return DebugQuantizedTensor{q.shape,      q.values,    q.scale_inv, plan::name(q.format),
+                                  q.block_rows, q.block_cols};
+    };
+    const DebugInspectedTensor view{tensor.shape, tensor.values, copy(tensor.rowwise),
+                                    copy(tensor.columnwise)};
     std::vector<debug::FeatureStat> out;
     for (const DebugFeatureStat& s : f_->inspect_tensor(c.layer, SettingsView(c.settings),
                                                         static_cast<DebugTensor>(t), view, it)) {

@@ -316,7 +316,18 @@ class NegativeShare final : public DebugFeature {
                                                std::int64_t) const override {
     double negative = 0;
     for (const float v : t.values) negative += v < 0 ? 1 : 0;
-    return {{"negative_share", negative / double(t.values.size())}};
+    // The FP8 copy fprop reads (delayed scaling: one scale_inv, no column-wise copy of its own):
+    // the worst dequantization error in units of E4M3's rounding bound (at most 1).
+    const DebugQuantizedTensor& q = t.rowwise;
+    double worst = q.values.size() == t.values.size() && q.scale_inv.size() == 1 ? 0 : 1e9;
+    for (std::size_t i = 0; i < q.values.size() && i < t.values.size(); ++i) {
+      const double bound = 0.0625 * std::abs(t.values[i]) + std::ldexp(1.0, -10) * q.scale_inv[0];
+      worst = std::max(worst, std::abs(double(q.values[i]) * q.scale_inv[0] - t.values[i]) / bound);
+    }
+    return {{"negative_share", negative / double(t.values.size())},
+            {"fp8_copy_error", worst},
+            {"fp8_copies", double(q.empty() ? 0 : 1) + double(t.columnwise.empty() ? 0 : 1) +
+                               (q.format == "e4m3" ? 10 : 0)}};
   }
 };
 
@@ -360,11 +371,16 @@ clip:
   double negative = 0;
   for (const float v : w) negative += v < 0 ? 1 : 0;
   train(session, 1);
-  ASSERT_EQ(seen.size(), 1u);
-  EXPECT_EQ(seen[0].layer, "fc1");
-  EXPECT_EQ(seen[0].tensor, "weight");
-  EXPECT_EQ(seen[0].stat, "negative_share");
-  EXPECT_DOUBLE_EQ(seen[0].value, negative / double(w.size()));
+  ASSERT_EQ(seen.size(), 3u);
+  std::map<std::string, double> stats;
+  for (const DebugStat& s : seen) {
+    EXPECT_EQ(s.layer, "fc1");
+    EXPECT_EQ(s.tensor, "weight");
+    stats[s.stat] = s.value;
+  }
+  EXPECT_DOUBLE_EQ(stats.at("negative_share"), negative / double(w.size()));
+  EXPECT_LE(stats.at("fp8_copy_error"), 1.0);
+  EXPECT_EQ(stats.at("fp8_copies"), 11.0);  // an E4M3 row-wise copy, no column-wise one
   // fc2's fprop reads its weight clipped to 1e-3 (~N(0, 0.02) otherwise): y shrinks by far.
   const Program plain = compile(false);
   Session reference = make_session(plain);

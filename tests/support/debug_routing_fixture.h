@@ -22,13 +22,15 @@ struct RoutedConfig {
 
 // Reads `yaml`, binds it to `layers` (names; `quantized`: their recipe is FP8) and routes
 // iteration `iteration`. Fails the current test on a config error.
-inline std::unique_ptr<RoutedConfig> routed(const std::string& yaml,
-                                            const std::vector<std::string>& layers, bool quantized,
-                                            int64_t iteration = 0) {
+// `registry`: the features the config may name (default: the built-ins).
+inline std::unique_ptr<RoutedConfig> routed(
+    const std::string& yaml, const std::vector<std::string>& layers, bool quantized,
+    int64_t iteration = 0, std::shared_ptr<const debug::FeatureRegistry> registry = nullptr) {
   auto r = std::make_unique<RoutedConfig>();
   r->diags = std::make_unique<DiagnosticEngine>(r->sources);
-  const auto registry =
-      std::make_shared<const debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
+  if (registry == nullptr)
+    registry =
+        std::make_shared<const debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
   const FileId f = r->sources.add_buffer("debug.yaml", yaml);
   r->config = debug::read_debug_config(r->sources, f, registry, *r->diags);
   EXPECT_TRUE(r->config) << r->diags->format_all();

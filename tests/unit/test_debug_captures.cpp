@@ -447,6 +447,153 @@ sequence mlp(x: bf16[tokens, 160]) -> (y: bf16[tokens, 96]) uses fp8 {
   EXPECT_FALSE(fs::exists(d / "fc1_weight_quantized_columnwise.npy"));
 }
 
+// A C++ feature that keeps what inspect_tensor gave it: the quantized copies beside the tensor.
+class QuantizedProbe final : public Feature {
+ public:
+  struct Seen {
+    std::vector<int64_t> shape;
+    std::vector<float> values;
+    struct Copy {
+      std::vector<int64_t> shape;
+      std::vector<float> values, scale_inv, dequantized;
+      plan::DType format = plan::DType::E4M3;
+      int block_rows = 0, block_cols = 0;
+    } rowwise, columnwise;
+  };
+  QuantizedProbe() {
+    spec_.name = "QuantizedProbe";
+    spec_.selects_tensors = true;
+  }
+  const FeatureSpec& spec() const override { return spec_; }
+  Route inspect_tensor_enabled(const CallContext&, TensorKind, int64_t) const override {
+    return {true, kNever};
+  }
+  std::vector<FeatureStat> inspect_tensor(const CallContext&, TensorKind t,
+                                          const InspectedTensor& in, int64_t) const override {
+    Seen& s = (*seen_)[std::string(plan::name(t))];
+    s.shape.assign(in.shape.begin(), in.shape.end());
+    s.values.assign(in.values.begin(), in.values.end());
+    for (const bool columnwise : {false, true}) {
+      const QuantizedView& q = columnwise ? in.columnwise : in.rowwise;
+      Seen::Copy& c = columnwise ? s.columnwise : s.rowwise;
+      c.shape.assign(q.shape.begin(), q.shape.end());
+      c.values.assign(q.values.begin(), q.values.end());
+      c.scale_inv.assign(q.scale_inv.begin(), q.scale_inv.end());
+      c.format = q.format;
+      c.block_rows = q.block_rows;
+      c.block_cols = q.block_cols;
+      if (q.empty()) continue;
+      const int64_t cols = q.shape.back(), rows = int64_t(q.values.size()) / cols;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < cols; ++k) c.dequantized.push_back(q.dequantized(r, k));
+    }
+    return {};
+  }
+  std::shared_ptr<std::map<std::string, Seen>> seen_ =
+      std::make_shared<std::map<std::string, Seen>>();
+
+ private:
+  FeatureSpec spec_;
+};
+
+// Under float8_block_scaling a C++ feature's inspect_tensor gets the GEMM operands' FP8 copies as
+// the GEMMs read them (TE's rowwise_ and columnwise_quantized_tensor): the activation's and the
+// gradient's 1 x 128 row-wise copies and their column-wise copies quantized again down the
+// columns (stored transposed), the weight's 128 x 128 copy; each with its scale grid row-major,
+// dequantizing to the tensor within the format's rounding. Under delayed scaling: one scale_inv,
+// no column-wise copy (the row-wise one transposed).
+TEST(DebugCaptures, CppFeaturesGetTheQuantizedCopiesWithTheirScales) {
+  auto registry = std::make_shared<FeatureRegistry>(FeatureRegistry::with_builtins());
+  auto probe = std::make_shared<QuantizedProbe>();
+  registry->add(probe);
+  for (const std::string recipe :
+       {"float8_block_scaling(format = hybrid)", "delayed_scaling(format = hybrid)"}) {
+    SCOPED_TRACE(recipe);
+    probe->seen_->clear();
+    const bool blocks = recipe.starts_with("float8_block");
+    const std::string program = "recipe fp8 = " + recipe + R"(
+sequence mlp(x: bf16[tokens, 160]) -> (y: bf16[tokens, 96]) uses fp8 {
+  linear(160, 96, bias = false) as fc1
+}
+)";
+    const auto r = test::routed(
+        "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+        "    QuantizedProbe: {tensors: [activation, weight, gradient, output]}\n",
+        {"fc1"}, true, 0, registry);
+    const auto v = compile(program, &r->routing);
+    const ir::Sequence& seq = v.program.sequences[0];
+    const int64_t tokens = 200;
+    cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
+    cpu::init_params_from_seed(exec, 7);
+    cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
+    for (int64_t k = 0; k < x.numel(); ++k)
+      x.data[size_t(k)] *= std::ldexp(1.0f, -int(k / 160 % 9));
+    cpu::round_to_bf16(x.data);
+    exec.forward({x});
+    cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 0.1);
+    cpu::round_to_bf16(dy.data);
+    exec.backward({dy});
+    IterationCaptures it;
+    it.add_run(seq.captures, exec.captures());
+    (void)it.finish(r->routing, 0, test::make_temp_dir("captures_probe"), 0);
+
+    const auto& seen = *probe->seen_;
+    ASSERT_EQ(seen.size(), 4u);
+    EXPECT_TRUE(seen.at("output").rowwise.values.empty());  // no GEMM reads it: no copy
+    for (const std::string tensor : {"activation", "weight", "gradient"}) {
+      SCOPED_TRACE(tensor);
+      const QuantizedProbe::Seen& s = seen.at(tensor);
+      const int64_t rows = s.shape.at(0), cols = s.shape.at(1);
+      const bool one_d = blocks && tensor != "weight";
+      const plan::DType format = tensor == "gradient" ? plan::DType::E5M2 : plan::DType::E4M3;
+      // Half an ULP of the format's mantissa, relative; and half its smallest subnormal.
+      const float rel = format == plan::DType::E4M3 ? 0.0625f : 0.125f;
+      const float tiny =
+          format == plan::DType::E4M3 ? std::ldexp(1.0f, -10) : std::ldexp(1.0f, -17);
+      for (const bool columnwise : {false, true}) {
+        const QuantizedProbe::Seen::Copy& c = columnwise ? s.columnwise : s.rowwise;
+        if (columnwise && !one_d) {
+          EXPECT_TRUE(c.values.empty());  // the row-wise copy transposed
+          continue;
+        }
+        SCOPED_TRACE(columnwise ? "column-wise" : "row-wise");
+        EXPECT_EQ(c.format, format);
+        const std::vector<int64_t> stored =
+            columnwise ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
+        EXPECT_EQ(c.shape, stored);
+        ASSERT_EQ(c.values.size(), s.values.size());
+        if (!blocks) {
+          EXPECT_EQ(c.block_rows, 0);
+          ASSERT_EQ(c.scale_inv.size(), 1u);
+        } else {
+          EXPECT_EQ(c.block_rows, one_d ? 1 : 128);
+          EXPECT_EQ(c.block_cols, 128);
+          const int64_t stored_rows = c.shape[0], stored_cols = c.shape[1];
+          ASSERT_EQ(int64_t(c.scale_inv.size()),
+                    (stored_rows + c.block_rows - 1) / c.block_rows * ((stored_cols + 127) / 128));
+        }
+        // Every value dequantizes to the tensor's within the format's rounding (the scale_inv of
+        // its block applied: a wrong grid layout breaks this for rows of other magnitudes).
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t k = 0; k < cols; ++k) {
+            const float want = s.values[size_t(r * cols + k)];
+            const size_t at = size_t(columnwise ? k * rows + r : r * cols + k);
+            const float got = c.dequantized[at];
+            // The scale_inv of its block, at its place in the stored copy.
+            const int64_t sr = columnwise ? k : r, sc = columnwise ? r : k;
+            const float scale_inv =
+                blocks ? c.scale_inv[size_t((sr / c.block_rows) * ((c.shape[1] + 127) / 128) +
+                                            sc / 128)]
+                       : c.scale_inv[0];
+            ASSERT_LE(std::abs(got - want), rel * std::abs(want) + tiny * scale_inv)
+                << r << ", " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- the CPU run ------------------------------------------------------------------------------
 
 const std::string kBf16Mlp = R"(

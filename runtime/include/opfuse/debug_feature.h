@@ -125,10 +125,32 @@ struct DebugModification {
   std::string description = {};  // Pointwise: what it does, for the dry run and the debug log
 };
 
+// An FP8 copy of an inspected tensor as a GEMM reads it (TE's rowwise_quantized_tensor and
+// columnwise_quantized_tensor): host memory valid during the call; empty where there is none.
+struct DebugQuantizedTensor {
+  // As stored: the tensor's shape for the row-wise copy, [cols, rows] for the column-wise one.
+  std::span<const std::int64_t> shape;
+  std::span<const float> values;  // the FP8 numbers (unscaled) as fp32, row-major in `shape`
+  // dequantized[r][c] = values[r][c] * scale_inv[r / block_rows][c / block_cols]: one value for a
+  // per-tensor scale (block_rows = block_cols = 0), else the block grid, row-major
+  // [ceil(rows / block_rows)][ceil(cols / block_cols)] of `shape` (1 x 128 or 128 x 128).
+  std::span<const float> scale_inv;
+  std::string_view format;  // "e4m3" or "e5m2"
+  int block_rows = 0;
+  int block_cols = 0;
+  bool empty() const { return values.empty(); }
+};
+
 // The tensor inspect_tensor is given: host memory valid during the call.
 struct DebugInspectedTensor {
   std::span<const std::int64_t> shape;  // row-major
   std::span<const float> values;        // the high-precision tensor as the run held it, as fp32
+  // For a GEMM operand quantized in that iteration: the copy its first GEMM reads (fprop's for
+  // the activation and the weight, dgrad's for the gradient), and the column-wise copy its other
+  // GEMM reads where that is a quantization of its own (1 x 128 block scaling; per-tensor scaling
+  // and 128 x 128 blocks read the row-wise copy transposed, and `columnwise` is empty).
+  DebugQuantizedTensor rowwise;
+  DebugQuantizedTensor columnwise;
 };
 
 struct DebugFeatureStat {
