@@ -78,6 +78,19 @@ __device__ __forceinline__ double stat_reference(const StatRecord& r) {
   return r.count > 0 && isfinite(r.mean) ? r.mean : 0.0;
 }
 
+// The fields a record and its sums hold alike (all but the moments).
+template <typename From, typename To>
+__device__ __forceinline__ void copy_unmerged_fields(const From& from, To& to) {
+  to.min = from.min;
+  to.max = from.max;
+  to.sum_abs = from.sum_abs;
+  to.sum_sq = from.sum_sq;
+  to.amax = from.amax;
+  to.min_nonzero_abs = from.min_nonzero_abs;
+  to.max_nonzero_abs = from.max_nonzero_abs;
+  to.max_blockwise_dynamic_range = from.max_blockwise_dynamic_range;
+}
+
 __device__ __forceinline__ StatSums sums_about(const StatRecord& r, double ref) {
   StatSums s;
   s.count = r.count;
@@ -91,14 +104,7 @@ __device__ __forceinline__ StatSums sums_about(const StatRecord& r, double ref) 
     s.s1 = 0;
     s.s2 = 0;
   }
-  s.min = r.min;
-  s.max = r.max;
-  s.sum_abs = r.sum_abs;
-  s.sum_sq = r.sum_sq;
-  s.amax = r.amax;
-  s.min_nonzero_abs = r.min_nonzero_abs;
-  s.max_nonzero_abs = r.max_nonzero_abs;
-  s.max_blockwise_dynamic_range = r.max_blockwise_dynamic_range;
+  copy_unmerged_fields(r, s);
   return s;
 }
 
@@ -130,14 +136,7 @@ __device__ __forceinline__ StatRecord record_of(const StatSums& s) {
   r.mean = s.ref + q;
   const double m2 = s.s2 - s.s1 * q;
   r.m2 = m2 > 0 ? m2 : (isnan(m2) ? m2 : 0.0);
-  r.min = s.min;
-  r.max = s.max;
-  r.sum_abs = s.sum_abs;
-  r.sum_sq = s.sum_sq;
-  r.amax = s.amax;
-  r.min_nonzero_abs = s.min_nonzero_abs;
-  r.max_nonzero_abs = s.max_nonzero_abs;
-  r.max_blockwise_dynamic_range = s.max_blockwise_dynamic_range;
+  copy_unmerged_fields(s, r);
   return r;
 }
 
