@@ -210,8 +210,8 @@ TEST(ErrorHierarchy, AFaultedContextIsACudaError) {
   }
   const char* parts[] = {
       "the CUDA context has faulted: cudaErrorIllegalAddress",
-      "first seen by cudaLaunchKernel(...) at run.cpp:7 (launching 'k') during step 3 (fc1 "
-      "fprop) of the forward of sequence 'mlp'",
+      ("first seen by cudaLaunchKernel(...) at run.cpp:7 (launching 'k') during step 3 (fc1 "
+       "fprop) of the forward of sequence 'mlp'"),
       "OPFUSE_CHECK_EACH_STEP=1", "restart the process"};
   for (const char* part : parts)
     if (first.find(part) == std::string::npos) fail(("missing: " + first).c_str());
