@@ -88,6 +88,14 @@ void expect_records_match(const plan::StatSlot& slot, const TensorMoments& g,
   }
 }
 
+// LogTensorStats of `tensors` (a YAML list's items) of both layers: every statistic of a whole
+// tensor.
+std::string log_tensor_stats(const std::string& tensors) {
+  return "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n    LogTensorStats:\n"
+         "      tensors: [" +
+         tensors + "]\n      stats: [min, max, mean, std, l1_norm, l2_norm, dynamic_range]\n";
+}
+
 class DebugStatsGpu : public GpuStreamTest {
  protected:
   // Memory for every tensor the executor names but its results; the parameters, x ([tokens,
@@ -199,11 +207,9 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
   linear(256, 128) as fc2
 }
 )";
-  const auto routed_config = routed(
-      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n    LogTensorStats:\n"
-      "      tensors: [activation, weight, output, gradient, dgrad, wgrad]\n"
-      "      stats: [min, max, mean, std, l1_norm, l2_norm, dynamic_range]\n",
-      {"fc1", "fc2"}, false);
+  const auto routed_config =
+      routed(log_tensor_stats("activation, weight, output, gradient, dgrad, wgrad"), {"fc1", "fc2"},
+             false);
   const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
   ASSERT_TRUE(c);
   const plan::SequencePlan& plan = c->plan.sequences[0];
@@ -263,11 +269,8 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
   linear(256, 128, bias = false) as fc2
 }
 )";
-  const auto routed_config = routed(
-      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n    LogTensorStats:\n"
-      "      tensors: [activation, output, gradient, dgrad]\n"
-      "      stats: [min, max, mean, std, l1_norm, l2_norm, dynamic_range]\n",
-      {"fc1", "fc2"}, false);
+  const auto routed_config =
+      routed(log_tensor_stats("activation, output, gradient, dgrad"), {"fc1", "fc2"}, false);
   const auto c = compile_program("mlp", program, "", "", &routed_config->routing);
   ASSERT_TRUE(c);
   const plan::SequencePlan& plan = c->plan.sequences[0];
@@ -304,11 +307,8 @@ sequence mlp(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128]) uses fp8 {
   linear(256, 128) as fc2
 }
 )";
-  const auto routed_config = routed(
-      "all:\n  layers: {layer_types: [fc]}\n  transformer_engine:\n    LogTensorStats:\n"
-      "      tensors: [activation, gradient]\n"
-      "      stats: [min, max, mean, std, l1_norm, l2_norm, dynamic_range]\n",
-      {"fc1", "fc2"}, false);
+  const auto routed_config =
+      routed(log_tensor_stats("activation, gradient"), {"fc1", "fc2"}, false);
   const float tiny = std::ldexp(1.0f, -133);
   for (const std::string& program : {kProgram, fp8_program}) {
     SCOPED_TRACE(program);

@@ -346,6 +346,27 @@ TEST(DebugCaptures, QuantizedCopiesAreTheGemmsOperands) {
   EXPECT_FALSE(fs::exists(d / "fc2_weight.npy")) << "high_precision_tensor: false";
 }
 
+// `exec` (a one-layer linear(160, 96) program bound to `tokens` tokens) gets seeded parameters and
+// runs forward and backward (x [tokens, 160] with rows of very different magnitudes, so every
+// block row gets its own scale; dy [tokens, 96]); its captures go to IterationCaptures::finish
+// with `routing`, writing under `dir`. Returns x as the program read it.
+cpu::Tensor<float> run_and_finish_captures(cpu::ReferenceExecutor<float>& exec,
+                                           const Routing& routing, int64_t tokens,
+                                           const std::string& dir) {
+  cpu::init_params_from_seed(exec, 7);
+  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
+  for (int64_t k = 0; k < x.numel(); ++k) x.data[size_t(k)] *= std::ldexp(1.0f, -int(k / 160 % 9));
+  cpu::round_to_bf16(x.data);
+  exec.forward({x});
+  cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 0.1);
+  cpu::round_to_bf16(dy.data);
+  exec.backward({dy});
+  IterationCaptures it;
+  it.add_run(exec.sequence().captures, exec.captures());
+  (void)it.finish(routing, 0, dir, 0);
+  return x;
+}
+
 // Under float8_block_scaling the quantized dump holds the block copy's codes and its scale grid
 // without the layout's padding: [rows, ceil(cols / 128)] for the 1 x 128 blocks of the activation
 // and the gradient, [ceil(rows / 128), ceil(cols / 128)] for the weight's 128 x 128 ones.
@@ -378,19 +399,8 @@ sequence mlp(x: bf16[tokens, 160]) -> (y: bf16[tokens, 96]) uses fp8 {
 
   const int64_t tokens = 200;
   cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
-  cpu::init_params_from_seed(exec, 7);
-  cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
-  // Rows of very different magnitudes: every block row gets its own scale.
-  for (int64_t k = 0; k < x.numel(); ++k) x.data[size_t(k)] *= std::ldexp(1.0f, -int(k / 160 % 9));
-  cpu::round_to_bf16(x.data);
-  exec.forward({x});
-  cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 0.1);
-  cpu::round_to_bf16(dy.data);
-  exec.backward({dy});
   const std::string dir = test::make_temp_dir("captures_block");
-  IterationCaptures it;
-  it.add_run(seq.captures, exec.captures());
-  (void)it.finish(r->routing, 0, dir, 0);
+  const cpu::Tensor<float> x = run_and_finish_captures(exec, r->routing, tokens, dir);
   const fs::path d = dump_dir(dir, 0, 0);
 
   // The activation: its 1 x 128 row-wise copy, as the block quantizer makes it from x.
@@ -522,20 +532,8 @@ sequence mlp(x: bf16[tokens, 160]) -> (y: bf16[tokens, 96]) uses fp8 {
         {"fc1"}, true, 0, registry);
     const auto v = compile(program, &r->routing);
     const ir::Sequence& seq = v.program.sequences[0];
-    const int64_t tokens = 200;
-    cpu::ReferenceExecutor<float> exec(seq, {{"tokens", tokens}});
-    cpu::init_params_from_seed(exec, 7);
-    cpu::Tensor<float> x = cpu::seeded_normal({tokens, 160}, 11, 1.0);
-    for (int64_t k = 0; k < x.numel(); ++k)
-      x.data[size_t(k)] *= std::ldexp(1.0f, -int(k / 160 % 9));
-    cpu::round_to_bf16(x.data);
-    exec.forward({x});
-    cpu::Tensor<float> dy = cpu::seeded_normal({tokens, 96}, 13, 0.1);
-    cpu::round_to_bf16(dy.data);
-    exec.backward({dy});
-    IterationCaptures it;
-    it.add_run(seq.captures, exec.captures());
-    (void)it.finish(r->routing, 0, test::make_temp_dir("captures_probe"), 0);
+    cpu::ReferenceExecutor<float> exec(seq, {{"tokens", 200}});
+    (void)run_and_finish_captures(exec, r->routing, 200, test::make_temp_dir("captures_probe"));
 
     const auto& seen = *probe->seen_;
     ASSERT_EQ(seen.size(), 4u);
