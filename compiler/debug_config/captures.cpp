@@ -62,8 +62,6 @@ const std::unordered_map<uint32_t, uint8_t>& codes_of(bool e4m3) {
   return e4m3 ? e4m3_codes : e5m2_codes;
 }
 
-// The files of one quantized capture: codes, scale_inv and a description a reader can trust
-// without opfuse ({layer}_{tensor}_quantized{suffix}.*).
 }  // namespace
 
 std::vector<float> scale_grid(const plan::CaptureSlot& slot, const CapturedTensor& tensor,
@@ -93,6 +91,8 @@ std::vector<float> scale_grid(const plan::CaptureSlot& slot, const CapturedTenso
 
 namespace {
 
+// The files of one quantized capture: codes, scale_inv and a description a reader can trust
+// without opfuse ({layer}_{tensor}_quantized{suffix}.*).
 void write_quantized(const fs::path& dir, const std::string& stem, const plan::CaptureSlot& slot,
                      TensorKind kind, const CapturedTensor& tensor) {
   NpyArray codes{NpyType::Uint8, tensor.shape, {}, {}};
