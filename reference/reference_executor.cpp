@@ -144,8 +144,10 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
   s.scale_inv.assign(s.seq.values.size(), 1.0f);
   s.transposed.assign(s.seq.values.size(), false);
   auto mark_transposed = [&](const ir::Operation& op) {
-    if (op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") &&
-        s.seq.quantizers.at(size_t(op.quantizer)).columnwise_layout == plan::CopyLayout::Transposed)
+    if ((op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") &&
+         s.seq.quantizers.at(size_t(op.quantizer)).columnwise_layout ==
+             plan::CopyLayout::Transposed) ||
+        op.kind == OpKind::Fp8Transpose)
       s.transposed[op.results.back()] = true;
   };
   for (const ir::Operation& op : s.seq.ops) {

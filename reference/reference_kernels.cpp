@@ -285,6 +285,16 @@ void cast_fp8(ReferenceContext<T>& ctx, const ir::Operation& op) {
   }
 }
 
+// The column-wise copy of FP8 codes another op made (gather_fp8: after the all_gather): the same
+// codes transposed, under the same scale_inv; the quantizer's amax is not touched.
+template <typename T>
+void fp8_transpose(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& x = ctx.in(op, 0);
+  Tensor<T>& y = ctx.out(op, 0);
+  y.data = transpose<T>(x.data, x.rows(), x.cols());
+  ctx.scale_inv[op.results[0]] = ctx.scale_inv[op.operands[0]];
+}
+
 // make_extra_output, identity, reshape: a copy here, an alias on the GPU.
 template <typename T>
 void copy(ReferenceContext<T>& ctx, const ir::Operation& op) {
@@ -474,6 +484,8 @@ void all_gather(ReferenceContext<T>& ctx, const ir::Operation& op) {
   OPFUSE_ASSERT(v.size() == y.data.size(), "all_gather '{}': {} values for {}", op.instance,
                 v.size(), y.data.size());
   std::copy(v.begin(), v.end(), y.data.begin());
+  // FP8 codes (gather_fp8): every rank cast its share with the one scale of the whole tensor.
+  ctx.scale_inv[op.results[0]] = ctx.scale_inv[op.operands[0]];
 }
 
 template <typename T>
@@ -510,6 +522,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::AllGather, all_gather<T>},
     {OpKind::ReduceScatter, reduce_scatter<T>},
     {OpKind::CastFp8, cast_fp8<T>},
+    {OpKind::Fp8Transpose, fp8_transpose<T>},
     {OpKind::LayerNormBackward, layernorm_backward<T>},
     {OpKind::RMSNormBackward, rmsnorm_backward<T>},
     {OpKind::LinearDgrad, linear_dgrad<T>},

@@ -111,6 +111,27 @@ void emit_cast(SequenceBuilder& b, const Group& g) {
   }
 }
 
+// The transposed copy of FP8 codes made elsewhere (gather-fp8: gathered from the ranks): no
+// scale, no amax; the quantizer's scale_inv serves both copies.
+void emit_fp8_transpose(SequenceBuilder& b, const Group& g) {
+  require_only(b, g, {OpKind::Fp8Transpose});
+  const ir::Operation& op = *g.parts.front();
+  const ValueId x = op.operands.at(0);
+  const ir::Value& xv = b.value(x);
+  const int64_t cols = width_of(b, op, xv);
+  require_vector_width(b, op, cols, xv.type.dtype, "fp8_transpose");
+  const SymExpr rows = rows_of(xv);
+  const std::string what = fmt::format("transposed copy of {}", name_of(xv.type.dtype));
+  // Only backward reads the copy: an inference forward makes none (an empty grid).
+  WithoutTranspose none{"no " + what, GridRule{"tile", 0, 0, {{"rows", rows}, {"cols", cols}}},
+                        rules::kTileThreads, 0};
+  b.add_launch(g, what, "fp8_transpose", {spell(xv.type.dtype), spell(true)}, tile_grid(rows, cols),
+               rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, op)), bind_copy("y_t", b.buffer(op.results.at(0), op)),
+                bind_int("rows", rows), bind_int("cols", cols)},
+               std::move(none));
+}
+
 void emit_dbias(SequenceBuilder& b, const Group& g) {
   require_only(b, g, {OpKind::BiasGrad});
   const ir::Operation& op = *g.parts.front();

@@ -120,6 +120,7 @@ KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Opera
 // --------------------------------
 
 void emit_cast(SequenceBuilder& b, const Group& g);
+void emit_fp8_transpose(SequenceBuilder& b, const Group& g);
 
 // ---- statistics of a debug config (emit_stats.cpp) ----------------------------------------------
 

@@ -75,6 +75,8 @@ constexpr TemplateParam kFakeQuantizeParams[] = {
     {"Fp8", Kind::DType, ""},
 };
 constexpr TemplateParam kInputOnlyParams[] = {{"Input", Kind::DType, ""}};
+constexpr TemplateParam kFp8TransposeParams[] = {{"Fp8", Kind::DType, ""},
+                                                 {"kWriteTranspose", Kind::Bool, "true"}};
 constexpr TemplateParam kOutputOnlyParams[] = {{"Output", Kind::DType, ""}};
 constexpr TemplateParam kScaleUpdateParams[] = {{"kThreads", Kind::Int, "256"}};
 constexpr TemplateParam kStatsFinalParams[] = {{"kThreads", Kind::Int, "32"}};
@@ -111,6 +113,7 @@ constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"
 constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};
 constexpr std::string_view kFakeQuantizeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"};
 constexpr std::string_view kBf16Example[] = {"__nv_bfloat16"};
+constexpr std::string_view kFp8TransposeExample[] = {"__nv_fp8_e4m3", "true"};
 constexpr std::string_view kStatsFinalExample[] = {"32"};
 constexpr std::string_view kTensorStatsFinalExample[] = {"256"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
@@ -144,6 +147,9 @@ constexpr KernelTemplate kTable[] = {
           "ActivationBwdParams", kActivationBwdParams, kGatedActivationBwdExample),
     entry("cast_transpose", "cast_transpose.cuh", KernelFamily::Cast, "CastParams",
           kCastTransposeParams, kCastTransposeExample),
+    // The transposed copy of gathered FP8 codes (gather-fp8, tensor-parallel sequences).
+    entry("fp8_transpose", "cast_transpose.cuh", KernelFamily::Cast, "Fp8TransposeParams",
+          kFp8TransposeParams, kFp8TransposeExample),
     // Block scaling (float8_block_scaling): both copies and their scale grids in one pass.
     entry("block_cast_transpose", "block_cast.cuh", KernelFamily::Cast, "BlockCastParams",
           kBlockCastParams, kBlockCastExample),

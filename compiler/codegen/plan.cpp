@@ -517,9 +517,12 @@ SequencePlan SequenceBuilder::build() {
   out_.capture_slots = seq_.captures;
   out_.symbols = seq_.symbols();
   out_.symbols.emplace_back(kNumSmsSymbol);
-  // The transposed FP8 copy is the last result of a column-wise cast (plan-quantization).
+  // The transposed FP8 copy is the last result of a column-wise cast (plan-quantization), or the
+  // result of an fp8_transpose (gather_fp8).
   auto note_casts = [&](const ir::Operation& op) {
-    if (op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") && !op.results.empty())
+    if ((op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") &&
+         !op.results.empty()) ||
+        op.kind == OpKind::Fp8Transpose)
       columnwise_.insert(op.results.back());
   };
   for (const ir::Operation& op : seq_.ops) {

@@ -233,6 +233,7 @@ void emit_group(SequenceBuilder& b, const Group& g) {
   if (find_part(g, ir::is_pointwise_backward)) return emit_activation_bwd(b, g);
   if (g.find({OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd})) return emit_bias_add(b, g);
   if (g.find({OpKind::CastFp8})) return emit_cast(b, g);
+  if (g.find({OpKind::Fp8Transpose})) return emit_fp8_transpose(b, g);
   if (g.find({OpKind::TensorStats})) return emit_tensor_stats(b, g);
   if (g.find({OpKind::TensorCapture})) return emit_tensor_capture(b, g);
   if (g.find({OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter}))

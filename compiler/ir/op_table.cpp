@@ -393,6 +393,10 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
     // ---- internal ops: made by passes (docs/architecture.md, "Training graph"); no backward ----
     {OpKind::CastFp8, "cast_fp8", KernelFamily::Cast, kCastFp8Attrs, nullptr,
      "[..., k] -> e4m3|e5m2[..., k] and/or [k, ...]", "FP8 cast with the op's quantizer"},
+    {OpKind::Fp8Transpose, "fp8_transpose", KernelFamily::Cast, kNoAttrs, nullptr,
+     "e4m3|e5m2[..., k] -> [k, ...]",
+     "the transposed (column-wise) copy of an FP8 tensor: the same codes under the same "
+     "quantizer, no rescaling"},
     {OpKind::LayerNormBackward, "layernorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,
      "(dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)", "LayerNorm backward"},
     {OpKind::RMSNormBackward, "rmsnorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,

@@ -107,6 +107,19 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
       if (!ok)
         bad(fmt::format("{} (cast_fp8) results do not match its input and attributes", where));
     }
+    if (op.kind == OpKind::Fp8Transpose && problems.empty()) {
+      const Value& in = s.values[op.operands.at(0)];
+      const bool ok = op.results.size() == 1 && dtype_is_fp8(in.type.dtype) && in.quantizer >= 0 &&
+                      op.quantizer == in.quantizer &&
+                      s.values[op.results[0]].quantizer == in.quantizer &&
+                      s.values[op.results[0]].type ==
+                          TensorType{in.type.dtype, transposed_shape(in.type.shape)};
+      if (!ok)
+        bad(
+            fmt::format("{} (fp8_transpose) is not the transposed copy of an FP8 value under its "
+                        "quantizer",
+                        where));
+    }
     // Re-run the shape rule: a pass must never leave an op whose result type disagrees with it.
     if (problems.empty() && info.shape_rule != nullptr && op.attrs.size() == info.attrs.size() &&
         !op.results.empty() && op.phase == Phase::Forward) {
@@ -129,7 +142,7 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
   for (size_t i = 0; i < s.ops.size(); ++i) {
     const Operation& op = s.ops[i];
     if (!instances.insert(fmt::format("{}/{}", op.instance, phase_name(op.phase))).second &&
-        op.phase == Phase::Forward && op.kind != OpKind::CastFp8)
+        op.phase == Phase::Forward && op.kind != OpKind::CastFp8 && op.kind != OpKind::Fp8Transpose)
       bad(fmt::format("op {} repeats the layer name '{}'", i, op.instance));
     if (op.phase == Phase::Backward) seen_backward = true;
     if (op.phase == Phase::Forward && seen_backward)

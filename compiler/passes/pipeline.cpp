@@ -5,6 +5,7 @@
 #include "passes/debug_modify.h"
 #include "passes/eliminate_aliases.h"
 #include "passes/fuse.h"
+#include "passes/gather_fp8.h"
 #include "passes/plan_quantization.h"
 
 namespace opfuse::passes {
@@ -45,6 +46,13 @@ std::vector<Pass> default_pipeline() {
       {"debug-capture-quantized",
        "place the captures of the FP8 copies a debug config's routing asks for",
        debug_capture_quantized},
+      // After plan-quantization (it moves the casts it made; without them it finds nothing to
+      // move) and debug-capture-quantized (a capture of the FP8 copy then reads the gathered
+      // codes), before fusion (the cast of a rank's share folds into the norm before it).
+      {"gather-fp8",
+       "cast a tensor-parallel all_gather's input before it and gather FP8 codes (TE's FP8 "
+       "all-gather)",
+       gather_fp8},
       // Forward before backward: dgelu_bgrad fuses a backward GELU only where the forward GELU
       // became a GELU_AUX_BIAS epilogue (whose aux buffer it reads).
       {"fuse-forward",

@@ -133,6 +133,46 @@ TEST_F(TemplatesGpu, CastTransposeBf16ToE4m3MatchesCpuBitForBit) {
   cudaFree(d_x), cudaFree(d_y), cudaFree(d_yt), cudaFree(d_scale), cudaFree(d_amax);
 }
 
+struct Fp8TransposeParams {  // Fp8TransposeParams<__nv_fp8_e4m3>
+  const void* x;
+  void* y_t;
+  int rows;
+  int cols;
+};
+
+// The transposed copy of gathered codes: every byte moved, none rescaled, for row counts that
+// are and are not multiples of the 16-row store and the 128-row tile, and a partial column tile.
+TEST_F(TemplatesGpu, Fp8TransposeMovesEveryCodeUnchanged) {
+  cudaKernel_t kernel =
+      load("#include \"cast_transpose.cuh\"\n", "opfuse::fp8_transpose<__nv_fp8_e4m3, true>");
+  ASSERT_EQ(kernel_.spill_store_bytes, 0);
+  std::mt19937 rng(11);
+  for (const auto& [rows, cols] : {std::pair{256, 128}, std::pair{200, 80}, std::pair{37, 16}}) {
+    SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+    std::vector<uint8_t> x(size_t(rows) * cols);
+    for (auto& v : x) v = uint8_t(rng());  // every code, NaN (0x7F, 0xFF) included
+    uint8_t* d_x = device_copy(x);
+    uint8_t* d_yt = nullptr;
+    CUDA_OK(cudaMalloc(&d_yt, x.size() + 64));
+    CUDA_OK(cudaMemset(d_yt, 0xAB, x.size() + 64));  // poison, and a guard band after the end
+    Fp8TransposeParams params{d_x, d_yt, rows, cols};
+    void* args[] = {&params};
+    // A smaller grid.y than the tile count walks the row tiles with a stride.
+    const dim3 grid(launch::tile_grid_x(cols), 1);
+    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
+                             dim3(launch::kTileThreads), args, 0, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto y_t = host_copy(d_yt, x.size() + 64);
+    size_t mismatches = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c)
+        mismatches += y_t[size_t(c) * rows + r] != x[size_t(r) * cols + c];
+    EXPECT_EQ(mismatches, 0u);
+    for (size_t i = x.size(); i < y_t.size(); ++i) EXPECT_EQ(y_t[i], 0xAB) << "wrote past the end";
+    cudaFree(d_x), cudaFree(d_yt);
+  }
+}
+
 // Current scaling measured in one launch: every block raises the amax, the last block to arrive
 // derives scale and scale_inv (derive_current_scale) and returns the arrival count to 0.
 struct CurrentScaleState {

@@ -357,23 +357,18 @@ std::vector<float> concat(const std::vector<Run>& runs, std::vector<float> Run::
   return out;
 }
 
-void expect_sharded_equals_unsharded(int tp, bool sp, const std::string& recipe, double tol) {
-  SCOPED_TRACE(fmt::format("tp = {}, sp = {}, {}", tp, sp, recipe));
-  fp8_metric = recipe != "bf16";
-  const ir::Program whole = compile(mlp(1, false, recipe));
-  const ir::Program split = compile(mlp(tp, sp, recipe));
-  const Data d = make_data(whole);
-  cpu::ReferenceExecutor<float> one(whole.sequences.at(0), {{"tokens", kTokens}});
-  const Run want = run_rank(one, d, 1, 0, false);
-
+// Every rank of `split` run on its own thread over one simulated group; `executors` keeps them
+// (their quantizers) for the caller.
+std::vector<Run> run_sharded(const ir::Sequence& split, const Data& d, int tp, bool sp,
+                             std::vector<cpu::ReferenceExecutor<float>>& executors) {
   cpu::SimulatedGroup group(tp);
   std::vector<Run> runs(static_cast<size_t>(tp));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(tp));
-  std::vector<cpu::ReferenceExecutor<float>> executors;
+  executors.clear();
   for (int r = 0; r < tp; ++r) {
     cpu::ReferenceOptions o;
     o.group = &group.rank(r);
-    executors.emplace_back(split.sequences.at(0), cpu::Bindings{{"tokens", kTokens}}, o);
+    executors.emplace_back(split, cpu::Bindings{{"tokens", kTokens}}, o);
   }
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(tp));
@@ -388,6 +383,19 @@ void expect_sharded_equals_unsharded(int tp, bool sp, const std::string& recipe,
   for (std::thread& t : threads) t.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
+  return runs;
+}
+
+void expect_sharded_equals_unsharded(int tp, bool sp, const std::string& recipe, double tol) {
+  SCOPED_TRACE(fmt::format("tp = {}, sp = {}, {}", tp, sp, recipe));
+  fp8_metric = recipe != "bf16";
+  const ir::Program whole = compile(mlp(1, false, recipe));
+  const ir::Program split = compile(mlp(tp, sp, recipe));
+  const Data d = make_data(whole);
+  cpu::ReferenceExecutor<float> one(whole.sequences.at(0), {{"tokens", kTokens}});
+  const Run want = run_rank(one, d, 1, 0, false);
+  std::vector<cpu::ReferenceExecutor<float>> executors;
+  const std::vector<Run> runs = run_sharded(split.sequences.at(0), d, tp, sp, executors);
 
   if (sp) {
     EXPECT_LE(relative_error(concat(runs, &Run::y), want.y), tol) << "y";
@@ -444,6 +452,136 @@ TEST(ParallelReference, ShardedEqualsUnshardedFp8Delayed) {
 TEST(ParallelReference, ShardedEqualsUnshardedFp8Current) {
   expect_sharded_equals_unsharded(2, false, "current", 3e-2);
   expect_sharded_equals_unsharded(2, true, "current", 3e-2);
+}
+
+// ---- the FP8 all-gather (passes/gather_fp8.h)
+// ----------------------------------------------------
+
+// The training graph of `text` as the reference runs it, with gather-fp8 or without.
+ir::Sequence lowered(const std::string& text, bool gather_fp8) {
+  driver::CompileOptions unfused;
+  unfused.disabled_passes = {"eliminate-aliases", "fuse-forward", "fuse-backward"};
+  if (!gather_fp8) unfused.disabled_passes.insert("gather-fp8");
+  unfused.last_stage = driver::Stage::Passes;
+  driver::CompileResult r = driver::compile_ir(compile(text), nullptr, nullptr, unfused);
+  EXPECT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+  return std::move(r.program.sequences.at(0));
+}
+
+// The dtypes every all_gather of `s` moves, in op order.
+std::vector<ir::DType> gathered_dtypes(const ir::Sequence& s) {
+  std::vector<ir::DType> out;
+  for (const ir::Operation& op : s.ops)
+    if (op.kind == ir::OpKind::AllGather) out.push_back(s.value(op.operands.at(0)).type.dtype);
+  return out;
+}
+
+size_t count_ops(const ir::Sequence& s, ir::OpKind kind) {
+  return size_t(std::ranges::count_if(s.ops, [&](const ir::Operation& op) {
+    return op.kind == kind || std::ranges::any_of(op.parts, [&](const ir::Operation& part) {
+             return part.kind == kind;
+           });
+  }));
+}
+
+TEST(ParallelGatherFp8, SequenceParallelGathersCastOnceBeforeTheGather) {
+  using ir::DType;
+  const ir::Sequence s = lowered(mlp(2, true, "delayed"), true);
+  // fc1's input in forward, fc2's output gradient in backward: E4M3 and E5M2 codes on the wire.
+  EXPECT_EQ(gathered_dtypes(s), (std::vector<DType>{DType::E4M3, DType::E5M2}));
+  EXPECT_EQ(count_ops(s, ir::OpKind::Fp8Transpose), 2u);
+  for (const ir::Operation& op : s.ops) {
+    if (op.kind != ir::OpKind::AllGather) continue;
+    // The cast reads the rank's share and makes only the row-wise copy; the gathered codes keep
+    // the cast's quantizer (GEMMs read its scale_inv) and the transpose the column-wise copy.
+    const ir::Value& share = s.value(op.operands.at(0));
+    ASSERT_GE(share.producer, 0);
+    const ir::Operation& cast = s.ops.at(size_t(share.producer));
+    EXPECT_EQ(cast.kind, ir::OpKind::CastFp8);
+    EXPECT_TRUE(ir::attr_bool(cast.attrs, "rowwise"));
+    EXPECT_FALSE(ir::attr_bool(cast.attrs, "columnwise"));
+    EXPECT_EQ(share.type.shape.at(0).divisor, 2);
+    const ir::Value& gathered = s.value(op.results.at(0));
+    EXPECT_EQ(gathered.quantizer, cast.quantizer);
+    EXPECT_EQ(s.quantizers.at(size_t(cast.quantizer)).source, cast.operands.at(0));
+  }
+  // Without the pass the gathers move bf16 and the casts follow them.
+  EXPECT_EQ(gathered_dtypes(lowered(mlp(2, true, "delayed"), false)),
+            (std::vector<DType>{DType::BF16, DType::BF16}));
+  EXPECT_EQ(count_ops(lowered(mlp(2, true, "delayed"), false), ir::OpKind::Fp8Transpose), 0u);
+}
+
+TEST(ParallelGatherFp8, LeavesGathersItCannotCastFirst) {
+  using ir::DType;
+  // bf16: nothing to cast; no sequence parallelism: no gather.
+  EXPECT_EQ(gathered_dtypes(lowered(mlp(2, true, "bf16"), true)),
+            (std::vector<DType>{DType::BF16, DType::BF16}));
+  EXPECT_TRUE(gathered_dtypes(lowered(mlp(2, false, "delayed"), true)).empty());
+  // Block scaling: the column-wise 128 x 1 blocks come from high-precision values.
+  std::string block = mlp(2, true, "bf16");
+  block.replace(0, block.find('\n'), "recipe r = float8_block_scaling()");
+  EXPECT_EQ(gathered_dtypes(lowered(block, true)), (std::vector<DType>{DType::BF16, DType::BF16}));
+  // A gathered tensor that is also an output (read as bf16) stays bf16, in the reference's
+  // graph (make_extra_output reads it) and in the fused one (the alias is eliminated and the
+  // gathered value is the output itself).
+  const std::string both = std::string(recipe_line("delayed")) + R"(const hidden = 64
+sequence s(x: bf16[tokens / tp, hidden]) -> (y: bf16[tokens / tp, hidden], g: bf16[tokens, hidden])
+    uses r with parallel(tp = 2, sp = true) {
+  all_gather()
+  make_extra_output(g)
+  linear(hidden, 128, parallel = column)
+  linear(128, hidden, parallel = row)
+}
+)";
+  EXPECT_EQ(gathered_dtypes(lowered(both, true)).at(0), DType::BF16);
+  driver::CompileOptions fused;
+  fused.last_stage = driver::Stage::Passes;
+  driver::CompileResult r = driver::compile_ir(compile(both), nullptr, nullptr, fused);
+  ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+  EXPECT_EQ(gathered_dtypes(r.program.sequences.at(0)).at(0), DType::BF16);
+}
+
+// Casting each rank's share with the scale of the whole tensor makes the very codes the cast of
+// the gathered tensor made: outputs, gradients and quantizer state equal bit for bit.
+void expect_gather_fp8_changes_nothing(int tp, const std::string& recipe) {
+  SCOPED_TRACE(fmt::format("tp = {}, {}", tp, recipe));
+  const Data d = make_data(compile(mlp(1, false, recipe)));
+  std::vector<cpu::ReferenceExecutor<float>> with_executors, without_executors;
+  const std::vector<Run> with =
+      run_sharded(lowered(mlp(tp, true, recipe), true), d, tp, true, with_executors);
+  const std::vector<Run> without =
+      run_sharded(lowered(mlp(tp, true, recipe), false), d, tp, true, without_executors);
+  for (size_t r = 0; r < with.size(); ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    EXPECT_EQ(with[r].y, without[r].y);
+    EXPECT_EQ(with[r].dx, without[r].dx);
+    EXPECT_EQ(with[r].y2, without[r].y2);
+    EXPECT_EQ(with[r].grads, without[r].grads);
+    const auto q = with_executors[r].quantizers(), q_without = without_executors[r].quantizers();
+    ASSERT_EQ(q.size(), q_without.size());
+    for (size_t i = 0; i < q.size(); ++i) {
+      SCOPED_TRACE(q[i].name);
+      EXPECT_EQ(q[i].scale, q_without[i].scale);
+      // Slot 0 holds the amax of the step in progress (the forward after step()): each rank's
+      // part's until the next step() reduces it, so the max over the ranks must agree.
+      ASSERT_FALSE(q[i].amax_history.empty());
+      EXPECT_EQ(std::vector<float>(q[i].amax_history.begin() + 1, q[i].amax_history.end()),
+                std::vector<float>(q_without[i].amax_history.begin() + 1,
+                                   q_without[i].amax_history.end()));
+      auto slot0 = [&](const std::vector<cpu::ReferenceExecutor<float>>& ranks) {
+        float m = 0.0f;
+        for (const auto& e : ranks) m = std::max(m, e.quantizers()[i].amax_history[0]);
+        return m;
+      };
+      EXPECT_EQ(slot0(with_executors), slot0(without_executors));
+    }
+  }
+}
+
+TEST(ParallelGatherFp8, CastBeforeTheGatherEqualsCastAfterItBitForBit) {
+  expect_gather_fp8_changes_nothing(2, "delayed");
+  expect_gather_fp8_changes_nothing(4, "delayed");
+  expect_gather_fp8_changes_nothing(2, "current");
 }
 
 TEST(ParallelReference, CollectivesAreExactAndOrdered) {

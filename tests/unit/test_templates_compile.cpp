@@ -288,6 +288,14 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(block_cast_case(arch, in));
       cases.push_back(block_fake_quantize_case(arch, in));
     }
+    // The transposed copy of gathered FP8 codes (gather-fp8): one kernel per format.
+    cases.push_back({"fp8_transpose_" + arch,
+                     "cast_transpose.cuh",
+                     {"opfuse::fp8_transpose<" + args({kE4m3, "true"}) + ">",
+                      "opfuse::fp8_transpose<" + args({kE5m2, "true"}) + ">",
+                      "opfuse::fp8_transpose<" + args({kE4m3, "false"}) + ">"},
+                     arch,
+                     launch::kTileRegisterBudget});
     cases.push_back({"scale_update_" + arch,
                      "scale_update.cuh",
                      {"opfuse::update_scales<256>", "opfuse::update_scales<128>",

@@ -4,10 +4,6 @@
 //
 // Used by:
 //   sequence mlp, forward:
-//     cast_fp8 "fc1.input" (mlp_tp.fuse:15)
-//     cast bf16 -> e4m3 + transposed copy
-//     quantizers: fc1.input (e4m3)
-//   sequence mlp, forward:
 //     cast_fp8 "fc1.weight" (mlp_tp.fuse:15)
 //     cast bf16 -> e4m3 + transposed copy
 //     quantizers: fc1.weight (e4m3)
