@@ -335,15 +335,19 @@ void ReferenceExecutor<T>::set_quantizer_states(const std::vector<QuantizerInfo>
 
 template <typename T>
 void ReferenceExecutor<T>::step() {
-  if (state_->group) {
+  // Every per-tensor quantizer's amax of this step, max-reduced over the tensor-parallel ranks,
+  // then over the data-parallel replicas (the max over all of them), as the GPU reduces its one
+  // array of amaxes: delayed scaling derives its next scale from it; a current-scaling amax was
+  // used already (over the ranks it is the reduced one anyway) and is only reported.
+  for (Collectives* group : {state_->group, state_->options.amax_group}) {
+    if (group == nullptr) continue;
     std::vector<double> amax;
     for (const Quantizer& q : state_->quantizers)
-      if (!q.current_scaling && !q.block_scaled) amax.push_back(q.state.amax_history.at(0));
-    state_->group->all_reduce(amax, ReduceKind::Max);
+      if (!q.block_scaled) amax.push_back(q.state.amax_history.at(0));
+    group->all_reduce(amax, ReduceKind::Max);
     size_t i = 0;
     for (Quantizer& q : state_->quantizers)
-      if (!q.current_scaling && !q.block_scaled)
-        q.state.amax_history[0] = static_cast<float>(amax[i++]);
+      if (!q.block_scaled) q.state.amax_history[0] = static_cast<float>(amax[i++]);
   }
   for (Quantizer& q : state_->quantizers) end_step(q);
 }

@@ -34,6 +34,11 @@ struct ReferenceOptions {
   // (reference/collectives.h), which the collectives and the FP8 amax reductions use. Every rank's
   // executor runs on its own thread and makes the same calls. Null for tp = 1.
   Collectives* group = nullptr;
+  // The data-parallel group (TE's amax reduction group): replicas of this sequence (each rank of
+  // a tensor-parallel one) that train on other data. step() max-reduces every delayed-scaling
+  // quantizer's amax over it, after the tensor-parallel group's, so every replica updates the
+  // same scales. Current scaling stays per replica (each casts its own tensors). Null: none.
+  Collectives* amax_group = nullptr;
 };
 
 // A quantizer as shown to users and tests.

@@ -61,9 +61,10 @@ struct Session::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<gpu::PlanModules> modules;
   std::unique_ptr<gpu::GemmRunner> gemms;
-  std::unique_ptr<comm::Communicator> communicator;  // tensor-parallel sequences
-  int rank = 0;                                      // this process's, of plan->parallel.tp
-  std::unique_ptr<gpu::SequenceExecutor> executor;   // the plain plan's
+  std::unique_ptr<comm::Communicator> communicator;       // tensor-parallel sequences
+  std::unique_ptr<comm::Communicator> amax_communicator;  // SessionOptions::amax_group
+  int rank = 0;                                           // this process's, of plan->parallel.tp
+  std::unique_ptr<gpu::SequenceExecutor> executor;        // the plain plan's
   // With a debug config: the variants' executors and the iteration loop. exec() is the executor
   // of the variant that runs now.
   std::unique_ptr<api::DebugSession> debug;
@@ -195,6 +196,12 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
                           s.plan->parallel.tp, s.plan->parallel.tp)
             : "the sequence has no `with parallel(tp = N)`; run it in one process"));
   }
+  const ParallelOptions& group = options.amax_group;
+  if (group.size < 1 || group.rank < 0 || group.rank >= group.size) {
+    throw UsageError(fmt::format(
+        "SessionOptions::amax_group: rank {} of {} is not a place in a group of replicas",
+        group.rank, group.size));
+  }
   if (p.debug && s.plan->parallel.active()) {
     throw UsageError(fmt::format(
         "sequence '{}' is tensor-parallel and the program has a precision-debug config: the "
@@ -207,21 +214,40 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   s.executor->set_auto_graph(options.auto_graph);
   // A one-rank sequence given an NCCL id runs its collectives through a one-rank communicator
   // (ParallelOptions::nccl_id): the path of N ranks, on one GPU.
-  if (s.plan->parallel.active() || !par.nccl_id.empty()) {
+  // The group's communicator: from the application's NCCL id, or rank 0's id exchanged through
+  // a file in the shared bootstrap directory.
+  auto connect = [](const ParallelOptions& group, const char* field) {
     comm::UniqueId id;
-    if (!par.nccl_id.empty()) {
-      id = comm::unique_id_from_hex(par.nccl_id);
+    if (!group.nccl_id.empty()) {
+      id = comm::unique_id_from_hex(group.nccl_id);
     } else {
-      if (par.bootstrap_dir.empty() || par.job.empty())
-        throw UsageError("SessionOptions::parallel needs nccl_id, or bootstrap_dir and job");
-      id = comm::exchange_unique_id(par.bootstrap_dir, par.job, par.rank, par.size,
-                                    std::chrono::seconds(par.timeout_s));
+      if (group.bootstrap_dir.empty() || group.job.empty())
+        throw UsageError(
+            fmt::format("SessionOptions::{} needs nccl_id, or bootstrap_dir and job", field));
+      id = comm::exchange_unique_id(group.bootstrap_dir, group.job, group.rank, group.size,
+                                    std::chrono::seconds(group.timeout_s));
     }
-    s.communicator = std::make_unique<comm::Communicator>(id, par.rank, par.size);
+    auto communicator = std::make_unique<comm::Communicator>(id, group.rank, group.size);
+    if (group.nccl_id.empty() && group.rank == 0)
+      comm::remove_unique_id_file(group.bootstrap_dir, group.job);
+    return communicator;
+  };
+  if (s.plan->parallel.active() || !par.nccl_id.empty()) {
+    s.communicator = connect(par, "parallel");
     s.rank = par.rank;
-    if (par.nccl_id.empty() && par.rank == 0)
-      comm::remove_unique_id_file(par.bootstrap_dir, par.job);
     s.executor->set_communicator(s.communicator.get());
+  }
+  // The data-parallel group (note "Amax reduction" in gpu/plan_executor.cpp).
+  const ParallelOptions& dp = options.amax_group;
+  if (dp.size > 1 || !dp.nccl_id.empty()) {
+    if (p.debug) {
+      throw UsageError(fmt::format(
+          "sequence '{}': SessionOptions::amax_group and a precision-debug config: the debug "
+          "variants do not reduce their amaxes over a data-parallel group yet",
+          s.plan->name));
+    }
+    s.amax_communicator = connect(dp, "amax_group");
+    s.executor->set_amax_communicator(s.amax_communicator.get());
   }
   if (p.debug) {
     s.debug = std::make_unique<api::DebugSession>(p.debug, s.plan->name, options.debug, *s.gemms,

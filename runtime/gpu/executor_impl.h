@@ -174,7 +174,7 @@ struct SequenceExecutor::Impl {
   std::pair<std::uintptr_t, std::uintptr_t> range_of(int root) const;
   // Tensor-parallel delayed scaling: the max of every delayed quantizer's amax over the ranks,
   // in place, before the scale update (one NCCL group).
-  bool reduces_amaxes() const;  // a communicator and delayed-scaling quantizers
+  bool reduces_amaxes() const;  // a communicator or an amax group, and delayed-scaling quantizers
   void reduce_amaxes(cudaStream_t stream);
   // OPFUSE_CHECK_EACH_STEP=1: waits for step `index` (which ran `work`) and reports a fault as
   // that step's (note "Faulted context", gpu/cuda_check.h). Nothing while `stream` is capturing.
@@ -196,7 +196,9 @@ struct SequenceExecutor::Impl {
   const SequencePlan& plan;
   const PlanModules& modules;
   GemmRunner& gemms;
-  comm::Communicator* communicator = nullptr;           // tensor-parallel plans (set_communicator)
+  comm::Communicator* communicator = nullptr;  // tensor-parallel plans (set_communicator)
+  comm::Communicator* amax_communicator =
+      nullptr;  // the data-parallel group (note "Amax reduction")
   std::unique_ptr<CollectiveStream> collective_stream;  // with a communicator
   std::vector<PendingCollective> pending_collectives;
   int collective_sms = 0;  // SMs a GEMM leaves to a collective in flight

@@ -326,9 +326,11 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
 // all quantizers sit in one contiguous section of the quantizer state (gpu/quantizer_state.h), so
 // this is ONE all-reduce (MAX) of count 16-byte slots per step, whatever the number of
 // quantizers; the padding and the slots of other quantizers are zero on every rank and stay so.
-// A benchmark's observer sees it as the step after the plan's last (step_profiles).
+// A benchmark's observer sees it as the step after the plan's last (step_profiles). Data-parallel
+// replicas (set_amax_communicator) reduce the same array once more over their group: the max over
+// every rank of every replica, TE's amax reduction over its fp8 group.
 bool SequenceExecutor::Impl::reduces_amaxes() const {
-  if (communicator == nullptr || !quantizers) return false;
+  if ((communicator == nullptr && amax_communicator == nullptr) || !quantizers) return false;
   for (int i = 0; i < quantizers->count(); ++i) {
     const QuantizerSettings& q = quantizers->settings(i);
     if (!q.current_scaling && !q.block_scaled) return true;
@@ -340,9 +342,16 @@ void SequenceExecutor::Impl::reduce_amaxes(cudaStream_t stream) {
   if (!reduces_amaxes()) return;
   const int index = static_cast<int>(plan.steps.size());
   if (observer != nullptr) observer->before(index, stream);
-  communicator->all_reduce(quantizers->amaxes(), quantizers->amaxes(), quantizers->amaxes_floats(),
-                           plan::DType::FP32, comm::ReduceOp::Max, stream);
+  for (comm::Communicator* group : {communicator, amax_communicator}) {
+    if (group == nullptr) continue;
+    group->all_reduce(quantizers->amaxes(), quantizers->amaxes(), quantizers->amaxes_floats(),
+                      plan::DType::FP32, comm::ReduceOp::Max, stream);
+  }
   if (observer != nullptr) observer->after(index, stream);
+}
+
+void SequenceExecutor::set_amax_communicator(comm::Communicator* communicator) {
+  impl_->amax_communicator = communicator;
 }
 
 void SequenceExecutor::end_step(cudaStream_t stream) {
@@ -545,8 +554,13 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     profile.index = static_cast<int>(s.plan.steps.size());
     profile.phase = plan::Phase::Backward;
     profile.kind = StepProfile::Kind::Collective;
-    profile.what = fmt::format("amax all-reduce (max over {} ranks, {} quantizers)",
-                               s.plan.parallel.tp, s.quantizers->count());
+    profile.what = fmt::format("amax all-reduce (max over {}{}, {} quantizers)",
+                               s.communicator ? fmt::format("{} ranks", s.plan.parallel.tp) : "",
+                               s.amax_communicator ? fmt::format("{}{} data-parallel replicas",
+                                                                 s.communicator ? " and " : "",
+                                                                 s.amax_communicator->size())
+                                                   : "",
+                               s.quantizers->count());
     profile.bytes_read = profile.bytes_written = s.quantizers->amaxes_floats() * sizeof(float);
     profile.end_of_step = true;
     profiles.push_back(std::move(profile));

@@ -119,6 +119,11 @@ class SequenceExecutor {
   // which must outlive the executor and have plan.parallel.tp ranks. A one-rank plan needs none
   // (its collectives are copies); given a one-rank communicator it makes NCCL's calls instead.
   void set_communicator(comm::Communicator* communicator);
+  // The data-parallel group (TE's amax reduction group): replicas of this plan (of this rank of
+  // a tensor-parallel one) training on other data. end_step() max-reduces the delayed-scaling
+  // amaxes over it too, after the tensor-parallel ranks', so every replica updates the same
+  // scales (note "Amax reduction"). Must outlive the executor; null: none.
+  void set_amax_communicator(comm::Communicator* communicator);
 
   // Sets the run-time sizes (every symbol of plan.symbols but num_sms, which comes from the
   // device) and places the buffers for them. Throws UsageError, launching nothing, for a missing

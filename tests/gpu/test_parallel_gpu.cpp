@@ -30,6 +30,7 @@
 #include "opfuse/error.h"
 #include "opfuse/program.h"
 #include "plan/parallel.h"
+#include "reference/collectives.h"
 #include "reference/reference_executor.h"
 #include "test_support.h"
 
@@ -294,6 +295,137 @@ TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceFp8Current) {
   expect_two_ranks_match_the_reference("current", 6e-2);
 }
 
+// ---- the data-parallel group's amax reduction (SessionOptions::amax_group) ---------------------
+
+// One data-parallel replica (started by run_ranks): the one-rank MLP on its own data, with the
+// launcher's group as its amax group; trains one step and writes its quantizers' scales and the
+// output after the step.
+TEST(ParallelGpuChild, DISABLED_Replica) {
+  ParallelOptions group = ParallelOptions::from_environment();
+  ASSERT_EQ(group.size, 2) << "run by ParallelGpu tests only";
+  ASSERT_EQ(cudaSetDevice(group.rank), cudaSuccess);
+  const fs::path dir = std::getenv("OPFUSE_TEST_DATA");
+  const Program program = Program::compile(mlp(1, "delayed"), "mlp.fuse");
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct StreamOwner {  // outlives the session, which frees its memory on the stream
+    cudaStream_t stream;
+    ~StreamOwner() { cudaStreamDestroy(stream); }
+  } owner{stream};
+  SessionOptions options;
+  options.amax_group = group;  // `parallel` stays one rank: the sequence is not split
+  Session session(program, "mlp", stream, options);
+  session.bind({{"tokens", kTokens}});
+  std::vector<std::unique_ptr<test::DeviceArray>> memory;
+  auto upload = [&](const std::string& name, const std::vector<float>& values) {
+    memory.push_back(std::make_unique<test::DeviceArray>(values.size() * 2));
+    test::upload_bf16(*memory.back(), values);
+    session.set_tensor(name, memory.back()->data());
+  };
+  const std::string mine = "replica" + std::to_string(group.rank);
+  upload("x", read_floats(dir / (mine + "_x.bin")));
+  upload("dy", read_floats(dir / (mine + "_dy.bin")));
+  for (const TensorInfo& t : session.tensors())
+    if (t.kind == TensorKind::Param)
+      upload(t.name, read_floats(dir / (file_name(t.name) + ".bin")));
+  session.forward(stream);
+  session.backward(stream);
+  session.step(stream);
+  session.forward(stream);
+  std::vector<float> scales;
+  for (const QuantizerStatus& q : session.quantizers(stream)) scales.push_back(q.scale);
+  write_floats(dir / (mine + "_scales.bin"), scales);
+  write_floats(dir / (mine + "_y2.bin"),
+               test::download_bf16(session.output("y"), size_t(kTokens * kHidden)));
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+}
+
+// Two replicas on two GPUs train on different data (the second's rows carry a spike the
+// LayerNorm keeps, and smaller gradients): with an amax group their step() max-reduces every
+// delayed amax over NCCL, so both use the scales of the CPU reference's two replicas joined by
+// a simulated amax group, which differ from what either replica derives alone.
+TEST_F(ParallelGpu, DataParallelReplicasShareTheirDelayedScales) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  const auto whole = load_program_from_source("mlp.fuse", mlp(1, "delayed"), sources, diags);
+  ASSERT_TRUE(whole) << diags.format_all();
+  const fs::path dir = fs::temp_directory_path() / "opfuse-parallel-gpu-replicas";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::mt19937_64 rng(13);
+  std::map<std::string, std::vector<float>> params;
+  {
+    cpu::ReferenceExecutor<float> shapes(whole->sequences.at(0), {{"tokens", kTokens}});
+    for (const std::string& name : shapes.param_names()) {
+      const bool gamma = name.find("layernorm") != std::string::npos && name.ends_with("weight");
+      params[name] =
+          test::random_bf16(shapes.param(name).data.size(), 0.05, rng, gamma ? 1.0 : 0.0);
+      write_floats(dir / (file_name(name) + ".bin"), params[name]);
+    }
+  }
+  std::vector<float> x[2], dy[2];
+  for (int r = 0; r < 2; ++r) {
+    x[r] = test::random_bf16(size_t(kTokens * kHidden), 1.0, rng);
+    dy[r] = test::random_bf16(size_t(kTokens * kHidden), r == 0 ? 0.1 : 0.02, rng);
+  }
+  for (int64_t row = 0; row < kTokens; ++row) x[1][size_t(row * kHidden + row % kHidden)] = 40.0f;
+  for (int r = 0; r < 2; ++r) {
+    write_floats(dir / fmt::format("replica{}_x.bin", r), x[r]);
+    write_floats(dir / fmt::format("replica{}_dy.bin", r), dy[r]);
+  }
+  // The reference replicas, alone and grouped.
+  auto reference = [&](bool grouped) {
+    cpu::SimulatedGroup group(2);
+    std::vector<cpu::ReferenceExecutor<float>> replicas;
+    for (int r = 0; r < 2; ++r) {
+      cpu::ReferenceOptions o;
+      if (grouped) o.amax_group = &group.rank(r);
+      replicas.emplace_back(whole->sequences.at(0), cpu::Bindings{{"tokens", kTokens}}, o);
+      for (const auto& [name, v] : params) replicas.back().param(name).data = v;
+      replicas.back().params_changed();
+    }
+    std::vector<std::vector<float>> scales(2), y2(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        cpu::ReferenceExecutor<float>& e = replicas[size_t(r)];
+        cpu::Tensor<float> in = cpu::Tensor<float>::zeros({kTokens, kHidden});
+        cpu::Tensor<float> grad = in;
+        in.data = x[r];
+        grad.data = dy[r];
+        e.forward({in});
+        e.backward({grad});
+        e.step();
+        y2[size_t(r)] = e.forward({in}).at(0).data;
+        for (const cpu::QuantizerInfo& q : e.quantizers()) scales[size_t(r)].push_back(q.scale);
+      });
+    for (std::thread& t : threads) t.join();
+    return std::pair{scales, y2};
+  };
+  const auto [alone, alone_y2] = reference(false);
+  const auto [grouped, grouped_y2] = reference(true);
+  ASSERT_NE(alone[0], alone[1]) << "the replicas' data must give different amaxes";
+
+  const std::string job = fmt::format("parallel-gpu-replicas-{}", ::getpid());
+  test::run_ranks(2, "ParallelGpuChild.DISABLED_Replica", dir.string(), job,
+                  {"OPFUSE_TEST_DATA=" + dir.string()}, 180s);
+  if (::testing::Test::HasFailure()) return;
+  const std::vector<float> gpu0 = read_floats(dir / "replica0_scales.bin");
+  const std::vector<float> gpu1 = read_floats(dir / "replica1_scales.bin");
+  EXPECT_EQ(gpu0, gpu1) << "the replicas' scales must agree bit for bit";
+  ASSERT_EQ(gpu0.size(), grouped[0].size());
+  for (size_t i = 0; i < gpu0.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_NEAR(gpu0[i], grouped[0][i], 1e-2 * grouped[0][i]);
+  }
+  for (int r = 0; r < 2; ++r)
+    EXPECT_LE(
+        rms_error(read_floats(dir / fmt::format("replica{}_y2.bin", r)), grouped_y2[size_t(r)]),
+        6e-2)
+        << "replica " << r << ": y after the step";
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
 // Misuse found before any NCCL or launch: a tensor-parallel sequence in a one-rank process.
 TEST(ParallelGpuMisuse, ATensorParallelSequenceNeedsItsRanks) {
   std::string why;
@@ -305,6 +437,27 @@ TEST(ParallelGpuMisuse, ATensorParallelSequenceNeedsItsRanks) {
   } catch (const UsageError& e) {
     EXPECT_TRUE(test::contains(e.what(), "built for 2 ranks, but this process is rank 0 of 1"))
         << e.what();
+  }
+}
+
+// An amax group whose place is not in it is refused before any NCCL call (no peer to wait for).
+TEST(ParallelGpuMisuse, AnAmaxGroupPlaceMustBeInTheGroup) {
+  std::string why;
+  if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const Program program = Program::compile(mlp(1, "delayed"), "mlp.fuse");
+  for (const auto& [rank, size] : {std::pair{2, 2}, std::pair{-1, 2}, std::pair{0, 0}}) {
+    SessionOptions options;
+    options.amax_group.rank = rank;
+    options.amax_group.size = size;
+    options.amax_group.nccl_id = new_parallel_id();
+    try {
+      Session session(program, "mlp", nullptr, options);
+      ADD_FAILURE() << "rank " << rank << " of " << size << " was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_TRUE(test::contains(
+          e.what(), fmt::format("SessionOptions::amax_group: rank {} of {}", rank, size)))
+          << e.what();
+    }
   }
 }
 

@@ -454,6 +454,54 @@ TEST(ParallelReference, ShardedEqualsUnshardedFp8Current) {
   expect_sharded_equals_unsharded(2, true, "current", 3e-2);
 }
 
+// ---- the data-parallel group's amax reduction (ReferenceOptions::amax_group) --------------------
+
+// Two replicas of the one-rank MLP train on different data (the second's inputs with a spike in
+// every row, which the LayerNorm keeps, and smaller output gradients);
+// with an amax group their step() max-reduces every delayed amax, so both derive the scales of
+// the larger amax, the scales a lone replica derives from its own data when its amax is the larger.
+TEST(ParallelReference, DataParallelReplicasShareTheirDelayedScales) {
+  const ir::Program whole = compile(mlp(1, false, "delayed"));
+  Data d0 = make_data(whole);
+  Data d1 = d0;
+  for (size_t row = 0; row < d1.x.size() / 64; ++row) d1.x[row * 64 + row % 64] = 40.0f;
+  for (float& v : d1.dy) v *= 0.25f;
+  const Data* data[] = {&d0, &d1};
+  auto train = [&](bool grouped) {
+    cpu::SimulatedGroup group(2);
+    std::vector<cpu::ReferenceExecutor<float>> replicas;
+    for (int r = 0; r < 2; ++r) {
+      cpu::ReferenceOptions o;
+      if (grouped) o.amax_group = &group.rank(r);
+      replicas.emplace_back(whole.sequences.at(0), cpu::Bindings{{"tokens", kTokens}}, o);
+    }
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] { run_rank(replicas[size_t(r)], *data[r], 1, 0, false); });
+    for (std::thread& t : threads) t.join();
+    std::vector<std::vector<cpu::QuantizerInfo>> q;
+    for (const auto& e : replicas) q.push_back(e.quantizers());
+    return q;
+  };
+  const auto alone = train(false), grouped = train(true);
+  size_t differed = 0;
+  for (size_t i = 0; i < alone[0].size(); ++i) {
+    SCOPED_TRACE(alone[0][i].name);
+    differed += alone[0][i].scale != alone[1][i].scale;
+    const float larger_amax_scale = std::min(alone[0][i].scale, alone[1][i].scale);
+    EXPECT_EQ(grouped[0][i].scale, larger_amax_scale);
+    EXPECT_EQ(grouped[1][i].scale, larger_amax_scale);
+    // The reduced history agrees; slot 0 is the amax of the forward after step(), each
+    // replica's own until the next step() reduces it.
+    const std::vector<float>& h0 = grouped[0][i].amax_history;
+    const std::vector<float>& h1 = grouped[1][i].amax_history;
+    EXPECT_EQ(std::vector<float>(h0.begin() + 1, h0.end()),
+              std::vector<float>(h1.begin() + 1, h1.end()));
+  }
+  // fc1's and fc2's inputs and both output gradients: the test means something.
+  EXPECT_GE(differed, 4u) << "the replicas' data must give different amaxes";
+}
+
 // ---- the FP8 all-gather (passes/gather_fp8.h)
 // ----------------------------------------------------
 

@@ -215,6 +215,13 @@ struct SessionOptions {
   DebugSessionOptions debug;
   // This process's rank of a tensor-parallel sequence; size must equal the sequence's tp.
   ParallelOptions parallel;
+  // The data-parallel group (TE's amax reduction group): this process's place among replicas of
+  // the sequence (one per data-parallel rank, each a rank of the tensor-parallel group when the
+  // sequence has one) that train on other data. step() max-reduces every delayed-scaling amax over
+  // it too (one more NCCL all-reduce of the one amax array), so all replicas keep the same
+  // scales and their FP8 casts agree; current scaling stays per replica. size 1 (the default):
+  // none. Its own NCCL id (or bootstrap file with its own job name), not `parallel`'s.
+  ParallelOptions amax_group;
 };
 
 // One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time
