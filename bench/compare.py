@@ -4,8 +4,9 @@
 Reads, from one directory, every `opfuse_*.json` that `fusec bench --json` wrote and the peers'
 `peers_mlp.json`, `peers_gemm.json` and `peers_copy.json` (bench/peers/run_peers.sh), and where
 present `peers_gemm_interleaved.json` and `peers_mlp_interleaved.json` (both sides in one
-process: bench/peers/gemm_interleaved.py, mlp_interleaved.py), and prints: the MLP workloads
-(opfuse vs eager bf16, torch.compile bf16 and torch.compile FP8, with ratios), the goals of issue
+process: bench/peers/gemm_interleaved.py, mlp_interleaved.py) and `peers_te.json` (Transformer
+Engine, bench/peers/te_peers.py), and prints: the MLP workloads (opfuse vs eager bf16,
+torch.compile bf16 and torch.compile FP8, and TE under the same recipe, with ratios), the goals of issue
 6 (met or missed), the fused memory-bound kernels against the device copy bandwidth, and opfuse's
 GEMMs against torch._scaled_mm / torch.matmul on the same shapes.
 Writes everything it printed as data to DIR/compare.json.
@@ -90,7 +91,19 @@ def run_label(run):
     return label
 
 
-def workload_rows(runs, mlp):
+# Transformer Engine's variant of each recipe (bench/peers/te_peers.py).
+TE_VARIANTS = {
+    "fp8 delayed": "te_fp8_delayed",
+    "fp8 current": "te_fp8_current",
+    "fp8 block": "te_fp8_block",
+    "bf16": "te_bf16",
+}
+
+
+def workload_rows(runs, mlp, te=None):
+    """One row per opfuse run with its PyTorch peers and, where peers_te.json measured it, TE
+    under the same recipe (same size and mode)."""
+    te = te or {}
     rows = []
     for run in runs:
         size, mode = size_of(run), run["mode"]
@@ -119,6 +132,13 @@ def workload_rows(runs, mlp):
         row["x_compile"] = ratio(row["opfuse_ms"], row["torch_compile_ms"])
         row["x_compile_fp8"] = ratio(row["opfuse_ms"], row["torch_compile_fp8_ms"])
         row["x_compile_device"] = ratio(row["opfuse_device_ms"], row["torch_compile_device_ms"])
+        te_record = te.get((size, mode, TE_VARIANTS.get(row["recipe"])))
+        # Only a default run (no graph, no autotuning) stands for opfuse against TE's defaults.
+        if te_record and run_label(run) == mode:
+            row["te_ms"] = te_record["median_ms"]
+            row["te_device_ms"] = te_record.get("gpu_median_ms")
+            row["x_te"] = ratio(row["opfuse_ms"], row["te_ms"])
+            row["x_te_device"] = ratio(row["opfuse_device_ms"], row["te_device_ms"])
         rows.append(row)
 
     def order(row):
@@ -294,6 +314,12 @@ WORKLOAD_COLUMNS = [
     ("x compile-FP8", "x_compile_fp8", ".2f"),
     ("x compile dev", "x_compile_device", ".2f"),
 ]
+# Added when peers_te.json is present.
+TE_COLUMNS = [
+    ("TE ms", "te_ms", ".4f"),
+    ("x TE", "x_te", ".2f"),
+    ("x TE dev", "x_te_device", ".2f"),
+]
 KERNEL_COLUMNS = [
     ("workload", "workload", ""),
     ("mode", "mode", ""),
@@ -395,7 +421,10 @@ def main(argv):
     print(f"\n=== opfuse vs PyTorch on {device}: {len(runs)} opfuse runs")
     if mlp:
         print(f"peers: torch {mlp['torch']}, CUDA {mlp['cuda']}, {mlp['date']}")
-    rows = workload_rows(runs, peer_mlp(mlp))
+    te = load(os.path.join(args.directory, "peers_te.json"))
+    if te:
+        print(f"peers: Transformer Engine {te.get('transformer_engine', '?')} (te.ops.Sequential)")
+    rows = workload_rows(runs, peer_mlp(mlp), peer_mlp(te))
     goal_list = goals(rows, runs)
     kernels = kernel_rows(runs, peer_copy)
     gemms = gemm_rows(runs, peer_gemms(gemm))
@@ -445,7 +474,7 @@ def main(argv):
         )
         print(table(MLP_INTERLEAVED_COLUMNS, mlp_interleaved))
     print("\nseed MLP, median ms per call issued back to back (x: opfuse / peer; < 1 is faster):")
-    print(table(WORKLOAD_COLUMNS, rows))
+    print(table(WORKLOAD_COLUMNS + (TE_COLUMNS if te else []), rows))
     print("\ngoals (issue 6):")
     for item in goal_list:
         print("  " + item["text"])

@@ -13,7 +13,8 @@
 # (host time per call), large fp8_delayed also with --gemm-autotune; JIT cold and warm build
 # times (bench/build_times.sh); then the MLP peers (eager, torch.compile, torch.compile FP8),
 # largest size first, stopped when the time budget runs out (their JSON keeps what was
-# measured); finally compare.py. $OUT (default /tmp/opfuse-bench)
+# measured), Transformer Engine when it imports (TE_KIT names the offline kit to install it from,
+# bench/peers/te_env.sh; bench/peers/te_peers.py); finally compare.py. $OUT (default /tmp/opfuse-bench)
 # gets three files, since the device tool brings back at most eight: compare.txt, compare.json,
 # and bench_results.tar.gz with every opfuse_*.json/.txt, peers_*.json/.txt, build times and logs
 # (packed on exit, also when a step fails or the time runs out).
@@ -69,6 +70,13 @@ stamp "build fusec (background) while the copy and GEMM peers run"
   >"$work/configure.log" 2>&1 && cmake --build build/bench -j16 --target fusec opfuse_gemm_shim \
   >"$work/build.log" 2>&1) &
 build_pid=$!
+# Transformer Engine (issue 22), when the machine's Python lacks it: installed from the offline
+# kit named by TE_KIT (bench/peers/te_env.sh) while the build runs.
+te_pid=""
+if [[ -n ${TE_KIT:-} ]] && ! python3 -c "import transformer_engine.pytorch" >/dev/null 2>&1; then
+  bench/peers/te_env.sh install >"$work/te_install.txt" 2>&1 &
+  te_pid=$!
+fi
 python3 "$peers/copy_bw.py" --json "$work/peers_copy.json" --shapes x_medium,x_large,fc1_out_large \
   >"$work/peers_copy.txt" 2>&1 || { echo "copy_bw failed"; status=1; }
 python3 "$peers/gemm_peers.py" --json "$work/peers_gemm.json" --target-seconds 0.15 \
@@ -135,7 +143,18 @@ done
 bench/build_times.sh build/bench 3 >"$work/build_times.txt" 2>&1 || status=1
 cat "$work/build_times.txt"
 
-left=$((budget - SECONDS - 25))
+# TE measured when it imports (bench/peers/te_peers.py): TE_S (default 100) of the peers' time
+# is kept for it.
+[[ -n $te_pid ]] && { wait "$te_pid" || echo "installing TE failed: $(tail -3 "$work/te_install.txt")"; }
+# shellcheck source=bench/peers/te_env.sh
+source bench/peers/te_env.sh
+te_s=0
+if [[ $TE_AVAILABLE == 1 ]]; then
+  te_s=${TE_S:-100}
+else
+  echo "Transformer Engine not measured: $TE_WHY_NOT"
+fi
+left=$((budget - SECONDS - 25 - te_s))
 stamp "MLP peers for up to $left s (largest first)"
 peer_sizes=$(echo "$sizes" | tr ' ' ',')
 peer_modes=$(echo "$modes" | tr ' ' ',')
@@ -147,6 +166,14 @@ if ((left > 30)); then
 else
   echo "no time left for the MLP peers"
   status=1
+fi
+if ((te_s > 0)); then
+  te_left=$((budget - SECONDS - 25))
+  stamp "Transformer Engine for up to $te_left s"
+  timeout "$te_left" python3 "$peers/te_peers.py" --json "$work/peers_te.json" \
+    --sizes "$peer_sizes" --modes "$peer_modes" --target-seconds 0.2 --host-iters 500 \
+    --budget-seconds $((te_left - 20)) >"$work/peers_te.txt" 2>&1 ||
+    { echo "te_peers stopped (status $?): the table has what it measured"; status=1; }
 fi
 stamp "peers done"
 gpu_state >"$work/gpu_state_end.txt" 2>&1

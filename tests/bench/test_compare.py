@@ -103,6 +103,51 @@ class CompareOnARecordedRun(unittest.TestCase):
         rows = self.summary["mlp_interleaved"]
         self.assertEqual({r["gemm_algorithms"] for r in rows}, {"heuristic"})
 
+    def test_rows_against_transformer_engine_under_the_same_recipe(self):
+        # A made-up peers_te.json in bench/peers/te_peers.py's layout: each default opfuse row is
+        # compared with TE's variant of its recipe at the same size and mode; other rows are not.
+        self.assertNotIn("x TE", self.stdout, "no TE columns without peers_te.json")
+        work = tempfile.mkdtemp(prefix="opfuse-compare-te-")
+        self.addCleanup(shutil.rmtree, work, True)
+        fixture = os.path.join(HERE, "compare_fixture")
+        for name in os.listdir(fixture):
+            shutil.copy(os.path.join(fixture, name), work)
+        te = {
+            "script": "te_peers",
+            "device": "NVIDIA H200",
+            "transformer_engine": "2.20.2",
+            "results": [
+                {"size": "large", "mode": "fwd", "variant": "te_fp8_delayed", "median_ms": 5.0,
+                 "gpu_median_ms": 4.0},
+                {"size": "large", "mode": "fwdbwd", "variant": "te_fp8_delayed",
+                 "median_ms": 20.0, "gpu_median_ms": 16.0},
+                {"size": "large", "mode": "fwd", "variant": "te_bf16", "median_ms": 9.0},
+                {"size": "tiny", "mode": "fwd", "variant": "te_fp8_current", "median_ms": 1.0},
+                {"size": "tiny", "mode": "fwd", "variant": "te_fp8_delayed",
+                 "skipped": "time budget"},
+            ],
+        }
+        with open(os.path.join(work, "peers_te.json"), "w", encoding="utf-8") as handle:
+            json.dump(te, handle)
+        result = subprocess.run([sys.executable, COMPARE, work], capture_output=True, text=True,
+                                check=True)
+        self.assertIn("Transformer Engine 2.20.2", result.stdout)
+        self.assertIn("x TE", result.stdout)
+        with open(os.path.join(work, "compare.json"), encoding="utf-8") as handle:
+            rows = json.load(handle)["workloads"]
+        by_key = {(r["workload"], r["mode"], r["recipe"]): r for r in rows}
+        fwd = by_key[("large", "fwd", "fp8 delayed")]
+        self.assertEqual(fwd["te_ms"], 5.0)
+        self.assertAlmostEqual(fwd["x_te"], fwd["opfuse_ms"] / 5.0)
+        self.assertAlmostEqual(fwd["x_te_device"], fwd["opfuse_device_ms"] / 4.0)
+        fwdbwd = by_key[("large", "fwdbwd", "fp8 delayed")]
+        self.assertAlmostEqual(fwdbwd["x_te"], fwdbwd["opfuse_ms"] / 20.0)
+        # The tiny fp8 delayed runs: TE skipped that one; graph and step-by-step rows are not
+        # opfuse's defaults and get no TE ratio.
+        for row in rows:
+            if row["workload"] == "tiny":
+                self.assertNotIn("x_te", row, row["mode"])
+
     def test_step_by_step_rows_are_not_host_time_goals(self):
         self.assertIn("MET", self.goal("tiny fp8 delayed fwd host time per call"))
         self.assertIn("MET", self.goal("tiny fp8 delayed fwd graph host time per call"))
