@@ -89,6 +89,17 @@ if ! wait "$build_pid"; then
 fi
 fusec=build/bench/tools/fusec
 stamp "fusec built"
+# Transformer Engine joins the interleaved forward and the peers when it imports (installed
+# above from TE_KIT, or the machine's own).
+[[ -n $te_pid ]] && { wait "$te_pid" || echo "installing TE failed: $(tail -3 "$work/te_install.txt")"; }
+# shellcheck source=bench/peers/te_env.sh
+source bench/peers/te_env.sh
+interleaved_peers=compile_fp8,compile
+if [[ $TE_AVAILABLE == 1 ]]; then
+  interleaved_peers+=,te
+else
+  echo "Transformer Engine not measured: $TE_WHY_NOT"
+fi
 # The FP8 GEMM goal's measurement: opfuse's GEMM runner and torch._scaled_mm in one process,
 # alternating rounds on the same operands (bench/peers/gemm_interleaved.py).
 timeout 120 python3 "$peers/gemm_interleaved.py" --shim build/bench/bench/opfuse_gemm_shim.so \
@@ -105,7 +116,7 @@ if [[ " $sizes " == *" large "* ]]; then
     status=1
   elif ! timeout 300 python3 "$peers/mlp_interleaved.py" \
     --shim build/bench/bench/opfuse_gemm_shim.so --build build/mlp_large_fp8_delayed \
-    --gemm-algorithms heuristic,autotuned \
+    --gemm-algorithms heuristic,autotuned --peers "$interleaved_peers" \
     --json "$work/peers_mlp_interleaved.json" >"$work/peers_mlp_interleaved.txt" 2>&1; then
     echo "mlp_interleaved failed: $(tail -2 "$work/peers_mlp_interleaved.txt")"
     status=1
@@ -143,17 +154,8 @@ done
 bench/build_times.sh build/bench 3 >"$work/build_times.txt" 2>&1 || status=1
 cat "$work/build_times.txt"
 
-# TE measured when it imports (bench/peers/te_peers.py): TE_S (default 100) of the peers' time
-# is kept for it.
-[[ -n $te_pid ]] && { wait "$te_pid" || echo "installing TE failed: $(tail -3 "$work/te_install.txt")"; }
-# shellcheck source=bench/peers/te_env.sh
-source bench/peers/te_env.sh
 te_s=0
-if [[ $TE_AVAILABLE == 1 ]]; then
-  te_s=${TE_S:-100}
-else
-  echo "Transformer Engine not measured: $TE_WHY_NOT"
-fi
+((TE_AVAILABLE == 1)) && te_s=${TE_S:-100}  # of the peers' time, kept for te_peers.py
 left=$((budget - SECONDS - 25 - te_s))
 stamp "MLP peers for up to $left s (largest first)"
 peer_sizes=$(echo "$sizes" | tr ' ' ',')

@@ -10,7 +10,8 @@ directory; an inference forward as `fusec bench --mode fwd` times it, the FP8 we
 once and kept, after --calibrate training steps that give delayed scaling scales from the data;
 the peer's parameters and inputs) and mlp_peers.py's
 variants (`compile_fp8`: torch.compile with torch._scaled_mm, current scaling, weights cast on
-every call; `compile`: torch.compile bf16). Each round issues opfuse and one peer alternately,
+every call; `compile`: torch.compile bf16) and, with `--peers ...,te`, Transformer Engine's block
+under the same recipe (te_peers.py; calibrated like opfuse). Each round issues opfuse and one peer alternately,
 call by call, queued behind a sleep kernel (gemm_interleaved.interleaved_rounds), so neighbouring calls see
 the same clocks; which side goes first alternates between rounds. Per peer: the median over
 rounds of (opfuse median / peer median), with the rounds' min and max. --gemm-algorithms
@@ -154,8 +155,55 @@ class OpfuseSession:
             self.handle = None
 
 
-def compile_peer(peer, sets):
-    """The peer's forward, compiled by a first call; and that call's seconds."""
+# Transformer Engine's variant of each recipe --build may have used (te_peers.py).
+TE_VARIANTS = {
+    "fp8_delayed": "te_fp8_delayed",
+    "fp8_current": "te_fp8_current",
+    "fp8_block": "te_fp8_block",
+    "bf16": "te_bf16",
+}
+
+
+def te_forward(recipe_label, sets, calibrate):
+    """The `te` peer (issue 22): TE's block (te_peers.py) on the first set's parameters under the
+    recipe opfuse's --build used, its inference forward (no_grad) as the timed call. Like
+    opfuse's session it first runs `calibrate` training forwards on the first set, so delayed
+    scaling's scales come from the data."""
+    import te_peers  # imports transformer_engine only when the te peer is asked for
+
+    _, te, recipe = te_peers.import_te()
+    if recipe_label not in TE_VARIANTS:
+        raise ValueError(f"no TE variant for --recipe {recipe_label}")
+    fp8_recipe, unavailable = te_peers.make_recipe(te, recipe, TE_VARIANTS[recipe_label])
+    if unavailable:
+        raise RuntimeError(unavailable)
+    x, ln_weight, ln_bias, fc1_weight, fc2_weight = sets[0][:5]
+    size = {"tokens": x.shape[0], "hidden": x.shape[1], "ffn": fc1_weight.shape[0]}
+    block = te_peers.build_block(te, size)
+    norm, fc1, _, fc2 = block
+    with torch.no_grad():
+        for mine, theirs in ((norm.weight, ln_weight), (norm.bias, ln_bias),
+                             (fc1.weight, fc1_weight), (fc2.weight, fc2_weight)):
+            mine.copy_(theirs)
+    for _ in range(calibrate):
+        with te_peers.autocast(te, fp8_recipe):
+            block(x)
+
+    def forward(*arg_set):
+        with torch.no_grad(), te_peers.autocast(te, fp8_recipe):
+            return block(arg_set[0])
+
+    return forward
+
+
+def compile_peer(peer, sets, args):
+    """The peer's forward, compiled (or, for TE, built) by a first call; and that call's seconds."""
+    if peer == "te":
+        torch_call = te_forward(args.recipe, sets, args.calibrate)
+        began = time.perf_counter()
+        torch_call(*sets[0])
+        torch.cuda.synchronize()
+        return torch_call, time.perf_counter() - began
     torch_call = make_call(build_callable(peer), "fwd")
     began = time.perf_counter()
     torch_call(*sets[0])
@@ -206,7 +254,12 @@ def parse_args(argv):
     parser.add_argument("--json", help="write the results here (rewritten after every peer)")
     parser.add_argument("--size", default="large", choices=["medium", "large"])
     parser.add_argument("--recipe", default="fp8_delayed", help="the recipe --build used (a label)")
-    parser.add_argument("--peers", default="compile_fp8,compile", help="mlp_peers.py variants")
+    parser.add_argument(
+        "--peers",
+        default="compile_fp8,compile",
+        help="mlp_peers.py variants (compile_fp8, compile, eager) and te (Transformer Engine under "
+        "--recipe's recipe, bench/peers/te_peers.py)",
+    )
     parser.add_argument("--rounds", type=int, default=10, help="rounds per peer")
     parser.add_argument("--iters", type=int, default=10, help="calls per side and round")
     parser.add_argument(
@@ -222,7 +275,7 @@ def parse_args(argv):
     )
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
-    args.peers = common.parse_list(args.peers, ["compile_fp8", "compile", "eager"], "peers")
+    args.peers = common.parse_list(args.peers, ["compile_fp8", "compile", "eager", "te"], "peers")
     args.gemm_algorithms = common.parse_list(
         args.gemm_algorithms, ["heuristic", "autotuned"], "gemm-algorithms"
     )
@@ -268,7 +321,7 @@ def main(argv):
                   f"{rel_errs[algorithms]:.2e}", flush=True)
         for peer in args.peers:
             try:
-                torch_call, compile_s = compile_peer(peer, sets)
+                torch_call, compile_s = compile_peer(peer, sets, args)
             except Exception as error:  # one failing peer must not cost the others
                 message = common.error_line(error)
                 print(f"FAILED {peer}: {message}", flush=True)
