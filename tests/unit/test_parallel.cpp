@@ -470,16 +470,19 @@ TEST(ParallelReference, DataParallelReplicasShareTheirDelayedScales) {
   auto train = [&](bool grouped) {
     cpu::SimulatedGroup group(2);
     std::vector<cpu::ReferenceExecutor<float>> replicas;
+    replicas.reserve(2);
     for (int r = 0; r < 2; ++r) {
       cpu::ReferenceOptions o;
       if (grouped) o.amax_group = &group.rank(r);
       replicas.emplace_back(whole.sequences.at(0), cpu::Bindings{{"tokens", kTokens}}, o);
     }
     std::vector<std::thread> threads;
+    threads.reserve(2);
     for (int r = 0; r < 2; ++r)
       threads.emplace_back([&, r] { run_rank(replicas[size_t(r)], *data[r], 1, 0, false); });
     for (std::thread& t : threads) t.join();
     std::vector<std::vector<cpu::QuantizerInfo>> q;
+    q.reserve(replicas.size());
     for (const auto& e : replicas) q.push_back(e.quantizers());
     return q;
   };
