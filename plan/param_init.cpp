@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 
 namespace opfuse::plan {
 
@@ -25,6 +26,30 @@ void ParamInitializer::fill(const ParamInit& init, std::span<float> values) {
   } else {
     std::fill(values.begin(), values.end(), float(init.value));
   }
+}
+
+void ParamInitializer::fill_shard(const ParamInit& init, std::span<float> values,
+                                  const std::vector<int64_t>& shard_shape, const ShardSpec& shard,
+                                  int tp, int rank) {
+  int64_t elements = 1;
+  for (int64_t d : shard_shape) elements *= d;
+  if (elements != int64_t(values.size()))
+    throw std::invalid_argument(
+        fmt::format("{} values for a parameter shard of {} elements", values.size(), elements));
+  if (!shard.sharded() || tp == 1) {
+    fill(init, values);
+    return;
+  }
+  if (shard.dim < 0 || size_t(shard.dim) >= shard_shape.size() || tp < 1 || rank < 0 || rank >= tp)
+    throw std::invalid_argument(
+        fmt::format("shard(dim = {}) of rank {} of {} does not fit a parameter of rank {}",
+                    shard.dim, rank, tp, shard_shape.size()));
+  std::vector<int64_t> full_shape = shard_shape;
+  full_shape[size_t(shard.dim)] *= tp;
+  std::vector<float> full(values.size() * size_t(tp));
+  fill(init, full);
+  const std::vector<float> mine = take_shard<float>(full, full_shape, shard, tp, rank);
+  std::copy(mine.begin(), mine.end(), values.begin());
 }
 
 }  // namespace opfuse::plan

@@ -1,13 +1,16 @@
 // How a parameter starts out (declared by its op, docs/language.md) and the one seeded generator
-// every consumer fills parameters with: `fusec run --device cpu` (the CPU reference) and
-// Session::own_parameters (from a compiled program or a build directory), so both start from the
-// same values for the same seed.
+// every consumer fills parameters with: `fusec run --device cpu` (the CPU reference, one rank or
+// simulated ranks) and Session::own_parameters (from a compiled program or a build directory), so
+// all start from the same values for the same seed, a tensor-parallel rank from its shard of them.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
 #include <string>
+#include <vector>
+
+#include "plan/parallel.h"
 
 namespace opfuse::plan {
 
@@ -27,6 +30,14 @@ class ParamInitializer {
  public:
   explicit ParamInitializer(uint64_t seed) : rng_(seed) {}
   void fill(const ParamInit& init, std::span<float> values);
+  // Rank `rank`'s shard (`values`, of shape `shard_shape`) of a parameter cut by `shard` over `tp`
+  // ranks: draws the whole parameter, as the unsharded program's initializer does, and keeps
+  // take_shard's part of it, so the ranks' shards join into the unsharded program's starting
+  // value and the next parameter starts from the same draws as there. An unsharded parameter (or
+  // tp = 1) is fill(). Throws std::invalid_argument when the shape does not fit `values`.
+  void fill_shard(const ParamInit& init, std::span<float> values,
+                  const std::vector<int64_t>& shard_shape, const ShardSpec& shard, int tp,
+                  int rank);
 
  private:
   std::mt19937_64 rng_;

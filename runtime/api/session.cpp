@@ -202,6 +202,12 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
         "SessionOptions::amax_group: rank {} of {} is not a place in a group of replicas",
         group.rank, group.size));
   }
+  if (p.debug && (group.size > 1 || !group.nccl_id.empty())) {
+    throw UsageError(fmt::format(
+        "sequence '{}': SessionOptions::amax_group and a precision-debug config: the debug "
+        "variants do not reduce their amaxes over a data-parallel group yet",
+        s.plan->name));
+  }
   if (p.debug && s.plan->parallel.active()) {
     throw UsageError(fmt::format(
         "sequence '{}' is tensor-parallel and the program has a precision-debug config: the "
@@ -240,12 +246,6 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   // The data-parallel group (note "Amax reduction" in gpu/plan_executor.cpp).
   const ParallelOptions& dp = options.amax_group;
   if (dp.size > 1 || !dp.nccl_id.empty()) {
-    if (p.debug) {
-      throw UsageError(fmt::format(
-          "sequence '{}': SessionOptions::amax_group and a precision-debug config: the debug "
-          "variants do not reduce their amaxes over a data-parallel group yet",
-          s.plan->name));
-    }
     s.amax_communicator = connect(dp, "amax_group");
     s.executor->set_amax_communicator(s.amax_communicator.get());
   }
@@ -302,12 +302,14 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
   s.require_bound("own_parameters()");
   s.require_no_graph("own_parameters()");
   // The values `fusec run --device cpu` starts from: each parameter as its op declared it
-  // (plan::Buffer::init), in creation order, from the shared seeded generator (plan/param_init.h).
+  // (plan::Buffer::init), in creation order, from the shared seeded generator (plan/param_init.h);
+  // a tensor-parallel rank's shard (plan::Buffer::shard) of the unsharded program's value.
   plan::ParamInitializer initializer(seed);
   std::map<std::string, std::vector<float>, std::less<>> values;
   for (const plan::Buffer& buffer : s.plan->buffers) {
     if (buffer.role != plan::BufferRole::Param || buffer.alias_of >= 0) continue;
     const std::string name = gpu::ir_name(buffer.name);
+    std::vector<std::int64_t> shape;
     std::size_t elements = 1;
     for (const plan::SymExpr& d : buffer.shape) {
       const std::optional<std::int64_t> size = d.value();
@@ -315,11 +317,12 @@ void Session::own_parameters(std::uint64_t seed, cudaStream_t stream) {
         throw UsageError(
             fmt::format("parameter '{}' has a size that depends on '{}'", name, d.text()));
       }
+      shape.push_back(*size);
       elements *= static_cast<std::size_t>(*size);
     }
     std::vector<float>& v = values[name];
     v.resize(elements);
-    initializer.fill(buffer.init, v);
+    initializer.fill_shard(buffer.init, v, shape, buffer.shard, s.plan->parallel.tp, s.rank);
   }
   for (const gpu::TensorInfo& info : s.params()) {
     const auto found = values.find(info.name);

@@ -339,13 +339,14 @@ TEST(FusecCheck, TwentyFiveErrorsShowTwentyAndCountTheRest) {
 namespace opfuse {
 namespace {
 
-// `fusec run --nproc N` (docs/parallel.md): without N GPUs, and on the CPU, it says why and runs
-// nothing; a tensor-parallel sequence run as one process names its group size.
-TEST(FusecParallel, NprocNeedsAGpuPerRankAndTheGpu) {
+// `fusec run --nproc N` (docs/parallel.md): without N GPUs it says why and runs nothing; on the
+// CPU an N other than the sequence's tp, or none, names the group size (the simulated ranks
+// themselves: test_parallel_run.cpp).
+TEST(FusecParallel, NprocNeedsAGpuPerRankAndTheSequencesTp) {
   const std::string file = shell_quoted(test::source_path("dsl_examples/mlp_tp.fuse"));
-  const auto cpu = fusec("run --nproc 2 --device cpu " + file + " --bind tokens=64");
-  EXPECT_EQ(cpu.exit_code, kExitUsage) << cpu.output;
-  EXPECT_TRUE(contains(cpu.output, "--nproc starts GPU processes")) << cpu.output;
+  const auto cpu = fusec("run --nproc 4 --device cpu " + file + " --bind tokens=64");
+  EXPECT_EQ(cpu.exit_code, kExitUserError) << cpu.output;
+  EXPECT_TRUE(contains(cpu.output, "run it with --nproc 2, not --nproc 4")) << cpu.output;
   const auto gpus = fusec("run --nproc 2 --device gpu " + file + " --bind tokens=64");
   if (!gpu::gpu_available()) {
     EXPECT_EQ(gpus.exit_code, kExitUserError) << gpus.output;

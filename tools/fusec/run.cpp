@@ -1,8 +1,12 @@
 // `fusec run FILE --bind N=SIZE`: train a few steps from seeded inputs and parameters, on the GPU
-// (run/gpu_run.h) or the CPU reference (reference/run_driver.h).
+// (run/gpu_run.h; --nproc N: one process per rank, tools/fusec/launch.h) or the CPU reference
+// (reference/run_driver.h; --nproc N: the ranks simulated in this process).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "commands.h"
 #include "debug/stat_log.h"
@@ -30,7 +34,7 @@ struct RunCommandOptions {
   std::string debug_log_dir;
   int debug_precision = 4;
   int64_t debug_start_iteration = 0;
-  int nproc = 1;  // tensor-parallel ranks, one process per GPU
+  int nproc = 1;  // tensor-parallel ranks: one process per GPU, or simulated on the CPU
 };
 
 // `fusec run --device gpu`: compile through the kernel cache, then the GPU training loop.
@@ -73,17 +77,48 @@ int run_on_gpu(const RunCommandOptions& opts, const CommonOptions& common,
   return kExitOk;
 }
 
-int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
-  if (opts.nproc > 1 && !is_launched_rank()) {
-    if (opts.device == "cpu") {
-      std::fprintf(
-          stderr,
-          "fusec: error: --nproc starts GPU processes; the CPU reference runs a "
-          "tensor-parallel sequence's ranks in one process (tests/unit/test_parallel.cpp)\n");
-      return kExitUsage;
-    }
-    return launch_ranks(opts.nproc);
+// The sequence to run: --sequence, else the file's only one; null after printing why not.
+const ir::Sequence* pick_sequence(const ir::Program& program, const RunCommandOptions& opts) {
+  std::string names;
+  for (const auto& s : program.sequences) names += " " + s.name;
+  if (!opts.sequence.empty()) {
+    const ir::Sequence* seq = program.find_sequence(opts.sequence);
+    if (!seq)
+      std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n",
+                   opts.sequence.c_str(), opts.file.c_str(), names.c_str());
+    return seq;
   }
+  if (program.sequences.size() == 1) return &program.sequences[0];
+  std::fprintf(stderr, "fusec: error: %s has %zu sequences; pick one with --sequence NAME:%s\n",
+               opts.file.c_str(), program.sequences.size(), names.c_str());
+  return nullptr;
+}
+
+// On the CPU --nproc N simulates the N ranks of a sequence `with parallel(tp = N)` in this
+// process; any other N, or none for a tensor-parallel sequence, is refused before running.
+bool nproc_fits(const ir::Sequence& seq, const RunCommandOptions& opts) {
+  const int tp = seq.parallel.tp;
+  if (opts.nproc == tp) return true;
+  if (tp > 1) {
+    const std::string given = opts.nproc > 1 ? fmt::format(", not --nproc {}", opts.nproc) : "";
+    std::fprintf(stderr,
+                 "fusec: error: sequence '%s' is tensor-parallel over tp = %d ranks: run it with "
+                 "--nproc %d%s\n",
+                 seq.name.c_str(), tp, tp, given.c_str());
+  } else {
+    std::fprintf(stderr,
+                 "fusec: error: --nproc %d runs the ranks of a sequence `with parallel(tp = %d)`, "
+                 "but sequence '%s' is not tensor-parallel; run it without --nproc\n",
+                 opts.nproc, opts.nproc, seq.name.c_str());
+  }
+  return false;
+}
+
+int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
+  std::string no_gpu;
+  const bool on_gpu =
+      opts.device == "gpu" || (opts.device == "auto" && gpu::gpu_available(&no_gpu));
+  if (on_gpu && opts.nproc > 1 && !is_launched_rank()) return launch_ranks(opts.nproc);
   cpu::RunOptions run;
   const auto bindings = parse_bindings(opts.binds);
   if (!bindings) return kExitUsage;
@@ -91,18 +126,30 @@ int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
   run.steps = opts.steps;
   run.seed = opts.seed;
   run.lr = opts.lr;
-  std::string no_gpu;
-  const bool on_gpu =
-      opts.device == "gpu" || (opts.device == "auto" && gpu::gpu_available(&no_gpu));
-  if (opts.device == "auto" && !on_gpu)
-    std::fprintf(stderr, "fusec: no GPU (%s): running on the CPU reference\n", no_gpu.c_str());
+  if (opts.device == "auto" && !on_gpu) {
+    const std::string ranks =
+        opts.nproc > 1 ? fmt::format(" ({} simulated ranks in one process)", opts.nproc) : "";
+    std::fprintf(stderr, "fusec: no GPU (%s): running on the CPU reference%s\n", no_gpu.c_str(),
+                 ranks.c_str());
+  }
   if (on_gpu) return run_on_gpu(opts, common, run);
   SourceManager sources;
   auto program = load(opts.file, common, sources);
   if (!program) return kExitUserError;
+  const ir::Sequence* seq = pick_sequence(*program, opts);
+  if (!seq || !nproc_fits(*seq, opts)) return kExitUserError;
   std::optional<debug::DebugConfig> config;
   std::optional<debug::StatLog> log;
   if (!opts.debug_config.empty()) {
+    if (seq->parallel.active()) {
+      // As the GPU Session refuses it: the debug variants do not run over several ranks yet.
+      std::fprintf(stderr,
+                   "fusec: error: --debug-config: sequence '%s' is tensor-parallel and the "
+                   "precision-debug variants do not run over several ranks yet; run the config on "
+                   "the one-rank program\n",
+                   seq->name.c_str());
+      return kExitUserError;
+    }
     DiagnosticEngine diags(sources);
     diags.set_warnings_as_errors(common.warnings_as_errors);
     const auto registry =
@@ -125,23 +172,6 @@ int run_run(const RunCommandOptions& opts, const CommonOptions& common) {
     debug_run.sources = &sources;
     debug_run.start_iteration = opts.debug_start_iteration;
     run.debug = std::move(debug_run);
-  }
-  const ir::Sequence* seq = nullptr;
-  std::string names;
-  for (const auto& s : program->sequences) names += " " + s.name;
-  if (!opts.sequence.empty()) {
-    seq = program->find_sequence(opts.sequence);
-    if (!seq) {
-      std::fprintf(stderr, "fusec: error: no sequence '%s' in %s; sequences:%s\n",
-                   opts.sequence.c_str(), opts.file.c_str(), names.c_str());
-      return kExitUserError;
-    }
-  } else if (program->sequences.size() == 1) {
-    seq = &program->sequences[0];
-  } else {
-    std::fprintf(stderr, "fusec: error: %s has %zu sequences; pick one with --sequence NAME:%s\n",
-                 opts.file.c_str(), program->sequences.size(), names.c_str());
-    return kExitUserError;
   }
   try {
     std::fputs(cpu::run_reference_training(*seq, run).c_str(), stdout);
@@ -177,7 +207,9 @@ Command add_run_command(CLI::App& app, CommonOptions& common) {
       ->capture_default_str();
   run->add_option("--lr", opts->lr, "SGD learning rate")->capture_default_str();
   run->add_option("--nproc", opts->nproc,
-                  "processes, one GPU each, for a sequence `with parallel(tp = N)` (N ranks)")
+                  "the N ranks of a sequence `with parallel(tp = N)`: N processes, one GPU each; "
+                  "on the CPU reference, N simulated ranks in one process, reporting the whole "
+                  "tensors")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   auto* config = run->add_option("--debug-config", opts->debug_config,
@@ -201,7 +233,8 @@ Command add_run_command(CLI::App& app, CommonOptions& common) {
   add_common(run, common);
   run->footer(std::string(cpu::kRunLossDescription) +
               ". Parameters: linear weights ~ N(0, 0.02), norm weights 1 (0 if zero-centered), "
-              "biases 0; inputs ~ N(0, 1).\n" +
+              "biases 0; inputs ~ N(0, 1). Under --nproc every rank starts from its shard of the "
+              "unsharded program's parameters (on the CPU also from its share of the inputs).\n" +
               kExitCodeHelp);
   return {run, [opts, &common] { return run_run(*opts, common); }};
 }

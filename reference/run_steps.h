@@ -1,0 +1,41 @@
+// The pieces of `fusec run --device cpu` (run_driver.h) that one rank's training loop and the
+// simulated ranks' (run_ranks.h) share, so that both start from the same values and print the
+// same report.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu_tensor.h"
+#include "debug_config/routing.h"
+#include "ir/graph.h"
+#include "reference_executor.h"
+#include "run_driver.h"
+
+namespace opfuse::cpu {
+
+// What one step reports, over the whole tensors.
+struct StepReport {
+  double sum_squares = 0;                                  // of the main output
+  int64_t numel = 0;                                       // of the main output
+  std::vector<std::pair<std::string, double>> grad_norms;  // per parameter, in executor order
+  std::vector<QuantizerInfo> quantizers;                   // amax_history[0]: the amax of this step
+};
+
+double squared_norm(std::span<const float> values);
+std::string format_run_header(const ir::Sequence& sequence, const RunOptions& options);
+std::string format_step(int step, const StepReport& report);
+
+// What the compiler makes of the sequence: the whole pipeline, fusions included (a fused op runs
+// as its parts with rounding only where values leave it, like the GPU kernel); with a routing,
+// that iteration's plan variant.
+ir::Sequence lowered_for_run(const ir::Sequence& sequence, const debug::Routing* routing);
+
+// Input `index` (signature order) of the unsharded sequence: a second stream of the seed per
+// input, so that the inputs do not depend on the number of parameters.
+Tensor<float> seeded_input(const std::vector<int64_t>& shape, uint64_t seed, size_t index);
+
+}  // namespace opfuse::cpu
