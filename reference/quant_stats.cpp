@@ -65,16 +65,6 @@ Element cast_one(float v, const BlockScale& s, Fp8Format format) {
 
 }  // namespace
 
-uint8_t e8m0_round_up(float value) {
-  if (std::isnan(value)) return 0xFF;
-  if (std::isinf(value)) return 0xFE;
-  const uint32_t bits = std::bit_cast<uint32_t>(value) & 0x7FFFFFFFu;
-  if (bits == 0) return 0;
-  uint32_t e = bits >> 23;
-  if ((bits & 0x7FFFFFu) != 0) ++e;  // round up: 2^e >= value, so x * 2^-e never clips
-  return static_cast<uint8_t>(e > 0xFE ? 0xFE : e);
-}
-
 debug::QuantizedMoments quantized_stats(std::span<const float> x, int64_t rows, int64_t cols,
                                         const QuantStatsCast& c,
                                         debug::ExponentHistogram* histogram) {

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "debug/stats.h"
+#include "micro_scaling.h"  // e8m0_round_up
 #include "numerics.h"
 #include "plan/stat_slot.h"
 
@@ -48,9 +49,5 @@ struct QuantStatsCast {
 debug::QuantizedMoments quantized_stats(std::span<const float> x, int64_t rows, int64_t cols,
                                         const QuantStatsCast& c,
                                         debug::ExponentHistogram* histogram = nullptr);
-
-// MXFP8's shared exponent of `value` (amax / fp8_max), rounded up so nothing clips: the biased
-// fp32 exponent, plus 1 if any mantissa bit is set; NaN -> 0xFF, Inf -> 0xFE, 0 -> 0.
-uint8_t e8m0_round_up(float value);
 
 }  // namespace opfuse::cpu

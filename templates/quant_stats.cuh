@@ -13,6 +13,7 @@
 
 #include "common/fp8.cuh"
 #include "common/launch_rules.h"
+#include "common/micro_scale_math.cuh"
 #include "common/quantizer_record.cuh"
 #include "common/types.cuh"
 #include "tensor_stats.cuh"
@@ -131,24 +132,6 @@ __device__ __forceinline__ QuantStatRecord shuffle_xor(const QuantStatRecord& r,
   o.log2_sum = __shfl_xor_sync(0xFFFFFFFFu, r.log2_sum, mask);
   o.log2_sq_sum = __shfl_xor_sync(0xFFFFFFFFu, r.log2_sq_sum, mask);
   return o;
-}
-
-// MXFP8's shared exponent of `value` (amax / fp8_max), rounded up: the biased fp32 exponent, plus
-// 1 if a mantissa bit is set; NaN -> 0xFF, Inf -> 0xFE, 0 -> 0.
-__device__ __forceinline__ int e8m0_round_up(float value) {
-  if (isnan(value)) return 0xFF;
-  const unsigned int bits = __float_as_uint(value) & 0x7FFFFFFFu;
-  if (bits == 0x7F800000u) return 0xFE;
-  if (bits == 0) return 0;
-  int e = static_cast<int>(bits >> 23);
-  if ((bits & 0x7FFFFFu) != 0) ++e;
-  return e > 0xFE ? 0xFE : e;
-}
-
-// 2^k for -127 <= k <= 127, from its bits (2^-127 is subnormal).
-__device__ __forceinline__ float pow2_float(int k) {
-  return k >= -126 ? __uint_as_float(static_cast<unsigned int>(k + 127) << 23)
-                   : __uint_as_float(0x00400000u);
 }
 
 struct QuantScale {

@@ -450,7 +450,7 @@ TEST(QuantStats, Mxfp8ScalesAreE8m0RoundedUp) {
   EXPECT_EQ(cpu::e8m0_round_up(0.0f), 0);
   EXPECT_EQ(cpu::e8m0_round_up(kNaN), 0xFF);
   EXPECT_EQ(cpu::e8m0_round_up(kInf), 0xFE);
-  EXPECT_EQ(cpu::e8m0_round_up(1e-45f), 1);  // a subnormal rounds up to 2^-126
+  EXPECT_EQ(cpu::e8m0_round_up(1e-45f), 0);  // a subnormal <= 2^-127: E8M0's 0 (TE's rule)
 
   // [[449, 2], [1, 1]]: rows have amax 449 (449 / 448 rounds up to 2^1) and 1 (1 / 448 =
   // 1.14 * 2^-9 -> 2^-8); columns 449 and 2 (2 / 448 -> 2^-7).
