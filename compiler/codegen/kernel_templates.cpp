@@ -58,6 +58,13 @@ constexpr TemplateParam kBlockFakeQuantizeParams[] = {
     {"Input", Kind::DType, ""},
     {"Fp8", Kind::DType, ""},
 };
+// kFormat: 0 MXFP8 E4M3, 1 MXFP8 E5M2, 2 NVFP4 (launch::kMicroScaleE4M3/E5M2/E2M1).
+constexpr TemplateParam kMicroScaleCastParams[] = {
+    {"Input", Kind::DType, ""},         {"Output", Kind::DType, ""},
+    {"kFormat", Kind::Int, ""},         {"kColumnwise", Kind::Bool, ""},
+    {"kTwoD", Kind::Bool, "false"},     {"kRht", Kind::Bool, "false"},
+    {"kStochastic", Kind::Bool, "false"}, {"kWriteCodes", Kind::Bool, "true"},
+};
 constexpr TemplateParam kBiasAddParams[] = {
     {"Input", Kind::DType, ""},
     {"Output", Kind::DType, ""},
@@ -108,6 +115,8 @@ constexpr std::string_view kCastTransposeExample[] = {"__nv_bfloat16", "__nv_fp8
                                                       "false"};
 constexpr std::string_view kBlockCastExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "false",
                                                   "true"};
+constexpr std::string_view kMicroScaleCastExample[] = {"__nv_bfloat16", "__nv_bfloat16", "2",
+                                                       "true", "false", "true", "true"};
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
                                                 "true"};
 constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};
@@ -156,6 +165,12 @@ constexpr KernelTemplate kTable[] = {
     // The quantize op under block scaling: 1 x 128 blocks, cast to FP8 and back in one pass.
     entry("block_fake_quantize", "block_fake_quantize.cuh", KernelFamily::Cast,
           "BlockFakeQuantizeParams", kBlockFakeQuantizeParams, kFakeQuantizeExample),
+    // MXFP8 / NVFP4 emulated on Hopper: one copy's codes, scales and decoded values per launch.
+    entry("micro_scale_cast", "micro_scale.cuh", KernelFamily::Cast, "MicroScaleParams",
+          kMicroScaleCastParams, kMicroScaleCastExample),
+    // The global amax of NVFP4's Hadamard-transformed columnwise copy (its S_enc).
+    entry("micro_scale_rht_amax", "micro_scale.cuh", KernelFamily::Cast, "MicroScaleParams",
+          kInputOnlyParams, kBf16Example),
     entry("bias_add", "bias.cuh", KernelFamily::Bias, "BiasAddParams", kBiasAddParams,
           kBiasAddExample, kServesResidual),
     entry("dbias_partial", "bias.cuh", KernelFamily::Bias, "DbiasParams", kInputOnlyParams,

@@ -297,6 +297,69 @@ OPFUSE_LAUNCH_RULE int block_row_count(int cols) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Micro-scaled casts (micro_scale.cuh: MXFP8 and NVFP4, emulated on Hopper). Blocks of 256
+// threads in one of two geometries:
+//  - row blocks (the rowwise copy with 1-D blocks): a thread owns one scale block of a row
+//    (32 elements for MXFP8, 16 for NVFP4), item t of the rows * cols / block blocks in row-major
+//    order; grid.x = micro_scale_grid_x (any size >= 1 works: grid-stride), grid.y = 1;
+//  - column patches (the columnwise copy, 2-D blocks, the RHT amax): a warp owns `block` rows x
+//    64 columns (a lane two adjacent columns of all of them), the 8 warps of a block consecutive
+//    row groups; grid.x = ceil(cols / 64), grid.y = micro_scale_grid_y (a smaller grid.y is also
+//    correct: row groups are strided by gridDim.y * 8).
+// ---------------------------------------------------------------------------------------------
+inline constexpr int kMicroScaleThreads = 256;
+inline constexpr int kMicroScaleWarps = kMicroScaleThreads / kWarpSize;
+// kFormat of micro_scale_cast.
+inline constexpr int kMicroScaleE4M3 = 0;  // MXFP8, E4M3 elements
+inline constexpr int kMicroScaleE5M2 = 1;  // MXFP8, E5M2 elements
+inline constexpr int kMicroScaleE2M1 = 2;  // NVFP4
+inline constexpr int kMicroScalePatchCols = 2;  // columns per lane in a column patch
+inline constexpr int kMicroScaleStripCols = kWarpSize * kMicroScalePatchCols;  // 64
+inline constexpr int kMicroScaleMaxGridX = 1 << 20;
+inline constexpr int kMicroScaleMaxGridY = 65535;
+// Elements per scale block: 32 (MXFP8) or 16 (NVFP4).
+OPFUSE_LAUNCH_RULE int micro_scale_block_size(int format) {
+  return format == kMicroScaleE2M1 ? 16 : 32;
+}
+OPFUSE_LAUNCH_RULE bool micro_scale_uses_patches(bool columnwise, bool two_d) {
+  return columnwise || two_d;
+}
+OPFUSE_LAUNCH_RULE int micro_scale_grid_x(long long rows, long long cols, int format,
+                                          bool columnwise, bool two_d) {
+  if (micro_scale_uses_patches(columnwise, two_d)) {
+    return static_cast<int>(max_of(1, ceil_div(cols, kMicroScaleStripCols)));
+  }
+  const long long blocks = rows * (cols / micro_scale_block_size(format));
+  return static_cast<int>(
+      max_of(1, min_of(ceil_div(blocks, kMicroScaleThreads), kMicroScaleMaxGridX)));
+}
+OPFUSE_LAUNCH_RULE int micro_scale_grid_y(long long rows, int format, bool columnwise,
+                                          bool two_d) {
+  if (!micro_scale_uses_patches(columnwise, two_d)) return 1;
+  const long long groups = ceil_div(rows, micro_scale_block_size(format));
+  return static_cast<int>(
+      max_of(1, min_of(ceil_div(groups, kMicroScaleWarps), kMicroScaleMaxGridY)));
+}
+// micro_scale_rht_amax: the column patches of NVFP4 (16 rows).
+OPFUSE_LAUNCH_RULE int micro_scale_rht_amax_grid_x(long long cols) {
+  return micro_scale_grid_x(0, cols, kMicroScaleE2M1, true, false);
+}
+OPFUSE_LAUNCH_RULE int micro_scale_rht_amax_grid_y(long long rows) {
+  return micro_scale_grid_y(rows, kMicroScaleE2M1, true, false);
+}
+// A thread holds one scale block in registers: 64 registers for 2-byte inputs, 80 with
+// stochastic rounding (the Philox words beside the block: 30-56 bytes of spills at 64), 128 for
+// fp32 inputs.
+inline constexpr int kMicroScaleRegisterBudget = 64;
+inline constexpr int kMicroScaleStochasticRegisterBudget = 80;
+inline constexpr int kMicroScaleWideRegisterBudget = 128;
+OPFUSE_LAUNCH_RULE int micro_scale_register_budget(int input_bytes, bool stochastic) {
+  return input_bytes == 4 ? kMicroScaleWideRegisterBudget
+                          : (stochastic ? kMicroScaleStochasticRegisterBudget
+                                        : kMicroScaleRegisterBudget);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Column partial sums -> final vector (common/column_partials.cuh): a block covers 128 columns
 // with 8 slices of partial rows.
 // ---------------------------------------------------------------------------------------------

@@ -178,6 +178,38 @@ TemplateCase block_cast_case(const std::string& arch, const Dtype& in) {
   return c;
 }
 
+// Micro-scaled casts (MXFP8, NVFP4 emulated on Hopper): every format and copy, NVFP4's 2-D
+// blocks, Hadamard transform and stochastic rounding, decoded-only casts, and the transformed
+// copy's amax, within the family's register budget.
+TemplateCase micro_scale_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  const std::string bf16 = "__nv_bfloat16";
+  TemplateCase c{"micro_scale_" + in.tag + "_" + arch, "micro_scale.cuh", {}, arch};
+  const std::vector<std::vector<std::string>> options = {
+      {t, "0", "false"},                                        // MXFP8 E4M3 rowwise
+      {bf16, "0", "true"},                                      // MXFP8 E4M3 columnwise
+      {t, "1", "false"},                                        // MXFP8 E5M2 rowwise
+      {bf16, "1", "true", "false", "false", "false", "false"},  // columnwise, y only
+      {t, "2", "false"},                                        // NVFP4 rowwise
+      {bf16, "2", "true"},                                      // NVFP4 columnwise
+      {bf16, "2", "false", "true"},                             // 2-D rowwise
+      {t, "2", "true", "true"},                                 // 2-D columnwise
+      {bf16, "2", "true", "false", "true"},                     // RHT
+      {bf16, "2", "false", "false", "false", "true"},           // stochastic rowwise
+      {t, "2", "true", "false", "true", "true"},                // RHT + stochastic
+      {bf16, "2", "false", "true", "false", "true"},            // 2-D + stochastic
+      {bf16, "2", "true", "false", "true", "true", "false"},    // RHT + stochastic, y only
+  };
+  for (const std::vector<std::string>& o : options) {
+    std::string expression = "opfuse::micro_scale_cast<" + t;
+    for (const std::string& part : o) expression += ", " + part;
+    c.name_expressions.push_back(expression + ">");
+  }
+  c.name_expressions.push_back("opfuse::micro_scale_rht_amax<" + t + ">");
+  c.register_budget = launch::micro_scale_register_budget(t == "float" ? 4 : 2, true);
+  return c;
+}
+
 TemplateCase amax_case(const std::string& arch, const Dtype& in) {
   return {
       "amax_" + in.tag + "_" + arch, "amax.cuh", {"opfuse::amax_reduce<" + in.type + ">"}, arch};
@@ -287,6 +319,7 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(amax_case(arch, in));
       cases.push_back(block_cast_case(arch, in));
       cases.push_back(block_fake_quantize_case(arch, in));
+      cases.push_back(micro_scale_case(arch, in));
     }
     // The transposed copy of gathered FP8 codes (gather-fp8): one kernel per format.
     cases.push_back({"fp8_transpose_" + arch,
@@ -467,6 +500,29 @@ TEST(TemplateLaunchRules, BlockCastGridsAndScaleGrids) {
   EXPECT_EQ(launch::block_scale_grid_inner(300, 272, true), 4);
   EXPECT_EQ(launch::block_scale_grid_inner(128, 640, true), 8);  // 5 column blocks -> 8
   EXPECT_EQ(launch::block_scale_grid_outer(0, 128, true), 0);
+}
+
+// Micro-scaled casts: row blocks (one scale block per thread) or 64-column patches.
+TEST(TemplateLaunchRules, MicroScaleGrids) {
+  EXPECT_EQ(launch::micro_scale_block_size(launch::kMicroScaleE4M3), 32);
+  EXPECT_EQ(launch::micro_scale_block_size(launch::kMicroScaleE2M1), 16);
+  // Rowwise MXFP8 [4096, 4096]: 4096 * 128 blocks over 256 threads.
+  EXPECT_EQ(launch::micro_scale_grid_x(4096, 4096, launch::kMicroScaleE4M3, false, false), 2048);
+  EXPECT_EQ(launch::micro_scale_grid_y(4096, launch::kMicroScaleE4M3, false, false), 1);
+  EXPECT_EQ(launch::micro_scale_grid_x(0, 4096, launch::kMicroScaleE2M1, false, false), 1);
+  // Columnwise NVFP4 [300 -> 304, 100]: ceil(100 / 64) strips, 19 row groups of 16 over 8 warps.
+  EXPECT_EQ(launch::micro_scale_grid_x(304, 100, launch::kMicroScaleE2M1, true, false), 2);
+  EXPECT_EQ(launch::micro_scale_grid_y(304, launch::kMicroScaleE2M1, true, false), 3);
+  // 2-D rowwise uses patches too; MXFP8 columnwise groups are 32 rows.
+  EXPECT_EQ(launch::micro_scale_grid_y(256, launch::kMicroScaleE2M1, false, true), 2);
+  EXPECT_EQ(launch::micro_scale_grid_y(256, launch::kMicroScaleE5M2, true, false), 1);
+  EXPECT_EQ(launch::micro_scale_grid_y(1LL << 40, launch::kMicroScaleE2M1, true, false),
+            launch::kMicroScaleMaxGridY);
+  EXPECT_EQ(launch::micro_scale_rht_amax_grid_x(4096), 64);
+  EXPECT_EQ(launch::micro_scale_rht_amax_grid_y(4096), 32);
+  EXPECT_EQ(launch::micro_scale_register_budget(2, false), 64);
+  EXPECT_EQ(launch::micro_scale_register_budget(2, true), 80);
+  EXPECT_EQ(launch::micro_scale_register_budget(4, false), 128);
 }
 
 std::vector<std::string> template_headers() {
