@@ -215,12 +215,14 @@ struct MicroPatch {
   int cols;
   bool active;
   Vec<Input, 2> raw[kHold && !kRht ? kBlock : 1];
-  float transformed[kRht ? kBlock : 1][2];
+  float transformed[2][kRht ? kBlock : 1];  // [column][row]
 
   __device__ __forceinline__ Vec<Input, 2> load_pair(int k, int offset) const {
     Vec<Input, 2> pair;
     if (active) {
-      pair = load_vec<Input, 2>(x + (r0 + k) * cols + c + offset);
+      // 32-bit offsets from the patch's first element (a patch spans kBlock rows).
+      pair = load_vec<Input, 2>(x + (r0 * cols + c) +
+                                (static_cast<unsigned int>(k * cols) + static_cast<unsigned int>(offset)));
     } else {
       pair.elems[0] = from_float<Input>(0.0f);
       pair.elems[1] = from_float<Input>(0.0f);
@@ -234,8 +236,8 @@ struct MicroPatch {
     for (int k = 0; k < kBlock; ++k) {
       const Vec<Input, 2> pair = load_pair(k, 0);
       if constexpr (kRht) {
-        transformed[k][0] = to_float(pair.elems[0]);
-        transformed[k][1] = to_float(pair.elems[1]);
+        transformed[0][k] = to_float(pair.elems[0]);
+        transformed[1][k] = to_float(pair.elems[1]);
       } else {
         if constexpr (kHold) raw[k] = pair;
         visit(k, to_float(pair.elems[0]), to_float(pair.elems[1]));
@@ -243,17 +245,10 @@ struct MicroPatch {
     }
     if constexpr (kRht) {
       static_assert(kBlock == 16, "the Hadamard transform is 16 x 16");
+      rht16(transformed[0]);
+      rht16(transformed[1]);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float column[16];
-#pragma unroll
-        for (int k = 0; k < 16; ++k) column[k] = transformed[k][j];
-        rht16(column);
-#pragma unroll
-        for (int k = 0; k < 16; ++k) transformed[k][j] = column[k];
-      }
-#pragma unroll
-      for (int k = 0; k < 16; ++k) visit(k, transformed[k][0], transformed[k][1]);
+      for (int k = 0; k < 16; ++k) visit(k, transformed[0][k], transformed[1][k]);
     }
   }
   // The second pass: the values of rows k .. k + 3.
@@ -263,8 +258,8 @@ struct MicroPatch {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       if constexpr (kRht) {
-        v[kk][0] = transformed[k + kk][0];
-        v[kk][1] = transformed[k + kk][1];
+        v[kk][0] = transformed[0][k + kk];
+        v[kk][1] = transformed[1][k + kk];
       } else {
         const Vec<Input, 2> pair = kHold ? raw[k + kk] : load_pair(k + kk, offset);
         v[kk][0] = to_float(pair.elems[0]);
@@ -273,6 +268,99 @@ struct MicroPatch {
     }
   }
 };
+
+// NVFP4's part of a column patch: first the codes (both columns, 16 rows, packed as they are
+// stored: code of row k in bits 4 (k % 8) of word k / 8), then the decoded values from the codes,
+// so the patch's values and the random words are dead before the stores of y begin.
+template <typename Input, typename Output, bool kColumnwise, bool kRht, bool kStochastic,
+          bool kWriteCodes, typename Patch>
+__device__ __forceinline__ void micro_fp4_patch(const MicroScaleParams<Input, Output>& p,
+                                                const Patch& patch, const MicroBlockScale (&s)[2],
+                                                float tensor_decode, long long base, long long r0,
+                                                int c, long long group, unsigned int step) {
+  constexpr int kFormat = launch::kMicroScaleE2M1;
+  unsigned int packed[2][2] = {{0u, 0u}, {0u, 0u}};
+  if constexpr (kStochastic && kColumnwise) {
+    // Element i = (c + j) * rows + r of the stored copy: one Philox call per column and 4 rows.
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int k = 0; k < 16; k += 4) {
+        float v[4][2];
+        patch.rows4(k, v);
+        const unsigned long long i =
+            static_cast<unsigned long long>(c + j) * static_cast<unsigned int>(p.rows) +
+            static_cast<unsigned long long>(r0 + k);
+        const Philox4x32 random = micro_scale_random_words(i / 4, p.seed, p.stream, step);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          packed[j][(k + kk) / 8] |= micro_encode<kFormat, true>(v[kk][j], s[j], random.v[kk])
+                                     << (4 * ((k + kk) % 8));
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; k += 4) {
+      float v[4][2];
+      patch.rows4(k, v);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        unsigned int bits[2] = {0u, 0u};
+        if constexpr (kStochastic) {
+          // Rowwise 2-D: element i = r * cols + c + j; c is even, so c and c + 1 share a call.
+          const unsigned long long i = static_cast<unsigned long long>(base) +
+                                       static_cast<unsigned int>((k + kk) * p.cols);
+          const Philox4x32 random = micro_scale_random_words(i / 4, p.seed, p.stream, step);
+          bits[0] = random.v[i % 4];
+          bits[1] = random.v[(i + 1) % 4];
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          packed[j][(k + kk) / 8] |= micro_encode<kFormat, kStochastic>(v[kk][j], s[j], bits[j])
+                                     << (4 * ((k + kk) % 8));
+        }
+      }
+    }
+  }
+  if constexpr (kWriteCodes) {
+    if constexpr (kColumnwise) {
+      // Column c + j of the stored [cols, rows / 2] copy: 8 bytes at row r0 (rows % 16 == 0);
+      // its scale at [c + j][group].
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        *reinterpret_cast<uint2*>(p.codes + static_cast<long long>(c + j) * (p.rows / 2) +
+                                  r0 / 2) = make_uint2(packed[j][0], packed[j][1]);
+        p.scales[static_cast<long long>(c + j) * (p.rows / 16) + group] =
+            static_cast<unsigned char>(s[j].bits);
+      }
+    } else {
+      // 2-D rowwise: cols % 16 == 0 and c even, so base / 2 and (c % 16 == 0) base / 16 are
+      // exact: byte (r, c / 2) and scale (r, c / 16) of every row r of the block.
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const unsigned int row_offset = static_cast<unsigned int>(k * p.cols);
+        const unsigned int pair = ((packed[0][k / 8] >> (4 * (k % 8))) & 0xFu) |
+                                  (((packed[1][k / 8] >> (4 * (k % 8))) & 0xFu) << 4);
+        p.codes[base / 2 + row_offset / 2] = static_cast<unsigned char>(pair);
+        if (c % 16 == 0) p.scales[base / 16 + row_offset / 16] = static_cast<unsigned char>(s[0].bits);
+      }
+    }
+  }
+  if (p.y != nullptr) {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      float value[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        value[j] = micro_decode<kFormat>((packed[j][k / 8] >> (4 * (k % 8))) & 0xFu, s[j],
+                                         tensor_decode);
+      }
+      store_vec(p.y + base + static_cast<unsigned int>(k * p.cols),
+                float_to_vec<Output, 2>(value, 1.0f));
+    }
+  }
+}
 
 // Columnwise copies and 2-D blocks: lane `lane` of warp `warp` owns columns c, c + 1 of the row
 // group (kBlock rows) blockIdx.y * 8 + warp (strided by gridDim.y * 8).
@@ -311,79 +399,40 @@ __device__ __forceinline__ void micro_scale_patches(const MicroScaleParams<Input
 #pragma unroll
     for (int j = 0; j < 2; ++j)
       s[j] = micro_block_scale<kFormat>(amax[j], tensor.scale, tensor.decode);
-    // Codes per column: NVFP4 packs the kBlock codes of a column in kBlock / 8 words
-    // (columnwise) or the two codes of a row in one byte (rowwise 2-D); MXFP8 two bytes per row.
-    unsigned int column_codes[2][kFp4 ? kBlock / 8 : 1] = {};
+    // Element (r0, c) of the source; rows of the patch are 32-bit offsets from it (few 64-bit
+    // addresses live at once: sm_100a's ptxas spilled them).
+    const long long base = r0 * p.cols + c;
+    if constexpr (kFp4) {
+      micro_fp4_patch<Input, Output, kColumnwise, kRht, kStochastic, kWriteCodes>(
+          p, patch, s, tensor.decode, base, r0, c, group, step);
+    } else {
 #pragma unroll
-    for (int k = 0; k < kBlock; k += 4) {
-      float v[4][2];
-      patch.rows4(k, v);
-      // Stochastic rounding's bits for rows k..k+3: columnwise, element i = (c + j) * rows + r
-      // (one Philox call per column and 4 rows); rowwise 2-D, i = r * cols + c + j (one call per
-      // row, c and c + 1 in the same group of 4 since c is even).
-      Philox4x32 random[2] = {{{0u, 0u, 0u, 0u}}, {{0u, 0u, 0u, 0u}}};
-      if constexpr (kStochastic && kColumnwise) {
+      for (int k = 0; k < kBlock; k += 4) {
+        float v[4][2];
+        patch.rows4(k, v);
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const unsigned long long i =
-              static_cast<unsigned long long>(c + j) * p.rows + static_cast<unsigned long long>(r0 + k);
-          random[j] = micro_scale_random_words(i / 4, p.seed, p.stream, step);
-        }
-      }
+        for (int kk = 0; kk < 4; ++kk) {
+          const unsigned int row_offset = static_cast<unsigned int>((k + kk) * p.cols);
+          unsigned int code[2];
+          float value[2];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const long long r = r0 + k + kk;
-        unsigned int bits[2] = {0u, 0u};
-        if constexpr (kStochastic && kColumnwise) {
-          bits[0] = random[0].v[kk];
-          bits[1] = random[1].v[kk];
-        } else if constexpr (kStochastic) {
-          const unsigned long long i = static_cast<unsigned long long>(r) * p.cols + c;
-          const Philox4x32 row_random = micro_scale_random_words(i / 4, p.seed, p.stream, step);
-          bits[0] = row_random.v[i % 4];
-          bits[1] = row_random.v[(i + 1) % 4];
-        }
-        unsigned int code[2];
-        float value[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          code[j] = micro_encode<kFormat, kStochastic>(v[kk][j], s[j], bits[j]);
-          value[j] = micro_decode<kFormat>(code[j], s[j], tensor.decode);
-        }
-        if constexpr (kWriteCodes) {
-          if constexpr (!kFp4) {
-            *reinterpret_cast<unsigned short*>(p.codes + r * p.cols + c) =
+          for (int j = 0; j < 2; ++j) {
+            code[j] = micro_encode<kFormat, false>(v[kk][j], s[j], 0u);
+            value[j] = micro_decode<kFormat>(code[j], s[j], tensor.decode);
+          }
+          if constexpr (kWriteCodes) {
+            *reinterpret_cast<unsigned short*>(p.codes + base + row_offset) =
                 static_cast<unsigned short>(code[0] | (code[1] << 8));
-          } else if constexpr (kColumnwise) {
-            const int row = k + kk;
-            column_codes[0][row / 8] |= code[0] << (4 * (row % 8));
-            column_codes[1][row / 8] |= code[1] << (4 * (row % 8));
-          } else {
-            p.codes[r * (p.cols / 2) + c / 2] = static_cast<unsigned char>(code[0] | (code[1] << 4));
-            if (c % 16 == 0) {
-              p.scales[r * (p.cols / 16) + c / 16] = static_cast<unsigned char>(s[0].bits);
-            }
+          }
+          if (p.y != nullptr) {
+            store_vec(p.y + base + row_offset, float_to_vec<Output, 2>(value, 1.0f));
           }
         }
-        if (p.y != nullptr) {
-          store_vec(p.y + r * p.cols + c, float_to_vec<Output, 2>(value, 1.0f));
-        }
       }
-    }
-    if constexpr (kWriteCodes) {
-      if constexpr (!kFp4) {
+      if constexpr (kWriteCodes) {
         // [rows / 32][cols]: this group's two entries.
         *reinterpret_cast<unsigned short*>(p.scales + group * p.cols + c) =
             static_cast<unsigned short>(s[0].bits | (s[1].bits << 8));
-      } else if constexpr (kColumnwise) {
-        // Column c + j of the stored [cols, rows / 2] copy: 8 bytes at row r0 (rows % 16 == 0).
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          *reinterpret_cast<uint2*>(p.codes + static_cast<long long>(c + j) * (p.rows / 2) +
-                                    r0 / 2) = make_uint2(column_codes[j][0], column_codes[j][1]);
-          p.scales[static_cast<long long>(c + j) * (p.rows / 16) + group] =
-              static_cast<unsigned char>(s[j].bits);
-        }
       }
     }
   }
@@ -400,7 +449,7 @@ __global__ void __launch_bounds__(
     launch::kMicroScaleThreads,
     launch::min_blocks(launch::kMicroScaleThreads,
                        launch::micro_scale_register_budget(static_cast<int>(sizeof(Input)),
-                                                           kStochastic)))
+                                                           kStochastic, kRht)))
     micro_scale_cast(MicroScaleParams<Input, Output> p) {
   static_assert(kFormat == launch::kMicroScaleE4M3 || kFormat == launch::kMicroScaleE5M2 ||
                     kFormat == launch::kMicroScaleE2M1,
@@ -426,7 +475,7 @@ __global__ void __launch_bounds__(
     launch::kMicroScaleThreads,
     launch::min_blocks(launch::kMicroScaleThreads,
                        launch::micro_scale_register_budget(static_cast<int>(sizeof(Input)),
-                                                           false)))
+                                                           false, true)))
     micro_scale_rht_amax(MicroScaleParams<Input, Input> p) {
   __shared__ float scratch[launch::kMicroScaleWarps];
   const int lane = threadIdx.x & 31;

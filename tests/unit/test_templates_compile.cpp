@@ -206,7 +206,8 @@ TemplateCase micro_scale_case(const std::string& arch, const Dtype& in) {
     c.name_expressions.push_back(expression + ">");
   }
   c.name_expressions.push_back("opfuse::micro_scale_rht_amax<" + t + ">");
-  c.register_budget = launch::micro_scale_register_budget(t == "float" ? 4 : 2, true);
+  // The largest budget of the case's kernels (RHT + stochastic rounding).
+  c.register_budget = launch::micro_scale_register_budget(t == "float" ? 4 : 2, true, true);
   return c;
 }
 
@@ -520,9 +521,11 @@ TEST(TemplateLaunchRules, MicroScaleGrids) {
             launch::kMicroScaleMaxGridY);
   EXPECT_EQ(launch::micro_scale_rht_amax_grid_x(4096), 64);
   EXPECT_EQ(launch::micro_scale_rht_amax_grid_y(4096), 32);
-  EXPECT_EQ(launch::micro_scale_register_budget(2, false), 64);
-  EXPECT_EQ(launch::micro_scale_register_budget(2, true), 80);
-  EXPECT_EQ(launch::micro_scale_register_budget(4, false), 128);
+  EXPECT_EQ(launch::micro_scale_register_budget(2, false, false), 64);
+  EXPECT_EQ(launch::micro_scale_register_budget(2, false, true), 64);
+  EXPECT_EQ(launch::micro_scale_register_budget(2, true, false), 80);
+  EXPECT_EQ(launch::micro_scale_register_budget(2, true, true), 128);
+  EXPECT_EQ(launch::micro_scale_register_budget(4, false, false), 128);
 }
 
 std::vector<std::string> template_headers() {
