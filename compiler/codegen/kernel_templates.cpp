@@ -60,9 +60,9 @@ constexpr TemplateParam kBlockFakeQuantizeParams[] = {
 };
 // kFormat: 0 MXFP8 E4M3, 1 MXFP8 E5M2, 2 NVFP4 (launch::kMicroScaleE4M3/E5M2/E2M1).
 constexpr TemplateParam kMicroScaleCastParams[] = {
-    {"Input", Kind::DType, ""},         {"Output", Kind::DType, ""},
-    {"kFormat", Kind::Int, ""},         {"kColumnwise", Kind::Bool, ""},
-    {"kTwoD", Kind::Bool, "false"},     {"kRht", Kind::Bool, "false"},
+    {"Input", Kind::DType, ""},           {"Output", Kind::DType, ""},
+    {"kFormat", Kind::Int, ""},           {"kColumnwise", Kind::Bool, ""},
+    {"kTwoD", Kind::Bool, "false"},       {"kRht", Kind::Bool, "false"},
     {"kStochastic", Kind::Bool, "false"}, {"kWriteCodes", Kind::Bool, "true"},
 };
 constexpr TemplateParam kBiasAddParams[] = {
@@ -115,8 +115,8 @@ constexpr std::string_view kCastTransposeExample[] = {"__nv_bfloat16", "__nv_fp8
                                                       "false"};
 constexpr std::string_view kBlockCastExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "false",
                                                   "true"};
-constexpr std::string_view kMicroScaleCastExample[] = {"__nv_bfloat16", "__nv_bfloat16", "2",
-                                                       "true", "false", "true", "true"};
+constexpr std::string_view kMicroScaleCastExample[] = {
+    "__nv_bfloat16", "__nv_bfloat16", "2", "true", "false", "true", "true"};
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
                                                 "true"};
 constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};

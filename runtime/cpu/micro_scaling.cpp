@@ -53,12 +53,12 @@ std::vector<float> transpose(std::span<const float> x, int64_t rows, int64_t col
 }
 
 void butterflies(std::span<float, 16> v) {
-  for (int h = 1; h < 16; h *= 2) {
-    for (int j = 0; j < 16; ++j) {
+  for (size_t h = 1; h < 16; h *= 2) {
+    for (size_t j = 0; j < 16; ++j) {
       if ((j & h) != 0) continue;
-      const float a = v[size_t(j)], b = v[size_t(j + h)];
-      v[size_t(j)] = a + b;
-      v[size_t(j + h)] = a - b;
+      const float a = v[j], b = v[j + h];
+      v[j] = a + b;
+      v[j + h] = a - b;
     }
   }
 }
@@ -120,8 +120,7 @@ Mxfp8Copy mxfp8_quantize(std::span<const float> x, int64_t rows, int64_t cols, F
   constexpr const char* kWhere = "mxfp8_quantize";
   check_extents(kWhere, x, rows, cols);
   if (columnwise)
-    check_multiple(kWhere, "rows (the columnwise copy's blocked dimension)", rows,
-                   kMxfp8BlockSize);
+    check_multiple(kWhere, "rows (the columnwise copy's blocked dimension)", rows, kMxfp8BlockSize);
   else
     check_multiple(kWhere, "cols (the rowwise copy's blocked dimension)", cols, kMxfp8BlockSize);
   Mxfp8Copy copy;
@@ -163,11 +162,11 @@ std::vector<float> mxfp8_dequantize(const Mxfp8Copy& copy) {
   const int64_t blocks = copy.cols / kMxfp8BlockSize;
   for (int64_t r = 0; r < copy.rows; ++r) {
     for (int64_t c = 0; c < copy.cols; ++c) {
-      const int64_t scale_index =
-          copy.columnwise ? (r / kMxfp8BlockSize) * copy.cols + c : r * blocks + c / kMxfp8BlockSize;
+      const int64_t scale_index = copy.columnwise ? (r / kMxfp8BlockSize) * copy.cols + c
+                                                  : r * blocks + c / kMxfp8BlockSize;
       const size_t i = size_t(r * copy.cols + c);
-      out[i] = fp8_to_float(copy.data[i], copy.format) *
-               e8m0_to_float(copy.scales[size_t(scale_index)]);
+      out[i] =
+          fp8_to_float(copy.data[i], copy.format) * e8m0_to_float(copy.scales[size_t(scale_index)]);
     }
   }
   return out;
@@ -248,8 +247,8 @@ Nvfp4Copy nvfp4_quantize(std::span<const float> x, int64_t rows, int64_t cols, f
   constexpr const char* kWhere = "nvfp4_quantize";
   check_extents(kWhere, x, rows, cols);
   if (!(tensor_scale > 0.0f) || std::isinf(tensor_scale))
-    fail(kWhere, "the tensor scale must be finite and positive, got " +
-                     std::to_string(tensor_scale));
+    fail(kWhere,
+         "the tensor scale must be finite and positive, got " + std::to_string(tensor_scale));
   if (params.rht && !params.columnwise)
     fail(kWhere, "the random Hadamard transform applies to the columnwise copy only");
   if (params.rht && params.two_d)
@@ -258,8 +257,7 @@ Nvfp4Copy nvfp4_quantize(std::span<const float> x, int64_t rows, int64_t cols, f
     check_multiple(kWhere, "rows (2-D blocks)", rows, kNvfp4BlockSize);
     check_multiple(kWhere, "cols (2-D blocks)", cols, kNvfp4BlockSize);
   } else if (params.columnwise) {
-    check_multiple(kWhere, "rows (the columnwise copy's blocked dimension)", rows,
-                   kNvfp4BlockSize);
+    check_multiple(kWhere, "rows (the columnwise copy's blocked dimension)", rows, kNvfp4BlockSize);
   } else {
     check_multiple(kWhere, "cols (the rowwise copy's blocked dimension)", cols, kNvfp4BlockSize);
   }
@@ -267,8 +265,8 @@ Nvfp4Copy nvfp4_quantize(std::span<const float> x, int64_t rows, int64_t cols, f
   std::vector<float> stored;
   int64_t R = rows, C = cols;
   if (params.columnwise) {
-    stored = params.rht ? transpose(rht_columns(x, rows, cols), rows, cols)
-                        : transpose(x, rows, cols);
+    stored =
+        params.rht ? transpose(rht_columns(x, rows, cols), rows, cols) : transpose(x, rows, cols);
     R = cols;
     C = rows;
   } else {
@@ -319,9 +317,8 @@ std::vector<float> nvfp4_dequantize(const Nvfp4Copy& copy) {
     for (int64_t c = 0; c < C; ++c) {
       const int64_t i = r * C + c;
       const uint8_t code = static_cast<uint8_t>(copy.data[size_t(i / 2)] >> (4 * (c % 2))) & 0xF;
-      const float scale = fp8_to_float(copy.scales[size_t(r * (C / kNvfp4BlockSize) +
-                                                          c / kNvfp4BlockSize)],
-                                        Fp8Format::E4M3);
+      const float scale = fp8_to_float(
+          copy.scales[size_t(r * (C / kNvfp4BlockSize) + c / kNvfp4BlockSize)], Fp8Format::E4M3);
       const float value = (e2m1_to_float(code) * scale) * decode;
       out[size_t(columnwise ? c * R + r : i)] = value;
     }

@@ -14,9 +14,9 @@
 //   e = e8m0_round_up(block_amax / fp8_max) (IEEE division), q = fp8_satfinite_rne(x * 2^(127-e))
 //   (the multiplier exact, the product rounded once), decoded fp8(q) * 2^(e - 127) in fp32.
 //   A zero block: e = 0, codes 0. An Inf element: amax Inf, e = 0xFE, the Inf saturates to
-//   +-fp8_max and every finite element of the block becomes 0 (x * 2^-127 underflows). A NaN element
-//   casts to NaN (0x7F) and does not affect the block's scale. e = 0xFF (a NaN amax) cannot come
-//   out of a cast (the amax skips NaN); as an exponent it decodes to NaN.
+//   +-fp8_max and every finite element of its block becomes 0 (x * 2^-127 underflows). A NaN
+//   element casts to NaN (0x7F) and leaves the block's scale to the others. e = 0xFF (a NaN amax)
+//   cannot come out of a cast (the amax skips NaN); as an exponent it decodes to NaN.
 //   Rowwise copy: 1 x 32 blocks along the rows; data [rows, cols]; scales [rows][cols / 32].
 //   Columnwise copy: 32 x 1 blocks down the columns, data NOT transposed [rows, cols]; scales
 //   [rows / 32][cols]. (TE's layouts, before any swizzle.)
@@ -176,7 +176,6 @@ float rht_amax(std::span<const float> x, int64_t rows, int64_t cols);
 // Padding entries are 0.
 int64_t swizzled_scales_size(int64_t outer, int64_t inner);
 int64_t swizzled_scale_offset(int64_t outer_index, int64_t inner_index, int64_t inner);
-std::vector<uint8_t> swizzle_scales(std::span<const uint8_t> compact, int64_t outer,
-                                    int64_t inner);
+std::vector<uint8_t> swizzle_scales(std::span<const uint8_t> compact, int64_t outer, int64_t inner);
 
 }  // namespace opfuse::cpu

@@ -310,9 +310,9 @@ OPFUSE_LAUNCH_RULE int block_row_count(int cols) {
 inline constexpr int kMicroScaleThreads = 256;
 inline constexpr int kMicroScaleWarps = kMicroScaleThreads / kWarpSize;
 // kFormat of micro_scale_cast.
-inline constexpr int kMicroScaleE4M3 = 0;  // MXFP8, E4M3 elements
-inline constexpr int kMicroScaleE5M2 = 1;  // MXFP8, E5M2 elements
-inline constexpr int kMicroScaleE2M1 = 2;  // NVFP4
+inline constexpr int kMicroScaleE4M3 = 0;       // MXFP8, E4M3 elements
+inline constexpr int kMicroScaleE5M2 = 1;       // MXFP8, E5M2 elements
+inline constexpr int kMicroScaleE2M1 = 2;       // NVFP4
 inline constexpr int kMicroScalePatchCols = 2;  // columns per lane in a column patch
 inline constexpr int kMicroScaleStripCols = kWarpSize * kMicroScalePatchCols;  // 64
 inline constexpr int kMicroScaleMaxGridX = 1 << 20;
@@ -333,8 +333,7 @@ OPFUSE_LAUNCH_RULE int micro_scale_grid_x(long long rows, long long cols, int fo
   return static_cast<int>(
       max_of(1, min_of(ceil_div(blocks, kMicroScaleThreads), kMicroScaleMaxGridX)));
 }
-OPFUSE_LAUNCH_RULE int micro_scale_grid_y(long long rows, int format, bool columnwise,
-                                          bool two_d) {
+OPFUSE_LAUNCH_RULE int micro_scale_grid_y(long long rows, int format, bool columnwise, bool two_d) {
   if (!micro_scale_uses_patches(columnwise, two_d)) return 1;
   const long long groups = ceil_div(rows, micro_scale_block_size(format));
   return static_cast<int>(

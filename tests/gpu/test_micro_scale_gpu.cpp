@@ -153,9 +153,11 @@ struct Variant {
   }
   std::string describe() const {
     std::ostringstream out;
-    out << (format == 2 ? "NVFP4" : format == 0 ? "MXFP8 E4M3" : "MXFP8 E5M2")
-        << (columnwise ? " columnwise" : " rowwise") << (two_d ? " 2-D" : "")
-        << (rht ? " RHT" : "") << (stochastic ? " SR" : "") << (write_codes ? "" : " y only")
+    out << (format == 2   ? "NVFP4"
+            : format == 0 ? "MXFP8 E4M3"
+                          : "MXFP8 E5M2")
+        << (columnwise ? " columnwise" : " rowwise") << (two_d ? " 2-D" : "") << (rht ? " RHT" : "")
+        << (stochastic ? " SR" : "") << (write_codes ? "" : " y only")
         << (null_step ? " (step nullptr)" : "");
     return out.str();
   }
@@ -263,9 +265,10 @@ TEST_P(MicroScaleGpu, MatchesTheCpuOracleBitForBit) {
   ASSERT_EQ(loaded.compiled.spill_store_bytes, 0);
   for (const cudaKernel_t kernel : loaded.kernels) ASSERT_NE(kernel, nullptr);
 
-  // Every dimension a multiple of 32 (what every variant needs); cols 96 and 48: partial 64-column
-  // strips; rows 96, 160, 224: partial row tiles (128 NVFP4 rows, 256 MXFP8 rows per block).
-  const int shapes[][2] = {{0, 64},   {32, 32},   {96, 96},   {160, 48},
+  // Every dimension a multiple of 32 (what every variant needs); cols 96 and 32: partial 64-column
+  // strips (idle lanes); rows 96, 160, 224: partial row tiles (128 NVFP4 rows, 256 MXFP8 rows
+  // per block of 8 warps).
+  const int shapes[][2] = {{0, 64},    {32, 32},  {96, 96},   {160, 32},
                            {224, 320}, {512, 64}, {256, 1024}};
   std::mt19937_64 rng(2026);
   size_t launches = 0;
@@ -339,9 +342,8 @@ TEST_P(MicroScaleGpu, MatchesTheCpuOracleBitForBit) {
                            cols};
         void* args[] = {&p};
         for (const bool strided : {false, true}) {
-          dim3 grid(
-              launch::micro_scale_grid_x(rows, cols, v.format, v.columnwise, v.two_d),
-              launch::micro_scale_grid_y(rows, v.format, v.columnwise, v.two_d));
+          dim3 grid(launch::micro_scale_grid_x(rows, cols, v.format, v.columnwise, v.two_d),
+                    launch::micro_scale_grid_y(rows, v.format, v.columnwise, v.two_d));
           if (strided) {  // fewer blocks than work: grid-stride loops
             if (grid.x * grid.y <= 1) continue;
             if (grid.y > 1) {
@@ -381,9 +383,9 @@ TEST_P(MicroScaleGpu, MatchesTheCpuOracleBitForBit) {
 // running max and arrival count back to 0.
 TEST_P(MicroScaleGpu, RhtAmaxAndTensorScale) {
   const Combo combo = GetParam();
-  const test::TemplateKernels loaded = test::load_template_kernels(
-      "#include \"micro_scale.cuh\"\n",
-      {"opfuse::micro_scale_rht_amax<" + spelling(combo.input) + ">"});
+  const test::TemplateKernels loaded =
+      test::load_template_kernels("#include \"micro_scale.cuh\"\n",
+                                  {"opfuse::micro_scale_rht_amax<" + spelling(combo.input) + ">"});
   ASSERT_NE(loaded.kernels.at(0), nullptr);
   std::mt19937_64 rng(99);
   const int shapes[][2] = {{16, 2}, {48, 96}, {160, 130}, {1024, 512}};
@@ -413,9 +415,18 @@ TEST_P(MicroScaleGpu, RhtAmaxAndTensorScale) {
       const float want = cpu::rht_amax(input.values, rows, cols);
       for (const bool with_record : {false, true}) {
         CUDA_OK(cudaMemsetAsync(words.data(), 0, 16, stream_));
-        MicroScaleParams p{x.data(), nullptr, nullptr, nullptr, nullptr, nullptr,
+        MicroScaleParams p{x.data(),
+                           nullptr,
+                           nullptr,
+                           nullptr,
+                           nullptr,
+                           nullptr,
                            static_cast<float*>(words.data()) + 2,
-                           with_record ? record.data() : nullptr, 0, 0, rows, cols};
+                           with_record ? record.data() : nullptr,
+                           0,
+                           0,
+                           rows,
+                           cols};
         void* args[] = {&p};
         const dim3 grid(launch::micro_scale_rht_amax_grid_x(cols),
                         launch::micro_scale_rht_amax_grid_y(rows));

@@ -112,7 +112,7 @@ TEST(MicroScaling, Mxfp8BlockOfKnownAmax) {
 // saturates to +-448 (0x7E / 0xFE) and decodes to 448 * 2^127 = Inf in fp32, finite elements
 // underflow to 0.
 TEST(MicroScaling, Mxfp8ZeroNanAndInfBlocks) {
-  std::vector<float> x(3 * 32, 1.0f);
+  std::vector<float> x(size_t{3} * 32, 1.0f);
   for (int c = 0; c < 32; ++c) x[size_t(c)] = 0.0f;
   x[32 + 3] = kNaN;
   x[64] = kInf;
@@ -148,8 +148,8 @@ TEST(MicroScaling, Mxfp8ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
   for (int64_t r = 32; r < 64; ++r) x[size_t(r * cols + 2)] = 0.0f;  // a zero column block
   x[7] = kNaN;
   const Mxfp8Copy col = mxfp8_quantize(x, rows, cols, Fp8Format::E4M3, true);
-  const Mxfp8Copy ref = mxfp8_quantize(transposed(x, rows, cols), cols, rows, Fp8Format::E4M3,
-                                       false);
+  const Mxfp8Copy ref =
+      mxfp8_quantize(transposed(x, rows, cols), cols, rows, Fp8Format::E4M3, false);
   ASSERT_EQ(col.data.size(), size_t(rows * cols));
   ASSERT_EQ(col.scales.size(), size_t(2 * cols));
   for (int64_t r = 0; r < rows; ++r)
@@ -170,7 +170,7 @@ TEST(MicroScaling, Mxfp8ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
 }
 
 TEST(MicroScaling, Mxfp8ShapeRules) {
-  const std::vector<float> x(48 * 32, 1.0f);
+  const std::vector<float> x(size_t{48} * 32, 1.0f);
   EXPECT_NO_THROW(mxfp8_quantize(x, 48, 32, Fp8Format::E4M3, false));
   EXPECT_THROW(mxfp8_quantize(x, 48, 32, Fp8Format::E4M3, true), std::invalid_argument);
   EXPECT_THROW(mxfp8_quantize(x, 32, 48, Fp8Format::E4M3, false), std::invalid_argument);
@@ -255,8 +255,8 @@ TEST(MicroScaling, PhiloxKnownAnswers) {
   }
   // The cast's counter layout: {i / 4 low, i / 4 high, stream, step}, key {seed low, seed high}.
   const Philox4x32 words = micro_scale_random_words(0x123456789ull, 0xa4093822299f31d0ull, 7, 9);
-  const Philox4x32 direct = philox4x32_10(Philox4x32{{0x23456789u, 0x1u, 7u, 9u}}, 0x299f31d0u,
-                                          0xa4093822u);
+  const Philox4x32 direct =
+      philox4x32_10(Philox4x32{{0x23456789u, 0x1u, 7u, 9u}}, 0x299f31d0u, 0xa4093822u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(words.v[i], direct.v[i]);
 }
 
@@ -275,8 +275,8 @@ TEST(MicroScaling, StochasticRoundingPicksANeighbour) {
   EXPECT_EQ(e2m1_stochastic(-4.5f, 0u), 15);  // -6
   EXPECT_EQ(e2m1_stochastic(-4.5f, 0xFFFFFFFFu), 14);
   // (1.2 - 1) * 2 = 0.4: a draw of 0.39999 rounds up, 0.40001 down.
-  EXPECT_EQ(e2m1_stochastic(1.25f, uint32_t(0x7FFFFF) << 8), 3);       // draw 0.49999994 < 0.5
-  EXPECT_EQ(e2m1_stochastic(1.25f, uint32_t(0x800000) << 8), 2);       // draw 0.5, not < 0.5
+  EXPECT_EQ(e2m1_stochastic(1.25f, uint32_t(0x7FFFFF) << 8), 3);  // draw 0.49999994 < 0.5
+  EXPECT_EQ(e2m1_stochastic(1.25f, uint32_t(0x800000) << 8), 2);  // draw 0.5, not < 0.5
   EXPECT_EQ(e2m1_stochastic(6.5f, 0u), 7);
   EXPECT_EQ(e2m1_stochastic(kInf, 0u), 7);
   EXPECT_EQ(e2m1_stochastic(kNaN, 0u), 7);
@@ -351,7 +351,7 @@ TEST(MicroScaling, Nvfp4TensorScale) {
   EXPECT_EQ(nvfp4_tensor_scale(kNaN), 1.0f);
   EXPECT_EQ(nvfp4_tensor_scale(kInf), 1.0f);
   EXPECT_EQ(nvfp4_tensor_scale(from_bits(1)), FLT_MAX);  // 2688 / 2^-149 overflows
-  EXPECT_EQ(nvfp4_tensor_scale(3.0f), 2688.0f / 3.0f);  // IEEE division, no power of 2
+  EXPECT_EQ(nvfp4_tensor_scale(3.0f), 2688.0f / 3.0f);   // IEEE division, no power of 2
 }
 
 // Global amax 6 -> S_enc 448, S_dec = fl(1/448). A block of amax 3: s_b = e4m3(3 * (448 *
@@ -464,7 +464,7 @@ TEST(MicroScaling, Nvfp4TwoDimensionalBlocks) {
 }
 
 TEST(MicroScaling, Nvfp4ShapeRules) {
-  const std::vector<float> x(24 * 32, 1.0f);
+  const std::vector<float> x(size_t{24} * 32, 1.0f);
   Nvfp4Params p;
   EXPECT_NO_THROW(nvfp4_quantize(x, 24, 32, 1.0f, p));
   EXPECT_THROW(nvfp4_quantize(x, 32, 24, 1.0f, p), std::invalid_argument);
