@@ -2,7 +2,7 @@
 // and casts, NVFP4's E2M1 codes, block and tensor scales, 2-D blocks, the random Hadamard
 // transform, stochastic rounding with Philox4x32-10 (templates/common/philox.cuh), and the sm_100
 // scale swizzle. Values worked out by hand in the comments; E2M1 also against cuda_fp4.h's host
-// conversion.
+// conversion. The suite is named micro_scaling so that `ctest -R micro` selects it.
 #include <cuda_fp4.h>
 #include <gtest/gtest.h>
 
@@ -46,7 +46,7 @@ std::vector<float> random_values(size_t count, uint64_t seed, float stddev = 1.0
 // ------------------------------------------------------------------------------------------------
 // E8M0
 
-TEST(MicroScaling, E8m0RoundsUp) {
+TEST(micro_scaling, E8m0RoundsUp) {
   EXPECT_EQ(e8m0_round_up(1.0f), 127);                    // exactly 2^0
   EXPECT_EQ(e8m0_round_up(2.0f), 128);                    // exactly 2^1
   EXPECT_EQ(e8m0_round_up(0x1p-20f), 107);                // exactly 2^-20
@@ -77,7 +77,7 @@ TEST(MicroScaling, E8m0RoundsUp) {
 // One 1 x 32 block, amax 3: 3 / 448 = 1.71 * 2^-8 -> e = 127 - 8 + 1 = 120 (scale 2^-7), so the
 // multiplier is 2^7: 3 -> 384 (E4M3 0x7C), 1 -> 128 (0x70), -0.5 -> -64 (0xE8). E5M2: 3 / 57344 =
 // 1.71 * 2^-15 -> e = 113, multiplier 2^14: 3 -> 49152 (0x7A), 1 -> 16384 (0x74), -0.5 (0xF0).
-TEST(MicroScaling, Mxfp8BlockOfKnownAmax) {
+TEST(micro_scaling, Mxfp8BlockOfKnownAmax) {
   std::vector<float> x(32, 0.25f);
   x[0] = 3.0f;
   x[1] = 1.0f;
@@ -111,7 +111,7 @@ TEST(MicroScaling, Mxfp8BlockOfKnownAmax) {
 // exponent to the others (amax 1: 1 / 448 = 1.14 * 2^-9 -> 119). An Inf: exponent 0xFE, the Inf
 // saturates to +-448 (0x7E / 0xFE) and decodes to 448 * 2^127 = Inf in fp32, finite elements
 // underflow to 0.
-TEST(MicroScaling, Mxfp8ZeroNanAndInfBlocks) {
+TEST(micro_scaling, Mxfp8ZeroNanAndInfBlocks) {
   std::vector<float> x(size_t{3} * 32, 1.0f);
   for (int c = 0; c < 32; ++c) x[size_t(c)] = 0.0f;
   x[32 + 3] = kNaN;
@@ -142,7 +142,7 @@ TEST(MicroScaling, Mxfp8ZeroNanAndInfBlocks) {
 
 // The columnwise copy (32 x 1 blocks down the columns, data not transposed) is the rowwise copy
 // of the transposed source, transposed back, scales included.
-TEST(MicroScaling, Mxfp8ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
+TEST(micro_scaling, Mxfp8ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
   const int64_t rows = 64, cols = 5;
   std::vector<float> x = random_values(size_t(rows * cols), 1);
   for (int64_t r = 32; r < 64; ++r) x[size_t(r * cols + 2)] = 0.0f;  // a zero column block
@@ -169,7 +169,7 @@ TEST(MicroScaling, Mxfp8ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
   }
 }
 
-TEST(MicroScaling, Mxfp8ShapeRules) {
+TEST(micro_scaling, Mxfp8ShapeRules) {
   const std::vector<float> x(size_t{48} * 32, 1.0f);
   EXPECT_NO_THROW(mxfp8_quantize(x, 48, 32, Fp8Format::E4M3, false));
   EXPECT_THROW(mxfp8_quantize(x, 48, 32, Fp8Format::E4M3, true), std::invalid_argument);
@@ -181,7 +181,7 @@ TEST(MicroScaling, Mxfp8ShapeRules) {
 // ------------------------------------------------------------------------------------------------
 // E2M1
 
-TEST(MicroScaling, E2m1EncodesEveryValueAndTiesToEven) {
+TEST(micro_scaling, E2m1EncodesEveryValueAndTiesToEven) {
   const float values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   for (uint8_t code = 0; code < 8; ++code) {
     EXPECT_EQ(e2m1_rne(values[code]), code);
@@ -214,7 +214,7 @@ TEST(MicroScaling, E2m1EncodesEveryValueAndTiesToEven) {
 
 // cuda_fp4.h's own conversion (host: the double-precision software path) over magnitudes from 0 to
 // 8 in steps of 2^-10, the midpoints' neighbours, and specials.
-TEST(MicroScaling, E2m1MatchesCudaFp4) {
+TEST(micro_scaling, E2m1MatchesCudaFp4) {
   std::vector<float> values = {0.0f, -0.0f, kInf, -kInf, 1e-30f, -1e-30f, 6.0f, 1e38f};
   for (int i = 0; i <= 8 * 1024; ++i) {
     const float v = float(i) * 0x1p-10f;
@@ -233,7 +233,7 @@ TEST(MicroScaling, E2m1MatchesCudaFp4) {
 // Philox and stochastic rounding
 
 // Random123's known-answer vectors (kat_vectors) of philox4x32 with 10 rounds.
-TEST(MicroScaling, PhiloxKnownAnswers) {
+TEST(micro_scaling, PhiloxKnownAnswers) {
   struct Case {
     std::array<uint32_t, 4> counter;
     std::array<uint32_t, 2> key;
@@ -260,7 +260,7 @@ TEST(MicroScaling, PhiloxKnownAnswers) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(words.v[i], direct.v[i]);
 }
 
-TEST(MicroScaling, StochasticRoundingPicksANeighbour) {
+TEST(micro_scaling, StochasticRoundingPicksANeighbour) {
   // Representable values never move; everything else goes to one of its two neighbours, with the
   // draw deciding: bits 0 (draw 0) always rounds up, all ones (draw 1 - 2^-24) down.
   const float values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
@@ -286,7 +286,7 @@ TEST(MicroScaling, StochasticRoundingPicksANeighbour) {
 
 // Unbiased: 100000 draws of 1.2 (between 1 and 1.5: p(up) = 0.4, sd 0.5 * sqrt(0.24)) average to
 // 1.2 within 4 standard errors; and of -4.6 (between -4 and -6).
-TEST(MicroScaling, StochasticRoundingIsUnbiased) {
+TEST(micro_scaling, StochasticRoundingIsUnbiased) {
   constexpr int kDraws = 100000;
   for (const auto& [value, step] : {std::pair{1.2f, 0.5}, std::pair{-4.6f, 2.0}}) {
     double sum = 0.0;
@@ -303,7 +303,7 @@ TEST(MicroScaling, StochasticRoundingIsUnbiased) {
 // Through a whole cast: a [6250, 16] tensor of 1.2 with a 6 per block (so s_b = 448, the
 // multiplier 1 and 1.2 stays between the codes of 1 and 1.5): stochastic rounding's decoded
 // values average to 1.2, and without it every 1.2 rounds to 1 (RNE, never SR).
-TEST(MicroScaling, Nvfp4StochasticCastIsUnbiasedAndRneWithoutIt) {
+TEST(micro_scaling, Nvfp4StochasticCastIsUnbiasedAndRneWithoutIt) {
   const int64_t rows = 6250, cols = 16;
   std::vector<float> x(size_t(rows * cols), 1.2f);
   for (int64_t r = 0; r < rows; ++r) x[size_t(r * cols)] = 6.0f;
@@ -343,7 +343,7 @@ TEST(MicroScaling, Nvfp4StochasticCastIsUnbiasedAndRneWithoutIt) {
 // ------------------------------------------------------------------------------------------------
 // NVFP4
 
-TEST(MicroScaling, Nvfp4TensorScale) {
+TEST(micro_scaling, Nvfp4TensorScale) {
   EXPECT_EQ(nvfp4_tensor_scale(2688.0f), 1.0f);
   EXPECT_EQ(nvfp4_tensor_scale(6.0f), 448.0f);
   EXPECT_EQ(nvfp4_tensor_scale(1.0f), 2688.0f);
@@ -358,7 +358,7 @@ TEST(MicroScaling, Nvfp4TensorScale) {
 // fl(1/6))) = e4m3(224.00002) = 224 (0x76); the multiplier 1 / (224 * fl(1/448)) is 2 (to an
 // ulp): 3 -> 6 (code 7), 1 -> 2 (4), -1.2 -> -2.4 (0xC), 0.3 -> 0.6 (1), 0.1 -> 0.2 (0), -0.7 ->
 // -1.4 (0xB). Decoded (q * 224) * fl(1/448): 6 -> 3, 2 -> 1, 1.5 -> 0.75.
-TEST(MicroScaling, Nvfp4BlockOfKnownAmax) {
+TEST(micro_scaling, Nvfp4BlockOfKnownAmax) {
   std::vector<float> x(16, 0.0f);
   x[0] = 3.0f;
   x[1] = 1.0f;
@@ -392,7 +392,7 @@ TEST(MicroScaling, Nvfp4BlockOfKnownAmax) {
 
 // A block whose s_b underflows E4M3 (1e-6 / 6 * 1 < 2^-10) stores codes 0 and decodes to 0; an
 // Inf saturates s_b to 448 and itself to 6; NaN codes +6 (0x7).
-TEST(MicroScaling, Nvfp4ZeroScaleNanAndInf) {
+TEST(micro_scaling, Nvfp4ZeroScaleNanAndInf) {
   std::vector<float> x(32, 1e-6f);
   x[1] = -1e-6f;
   for (int c = 16; c < 32; ++c) x[size_t(c)] = 1.0f;
@@ -412,7 +412,7 @@ TEST(MicroScaling, Nvfp4ZeroScaleNanAndInf) {
   EXPECT_EQ(decoded[19], 0.0f);  // 1 * (1 / 448 / 1) = 0.0022 -> code 0
 }
 
-TEST(MicroScaling, Nvfp4ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
+TEST(micro_scaling, Nvfp4ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
   const int64_t rows = 48, cols = 20;
   const std::vector<float> x = random_values(size_t(rows * cols), 3);
   const float s_enc = nvfp4_tensor_scale(4.0f);
@@ -433,7 +433,7 @@ TEST(MicroScaling, Nvfp4ColumnwiseIsTheRowwiseCopyOfTheTranspose) {
 
 // 2-D: one scale per 16 x 16 block, repeated on the block's 16 rows; the columnwise copy is the
 // rowwise codes and scales transposed.
-TEST(MicroScaling, Nvfp4TwoDimensionalBlocks) {
+TEST(micro_scaling, Nvfp4TwoDimensionalBlocks) {
   const int64_t rows = 32, cols = 48;
   std::vector<float> x = random_values(size_t(rows * cols), 4, 0.1f);
   x[size_t(3 * cols + 20)] = 5.0f;    // block (0, 1)
@@ -463,7 +463,7 @@ TEST(MicroScaling, Nvfp4TwoDimensionalBlocks) {
   EXPECT_EQ(nvfp4_dequantize(row), nvfp4_dequantize(col));
 }
 
-TEST(MicroScaling, Nvfp4ShapeRules) {
+TEST(micro_scaling, Nvfp4ShapeRules) {
   const std::vector<float> x(size_t{24} * 32, 1.0f);
   Nvfp4Params p;
   EXPECT_NO_THROW(nvfp4_quantize(x, 24, 32, 1.0f, p));
@@ -488,7 +488,7 @@ TEST(MicroScaling, Nvfp4ShapeRules) {
 // ------------------------------------------------------------------------------------------------
 // Random Hadamard transform
 
-TEST(MicroScaling, RhtIsOrthogonal) {
+TEST(micro_scaling, RhtIsOrthogonal) {
   const std::vector<float> x = random_values(16, 5);
   std::array<float, 16> v{};
   for (int k = 0; k < 16; ++k) v[size_t(k)] = x[size_t(k)];
@@ -516,7 +516,7 @@ TEST(MicroScaling, RhtIsOrthogonal) {
 
 // A GEMM over the transformed dimension is unchanged: sum_r a[r, i] * b[r, j] over the rows of
 // two [64, n] operands equals the same sum over their transformed columns, within fp32 rounding.
-TEST(MicroScaling, RhtLeavesTheGemmOverTheTransformedDimensionUnchanged) {
+TEST(micro_scaling, RhtLeavesTheGemmOverTheTransformedDimensionUnchanged) {
   const int64_t k = 64, m = 5, n = 7;
   const std::vector<float> a = random_values(size_t(k * m), 6);
   const std::vector<float> b = random_values(size_t(k * n), 7);
@@ -552,7 +552,7 @@ TEST(MicroScaling, RhtLeavesTheGemmOverTheTransformedDimensionUnchanged) {
 // ------------------------------------------------------------------------------------------------
 // sm_100 swizzled scales
 
-TEST(MicroScaling, SwizzledScaleLayout) {
+TEST(micro_scaling, SwizzledScaleLayout) {
   EXPECT_EQ(swizzled_scale_offset(0, 0, 4), 0);
   EXPECT_EQ(swizzled_scale_offset(0, 3, 4), 3);
   EXPECT_EQ(swizzled_scale_offset(1, 0, 4), 16);
