@@ -141,8 +141,8 @@ __device__ __forceinline__ void micro_scale_rows(const MicroScaleParams<Input, O
   const unsigned int step = kStochastic && p.step != nullptr ? *p.step : 0u;
   const long long blocks = static_cast<long long>(p.rows) * (p.cols / kBlock);
   const long long stride = static_cast<long long>(gridDim.x) * launch::kMicroScaleThreads;
-  for (long long item = static_cast<long long>(blockIdx.x) * launch::kMicroScaleThreads +
-                        threadIdx.x;
+  for (long long item =
+           static_cast<long long>(blockIdx.x) * launch::kMicroScaleThreads + threadIdx.x;
        item < blocks; item += stride) {
     // cols % kBlock == 0: block `item` starts at element item * kBlock.
     const long long first = item * kBlock;
@@ -221,8 +221,9 @@ struct MicroPatch {
     Vec<Input, 2> pair;
     if (active) {
       // 32-bit offsets from the patch's first element (a patch spans kBlock rows).
-      pair = load_vec<Input, 2>(x + (r0 * cols + c) +
-                                (static_cast<unsigned int>(k * cols) + static_cast<unsigned int>(offset)));
+      pair = load_vec<Input, 2>(
+          x + (r0 * cols + c) +
+          (static_cast<unsigned int>(k * cols) + static_cast<unsigned int>(offset)));
     } else {
       pair.elems[0] = from_float<Input>(0.0f);
       pair.elems[1] = from_float<Input>(0.0f);
@@ -309,8 +310,8 @@ __device__ __forceinline__ void micro_fp4_patch(const MicroScaleParams<Input, Ou
         unsigned int bits[2] = {0u, 0u};
         if constexpr (kStochastic) {
           // Rowwise 2-D: element i = r * cols + c + j; c is even, so c and c + 1 share a call.
-          const unsigned long long i = static_cast<unsigned long long>(base) +
-                                       static_cast<unsigned int>((k + kk) * p.cols);
+          const unsigned long long i =
+              static_cast<unsigned long long>(base) + static_cast<unsigned int>((k + kk) * p.cols);
           const Philox4x32 random = micro_scale_random_words(i / 4, p.seed, p.stream, step);
           bits[0] = random.v[i % 4];
           bits[1] = random.v[(i + 1) % 4];
@@ -329,8 +330,8 @@ __device__ __forceinline__ void micro_fp4_patch(const MicroScaleParams<Input, Ou
       // its scale at [c + j][group].
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        *reinterpret_cast<uint2*>(p.codes + static_cast<long long>(c + j) * (p.rows / 2) +
-                                  r0 / 2) = make_uint2(packed[j][0], packed[j][1]);
+        *reinterpret_cast<uint2*>(p.codes + static_cast<long long>(c + j) * (p.rows / 2) + r0 / 2) =
+            make_uint2(packed[j][0], packed[j][1]);
         p.scales[static_cast<long long>(c + j) * (p.rows / 16) + group] =
             static_cast<unsigned char>(s[j].bits);
       }
@@ -343,7 +344,8 @@ __device__ __forceinline__ void micro_fp4_patch(const MicroScaleParams<Input, Ou
         const unsigned int pair = ((packed[0][k / 8] >> (4 * (k % 8))) & 0xFu) |
                                   (((packed[1][k / 8] >> (4 * (k % 8))) & 0xFu) << 4);
         p.codes[base / 2 + row_offset / 2] = static_cast<unsigned char>(pair);
-        if (c % 16 == 0) p.scales[base / 16 + row_offset / 16] = static_cast<unsigned char>(s[0].bits);
+        if (c % 16 == 0)
+          p.scales[base / 16 + row_offset / 16] = static_cast<unsigned char>(s[0].bits);
       }
     }
   }
@@ -353,8 +355,8 @@ __device__ __forceinline__ void micro_fp4_patch(const MicroScaleParams<Input, Ou
       float value[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        value[j] = micro_decode<kFormat>((packed[j][k / 8] >> (4 * (k % 8))) & 0xFu, s[j],
-                                         tensor_decode);
+        value[j] =
+            micro_decode<kFormat>((packed[j][k / 8] >> (4 * (k % 8))) & 0xFu, s[j], tensor_decode);
       }
       store_vec(p.y + base + static_cast<unsigned int>(k * p.cols),
                 float_to_vec<Output, 2>(value, 1.0f));
@@ -375,8 +377,8 @@ __device__ __forceinline__ void micro_scale_patches(const MicroScaleParams<Input
   const int c = (blockIdx.x * launch::kWarpSize + lane) * launch::kMicroScalePatchCols;
   const bool active = c < p.cols;
   const long long groups = p.rows / kBlock;
-  for (long long group = static_cast<long long>(blockIdx.y) * launch::kMicroScaleWarps +
-                         (threadIdx.x >> 5);
+  for (long long group =
+           static_cast<long long>(blockIdx.y) * launch::kMicroScaleWarps + (threadIdx.x >> 5);
        group < groups; group += static_cast<long long>(gridDim.y) * launch::kMicroScaleWarps) {
     const long long r0 = group * kBlock;
     MicroPatch<Input, kBlock, kRht> patch{p.x, r0, c, p.cols, active};
@@ -474,8 +476,8 @@ template <typename Input>
 __global__ void __launch_bounds__(
     launch::kMicroScaleThreads,
     launch::min_blocks(launch::kMicroScaleThreads,
-                       launch::micro_scale_register_budget(static_cast<int>(sizeof(Input)),
-                                                           false, true)))
+                       launch::micro_scale_register_budget(static_cast<int>(sizeof(Input)), false,
+                                                           true)))
     micro_scale_rht_amax(MicroScaleParams<Input, Input> p) {
   __shared__ float scratch[launch::kMicroScaleWarps];
   const int lane = threadIdx.x & 31;
@@ -483,8 +485,8 @@ __global__ void __launch_bounds__(
   const bool active = c < p.cols;
   const long long groups = p.rows / 16;
   float amax = 0.0f;
-  for (long long group = static_cast<long long>(blockIdx.y) * launch::kMicroScaleWarps +
-                         (threadIdx.x >> 5);
+  for (long long group =
+           static_cast<long long>(blockIdx.y) * launch::kMicroScaleWarps + (threadIdx.x >> 5);
        group < groups; group += static_cast<long long>(gridDim.y) * launch::kMicroScaleWarps) {
     if (!active) continue;
     detail::MicroPatch<Input, 16, true> patch{p.x, group * 16, c, p.cols, true};

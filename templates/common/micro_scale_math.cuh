@@ -80,9 +80,9 @@ __device__ __forceinline__ unsigned int e2m1_stochastic(float v, unsigned int bi
 __device__ __forceinline__ float e2m1_to_float(unsigned int code) {
   const unsigned int magnitude = code & 0x7u;
   // 0, 0.5, 1, 1.5 are magnitude / 2; 2, 3, 4, 6 are (2 + (m & 1)) * 2^((m >> 1) - 2).
-  const float value = magnitude < 4u ? __fmul_rn(static_cast<float>(magnitude), 0.5f)
-                                     : static_cast<float>((2u + (magnitude & 1u))
-                                                          << ((magnitude >> 1) - 2u));
+  const float value = magnitude < 4u
+                          ? __fmul_rn(static_cast<float>(magnitude), 0.5f)
+                          : static_cast<float>((2u + (magnitude & 1u)) << ((magnitude >> 1) - 2u));
   return (code & 0x8u) != 0u ? -value : value;
 }
 

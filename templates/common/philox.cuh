@@ -68,8 +68,8 @@ OPFUSE_PHILOX_FN Philox4x32 philox4x32_10(Philox4x32 counter, unsigned int key0,
 OPFUSE_PHILOX_FN Philox4x32 micro_scale_random_words(unsigned long long group,
                                                      unsigned long long seed, unsigned int stream,
                                                      unsigned int step) {
-  const Philox4x32 counter{{static_cast<unsigned int>(group),
-                            static_cast<unsigned int>(group >> 32), stream, step}};
+  const Philox4x32 counter{
+      {static_cast<unsigned int>(group), static_cast<unsigned int>(group >> 32), stream, step}};
   return philox4x32_10(counter, static_cast<unsigned int>(seed),
                        static_cast<unsigned int>(seed >> 32));
 }
