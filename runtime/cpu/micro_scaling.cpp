@@ -158,6 +158,12 @@ Mxfp8Copy mxfp8_quantize(std::span<const float> x, int64_t rows, int64_t cols, F
 }
 
 std::vector<float> mxfp8_dequantize(const Mxfp8Copy& copy) {
+  constexpr const char* kWhere = "mxfp8_dequantize";
+  if (copy.rows < 0 || copy.cols < 0 || copy.data.size() != size_t(copy.rows * copy.cols) ||
+      copy.scales.size() != copy.data.size() / kMxfp8BlockSize)
+    fail(kWhere, "the copy's data or scales do not fit its shape");
+  check_multiple(kWhere, copy.columnwise ? "rows" : "cols", copy.columnwise ? copy.rows : copy.cols,
+                 kMxfp8BlockSize);
   std::vector<float> out(copy.data.size());
   const int64_t blocks = copy.cols / kMxfp8BlockSize;
   for (int64_t r = 0; r < copy.rows; ++r) {
@@ -308,9 +314,15 @@ Nvfp4Copy nvfp4_quantize(std::span<const float> x, int64_t rows, int64_t cols, f
 }
 
 std::vector<float> nvfp4_dequantize(const Nvfp4Copy& copy) {
+  constexpr const char* kWhere = "nvfp4_dequantize";
   const bool columnwise = copy.params.columnwise;
   const int64_t R = columnwise ? copy.cols : copy.rows;
   const int64_t C = columnwise ? copy.rows : copy.cols;
+  if (R < 0 || C < 0) fail(kWhere, "negative extent");
+  check_multiple(kWhere, "the blocked dimension", C, kNvfp4BlockSize);
+  if (copy.data.size() != size_t(R * C / 2) ||
+      copy.scales.size() != size_t(R * (C / kNvfp4BlockSize)))
+    fail(kWhere, "the copy's data or scales do not fit its shape");
   const float decode = 1.0f / copy.tensor_scale;
   std::vector<float> out(size_t(R * C));
   for (int64_t r = 0; r < R; ++r) {
@@ -377,6 +389,10 @@ int64_t swizzled_scales_size(int64_t outer, int64_t inner) {
 }
 
 int64_t swizzled_scale_offset(int64_t outer_index, int64_t inner_index, int64_t inner) {
+  if (outer_index < 0 || inner_index < 0 || inner_index >= inner)
+    fail("swizzled_scale_offset", "entry (" + std::to_string(outer_index) + ", " +
+                                      std::to_string(inner_index) + ") outside an array of " +
+                                      std::to_string(inner) + " columns");
   const int64_t inner_tiles = (inner + 3) / 4;
   const int64_t tile = (outer_index / 128) * inner_tiles + inner_index / 4;
   return tile * 512 + (outer_index % 32) * 16 + ((outer_index % 128) / 32) * 4 + inner_index % 4;

@@ -89,7 +89,8 @@ struct Mxfp8Copy {
 // cols, columnwise: rows) is a multiple of 32.
 Mxfp8Copy mxfp8_quantize(std::span<const float> x, int64_t rows, int64_t cols, Fp8Format format,
                          bool columnwise);
-// The decoded values, [rows, cols].
+// The decoded values, [rows, cols]. Throws std::invalid_argument for a copy whose data or scales
+// do not fit its shape.
 std::vector<float> mxfp8_dequantize(const Mxfp8Copy& copy);
 // Quantize, then dequantize: what the emulated GEMM reads.
 std::vector<float> mxfp8_fake_quantize(std::span<const float> x, int64_t rows, int64_t cols,
@@ -146,7 +147,8 @@ struct Nvfp4Copy {
 Nvfp4Copy nvfp4_quantize(std::span<const float> x, int64_t rows, int64_t cols, float tensor_scale,
                          const Nvfp4Params& params);
 // The decoded values in the source's orientation [rows, cols] (the columnwise copy transposed
-// back; with rht the transformed values, not inverted).
+// back; with rht the transformed values, not inverted). Throws std::invalid_argument for a copy
+// whose data or scales do not fit its shape.
 std::vector<float> nvfp4_dequantize(const Nvfp4Copy& copy);
 std::vector<float> nvfp4_fake_quantize(std::span<const float> x, int64_t rows, int64_t cols,
                                        float tensor_scale, const Nvfp4Params& params);
@@ -173,7 +175,8 @@ float rht_amax(std::span<const float> x, int64_t rows, int64_t cols);
 // inner: its K blocks) is padded to 128 x 4 tiles, tiles stored one after another with the inner
 // tile index fastest ((outer / 128) * ceil(inner / 4) + inner / 4), 512 bytes each; within a
 // tile, entry (outer, inner) is at (outer % 32) * 16 + ((outer % 128) / 32) * 4 + inner % 4.
-// Padding entries are 0.
+// Padding entries are 0. Out-of-range entries and sizes that do not match throw
+// std::invalid_argument.
 int64_t swizzled_scales_size(int64_t outer, int64_t inner);
 int64_t swizzled_scale_offset(int64_t outer_index, int64_t inner_index, int64_t inner);
 std::vector<uint8_t> swizzle_scales(std::span<const uint8_t> compact, int64_t outer, int64_t inner);

@@ -176,6 +176,9 @@ TEST(micro_scaling, Mxfp8ShapeRules) {
   EXPECT_THROW(mxfp8_quantize(x, 32, 48, Fp8Format::E4M3, false), std::invalid_argument);
   EXPECT_NO_THROW(mxfp8_quantize(x, 32, 48, Fp8Format::E4M3, true));
   EXPECT_THROW(mxfp8_quantize(x, 32, 32, Fp8Format::E4M3, false), std::invalid_argument);
+  Mxfp8Copy broken = mxfp8_quantize(x, 48, 32, Fp8Format::E4M3, false);
+  broken.scales.pop_back();
+  EXPECT_THROW(mxfp8_dequantize(broken), std::invalid_argument);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -483,6 +486,9 @@ TEST(micro_scaling, Nvfp4ShapeRules) {
   EXPECT_THROW(nvfp4_quantize(x, 24, 32, 0.0f, {}), std::invalid_argument);
   EXPECT_THROW(nvfp4_quantize(x, 24, 31, 1.0f, {}), std::invalid_argument);
   EXPECT_THROW(rht_columns(x, 24, 32), std::invalid_argument);
+  Nvfp4Copy broken = nvfp4_quantize(x, 24, 32, 1.0f, {});
+  broken.data.pop_back();
+  EXPECT_THROW(nvfp4_dequantize(broken), std::invalid_argument);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -580,6 +586,8 @@ TEST(micro_scaling, SwizzledScaleLayout) {
       EXPECT_EQ(swizzled[size_t(swizzled_scale_offset(o, i, inner))],
                 compact[size_t(o * inner + i)]);
   EXPECT_THROW(swizzle_scales(compact, outer, inner + 1), std::invalid_argument);
+  EXPECT_THROW(swizzled_scale_offset(0, 5, 5), std::invalid_argument);
+  EXPECT_THROW(swizzled_scale_offset(-1, 0, 5), std::invalid_argument);
 }
 
 }  // namespace
