@@ -26,8 +26,9 @@
 
 namespace opfuse {
 
-// One params struct for both entry points (field order is the layout; 88 bytes).
-template <typename Input, typename Output>
+// One params struct for both entry points (field order is the layout; 88 bytes). The amax kernel
+// takes MicroScaleParams<Input> (Output unused).
+template <typename Input, typename Output = Input>
 struct MicroScaleParams {
   const Input* x;  // [rows, cols] row-major
   // Codes (kWriteCodes): MXFP8 [rows, cols] FP8 bytes for both copies; NVFP4 rowwise
@@ -478,7 +479,7 @@ __global__ void __launch_bounds__(
     launch::min_blocks(launch::kMicroScaleThreads,
                        launch::micro_scale_register_budget(static_cast<int>(sizeof(Input)), false,
                                                            true)))
-    micro_scale_rht_amax(MicroScaleParams<Input, Input> p) {
+    micro_scale_rht_amax(MicroScaleParams<Input> p) {
   __shared__ float scratch[launch::kMicroScaleWarps];
   const int lane = threadIdx.x & 31;
   const int c = (blockIdx.x * launch::kWarpSize + lane) * launch::kMicroScalePatchCols;
