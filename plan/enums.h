@@ -13,7 +13,9 @@
 namespace opfuse::plan {
 
 // Element types of tensors (the IR's dtypes: ir/types.h aliases this one).
-enum class DType : uint8_t { BF16, FP16, FP32, E4M3, E5M2 };
+// E2M1 (NVFP4's 4-bit values) is a quantizer format only, never a tensor's dtype: its codes are
+// packed two per byte (runtime/cpu/micro_scaling.h), and on Hopper a GEMM reads the decoded values.
+enum class DType : uint8_t { BF16, FP16, FP32, E4M3, E5M2, E2M1 };
 constexpr int dtype_bytes(DType t) {
   return t == DType::FP32 ? 4 : t == DType::BF16 || t == DType::FP16 ? 2 : 1;
 }
@@ -62,7 +64,16 @@ bool epilogue_writes_aux(GemmEpilogue e);   // GeluAuxBias
 // scale is derived from it; GemmScaleInv the scale_inv the GEMMs read with the quantizer's copies:
 // ScaleInv, except for an FP8 weight kept across steps (`with fp8_weights`), whose copy keeps the
 // scale_inv it was cast with (note "Weight cache" in runtime/gpu/plan_executor.cpp).
-enum class QuantizerValue : uint8_t { Scale, ScaleInv, Amax, RunningAmax, GemmScaleInv };
+// Measurements: the count of a current-scaling (or NVFP4) quantizer's measurements, the step of
+// NVFP4's stochastic rounding (templates/common/quantizer_record.cuh, word 3).
+enum class QuantizerValue : uint8_t {
+  Scale,
+  ScaleInv,
+  Amax,
+  RunningAmax,
+  GemmScaleInv,
+  Measurements
+};
 
 // How a quantizer turns amax into a scale (note "Quantization specs" in docs/architecture.md).
 enum class ScalingKind : uint8_t {
@@ -107,7 +118,7 @@ struct EnumNames;
   };
 
 OPFUSE_ENUM_NAMES(DType, {DType::BF16, "bf16"}, {DType::FP16, "fp16"}, {DType::FP32, "fp32"},
-                  {DType::E4M3, "e4m3"}, {DType::E5M2, "e5m2"})
+                  {DType::E4M3, "e4m3"}, {DType::E5M2, "e5m2"}, {DType::E2M1, "e2m1"})
 OPFUSE_ENUM_NAMES(Phase, {Phase::Forward, "forward"}, {Phase::Backward, "backward"})
 OPFUSE_ENUM_NAMES(QuantizerRole, {QuantizerRole::Input, "input"}, {QuantizerRole::Weight, "weight"},
                   {QuantizerRole::GradOutput, "grad_output"}, {QuantizerRole::Output, "output"},
@@ -130,6 +141,7 @@ OPFUSE_ENUM_NAMES(GemmEpilogue, {GemmEpilogue::None, "none"}, {GemmEpilogue::Bia
 OPFUSE_ENUM_NAMES(QuantizerValue, {QuantizerValue::Scale, "scale"},
                   {QuantizerValue::ScaleInv, "scale_inv"}, {QuantizerValue::Amax, "amax"},
                   {QuantizerValue::RunningAmax, "running_amax"},
+                  {QuantizerValue::Measurements, "measurements"},
                   {QuantizerValue::GemmScaleInv, "gemm_scale_inv"})
 OPFUSE_ENUM_NAMES(ScalingKind, {ScalingKind::Delayed, "delayed"}, {ScalingKind::Current, "current"},
                   {ScalingKind::Block1D, "block_1d"}, {ScalingKind::Block2D, "block_2d"},

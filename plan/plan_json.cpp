@@ -94,6 +94,11 @@ Json spec_json(const QuantSpec& q) {
       j["scale_dtype"] = name(q.scale_dtype);
       j["epsilon"] = q.epsilon;
       j["power_of_2_scale"] = q.power_of_2_scale;
+      if (q.scaling == ScalingKind::MicroScaled) {
+        j["rht"] = q.rht;
+        j["stochastic_rounding"] = q.stochastic_rounding;
+        j["seed"] = q.seed;
+      }
       break;
   }
   return j;

@@ -172,7 +172,9 @@ QuantSpec read_spec(const Json& j, const std::string& path) {
   QuantSpec q;
   q.scaling = enum_field<ScalingKind>(j, path, "scaling");
   q.format = dtype(j, path, "format");
-  if (!dtype_is_fp8(q.format)) fail(sub(path, "format"), "not an FP8 format");
+  if (!dtype_is_fp8(q.format) &&
+      !(q.format == DType::E2M1 && q.scaling == ScalingKind::MicroScaled))
+    fail(sub(path, "format"), "not an FP8 format (or e2m1 under micro_scaled)");
   switch (q.scaling) {
     case ScalingKind::Delayed:
       q.history_length = get<int>(j, path, "history_length");
@@ -194,6 +196,11 @@ QuantSpec read_spec(const Json& j, const std::string& path) {
       q.scale_dtype = enum_field<ScaleDType>(j, path, "scale_dtype");
       q.epsilon = get<double>(j, path, "epsilon");
       q.power_of_2_scale = get<bool>(j, path, "power_of_2_scale");
+      if (q.scaling == ScalingKind::MicroScaled) {
+        q.rht = get<bool>(j, path, "rht");
+        q.stochastic_rounding = get<bool>(j, path, "stochastic_rounding");
+        q.seed = get<uint32_t>(j, path, "seed");
+      }
       break;
     }
   }

@@ -21,6 +21,8 @@ std::string quant_spec_string(const QuantSpec& s) {
       out += fmt::format(", {}x{}, scale = {}, epsilon = {}", s.block.rows, s.block.cols,
                          name(s.scale_dtype), s.epsilon);
       if (s.power_of_2_scale) out += ", power_of_2";
+      if (s.rht) out += ", rht";
+      if (s.stochastic_rounding) out += fmt::format(", stochastic_rounding(seed = {})", s.seed);
       break;
   }
   return out + ")";

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_tensor.h"
+#include "micro_scaling.h"
 
 namespace opfuse::cpu {
 
@@ -23,13 +24,24 @@ float tensor_amax(std::span<const float> values) {
 }  // namespace
 
 Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec) {
-  if (spec.scaling == plan::ScalingKind::MicroScaled || !plan::dtype_is_fp8(spec.format)) {
+  if (!plan::dtype_is_fp8(spec.format) && !spec.nvfp4()) {
     throw ReferenceError(fmt::format(
-        "quantizer '{}' uses {} scaling to {}, which the CPU reference does not run (FP8 delayed, "
-        "current and block scaling only)",
+        "quantizer '{}' uses {} scaling to {}, which the CPU reference does not run (FP8, MXFP8 "
+        "and NVFP4 formats only)",
         name, plan::name(spec.scaling), plan::name(spec.format)));
   }
   Quantizer q;
+  if (spec.micro_scaled()) {
+    q.name = std::move(name);
+    q.micro_scaled = true;
+    q.micro = spec;
+    q.block_scaled = !spec.nvfp4();  // MXFP8 keeps no state
+    q.current_scaling = spec.nvfp4();
+    q.format = spec.format == plan::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    q.delayed.fp8_max = spec.fp8_max();  // NVFP4: 448 * 6
+    q.state.amax_history.assign(1, 0.0f);
+    return q;
+  }
   q.name = std::move(name);
   q.format = spec.format == plan::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
   q.current_scaling = spec.scaling == plan::ScalingKind::Current;
@@ -71,7 +83,40 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
   return state.scale_inv;
 }
 
+std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
+                              int64_t cols, bool columnwise, bool measure, uint32_t stream) {
+  if (!quantizer.micro_scaled) {
+    throw ReferenceError(fmt::format("quantizer '{}' is not micro-scaled", quantizer.name));
+  }
+  const plan::QuantSpec& spec = quantizer.micro;
+  if (!spec.nvfp4()) return mxfp8_fake_quantize(x, rows, cols, quantizer.format, columnwise);
+  Nvfp4Params params;
+  params.columnwise = columnwise;
+  params.two_d = spec.block.rows > 1;
+  params.rht = spec.rht && columnwise;
+  params.stochastic = spec.stochastic_rounding;
+  params.seed = spec.seed;
+  params.stream = stream;
+  DelayedScalingState& state = quantizer.state;
+  if (measure) {
+    const float amax = params.rht ? rht_amax(x, rows, cols) : tensor_amax(x);
+    const CurrentScale s = compute_current_scale(amax, quantizer.delayed.fp8_max, 0.0f, false);
+    state.amax_history[0] = amax;
+    state.scale = s.scale;
+    state.scale_inv = s.scale_inv;
+    ++quantizer.measurements;
+  }
+  params.step = quantizer.measurements;
+  return nvfp4_fake_quantize(x, rows, cols, state.scale, params);
+}
+
 void fake_quantize(Quantizer& quantizer, std::span<float> values, int64_t cols) {
+  if (quantizer.micro_scaled) {
+    const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(values.size()) / cols;
+    const std::vector<float> decoded = micro_cast(quantizer, values, rows, cols, false, true, 0);
+    std::copy(decoded.begin(), decoded.end(), values.begin());
+    return;
+  }
   if (quantizer.block_scaled) {
     const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(values.size()) / cols;
     const BlockQuantizedCopy copy = block_quantize_rowwise(values, rows, cols, quantizer.block);

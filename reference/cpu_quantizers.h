@@ -24,15 +24,22 @@ struct Quantizer {
   // holding the amax of the latest cast, and the scale computed from it. Block scaling: unused
   // (each block's scale comes from the block; runtime/cpu/block_quantization.h).
   DelayedScalingState state;
-  bool block_scaled = false;  // 1 x 128 or 128 x 128 blocks (block.two_d)
+  bool block_scaled = false;  // 1 x 128 or 128 x 128 blocks (block.two_d); MXFP8 and NVFP4 too
   BlockQuantParams block;
+  // MXFP8 / NVFP4 (runtime/cpu/micro_scaling.h), emulated: casts decode their copies. NVFP4's
+  // tensor scale is kept as current scaling keeps its scale (state, with fp8_max 2688), and
+  // `measurements` counts its amax measurements as the device record's word 3 does: the step of
+  // stochastic rounding's Philox bits.
+  bool micro_scaled = false;
+  plan::QuantSpec micro;
+  uint32_t measurements = 0;
   // Tensor-parallel current scaling: the amax of the whole tensor from this rank's share's (the
   // max over the ranks); unset: the share is the whole tensor.
   std::function<float(float)> reduce_amax;
 };
 
-// A quantizer with `spec` (per-tensor delayed or current scaling, 1-D or 2-D block scaling;
-// ReferenceError otherwise).
+// A quantizer with `spec`: per-tensor delayed or current scaling, 1-D or 2-D block scaling, MXFP8
+// or NVFP4 (ReferenceError for another format).
 Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec);
 
 // In place: values ([rows, cols] row-major) become fp8(x * scale) * scale_inv. Delayed scaling
@@ -46,6 +53,17 @@ void fake_quantize(Quantizer& quantizer, std::span<float> values, int64_t cols);
 // `codes` and returns the scale_inv a GEMM must apply to it. Scale and amax bookkeeping as
 // fake_quantize. Not for block-scaled quantizers (block_quantize_rowwise / _columnwise).
 float quantize(Quantizer& quantizer, std::span<const float> values, std::span<float> codes);
+
+// Note "Emulated micro-scaling" (docs/architecture.md): one MXFP8 / NVFP4 copy of x ([rows,
+// cols] row-major, values rounded to the source dtype) quantized and decoded in the source's
+// layout, as the GEMMs of a Hopper read it. NVFP4 first measures its tensor scale when `measure`
+// (the amax of x, or of its Hadamard-transformed columns for an rht column-wise copy); a copy
+// made right after its quantizer's other copy of the same tensor reuses that measurement, as the
+// device does. `stream`: stochastic rounding's Philox stream (2 * quantizer index + 1 for the
+// column-wise copy, the device's numbering). ReferenceError for a quantizer that is not
+// micro-scaled.
+std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
+                              int64_t cols, bool columnwise, bool measure, uint32_t stream);
 
 // Ends a step: the delayed-scaling update (update_delayed); a no-op under current scaling.
 void end_step(Quantizer& quantizer);

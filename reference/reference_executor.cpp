@@ -303,8 +303,12 @@ void ReferenceExecutor<T>::sgd_step(const Gradients<T>& grads, double lr) {
 template <typename T>
 std::vector<QuantizerInfo> ReferenceExecutor<T>::quantizers() const {
   std::vector<QuantizerInfo> out;
-  for (const Quantizer& q : state_->quantizers)
-    out.push_back({q.name, q.format, q.state.amax_history, q.state.scale, q.state.scale_inv});
+  for (size_t i = 0; i < state_->quantizers.size(); ++i) {
+    const Quantizer& q = state_->quantizers[i];
+    const plan::QuantSpec& spec = state_->seq.quantizers.at(i).spec;
+    out.push_back({q.name, q.format, q.state.amax_history, q.state.scale, q.state.scale_inv,
+                   std::string(plan::dtype_name(spec.format)), spec.has_tensor_scale()});
+  }
   return out;
 }
 

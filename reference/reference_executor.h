@@ -48,6 +48,10 @@ struct QuantizerInfo {
   std::vector<float> amax_history;
   float scale;
   float scale_inv;
+  // The spec's format ("e4m3", "e5m2", "e2m1") and whether the quantizer keeps a tensor scale at
+  // all (Float8 block scaling and MXFP8 keep none: their scales are per block).
+  std::string format_name = {};
+  bool has_tensor_scale = true;
 };
 
 template <typename T>

@@ -295,6 +295,22 @@ void fp8_transpose(ReferenceContext<T>& ctx, const ir::Operation& op) {
   ctx.scale_inv[op.results[0]] = ctx.scale_inv[op.operands[0]];
 }
 
+// An MXFP8 / NVFP4 copy decoded to the source's dtype (cpu::micro_cast). A quantizer's two
+// copies of one tensor are made one after the other, the row-wise first: only the first measures
+// NVFP4's tensor scale (a Hadamard-transformed column-wise copy has a quantizer of its own).
+template <typename T>
+void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
+  const Tensor<T>& x = ctx.in(op, 0);
+  Quantizer& q = ctx.quantizers.at(size_t(op.quantizer));
+  const bool columnwise = ir::attr_bool(op.attrs, "columnwise");
+  const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
+  const std::vector<float> as_float(x.data.begin(), x.data.end());
+  const std::vector<float> y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure,
+                                          uint32_t(2 * op.quantizer + (columnwise ? 1 : 0)));
+  Tensor<T>& out = ctx.out(op, 0);
+  std::copy(y.begin(), y.end(), out.data.begin());
+}
+
 // make_extra_output, identity, reshape: a copy here, an alias on the GPU.
 template <typename T>
 void copy(ReferenceContext<T>& ctx, const ir::Operation& op) {
@@ -523,6 +539,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::ReduceScatter, reduce_scatter<T>},
     {OpKind::CastFp8, cast_fp8<T>},
     {OpKind::Fp8Transpose, fp8_transpose<T>},
+    {OpKind::EmulatedCast, emulated_cast<T>},
     {OpKind::LayerNormBackward, layernorm_backward<T>},
     {OpKind::RMSNormBackward, rmsnorm_backward<T>},
     {OpKind::LinearDgrad, linear_dgrad<T>},

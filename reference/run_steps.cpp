@@ -39,9 +39,11 @@ std::string format_step(int step, const StepReport& report) {
                                 std::sqrt(report.sum_squares));
   for (const auto& [name, norm] : report.grad_norms)
     out += fmt::format("  grad   {:<32} |g| {:.6e}\n", name, norm);
-  for (const QuantizerInfo& q : report.quantizers)
-    out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name,
-                       q.format == Fp8Format::E4M3 ? "e4m3" : "e5m2", q.amax_history[0], q.scale);
+  for (const QuantizerInfo& q : report.quantizers) {
+    if (!q.has_tensor_scale) continue;  // block scales: one per block, none for the tensor
+    out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name, q.format_name,
+                       q.amax_history[0], q.scale);
+  }
   return out;
 }
 

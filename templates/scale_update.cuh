@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kThreads) finish_current_scales(ScaleUpdatePar
     const float measured = words[kRunningAmaxWord];
     words[kRunningAmaxWord] = 0.0f;
     words[0] = measured;
+    reinterpret_cast<unsigned int*>(words)[kMeasurementsWord] += 1u;
     store_current_scale(record, measured);
   }
 }

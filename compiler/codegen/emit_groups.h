@@ -121,6 +121,9 @@ KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Opera
 
 void emit_cast(SequenceBuilder& b, const Group& g);
 void emit_fp8_transpose(SequenceBuilder& b, const Group& g);
+void emit_emulated_cast(SequenceBuilder& b, const Group& g);
+void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op, ir::ValueId x,
+                     int y, bool columnwise, bool columnwise_copy);
 
 // ---- statistics of a debug config (emit_stats.cpp) ----------------------------------------------
 

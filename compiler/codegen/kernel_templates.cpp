@@ -330,6 +330,8 @@ std::string_view cuda_dtype_spelling(ir::DType d) {
       return "__nv_fp8_e4m3";
     case ir::DType::E5M2:
       return "__nv_fp8_e5m2";
+    case ir::DType::E2M1:
+      return "__nv_fp4_e2m1";
   }
   return "?";
 }

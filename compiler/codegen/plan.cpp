@@ -398,6 +398,11 @@ void SequenceBuilder::add_inference_variants() {
       s.inference.reset();
       continue;
     }
+    auto keep_writes = [&] {
+      for (int id : s.writes)
+        if (std::find(dropped.begin(), dropped.end(), id) == dropped.end())
+          s.inference->writes.push_back(id);
+    };
     // Copies: registering the variant's kernel may move the plan's kernels.
     const Kernel& trained = *plan_.find_kernel(launch.kernel);
     const std::string template_name = trained.template_name;
@@ -407,6 +412,15 @@ void SequenceBuilder::add_inference_variants() {
     const auto flag = std::find_if(t->params.begin(), t->params.end(), [](const TemplateParam& p) {
       return p.name == "kWriteTranspose";
     });
+    if (flag == t->params.end() &&
+        s.inference->launch.grid.x.value() == std::optional<int64_t>(0)) {
+      // A launch whose one output is the copy (micro_scale_cast's column-wise copy) and whose
+      // template has no flag for it: the variant runs nothing, the kernel stays the trained one.
+      s.inference->launch.kernel = launch.kernel;
+      s.inference->launch.name_expression = launch.name_expression;
+      keep_writes();
+      continue;
+    }
     const auto at = size_t(flag - t->params.begin());
     OPFUSE_ASSERT(flag != t->params.end() && at < args.size() && args[at] == "true",
                   "'{}' writes a transposed copy without kWriteTranspose = true", launch.kernel);
@@ -415,9 +429,7 @@ void SequenceBuilder::add_inference_variants() {
     kernel.uses.push_back(inference_uses_.at(s.index));
     s.inference->launch.kernel = kernel.id;
     s.inference->launch.name_expression = kernel.name_expression;
-    for (int id : s.writes)
-      if (std::find(dropped.begin(), dropped.end(), id) == dropped.end())
-        s.inference->writes.push_back(id);
+    keep_writes();
   }
 }
 

@@ -57,6 +57,16 @@ bool current_scaling(const SequenceBuilder& b, int q) {
   return q >= 0 && b.seq().quantizers.at(size_t(q)).spec.scaling == plan::ScalingKind::Current;
 }
 
+// Whether the amax of a cast's whole input must be measured before it: current scaling, and
+// NVFP4's tensor scale (except over a Hadamard-transformed copy, whose amax is the transformed
+// values', measured by a kernel of its own).
+bool measures_input_amax(const SequenceBuilder& b, const ir::Operation& cast) {
+  if (cast.quantizer < 0) return false;
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
+  if (spec.scaling == plan::ScalingKind::Current) return true;
+  return spec.nvfp4() && !(spec.rht && ir::attr_bool(cast.attrs, "columnwise"));
+}
+
 DType quantizer_format(const SequenceBuilder& b, const ir::Operation& cast) {
   OPFUSE_ASSERT(cast.quantizer >= 0, "cast_fp8 '{}' has no quantizer", cast.instance);
   return b.seq().quantizers.at(size_t(cast.quantizer)).format();
@@ -170,8 +180,9 @@ int measure_for_cast(SequenceBuilder& b, const Group& g, ValueId produced) {
   if (!b.fold_current_amax()) return -1;  // plan pass disabled: an amax_reduce per cast instead
   if (ir::dtype_is_fp8(b.value(produced).type.dtype) || b.measured_amax(produced) >= 0) return -1;
   for (const ir::Operation& op : b.seq().ops) {
-    if ((op.kind == OpKind::CastFp8 || op.kind == OpKind::Quantize) &&
-        current_scaling(b, op.quantizer) && op.phase == g.op->phase && !op.operands.empty() &&
+    if ((op.kind == OpKind::CastFp8 || op.kind == OpKind::Quantize ||
+         op.kind == OpKind::EmulatedCast) &&
+        measures_input_amax(b, op) && op.phase == g.op->phase && !op.operands.empty() &&
         op.operands.front() == produced) {
       b.mark_amax_measured(produced, op.quantizer);
       return op.quantizer;
@@ -234,6 +245,7 @@ void emit_group(SequenceBuilder& b, const Group& g) {
   if (g.find({OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd})) return emit_bias_add(b, g);
   if (g.find({OpKind::CastFp8})) return emit_cast(b, g);
   if (g.find({OpKind::Fp8Transpose})) return emit_fp8_transpose(b, g);
+  if (g.find({OpKind::EmulatedCast})) return emit_emulated_cast(b, g);
   if (g.find({OpKind::TensorStats})) return emit_tensor_stats(b, g);
   if (g.find({OpKind::TensorCapture})) return emit_tensor_capture(b, g);
   if (g.find({OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter}))

@@ -266,14 +266,22 @@ std::optional<ValueId> Builder::build_op(
   }
   if (info.kind == OpKind::Linear && s.recipe.is_fp8()) {
     // The strictest FP8 rule of the architectures the compiler targets (plan/gemm_caps.h).
-    const int64_t multiple = plan::gemm_dim_multiple(plan::gemm_caps(plan::kDefaultArch), true);
+    // Micro-scaled formats block `in` (K) and `out` (the weight's column-wise blocks) by 32
+    // (MXFP8) or 16 (NVFP4).
+    const int64_t multiple =
+        std::max(int64_t(plan::gemm_dim_multiple(plan::gemm_caps(plan::kDefaultArch), true)),
+                 int64_t(micro_block_multiple(s.recipe)));
     for (const char* a : {"in", "out"}) {
       const int64_t n = attr_int(*attrs, a);
       if (n % multiple != 0) {
         diags_.error(attr_loc(stmt, info, a),
-                     fmt::format("{} = {} is not a multiple of {}, which FP8 GEMMs need "
-                                 "(cuBLASLt)",
-                                 a, n, multiple),
+                     micro_block_multiple(s.recipe) > 0
+                         ? fmt::format("{} = {} is not a multiple of {}, which the blocks of {} "
+                                       "need",
+                                       a, n, multiple, recipe_kind_name(s.recipe.kind))
+                         : fmt::format("{} = {} is not a multiple of {}, which FP8 GEMMs need "
+                                       "(cuBLASLt)",
+                                       a, n, multiple),
                      fmt::format("pad the features to {} or use the bf16 recipe for this sequence",
                                  (n + multiple - 1) / multiple * multiple));
         return std::nullopt;

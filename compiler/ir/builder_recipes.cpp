@@ -26,13 +26,23 @@ void Builder::define_recipe(const dsl::RecipeDecl& d) {
     r.format = Fp8Format::E4M3;  // TE's Float8BlockScaling default
     r.power_of_2_scale = true;
     allowed = {"format", "x_block", "w_block", "grad_block", "power_of_2_scale", "amax_epsilon"};
+  } else if (d.kind == "mxfp8_block_scaling") {
+    r.kind = RecipeKind::Mxfp8BlockScaling;
+    r.format = Fp8Format::E4M3;  // TE's MXFP8BlockScaling default
+    allowed = {"format"};
+  } else if (d.kind == "nvfp4_block_scaling") {
+    r.kind = RecipeKind::Nvfp4BlockScaling;
+    allowed = {"rht", "stochastic_rounding", "w_2d", "seed"};
   } else if (d.kind == "bf16") {
     r.kind = RecipeKind::BF16;
   } else {
-    std::string hint = did_you_mean(
-        d.kind, {"delayed_scaling", "current_scaling", "float8_block_scaling", "bf16"});
+    std::string hint =
+        did_you_mean(d.kind, {"delayed_scaling", "current_scaling", "float8_block_scaling",
+                              "mxfp8_block_scaling", "nvfp4_block_scaling", "bf16"});
     if (hint.empty())
-      hint = "use delayed_scaling(...), current_scaling(...), float8_block_scaling(...) or bf16()";
+      hint =
+          "use delayed_scaling(...), current_scaling(...), float8_block_scaling(...), "
+          "mxfp8_block_scaling(...), nvfp4_block_scaling(...) or bf16()";
     diags_.error(d.kind_loc, fmt::format("unknown recipe kind '{}'", d.kind), hint);
     return;
   }
@@ -138,10 +148,21 @@ bool Builder::set_recipe_param(Recipe& r, const std::string& name, const Expr& v
     if (x) (name == "x_block" ? r.x_block : name == "w_block" ? r.w_block : r.grad_block) = int(*x);
     return x.has_value();
   }
-  if (name == "power_of_2_scale") {
+  if (name == "power_of_2_scale" || name == "rht" || name == "stochastic_rounding" ||
+      name == "w_2d") {
     auto b = eval_bool(v);
-    if (b) r.power_of_2_scale = *b;
+    if (b) {
+      (name == "power_of_2_scale" ? r.power_of_2_scale
+       : name == "rht"            ? r.rht
+       : name == "w_2d"           ? r.w_2d
+                                  : r.stochastic_rounding) = *b;
+    }
     return b.has_value();
+  }
+  if (name == "seed") {
+    auto x = range_int(0, int64_t(UINT32_MAX));
+    if (x) r.seed = uint32_t(*x);
+    return x.has_value();
   }
   OPFUSE_ASSERT(false, "unhandled recipe parameter {}", name);
   return false;

@@ -106,6 +106,15 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
   }
   s.recipe = override_ ? *override_ : *own;
   for (const dsl::SequenceFlag& f : d.flags) {
+    if (f.name == "parallel" && s.parallel.active() && s.recipe.micro_scaled()) {
+      diags_.error(f.loc,
+                   fmt::format("sequence '{}' is tensor-parallel under {}, which opfuse runs on "
+                               "one GPU only (its per-tensor and block scales are not reduced "
+                               "over ranks)",
+                               d.name, recipe_kind_name(s.recipe.kind)),
+                   "use float8_block_scaling, delayed_scaling or current_scaling here");
+      ok = false;
+    }
     if (f.name == "parallel") continue;  // read first
     if (f.has_args) {
       diags_.error(f.loc, fmt::format("sequence option '{}' takes no arguments", f.name));
@@ -120,6 +129,13 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
             f.loc,
             fmt::format("fp8_weights has no effect: sequence '{}' uses the bf16 recipe", d.name),
             "add 'uses <an FP8 recipe>' to the sequence");
+        s.fp8_weights = false;
+      } else if (s.recipe.micro_scaled()) {
+        diags_.warning(f.loc,
+                       fmt::format("fp8_weights has no effect: sequence '{}' uses {}, whose "
+                                   "GEMMs read decoded copies that every step makes afresh",
+                                   d.name, recipe_kind_name(s.recipe.kind)),
+                       "the weights stay high-precision parameters under this recipe");
         s.fp8_weights = false;
       }
     } else {

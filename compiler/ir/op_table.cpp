@@ -57,6 +57,10 @@ constexpr AttrSpec kCastFp8Attrs[] = {
     {"rowwise", AttrType::Bool, false, 1, 0, 1, "write the row-major FP8 copy"},
     {"columnwise", AttrType::Bool, false, 0, 0, 1, "write the transposed FP8 copy (for TN GEMMs)"},
 };
+constexpr AttrSpec kEmulatedCastAttrs[] = {
+    {"columnwise", AttrType::Bool, false, 0, 0, 1,
+     "blocks down the columns (the copy wgrad or dgrad reads) instead of along the rows"},
+};
 constexpr AttrSpec kTensorStatsAttrs[] = {
     {"slot", AttrType::Int, true, 0, 0, 1 << 20, "the statistics record (Sequence::inspections)"},
 };
@@ -397,6 +401,10 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "e4m3|e5m2[..., k] -> [k, ...]",
      "the transposed (column-wise) copy of an FP8 tensor: the same codes under the same "
      "quantizer, no rescaling"},
+    {OpKind::EmulatedCast, "emulated_cast", KernelFamily::Cast, kEmulatedCastAttrs, nullptr,
+     "[..., k] -> [..., k]",
+     "quantizes to the quantizer's micro-scaled format (MXFP8, NVFP4) and decodes back: the "
+     "values a GEMM of that format reads, for the high-precision GEMMs Hopper runs instead"},
     {OpKind::LayerNormBackward, "layernorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,
      "(dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)", "LayerNorm backward"},
     {OpKind::RMSNormBackward, "rmsnorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,

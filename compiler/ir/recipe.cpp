@@ -14,8 +14,18 @@ std::string_view recipe_kind_name(RecipeKind k) {
       return "current_scaling";
     case RecipeKind::Float8BlockScaling:
       return "float8_block_scaling";
+    case RecipeKind::Mxfp8BlockScaling:
+      return "mxfp8_block_scaling";
+    case RecipeKind::Nvfp4BlockScaling:
+      return "nvfp4_block_scaling";
   }
   return "?";
+}
+
+int micro_block_multiple(const Recipe& r) {
+  return r.kind == RecipeKind::Mxfp8BlockScaling   ? 32
+         : r.kind == RecipeKind::Nvfp4BlockScaling ? 16
+                                                   : 0;
 }
 
 std::string_view fp8_format_name(Fp8Format f) { return f == Fp8Format::Hybrid ? "hybrid" : "e4m3"; }
@@ -41,6 +51,12 @@ std::string recipe_string(const Recipe& r) {
           "power_of_2_scale = {}, amax_epsilon = {})",
           fp8_format_name(r.format), r.x_block, r.w_block, r.grad_block, r.power_of_2_scale,
           r.amax_epsilon);
+    case RecipeKind::Mxfp8BlockScaling:
+      return fmt::format("mxfp8_block_scaling(format = {})", fp8_format_name(r.format));
+    case RecipeKind::Nvfp4BlockScaling:
+      return fmt::format(
+          "nvfp4_block_scaling(rht = {}, stochastic_rounding = {}, w_2d = {}, seed = {})", r.rht,
+          r.stochastic_rounding, r.w_2d, r.seed);
   }
   return "?";
 }

@@ -120,6 +120,18 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
                         "quantizer",
                         where));
     }
+    if (op.kind == OpKind::EmulatedCast && problems.empty()) {
+      const Value& in = s.values[op.operands.at(0)];
+      const bool ok = op.results.size() == 1 && op.quantizer >= 0 &&
+                      size_t(op.quantizer) < s.quantizers.size() &&
+                      s.quantizers[size_t(op.quantizer)].spec.micro_scaled() &&
+                      !dtype_is_fp8(in.type.dtype) && s.values[op.results[0]].type == in.type;
+      if (!ok)
+        bad(
+            fmt::format("{} (emulated_cast) is not a decoded copy of a high-precision value under "
+                        "a micro-scaled quantizer",
+                        where));
+    }
     // Re-run the shape rule: a pass must never leave an op whose result type disagrees with it.
     if (problems.empty() && info.shape_rule != nullptr && op.attrs.size() == info.attrs.size() &&
         !op.results.empty() && op.phase == Phase::Forward) {
@@ -142,7 +154,8 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
   for (size_t i = 0; i < s.ops.size(); ++i) {
     const Operation& op = s.ops[i];
     if (!instances.insert(fmt::format("{}/{}", op.instance, phase_name(op.phase))).second &&
-        op.phase == Phase::Forward && op.kind != OpKind::CastFp8 && op.kind != OpKind::Fp8Transpose)
+        op.phase == Phase::Forward && op.kind != OpKind::CastFp8 &&
+        op.kind != OpKind::Fp8Transpose && op.kind != OpKind::EmulatedCast)
       bad(fmt::format("op {} repeats the layer name '{}'", i, op.instance));
     if (op.phase == Phase::Backward) seen_backward = true;
     if (op.phase == Phase::Forward && seen_backward)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "ir/rewrite.h"
 #include "support/assert.h"
@@ -20,10 +21,29 @@ bool is_gradient(QuantizerRole role) {
 
 }  // namespace
 
-plan::QuantSpec recipe_spec(const Recipe& r, QuantizerRole role) {
+plan::QuantSpec recipe_spec(const Recipe& r, QuantizerRole role,
+                            std::optional<plan::GemmRole> gemm) {
   plan::QuantSpec spec;
   spec.format = is_gradient(role) && r.format == Fp8Format::Hybrid ? DType::E5M2 : DType::E4M3;
-  if (r.kind == RecipeKind::Float8BlockScaling) {
+  if (r.kind == RecipeKind::Mxfp8BlockScaling) {
+    // TE's MXFP8BlockScaling: 32 elements per E8M0 scale along the GEMM's K (row-wise 1 x 32,
+    // column-wise 32 x 1); the copies are decoded for the BF16 GEMMs Hopper runs.
+    spec.scaling = plan::ScalingKind::MicroScaled;
+    spec.block = {1, 32};
+    spec.scale_dtype = plan::ScaleDType::E8M0;
+  } else if (r.kind == RecipeKind::Nvfp4BlockScaling) {
+    // TE's NVFP4BlockScaling: E2M1 with an E4M3 scale per 16 elements (weights: 16 x 16) and a
+    // per-tensor FP32 scale; the Hadamard transform on the wgrad copies of inputs and gradients,
+    // stochastic rounding of gradients.
+    spec.scaling = plan::ScalingKind::MicroScaled;
+    spec.format = DType::E2M1;
+    spec.block = {role == QuantizerRole::Weight && r.w_2d ? 16 : 1, 16};
+    spec.scale_dtype = plan::ScaleDType::E4M3;
+    spec.rht = r.rht && gemm == plan::GemmRole::Wgrad &&
+               (role == QuantizerRole::Input || role == QuantizerRole::GradOutput);
+    spec.stochastic_rounding = r.stochastic_rounding && is_gradient(role);
+    spec.seed = spec.stochastic_rounding ? r.seed : 0;
+  } else if (r.kind == RecipeKind::Float8BlockScaling) {
     // TE's Float8BlockScaling: each tensor's blocks by its role; the quantize op's tensors (output,
     // grad_input) take 1 x 128 blocks like the activations they are.
     const int dims = role == QuantizerRole::Weight       ? r.w_block
@@ -104,8 +124,11 @@ class Planner {
     q.spec = spec;
     q.source = source;
     q.usages = {rowwise, columnwise};
+    if (spec.micro_scaled()) q.columnwise_layout = plan::CopyLayout::AsIs;
     const int32_t index = int32_t(s_.quantizers.size());
     s_.quantizers.push_back(q);
+    if (spec.micro_scaled())
+      return add_emulated_casts(consumer, index, rowwise, columnwise, position);
 
     Operation cast;
     cast.kind = OpKind::CastFp8;
@@ -134,10 +157,40 @@ class Planner {
     return {row, col};
   }
 
+  // Note "Emulated micro-scaling" (docs/architecture.md): an MXFP8 / NVFP4 quantizer's copies
+  // are decoded back to the source's dtype, one emulated_cast per copy, and the GEMMs that read
+  // them are ordinary high-precision GEMMs. The column-wise copy keeps the source's layout (its
+  // blocks run down the columns), as a high-precision GEMM reads it.
+  std::pair<ValueId, ValueId> add_emulated_casts(const Operation& consumer, int32_t quantizer,
+                                                 bool rowwise, bool columnwise, size_t position) {
+    const QuantizerDecl& q = s_.quantizers[size_t(quantizer)];
+    const ValueId source = q.source;
+    auto copy = [&](bool column) {
+      Operation cast;
+      cast.kind = OpKind::EmulatedCast;
+      cast.phase = s_.ops[position].phase;
+      cast.operands = {source};
+      cast.attrs = {{"columnwise", column}};
+      cast.instance = q.name;
+      cast.loc = consumer.loc;
+      cast.quantizer = quantizer;
+      // A high-precision value (no quantizer of its own): GEMMs read it as any other.
+      const ValueId v = s_.add_value(ValueKind::Result, s_.value(source).type);
+      cast.results.push_back(v);
+      before_[position].push_back(std::move(cast));
+      return v;
+    };
+    const ValueId row = rowwise ? copy(false) : kNoValue;
+    const ValueId col = columnwise ? copy(true) : kNoValue;
+    return {row, col};
+  }
+
   // The spec of the quantizer of `role` in `layer`: the recipe's unless an override selects it.
   plan::QuantSpec spec_for(const std::string& layer, QuantizerRole role,
                            std::initializer_list<plan::GemmRole> read_by) const {
-    plan::QuantSpec spec = recipe_spec(s_.recipe, role);
+    std::optional<plan::GemmRole> gemm;
+    if (read_by.size() == 1) gemm = *read_by.begin();
+    plan::QuantSpec spec = recipe_spec(s_.recipe, role, gemm);
     for (const QuantOverride& o : s_.quant_overrides)
       if (!o.high_precision && selects(o, layer, role, read_by)) spec = o.spec;
     return spec;

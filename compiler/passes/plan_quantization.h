@@ -8,6 +8,8 @@
 // to the producing kernel and fold it in. The bf16 recipe adds nothing.
 #pragma once
 
+#include <optional>
+
 #include "ir/graph.h"
 
 namespace opfuse::passes {
@@ -15,7 +17,10 @@ namespace opfuse::passes {
 bool plan_quantization(ir::Program& program);
 
 // The spec the sequence's recipe gives the quantizer of `role` (before overrides): delayed or
-// current scaling, E5M2 for gradients under the HYBRID format.
-plan::QuantSpec recipe_spec(const ir::Recipe& recipe, ir::QuantizerRole role);
+// current scaling, E5M2 for gradients under the HYBRID format, blocks by role under the block
+// recipes; `gemm`: the one GEMM the quantizer's copy serves, where the spec depends on it (NVFP4's
+// Hadamard transform is for wgrad's copies only).
+plan::QuantSpec recipe_spec(const ir::Recipe& recipe, ir::QuantizerRole role,
+                            std::optional<plan::GemmRole> gemm = std::nullopt);
 
 }  // namespace opfuse::passes

@@ -101,6 +101,8 @@ std::string_view tensor_dtype_name(TensorDType dtype) {
       return "e4m3";
     case TensorDType::E5M2:
       return "e5m2";
+    case TensorDType::E2M1:
+      return "e2m1";
   }
   return "?";
 }
@@ -114,6 +116,7 @@ std::size_t tensor_dtype_bytes(TensorDType dtype) {
       return 4;
     case TensorDType::E4M3:
     case TensorDType::E5M2:
+    case TensorDType::E2M1:
       return 1;
   }
   return 0;

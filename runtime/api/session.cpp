@@ -33,6 +33,8 @@ TensorDType public_dtype(plan::DType dtype) {
       return TensorDType::E4M3;
     case plan::DType::E5M2:
       return TensorDType::E5M2;
+    case plan::DType::E2M1:  // a quantizer's format, never a tensor's
+      return TensorDType::E2M1;
   }
   return TensorDType::FP32;
 }
@@ -590,7 +592,9 @@ std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
   std::vector<QuantizerStatus> result;
   for (std::size_t i = 0; i < states.size(); ++i) {
     const plan::QuantizerPlan& q = plan.quantizers.at(i);
-    if (!q.spec.per_tensor()) continue;  // block scales live in each copy's grid, not here
+    // Block scales live in each copy's grid (MXFP8: in its decoded copy), not here; NVFP4's
+    // tensor scale is here.
+    if (!q.spec.has_tensor_scale()) continue;
     result.push_back({q.name, public_dtype(q.format()), states[i].amax_history, states[i].scale,
                       states[i].scale_inv});
   }

@@ -95,8 +95,11 @@ ncclDataType_t nccl_dtype(plan::DType dtype, const char* reduction) {
             reduction, plan::dtype_name(dtype)));
       }
       return ncclUint8;
+    case plan::DType::E2M1:  // a quantizer's format, never a tensor's
+      break;
   }
-  throw UsageError(fmt::format("unknown dtype {} given to a collective", static_cast<int>(dtype)));
+  throw UsageError(
+      fmt::format("dtype {} cannot be given to a collective", plan::dtype_name(dtype)));
 }
 
 }  // namespace

@@ -70,6 +70,24 @@ void check_grid(const plan::Step& step, const plan::LaunchStep& launch,
         fmt::format("{}: its grid ({}, {}) is outside CUDA's limits: bind smaller sizes",
                     describe_step(step), x, y));
   }
+  // A kernel whose blocks run down the rows (the micro-scaled column-wise copies) names the
+  // multiple its rows must be.
+  const plan::SymExpr* rows = nullptr;
+  const plan::SymExpr* multiple = nullptr;
+  for (const auto& [name, expr] : launch.grid.dims) {
+    if (name == "rows") rows = &expr;
+    if (name == "rows_multiple") multiple = &expr;
+  }
+  if (rows != nullptr && multiple != nullptr) {
+    const std::int64_t r = evaluate_expr(*rows, values);
+    const std::int64_t m = evaluate_expr(*multiple, values);
+    if (m > 0 && r % m != 0) {
+      throw UsageError(fmt::format(
+          "{}: its rows {} = {} are not a multiple of {}, which its scale blocks (running down "
+          "the rows) need: bind the sizes in '{}' so that they are",
+          describe_step(step), rows->text(), r, m, rows->text()));
+    }
+  }
 }
 
 void check_gemm_sizes(const plan::SequencePlan& plan, const plan::Step& step,

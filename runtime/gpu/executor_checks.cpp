@@ -91,9 +91,11 @@ void SequenceExecutor::Impl::check_launch(const Step& step, const LaunchStep& la
                                    param.field, param.quantizer, quantizer_count));
     }
     if (param.kind == plan::ParamKind::Quantizer &&
-        param.quantizer_value == plan::QuantizerValue::RunningAmax &&
+        (param.quantizer_value == plan::QuantizerValue::RunningAmax ||
+         param.quantizer_value == plan::QuantizerValue::Measurements) &&
         plan.quantizers[static_cast<std::size_t>(param.quantizer)].spec.scaling !=
-            plan::ScalingKind::Current) {
+            plan::ScalingKind::Current &&
+        !plan.quantizers[static_cast<std::size_t>(param.quantizer)].spec.nvfp4()) {
       throw UsageError(fmt::format(
           "{} binds '{}' to the running amax of quantizer {}, which only current scaling has",
           describe_step(step), param.field, param.quantizer));
@@ -287,6 +289,8 @@ const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) con
       return quantizers->amax(param.quantizer);
     case plan::QuantizerValue::RunningAmax:
       return quantizers->running_amax(param.quantizer);
+    case plan::QuantizerValue::Measurements:
+      return quantizers->measurements(param.quantizer);
     case plan::QuantizerValue::GemmScaleInv:
       // As the GEMMs read it (executor_run.cpp): a kept FP8 weight's copy has its own scale_inv.
       if (cast_scale_inv.data() != nullptr) {

@@ -29,6 +29,8 @@ cudaDataType_t cuda_type(DType dtype) {
       return CUDA_R_8F_E4M3;
     case DType::E5M2:
       return CUDA_R_8F_E5M2;
+    case DType::E2M1:  // sm_100's NVFP4 GEMMs (packed codes); Hopper runs none
+      return CUDA_R_4F_E2M1;
   }
   return CUDA_R_32F;
 }
@@ -49,18 +51,6 @@ cublasLtEpilogue_t cublaslt_epilogue(GemmEpilogue epilogue) {
       return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A (note "Row-major GEMMs")
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
-}
-
-std::int32_t cublaslt_scale_mode(ScaleMode mode) {
-  switch (mode) {
-    case ScaleMode::Tensor:
-      return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-    case ScaleMode::Block1D:
-      return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    case ScaleMode::Block2D:
-      return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-  }
-  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 }
 
 // The alignment check_gemm_args demands of A, B, C, D, bias and aux.
@@ -198,6 +188,22 @@ void set_pointers(Plan& plan, const GemmDesc& desc, const GemmArgs& args) {
 }
 
 }  // namespace
+
+std::int32_t cublaslt_scale_mode(ScaleMode mode) {
+  switch (mode) {
+    case ScaleMode::Tensor:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case ScaleMode::Block1D:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case ScaleMode::Block2D:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    case ScaleMode::Vec32Ue8m0:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+    case ScaleMode::Vec16Ue4m3:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
 
 std::vector<std::string> check_gemm_args(const GemmDesc& desc, const GemmArgs& args) {
   std::vector<std::string> reasons;

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,10 @@
 #include "gpu/gemm_desc.h"
 
 namespace opfuse::gpu {
+
+// cuBLASLt's CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE value of a scale mode
+// (cublasLtMatmulMatrixScale_t).
+std::int32_t cublaslt_scale_mode(ScaleMode mode);
 
 // Device pointers of one GEMM. a, b, c, d, bias and aux must be 16-byte aligned (the pool gives
 // 256); scale pointers point at one float each.

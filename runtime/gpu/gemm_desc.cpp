@@ -16,8 +16,16 @@ std::string_view scale_mode_name(ScaleMode mode) {
       return "1x128 blocks";
     case ScaleMode::Block2D:
       return "128x128 blocks";
+    case ScaleMode::Vec32Ue8m0:
+      return "1x32 E8M0 scales";
+    case ScaleMode::Vec16Ue4m3:
+      return "1x16 E4M3 scales";
   }
   return "?";
+}
+
+bool is_micro_scale_mode(ScaleMode mode) {
+  return mode == ScaleMode::Vec32Ue8m0 || mode == ScaleMode::Vec16Ue4m3;
 }
 
 std::size_t GemmDescHash::operator()(const GemmDesc& desc) const {
@@ -72,7 +80,9 @@ void check_row_alignment(std::vector<std::string>& reasons, std::string_view mat
 }
 
 void check_dtypes(const GemmDesc& desc, std::vector<std::string>& reasons) {
-  const bool fp8_a = is_fp8(desc.a), fp8_b = is_fp8(desc.b);
+  // E2M1 (NVFP4, sm_100) is quantized like FP8: check_micro_scales checks its pairing.
+  const bool fp8_a = is_fp8(desc.a) || desc.a == DType::E2M1,
+             fp8_b = is_fp8(desc.b) || desc.b == DType::E2M1;
   if (fp8_a != fp8_b) {
     reasons.push_back(fmt::format(
         "A is {} but B is {}: cuBLASLt multiplies FP8 only with FP8; quantize both operands or "
@@ -151,11 +161,50 @@ void check_fp8_output_and_epilogue(const GemmDesc& desc, std::vector<std::string
   }
 }
 
+// cuBLASLt 13's micro-scaled modes on sm_100 (its documentation's "1D Block Scaling Factors
+// Layout"): both operands in one mode, FP8 values with E8M0 scales per 32 along k (MXFP8) or E2M1
+// values with E4M3 scales per 16 (NVFP4), K-contiguous (TN), k a multiple of 32 (a 16-byte row of
+// E2M1 codes; MXFP8's block), a 16-bit or FP32 D, no epilogue beyond a bias.
+void check_micro_scales(const GemmDesc& desc, std::vector<std::string>& reasons) {
+  if (desc.a_scale != desc.b_scale) {
+    reasons.push_back(
+        fmt::format("A has {} but B {}: a micro-scaled GEMM takes one format on both operands",
+                    scale_mode_name(desc.a_scale), scale_mode_name(desc.b_scale)));
+    return;
+  }
+  const bool mxfp8 = desc.a_scale == ScaleMode::Vec32Ue8m0;
+  const auto fits = [&](DType t) { return mxfp8 ? is_fp8(t) : t == DType::E2M1; };
+  if (!fits(desc.a) || !fits(desc.b)) {
+    reasons.push_back(fmt::format("{} are for {} operands, not {} x {}",
+                                  scale_mode_name(desc.a_scale), mxfp8 ? "FP8" : "E2M1",
+                                  plan::dtype_name(desc.a), plan::dtype_name(desc.b)));
+  }
+  if (desc.a_transposed || !desc.b_transposed) {
+    reasons.push_back("micro-scaled operands are K-contiguous (TN): A [m, k] and B [n, k]");
+  }
+  if (desc.k % 32 != 0) {
+    reasons.push_back(
+        fmt::format("k = {} is not a multiple of 32, which micro-scaled GEMMs need", desc.k));
+  }
+  if (is_fp8(desc.d) || desc.d == DType::E2M1) {
+    reasons.push_back(fmt::format("micro-scaled GEMMs here write bf16, fp16 or fp32, not {}",
+                                  plan::dtype_name(desc.d)));
+  }
+  if (desc.epilogue != GemmEpilogue::None && desc.epilogue != GemmEpilogue::Bias) {
+    reasons.push_back(fmt::format("the {} epilogue is not available with micro-scaled operands",
+                                  epilogue_name(desc.epilogue)));
+  }
+}
+
 // cuBLASLt 13's block scale modes on sm_90 (docs/architecture.md, "GEMM capabilities").
 void check_block_scales(const GemmDesc& desc, std::vector<std::string>& reasons) {
   const bool a_block = desc.a_scale != ScaleMode::Tensor,
              b_block = desc.b_scale != ScaleMode::Tensor;
   if (!a_block && !b_block) return;
+  if (is_micro_scale_mode(desc.a_scale) || is_micro_scale_mode(desc.b_scale)) {
+    check_micro_scales(desc, reasons);
+    return;
+  }
   if ((a_block && !is_fp8(desc.a)) || (b_block && !is_fp8(desc.b))) {
     reasons.push_back("block scales are for FP8 operands only");
     return;

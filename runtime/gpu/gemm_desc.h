@@ -38,8 +38,15 @@ bool is_fp8(DType dtype);
 // How an FP8 operand's scale_inv is given to cuBLASLt: one FP32 scalar, or a grid of FP32 scales
 // (note "Block scale grids" in runtime/cpu/block_quantization.h) per 1 x 128 block along k
 // (VEC128_32F) or per 128 x 128 block (BLK128x128_32F); sm_90 only (plan/gemm_caps.h).
-enum class ScaleMode : std::uint8_t { Tensor, Block1D, Block2D };
-std::string_view scale_mode_name(ScaleMode mode);  // "per-tensor", "1x128 blocks", "128x128 blocks"
+// Micro-scaled operands (sm_100 only; on Hopper opfuse emulates them, note "Emulated
+// micro-scaling" in docs/architecture.md): E8M0 scales per 32 FP8 values along k (VEC32_UE8M0,
+// MXFP8) or E4M3 scales per 16 E2M1 values (VEC16_UE4M3, NVFP4), in the swizzled layout of
+// cpu::swizzle_scales (runtime/cpu/micro_scaling.h). Built and checked on the CPU only: no sm_100
+// device has run them.
+enum class ScaleMode : std::uint8_t { Tensor, Block1D, Block2D, Vec32Ue8m0, Vec16Ue4m3 };
+// "per-tensor", "1x128 blocks", "128x128 blocks", "1x32 E8M0 scales", "1x16 E4M3 scales"
+std::string_view scale_mode_name(ScaleMode mode);
+bool is_micro_scale_mode(ScaleMode mode);
 
 struct GemmDesc {
   std::int64_t m = 0, n = 0, k = 0;

@@ -42,21 +42,18 @@ jit::CompiledKernel compile_update_kernel(jit::KernelCache* cache) {
 }  // namespace
 
 QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& spec) {
-  if (spec.scaling == plan::ScalingKind::MicroScaled) {
-    throw UsageError(fmt::format(
-        "quantizer '{}' uses {} scaling, which this runtime's quantizer state does not hold "
-        "(per-tensor delayed and current scaling, and 1x128 / 128x128 block scaling)",
-        name, plan::name(spec.scaling)));
-  }
-  if (!plan::dtype_is_fp8(spec.format)) {
+  if (!plan::dtype_is_fp8(spec.format) && !spec.nvfp4()) {
     throw UsageError(fmt::format("quantizer '{}' has the format {}, not an FP8 format", name,
                                  plan::name(spec.format)));
   }
   QuantizerSettings settings;
   settings.name = std::move(name);
   settings.format = spec.format == plan::DType::E5M2 ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3;
-  settings.current_scaling = spec.scaling == plan::ScalingKind::Current;
-  settings.block_scaled = !spec.per_tensor();
+  // NVFP4's per-tensor scale is a current-scaling scale over 448 * 6 (QuantSpec::nvfp4); MXFP8,
+  // like Float8 block scaling, keeps no state (its E8M0 scales come from each block).
+  settings.current_scaling = spec.scaling == plan::ScalingKind::Current || spec.nvfp4();
+  settings.block_scaled = !spec.has_tensor_scale();
+  settings.fp8_max = spec.fp8_max();
   settings.history_length = spec.history_slots();
   settings.amax_compute = spec.amax_compute == plan::AmaxCompute::Max
                               ? cpu::AmaxCompute::Max
@@ -141,6 +138,12 @@ float* QuantizerState::running_amax(int index) const {
   return amax_history(index) + QuantizerLayout::kRunningAmaxWord;
 }
 
+unsigned int* QuantizerState::measurements(int index) const {
+  require_current(index);
+  // The word is an unsigned int by the record's definition (templates/common/quantizer_record.cuh).
+  return reinterpret_cast<unsigned int*>(amax_history(index) + QuantizerLayout::kMeasurementsWord);
+}
+
 float* QuantizerState::scale(int index) const {
   return float_at(layout_.scales_offset +
                   static_cast<std::size_t>(index) * QuantizerLayout::kScalarSlotBytes);
@@ -169,7 +172,7 @@ std::vector<unsigned char> QuantizerState::host_image(
     record.scale_inv = scale_inv(index);
     record.history_length = layout_.history_lengths[i];
     record.mode = scaling_mode(quantizer);
-    record.fp8_max = cpu::fp8_max(quantizer.format);
+    record.fp8_max = quantizer.fp8_max;
     record.margin = quantizer.margin;
     record.epsilon = quantizer.amax_epsilon;
     record.power_of_2_scale = quantizer.power_of_2_scale ? 1 : 0;

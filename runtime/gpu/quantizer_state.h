@@ -31,13 +31,17 @@ struct QuantizerSettings {
   int margin = 0;
   float amax_epsilon = 0.0f;      // current scaling
   bool power_of_2_scale = false;  // current scaling
+  // The largest magnitude the scale maps the amax to: the format's largest finite value (448,
+  // 57344); NVFP4's per-tensor scale: 448 * 6 (plan::QuantSpec::fp8_max).
+  float fp8_max = 448.0f;
   // Block scaling keeps no state here: each FP8 copy carries its scale grid (a plan buffer), and
   // its slot (one history word, scale and scale_inv 1) is never read or written by a kernel.
   bool block_scaled = false;
 };
 
-// The settings of a quantizer with `spec`, derived as cpu::make_quantizer does. Throws
-// UsageError for a spec this state cannot hold (micro-scaled specs: not yet).
+// The settings of a quantizer with `spec`, derived as cpu::make_quantizer does: NVFP4 holds its
+// per-tensor scale as current scaling does, MXFP8 and Float8 block scaling hold nothing. Throws
+// UsageError for a format that is neither FP8 nor NVFP4's.
 QuantizerSettings quantizer_settings(std::string name, const plan::QuantSpec& spec);
 
 // Host mirror of templates/common/quantizer_record.cuh's QuantizerRecord, field for field (56
@@ -69,6 +73,7 @@ struct QuantizerLayout {
   // A current-scaling history: the measured amax, the arrival count, the running max, unused.
   static constexpr int kCurrentScalingWords = 4;
   static constexpr int kRunningAmaxWord = 2;
+  static constexpr int kMeasurementsWord = 3;
   std::size_t records_offset = 0;     // QuantizerRecord[count]
   std::size_t scales_offset = 0;      // float slot[count]
   std::size_t scale_invs_offset = 0;  // float slot[count]
@@ -109,6 +114,9 @@ class QuantizerState {
   // Current scaling only (UsageError otherwise): the running max the measuring kernel's blocks
   // raise; 0 between measurements (templates/common/quantizer_record.cuh).
   float* running_amax(int index) const;
+  // Current scaling only (UsageError otherwise): the count of its measurements (an unsigned int,
+  // word 3), NVFP4's stochastic-rounding step.
+  unsigned int* measurements(int index) const;
   // Delayed scaling: the older slots (history_length - 1 words); current scaling: the
   // kCurrentScalingWords words of templates/common/quantizer_record.cuh.
   float* amax_history(int index) const;

@@ -5,7 +5,10 @@
 //   [0] the measured amax (what the quantizer state reports; the scale's input),
 //   [1] the arrival count of derive_current_scale (an unsigned int),
 //   [2] the running max the measuring kernel's blocks raise (its `amax` pointer),
-//   [3] unused (16 bytes in all).
+//   [3] the number of measurements so far (an unsigned int, wrapping): NVFP4's stochastic
+//       rounding draws the Philox bits of a cast with it as the step (micro_scale.cuh), so every
+//       cast draws fresh bits and the CPU reference, counting alike, draws the same.
+//   (16 bytes in all.)
 // Words 1 and 2 hold 0 between launches: the runtime zeroes them once, and the last block of every
 // measuring launch returns them to 0, so no memset precedes a measurement.
 #ifndef OPFUSE_TEMPLATES_COMMON_QUANTIZER_RECORD_CUH_
@@ -18,6 +21,7 @@ namespace opfuse {
 inline constexpr int kCurrentScalingWords = 4;
 inline constexpr int kArrivalsWord = 1;
 inline constexpr int kRunningAmaxWord = 2;
+inline constexpr int kMeasurementsWord = 3;
 
 enum ScalingMode : int {
   kDelayedScalingMax = 0,         // amax = fmaxf over the history from 0 (a NaN slot is skipped)
@@ -89,6 +93,7 @@ __device__ __forceinline__ void derive_current_scale(const QuantizerRecord* reco
       __int_as_float(atomicExch(reinterpret_cast<int*>(words + kRunningAmaxWord), 0));
   *arrivals = 0u;
   words[0] = measured;
+  reinterpret_cast<unsigned int*>(words)[kMeasurementsWord] += 1u;
   store_current_scale(*record, measured);
 }
 

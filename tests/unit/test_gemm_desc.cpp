@@ -2,6 +2,7 @@
 // the row-major -> cuBLASLt mapping (checked numerically by emulating cuBLASLt's column-major
 // GEMM), GemmArgs checks, quantizer-state layout, error messages, and the GPU-less machine:
 // gpu_available() says why, and nothing built here needs libcuda.
+#include <cublasLt.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -480,7 +481,55 @@ TEST(QuantizerSettings, MatchTheCpuTwinForDelayedAndCurrentRecipes) {
   EXPECT_EQ(quantizer_settings("g", spec(current, false)).history_length, 1);
 }
 
-TEST(QuantizerSettings, BlockSpecsKeepNoStateAndMicroScaledOnesAreRefusedByBothStates) {
+// ---- check_gemm: micro-scaled operands (cuBLASLt 13 on sm_100; built, never run on Hopper)
+
+GemmDesc micro_fprop(ScaleMode mode) {
+  const DType t = mode == ScaleMode::Vec16Ue4m3 ? DType::E2M1 : DType::E4M3;
+  GemmDesc d = fprop_gemm(256, 4096, 1024, t, t, DType::BF16);
+  d.fast_accum = false;
+  d.a_scale = d.b_scale = mode;
+  return d;
+}
+
+TEST(CheckGemm, MicroScaledGemmsTakeOneFormatOnBothTnOperands) {
+  for (const ScaleMode mode : {ScaleMode::Vec32Ue8m0, ScaleMode::Vec16Ue4m3}) {
+    SCOPED_TRACE(scale_mode_name(mode));
+    EXPECT_TRUE(check_gemm(micro_fprop(mode)).empty()) << joined(check_gemm(micro_fprop(mode)));
+    GemmDesc bias = micro_fprop(mode);
+    bias.epilogue = GemmEpilogue::Bias;
+    EXPECT_TRUE(check_gemm(bias).empty()) << joined(check_gemm(bias));
+    GemmDesc mixed = micro_fprop(mode);
+    mixed.b_scale = ScaleMode::Block1D;
+    EXPECT_TRUE(has_reason(check_gemm(mixed), "one format on both operands"));
+    GemmDesc k = micro_fprop(mode);
+    k.k = 4080;  // a multiple of 16, not of 32
+    EXPECT_TRUE(has_reason(check_gemm(k), "k = 4080 is not a multiple of 32"));
+    GemmDesc nn = micro_fprop(mode);
+    nn.b_transposed = false;
+    EXPECT_TRUE(has_reason(check_gemm(nn), "K-contiguous (TN)"));
+    GemmDesc gelu = micro_fprop(mode);
+    gelu.epilogue = GemmEpilogue::GeluAuxBias;
+    EXPECT_TRUE(has_reason(check_gemm(gelu), "not available with micro-scaled operands"));
+    GemmDesc fp8_out = micro_fprop(mode);
+    fp8_out.d = DType::E4M3;
+    EXPECT_TRUE(has_reason(check_gemm(fp8_out), "write bf16, fp16 or fp32"));
+  }
+  GemmDesc wrong_values = micro_fprop(ScaleMode::Vec16Ue4m3);
+  wrong_values.a = wrong_values.b = DType::E4M3;
+  EXPECT_TRUE(has_reason(check_gemm(wrong_values), "for E2M1 operands, not e4m3 x e4m3"));
+  GemmDesc fp4_as_mx = micro_fprop(ScaleMode::Vec32Ue8m0);
+  fp4_as_mx.a = DType::E2M1;
+  EXPECT_TRUE(has_reason(check_gemm(fp4_as_mx), "for FP8 operands, not e2m1 x e4m3"));
+  // The descriptor's modes are cuBLASLt's enumerators.
+  EXPECT_EQ(cublaslt_scale_mode(ScaleMode::Vec32Ue8m0), CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
+  EXPECT_EQ(cublaslt_scale_mode(ScaleMode::Vec16Ue4m3), CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3);
+  EXPECT_EQ(cublaslt_scale_mode(ScaleMode::Block1D), CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+  EXPECT_NE(describe(micro_fprop(ScaleMode::Vec16Ue4m3)).find("1x16 E4M3 scales"),
+            std::string::npos)
+      << describe(micro_fprop(ScaleMode::Vec16Ue4m3));
+}
+
+TEST(QuantizerSettings, BlockSpecsKeepNoStateAndNvfp4KeepsItsTensorScale) {
   plan::QuantSpec block;
   block.scaling = plan::ScalingKind::Block2D;
   block.block = {128, 128};
@@ -499,12 +548,31 @@ TEST(QuantizerSettings, BlockSpecsKeepNoStateAndMicroScaledOnesAreRefusedByBothS
   EXPECT_EQ(cpu_q.block.format, cpu::Fp8Format::E5M2);
   EXPECT_FALSE(cpu::make_quantizer("fc1.input", plan::QuantSpec{}).block_scaled);
 
-  plan::QuantSpec micro;
-  micro.scaling = plan::ScalingKind::MicroScaled;
-  micro.block = {1, 32};
-  micro.scale_dtype = plan::ScaleDType::E8M0;
-  EXPECT_THROW(quantizer_settings("fc1.input", micro), UsageError);
-  EXPECT_THROW(cpu::make_quantizer("fc1.input", micro), opfuse::Error);
+  // MXFP8 keeps nothing; NVFP4's tensor scale is a current-scaling scale over 448 * 6, on the
+  // device and in the CPU twin.
+  plan::QuantSpec mx;
+  mx.scaling = plan::ScalingKind::MicroScaled;
+  mx.block = {1, 32};
+  mx.scale_dtype = plan::ScaleDType::E8M0;
+  EXPECT_TRUE(quantizer_settings("fc1.input", mx).block_scaled);
+  EXPECT_TRUE(cpu::make_quantizer("fc1.input", mx).block_scaled);
+  EXPECT_TRUE(cpu::make_quantizer("fc1.input", mx).micro_scaled);
+  plan::QuantSpec fp4 = mx;
+  fp4.format = plan::DType::E2M1;
+  fp4.block = {1, 16};
+  fp4.scale_dtype = plan::ScaleDType::E4M3;
+  const QuantizerSettings fp4_gpu = quantizer_settings("fc1.input", fp4);
+  EXPECT_FALSE(fp4_gpu.block_scaled);
+  EXPECT_TRUE(fp4_gpu.current_scaling);
+  EXPECT_EQ(fp4_gpu.fp8_max, 2688.0f);
+  EXPECT_FALSE(fp4_gpu.power_of_2_scale);
+  const cpu::Quantizer fp4_cpu = cpu::make_quantizer("fc1.input", fp4);
+  EXPECT_TRUE(fp4_cpu.current_scaling);
+  EXPECT_EQ(fp4_cpu.delayed.fp8_max, 2688.0f);
+  plan::QuantSpec e2m1_per_tensor;
+  e2m1_per_tensor.format = plan::DType::E2M1;  // E2M1 without blocks is no format opfuse has
+  EXPECT_THROW(quantizer_settings("fc1.input", e2m1_per_tensor), UsageError);
+  EXPECT_THROW(cpu::make_quantizer("fc1.input", e2m1_per_tensor), opfuse::Error);
   plan::QuantSpec bf16;
   bf16.format = plan::DType::BF16;
   EXPECT_THROW(quantizer_settings("fc1.input", bf16), UsageError);

@@ -29,9 +29,12 @@ namespace opfuse {
 // Whether a CUDA GPU and driver are usable here; `why` says what is missing when not.
 bool gpu_available(std::string* why = nullptr);
 
-enum class TensorDType : std::uint8_t { BF16, FP16, FP32, E4M3, E5M2 };
-std::string_view tensor_dtype_name(TensorDType dtype);  // "bf16", "fp16", "fp32", "e4m3", "e5m2"
-std::size_t tensor_dtype_bytes(TensorDType dtype);
+// E2M1 (NVFP4's 4-bit values) is only ever a quantizer's format (QuantizerStatus): no tensor of
+// a session has it.
+enum class TensorDType : std::uint8_t { BF16, FP16, FP32, E4M3, E5M2, E2M1 };
+// "bf16", "fp16", "fp32", "e4m3", "e5m2", "e2m1"
+std::string_view tensor_dtype_name(TensorDType dtype);
+std::size_t tensor_dtype_bytes(TensorDType dtype);  // E2M1: 1 (two codes per byte when packed)
 
 enum class TensorKind : std::uint8_t {
   Input,       // given by the application (set_tensor)
