@@ -19,7 +19,7 @@ import os
 import sys
 
 SIZE_ORDER = ["tiny", "medium", "large"]
-RECIPE_ORDER = ["fp8 delayed", "fp8 current", "fp8 block", "bf16"]
+RECIPE_ORDER = ["fp8 delayed", "fp8 current", "fp8 block", "mxfp8", "nvfp4", "bf16"]
 # Issue 6's goals, from the first PyTorch run on an H200.
 GOAL_FWD_VS_COMPILE_FP8 = 0.83
 GOAL_FWD_VS_COMPILE = 0.52
@@ -46,6 +46,10 @@ def recipe_label(recipe):
         return "fp8 current"
     if recipe.startswith("float8_block_scaling"):
         return "fp8 block"
+    if recipe.startswith("mxfp8_block_scaling"):
+        return "mxfp8"
+    if recipe.startswith("nvfp4_block_scaling"):
+        return "nvfp4"
     return "bf16" if recipe.startswith("bf16") else recipe
 
 
