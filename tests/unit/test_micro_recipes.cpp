@@ -347,7 +347,7 @@ sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses mx with fp8_weight
       driver::compile_source("w.fuse", kWeights, sources, diags, options);
   ASSERT_TRUE(r.ok()) << r.error << diags.format_all();
   EXPECT_FALSE(r.plan.sequences.at(0).fp8_weights);
-  EXPECT_NE(diags.format_all().find("w.fuse:3:65: warning: fp8_weights has no effect: sequence "
+  EXPECT_NE(diags.format_all().find("w.fuse:3:71: warning: fp8_weights has no effect: sequence "
                                     "'s' uses mxfp8_block_scaling"),
             std::string::npos)
       << diags.format_all();

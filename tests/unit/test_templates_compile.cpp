@@ -523,7 +523,7 @@ TEST(TemplateLaunchRules, MicroScaleGrids) {
   EXPECT_EQ(launch::micro_scale_rht_amax_grid_y(4096), 32);
   EXPECT_EQ(launch::micro_scale_register_budget(2, false, false), 64);
   EXPECT_EQ(launch::micro_scale_register_budget(2, false, true), 64);
-  EXPECT_EQ(launch::micro_scale_register_budget(2, true, false), 80);
+  EXPECT_EQ(launch::micro_scale_register_budget(2, true, false), 96);
   EXPECT_EQ(launch::micro_scale_register_budget(2, true, true), 128);
   EXPECT_EQ(launch::micro_scale_register_budget(4, false, false), 128);
 }
