@@ -173,6 +173,18 @@ CompileResult compile_ir(ir::Program program, const SourceManager* sources, Diag
     result.failed_stage = Stage::Plan;
     return result;
   }
+  if (diags != nullptr) {
+    // Note "Emulated micro-scaling" (docs/architecture.md): say so, never a silent change of
+    // what the GEMMs compute.
+    for (const ir::Sequence& s : result.program.sequences) {
+      if (!s.recipe.micro_scaled()) continue;
+      diags->note(s.loc, fmt::format("sequence '{}' runs {} emulated on {}: each GEMM operand is "
+                                     "quantized to the format and decoded to its own dtype, and "
+                                     "the GEMMs run in that dtype (opfuse runs no MXFP8 or NVFP4 "
+                                     "GEMM itself)",
+                                     s.name, ir::recipe_kind_name(s.recipe.kind), options.arch));
+    }
+  }
   if (options.last_stage == Stage::KernelRequests && !plan_pass_stop)
     result.kernels = kernel_requests(result.plan, options.arch);
   return result;

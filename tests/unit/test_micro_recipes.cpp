@@ -16,6 +16,9 @@
 #include "cpu/micro_scaling.h"
 #include "cpu/numerics.h"
 #include "driver/compile.h"
+#include "gpu/binding_check.h"
+#include "opfuse/error.h"
+#include "plan/gemm_caps.h"
 #include "plan/quant_spec.h"
 #include "reference/reference_executor.h"
 #include "reference/run_driver.h"
@@ -330,6 +333,29 @@ TEST(MicroRecipes, OneTrainingStepStaysCloseToBf16) {
   }
 }
 
+// The tokens a column-wise copy's blocks run down must be whole blocks: refused when bound, before
+// anything runs, naming the step and the multiple (32 for MXFP8, 16 for NVFP4).
+TEST(MicroRecipes, BoundTokensMustFillTheColumnwiseBlocks) {
+  auto error_for = [](const std::string& recipe, int64_t tokens) -> std::string {
+    const driver::CompileResult r = compile(recipe);
+    EXPECT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+    try {
+      (void)gpu::check_binding(r.plan.sequences.at(0), {{"tokens", tokens}},
+                               plan::gemm_caps("sm_90a"), 132);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_for("", 64), "");
+  const std::string mx = error_for("", 48);
+  EXPECT_NE(mx.find("MXFP8 column-wise copy"), std::string::npos) << mx;
+  EXPECT_NE(mx.find("its rows tokens = 48 are not a multiple of 32"), std::string::npos) << mx;
+  EXPECT_EQ(error_for("fp4", 48), "");
+  const std::string fp4 = error_for("fp4", 40);
+  EXPECT_NE(fp4.find("are not a multiple of 16"), std::string::npos) << fp4;
+}
+
 // `with fp8_weights` keeps no FP8 weight under an emulated recipe (a warning, as under bf16), so
 // a program written for FP8 weights still runs under --recipe mx.
 TEST(MicroRecipes, Fp8WeightsHaveNoEffectUnderAnEmulatedRecipe) {
@@ -347,6 +373,12 @@ sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses mx with fp8_weight
       driver::compile_source("w.fuse", kWeights, sources, diags, options);
   ASSERT_TRUE(r.ok()) << r.error << diags.format_all();
   EXPECT_FALSE(r.plan.sequences.at(0).fp8_weights);
+  // Never a silent change of what the GEMMs compute: the compile says the recipe is emulated.
+  EXPECT_NE(diags.format_all().find("note: sequence 's' runs mxfp8_block_scaling emulated on "
+                                    "sm_90a: each GEMM operand is quantized to the format and "
+                                    "decoded to its own dtype"),
+            std::string::npos)
+      << diags.format_all();
   EXPECT_NE(diags.format_all().find("w.fuse:3:71: warning: fp8_weights has no effect: sequence "
                                     "'s' uses mxfp8_block_scaling"),
             std::string::npos)

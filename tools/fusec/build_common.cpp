@@ -47,8 +47,8 @@ std::optional<driver::CompileResult> compile_program(ir::Program program,
   // A fresh engine: load() printed the front end's warnings already.
   DiagnosticEngine diags(sources);
   driver::CompileResult result = driver::compile_ir(std::move(program), &sources, &diags, options);
+  std::fputs(diags.format_all().c_str(), stderr);  // errors, or notes (an emulated recipe)
   if (result.ok()) return result;
-  std::fputs(diags.format_all().c_str(), stderr);
   return std::nullopt;
 }
 
