@@ -115,10 +115,14 @@ void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op
            fmt::format("pad the width to a multiple of {}", block));
   }
   if (spec.nvfp4()) {
-    if (rht)
+    if (rht) {
       emit_rht_amax(b, g, op, x, rows, cols);
-    else
+    } else {
       emit_current_amax(b, g, op, x, op.quantizer);
+      // The quantizer's other copy of x reuses this measurement (the CPU reference counts one
+      // measurement for both copies: stochastic rounding's step).
+      b.mark_amax_measured(x, op.quantizer);
+    }
   }
   const bool patches = rules::micro_scale_uses_patches(columnwise, two_d);
   const SymExpr grid_x =

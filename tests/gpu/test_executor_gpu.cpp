@@ -47,6 +47,7 @@ recipe current = current_scaling(format = hybrid, power_of_2_scale = true)
 recipe blocks = float8_block_scaling(format = hybrid)
 recipe mxfp8 = mxfp8_block_scaling(format = hybrid)
 recipe nvfp4 = nvfp4_block_scaling(seed = 3)
+recipe nvfp4_no_rht = nvfp4_block_scaling(rht = false, w_2d = false, seed = 4)
 )";
 
 constexpr const char* kMlp = R"(
@@ -428,7 +429,7 @@ std::vector<ProgramCase> program_cases() {
 // costs more than FP8's; a wrong cast (wrong blocks, untransformed operands, other random bits)
 // is off by O(1) or by the format's whole error (~0.2 relative under NVFP4).
 double bound_for(const std::string& recipe) {
-  return recipe == "bf16" ? 1e-2 : recipe == "nvfp4" ? 6e-2 : 3e-2;
+  return recipe == "bf16" ? 1e-2 : recipe.starts_with("nvfp4") ? 6e-2 : 3e-2;
 }
 
 class ExecutorMatchesReference : public ExecutorGpu,
@@ -478,7 +479,8 @@ TEST_F(ExecutorGpu, Fp8WeightsAreCastOnlyWhenTheParametersChange) {
 std::vector<std::pair<int, std::string>> matrix() {
   std::vector<std::pair<int, std::string>> cases;
   for (int p = 0; p < static_cast<int>(program_cases().size()); ++p) {
-    for (const char* recipe : {"bf16", "delayed", "current", "blocks", "mxfp8", "nvfp4"})
+    for (const char* recipe :
+         {"bf16", "delayed", "current", "blocks", "mxfp8", "nvfp4", "nvfp4_no_rht"})
       cases.emplace_back(p, recipe);
   }
   return cases;

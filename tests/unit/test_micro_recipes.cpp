@@ -175,6 +175,16 @@ TEST(MicroRecipes, TheGemmsReadDecodedCopiesInBf16) {
   // amax kernel; the others are measured by their producer or an amax_reduce, once per tensor.
   const driver::CompileResult fp4 = compile("fp4");
   EXPECT_EQ(launches(fp4.plan, "micro_scale_rht_amax").size(), 4u);
+  // One measurement per tensor scale: the weights' two copies share theirs (two amax_reduce
+  // launches, fc1.weight and fc2.weight; the inputs' and gradients' row-wise scales are measured
+  // by their producers or an amax_reduce of their own).
+  size_t weight_amaxes = 0;
+  for (const plan::Step& step : fp4.plan.sequences.at(0).steps)
+    weight_amaxes += step.what.find("amax of bf16 and the scale of quantizer fc1.weight") !=
+                         std::string::npos ||
+                     step.what.find("amax of bf16 and the scale of quantizer fc2.weight") !=
+                         std::string::npos;
+  EXPECT_EQ(weight_amaxes, 2u);
   for (const plan::LaunchStep* l : launches(fp4.plan, "micro_scale_cast")) {
     for (const plan::ParamBinding& p : l->params) {
       if (p.field == "tensor_scale") {
