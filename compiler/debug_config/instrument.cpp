@@ -181,8 +181,13 @@ void add_quant_slots(ir::Sequence& seq, const LayerRouting& l, const FeatureConf
   for (const StatRequest& r : quant_stats(f, tensor)) {
     const bool own_cast = !r.recipe || *r.recipe == plan::ScalingKind::Delayed;
     std::string problem;
+    const plan::QuantSpec own_spec = passes::recipe_spec(seq.recipe, role_of(tensor));
     if (own_cast && !own) {
       problem = "the tensor is not quantized in this iteration (its GEMMs run in high precision)";
+    } else if (own_cast && *own == plan::ScalingKind::MicroScaled && own_spec.nvfp4()) {
+      problem =
+          "its quantizer is NVFP4 (E2M1 values with E4M3 block scales), and LogFp8TensorStats "
+          "measures FP8 casts; ask for the mxfp8_ or fp8_block_scaling_ what-ifs instead";
     } else if (own_cast && *own != plan::ScalingKind::Delayed &&
                (r.recipe || r.kind == StatKind::Overflows)) {
       problem = fmt::format(
@@ -213,6 +218,10 @@ void add_quant_slots(ir::Sequence& seq, const LayerRouting& l, const FeatureConf
     }
     StatRequest cast = r;
     if (what_if_block) cast.recipe = plan::ScalingKind::Block1D;  // the fp8_block_scaling_ cast
+    // An MXFP8 own quantizer casts as the mxfp8_ what-if does (1 x 32 blocks along the rows,
+    // E8M0 scales rounded up, the recipe's format): one record for both.
+    if (own_cast && own && *own == plan::ScalingKind::MicroScaled)
+      cast.recipe = plan::ScalingKind::MicroScaled;
     plan::StatSlot slot = quant_slot(l.layer, tensor, cast);
     slot.format = format;
     slot.exponent_histogram = r.kind == StatKind::ScaleExponentHistogram;
@@ -249,6 +258,26 @@ void apply_to_layer(ir::Sequence& seq, const LayerRouting& l, std::vector<std::s
             "returns no modification",
             m->name, l.layer, plan::name(tensor), plan::name(gemm)));
         continue;
+      }
+      // A GEMM takes per-tensor scales on both operands or blocks on both (cuBLASLt; the
+      // emulated formats have no FP8 GEMM at all): rescaling one operand per tensor needs the
+      // other to be per-tensor too, by the recipe or by this feature.
+      if (mod->kind == Modification::Kind::PerTensorScaling && l.recipe_quantized && g.quantized) {
+        const TensorKind other = operands_of(gemm)[1 - k];
+        const plan::QuantSpec other_spec = passes::recipe_spec(seq.recipe, role_of(other));
+        const std::optional<Modification>& other_mod = g.modifications[1 - k];
+        const bool other_rescaled =
+            other_mod && other_mod->kind == Modification::Kind::PerTensorScaling;
+        if (!other_spec.per_tensor() && !other_rescaled) {
+          refused.push_back(fmt::format(
+              "{} (layer '{}', {} of {}): the GEMM's other operand ({}) is quantized as {} under "
+              "{}, and a GEMM takes per-tensor scales on both operands or on neither; give "
+              "PerTensorScaling both tensors of {}",
+              m->name, l.layer, plan::name(tensor), plan::name(gemm), plan::name(other),
+              plan::quant_spec_string(other_spec), ir::recipe_kind_name(seq.recipe.kind),
+              plan::name(gemm)));
+          continue;
+        }
       }
       const std::string error =
           add_modification(seq, l.layer, gemm, tensor, g.quantized, m->name, *mod);

@@ -155,6 +155,17 @@ driver::CompileResult compile(const std::string& text, const Routing* routing) {
   return r;
 }
 
+// The program as the front end builds it (what a debug config's routing is applied to).
+ir::Program compile_front(const std::string& text) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.last_stage = driver::Stage::FrontEnd;
+  driver::CompileResult r = driver::compile_source("s.fuse", text, sources, diags, options);
+  EXPECT_TRUE(r.ok()) << diags.format_all() << r.error;
+  return std::move(r.program);
+}
+
 const plan::StatSlot* find_slot(const ir::Sequence& seq, const std::string& tensor,
                                 plan::QuantStatCast cast, bool columnwise, size_t* index) {
   for (size_t i = 0; i < seq.inspections.size(); ++i) {
@@ -628,6 +639,60 @@ TEST(Fp8Stats, FusecRunLogsTheStatisticsOfTheWeight) {
     });
     ASSERT_NE(it, records.end());
     EXPECT_NEAR(it->value, entry.second, 1e-9 * std::fabs(entry.second) + 1e-12);
+  }
+}
+
+// Emulated recipes (docs/language.md): an MXFP8 layer's own cast is the mxfp8_ what-if's (1 x 32
+// blocks along the rows, E8M0 scales rounded up), one record for both spellings; an NVFP4 layer's
+// is no FP8 cast, so LogFp8TensorStats of it is refused by name.
+TEST(Fp8Stats, EmulatedRecipesMeasureMxfp8AndRefuseNvfp4) {
+  const auto r = test::routed(
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    LogFp8TensorStats: {tensors: [activation], stats: [mse, mxfp8_mse]}\n",
+      {"fc1"}, true);
+  std::string mx = kLinear;
+  mx.replace(mx.find("delayed_scaling()"), 17, "mxfp8_block_scaling()");
+  const auto v = compile(mx, &r->routing);
+  const ir::Sequence& seq = v.program.sequences[0];
+  size_t quantized = 0;
+  for (const plan::StatSlot& s : seq.inspections) {
+    if (s.record != plan::StatRecordKind::Quantized) continue;
+    ++quantized;
+    EXPECT_EQ(s.cast, plan::QuantStatCast::Mxfp8);
+    EXPECT_EQ(s.block_size, 32);
+  }
+  EXPECT_EQ(quantized, 1u) << "the layer's own cast is the what-if's";
+
+  std::string fp4 = kLinear;
+  fp4.replace(fp4.find("delayed_scaling()"), 17, "nvfp4_block_scaling()");
+  ir::Program program = compile_front(fp4);
+  const std::vector<std::string> refused = apply_routing(program, r->routing);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("its quantizer is NVFP4"), std::string::npos) << refused[0];
+}
+
+// PerTensorScaling of one operand under a block or emulated recipe would pair a per-tensor FP8
+// operand with a block-scaled or decoded one in one GEMM: refused, unless both are rescaled.
+TEST(Fp8Stats, PerTensorScalingOfOneOperandNeedsAPerTensorPartner) {
+  for (const char* recipe : {"float8_block_scaling()", "mxfp8_block_scaling()"}) {
+    std::string text = kLinear;
+    text.replace(text.find("delayed_scaling()"), 17, recipe);
+    const auto one = test::routed(
+        "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+        "    PerTensorScaling: {gemms: [fprop], tensors: [activation]}\n",
+        {"fc1"}, true);
+    ir::Program program = compile_front(text);
+    const std::vector<std::string> refused = apply_routing(program, one->routing);
+    ASSERT_EQ(refused.size(), 1u) << recipe;
+    EXPECT_NE(refused[0].find("the GEMM's other operand (weight) is quantized as"),
+              std::string::npos)
+        << refused[0];
+    const auto both = test::routed(
+        "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+        "    PerTensorScaling: {gemms: [fprop], tensors: [activation, weight]}\n",
+        {"fc1"}, true);
+    ir::Program again = compile_front(text);
+    EXPECT_TRUE(apply_routing(again, both->routing).empty()) << recipe;
   }
 }
 

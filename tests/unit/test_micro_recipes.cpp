@@ -180,10 +180,9 @@ TEST(MicroRecipes, TheGemmsReadDecodedCopiesInBf16) {
   // by their producers or an amax_reduce of their own).
   size_t weight_amaxes = 0;
   for (const plan::Step& step : fp4.plan.sequences.at(0).steps)
-    weight_amaxes += step.what.find("amax of bf16 and the scale of quantizer fc1.weight") !=
-                         std::string::npos ||
-                     step.what.find("amax of bf16 and the scale of quantizer fc2.weight") !=
-                         std::string::npos;
+    weight_amaxes +=
+        step.what.find("amax of bf16 and the scale of quantizer fc1.weight") != std::string::npos ||
+        step.what.find("amax of bf16 and the scale of quantizer fc2.weight") != std::string::npos;
   EXPECT_EQ(weight_amaxes, 2u);
   for (const plan::LaunchStep* l : launches(fp4.plan, "micro_scale_cast")) {
     for (const plan::ParamBinding& p : l->params) {
