@@ -125,8 +125,7 @@ std::string format_report(const std::vector<cpu::TrainCurve>& curves) {
     std::string vs = "";
     if (&c != &bf16 && !bf16.diverged)
       vs = fmt::format("  {:+.2f}%", 100.0 * (last / bf16.eval_loss.back() - 1.0));
-    out += fmt::format("  {:<14} {}{}  ({:.1f} s)  {}\n", c.recipe, format_loss(last), vs,
-                       c.seconds, c.recipe_text);
+    out += fmt::format("  {:<14} {}{:<10}  {}\n", c.recipe, format_loss(last), vs, c.recipe_text);
   }
   return out;
 }
@@ -255,6 +254,9 @@ int run_train(const TrainCommandOptions& opts, const CommonOptions& common) {
         curve = cpu::train_reference(*students[i].sequence, *teacher->sequence, train, progress);
       }
       curve.recipe = recipes[i];
+      // Timings on stderr: stdout is the same text for the same settings.
+      std::fprintf(stderr, "fusec: %s: %d steps in %.1f s\n", recipes[i].c_str(),
+                   curve.diverged ? curve.diverged_step : train.steps, curve.seconds);
       curves.push_back(std::move(curve));
     }
   } catch (const CompileError& e) {
