@@ -132,8 +132,8 @@ TrainCurve train_reference(const ir::Sequence& student_sequence,
   ReferenceExecutor<float> teacher(lowered_for_run(teacher_sequence, nullptr), options.bindings);
   ReferenceExecutor<float> student(lowered_for_run(student_sequence, nullptr), options.bindings);
   if (student.param_names().empty())
-    throw ReferenceError(fmt::format("sequence '{}' has no parameters to train",
-                                     student_sequence.name));
+    throw ReferenceError(
+        fmt::format("sequence '{}' has no parameters to train", student_sequence.name));
   const auto shapes = student.input_shapes();
   const size_t outputs = student.output_shapes().size();
   TrainCurve curve;
@@ -211,8 +211,7 @@ TrainCurve train_reference(const ir::Sequence& student_sequence,
     if (!evaluate(options.steps)) stop(options.steps);
     report();
   }
-  curve.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  curve.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return curve;
 }
 

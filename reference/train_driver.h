@@ -3,11 +3,11 @@
 // with it so that both devices draw the same data, build the same teacher and update the same way.
 //
 // The task (why: tests/unit/test_convergence.cpp's header). A teacher, the same sequence under the
-// bf16 recipe with parameters from seed + 1 and every weight matrix rescaled (teacher_weights), maps
-// each step's fresh batch x ~ N(0, 1) to target = teacher(x) + N(0, noise^2); the student, with
-// parameters from `seed` (plan::ParamInitializer, as `fusec run` and Session::own_parameters draw
-// them), minimizes loss = 0.5 * mean((student(x) - target)^2) by SGD over fp32 master weights, so
-// the run can only approach the noise floor 0.5 * noise^2. Step k's batch and noise are the same
+// bf16 recipe with parameters from seed + 1 and every weight matrix rescaled (teacher_weights),
+// maps each step's fresh batch x ~ N(0, 1) to target = teacher(x) + N(0, noise^2); the student,
+// with parameters from `seed` (plan::ParamInitializer, as `fusec run` and Session::own_parameters
+// draw them), minimizes loss = 0.5 * mean((student(x) - target)^2) by SGD over fp32 master weights,
+// so the run can only approach the noise floor 0.5 * noise^2. Step k's batch and noise are the same
 // for every recipe and device (counter-based draws, fill_normal); the evaluation batch is held out.
 #pragma once
 
@@ -34,9 +34,9 @@ struct TrainOptions {
 
 // One recipe's run: the held-out evaluation loss after each evaluated step (0 = before any update).
 struct TrainCurve {
-  std::string recipe;      // the recipe's name as given (--recipe)
-  std::string recipe_text; // what it expands to, e.g. "delayed_scaling(format = hybrid, ...)"
-  std::vector<int> steps;  // the evaluated steps, ascending
+  std::string recipe;       // the recipe's name as given (--recipe)
+  std::string recipe_text;  // what it expands to, e.g. "delayed_scaling(format = hybrid, ...)"
+  std::vector<int> steps;   // the evaluated steps, ascending
   std::vector<double> eval_loss;
   std::vector<double> train_loss;  // the loss of the batch of each evaluated step (before its
                                    // update); at the final point, the last step's
@@ -68,13 +68,15 @@ struct HostParam {
 };
 
 // The teacher's weights: every matrix (a linear weight [out, in]) rescaled to root mean square
-// 1 / sqrt(in), so each linear keeps its input's scale (LeCun); vectors (norm weights, biases) stay.
+// 1 / sqrt(in), so each linear keeps its input's scale (LeCun); vectors (norm weights, biases)
+// stay.
 void teacher_weights(std::vector<HostParam>& params);
 // Index of the last matrix in `params` (the one the output is linear in), or params.size().
 size_t last_matrix(const std::vector<HostParam>& params);
 
 // SGD with optional momentum over fp32 master weights: TE's practice of an fp32 optimizer copy
-// behind bf16 parameters (without it, updates below bf16's resolution vanish: test_convergence.cpp).
+// behind bf16 parameters (without it, updates below bf16's resolution vanish:
+// test_convergence.cpp).
 class SgdOptimizer {
  public:
   SgdOptimizer(std::vector<HostParam> masters, double lr, double momentum);

@@ -117,8 +117,8 @@ std::string format_report(const std::vector<cpu::TrainCurve>& curves) {
   out += "\nfinal eval loss (change vs bf16):\n";
   for (const cpu::TrainCurve& c : curves) {
     if (c.diverged) {
-      out += fmt::format("  {:<14} diverged: non-finite loss at step {}\n", c.recipe,
-                         c.diverged_step);
+      out +=
+          fmt::format("  {:<14} diverged: non-finite loss at step {}\n", c.recipe, c.diverged_step);
       continue;
     }
     const double last = c.eval_loss.back();
@@ -155,16 +155,11 @@ nlohmann::json curves_json(const TrainCommandOptions& opts, const std::string& s
   out["teacher"]["output_rms"] = bf16.teacher_rms;
   out["noise_floor"] = bf16.noise_floor;
   for (const cpu::TrainCurve& c : curves) {
-    nlohmann::json r = {{"name", c.recipe},
-                        {"recipe", c.recipe_text},
-                        {"steps", c.steps},
-                        {"eval_loss", c.eval_loss},  // a non-finite value is written as null
-                        {"train_loss", c.train_loss},
-                        {"diverged", c.diverged},
-                        {"diverged_step", nullptr},
-                        {"final_eval_loss", nullptr},
-                        {"vs_bf16_percent", nullptr},
-                        {"seconds", c.seconds}};
+    nlohmann::json r = {
+        {"name", c.recipe},           {"recipe", c.recipe_text},    {"steps", c.steps},
+        {"eval_loss", c.eval_loss},  // a non-finite value is written as null
+        {"train_loss", c.train_loss}, {"diverged", c.diverged},     {"diverged_step", nullptr},
+        {"final_eval_loss", nullptr}, {"vs_bf16_percent", nullptr}, {"seconds", c.seconds}};
     if (c.diverged) r["diverged_step"] = c.diverged_step;
     if (!c.diverged) r["final_eval_loss"] = c.eval_loss.back();
     if (!c.diverged && !bf16.diverged)
@@ -228,9 +223,9 @@ int run_train(const TrainCommandOptions& opts, const CommonOptions& common) {
   std::printf(
       "fusec train %s: sequence %s on %s\nbindings%s  steps %d  eval every %d  lr %g  momentum "
       "%g  noise %g  seed %llu\n",
-      opts.file.c_str(), sequence.c_str(), device.c_str(), binds.empty() ? " (none)" : binds.c_str(),
-      train.steps, train.eval_every, train.lr, train.momentum, train.noise,
-      static_cast<unsigned long long>(train.seed));
+      opts.file.c_str(), sequence.c_str(), device.c_str(),
+      binds.empty() ? " (none)" : binds.c_str(), train.steps, train.eval_every, train.lr,
+      train.momentum, train.noise, static_cast<unsigned long long>(train.seed));
   std::fflush(stdout);
 
   std::vector<cpu::TrainCurve> curves;
@@ -267,9 +262,9 @@ int run_train(const TrainCommandOptions& opts, const CommonOptions& common) {
     return kExitUserError;
   }
   const cpu::TrainCurve& first = curves.front();
-  std::printf("teacher: %s recipe, parameters from seed %llu, output rms %.4f; noise floor %.6f\n\n",
-              kBf16, static_cast<unsigned long long>(train.seed + 1), first.teacher_rms,
-              first.noise_floor);
+  std::printf(
+      "teacher: %s recipe, parameters from seed %llu, output rms %.4f; noise floor %.6f\n\n", kBf16,
+      static_cast<unsigned long long>(train.seed + 1), first.teacher_rms, first.noise_floor);
   std::fputs(format_report(curves).c_str(), stdout);
   std::fflush(stdout);
   if (!opts.json.empty() &&
@@ -296,12 +291,14 @@ Command add_train_command(CLI::App& app, CommonOptions& common) {
   train->add_option("file", opts->file, ".fuse file")->required()->check(CLI::ExistingFile);
   train->add_option("--sequence", opts->sequence,
                     "the sequence to train (needed when the file has several)");
-  train->add_option("--recipe", opts->recipes,
-                    "a declared recipe or bf16 (repeatable; default: bf16 and every declared "
-                    "recipe); bf16 always runs first, as the reference")
+  train
+      ->add_option("--recipe", opts->recipes,
+                   "a declared recipe or bf16 (repeatable; default: bf16 and every declared "
+                   "recipe); bf16 always runs first, as the reference")
       ->allow_extra_args(false);
-  train->add_option("--device", opts->device,
-                    "gpu, cpu (the reference executor) or auto (the GPU when there is one)")
+  train
+      ->add_option("--device", opts->device,
+                   "gpu, cpu (the reference executor) or auto (the GPU when there is one)")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}))
       ->capture_default_str();
   train->add_option("--bind", opts->binds, "NAME=SIZE for a symbolic dimension (repeatable)")
@@ -309,11 +306,13 @@ Command add_train_command(CLI::App& app, CommonOptions& common) {
   train->add_option("--steps", opts->steps, "training steps (SGD updates)")
       ->check(CLI::Range(1, 10000000))
       ->capture_default_str();
-  train->add_option("--eval-every", opts->eval_every,
-                    "evaluate every E steps (and after the last); default steps / 20")
+  train
+      ->add_option("--eval-every", opts->eval_every,
+                   "evaluate every E steps (and after the last); default steps / 20")
       ->check(CLI::Range(1, 10000000));
-  train->add_option("--seed", opts->seed,
-                    "seed of the student's parameters and the data (the teacher's: seed + 1)")
+  train
+      ->add_option("--seed", opts->seed,
+                   "seed of the student's parameters and the data (the teacher's: seed + 1)")
       ->capture_default_str();
   train->add_option("--lr", opts->lr, "SGD learning rate")->capture_default_str();
   train->add_option("--momentum", opts->momentum, "SGD momentum (heavy ball; 0: plain SGD)")

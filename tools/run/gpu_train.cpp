@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <map>
 #include <vector>
 
 #include "gpu/cuda_check.h"
@@ -84,8 +85,8 @@ Interface interface_of(const Session& session) {
   if (in.params.empty())
     throw UsageError(fmt::format("sequence '{}' has no parameters to train", session.sequence()));
   if (!has_output || in.output_grads.empty())
-    throw UsageError(fmt::format("sequence '{}' has no output gradient to train through",
-                                 session.sequence()));
+    throw UsageError(
+        fmt::format("sequence '{}' has no output gradient to train through", session.sequence()));
   return in;
 }
 
@@ -114,7 +115,8 @@ cpu::TrainCurve train_on_gpu(const Program& student_program, const Program& teac
                              const cpu::TrainProgress& progress) {
   if (options.steps < 1)
     throw UsageError(fmt::format("--steps must be at least 1, got {}", options.steps));
-  if (std::string why; !gpu::gpu_available(&why)) throw UsageError(fmt::format("{}: {}", kWhat, why));
+  if (std::string why; !gpu::gpu_available(&why))
+    throw UsageError(fmt::format("{}: {}", kWhat, why));
   const auto start = std::chrono::steady_clock::now();
   cudaStream_t stream = nullptr;
   OPFUSE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), kWhat);
@@ -125,8 +127,9 @@ cpu::TrainCurve train_on_gpu(const Program& student_program, const Program& teac
 
   Session teacher(teacher_program, sequence, stream);
   Session student(student_program, sequence, stream);
-  teacher.bind(options.bindings);
-  student.bind(options.bindings);
+  const std::map<std::string, std::int64_t> sizes(options.bindings.begin(), options.bindings.end());
+  teacher.bind(sizes);
+  student.bind(sizes);
   const Interface in = interface_of(student);
   const Interface teacher_in = interface_of(teacher);
   cpu::TrainCurve curve;
@@ -204,7 +207,8 @@ cpu::TrainCurve train_on_gpu(const Program& student_program, const Program& teac
                       uint64_t(step), options.noise);
   };
   std::future<Batch> pending = next_batch(0);
-  std::vector<std::vector<unsigned char>> grad_bytes(in.params.size()), weight_bytes(in.params.size());
+  std::vector<std::vector<unsigned char>> grad_bytes(in.params.size()),
+      weight_bytes(in.params.size());
   for (int step = 0; step < options.steps; ++step) {
     const bool evaluated = cpu::evaluates_after(step, options);
     const bool eval_finite = !evaluated || evaluate(step);
@@ -228,7 +232,8 @@ cpu::TrainCurve train_on_gpu(const Program& student_program, const Program& teac
     upload(grad_memory[0].data(), dy_bytes, in.output_grads[0], stream);
     student.backward(stream);
     for (std::size_t i = 0; i < in.params.size(); ++i)
-      grad_bytes[i] = download_bytes(student.param_grad(in.params[i].name), in.param_grads[i], stream);
+      grad_bytes[i] =
+          download_bytes(student.param_grad(in.params[i].name), in.param_grads[i], stream);
     student.step(stream);
     sync(stream);
     // The update, one host thread per parameter.
