@@ -164,7 +164,13 @@ TrainCurve train_reference(const ir::Sequence& student_sequence,
     for (size_t i = 0; i < noise.size(); ++i) eval_target[i] += noise[i];
   }
 
+  // The student: parameters from the seed, matrices rescaled as the teacher's (the header says
+  // why).
   init_params_from_seed(student, options.seed);
+  std::vector<HostParam> student_params = params_of(student);
+  teacher_weights(student_params);
+  for (const HostParam& p : student_params) student.param(p.name).data = p.values;
+  student.params_changed();
   SgdOptimizer optimizer(params_of(student), options.lr, options.momentum);
   std::vector<Tensor<float>> output_grads(outputs);
   double last_train_loss = 0;

@@ -187,6 +187,9 @@ cpu::TrainCurve train_on_gpu(const Program& student_program, const Program& teac
   }
 
   student.own_parameters(options.seed, stream);
+  std::vector<cpu::HostParam> student_params = download_params(student, in, stream);
+  cpu::teacher_weights(student_params);
+  upload_params(student, in, student_params, stream);
   cpu::SgdOptimizer optimizer(download_params(student, in, stream), options.lr, options.momentum);
   std::vector<float> dy(numel);
   double last_train_loss = 0;
