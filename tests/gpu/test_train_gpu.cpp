@@ -57,7 +57,7 @@ TEST(TrainGpu, Bf16CurveMatchesTheCpuReference) {
   // students' rounding differences along; a wrong gradient or update is off by far more (the loss
   // falls by a third over these steps).
   for (std::size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], c[i], 0.02 * c[i]) << "point " << i;
-  EXPECT_LT(g.back(), 0.8 * g.front());
+  EXPECT_LT(g.back(), 0.85 * g.front());
   // FP8 delayed scaling on the GPU ends near the GPU's bf16 run.
   const double fp8 = gpu["recipes"][1]["final_eval_loss"].get<double>();
   EXPECT_NEAR(fp8, g.back(), 0.05 * g.back());

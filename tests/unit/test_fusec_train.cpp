@@ -69,10 +69,11 @@ TEST(FusecTrain, Bf16LossDecreasesTowardTheNoiseFloor) {
   ASSERT_EQ(losses.size(), 5u);
   const double floor = j["noise_floor"].get<double>();
   EXPECT_NEAR(floor, 0.125, 0.01);  // 0.5 * 0.5^2 over 4096 draws
-  // The untrained student predicts ~0: its loss is 0.5 * (teacher rms^2 + noise^2) = 0.625.
+  // The untrained student is a random network of the teacher's scale: its loss starts above
+  // 0.5 * (1 + noise^2) (measured 0.769) and falls (measured to 0.611 after 40 steps at lr 2).
   EXPECT_NEAR(j["teacher"]["output_rms"].get<double>(), 1.0, 0.02);
-  EXPECT_NEAR(losses.front(), 0.625, 0.05);
-  EXPECT_LT(losses.back(), 0.8 * losses.front());
+  EXPECT_GT(losses.front(), 0.7);
+  EXPECT_LT(losses.back(), 0.85 * losses.front());
   EXPECT_GT(losses.back(), floor);
   for (std::size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]);
 }
@@ -98,11 +99,11 @@ TEST(FusecTrain, RecipesStartFromTheSameParametersAndData) {
   const double first = j["recipes"][0]["eval_loss"][0].get<double>();
   const double last = j["recipes"][0]["final_eval_loss"].get<double>();
   for (const auto& r : j["recipes"]) {
-    // The untrained student's output is ~0.02 of the target's: quantizing it moves the loss by
-    // far less than 0.1%.
-    EXPECT_NEAR(r["eval_loss"][0].get<double>(), first, 1e-3 * first) << r["name"];
+    // The same parameters and batch; only the recipe's quantization of the first forward moves
+    // the loss (measured: fp8 0.7634 against bf16's 0.7686, -0.7%).
+    EXPECT_NEAR(r["eval_loss"][0].get<double>(), first, 0.02 * first) << r["name"];
     EXPECT_NEAR(r["train_loss"][0].get<double>(), j["recipes"][0]["train_loss"][0].get<double>(),
-                1e-3 * first);
+                0.02 * first);
   }
   for (std::size_t i = 1; i < 3; ++i) {
     const auto& r = j["recipes"][i];
@@ -177,7 +178,8 @@ TEST(FusecTrain, BadInputGivesOneLineErrors) {
        "--recipe 'fp9' is not a recipe of this program"},
       {none + kTrain, kExitUserError, "fusec: error: sequence 's' has no parameters to train"},
       {file + " --device cpu --steps 3", kExitUserError, "tokens"},
-      {file + kTrain + " --lr 0", kExitUsage, "fusec: error: --lr must be a positive number"},
+      {file + " --device cpu --bind tokens=128 --lr 0", kExitUsage,
+       "fusec: error: --lr must be a positive number"},
       {file + kTrain + " --noise -1", kExitUsage, "fusec: error: --noise must be a number >= 0"},
       {file + " --device cpu --bind tokens=128 --steps 0", kExitUsage, "--steps"},
       {file + kTrain + " --sequence nope", kExitUserError, "no sequence 'nope'"},
