@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.." || exit 2
 out=${1:-${OUT:-/tmp/opfuse-train}}
 steps=${STEPS:-3000}
 tokens=${TOKENS:-1024}
-lr=${LR:-0.5}
+lr=${LR:-1}
 momentum=${MOMENTUM:-0.9}
 eval_every=${EVAL_EVERY:-100}
 seed=${SEED:-0}

@@ -264,7 +264,7 @@ int run_train(const TrainCommandOptions& opts, const CommonOptions& common) {
   const cpu::TrainCurve& first = curves.front();
   std::printf(
       "teacher: %s recipe, parameters from seed %llu, output rms %.4f; noise floor %.6f\n\n", kBf16,
-      static_cast<unsigned long long>(train.seed + 1), first.teacher_rms, first.noise_floor);
+      static_cast<unsigned long long>(train.seed) + 1, first.teacher_rms, first.noise_floor);
   std::fputs(format_report(curves).c_str(), stdout);
   std::fflush(stdout);
   if (!opts.json.empty() &&
