@@ -331,8 +331,9 @@ Command add_train_command(CLI::App& app, CommonOptions& common) {
           "rms 1/sqrt(fan_in) and the last one to output rms 1; loss = 0.5 * mean((y - "
           "target)^2); SGD over fp32 master weights, then the quantizers' step. The eval loss is "
           "on a held-out batch with its own noise; its floor is 0.5 * noise^2. Student "
-          "parameters as fusec run draws them: linear weights ~ N(0, 0.02), norm weights 1, "
-          "biases 0. A recipe whose loss turns non-finite stops and is reported; the command "
+          "parameters as fusec run draws them (norm weights 1, biases 0), the weight matrices "
+          "then rescaled as the teacher's. A recipe whose loss turns non-finite stops and is "
+          "reported; the command "
           "then exits 1.\n") +
       kExitCodeHelp);
   return {train, [opts, &common] { return run_train(*opts, common); }};
