@@ -15,5 +15,6 @@ Command add_bench_command(CLI::App& app, CommonOptions& common);
 Command add_debug_plan_command(CLI::App& app, CommonOptions& common);
 Command add_debug_report_command(CLI::App& app, CommonOptions& common);
 Command add_merge_state_command(CLI::App& app, CommonOptions& common);
+Command add_train_command(CLI::App& app, CommonOptions& common);
 
 }  // namespace opfuse::fusec
