@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -84,6 +85,18 @@ Interface interface_of(const Session& session) {
   }
   if (in.params.empty())
     throw UsageError(fmt::format("sequence '{}' has no parameters to train", session.sequence()));
+  // Each parameter's gradient in the parameters' order (tensors() lists kinds apart, the
+  // gradients in an order of their own); a gradient is named as its parameter.
+  std::vector<TensorInfo> grads;
+  for (const TensorInfo& p : in.params) {
+    const auto g = std::find_if(in.param_grads.begin(), in.param_grads.end(),
+                                [&](const TensorInfo& info) { return info.name == p.name; });
+    if (g == in.param_grads.end())
+      throw UsageError(fmt::format("parameter '{}' of sequence '{}' has no gradient to train with",
+                                   p.name, session.sequence()));
+    grads.push_back(*g);
+  }
+  in.param_grads = std::move(grads);
   if (!has_output || in.output_grads.empty())
     throw UsageError(
         fmt::format("sequence '{}' has no output gradient to train through", session.sequence()));
