@@ -6,7 +6,7 @@
 #
 #   bench/train_gpu.sh              # writes $OUT (default /tmp/opfuse-train) or the given directory
 #   bench/train_gpu.sh DIR
-#   STEPS=3000 TOKENS=1024 LR=... RECIPES="bf16 fp8_delayed" bench/train_gpu.sh   # other settings
+#   SEQUENCE=stack STEPS=3000 TOKENS=1024 LR=... RECIPES="bf16 fp8_delayed" bench/train_gpu.sh
 #
 # Builds fusec (build/bench, Release, -j16, as bench/run_gpu.sh does), then runs the training and
 # writes train.txt (the table: eval loss per recipe every EVAL_EVERY steps, final losses and their
@@ -19,7 +19,10 @@ cd "$(dirname "$0")/.." || exit 2
 out=${1:-${OUT:-/tmp/opfuse-train}}
 steps=${STEPS:-3000}
 tokens=${TOKENS:-1024}
-lr=${LR:-1}
+# One block (the four-block stack stays at the loss of predicting zero); lr 16 learned fastest
+# and diverged late (bench/RESULTS.md), so the default is half of it.
+sequence=${SEQUENCE:-block}
+lr=${LR:-8}
 momentum=${MOMENTUM:-0.9}
 eval_every=${EVAL_EVERY:-100}
 seed=${SEED:-0}
@@ -42,7 +45,7 @@ stamp "built"
 recipe_args=()
 for r in $recipes; do recipe_args+=(--recipe "$r"); done
 stamp "fusec train: ${recipes}; tokens=${tokens} steps=${steps} lr=${lr} momentum=${momentum}"
-build/bench/tools/fusec train bench/workloads/train_stack.fuse --device gpu \
+build/bench/tools/fusec train bench/workloads/train_stack.fuse --sequence "$sequence" --device gpu \
   --bind "tokens=${tokens}" --steps "$steps" --eval-every "$eval_every" --lr "$lr" \
   --momentum "$momentum" --seed "$seed" "${recipe_args[@]}" --json "$out/train.json" \
   >"$out/train.txt" 2>"$out/train_progress.txt"
