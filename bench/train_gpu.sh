@@ -12,8 +12,8 @@
 # writes train.txt (the table: eval loss per recipe every EVAL_EVERY steps, final losses and their
 # change against bf16), train.json (the curves, `fusec train --json`), train_progress.txt (stderr:
 # progress and per-recipe seconds), device.txt and build.log. The settings were chosen on the CPU
-# reference at smaller sizes (README.md, "fusec train"); the training part is sized to take
-# under 3 minutes on an H100 (the build adds its own time on a fresh machine).
+# reference at smaller sizes and on an H200 (bench/RESULTS.md); the training takes about 52 s per
+# recipe there, 5-6 minutes for the six (the build adds about 1.5 minutes on a fresh machine).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${1:-${OUT:-/tmp/opfuse-train}}
