@@ -84,7 +84,7 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
 }
 
 std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
-                              int64_t cols, bool columnwise, bool measure, uint32_t stream) {
+                              int64_t cols, bool columnwise, bool measure) {
   if (!quantizer.micro_scaled) {
     throw ReferenceError(fmt::format("quantizer '{}' is not micro-scaled", quantizer.name));
   }
@@ -96,7 +96,7 @@ std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, in
   params.rht = spec.rht && columnwise;
   params.stochastic = spec.stochastic_rounding;
   params.seed = spec.seed;
-  params.stream = stream;
+  params.stream = 2 * quantizer.index + (columnwise ? 1u : 0u);
   DelayedScalingState& state = quantizer.state;
   if (measure) {
     const float amax = params.rht ? rht_amax(x, rows, cols) : tensor_amax(x);
@@ -113,7 +113,7 @@ std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, in
 void fake_quantize(Quantizer& quantizer, std::span<float> values, int64_t cols) {
   if (quantizer.micro_scaled) {
     const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(values.size()) / cols;
-    const std::vector<float> decoded = micro_cast(quantizer, values, rows, cols, false, true, 0);
+    const std::vector<float> decoded = micro_cast(quantizer, values, rows, cols, false, true);
     std::copy(decoded.begin(), decoded.end(), values.begin());
     return;
   }

@@ -33,6 +33,9 @@ struct Quantizer {
   bool micro_scaled = false;
   plan::QuantSpec micro;
   uint32_t measurements = 0;
+  // Its index among the sequence's quantizers (the reference executor sets it): the Philox stream
+  // of its row-wise copy is 2 * index, of its column-wise copy 2 * index + 1, as on the device.
+  uint32_t index = 0;
   // Tensor-parallel current scaling: the amax of the whole tensor from this rank's share's (the
   // max over the ranks); unset: the share is the whole tensor.
   std::function<float(float)> reduce_amax;
@@ -59,11 +62,10 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
 // layout, as the GEMMs of a Hopper read it. NVFP4 first measures its tensor scale when `measure`
 // (the amax of x, or of its Hadamard-transformed columns for an rht column-wise copy); a copy
 // made right after its quantizer's other copy of the same tensor reuses that measurement, as the
-// device does. `stream`: stochastic rounding's Philox stream (2 * quantizer index + 1 for the
-// column-wise copy, the device's numbering). ReferenceError for a quantizer that is not
-// micro-scaled.
+// device does. Stochastic rounding draws from the stream of Quantizer::index and the copy, as
+// the device does. ReferenceError for a quantizer that is not micro-scaled.
 std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
-                              int64_t cols, bool columnwise, bool measure, uint32_t stream);
+                              int64_t cols, bool columnwise, bool measure);
 
 // Ends a step: the delayed-scaling update (update_delayed); a no-op under current scaling.
 void end_step(Quantizer& quantizer);

@@ -160,6 +160,7 @@ ReferenceExecutor<T>::ReferenceExecutor(const ir::Sequence& sequence, const Bind
   }
   for (const ir::QuantizerDecl& q : s.seq.quantizers) {
     s.quantizers.push_back(make_quantizer(q.name, q.spec));
+    s.quantizers.back().index = uint32_t(s.quantizers.size() - 1);
     if (s.group) {
       // Current scaling casts with the amax of the whole tensor, the max over the ranks' shares.
       Collectives* group = s.group;

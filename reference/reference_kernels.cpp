@@ -305,8 +305,9 @@ void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const bool columnwise = ir::attr_bool(op.attrs, "columnwise");
   const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
   const std::vector<float> as_float(x.data.begin(), x.data.end());
-  const std::vector<float> y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure,
-                                          uint32_t(2 * op.quantizer + (columnwise ? 1 : 0)));
+  OPFUSE_ASSERT(q.index == uint32_t(op.quantizer), "quantizer '{}' has index {}, not {}", q.name,
+                q.index, op.quantizer);
+  const std::vector<float> y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure);
   Tensor<T>& out = ctx.out(op, 0);
   std::copy(y.begin(), y.end(), out.data.begin());
 }
