@@ -174,8 +174,10 @@ class Planner {
       cast.instance = q.name;
       cast.loc = consumer.loc;
       cast.quantizer = quantizer;
-      // A high-precision value (no quantizer of its own): GEMMs read it as any other.
-      const ValueId v = s_.add_value(ValueKind::Result, s_.value(source).type);
+      // A high-precision value (no quantizer of its own): GEMMs read it as any other. The type
+      // is copied first: add_value grows s_.values.
+      const TensorType type = s_.value(source).type;
+      const ValueId v = s_.add_value(ValueKind::Result, type);
       cast.results.push_back(v);
       before_[position].push_back(std::move(cast));
       return v;
