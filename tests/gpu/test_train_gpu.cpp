@@ -15,23 +15,9 @@
 namespace opfuse {
 namespace {
 
-// tests/unit/test_fusec_train.cpp's stack: two seed MLP blocks at hidden 32.
-constexpr const char* kStack = R"(recipe fp8 = delayed_scaling(amax_history = 16)
-sequence stack(x: bf16[tokens, 32]) -> (y: bf16[tokens, 32]) {
-  layernorm(32) as ln0
-  linear(32, 128, bias = false) as fc1_0
-  swiglu()
-  linear(64, 32, bias = false) as fc2_0
-  layernorm(32) as ln1
-  linear(32, 128, bias = false) as fc1_1
-  swiglu()
-  linear(64, 32, bias = false) as fc2_1
-}
-)";
-
 nlohmann::json train(const std::string& dir, const std::string& device) {
   const std::string file = dir + "/stack.fuse";
-  std::ofstream(file, std::ios::binary) << kStack;
+  std::ofstream(file, std::ios::binary) << test::kTrainStack;
   const std::string json = dir + "/" + device + ".json";
   const auto r = test::fusec("train " + test::shell_quoted(file) + " --device " + device +
                              " --recipe bf16 --recipe fp8 --bind tokens=128 --steps 40 "

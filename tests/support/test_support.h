@@ -39,4 +39,20 @@ sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses fp8 {
 }
 )";
 
+// fusec train's test model (tests/unit/test_fusec_train.cpp, tests/gpu/test_train_gpu.cpp): two
+// blocks of the seed MLP at hidden 32 (tests/unit/test_convergence.cpp's size).
+inline constexpr const char* kTrainStack = R"(recipe fp8 = delayed_scaling(amax_history = 16)
+recipe cur = current_scaling()
+sequence stack(x: bf16[tokens, 32]) -> (y: bf16[tokens, 32]) {
+  layernorm(32) as ln0
+  linear(32, 128, bias = false) as fc1_0
+  swiglu()
+  linear(64, 32, bias = false) as fc2_0
+  layernorm(32) as ln1
+  linear(32, 128, bias = false) as fc1_1
+  swiglu()
+  linear(64, 32, bias = false) as fc2_1
+}
+)";
+
 }  // namespace opfuse::test

@@ -21,21 +21,6 @@ constexpr int kExitOk = 0;
 constexpr int kExitUserError = 1;
 constexpr int kExitUsage = 2;
 
-// Two blocks of the seed MLP at hidden 32 (tests/unit/test_convergence.cpp's size).
-constexpr const char* kStack = R"(recipe fp8 = delayed_scaling(amax_history = 16)
-recipe cur = current_scaling()
-sequence stack(x: bf16[tokens, 32]) -> (y: bf16[tokens, 32]) {
-  layernorm(32) as ln0
-  linear(32, 128, bias = false) as fc1_0
-  swiglu()
-  linear(64, 32, bias = false) as fc2_0
-  layernorm(32) as ln1
-  linear(32, 128, bias = false) as fc1_1
-  swiglu()
-  linear(64, 32, bias = false) as fc2_1
-}
-)";
-
 struct Files {
   std::string dir = test::make_temp_dir("fusec_train");
   std::string write(const std::string& name, const std::string& text) const {
@@ -52,8 +37,8 @@ test::CommandResult fusec_stdout(const std::string& args) {
 
 nlohmann::json train_json(const Files& files, const std::string& args) {
   const std::string json = files.dir + "/curves.json";
-  const auto r = test::fusec("train " + shell_quoted(files.write("stack.fuse", kStack)) + kTrain +
-                             " --json " + shell_quoted(json) + args);
+  const auto r = test::fusec("train " + shell_quoted(files.write("stack.fuse", test::kTrainStack)) +
+                             kTrain + " --json " + shell_quoted(json) + args);
   EXPECT_EQ(r.exit_code, kExitOk) << r.output;
   return nlohmann::json::parse(test::read_text(json));
 }
@@ -80,7 +65,7 @@ TEST(FusecTrain, Bf16LossDecreasesTowardTheNoiseFloor) {
 
 TEST(FusecTrain, SameSeedPrintsTheSameCurvesAndAnotherSeedDoesNot) {
   const Files files;
-  const std::string file = shell_quoted(files.write("stack.fuse", kStack));
+  const std::string file = shell_quoted(files.write("stack.fuse", test::kTrainStack));
   const auto a = fusec_stdout("train " + file + kTrain + " --recipe fp8");
   const auto b = fusec_stdout("train " + file + kTrain + " --recipe fp8");
   const auto c = fusec_stdout("train " + file + kTrain + " --recipe fp8 --seed 1");
@@ -147,7 +132,7 @@ TEST(FusecTrain, JsonHasTheDocumentedFields) {
 TEST(FusecTrain, DivergingRecipeStopsAndIsReported) {
   const Files files;
   const std::string json = files.dir + "/curves.json";
-  const auto r = test::fusec("train " + shell_quoted(files.write("stack.fuse", kStack)) +
+  const auto r = test::fusec("train " + shell_quoted(files.write("stack.fuse", test::kTrainStack)) +
                              " --device cpu --bind tokens=128 --steps 40 --eval-every 10 "
                              "--lr 1e6 --json " +
                              shell_quoted(json));
@@ -165,7 +150,7 @@ TEST(FusecTrain, DivergingRecipeStopsAndIsReported) {
 
 TEST(FusecTrain, BadInputGivesOneLineErrors) {
   const Files files;
-  const std::string file = shell_quoted(files.write("stack.fuse", kStack));
+  const std::string file = shell_quoted(files.write("stack.fuse", test::kTrainStack));
   const std::string none = shell_quoted(files.write(
       "none.fuse", "sequence s(x: bf16[tokens, 32]) -> (y: bf16[tokens, 32]) {\n  gelu()\n}\n"));
   struct Case {
