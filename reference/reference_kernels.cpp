@@ -227,9 +227,15 @@ void block_cast(ReferenceContext<T>& ctx, const ir::Operation& op, Quantizer& q)
   const Tensor<T>& x = ctx.values[source];
   // fp8_weights: the weight as it was when the parameters last changed (reference_executor.cpp).
   const auto weight = ctx.weight_codes.find(source);
-  const std::vector<float> as_float = weight != ctx.weight_codes.end()
-                                          ? weight->second.first
-                                          : std::vector<float>(x.data.begin(), x.data.end());
+  std::vector<float> as_float = weight != ctx.weight_codes.end()
+                                    ? weight->second.first
+                                    : std::vector<float>(x.data.begin(), x.data.end());
+  // Folded into an activation (activation_block_cast, dact_block_cast), the source is the
+  // activation's unrounded value: the fused kernel quantizes it as stored in its dtype, as the
+  // unfused pair does (templates/block_activation.cuh; rounding is idempotent).
+  const ir::DType dtype = ctx.seq.value(source).type.dtype;
+  if (dtype == ir::DType::BF16) round_to_bf16(as_float);
+  if (dtype == ir::DType::FP16) round_to_fp16(as_float);
   BlockQuantParams params = q.block;
   params.value_for_inf = value_for_inf(ctx.seq.value(source).type.dtype);
   const bool transposed_layout =

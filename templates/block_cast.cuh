@@ -169,6 +169,170 @@ __device__ __forceinline__ void stage_fp8_bytes(unsigned char* dst, const void* 
   for (int w = 0; w < kVec / 4; ++w) to[w] = from[w];
 }
 
+// Rows each thread of a block cast owns in a 128 x 128 tile: 8 for 2-byte inputs, 16 for fp32.
+template <typename Input>
+constexpr int block_cast_passes() {
+  return launch::kBlockCastTile / (launch::kBlockCastThreads /
+                                   (launch::kBlockCastTile / launch::vector_elems(sizeof(Input))));
+}
+
+// Shared memory of block_cast_rows_tile: the column-wise copy's staging tile and its column
+// maxima and scales (placeholders without the copy).
+template <bool kColumnwise>
+struct BlockCastRowsShared {
+  static constexpr int kWarps = launch::kBlockCastThreads / 32;
+  alignas(16) unsigned char staged[kColumnwise ? launch::kBlockCastTile : 1][kBlockCastStagePitch];
+  alignas(16) float column_amax[kColumnwise ? kWarps : 1][launch::kBlockCastTile];
+  alignas(16) float column_scale[kColumnwise ? launch::kBlockCastTile : 1];
+};
+
+// The 1 x 128 (row-wise) and 128 x 1 (column-wise) block quantization of one 128 x 128 tile whose
+// values the thread holds as raw words of dtype Input (raw[b]: its vector in pass b), the tile
+// at rows [tile_row0, +128) and columns [tile_col0, +128) of p's [rows, cols] tensor. Shared by
+// block_cast_transpose (raw = x as loaded) and the fused activations of block_activation.cuh
+// (raw = the activation's values rounded to Input, so a fused kernel writes what the activation
+// kernel and the cast would). Each row's amax by shuffles among its kVecsPerRow threads, all
+// rows' maxima first (the shuffles of the kPasses rows overlap), then the row-wise copy; the
+// column amax (128 x 1 blocks) is gathered on the way. Ends with the transposed write: the caller
+// holds a barrier before `shared` is used again. Must be called by all threads of the block.
+template <typename Input, typename Output, bool kWriteTranspose>
+__device__ __forceinline__ void block_cast_rows_tile(
+    BlockCastWords (&raw)[block_cast_passes<Input>()], const BlockCastParams<Input, Output>& p,
+    BlockCastRowsShared<kWriteTranspose>& shared, long long tile_row0, int tile_col0) {
+  constexpr int kTile = launch::kBlockCastTile;
+  constexpr int kWarps = launch::kBlockCastThreads / 32;
+  constexpr int kVec = launch::vector_elems(sizeof(Input));
+  constexpr int kVecsPerRow = kTile / kVec;
+  constexpr int kRowsPerPass = launch::kBlockCastThreads / kVecsPerRow;
+  constexpr int kPasses = block_cast_passes<Input>();
+  constexpr float kFp8Max = DtypeTraits<Output>::kMax;
+  constexpr float kValueForInf = BlockScaleValueForInf<Input>::kValue;
+  const int vec_in_row = threadIdx.x % kVecsPerRow;
+  const int row_in_pass = threadIdx.x / kVecsPerRow;
+  const int col = tile_col0 + vec_in_row * kVec;
+  const bool col_valid = col < p.cols;
+  const long long rows = p.rows;
+  const int cols = p.cols;
+  const long long tile_row_block = tile_row0 / kTile;
+  const bool power_of_2 = p.power_of_2_scale != 0;
+  const bool write_rowwise = p.y != nullptr;
+  const bool write_columnwise = kWriteTranspose && p.y_t != nullptr;
+
+  float col_amax[kVec];
+  float row_amax[kPasses];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) col_amax[j] = 0.0f;
+#pragma unroll
+  for (int b = 0; b < kPasses; ++b) {
+    float values[kVec];
+    block_cast_widen<Input>(raw[b], values);
+    row_amax[b] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      row_amax[b] = accumulate_amax(row_amax[b], values[j]);
+      col_amax[j] = accumulate_amax(col_amax[j], values[j]);
+    }
+  }
+  if (write_rowwise) {
+#pragma unroll
+    for (int mask = 1; mask < kVecsPerRow; mask <<= 1) {
+#pragma unroll
+      for (int b = 0; b < kPasses; ++b) {
+        row_amax[b] = fmaxf(row_amax[b], __shfl_xor_sync(kFullWarpMask, row_amax[b], mask));
+      }
+    }
+    // The values are converted again below, not held as floats since the pass above.
+#pragma unroll
+    for (int b = 0; b < kPasses; ++b) hide_from_optimizer(raw[b]);
+    const long long row_grid_inner = launch::block_scale_grid_inner(rows, cols, false);
+    const unsigned int col_block = static_cast<unsigned int>(tile_col0) / kTile;
+#pragma unroll
+    for (int b = 0; b < kPasses; ++b) {
+      const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
+      const float scale = block_scale(row_amax[b], kFp8Max, p.epsilon, power_of_2, kValueForInf);
+      if (row < rows) {
+        if (col_valid) {
+          float values[kVec];
+          block_cast_widen<Input>(raw[b], values);
+          store_vec(p.y + row * cols + col, float_to_vec<Output, kVec>(values, scale));
+        }
+        if (vec_in_row == 0)
+          p.y_scale_inv[col_block * row_grid_inner + row] = __fdiv_rn(1.0f, scale);
+      }
+    }
+  }
+  if constexpr (kWriteTranspose) {
+    if (write_columnwise) {
+      // Column amax: the threads of one column vector are lanes vec_in_row + k * kVecsPerRow of
+      // every warp; shuffles within the warp, then the warps through shared memory.
+      const int lane = threadIdx.x & 31;
+      const int warp = threadIdx.x >> 5;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+#pragma unroll
+        for (int mask = kVecsPerRow; mask < 32; mask <<= 1) {
+          col_amax[j] = fmaxf(col_amax[j], __shfl_xor_sync(kFullWarpMask, col_amax[j], mask));
+        }
+      }
+      if (lane < kVecsPerRow) {
+#pragma unroll
+        for (int j = 0; j < kVec; j += 4) {
+          *reinterpret_cast<float4*>(&shared.column_amax[warp][vec_in_row * kVec + j]) =
+              make_float4(col_amax[j], col_amax[j + 1], col_amax[j + 2], col_amax[j + 3]);
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < kTile) {
+        const int c = threadIdx.x;
+        float amax = shared.column_amax[0][c];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, shared.column_amax[w][c]);
+        const float scale = block_scale(amax, kFp8Max, p.epsilon, power_of_2, kValueForInf);
+        shared.column_scale[c] = scale;
+        if (tile_col0 + c < cols) {
+          // The column-wise copy is stored [cols, rows]: its 1-D grid's entry (c, row block).
+          p.y_t_scale_inv[tile_row_block * launch::block_scale_grid_inner(cols, rows, false) +
+                          tile_col0 + c] = __fdiv_rn(1.0f, scale);
+        }
+      }
+      __syncthreads();
+      // The values are converted again below, not held across the barriers as floats.
+#pragma unroll
+      for (int b = 0; b < kPasses; ++b) hide_from_optimizer(raw[b]);
+      float scales[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; j += 4) {
+        const float4 four =
+            *reinterpret_cast<const float4*>(&shared.column_scale[vec_in_row * kVec + j]);
+        scales[j] = four.x;
+        scales[j + 1] = four.y;
+        scales[j + 2] = four.z;
+        scales[j + 3] = four.w;
+      }
+#pragma unroll
+      for (int b = 0; b < kPasses; ++b) {
+        const int row_in_tile = b * kRowsPerPass + row_in_pass;
+        float values[kVec];
+        block_cast_widen<Input>(raw[b], values);
+        // Each element with its own column's scale; pairs of bytes packed into words.
+        unsigned int words[kVec / 4];
+#pragma unroll
+        for (int j = 0; j < kVec; j += 4) {
+          const unsigned int low = float2_to_fp8x2_bits<Output>(
+              apply_scale(values[j], scales[j]), apply_scale(values[j + 1], scales[j + 1]));
+          const unsigned int high = float2_to_fp8x2_bits<Output>(
+              apply_scale(values[j + 2], scales[j + 2]), apply_scale(values[j + 3], scales[j + 3]));
+          words[j / 4] = low | (high << 16);
+        }
+        stage_fp8_bytes<kVec>(&shared.staged[row_in_tile][vec_in_row * kVec], words);
+      }
+      __syncthreads();
+      write_block_cast_transposed(shared.staged, reinterpret_cast<unsigned char*>(p.y_t), rows,
+                                  cols, tile_row0, tile_col0);
+    }
+  }
+}
+
 }  // namespace detail
 
 // Block: launch::kBlockCastThreads (256). Grid: (launch::block_cast_grid_x(cols),
@@ -186,21 +350,13 @@ __global__ void __launch_bounds__(
   constexpr int kThreads = launch::kBlockCastThreads;
   constexpr int kWarps = kThreads / 32;
   constexpr int kVec = launch::vector_elems(sizeof(Input));
-  constexpr int kVecsPerRow = kTile / kVec;             // threads per tile row: 16 or 32
-  constexpr int kRowsPerPass = kThreads / kVecsPerRow;  // 16 or 8
-  constexpr int kPasses = kTile / kRowsPerPass;         // rows per thread: 8 or 16
+  constexpr int kVecsPerRow = kTile / kVec;                    // threads per tile row: 16 or 32
+  constexpr int kRowsPerPass = kThreads / kVecsPerRow;         // 16 or 8
+  constexpr int kPasses = detail::block_cast_passes<Input>();  // rows per thread: 8 or 16
   constexpr float kFp8Max = DtypeTraits<Output>::kMax;
   constexpr float kValueForInf = detail::BlockScaleValueForInf<Input>::kValue;
   static_assert(kVec == 4 || kVec == 8, "16-byte vectors of a 2- or 4-byte input dtype");
   static_assert(kVecsPerRow <= 32 && 32 % kVecsPerRow == 0, "a tile row within one warp");
-
-  // The column-wise copy's staging tile and 1-D column maxima/scales (a placeholder without it).
-  constexpr bool kColumnMaxima = !kTwoD && kWriteTranspose;
-  __shared__ __align__(
-      16) unsigned char staged[kWriteTranspose ? kTile : 1][detail::kBlockCastStagePitch];
-  __shared__ __align__(16) float column_amax[kColumnMaxima ? kWarps : 1][kTile];
-  __shared__ __align__(16) float column_scale[kColumnMaxima ? kTile : 1];
-  __shared__ float warp_amax[kWarps];
 
   const int tile_col0 = blockIdx.x * kTile;
   if (tile_col0 >= p.cols) return;  // the whole block: cols == 0 launches one idle column tile
@@ -210,17 +366,10 @@ __global__ void __launch_bounds__(
   const bool col_valid = col < p.cols;
   const long long rows = p.rows;
   const int cols = p.cols;
-  const bool power_of_2 = p.power_of_2_scale != 0;
-  const bool write_rowwise = p.y != nullptr;
-  const bool write_columnwise = kWriteTranspose && p.y_t != nullptr;
 
-#pragma unroll 1
-  for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile; tile_row0 < rows;
-       tile_row0 += static_cast<long long>(gridDim.y) * kTile) {
-    const long long tile_row_block = tile_row0 / kTile;
-    // The whole tile's loads in flight before any arithmetic; rows and columns past the tensor
-    // read as 0, which no amax notices.
-    detail::BlockCastWords raw[kPasses];
+  // The whole tile's loads in flight before any arithmetic; rows and columns past the tensor
+  // read as 0, which no amax notices.
+  auto load_tile = [&](long long tile_row0, detail::BlockCastWords(&raw)[kPasses]) {
 #pragma unroll
     for (int b = 0; b < kPasses; ++b) {
       const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
@@ -229,9 +378,34 @@ __global__ void __launch_bounds__(
                          reinterpret_cast<const unsigned int*>(p.x + row * cols + col))
                    : zero_vec<unsigned int, 4>();
     }
+  };
 
-    if constexpr (kTwoD) {
-      // One 128 x 128 block: its amax over the block, then one scale for both copies.
+  if constexpr (!kTwoD) {
+    __shared__ detail::BlockCastRowsShared<kWriteTranspose> shared;
+#pragma unroll 1
+    for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile; tile_row0 < rows;
+         tile_row0 += static_cast<long long>(gridDim.y) * kTile) {
+      detail::BlockCastWords raw[kPasses];
+      load_tile(tile_row0, raw);
+      detail::block_cast_rows_tile<Input, Output, kWriteTranspose>(raw, p, shared, tile_row0,
+                                                                   tile_col0);
+      // The next tile (gridDim.y smaller than the row tiles) reuses the shared buffers.
+      if (tile_row0 + static_cast<long long>(gridDim.y) * kTile < rows) __syncthreads();
+    }
+  } else {
+    // One 128 x 128 block: its amax over the block, then one scale for both copies.
+    __shared__ __align__(
+        16) unsigned char staged[kWriteTranspose ? kTile : 1][detail::kBlockCastStagePitch];
+    __shared__ float warp_amax[kWarps];
+    const bool power_of_2 = p.power_of_2_scale != 0;
+    const bool write_rowwise = p.y != nullptr;
+    const bool write_columnwise = kWriteTranspose && p.y_t != nullptr;
+#pragma unroll 1
+    for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile; tile_row0 < rows;
+         tile_row0 += static_cast<long long>(gridDim.y) * kTile) {
+      const long long tile_row_block = tile_row0 / kTile;
+      detail::BlockCastWords raw[kPasses];
+      load_tile(tile_row0, raw);
       float amax = 0.0f;
 #pragma unroll
       for (int b = 0; b < kPasses; ++b) {
@@ -278,134 +452,17 @@ __global__ void __launch_bounds__(
           }
         }
       }
-    } else {
-      // 1 x 128 row blocks: each row's amax by shuffles among its kVecsPerRow threads, all rows'
-      // maxima first (the shuffles of the kPasses rows overlap), then the row-wise copy. The
-      // column amax (128 x 1 blocks) is gathered on the way.
-      float col_amax[kVec];
-      float row_amax[kPasses];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) col_amax[j] = 0.0f;
-#pragma unroll
-      for (int b = 0; b < kPasses; ++b) {
-        float values[kVec];
-        detail::block_cast_widen<Input>(raw[b], values);
-        row_amax[b] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          row_amax[b] = accumulate_amax(row_amax[b], values[j]);
-          col_amax[j] = accumulate_amax(col_amax[j], values[j]);
-        }
-      }
-      if (write_rowwise) {
-#pragma unroll
-        for (int mask = 1; mask < kVecsPerRow; mask <<= 1) {
-#pragma unroll
-          for (int b = 0; b < kPasses; ++b) {
-            row_amax[b] = fmaxf(row_amax[b], __shfl_xor_sync(kFullWarpMask, row_amax[b], mask));
-          }
-        }
-        // The values are converted again below, not held as floats since the pass above.
-#pragma unroll
-        for (int b = 0; b < kPasses; ++b) hide_from_optimizer(raw[b]);
-        const long long row_grid_inner = launch::block_scale_grid_inner(rows, cols, false);
-#pragma unroll
-        for (int b = 0; b < kPasses; ++b) {
-          const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
-          const float scale =
-              detail::block_scale(row_amax[b], kFp8Max, p.epsilon, power_of_2, kValueForInf);
-          if (row < rows) {
-            if (col_valid) {
-              float values[kVec];
-              detail::block_cast_widen<Input>(raw[b], values);
-              store_vec(p.y + row * cols + col, float_to_vec<Output, kVec>(values, scale));
-            }
-            if (vec_in_row == 0) {
-              p.y_scale_inv[blockIdx.x * row_grid_inner + row] = __fdiv_rn(1.0f, scale);
-            }
-          }
-        }
-      }
-      if constexpr (kColumnMaxima) {
+      if constexpr (kWriteTranspose) {
         if (write_columnwise) {
-          // Column amax: the threads of one column vector are lanes vec_in_row + k * kVecsPerRow of
-          // every warp; shuffles within the warp, then the warps through shared memory.
-          const int lane = threadIdx.x & 31;
-          const int warp = threadIdx.x >> 5;
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-#pragma unroll
-            for (int mask = kVecsPerRow; mask < 32; mask <<= 1) {
-              col_amax[j] = fmaxf(col_amax[j], __shfl_xor_sync(kFullWarpMask, col_amax[j], mask));
-            }
-          }
-          if (lane < kVecsPerRow) {
-#pragma unroll
-            for (int j = 0; j < kVec; j += 4) {
-              *reinterpret_cast<float4*>(&column_amax[warp][vec_in_row * kVec + j]) =
-                  make_float4(col_amax[j], col_amax[j + 1], col_amax[j + 2], col_amax[j + 3]);
-            }
-          }
           __syncthreads();
-          if (threadIdx.x < kTile) {
-            const int c = threadIdx.x;
-            float amax = column_amax[0][c];
-#pragma unroll
-            for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, column_amax[w][c]);
-            const float scale =
-                detail::block_scale(amax, kFp8Max, p.epsilon, power_of_2, kValueForInf);
-            column_scale[c] = scale;
-            if (tile_col0 + c < cols) {
-              // The column-wise copy is stored [cols, rows]: its 1-D grid's entry (c, row block).
-              p.y_t_scale_inv[tile_row_block * launch::block_scale_grid_inner(cols, rows, false) +
-                              tile_col0 + c] = __fdiv_rn(1.0f, scale);
-            }
-          }
-          __syncthreads();
-          // The values are converted again below, not held across the barriers as floats.
-#pragma unroll
-          for (int b = 0; b < kPasses; ++b) hide_from_optimizer(raw[b]);
-          float scales[kVec];
-#pragma unroll
-          for (int j = 0; j < kVec; j += 4) {
-            const float4 four =
-                *reinterpret_cast<const float4*>(&column_scale[vec_in_row * kVec + j]);
-            scales[j] = four.x;
-            scales[j + 1] = four.y;
-            scales[j + 2] = four.z;
-            scales[j + 3] = four.w;
-          }
-#pragma unroll
-          for (int b = 0; b < kPasses; ++b) {
-            const int row_in_tile = b * kRowsPerPass + row_in_pass;
-            float values[kVec];
-            detail::block_cast_widen<Input>(raw[b], values);
-            // Each element with its own column's scale; pairs of bytes packed into words.
-            unsigned int words[kVec / 4];
-#pragma unroll
-            for (int j = 0; j < kVec; j += 4) {
-              const unsigned int low = float2_to_fp8x2_bits<Output>(
-                  apply_scale(values[j], scales[j]), apply_scale(values[j + 1], scales[j + 1]));
-              const unsigned int high =
-                  float2_to_fp8x2_bits<Output>(apply_scale(values[j + 2], scales[j + 2]),
-                                               apply_scale(values[j + 3], scales[j + 3]));
-              words[j / 4] = low | (high << 16);
-            }
-            detail::stage_fp8_bytes<kVec>(&staged[row_in_tile][vec_in_row * kVec], words);
-          }
+          detail::write_block_cast_transposed(staged, reinterpret_cast<unsigned char*>(p.y_t), rows,
+                                              cols, tile_row0, tile_col0);
         }
       }
+      // The next tile (gridDim.y smaller than the row tiles) reuses the shared buffers; the
+      // barrier also orders warp_amax's reads before the next tile's writes.
+      if (tile_row0 + static_cast<long long>(gridDim.y) * kTile < rows) __syncthreads();
     }
-
-    if constexpr (kWriteTranspose) {
-      if (write_columnwise) {
-        __syncthreads();
-        detail::write_block_cast_transposed(staged, reinterpret_cast<unsigned char*>(p.y_t), rows,
-                                            cols, tile_row0, tile_col0);
-      }
-    }
-    // The next tile (gridDim.y smaller than the row tiles) reuses the shared buffers.
-    if (tile_row0 + static_cast<long long>(gridDim.y) * kTile < rows) __syncthreads();
   }
 }
 

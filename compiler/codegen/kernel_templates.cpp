@@ -54,6 +54,17 @@ constexpr TemplateParam kBlockCastParams[] = {
     {"kTwoD", Kind::Bool, "false"},
     {"kWriteTranspose", Kind::Bool, "true"},
 };
+constexpr TemplateParam kBlockActivationFwdParams[] = {
+    {"Act", Kind::Activation, ""},
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kWriteTranspose", Kind::Bool, "true"},
+};
+constexpr TemplateParam kBlockActivationBwdParams[] = {
+    {"Act", Kind::Activation, ""},   {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},     {"kWriteTranspose", Kind::Bool, "true"},
+    {"kDbias", Kind::Bool, "false"},
+};
 constexpr TemplateParam kBlockFakeQuantizeParams[] = {
     {"Input", Kind::DType, ""},
     {"Fp8", Kind::DType, ""},
@@ -115,6 +126,14 @@ constexpr std::string_view kCastTransposeExample[] = {"__nv_bfloat16", "__nv_fp8
                                                       "false"};
 constexpr std::string_view kBlockCastExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "false",
                                                   "true"};
+constexpr std::string_view kBlockActivationFwdExample[] = {"opfuse::ExampleIdentity",
+                                                           "__nv_bfloat16", "__nv_fp8_e4m3"};
+constexpr std::string_view kBlockGatedActivationFwdExample[] = {
+    "opfuse::ExampleProduct", "__nv_bfloat16", "__nv_fp8_e4m3", "false"};
+constexpr std::string_view kBlockActivationBwdExample[] = {
+    "opfuse::ExampleIdentity", "__nv_bfloat16", "__nv_fp8_e5m2", "true", "true"};
+constexpr std::string_view kBlockGatedActivationBwdExample[] = {"opfuse::ExampleProduct", "__half",
+                                                                "__nv_fp8_e5m2", "true", "true"};
 constexpr std::string_view kMicroScaleCastExample[] = {
     "__nv_bfloat16", "__nv_bfloat16", "2", "true", "false", "true", "true"};
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
@@ -162,6 +181,15 @@ constexpr KernelTemplate kTable[] = {
     // Block scaling (float8_block_scaling): both copies and their scale grids in one pass.
     entry("block_cast_transpose", "block_cast.cuh", KernelFamily::Cast, "BlockCastParams",
           kBlockCastParams, kBlockCastExample),
+    // Block scaling with the activation (forward, backward + dbias) fused: its output's copies.
+    entry("block_activation_fwd", "block_activation.cuh", KernelFamily::Activation,
+          "BlockActivationParams", kBlockActivationFwdParams, kBlockActivationFwdExample),
+    entry("block_gated_activation_fwd", "block_activation.cuh", KernelFamily::GatedActivation,
+          "BlockActivationParams", kBlockActivationFwdParams, kBlockGatedActivationFwdExample),
+    entry("block_activation_bwd", "block_activation.cuh", KernelFamily::Activation,
+          "BlockActivationParams", kBlockActivationBwdParams, kBlockActivationBwdExample),
+    entry("block_gated_activation_bwd", "block_activation.cuh", KernelFamily::GatedActivation,
+          "BlockActivationParams", kBlockActivationBwdParams, kBlockGatedActivationBwdExample),
     // The quantize op under block scaling: 1 x 128 blocks, cast to FP8 and back in one pass.
     entry("block_fake_quantize", "block_fake_quantize.cuh", KernelFamily::Cast,
           "BlockFakeQuantizeParams", kBlockFakeQuantizeParams, kFakeQuantizeExample),

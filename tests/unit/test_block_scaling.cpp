@@ -115,13 +115,17 @@ TEST(BlockScaling, TheRecipeGivesEachTensorItsBlocks) {
 }
 
 // Every FP8 copy has a grid buffer of the layout cuBLASLt reads (note "Block scale grids"); each
-// cast is one block_cast_transpose launch writing the copies and their grids, nothing is folded
-// into the norm or the activation, and no quantizer state is updated after the step.
+// cast is one launch writing the copies and their grids: block_cast_transpose, or the activation's
+// kernel where the cast folds into it (forward and backward, templates/block_activation.cuh);
+// nothing is folded into the norm, and no quantizer state is updated after the step.
 TEST(BlockScaling, ThePlanCastsInOneKernelAndGivesEveryCopyItsGrid) {
   const driver::CompileResult r = compile("");
   ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
   const plan::SequencePlan& s = r.plan.sequences.at(0);
-  EXPECT_EQ(launches_of(r.plan, "block_cast_transpose"), 6u) << "x, W and dy of two linears";
+  EXPECT_EQ(launches_of(r.plan, "block_cast_transpose"), 4u) << "fc1's x, both W, fc2's dy";
+  EXPECT_EQ(launches_of(r.plan, "block_activation_fwd"), 1u) << "fc2's x, the GELU's output";
+  EXPECT_EQ(launches_of(r.plan, "block_activation_bwd"), 1u) << "fc1's dy, the GELU's gradient";
+  EXPECT_EQ(launches_of(r.plan, "activation_fwd") + launches_of(r.plan, "activation_bwd"), 0u);
   EXPECT_EQ(launches_of(r.plan, "cast_transpose"), 0u);
   EXPECT_EQ(launches_of(r.plan, "update_scales"), 0u);
   EXPECT_EQ(launches_of(r.plan, "amax_reduce"), 0u);
@@ -198,8 +202,9 @@ TEST(BlockScaling, TheGeluStaysAKernelOfItsOwn) {
   EXPECT_TRUE(has_gelu_epilogue(current));
 }
 
-// An inference forward makes no column-wise copy: the activation cast's variant drops the
-// transposed copy and its grid.
+// An inference forward makes no column-wise copy: the variants of the input casts (the norm
+// output's block_cast_transpose, the GELU's fused block_activation_fwd) drop the transposed copy
+// and its grid.
 TEST(BlockScaling, TheInferenceVariantDropsTheTransposedCopyAndItsGrid) {
   const driver::CompileResult r = compile("");
   ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
@@ -208,8 +213,12 @@ TEST(BlockScaling, TheInferenceVariantDropsTheTransposedCopyAndItsGrid) {
   for (const plan::Step& step : s.steps) {
     if (!step.inference) continue;
     const auto& launch = step.inference->launch;
-    if (r.plan.find_kernel(launch.kernel)->template_name != "block_cast_transpose") continue;
+    const auto& kernel = *r.plan.find_kernel(launch.kernel);
+    if (kernel.template_name != "block_cast_transpose" &&
+        kernel.template_name != "block_activation_fwd")
+      continue;
     ++variants;
+    EXPECT_EQ(kernel.template_args.back(), "false") << "kWriteTranspose";
     for (const plan::ParamBinding& p : launch.params) {
       if (p.field == "y_t" || p.field == "y_t_scale_inv") {
         EXPECT_EQ(p.kind, plan::ParamKind::Null) << p.field;

@@ -25,6 +25,7 @@ namespace {
 constexpr const char* kDelayed = "recipe fp8 = delayed_scaling(amax_history = 4)\n";
 constexpr const char* kCurrent = "recipe fp8 = current_scaling()\n";
 constexpr const char* kBf16 = "recipe fp8 = bf16()\n";
+constexpr const char* kBlocks = "recipe fp8 = float8_block_scaling(format = hybrid)\n";
 
 // Runs the whole pipeline (verifier after every pass), or stops before the fusion passes.
 ir::Sequence lower(const std::string& text, bool fuse) {
@@ -161,6 +162,32 @@ TEST(FusionStructure, CurrentScalingKeepsCastsSeparate) {
   // The GELU epilogue may form on the FP8 forward GEMM, but not DGELU on the FP8 dgrad GEMM.
   EXPECT_EQ(fused(s, "linear_bias_gelu"), (Parts{{"linear", "gelu"}}));
   EXPECT_TRUE(fused(s, "dgelu_bgrad").empty());
+}
+
+TEST(FusionStructure, BlockCastsFoldIntoTheActivationsForwardAndBackward) {
+  // 1x128 blocks of the next linear's input and of the activation's gradient (both copies); the
+  // per-tensor patterns stay out, and the norm keeps its block cast apart.
+  const ir::Sequence swiglu = lower(program(kBlocks, kSig, kMlpSwiglu), true);
+  EXPECT_EQ(fused(swiglu, "activation_block_cast"), (Parts{{"swiglu", "cast_fp8"}}));
+  EXPECT_EQ(fused(swiglu, "dact_block_cast"), (Parts{{"gated_activation_backward", "cast_fp8"}}));
+  for (const char* p : {"norm_cast", "activation_cast", "dact_cast", "cast_dbias"})
+    EXPECT_TRUE(fused(swiglu, p).empty()) << p;
+  const ir::Sequence gelu = lower(program(kBlocks, kSig, kMlpGelu), true);
+  EXPECT_EQ(fused(gelu, "activation_block_cast"), (Parts{{"gelu", "cast_fp8"}}));
+  EXPECT_EQ(fused(gelu, "dact_block_cast"),
+            (Parts{{"activation_backward", "bias_grad", "cast_fp8"}}));
+}
+
+TEST(FusionStructure, AGatedBackwardWhosePlanesSplitABlockStaysUnfused) {
+  // SwiGLU of width 64: a 1x128 row block of its [tokens, 128] gradient would hold 64 columns of
+  // d gate and 64 of d linear, which the fused kernel's planes cannot share. The forward (one
+  // plane) still fuses.
+  const std::string body =
+      "  rmsnorm(64)\n  linear(64, 128, bias = false) as up\n  swiglu()\n  linear(64, 64, bias = "
+      "false) as down";
+  const ir::Sequence s = lower(program(kBlocks, kSig, body), true);
+  EXPECT_EQ(fused(s, "activation_block_cast"), (Parts{{"swiglu", "cast_fp8"}}));
+  EXPECT_TRUE(fused(s, "dact_block_cast").empty());
 }
 
 TEST(FusionStructure, AValueUsedOutsideTheGroupIsNotFusedAway) {
@@ -354,6 +381,19 @@ TEST(FusedVsUnfusedExact, CastDbiasIsBitIdenticalToItsParts) {
   // only where they run, never a bit.
   const Agreement a = compare(program(kDelayed, kSig, kMlpGelu), passes::fusion::cast_dbias());
   EXPECT_TRUE(a.identical);
+}
+
+TEST(FusedVsUnfusedExact, BlockCastsFoldedIntoActivationsAreBitIdenticalToTheirParts) {
+  // The fused kernel quantizes the activation's values as stored in bf16, exactly as the unfused
+  // cast reads them: forward and the SwiGLU backward (no bias) change no bit.
+  const std::string swiglu = program(kBlocks, kSig, kMlpSwiglu);
+  EXPECT_TRUE(compare(swiglu, passes::fusion::activation_block_cast()).identical);
+  EXPECT_TRUE(compare(swiglu, passes::fusion::dact_block_cast()).identical);
+  // With a bias gradient, dbias sums the unrounded values (as activation_bwd does): close, and
+  // different, so the bias gradient really comes from the fused kernel.
+  const Agreement a = compare(program(kBlocks, kSig, kMlpGelu), passes::fusion::dact_block_cast());
+  EXPECT_LT(a.worst, kBf16Tolerance);
+  EXPECT_FALSE(a.identical);
 }
 
 }  // namespace

@@ -178,6 +178,39 @@ TemplateCase block_cast_case(const std::string& arch, const Dtype& in) {
   return c;
 }
 
+// Block-scaled activations (float8_block_scaling with the cast folded into the activation):
+// every pointwise op forward into E4M3 and backward into E5M2, with and without the column-wise
+// copy and dbias, within the family's budgets (one plane 80; the gated backward's two planes 128
+// in a case of its own). 2-byte inputs only (block_activation.cuh).
+std::vector<TemplateCase> block_activation_cases(const std::string& arch, const Dtype& in) {
+  if (in.type == "float") return {};
+  const std::string t = in.type;
+  std::vector<TemplateCase> cases;
+  for (const bool gated : {false, true}) {
+    const std::string kind = gated ? "gated_" : "";
+    TemplateCase one{
+        "block_" + kind + "activation_" + in.tag + "_" + arch, "block_activation.cuh", {}, arch};
+    one.register_budget = launch::block_activation_register_budget(1);
+    TemplateCase two{
+        "block_gated_activation_bwd_" + in.tag + "_" + arch, "block_activation.cuh", {}, arch};
+    two.register_budget = launch::block_activation_register_budget(2);
+    const std::vector<std::string> functors = pointwise_functors(gated, one.prelude);
+    two.prelude = one.prelude;
+    for (size_t i = 0; i < functors.size(); ++i) {
+      const std::string transpose = i % 2 == 0 ? "true" : "false";
+      const std::string dbias = i % 3 == 0 ? "false" : "true";
+      one.name_expressions.push_back("opfuse::block_" + kind + "activation_fwd<" +
+                                     args({functors[i], t, kE4m3, transpose}) + ">");
+      (gated ? two : one)
+          .name_expressions.push_back("opfuse::block_" + kind + "activation_bwd<" +
+                                      args({functors[i], t, kE5m2, "true", dbias}) + ">");
+    }
+    cases.push_back(std::move(one));
+    if (gated) cases.push_back(std::move(two));
+  }
+  return cases;
+}
+
 // Micro-scaled casts (MXFP8, NVFP4 emulated on Hopper): every format and copy, NVFP4's 2-D
 // blocks, Hadamard transform and stochastic rounding, decoded-only casts, and the transformed
 // copy's amax, within the family's register budget.
@@ -319,6 +352,7 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(scale_case(arch, in));
       cases.push_back(amax_case(arch, in));
       cases.push_back(block_cast_case(arch, in));
+      for (TemplateCase& c : block_activation_cases(arch, in)) cases.push_back(std::move(c));
       cases.push_back(block_fake_quantize_case(arch, in));
       cases.push_back(micro_scale_case(arch, in));
     }

@@ -10,11 +10,13 @@ namespace opfuse::passes::fusion {
 // Forward.
 const FusionPattern& norm_cast();
 const FusionPattern& activation_cast();
+const FusionPattern& activation_block_cast();
 const FusionPattern& linear_bias_gelu();
 const FusionPattern& linear_residual();
 const FusionPattern& linear_bias();
 // Backward.
 const FusionPattern& dact_cast();
+const FusionPattern& dact_block_cast();
 const FusionPattern& cast_dbias();
 const FusionPattern& norm_backward_residual();
 const FusionPattern& dgrad_residual();

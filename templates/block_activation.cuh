@@ -1,0 +1,242 @@
+// Activations forward and backward (+ dbias) with the 1 x 128 / 128 x 1 block-scaled cast of
+// their output fused (float8_block_scaling): one kernel reads the activation's inputs once and
+// writes the row-wise FP8 copy, the column-wise (transposed) copy and both scale_inv grids, where
+// the unfused plan writes the activation's output in Input and block_cast_transpose reads it back.
+// TE leaves its activations unfused under block scaling.
+//
+// Entry points: block_activation_fwd, block_gated_activation_fwd, block_activation_bwd,
+// block_gated_activation_bwd, each <Act, Input, Output, kWriteTranspose[, kDbias]>, with the
+// functor contract of activation.cuh (whose load/compute ops they reuse).
+//
+// Numerics: each value is computed in fp32 exactly as activation.cuh computes it, rounded to
+// Input (the dtype the unfused activation writes), and block-quantized from there by
+// block_cast.cuh's detail::block_cast_rows_tile, so the codes and scales are bit for bit those of
+// the unfused pair. dbias sums the fp32 values before rounding, as activation_bwd does.
+//
+// Geometry (launch_rules.h, "Block-scaled activations"): block_cast.cuh's, a block of 256 threads
+// per 128 x 128 tile of an output plane, 8 rows per thread, its values staged in shared memory. The
+// loads of a batch of passes are issued before any value is computed
+// (launch::block_activation_passes_per_batch). The gated backward computes both planes (d gate, d
+// linear) of a tile from one read of dy, gate and linear and quantizes them one after the other, so
+// its plane width cols must be a multiple of 128 (a row block never straddles the two planes).
+// Launch rules, shapes and alignment: templates/README.md
+// ("Block-scaled activations").
+#ifndef OPFUSE_TEMPLATES_BLOCK_ACTIVATION_CUH_
+#define OPFUSE_TEMPLATES_BLOCK_ACTIVATION_CUH_
+
+#include "activation.cuh"
+#include "block_cast.cuh"
+
+namespace opfuse {
+
+template <typename Input, typename Output>
+struct BlockActivationParams {
+  const Input* dy;       // backward: [rows, cols]; forward: unused (nullptr)
+  const Input* x;        // plain [rows, cols]; gated [rows, 2 * cols] (gate | linear)
+  Output* y;             // row-wise copy [rows, planes * cols]; nullptr: not written
+  float* y_scale_inv;    // its 1 x 128 scale_inv grid; with y
+  Output* y_t;           // column-wise copy [planes * cols, rows] (kWriteTranspose)
+  float* y_t_scale_inv;  // its grid; with y_t
+  float* dbias_partial;  // kDbias: [gridDim.y, planes * cols] fp32 column sums of the values
+  float epsilon;         // amax floor
+  int power_of_2_scale;  // nonzero: scales rounded down to a power of 2
+  int rows;              // any >= 0
+  int cols;              // the width n of one output plane; multiple of 8 (of 128: gated backward)
+};
+
+namespace detail {
+
+// Dynamic shared memory (launch::block_activation_smem_bytes): the tile's rounded values, per
+// plane [kPasses][kThreads] 16-byte words, each thread's own slots (written and read back by the
+// same thread: no barrier between); then, with kDbias, the warps' column sums.
+// block_cast_rows_tile's shared area overlays plane 0's values once they are back in registers.
+extern __shared__ __align__(16) unsigned char block_activation_smem[];
+
+// Runs op's tiles: gridDim.x column tiles of 128 over one plane's width, row tiles strided by
+// gridDim.y. kPlanes == 2 (the gated backward) quantizes plane p into columns [p * cols, +cols)
+// of the [rows, 2 * cols] output. The values go through shared memory rather than staying in
+// registers from their computation to their cast: held across the loads and arithmetic of the
+// whole tile they spill (ptxas: 30-400 bytes at 80-128 registers).
+template <typename Input, typename Output, bool kWriteTranspose, bool kDbias, typename Op>
+__device__ __forceinline__ void run_block_activation(const BlockActivationParams<Input, Output>& p,
+                                                     const Op& op) {
+  static_assert(DtypeTraits<Output>::kIsFp8, "block scaling casts to an FP8 format");
+  static_assert(sizeof(Input) == 2, "2-byte inputs: a tile row is 16 threads' vectors");
+  constexpr int kTile = launch::kBlockCastTile;
+  constexpr int kThreads = launch::kBlockCastThreads;
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kVec = Op::kVec;
+  constexpr int kPlanes = Op::kPlanes;
+  constexpr int kVecsPerRow = kTile / kVec;
+  constexpr int kRowsPerPass = kThreads / kVecsPerRow;
+  constexpr int kPasses = block_cast_passes<Input>();
+  constexpr int kPassesPerBatch = launch::block_activation_passes_per_batch(kPasses, Op::kLoads);
+  static_assert(kVec == launch::vector_elems(sizeof(Input)), "one 16-byte vector per pass");
+  static_assert(kPasses * kThreads * sizeof(BlockCastWords) == launch::kBlockActivationPlaneBytes,
+                "launch::block_activation_smem_bytes: one plane's values");
+  static_assert(sizeof(BlockCastRowsShared<kWriteTranspose>) <= launch::kBlockActivationPlaneBytes,
+                "the cast's shared area fits over plane 0's values");
+
+  BlockCastWords* values_smem = reinterpret_cast<BlockCastWords*>(block_activation_smem);
+  float* dbias_scratch = reinterpret_cast<float*>(block_activation_smem +
+                                                  kPlanes * launch::kBlockActivationPlaneBytes);
+  auto& shared = *reinterpret_cast<BlockCastRowsShared<kWriteTranspose>*>(block_activation_smem);
+  auto slot = [&](int plane, int pass) -> BlockCastWords& {
+    return values_smem[(plane * kPasses + pass) * kThreads + threadIdx.x];
+  };
+
+  const int tile_col0 = blockIdx.x * kTile;  // within one plane
+  const int vec_in_row = threadIdx.x % kVecsPerRow;
+  const int row_in_pass = threadIdx.x / kVecsPerRow;
+  const int col = tile_col0 + vec_in_row * kVec;
+  const bool col_valid = col < p.cols;
+  const long long rows = p.rows;
+  // The cast's view: one [rows, planes * cols] tensor.
+  const BlockCastParams<Input, Output> cast{nullptr,         p.y,       p.y_scale_inv,      p.y_t,
+                                            p.y_t_scale_inv, p.epsilon, p.power_of_2_scale, p.rows,
+                                            kPlanes * p.cols};
+
+  float dbias[kPlanes][kVec];
+#pragma unroll
+  for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dbias[plane][j] = 0.0f;
+  }
+
+  if (tile_col0 < p.cols) {
+#pragma unroll 1
+    for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile; tile_row0 < rows;
+         tile_row0 += static_cast<long long>(gridDim.y) * kTile) {
+      // The values: a batch's loads issued before any arithmetic (activation.cuh's batches).
+#pragma unroll 1
+      for (int batch = 0; batch < kPasses; batch += kPassesPerBatch) {
+        typename Op::Loaded loaded[kPassesPerBatch];
+#pragma unroll
+        for (int b = 0; b < kPassesPerBatch; ++b) {
+          const long long row = tile_row0 + (batch + b) * kRowsPerPass + row_in_pass;
+          if (col_valid && row < rows) loaded[b] = op.load(row, col);
+        }
+#pragma unroll
+        for (int b = 0; b < kPassesPerBatch; ++b) {
+          const long long row = tile_row0 + (batch + b) * kRowsPerPass + row_in_pass;
+          float values[kPlanes][kVec];
+          if (col_valid && row < rows) {
+            op.compute(loaded[b], values);
+          } else {
+            // Past the tensor: 0, which no amax notices and no sum changes.
+#pragma unroll
+            for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) values[plane][j] = 0.0f;
+            }
+          }
+#pragma unroll
+          for (int plane = 0; plane < kPlanes; ++plane) {
+            if constexpr (kDbias) {
+#pragma unroll
+              for (int j = 0; j < kVec; ++j) dbias[plane][j] += values[plane][j];
+            }
+            const Vec<Input, kVec> rounded = float_to_vec<Input, kVec>(values[plane], 1.0f);
+            slot(plane, batch + b) = *reinterpret_cast<const BlockCastWords*>(&rounded);
+          }
+        }
+      }
+      // The cast, plane by plane (a loop: unrolled, the two planes' casts spill).
+#pragma unroll 1
+      for (int plane = 0; plane < kPlanes; ++plane) {
+        BlockCastWords raw[kPasses];
+#pragma unroll
+        for (int b = 0; b < kPasses; ++b) raw[b] = slot(plane, b);
+        // Plane 0: every thread has its values before the cast's area overwrites them; plane 1:
+        // the previous plane's transposed write is done with the staging tile.
+        __syncthreads();
+        block_cast_rows_tile<Input, Output, kWriteTranspose>(raw, cast, shared, tile_row0,
+                                                             plane * p.cols + tile_col0);
+      }
+      // The next tile's values overwrite the cast's area.
+      if (tile_row0 + static_cast<long long>(gridDim.y) * kTile < rows) __syncthreads();
+    }
+  }
+
+  if constexpr (kDbias) {
+    // Column sums: the threads of one column vector are lanes vec_in_row + k * kVecsPerRow of
+    // every warp; shuffles within the warp, then the warps through shared memory (past the
+    // values, so no barrier is needed before the writes). Every block writes its partial row,
+    // zeros where it had no tile.
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+#pragma unroll
+        for (int mask = kVecsPerRow; mask < 32; mask <<= 1) {
+          dbias[plane][j] += __shfl_xor_sync(kFullWarpMask, dbias[plane][j], mask);
+        }
+        if (lane < kVecsPerRow) {
+          dbias_scratch[warp * kPlanes * kTile + plane * kTile + vec_in_row * kVec + j] =
+              dbias[plane][j];
+        }
+      }
+    }
+    __syncthreads();
+    const long long stride = static_cast<long long>(kPlanes) * p.cols;
+#pragma unroll 1
+    for (int i = threadIdx.x; i < kPlanes * kTile; i += kThreads) {
+      const int plane = i / kTile;
+      const int c = tile_col0 + i % kTile;
+      if (c >= p.cols) continue;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += dbias_scratch[w * kPlanes * kTile + i];
+      p.dbias_partial[blockIdx.y * stride + plane * p.cols + c] = sum;
+    }
+  }
+}
+
+}  // namespace detail
+
+// Block: launch::kBlockCastThreads (256). Grid: (launch::block_cast_grid_x(cols),
+// launch::block_cast_grid_y(rows)) or any smaller gridDim.y >= 1. Dynamic shared memory:
+// launch::block_activation_smem_bytes(planes, kDbias).
+template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
+__global__ void __launch_bounds__(launch::kBlockCastThreads,
+                                  launch::min_blocks(launch::kBlockCastThreads,
+                                                     launch::block_activation_register_budget(1)))
+    block_activation_fwd(BlockActivationParams<Input, Output> p) {
+  detail::run_block_activation<Input, Output, kWriteTranspose, false>(
+      p, detail::ActivationFwdOp<Act, Input>{p.x, p.cols});
+}
+
+template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
+__global__ void __launch_bounds__(launch::kBlockCastThreads,
+                                  launch::min_blocks(launch::kBlockCastThreads,
+                                                     launch::block_activation_register_budget(1)))
+    block_gated_activation_fwd(BlockActivationParams<Input, Output> p) {
+  detail::run_block_activation<Input, Output, kWriteTranspose, false>(
+      p, detail::GatedActivationFwdOp<Act, Input>{p.x, p.cols});
+}
+
+template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
+          bool kDbias = false>
+__global__ void __launch_bounds__(launch::kBlockCastThreads,
+                                  launch::min_blocks(launch::kBlockCastThreads,
+                                                     launch::block_activation_register_budget(1)))
+    block_activation_bwd(BlockActivationParams<Input, Output> p) {
+  detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
+      p, detail::ActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});
+}
+
+template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
+          bool kDbias = false>
+__global__ void __launch_bounds__(launch::kBlockCastThreads,
+                                  launch::min_blocks(launch::kBlockCastThreads,
+                                                     launch::block_activation_register_budget(2)))
+    block_gated_activation_bwd(BlockActivationParams<Input, Output> p) {
+  detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
+      p, detail::GatedActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});
+}
+
+}  // namespace opfuse
+
+#endif  // OPFUSE_TEMPLATES_BLOCK_ACTIVATION_CUH_
