@@ -169,6 +169,10 @@ void emit_emulated_cast(SequenceBuilder& b, const Group& g) {
   require_only(b, g, {OpKind::EmulatedCast});
   const ir::Operation& op = *g.parts.front();
   const bool columnwise = ir::attr_bool(op.attrs, "columnwise");
+  if (b.seq().quantizers.at(size_t(op.quantizer)).spec.block_scaled()) {
+    return emit_emulated_block_cast(b, g, op, op.operands.at(0), b.buffer(op.results.at(0), op),
+                                    columnwise);
+  }
   emit_micro_cast(b, g, op, op.operands.at(0), b.buffer(op.results.at(0), op), columnwise,
                   columnwise);
 }
