@@ -775,7 +775,8 @@ TEST_P(InferenceForward, AutomaticGraphReplaysMatchEagerForwards) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, InferenceForward,
-                         ::testing::Values("delayed", "current", "blocks", "blocks_emulated"));
+                         ::testing::Values("delayed", "current", "blocks", "blocks_emulated",
+                                           "nvfp4"));
 
 // ---- misuse -------------------------------------------------------------------------------------
 
