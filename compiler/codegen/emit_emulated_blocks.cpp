@@ -52,8 +52,10 @@ void emit_emulated_block_cast(SequenceBuilder& b, const Group& g, const ir::Oper
     none = WithoutTranspose{"no " + what, GridRule{"block_fake_quantize", 0, 0, grid.dims},
                             rules::kBlockFakeQuantizeThreads, 0};
   }
-  b.add_launch(g, what, "block_fake_quantize", {spell(in), spell(spec.format), std::to_string(blocks)},
-               std::move(grid), rules::kBlockFakeQuantizeThreads, 0,
+  // Row blocks are the template's default: the quantize op's kernel serves these copies too.
+  std::vector<std::string> args = {spell(in), spell(spec.format)};
+  if (blocks != rules::kBlockRows) args.push_back(std::to_string(blocks));
+  b.add_launch(g, what, "block_fake_quantize", args, std::move(grid), rules::kBlockFakeQuantizeThreads, 0,
                {bind_in("x", b.buffer(x, op)), columnwise ? bind_copy("y", y) : bind_out("y", y),
                 bind_float("epsilon", spec.epsilon),
                 bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0),

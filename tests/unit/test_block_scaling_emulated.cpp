@@ -155,8 +155,8 @@ TEST(BlockScalingEmulated, ArchitecturesWithoutBlockModesRunItEmulated) {
     std::map<std::string, int> by_blocks;
     for (const plan::LaunchStep* l : launches(c.result.plan, "block_fake_quantize")) {
       const plan::Kernel& k = *c.result.plan.find_kernel(l->kernel);
-      ASSERT_EQ(k.template_args.size(), 3u) << l->name_expression;
-      ++by_blocks[k.template_args[2]];
+      ASSERT_GE(k.template_args.size(), 2u) << l->name_expression;
+      ++by_blocks[k.template_args.size() > 2 ? k.template_args[2] : "0"];  // kBlocks' default
       EXPECT_EQ(k.template_args[1], "__nv_fp8_e4m3") << l->name_expression;
     }
     EXPECT_EQ(by_blocks["0"], 4) << "x and dy of each linear, 1 x 128";
