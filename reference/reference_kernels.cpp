@@ -308,8 +308,7 @@ void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const std::vector<float> as_float(x.data.begin(), x.data.end());
   std::vector<float> y;
   if (q.micro_scaled) {
-    const bool measure =
-        !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
+    const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
     OPFUSE_ASSERT(q.index == uint32_t(op.quantizer), "quantizer '{}' has index {}, not {}", q.name,
                   q.index, op.quantizer);
     y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure);

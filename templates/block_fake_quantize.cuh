@@ -45,8 +45,8 @@ __device__ __forceinline__ Input block_fake_quantize_one(float v, float scale, f
 // item / block_row_count(cols), 128-column block item % count. A lane holds 4 consecutive
 // elements of the block (lanes past a ragged block's end hold none).
 template <typename Input, typename Fp8>
-__device__ __forceinline__ void block_fake_quantize_rows(const BlockFakeQuantizeParams<Input, Fp8>& p,
-                                                         float fp8_max) {
+__device__ __forceinline__ void block_fake_quantize_rows(
+    const BlockFakeQuantizeParams<Input, Fp8>& p, float fp8_max) {
   const int lane = threadIdx.x & 31;
   const long long blocks_per_row = launch::block_row_count(p.cols);
   const long long items = static_cast<long long>(p.rows) * blocks_per_row;
@@ -76,7 +76,8 @@ __device__ __forceinline__ void block_fake_quantize_rows(const BlockFakeQuantize
     if (active) {
       Input* y = p.y + row * p.cols + col;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) y[i] = block_fake_quantize_one<Input, Fp8>(v[i], scale, scale_inv);
+      for (int i = 0; i < 4; ++i)
+        y[i] = block_fake_quantize_one<Input, Fp8>(v[i], scale, scale_inv);
     }
   }
 }
@@ -91,8 +92,8 @@ __device__ __forceinline__ void block_fake_quantize_columns(
   const long long strips = launch::block_row_count(p.rows);
   const long long items = strips * p.cols;
   const long long threads = static_cast<long long>(gridDim.x) * launch::kBlockFakeQuantizeThreads;
-  for (long long item = static_cast<long long>(blockIdx.x) * launch::kBlockFakeQuantizeThreads +
-                        threadIdx.x;
+  for (long long item =
+           static_cast<long long>(blockIdx.x) * launch::kBlockFakeQuantizeThreads + threadIdx.x;
        item < items; item += threads) {
     const long long first = (item / p.cols) * launch::kBlockScaleLength;
     const long long col = item % p.cols;
@@ -100,7 +101,8 @@ __device__ __forceinline__ void block_fake_quantize_columns(
                               ? first + launch::kBlockScaleLength
                               : static_cast<long long>(p.rows);
     float amax = 0.0f;
-    for (long long r = first; r < end; ++r) amax = accumulate_amax(amax, to_float(p.x[r * p.cols + col]));
+    for (long long r = first; r < end; ++r)
+      amax = accumulate_amax(amax, to_float(p.x[r * p.cols + col]));
     const float scale = block_scale(amax, fp8_max, p.epsilon, p.power_of_2_scale != 0,
                                     BlockScaleValueForInf<Input>::kValue);
     const float scale_inv = __fdiv_rn(1.0f, scale);

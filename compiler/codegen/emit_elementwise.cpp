@@ -79,8 +79,11 @@ void emit_rht_amax(SequenceBuilder& b, const Group& g, const ir::Operation& op, 
       {"rows", rows}, {"cols", cols}, {"rows_multiple", 16}};
   std::optional<WithoutTranspose> none;
   if (copy >= 0) {
-    none = WithoutTranspose{"no " + what, GridRule{"micro_scale_rht_amax", 0, 0, dims},
-                            rules::kMicroScaleThreads, 0, {copy}};
+    none = WithoutTranspose{"no " + what,
+                            GridRule{"micro_scale_rht_amax", 0, 0, dims},
+                            rules::kMicroScaleThreads,
+                            0,
+                            {copy}};
   }
   b.add_launch(g, what, "micro_scale_rht_amax", {spell(in)},
                GridRule{"micro_scale_rht_amax", rules::micro_scale_rht_amax_grid_x(cols),

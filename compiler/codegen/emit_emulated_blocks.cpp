@@ -11,8 +11,8 @@
 
 namespace opfuse::codegen::emitters {
 
-void emit_emulated_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op, ValueId x,
-                              int y, bool columnwise) {
+void emit_emulated_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op,
+                              ValueId x, int y, bool columnwise) {
   const ir::Value& xv = b.value(x);
   const DType in = xv.type.dtype;
   const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(op.quantizer)).spec;
@@ -29,22 +29,21 @@ void emit_emulated_block_cast(SequenceBuilder& b, const Group& g, const ir::Oper
   if (blocks == rules::kBlockRows) {
     grid.x = ceil_div(rows * rules::block_row_count(cols), rules::kBlockFakeQuantizeWarps);
   } else if (blocks == rules::kBlockColumns) {
-    grid.x = ceil_div(ceil_div(rows, rules::kBlockScaleLength) * cols,
-                      rules::kBlockFakeQuantizeThreads);
+    grid.x =
+        ceil_div(ceil_div(rows, rules::kBlockScaleLength) * cols, rules::kBlockFakeQuantizeThreads);
   } else {
     grid.x = rules::block_fake_quantize_grid_x(0, cols, blocks);
-    grid.y = rows.value() ? SymExpr(rules::block_fake_quantize_grid_y(*rows.value(), blocks))
-                          : min_of(ceil_div(rows, rules::kBlockScaleLength),
-                                   rules::kBlockCastMaxGridY);
+    grid.y = rows.value()
+                 ? SymExpr(rules::block_fake_quantize_grid_y(*rows.value(), blocks))
+                 : min_of(ceil_div(rows, rules::kBlockScaleLength), rules::kBlockCastMaxGridY);
   }
-  const std::string what =
-      fmt::format("{} copy of {} ({} blocks of {}{}), decoded to {} (float8_block_scaling emulated)",
-                  columnwise ? "column-wise" : "row-wise", name_of(in),
-                  blocks == rules::kBlockTiles     ? "128x128"
-                  : blocks == rules::kBlockColumns ? "128x1"
-                                                   : "1x128",
-                  name_of(spec.format), spec.power_of_2_scale ? ", power-of-2 scales" : "",
-                  name_of(in));
+  const std::string what = fmt::format(
+      "{} copy of {} ({} blocks of {}{}), decoded to {} (float8_block_scaling emulated)",
+      columnwise ? "column-wise" : "row-wise", name_of(in),
+      blocks == rules::kBlockTiles     ? "128x128"
+      : blocks == rules::kBlockColumns ? "128x1"
+                                       : "1x128",
+      name_of(spec.format), spec.power_of_2_scale ? ", power-of-2 scales" : "", name_of(in));
   // A copy only backward reads: an inference forward neither makes nor allocates it (the
   // template has no kWriteTranspose flag, so its variant is an empty grid: no launch).
   std::optional<WithoutTranspose> none;
@@ -55,11 +54,12 @@ void emit_emulated_block_cast(SequenceBuilder& b, const Group& g, const ir::Oper
   // Row blocks are the template's default: the quantize op's kernel serves these copies too.
   std::vector<std::string> args = {spell(in), spell(spec.format)};
   if (blocks != rules::kBlockRows) args.push_back(std::to_string(blocks));
-  b.add_launch(g, what, "block_fake_quantize", args, std::move(grid), rules::kBlockFakeQuantizeThreads, 0,
+  b.add_launch(g, what, "block_fake_quantize", args, std::move(grid),
+               rules::kBlockFakeQuantizeThreads, 0,
                {bind_in("x", b.buffer(x, op)), columnwise ? bind_copy("y", y) : bind_out("y", y),
                 bind_float("epsilon", spec.epsilon),
-                bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0),
-                bind_int("rows", rows), bind_int("cols", cols)},
+                bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0), bind_int("rows", rows),
+                bind_int("cols", cols)},
                std::move(none));
 }
 

@@ -108,7 +108,7 @@ class SequenceBuilder {
   std::vector<int> buffer_of_;  // per ValueId; -1: not materialized
   std::set<ir::ValueId> columnwise_;
   std::map<int, KernelUse> inference_uses_;   // per step with a candidate inference variant
-  std::map<int, std::vector<int>> serves_;     // per step: WithoutTranspose::serves
+  std::map<int, std::vector<int>> serves_;    // per step: WithoutTranspose::serves
   std::map<ir::ValueId, int> measured_amax_;  // value -> quantizer (mark_amax_measured)
   bool fold_current_amax_ = true;
 };

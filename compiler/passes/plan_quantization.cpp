@@ -125,8 +125,7 @@ class Planner {
     q.source = source;
     q.usages = {rowwise, columnwise};
     // Notes "Emulated micro-scaling" and "Emulated block scaling" (docs/architecture.md).
-    const bool emulated =
-        spec.micro_scaled() || (spec.block_scaled() && s_.emulate_block_scaling);
+    const bool emulated = spec.micro_scaled() || (spec.block_scaled() && s_.emulate_block_scaling);
     if (emulated) q.columnwise_layout = plan::CopyLayout::AsIs;
     const int32_t index = int32_t(s_.quantizers.size());
     s_.quantizers.push_back(q);

@@ -308,16 +308,16 @@ OPFUSE_LAUNCH_RULE int block_row_count(long long cols) {
 }
 OPFUSE_LAUNCH_RULE long long block_fake_quantize_grid_x(long long rows, long long cols,
                                                         int blocks) {
-  return blocks == kBlockRows ? max_of(1, ceil_div(rows * block_row_count(cols),
-                                                   kBlockFakeQuantizeWarps))
+  return blocks == kBlockRows
+             ? max_of(1, ceil_div(rows * block_row_count(cols), kBlockFakeQuantizeWarps))
          : blocks == kBlockColumns
              ? max_of(1, ceil_div(block_row_count(rows) * cols, kBlockFakeQuantizeThreads))
              : max_of(1, ceil_div(cols, kBlockScaleLength));
 }
 OPFUSE_LAUNCH_RULE long long block_fake_quantize_grid_y(long long rows, int blocks) {
-  return blocks == kBlockTiles ? max_of(1, min_of(ceil_div(rows, kBlockScaleLength),
-                                                  kBlockCastMaxGridY))
-                               : 1;
+  return blocks == kBlockTiles
+             ? max_of(1, min_of(ceil_div(rows, kBlockScaleLength), kBlockCastMaxGridY))
+             : 1;
 }
 
 // ---------------------------------------------------------------------------------------------

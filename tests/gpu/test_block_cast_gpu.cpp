@@ -480,10 +480,9 @@ TEST_P(BlockCastGpu, EmulatedCopiesMatchTheCpuOracleBitForBit) {
           params.power_of_2_scale = pow2;
           params.epsilon = pow2 ? 0.0f : 1e-3f;
           params.value_for_inf = value_for_inf(combo.input);
-          const HostInput want =
-              encode(cpu::block_fake_quantize(host.values, rows, cols, params,
-                                              blocks == launch::kBlockColumns),
-                     combo.input);
+          const HostInput want = encode(cpu::block_fake_quantize(host.values, rows, cols, params,
+                                                                 blocks == launch::kBlockColumns),
+                                        combo.input);
           poison(y);
           struct {
             const void* x;

@@ -2,9 +2,9 @@
 // same compiled (fused) sequences: outputs, input and parameter gradients and the quantizer state
 // over several training steps, for small copies of every dsl_examples program under bf16, FP8
 // delayed scaling, FP8 current scaling and the block-scaled and micro-scaled recipes (Float8
-// block scaling also emulated: "blocks_emulated"); FP8 weight casts bit for bit; the FP8 weight cache;
-// misuse caught before any launch; memory returning to its baseline. Label `gpu`: skips (visibly)
-// where no GPU is present.
+// block scaling also emulated: "blocks_emulated"); FP8 weight casts bit for bit; the FP8 weight
+// cache; misuse caught before any launch; memory returning to its baseline. Label `gpu`: skips
+// (visibly) where no GPU is present.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -541,9 +541,8 @@ TEST_F(ExecutorGpu, EmulatedBlockCopiesAreTheOraclesBitForBit) {
 std::vector<std::pair<int, std::string>> matrix() {
   std::vector<std::pair<int, std::string>> cases;
   for (int p = 0; p < static_cast<int>(program_cases().size()); ++p) {
-    for (const char* recipe :
-         {"bf16", "delayed", "current", "blocks", "blocks_emulated", "mxfp8", "nvfp4",
-          "nvfp4_no_rht"})
+    for (const char* recipe : {"bf16", "delayed", "current", "blocks", "blocks_emulated", "mxfp8",
+                               "nvfp4", "nvfp4_no_rht"})
       cases.emplace_back(p, recipe);
   }
   return cases;

@@ -184,8 +184,7 @@ TEST_F(QuantizerStateGpu, UploadRoundTripsAndRefusesAMismatchedCheckpoint) {
   }
   // Where the kernels read it: the record's word 3 (QuantizerState::measurements).
   unsigned int on_device = 0;
-  ASSERT_EQ(cudaMemcpy(&on_device, state.measurements(1), sizeof on_device,
-                       cudaMemcpyDeviceToHost),
+  ASSERT_EQ(cudaMemcpy(&on_device, state.measurements(1), sizeof on_device, cudaMemcpyDeviceToHost),
             cudaSuccess);
   EXPECT_EQ(on_device, 0xFFFFFFF0u);
   std::vector<cpu::DelayedScalingState> wrong = saved;

@@ -21,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/block_quantization.h"
@@ -71,7 +72,7 @@ std::vector<float> values(int rows, int cols, uint64_t seed, bool special) {
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < cols; ++c) {
       if (c >= 128 && c < 256 && r < 128) at(r, c) = 0.0f;  // a zero 128 x 128 block
-      if (r % 5 == 2 && c < 128) at(r, c) = 0.0f;          // zero 1 x 128 blocks
+      if (r % 5 == 2 && c < 128) at(r, c) = 0.0f;           // zero 1 x 128 blocks
       if (r % 7 == 4) at(r, c) = std::ldexp(float((r + c) % 13 + 1), -136) * (c % 2 ? -1.0f : 1.0f);
     }
   }
@@ -104,33 +105,32 @@ void check(int rows, int cols, bool special, Settings settings) {
     x_values[i] = value_of(x[i]);
   }
   cpu::BlockQuantParams params;
-  params.format =
-      std::is_same_v<Fp8, __nv_fp8_e4m3> ? cpu::Fp8Format::E4M3 : cpu::Fp8Format::E5M2;
+  params.format = std::is_same_v<Fp8, __nv_fp8_e4m3> ? cpu::Fp8Format::E4M3 : cpu::Fp8Format::E5M2;
   params.two_d = kBlocks == launch::kBlockTiles;
   params.power_of_2_scale = settings.power_of_2;
   params.epsilon = settings.epsilon;
-  params.value_for_inf = std::is_same_v<Input, float> ? std::numeric_limits<float>::max()
-                                                      : cpu::bf16_max_finite();
+  params.value_for_inf =
+      std::is_same_v<Input, float> ? std::numeric_limits<float>::max() : cpu::bf16_max_finite();
   const std::vector<float> want =
       cpu::block_fake_quantize(x_values, rows, cols, params, kBlocks == launch::kBlockColumns);
   std::vector<Input> y(raw.size() + kGuard);
   std::memset(static_cast<void*>(y.data()), kPoison, y.size() * sizeof(Input));
-  const BlockFakeQuantizeParams<Input, Fp8> p{x.data(), y.data(), settings.epsilon,
-                                              settings.power_of_2 ? 1 : 0, rows, cols};
-  const Dim3 grid{static_cast<unsigned int>(launch::block_fake_quantize_grid_x(rows, cols, kBlocks)),
-                  static_cast<unsigned int>(launch::block_fake_quantize_grid_y(rows, kBlocks)), 1};
-  emulate_launch(&block_fake_quantize<Input, Fp8, kBlocks>, grid,
-                 launch::kBlockFakeQuantizeThreads, p);
+  const BlockFakeQuantizeParams<Input, Fp8> p{
+      x.data(), y.data(), settings.epsilon, settings.power_of_2 ? 1 : 0, rows, cols};
+  const Dim3 grid{
+      static_cast<unsigned int>(launch::block_fake_quantize_grid_x(rows, cols, kBlocks)),
+      static_cast<unsigned int>(launch::block_fake_quantize_grid_y(rows, kBlocks)), 1};
+  emulate_launch(&block_fake_quantize<Input, Fp8, kBlocks>, grid, launch::kBlockFakeQuantizeThreads,
+                 p);
 
-  const std::string what = std::string(kBlocks == launch::kBlockRows      ? "1x128"
-                                       : kBlocks == launch::kBlockColumns ? "128x1"
-                                                                          : "128x128") +
-                           ", input " + std::to_string(sizeof(Input)) + " B, " +
-                           (params.format == cpu::Fp8Format::E4M3 ? "e4m3" : "e5m2") + ", " +
-                           std::to_string(rows) + " x " + std::to_string(cols) +
-                           (settings.power_of_2 ? ", power-of-2" : ", fp32 scales") +
-                           (settings.epsilon > 0 ? ", epsilon" : "") +
-                           (special ? ", special values" : "");
+  const std::string what =
+      std::string(kBlocks == launch::kBlockRows      ? "1x128"
+                  : kBlocks == launch::kBlockColumns ? "128x1"
+                                                     : "128x128") +
+      ", input " + std::to_string(sizeof(Input)) + " B, " +
+      (params.format == cpu::Fp8Format::E4M3 ? "e4m3" : "e5m2") + ", " + std::to_string(rows) +
+      " x " + std::to_string(cols) + (settings.power_of_2 ? ", power-of-2" : ", fp32 scales") +
+      (settings.epsilon > 0 ? ", epsilon" : "") + (special ? ", special values" : "");
   size_t mismatches = 0;
   auto report = [&](const std::string& message) {
     if (++mismatches <= 5) ADD_FAILURE() << what << ": " << message;

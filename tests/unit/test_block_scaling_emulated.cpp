@@ -60,8 +60,7 @@ struct Compiled {
 };
 
 Compiled compile(const std::string& arch, bool force = false, const char* text = kMlp,
-                 const std::string& recipe = "",
-                 driver::Stage last_stage = driver::Stage::Plan) {
+                 const std::string& recipe = "", driver::Stage last_stage = driver::Stage::Plan) {
   SourceManager sources;
   DiagnosticEngine diags(sources);
   driver::CompileOptions options;
@@ -318,9 +317,9 @@ TEST(BlockScalingEmulated, TheReferenceGemmsReadTheOraclesDecodedCopies) {
 
   EXPECT_LE(worst_gemm_error(y.at(0).data, qx, qw, kTokens, kOut, kIn), 1.0) << "fprop";
   // dx = dy W: a [tokens, out] by W^T [in, out].
-  EXPECT_LE(worst_gemm_error(grads.inputs.at(0).data, qdy, transposed(qw, kOut, kIn), kTokens,
-                             kIn, kOut),
-            1.0)
+  EXPECT_LE(
+      worst_gemm_error(grads.inputs.at(0).data, qdy, transposed(qw, kOut, kIn), kTokens, kIn, kOut),
+      1.0)
       << "dgrad";
   // dW = dy^T x: dy^T [out, tokens] by x^T [in, tokens], both copies with 128 x 1 blocks.
   EXPECT_LE(worst_gemm_error(grads.params.at(0).data, transposed(qdy_t, kTokens, kOut),

@@ -284,13 +284,11 @@ TEST(StateFile, HeaderThatBreaksTheSchemaIsRefused) {
        "tensors[0] ('w') and quantizers[0] ('q') overlap in the payload"},
       {header(none, {{{"name", "q"}, {"history_length", 1}, {"offset", 0}, {"measurements", -1}}}),
        "quantizers[0].measurements is not a non-negative 64-bit integer"},
-      {header(none,
-              {{{"name", "q"}, {"history_length", 1}, {"offset", 0}, {"measurements", "7"}}}),
+      {header(none, {{{"name", "q"}, {"history_length", 1}, {"offset", 0}, {"measurements", "7"}}}),
        "quantizers[0].measurements is not a non-negative 64-bit integer"},
-      {header(none, {{{"name", "q"},
-                      {"history_length", 1},
-                      {"offset", 0},
-                      {"measurements", 4294967296LL}}}),
+      {header(
+           none,
+           {{{"name", "q"}, {"history_length", 1}, {"offset", 0}, {"measurements", 4294967296LL}}}),
        "quantizers[0].measurements is 4294967296, more than a 32-bit count holds"},
   };
   const std::string path = test::make_temp_dir("state-schema") + "/crafted.state";
@@ -310,13 +308,13 @@ TEST(StateFile, HeaderThatBreaksTheSchemaIsRefused) {
 // Files written before the measurement counts were saved (the same version, no "measurements"
 // key): they read, and their quantizers count from 0 again, as such a file always resumed.
 TEST(StateFile, FileWithoutMeasurementCountsReadsThemAsZero) {
-  const std::string header =
-      nlohmann::json{{"program", "p"},
-                     {"recipe", "r"},
-                     {"step", 3},
-                     {"tensors", nlohmann::json::array()},
-                     {"quantizers", {{{"name", "q"}, {"history_length", 1}, {"offset", 0}}}}}
-          .dump();
+  const nlohmann::json old_quantizer = {{"name", "q"}, {"history_length", 1}, {"offset", 0}};
+  const std::string header = nlohmann::json{{"program", "p"},
+                                            {"recipe", "r"},
+                                            {"step", 3},
+                                            {"tensors", nlohmann::json::array()},
+                                            {"quantizers", nlohmann::json::array({old_quantizer})}}
+                                 .dump();
   std::string payload(64, '\0');
   const float values[3] = {2.0f, 0.5f, 7.0f};  // scale, scale_inv, amax
   std::memcpy(payload.data(), values, sizeof values);
