@@ -165,7 +165,7 @@ TEST(BlockScalingEmulated, ArchitecturesWithoutBlockModesRunItEmulated) {
     expect_bf16_gemms(c.result.plan, arch);
     EXPECT_TRUE(has_gelu_epilogue(c.result.plan)) << "BF16 GEMMs take the GELU epilogue";
     EXPECT_NE(c.diagnostics.find(fmt::format(
-                  "mlp.fuse:4:1: note: sequence 'mlp' runs float8_block_scaling emulated on {} "
+                  "mlp.fuse:4:10: note: sequence 'mlp' runs float8_block_scaling emulated on {} "
                   "(cuBLASLt has no 1x128 / 128x128 block-scale GEMM there)",
                   arch)),
               std::string::npos)
@@ -182,7 +182,9 @@ TEST(BlockScalingEmulated, TheKernelsTakeEachQuantizersFormatAndScaleRule) {
     const plan::Kernel& k = *c.result.plan.find_kernel(l->kernel);
     e5m2 += k.template_args[1] == "__nv_fp8_e5m2";
     for (const plan::ParamBinding& p : l->params)
-      if (p.field == "power_of_2_scale") EXPECT_EQ(p.int_value.value(), 0) << l->name_expression;
+      if (p.field == "power_of_2_scale") {
+        EXPECT_EQ(p.int_value.value(), 0) << l->name_expression;
+      }
   }
   EXPECT_EQ(e5m2, 4u) << "dy and dy^T of each linear";
 }
@@ -247,13 +249,16 @@ std::vector<float> bf16_rounded(std::vector<float> v) {
   return v;
 }
 
-// Rows of very different magnitudes (2^-6 .. 2^6 by row), so that blocks along the rows and
-// blocks down the columns quantize differently.
-cpu::Tensor<float> uneven_rows(std::vector<int64_t> shape, uint64_t seed, double stddev) {
+// Row t scaled by 2^(sign * (t % 21 - 10)). With power-of-2 scales FP8 rounding is the same at
+// any scale while values stay normal, so only a range wider than the format's tells blocks apart:
+// in a 128 x 1 block the rows 2^20 below its largest flush to zero, in their own 1 x 128 block
+// they keep their bits. x and dy scale oppositely, so every token's term of wgrad counts alike.
+cpu::Tensor<float> uneven_rows(std::vector<int64_t> shape, uint64_t seed, double stddev,
+                               int sign) {
   cpu::Tensor<float> t = cpu::seeded_normal(shape, seed, stddev);
   const int64_t cols = shape.back();
   for (size_t i = 0; i < t.data.size(); ++i)
-    t.data[i] = std::ldexp(t.data[i], int((i / size_t(cols)) % 13) - 6);
+    t.data[i] = std::ldexp(t.data[i], sign * (int((i / size_t(cols)) % 21) - 10));
   t.data = bf16_rounded(t.data);
   return t;
 }
@@ -293,9 +298,9 @@ TEST(BlockScalingEmulated, TheReferenceGemmsReadTheOraclesDecodedCopies) {
   ASSERT_TRUE(c.result.ok()) << c.diagnostics;
   cpu::ReferenceExecutor<float> ref(c.result.program.sequences.at(0), {{"tokens", kTokens}});
   cpu::init_params_from_seed(ref, 11);
-  const cpu::Tensor<float> x = uneven_rows({kTokens, kIn}, 5, 1.0);
+  const cpu::Tensor<float> x = uneven_rows({kTokens, kIn}, 5, 1.0, 1);
   const std::vector<cpu::Tensor<float>> y = ref.forward({x});
-  const cpu::Tensor<float> dy = uneven_rows({kTokens, kOut}, 6, 0.05);
+  const cpu::Tensor<float> dy = uneven_rows({kTokens, kOut}, 6, 0.05, -1);
   const cpu::Gradients<float> grads = ref.backward({dy});
   const std::vector<float> w = ref.param("fc.weight").data;
 

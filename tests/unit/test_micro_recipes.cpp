@@ -263,7 +263,9 @@ TEST(MicroRecipes, TheInferenceForwardLaunchesNoHadamardAmax) {
         r.plan.find_kernel(launch->kernel)->template_name == "micro_scale_rht_amax";
     if (step.phase == plan::Phase::Backward) {
       backward_amaxes += rht_amax;
-      if (rht_amax) EXPECT_FALSE(step.inference.has_value()) << step.what;
+      if (rht_amax) {
+        EXPECT_FALSE(step.inference.has_value()) << step.what;
+      }
       continue;
     }
     // What an inference forward runs: the variant where the step has one (an empty grid runs
