@@ -18,6 +18,7 @@
 #include "cpu/block_quantization.h"
 #include "cpu/numerics.h"
 #include "driver/compile.h"
+#include "jit/nvrtc_compiler.h"
 #include "plan/quant_spec.h"
 #include "reference/reference_executor.h"
 #include "reference/run_driver.h"
@@ -173,6 +174,37 @@ TEST(BlockScalingEmulated, ArchitecturesWithoutBlockModesRunItEmulated) {
   }
 }
 
+// Every kernel of the emulated program compiles to a cubin for the architectures that run it
+// (NVRTC: the plan's own kernel sources, block_fake_quantize's three block shapes among them).
+TEST(BlockScalingEmulated, ThePlansKernelsCompileForThoseArchitectures) {
+  for (const char* arch : {"sm_100a", "sm_89"}) {
+    SCOPED_TRACE(arch);
+    const Compiled c = compile(arch, false, kMlp, "hybrid_blocks", driver::Stage::KernelRequests);
+    ASSERT_TRUE(c.result.ok()) << c.diagnostics;
+    size_t block_kernels = 0;
+    for (const driver::KernelRequest& k : c.result.kernels) {
+      jit::CompileRequest request;
+      request.kernel_name = k.kernel_name;
+      request.source = k.source;
+      request.name_expressions = k.name_expressions;
+      request.arch = k.arch;
+      EXPECT_EQ(k.arch, arch);
+      jit::CompiledKernel compiled;
+      try {
+        compiled = jit::compile_kernel(request);
+      } catch (const jit::JitError& error) {
+        ADD_FAILURE() << k.kernel_name << ": " << error.what();
+        continue;
+      }
+      EXPECT_FALSE(compiled.is_ptx) << k.kernel_name;
+      EXPECT_EQ(compiled.spill_store_bytes, 0) << k.kernel_name;
+      block_kernels += k.name_expressions.front().starts_with("opfuse::block_fake_quantize<");
+    }
+    // 1 x 128 (e4m3, e5m2), 128 x 1 (e4m3, e5m2), 128 x 128 (e4m3).
+    EXPECT_EQ(block_kernels, 5u);
+  }
+}
+
 // HYBRID: the gradients' copies are E5M2, the recipe's FP32 scales reach the kernels.
 TEST(BlockScalingEmulated, TheKernelsTakeEachQuantizersFormatAndScaleRule) {
   const Compiled c = compile("sm_100a", false, kMlp, "hybrid_blocks");
@@ -253,8 +285,7 @@ std::vector<float> bf16_rounded(std::vector<float> v) {
 // any scale while values stay normal, so only a range wider than the format's tells blocks apart:
 // in a 128 x 1 block the rows 2^20 below its largest flush to zero, in their own 1 x 128 block
 // they keep their bits. x and dy scale oppositely, so every token's term of wgrad counts alike.
-cpu::Tensor<float> uneven_rows(std::vector<int64_t> shape, uint64_t seed, double stddev,
-                               int sign) {
+cpu::Tensor<float> uneven_rows(std::vector<int64_t> shape, uint64_t seed, double stddev, int sign) {
   cpu::Tensor<float> t = cpu::seeded_normal(shape, seed, stddev);
   const int64_t cols = shape.back();
   for (size_t i = 0; i < t.data.size(); ++i)
