@@ -205,6 +205,32 @@ TEST(BlockScalingEmulated, ThePlansKernelsCompileForThoseArchitectures) {
   }
 }
 
+// Only a sequence not planned yet is emulated: one planned natively for sm_90a (cast_fp8 copies
+// with scale grids) and then compiled for sm_100a is refused at the linear, never turned into a
+// GEMM the target cannot run.
+TEST(BlockScalingEmulated, ASequencePlannedNativelyIsRefusedElsewhere) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions hopper;
+  hopper.last_stage = driver::Stage::Passes;
+  driver::CompileResult planned = driver::compile_source("mlp.fuse", kMlp, sources, diags, hopper);
+  ASSERT_TRUE(planned.ok()) << diags.format_all();
+  driver::CompileOptions blackwell;
+  blackwell.arch = "sm_100a";
+  blackwell.last_stage = driver::Stage::Plan;
+  const driver::CompileResult r =
+      driver::compile_ir(std::move(planned.program), &sources, &diags, blackwell);
+  EXPECT_FALSE(r.ok());
+  const std::string text = diags.format_all() + r.error;
+  EXPECT_NE(text.find("mlp.fuse:6:3: error: linear of 'fc1' reads 'fc1.input' quantized as "
+                      "block_1d(e4m3, 1x128"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("cuBLASLt on sm_100 has no 1x128 block-scale mode (VEC128_32F)"),
+            std::string::npos)
+      << text;
+}
+
 // HYBRID: the gradients' copies are E5M2, the recipe's FP32 scales reach the kernels.
 TEST(BlockScalingEmulated, TheKernelsTakeEachQuantizersFormatAndScaleRule) {
   const Compiled c = compile("sm_100a", false, kMlp, "hybrid_blocks");
