@@ -40,6 +40,12 @@ struct QuantSpec {
   bool per_tensor() const {
     return scaling == ScalingKind::Delayed || scaling == ScalingKind::Current;
   }
+  // Float8 block scaling (1 x 128 / 128 x 128 FP32 scales): real FP8 GEMMs where cuBLASLt has the
+  // block-scale modes (sm_90), decoded copies elsewhere (note "Emulated block scaling" in
+  // docs/architecture.md).
+  bool block_scaled() const {
+    return scaling == ScalingKind::Block1D || scaling == ScalingKind::Block2D;
+  }
   // MXFP8 / NVFP4: on Hopper the GEMMs read the decoded copies (note "Emulated micro-scaling" in
   // docs/architecture.md).
   bool micro_scaled() const { return scaling == ScalingKind::MicroScaled; }

@@ -104,9 +104,9 @@ std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, in
     state.amax_history[0] = amax;
     state.scale = s.scale;
     state.scale_inv = s.scale_inv;
-    ++quantizer.measurements;
+    ++state.measurements;
   }
-  params.step = quantizer.measurements;
+  params.step = state.measurements;
   return nvfp4_fake_quantize(x, rows, cols, state.scale, params);
 }
 

@@ -28,11 +28,10 @@ struct Quantizer {
   BlockQuantParams block;
   // MXFP8 / NVFP4 (runtime/cpu/micro_scaling.h), emulated: casts decode their copies. NVFP4's
   // tensor scale is kept as current scaling keeps its scale (state, with fp8_max 2688), and
-  // `measurements` counts its amax measurements as the device record's word 3 does: the step of
-  // stochastic rounding's Philox bits.
+  // state.measurements counts its amax measurements as the device record's word 3 does: the step
+  // of stochastic rounding's Philox bits.
   bool micro_scaled = false;
   plan::QuantSpec micro;
-  uint32_t measurements = 0;
   // Its index among the sequence's quantizers (the reference executor sets it): the Philox stream
   // of its row-wise copy is 2 * index, of its column-wise copy 2 * index + 1, as on the device.
   uint32_t index = 0;

@@ -304,16 +304,27 @@ void fp8_transpose(ReferenceContext<T>& ctx, const ir::Operation& op) {
 // An MXFP8 / NVFP4 copy decoded to the source's dtype (cpu::micro_cast). A quantizer's two
 // copies of one tensor are made one after the other, the row-wise first: only the first measures
 // NVFP4's tensor scale (a Hadamard-transformed column-wise copy has a quantizer of its own).
+// A Float8 block-scaled copy where block scaling is emulated (note "Emulated block scaling" in
+// docs/architecture.md): cpu::block_fake_quantize with the quantizer's blocks, in x's layout.
 template <typename T>
 void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const Tensor<T>& x = ctx.in(op, 0);
   Quantizer& q = ctx.quantizers.at(size_t(op.quantizer));
   const bool columnwise = ir::attr_bool(op.attrs, "columnwise");
-  const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
   const std::vector<float> as_float(x.data.begin(), x.data.end());
-  OPFUSE_ASSERT(q.index == uint32_t(op.quantizer), "quantizer '{}' has index {}, not {}", q.name,
-                q.index, op.quantizer);
-  const std::vector<float> y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure);
+  std::vector<float> y;
+  if (q.micro_scaled) {
+    const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
+    OPFUSE_ASSERT(q.index == uint32_t(op.quantizer), "quantizer '{}' has index {}, not {}", q.name,
+                  q.index, op.quantizer);
+    y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure);
+  } else {
+    OPFUSE_ASSERT(q.block_scaled, "emulated cast '{}' of quantizer '{}' that is not block-scaled",
+                  op.instance, q.name);
+    BlockQuantParams params = q.block;
+    params.value_for_inf = value_for_inf(ctx.seq.value(op.operands[0]).type.dtype);
+    y = block_fake_quantize(as_float, x.rows(), x.cols(), params, columnwise);
+  }
   Tensor<T>& out = ctx.out(op, 0);
   std::copy(y.begin(), y.end(), out.data.begin());
 }

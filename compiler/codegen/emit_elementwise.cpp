@@ -137,26 +137,38 @@ int micro_format(DType format) {
 
 // NVFP4's per-tensor scale of a Hadamard-transformed copy: the amax of the transformed values,
 // measured by a kernel of its own whose last block derives S_enc (no producer can measure it).
+// `copy`: the copy's buffer when only backward reads it (else -1): an inference forward, which
+// does not make the copy, does not measure for it either (an empty grid).
 void emit_rht_amax(SequenceBuilder& b, const Group& g, const ir::Operation& op, ValueId x,
-                   const SymExpr& rows, int64_t cols) {
+                   const SymExpr& rows, int64_t cols, int copy) {
   if (b.measured_amax(x) == op.quantizer) return;
   const DType in = b.value(x).type.dtype;
-  b.add_launch(g,
-               fmt::format("amax of the Hadamard-transformed columns of {} and the tensor scale "
-                           "of quantizer {} (NVFP4)",
-                           name_of(in), op.instance),
-               "micro_scale_rht_amax", {spell(in)},
-               GridRule{"micro_scale_rht_amax",
-                        rules::micro_scale_rht_amax_grid_x(cols),
+  const std::string what = fmt::format(
+      "amax of the Hadamard-transformed columns of {} and the tensor scale of quantizer {} "
+      "(NVFP4)",
+      name_of(in), op.instance);
+  const std::vector<std::pair<std::string, SymExpr>> dims = {
+      {"rows", rows}, {"cols", cols}, {"rows_multiple", 16}};
+  std::optional<WithoutTranspose> none;
+  if (copy >= 0) {
+    none = WithoutTranspose{"no " + what,
+                            GridRule{"micro_scale_rht_amax", 0, 0, dims},
+                            rules::kMicroScaleThreads,
+                            0,
+                            {copy}};
+  }
+  b.add_launch(g, what, "micro_scale_rht_amax", {spell(in)},
+               GridRule{"micro_scale_rht_amax", rules::micro_scale_rht_amax_grid_x(cols),
                         min_of(ceil_div(ceil_div(rows, 16), rules::kMicroScaleWarps),
                                rules::kMicroScaleMaxGridY),
-                        {{"rows", rows}, {"cols", cols}, {"rows_multiple", 16}}},
+                        dims},
                rules::kMicroScaleThreads, 0,
                {bind_in("x", b.buffer(x, op)), bind_null("codes"), bind_null("scales"),
                 bind_null("y"), bind_null("tensor_scale"), bind_null("step"),
                 bind_quantizer("amax", op.quantizer, QuantizerValue::RunningAmax),
                 bind_scale_record(op.quantizer), bind_int64("seed", 0), bind_int("stream", 0),
-                bind_int("rows", rows), bind_int("cols", cols)});
+                bind_int("rows", rows), bind_int("cols", cols)},
+               std::move(none));
   b.mark_amax_measured(x, op.quantizer);
 }
 
@@ -188,7 +200,7 @@ void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op
   }
   if (spec.nvfp4()) {
     if (rht) {
-      emit_rht_amax(b, g, op, x, rows, cols);
+      emit_rht_amax(b, g, op, x, rows, cols, columnwise_copy ? y : -1);
     } else {
       emit_current_amax(b, g, op, x, op.quantizer);
       // The quantizer's other copy of x reuses this measurement (the CPU reference counts one
@@ -241,6 +253,10 @@ void emit_emulated_cast(SequenceBuilder& b, const Group& g) {
   require_only(b, g, {OpKind::EmulatedCast});
   const ir::Operation& op = *g.parts.front();
   const bool columnwise = ir::attr_bool(op.attrs, "columnwise");
+  if (b.seq().quantizers.at(size_t(op.quantizer)).spec.block_scaled()) {
+    return emit_emulated_block_cast(b, g, op, op.operands.at(0), b.buffer(op.results.at(0), op),
+                                    columnwise);
+  }
   emit_micro_cast(b, g, op, op.operands.at(0), b.buffer(op.results.at(0), op), columnwise,
                   columnwise);
 }

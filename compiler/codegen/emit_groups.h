@@ -124,6 +124,11 @@ void emit_fp8_transpose(SequenceBuilder& b, const Group& g);
 void emit_emulated_cast(SequenceBuilder& b, const Group& g);
 void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op, ir::ValueId x,
                      int y, bool columnwise, bool columnwise_copy);
+// Note "Emulated block scaling" (docs/architecture.md): one Float8 block-scaled copy of x
+// quantized and decoded to y (x's dtype and layout); `columnwise`: 128 x 1 blocks (128 x 128 for
+// 2-D specs either way), a copy only backward reads (emit_emulated_blocks.cpp).
+void emit_emulated_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op,
+                              ir::ValueId x, int y, bool columnwise);
 
 // ---- statistics of a debug config (emit_stats.cpp) ----------------------------------------------
 

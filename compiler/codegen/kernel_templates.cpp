@@ -65,9 +65,11 @@ constexpr TemplateParam kBlockActivationBwdParams[] = {
     {"Output", Kind::DType, ""},     {"kWriteTranspose", Kind::Bool, "true"},
     {"kDbias", Kind::Bool, "false"},
 };
+// kBlocks: 0 1 x 128, 1 128 x 1, 2 128 x 128 (launch::kBlockRows / kBlockColumns / kBlockTiles).
 constexpr TemplateParam kBlockFakeQuantizeParams[] = {
     {"Input", Kind::DType, ""},
     {"Fp8", Kind::DType, ""},
+    {"kBlocks", Kind::Int, "0"},
 };
 // kFormat: 0 MXFP8 E4M3, 1 MXFP8 E5M2, 2 NVFP4 (launch::kMicroScaleE4M3/E5M2/E2M1).
 constexpr TemplateParam kMicroScaleCastParams[] = {
@@ -190,7 +192,8 @@ constexpr KernelTemplate kTable[] = {
           "BlockActivationParams", kBlockActivationBwdParams, kBlockActivationBwdExample),
     entry("block_gated_activation_bwd", "block_activation.cuh", KernelFamily::GatedActivation,
           "BlockActivationParams", kBlockActivationBwdParams, kBlockGatedActivationBwdExample),
-    // The quantize op under block scaling: 1 x 128 blocks, cast to FP8 and back in one pass.
+    // The quantize op under block scaling (1 x 128 blocks), and Float8 block scaling emulated
+    // (1 x 128, 128 x 1, 128 x 128): cast to FP8 and back in one pass.
     entry("block_fake_quantize", "block_fake_quantize.cuh", KernelFamily::Cast,
           "BlockFakeQuantizeParams", kBlockFakeQuantizeParams, kFakeQuantizeExample),
     // MXFP8 / NVFP4 emulated on Hopper: one copy's codes, scales and decoded values per launch.

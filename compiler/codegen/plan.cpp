@@ -196,7 +196,8 @@ void SequenceBuilder::add_launch(const Group& g, const std::string& what,
     for (int b : p.buffers) add_unique(p.written ? s.writes : s.reads, b);
   }
   // A candidate only: add_inference_variants() keeps it where backward alone reads the copy.
-  const bool writes_copy = std::any_of(params.begin(), params.end(), binds_transposed_copy);
+  const bool writes_copy = std::any_of(params.begin(), params.end(), binds_transposed_copy) ||
+                           (without_transpose && !without_transpose->serves.empty());
   if (group && s.phase == ir::Phase::Forward && writes_copy) {
     OPFUSE_ASSERT(without_transpose.has_value(),
                   "forward launch of '{}' writes a transposed copy but gives no launch without it",
@@ -209,6 +210,7 @@ void SequenceBuilder::add_launch(const Group& g, const std::string& what,
     for (ParamBinding& p : variant.launch.params)
       if (binds_transposed_copy(p)) p = bind_null(p.field);
     s.inference = std::move(variant);
+    if (!without_transpose->serves.empty()) serves_[s.index] = without_transpose->serves;
     use.what = without_transpose->what + std::string(kInferenceSuffix);
     inference_uses_[s.index] = std::move(use);
   }
@@ -391,6 +393,8 @@ void SequenceBuilder::add_inference_variants() {
     std::vector<int> dropped;
     for (const ParamBinding& p : launch.params)
       if (binds_transposed_copy(p)) dropped.push_back(p.buffers.at(0));
+    if (const auto served = serves_.find(s.index); served != serves_.end())
+      dropped.insert(dropped.end(), served->second.begin(), served->second.end());
     const bool only_backward_reads = std::none_of(dropped.begin(), dropped.end(), [&](int id) {
       return read_in_forward[size_t(root_of(id))] || interface[size_t(root_of(id))];
     });
@@ -414,8 +418,9 @@ void SequenceBuilder::add_inference_variants() {
     });
     if (flag == t->params.end() &&
         s.inference->launch.grid.x.value() == std::optional<int64_t>(0)) {
-      // A launch whose one output is the copy (micro_scale_cast's column-wise copy) and whose
-      // template has no flag for it: the variant runs nothing, the kernel stays the trained one.
+      // A launch whose one output is the copy (micro_scale_cast's column-wise copy), or that
+      // only serves one (NVFP4's Hadamard amax, WithoutTranspose::serves), and whose template has
+      // no flag for it: the variant runs nothing, the kernel stays the trained one.
       s.inference->launch.kernel = launch.kernel;
       s.inference->launch.name_expression = launch.name_expression;
       keep_writes();

@@ -32,6 +32,10 @@ struct WithoutTranspose {
   GridRule grid;
   int block_threads = 0;
   int dynamic_smem_bytes = 0;
+  // A launch that writes no copy itself but exists for copies that another launch makes (NVFP4's
+  // Hadamard amax, measured for the column-wise copy only): their buffers. The variant applies
+  // where backward alone reads them, as if the launch wrote them.
+  std::vector<int> serves = {};
 };
 
 class SequenceBuilder {
@@ -104,6 +108,7 @@ class SequenceBuilder {
   std::vector<int> buffer_of_;  // per ValueId; -1: not materialized
   std::set<ir::ValueId> columnwise_;
   std::map<int, KernelUse> inference_uses_;   // per step with a candidate inference variant
+  std::map<int, std::vector<int>> serves_;    // per step: WithoutTranspose::serves
   std::map<ir::ValueId, int> measured_amax_;  // value -> quantizer (mark_amax_measured)
   bool fold_current_amax_ = true;
 };

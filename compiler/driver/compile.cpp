@@ -6,6 +6,7 @@
 #include "debug_config/instrument.h"
 #include "driver/frontend.h"
 #include "passes/pipeline.h"
+#include "plan/gemm_caps.h"
 
 namespace opfuse::driver {
 
@@ -102,6 +103,33 @@ CompileResult finish_front_end(std::optional<ir::Program> program, const std::st
   return compile_ir(std::move(*program), &sources, &diags, options);
 }
 
+// Note "Emulated block scaling" (docs/architecture.md): on a target without cuBLASLt's 1x128 and
+// 128x128 block-scale modes (plan/gemm_caps.h), or when the options ask, plan-quantization gives
+// Float8 block-scaled operands decoded copies instead of FP8 ones. A sequence planned already
+// keeps its casts (codegen then reports a native block-scaled GEMM the target cannot run).
+// `with fp8_weights` keeps nothing in FP8 there: its weights stay parameters, decoded every step
+// as under the micro-scaled recipes (a warning says so).
+void mark_emulated_block_scaling(ir::Program& program, const CompileOptions& options,
+                                 DiagnosticEngine* diags) {
+  const plan::GemmCaps& caps = plan::gemm_caps(options.arch);
+  if (!options.emulate_block_scaling && caps.block_1d && caps.block_2d) return;
+  for (ir::Sequence& s : program.sequences) {
+    if (!s.quantizers.empty()) continue;
+    s.emulate_block_scaling = true;
+    if (s.fp8_weights && s.recipe.kind == ir::RecipeKind::Float8BlockScaling) {
+      if (diags != nullptr) {
+        diags->warning(s.loc,
+                       fmt::format("fp8_weights has no effect: sequence '{}' runs "
+                                   "float8_block_scaling emulated on {}, whose GEMMs read decoded "
+                                   "copies that every step makes afresh",
+                                   s.name, options.arch),
+                       "the weights stay high-precision parameters here");
+      }
+      s.fp8_weights = false;
+    }
+  }
+}
+
 ir::BuildOptions build_options(const CompileOptions& options, DiagnosticEngine& diags) {
   diags.set_warnings_as_errors(options.warnings_as_errors);
   ir::BuildOptions build;
@@ -146,6 +174,7 @@ CompileResult compile_ir(ir::Program program, const SourceManager* sources, Diag
       return result;
     }
   }
+  mark_emulated_block_scaling(program, options, diags);
   if (options.print && options.print_after.count("all")) options.print("build", program);
   result.timings = manager.run(program, pass_options(options), options.print);
   result.program = std::move(program);
@@ -177,6 +206,19 @@ CompileResult compile_ir(ir::Program program, const SourceManager* sources, Diag
     // Note "Emulated micro-scaling" (docs/architecture.md): say so, never a silent change of
     // what the GEMMs compute.
     for (const ir::Sequence& s : result.program.sequences) {
+      if (s.emulate_block_scaling && s.recipe.kind == ir::RecipeKind::Float8BlockScaling) {
+        const plan::GemmCaps& caps = plan::gemm_caps(options.arch);
+        diags->note(
+            s.loc,
+            fmt::format("sequence '{}' runs float8_block_scaling emulated on {} ({}): each GEMM "
+                        "operand is quantized with its blocks (1x128 row-wise, 128x1 column-wise, "
+                        "128x128 where the recipe gives a tensor 2-D blocks) and decoded to its "
+                        "own dtype, and the GEMMs run in that dtype",
+                        s.name, options.arch,
+                        caps.block_1d && caps.block_2d
+                            ? "as the compile options ask"
+                            : "cuBLASLt has no 1x128 / 128x128 block-scale GEMM there"));
+      }
       if (!s.recipe.micro_scaled()) continue;
       diags->note(s.loc, fmt::format("sequence '{}' runs {} emulated on {}: each GEMM operand is "
                                      "quantized to the format and decoded to its own dtype, and "

@@ -50,6 +50,11 @@ struct CompileOptions {
   std::function<void(std::string_view, const codegen::SequencePlan&)> print_plan;
   // Plan.
   std::string arch = "sm_90a";  // explicit: the compiler never queries a device
+  // Runs float8_block_scaling emulated (note "Emulated block scaling" in docs/architecture.md)
+  // even where `arch` has cuBLASLt's block-scale modes: each GEMM operand quantized with its
+  // blocks and decoded, BF16 GEMMs. Targets without the modes always emulate. For comparing the
+  // two paths on one GPU (the GPU tests run the emulated path on an H100 this way).
+  bool emulate_block_scaling = false;
   bool fp8_fprop_fast_accum = true;
   bool fp8_backward_fast_accum = false;
   Stage last_stage = Stage::KernelRequests;

@@ -123,6 +123,11 @@ struct Sequence {
   std::vector<Value> values;  // indexed by ValueId
   Recipe recipe;
   bool fp8_weights = false;  // TE's quantized_model_init: weights stored in FP8 only
+  // Float8 block-scaled quantizers make decoded high-precision copies (emulated_cast) for BF16
+  // GEMMs instead of FP8 copies with scale grids (note "Emulated block scaling" in
+  // docs/architecture.md). Set by the compile driver where the target has no block-scale GEMM
+  // modes (plan/gemm_caps.h) or its options ask for it; read by plan-quantization.
+  bool emulate_block_scaling = false;
   // `with parallel(tp = N, sp = ...)`: the sequence as one of N ranks runs it (every shape and
   // parameter is the rank's; collective ops join the ranks). tp = 1: one GPU, no collectives.
   plan::ParallelSpec parallel{};

@@ -403,8 +403,9 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "quantizer, no rescaling"},
     {OpKind::EmulatedCast, "emulated_cast", KernelFamily::Cast, kEmulatedCastAttrs, nullptr,
      "[..., k] -> [..., k]",
-     "quantizes to the quantizer's micro-scaled format (MXFP8, NVFP4) and decodes back: the "
-     "values a GEMM of that format reads, for the high-precision GEMMs Hopper runs instead"},
+     "quantizes to the quantizer's micro-scaled format (MXFP8, NVFP4), or with its Float8 "
+     "blocks where the target has no block-scale GEMM, and decodes back: the values a GEMM of "
+     "that format reads, for the high-precision GEMMs that run instead"},
     {OpKind::LayerNormBackward, "layernorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,
      "(dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)", "LayerNorm backward"},
     {OpKind::RMSNormBackward, "rmsnorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,

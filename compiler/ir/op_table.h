@@ -39,7 +39,7 @@ enum class OpKind : uint8_t {
   // Internal ops (note "Training graph" in docs/architecture.md): made by passes, never parsed.
   CastFp8,            // quantize to FP8 (row-wise and/or column-wise copy), one quantizer
   Fp8Transpose,       // the transposed copy of an FP8 value, same codes and quantizer (gather_fp8)
-  EmulatedCast,       // an MXFP8 / NVFP4 copy decoded to the source's dtype (plan-quantization)
+  EmulatedCast,       // an MXFP8 / NVFP4 / emulated block-scaled copy, decoded (plan-quantization)
   LayerNormBackward,  // (dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)
   RMSNormBackward,    // (dy, x, gamma, rstd) -> (dx, dgamma)
   LinearDgrad,        // (dy, W or W^T) -> dx

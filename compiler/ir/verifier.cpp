@@ -124,12 +124,13 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
       const Value& in = s.values[op.operands.at(0)];
       const bool ok = op.results.size() == 1 && op.quantizer >= 0 &&
                       size_t(op.quantizer) < s.quantizers.size() &&
-                      s.quantizers[size_t(op.quantizer)].spec.micro_scaled() &&
+                      (s.quantizers[size_t(op.quantizer)].spec.micro_scaled() ||
+                       s.quantizers[size_t(op.quantizer)].spec.block_scaled()) &&
                       !dtype_is_fp8(in.type.dtype) && s.values[op.results[0]].type == in.type;
       if (!ok)
         bad(
             fmt::format("{} (emulated_cast) is not a decoded copy of a high-precision value under "
-                        "a micro-scaled quantizer",
+                        "a micro-scaled or block-scaled quantizer",
                         where));
     }
     // Re-run the shape rule: a pass must never leave an op whose result type disagrees with it.

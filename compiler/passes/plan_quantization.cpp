@@ -124,11 +124,12 @@ class Planner {
     q.spec = spec;
     q.source = source;
     q.usages = {rowwise, columnwise};
-    if (spec.micro_scaled()) q.columnwise_layout = plan::CopyLayout::AsIs;
+    // Notes "Emulated micro-scaling" and "Emulated block scaling" (docs/architecture.md).
+    const bool emulated = spec.micro_scaled() || (spec.block_scaled() && s_.emulate_block_scaling);
+    if (emulated) q.columnwise_layout = plan::CopyLayout::AsIs;
     const int32_t index = int32_t(s_.quantizers.size());
     s_.quantizers.push_back(q);
-    if (spec.micro_scaled())
-      return add_emulated_casts(consumer, index, rowwise, columnwise, position);
+    if (emulated) return add_emulated_casts(consumer, index, rowwise, columnwise, position);
 
     Operation cast;
     cast.kind = OpKind::CastFp8;
@@ -160,11 +161,14 @@ class Planner {
   // Note "Emulated micro-scaling" (docs/architecture.md): an MXFP8 / NVFP4 quantizer's copies
   // are decoded back to the source's dtype, one emulated_cast per copy, and the GEMMs that read
   // them are ordinary high-precision GEMMs. The column-wise copy keeps the source's layout (its
-  // blocks run down the columns), as a high-precision GEMM reads it.
+  // blocks run down the columns), as a high-precision GEMM reads it. Emulated block scaling
+  // (note "Emulated block scaling") alike, except that 128 x 128 blocks are the same blocks in
+  // both copies: one decoded copy serves both GEMMs.
   std::pair<ValueId, ValueId> add_emulated_casts(const Operation& consumer, int32_t quantizer,
                                                  bool rowwise, bool columnwise, size_t position) {
     const QuantizerDecl& q = s_.quantizers[size_t(quantizer)];
     const ValueId source = q.source;
+    const bool one_copy = q.spec.scaling == plan::ScalingKind::Block2D;
     auto copy = [&](bool column) {
       Operation cast;
       cast.kind = OpKind::EmulatedCast;
@@ -183,6 +187,7 @@ class Planner {
       return v;
     };
     const ValueId row = rowwise ? copy(false) : kNoValue;
+    if (one_copy && rowwise) return {row, columnwise ? row : kNoValue};
     const ValueId col = columnwise ? copy(true) : kNoValue;
     return {row, col};
   }

@@ -146,8 +146,10 @@ std::string encode(const StateFile& state) {
   for (const StateQuantizer& quantizer : state.quantizers) {
     payload_size = align_up(payload_size);
     const std::size_t length = quantizer.state.amax_history.size();
-    quantizers.push_back(
-        {{"name", quantizer.name}, {"history_length", length}, {"offset", payload_size}});
+    quantizers.push_back({{"name", quantizer.name},
+                          {"history_length", length},
+                          {"offset", payload_size},
+                          {"measurements", quantizer.state.measurements}});
     payload_size += (length + kQuantizerScalarFloats) * sizeof(float);
   }
   json header_json = {{"program", state.program},
@@ -442,6 +444,16 @@ class HeaderReader {
     quantizer.state.scale = values[0];
     quantizer.state.scale_inv = values[1];
     quantizer.state.amax_history.assign(values.begin() + kQuantizerScalarFloats, values.end());
+    // Optional: files written before opfuse saved it have none (docs/state_files.md); their
+    // quantizers start counting again from 0.
+    if (entry.contains("measurements")) {
+      const std::int64_t measurements = integer_field(entry, "measurements", where);
+      if (measurements > std::int64_t{std::numeric_limits<std::uint32_t>::max()}) {
+        fail(fmt::format("{}.measurements is {}, more than a 32-bit count holds", where,
+                         measurements));
+      }
+      quantizer.state.measurements = static_cast<std::uint32_t>(measurements);
+    }
     return quantizer;
   }
 

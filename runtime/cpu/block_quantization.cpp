@@ -112,6 +112,17 @@ std::vector<float> block_dequantize(const BlockQuantizedCopy& copy, Fp8Format fo
   return out;
 }
 
+std::vector<float> block_fake_quantize(std::span<const float> x, int64_t rows, int64_t cols,
+                                       const BlockQuantParams& params, bool columnwise) {
+  if (!columnwise) {
+    return block_dequantize(block_quantize_rowwise(x, rows, cols, params), params.format,
+                            params.two_d);
+  }
+  const std::vector<float> decoded = block_dequantize(
+      block_quantize_columnwise(x, rows, cols, params), params.format, params.two_d);
+  return transpose(decoded, cols, rows);
+}
+
 std::vector<float> block_scaled_gemm(const BlockQuantizedCopy& a, bool a_two_d,
                                      const BlockQuantizedCopy& b, bool b_two_d, Fp8Format a_format,
                                      Fp8Format b_format) {

@@ -80,6 +80,15 @@ BlockQuantizedCopy block_quantize_columnwise(std::span<const float> x, int64_t r
 // The decoded values of a copy: fp8(q) * scale_inv of its block, [rows, cols] of the stored copy.
 std::vector<float> block_dequantize(const BlockQuantizedCopy& copy, Fp8Format format, bool two_d);
 
+// Note "Emulated block scaling" (docs/architecture.md): one copy quantized and decoded in x's own
+// layout ([rows, cols], values already rounded to the source dtype), as the BF16 GEMMs of an
+// architecture without block-scale modes read it. columnwise = false: the row-wise copy's blocks
+// (1 x 128, or 128 x 128 with params.two_d); true: the column-wise copy's (128 x 1 down the
+// columns, or 128 x 128), decoded and transposed back, so not transposed. With 2-D blocks both
+// give the same values. The GPU twin is templates/block_fake_quantize.cuh.
+std::vector<float> block_fake_quantize(std::span<const float> x, int64_t rows, int64_t cols,
+                                       const BlockQuantParams& params, bool columnwise);
+
 // The block-scaled GEMM's semantics (TE's bit-exact reference of cuBLASLt's block scale modes):
 //   d[i, j] = sum over K blocks kb of fma(partial(i, j, kb) * sa(i, kb), sb(j, kb), running)
 // where partial is the FP32 dot product of the codes over the 128-wide block kb, in index order,

@@ -5,6 +5,7 @@
 // The rules follow NVIDIA Transformer Engine (TE); each one's comment in the .cpp says which part.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "numerics.h"  // same directory: works with or without runtime/ on the include path
@@ -26,6 +27,11 @@ struct DelayedScalingState {
   std::vector<float> amax_history = std::vector<float>(1, 0.0f);  // length L >= 1
   float scale = 1.0f;
   float scale_inv = 1.0f;
+  // Current scaling (and NVFP4's tensor scale): how many times the amax was measured, wrapping
+  // (the device record's word 3, templates/common/quantizer_record.cuh). Stochastic rounding uses
+  // it as the step of its random bits, so a checkpoint keeps it (docs/state_files.md). 0 under
+  // delayed scaling.
+  std::uint32_t measurements = 0;
 };
 
 // Ends a step (TE's fused amax-and-scale update):

@@ -190,6 +190,13 @@ std::vector<unsigned char> QuantizerState::host_image(
       std::memcpy(image.data() + layout_.history_offsets[i], history.data() + 1,
                   (history.size() - 1) * sizeof(float));
     }
+    // Current scaling: the count of measurements (stochastic rounding's step), so that a loaded
+    // checkpoint goes on drawing where it stopped; the running max and arrival count stay 0.
+    if (quantizer.current_scaling) {
+      std::memcpy(image.data() + layout_.history_offsets[i] +
+                      QuantizerLayout::kMeasurementsWord * sizeof(float),
+                  &states[i].measurements, sizeof(std::uint32_t));
+    }
   }
   return image;
 }
@@ -239,6 +246,12 @@ std::vector<cpu::DelayedScalingState> QuantizerState::download(cudaStream_t stre
     if (!settings_[i].current_scaling && history.size() > 1) {
       std::memcpy(history.data() + 1, image.data() + layout_.history_offsets[i],
                   (history.size() - 1) * sizeof(float));
+    }
+    if (settings_[i].current_scaling) {
+      std::memcpy(&states[i].measurements,
+                  image.data() + layout_.history_offsets[i] +
+                      QuantizerLayout::kMeasurementsWord * sizeof(float),
+                  sizeof(std::uint32_t));
     }
   }
   return states;

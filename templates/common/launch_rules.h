@@ -310,11 +310,35 @@ OPFUSE_LAUNCH_RULE long long block_scale_grid_outer(long long rows, long long co
 OPFUSE_LAUNCH_RULE long long block_scale_grid_inner(long long rows, long long cols, bool two_d) {
   return two_d ? ceil_div(ceil_div(cols, kBlockScaleLength), 4) * 4 : ceil_div(rows, 4) * 4;
 }
-// The quantize op under block scaling (block_fake_quantize): one warp per 1 x 128 block of a row,
-// kBlockFakeQuantizeWarps warps per block; grid x = ceil_div(rows * block_row_count(cols), warps).
+// Block-scaled fake quantization (block_fake_quantize: the quantize op, and Float8 block scaling
+// emulated), kBlockFakeQuantizeThreads threads per block, by its blocks (kBlocks):
+//   kBlockRows (1 x 128): one warp per block of a row; grid x = ceil_div(rows *
+//     block_row_count(cols), warps);
+//   kBlockColumns (128 x 1): one thread per block (a column of a 128-row strip); grid x =
+//     ceil_div(block_row_count(rows) * cols, threads);
+//   kBlockTiles (128 x 128): one thread block per tile; grid x = max(1, ceil_div(cols, 128)),
+//     y = min(max(1, ceil_div(rows, 128)), kBlockCastMaxGridY) (row tiles strided by grid y).
+// Every grid may be smaller (the loops are grid-strided) but not empty.
+inline constexpr int kBlockRows = 0;
+inline constexpr int kBlockColumns = 1;
+inline constexpr int kBlockTiles = 2;
 inline constexpr int kBlockFakeQuantizeWarps = 8;
-OPFUSE_LAUNCH_RULE int block_row_count(int cols) {
+inline constexpr int kBlockFakeQuantizeThreads = kBlockFakeQuantizeWarps * 32;
+OPFUSE_LAUNCH_RULE int block_row_count(long long cols) {
   return static_cast<int>(ceil_div(cols, kBlockScaleLength));
+}
+OPFUSE_LAUNCH_RULE long long block_fake_quantize_grid_x(long long rows, long long cols,
+                                                        int blocks) {
+  return blocks == kBlockRows
+             ? max_of(1, ceil_div(rows * block_row_count(cols), kBlockFakeQuantizeWarps))
+         : blocks == kBlockColumns
+             ? max_of(1, ceil_div(block_row_count(rows) * cols, kBlockFakeQuantizeThreads))
+             : max_of(1, ceil_div(cols, kBlockScaleLength));
+}
+OPFUSE_LAUNCH_RULE long long block_fake_quantize_grid_y(long long rows, int blocks) {
+  return blocks == kBlockTiles
+             ? max_of(1, min_of(ceil_div(rows, kBlockScaleLength), kBlockCastMaxGridY))
+             : 1;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 // kinds of data: random normal values with per-block magnitudes and a few huge ones, and the same
 // with special blocks (zero, Inf, NaN, tiny subnormal blocks whose scale overflows). Every output
 // buffer is poisoned first (0xAB): bytes the kernel must write and did not, padding grid entries
-// it must not write and did, and writes past the end all show.
+// it must not write and did, and writes past the end all show. Also the block fake quantization
+// of the quantize op and of Float8 block scaling emulated (block_fake_quantize.cuh).
 // Label `gpu`: skips (visibly) where no GPU is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -442,6 +443,77 @@ TEST_P(BlockCastGpu, FakeQuantizeMatchesTheCpuOracleBitForBit) {
       }
     }
   }
+}
+
+// Float8 block scaling emulated (note "Emulated block scaling" in docs/architecture.md): the
+// decoded copies a BF16 GEMM reads, from block_fake_quantize<Input, Fp8, kBlocks> with 1 x 128,
+// 128 x 1 and 128 x 128 blocks, bit for bit with cpu::block_fake_quantize (the column-wise copy
+// in x's layout, not transposed), over ragged shapes in both directions.
+TEST_P(BlockCastGpu, EmulatedCopiesMatchTheCpuOracleBitForBit) {
+  const Combo combo = GetParam();
+  const std::string in = spelling(combo.input), out = spelling(combo.output);
+  std::vector<std::string> expressions;
+  for (const int blocks : {launch::kBlockRows, launch::kBlockColumns, launch::kBlockTiles})
+    expressions.push_back("opfuse::block_fake_quantize<" + in + ", " + out + ", " +
+                          std::to_string(blocks) + ">");
+  const test::TemplateKernels loaded =
+      test::load_template_kernels("#include \"block_fake_quantize.cuh\"\n", expressions);
+  std::mt19937_64 rng(11);
+  const int shapes[][2] = {{1, 16}, {127, 144}, {300, 272}, {256, 384}, {64, 4096}};
+  size_t launches = 0;
+  for (const auto& shape : shapes) {
+    const int rows = shape[0], cols = shape[1];
+    const size_t n = size_t(rows) * cols;
+    test::DeviceArray& x = new_array(n * input_bytes(combo.input));
+    test::DeviceArray& y = new_array(n * input_bytes(combo.input) + kGuardBytes);
+    for (const bool special : {false, true}) {
+      std::vector<float> values = random_values(rows, cols, combo.input, rng);
+      if (special) add_special_values(values, rows, cols, combo.input);
+      const HostInput host = encode(values, combo.input);
+      test::upload_bytes(x, host.bytes.data(), host.bytes.size());
+      for (const int blocks : {launch::kBlockRows, launch::kBlockColumns, launch::kBlockTiles}) {
+        ASSERT_NE(loaded.kernels.at(size_t(blocks)), nullptr);
+        for (const bool pow2 : {false, true}) {
+          cpu::BlockQuantParams params;
+          params.format = combo.output;
+          params.two_d = blocks == launch::kBlockTiles;
+          params.power_of_2_scale = pow2;
+          params.epsilon = pow2 ? 0.0f : 1e-3f;
+          params.value_for_inf = value_for_inf(combo.input);
+          const HostInput want = encode(cpu::block_fake_quantize(host.values, rows, cols, params,
+                                                                 blocks == launch::kBlockColumns),
+                                        combo.input);
+          poison(y);
+          struct {
+            const void* x;
+            void* y;
+            float epsilon;
+            int power_of_2_scale;
+            int rows;
+            int cols;
+          } p{x.data(), y.data(), params.epsilon, pow2 ? 1 : 0, rows, cols};
+          void* args[] = {&p};
+          const dim3 grid(
+              static_cast<unsigned>(launch::block_fake_quantize_grid_x(rows, cols, blocks)),
+              static_cast<unsigned>(launch::block_fake_quantize_grid_y(rows, blocks)));
+          CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[size_t(blocks)]),
+                                   grid, dim3(launch::kBlockFakeQuantizeThreads), args, 0,
+                                   stream_));
+          CUDA_OK(cudaStreamSynchronize(stream_));
+          ++launches;
+          const std::vector<uint8_t> got =
+              test::download_bytes(y.data(), want.bytes.size() + kGuardBytes);
+          size_t mismatches = 0;
+          for (size_t i = 0; i < want.bytes.size(); ++i) mismatches += got[i] != want.bytes[i];
+          for (size_t i = want.bytes.size(); i < got.size(); ++i) mismatches += got[i] != kPoison;
+          EXPECT_EQ(mismatches, 0u)
+              << expressions[size_t(blocks)] << ", " << rows << " x " << cols
+              << (special ? ", special values" : "") << (pow2 ? ", pow2" : ", epsilon 1e-3");
+        }
+      }
+    }
+  }
+  EXPECT_EQ(launches, 5u * 2 * 3 * 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Templates, BlockCastGpu,

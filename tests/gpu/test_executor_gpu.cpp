@@ -1,9 +1,10 @@
 // The GPU plan executor (runtime/gpu/plan_executor.h) against the CPU reference executor on the
 // same compiled (fused) sequences: outputs, input and parameter gradients and the quantizer state
 // over several training steps, for small copies of every dsl_examples program under bf16, FP8
-// delayed scaling and FP8 current scaling; FP8 weight casts bit for bit; the FP8 weight cache;
-// misuse caught before any launch; memory returning to its baseline. Label `gpu`: skips (visibly)
-// where no GPU is present.
+// delayed scaling, FP8 current scaling and the block-scaled and micro-scaled recipes (Float8
+// block scaling also emulated: "blocks_emulated"); FP8 weight casts bit for bit; the FP8 weight
+// cache; misuse caught before any launch; memory returning to its baseline. Label `gpu`: skips
+// (visibly) where no GPU is present.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -110,8 +111,17 @@ using test::random_bf16;
 using test::upload_bf16;
 
 // Every program here may use the recipes of kRecipes; `recipe` picks one for all its sequences.
+// "blocks_emulated": `blocks` run emulated (note "Emulated block scaling" in
+// docs/architecture.md: decoded copies, BF16 GEMMs), as on a GPU without cuBLASLt's block-scale
+// modes.
 std::unique_ptr<test::CompiledProgram> compile(const std::string& name, const std::string& text,
                                                const std::string& recipe) {
+  if (recipe == "blocks_emulated") {
+    driver::CompileOptions options;
+    options.recipe = "blocks";
+    options.emulate_block_scaling = true;
+    return test::compile_program_with(name, std::string(kRecipes) + text, options);
+  }
   return test::compile_program(name, std::string(kRecipes) + text, recipe);
 }
 
@@ -476,11 +486,63 @@ TEST_F(ExecutorGpu, Fp8WeightsAreCastOnlyWhenTheParametersChange) {
   }
 }
 
+// Float8 block scaling emulated (note "Emulated block scaling" in docs/architecture.md): the
+// decoded copies the BF16 GEMMs read equal the oracle's (cpu::block_fake_quantize, rounded to
+// bf16) bit for bit where their source is the caller's tensor (a weight, an input), for every
+// copy still in memory after the forward: the weight's 128 x 128 copy (dgrad reads it) and the
+// input's 128 x 1 copy (wgrad reads it) at least.
+TEST_F(ExecutorGpu, EmulatedBlockCopiesAreTheOraclesBitForBit) {
+  const auto c = compile("mlp_residual", kResidual, "blocks_emulated");
+  ASSERT_NE(c, nullptr);
+  const std::size_t index = 1;  // fc2: a linear on the sequence's input
+  const ir::Sequence& seq = c->program.sequences.at(index);
+  const codegen::SequencePlan& plan = c->plan.sequences.at(index);
+  SideBySide run(*c, index, {{"tokens", 96}}, *gemms_, stream_, 21);
+  const std::vector<cpu::Tensor<float>> inputs = run.new_inputs();
+  run.gpu().forward(stream_);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  std::size_t checked = 0;
+  for (const ir::Operation& op : seq.ops) {
+    if (op.kind != ir::OpKind::EmulatedCast) continue;
+    const ir::QuantizerDecl& q = seq.quantizers.at(static_cast<std::size_t>(op.quantizer));
+    const ir::Value& source = seq.value(q.source);
+    std::vector<float> values;
+    if (source.kind == ir::ValueKind::Param) values = run.ref().param(source.name).data;
+    for (std::size_t i = 0; i < seq.inputs.size(); ++i)
+      if (seq.inputs[i] == q.source) values = inputs[i].data;
+    if (values.empty()) continue;  // a computed source: rounding differs from the CPU's
+    const codegen::Buffer* buffer = nullptr;
+    for (const codegen::Buffer& b : plan.buffers)
+      if (b.value == op.results.at(0) && b.alias_of < 0) buffer = &b;
+    ASSERT_NE(buffer, nullptr) << op.instance;
+    const void* device = run.gpu().debug_buffer(buffer->id);
+    if (device == nullptr) continue;  // not kept after the forward
+    const bool columnwise = ir::attr_bool(op.attrs, "columnwise");
+    SCOPED_TRACE(q.name + (columnwise ? " column-wise" : " row-wise"));
+    const std::int64_t cols = source.type.shape.back().size;
+    const std::int64_t rows = static_cast<std::int64_t>(values.size()) / cols;
+    cpu::BlockQuantParams params;
+    params.format = q.format() == ir::DType::E5M2 ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3;
+    params.two_d = q.spec.scaling == plan::ScalingKind::Block2D;
+    params.power_of_2_scale = q.spec.power_of_2_scale;
+    params.epsilon = static_cast<float>(q.spec.epsilon);
+    params.value_for_inf = cpu::bf16_max_finite();
+    std::vector<float> want = cpu::block_fake_quantize(values, rows, cols, params, columnwise);
+    for (float& v : want) v = cpu::bf16_to_float(cpu::float_to_bf16(v));
+    const std::vector<float> got = download_bf16(device, want.size());
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) mismatches += !same_bits(got[i], want[i]);
+    EXPECT_EQ(mismatches, 0u);
+    ++checked;
+  }
+  EXPECT_GE(checked, 2u) << "the weight's copy and the input's column-wise copy";
+}
+
 std::vector<std::pair<int, std::string>> matrix() {
   std::vector<std::pair<int, std::string>> cases;
   for (int p = 0; p < static_cast<int>(program_cases().size()); ++p) {
-    for (const char* recipe :
-         {"bf16", "delayed", "current", "blocks", "mxfp8", "nvfp4", "nvfp4_no_rht"})
+    for (const char* recipe : {"bf16", "delayed", "current", "blocks", "blocks_emulated", "mxfp8",
+                               "nvfp4", "nvfp4_no_rht"})
       cases.emplace_back(p, recipe);
   }
   return cases;
@@ -548,7 +610,7 @@ std::vector<ActivationCase> activation_cases() {
   std::vector<ActivationCase> cases;
   // Every pointwise op (compiler/ir/pointwise_defs.cpp) with its default attributes.
   for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
-    for (const char* recipe : {"bf16", "delayed", "current", "blocks"}) {
+    for (const char* recipe : {"bf16", "delayed", "current", "blocks", "blocks_emulated"}) {
       for (const int tokens : {32, 176}) cases.push_back({def->name, def->gated, recipe, tokens});
     }
     // MXFP8's column-wise blocks need whole 32-token blocks: 160 leaves a partial 64-row tile.
@@ -606,7 +668,8 @@ TEST_P(WeightCache, SecondForwardReusesTheCastUntilInvalidated) {
   EXPECT_NE(download_bf16(run.gpu().output("y"), count), recast);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, WeightCache, ::testing::Values("delayed", "current", "blocks"));
+INSTANTIATE_TEST_SUITE_P(Recipes, WeightCache,
+                         ::testing::Values("delayed", "current", "blocks", "blocks_emulated"));
 
 // ---- inference forwards -------------------------------------------------------------------------
 
@@ -711,7 +774,8 @@ TEST_P(InferenceForward, AutomaticGraphReplaysMatchEagerForwards) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, InferenceForward,
-                         ::testing::Values("delayed", "current", "blocks"));
+                         ::testing::Values("delayed", "current", "blocks", "blocks_emulated",
+                                           "nvfp4"));
 
 // ---- misuse -------------------------------------------------------------------------------------
 

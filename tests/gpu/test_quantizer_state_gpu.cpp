@@ -173,13 +173,20 @@ TEST_F(QuantizerStateGpu, UploadRoundTripsAndRefusesAMismatchedCheckpoint) {
   saved[1].amax_history = {3.0f};
   saved[1].scale = 149.33333f;
   saved[1].scale_inv = 1.0f / 149.33333f;
+  saved[1].measurements = 0xFFFFFFF0u;  // the count stochastic rounding steps by (word 3)
   state.upload(saved, stream_);
   const auto loaded = state.download(stream_);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(loaded[i].amax_history, saved[i].amax_history);
     EXPECT_TRUE(same_bits(loaded[i].scale, saved[i].scale));
     EXPECT_TRUE(same_bits(loaded[i].scale_inv, saved[i].scale_inv));
+    EXPECT_EQ(loaded[i].measurements, saved[i].measurements);
   }
+  // Where the kernels read it: the record's word 3 (QuantizerState::measurements).
+  unsigned int on_device = 0;
+  ASSERT_EQ(cudaMemcpy(&on_device, state.measurements(1), sizeof on_device, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(on_device, 0xFFFFFFF0u);
   std::vector<cpu::DelayedScalingState> wrong = saved;
   wrong[0].amax_history.resize(8);
   EXPECT_THROW(state.upload(wrong, stream_), UsageError);

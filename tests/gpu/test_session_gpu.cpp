@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "api/state_file.h"
 #include "driver/compile.h"
 #include "driver/frontend.h"
 #include "gpu/device.h"
@@ -160,6 +162,34 @@ TEST_F(SessionGpu, SaveThenLoadResumesTrainingBitForBit) {
     EXPECT_EQ(b_quantizers[i].amax_history, a_quantizers[i].amax_history) << a_quantizers[i].name;
     EXPECT_EQ(b_quantizers[i].scale, a_quantizers[i].scale) << a_quantizers[i].name;
   }
+  std::filesystem::remove(path);
+}
+
+// NVFP4's stochastic rounding steps its random bits by each quantizer's measurement count: the
+// state file keeps the counts (docs/state_files.md), so a session resumed from it rounds the
+// gradients of its next step as the uninterrupted one does, weight gradients bit for bit (with
+// the counts lost, the resumed draws repeat the first steps' and the gradients differ).
+TEST_F(SessionGpu, SaveThenLoadResumesNvfp4StochasticRoundingBitForBit) {
+  const std::string text = "recipe fp4 = nvfp4_block_scaling(seed = 9)\n" + program_text("fp4");
+  const Program program = Program::compile(text, "small_mlp.fuse");
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "opfuse_session_gpu_nvfp4.state").string();
+  Session a = make_session(program, 1);
+  train_step(a);
+  train_step(a);
+  a.save(path, stream_);
+  const api::StateFile saved = api::read_state_file(path);
+  std::uint32_t most = 0;
+  for (const api::StateQuantizer& q : saved.quantizers) most = std::max(most, q.state.measurements);
+  EXPECT_GE(most, 2u) << "two steps measured every gradient's tensor scale";
+  train_step(a);
+  const std::size_t weight_bytes = 1024 * 256 * 2;
+  const auto a_grad = read(a.param_grad("fc1.weight"), weight_bytes);
+
+  Session b = make_session(program, 2);
+  b.load(path, stream_);
+  train_step(b);
+  EXPECT_EQ(read(b.param_grad("fc1.weight"), weight_bytes), a_grad);
   std::filesystem::remove(path);
 }
 

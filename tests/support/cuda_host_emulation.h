@@ -90,6 +90,16 @@ inline float __uint_as_float(unsigned int bits) {
 inline int __float_as_int(float value) { return static_cast<int>(__float_as_uint(value)); }
 inline float __int_as_float(int bits) { return __uint_as_float(static_cast<unsigned int>(bits)); }
 inline int __float2int_rz(float value) { return static_cast<int>(value); }
+// Byte i of the result is byte (selector >> 4i) & 7 of the eight bytes y:x (x the low four).
+inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int selector) {
+  const unsigned long long both = (static_cast<unsigned long long>(y) << 32) | x;
+  unsigned int result = 0;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned int from = (selector >> (4 * i)) & 7u;
+    result |= static_cast<unsigned int>((both >> (8 * from)) & 0xFFu) << (8 * i);
+  }
+  return result;
+}
 template <typename T>
 inline T __ldg(const T* address) {
   return *address;

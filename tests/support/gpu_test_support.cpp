@@ -50,12 +50,19 @@ std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const 
                                                  const std::string& recipe_override,
                                                  const std::string& kernel_cache_dir,
                                                  const debug::Routing* debug_routing) {
-  auto compiled = std::make_unique<CompiledProgram>();
-  DiagnosticEngine diags(compiled->sources);
   driver::CompileOptions options;
   options.recipe = recipe_override;
-  options.arch = gpu::current_device().arch;
   options.debug_routing = debug_routing;
+  return compile_program_with(name, text, std::move(options), kernel_cache_dir);
+}
+
+std::unique_ptr<CompiledProgram> compile_program_with(const std::string& name,
+                                                      const std::string& text,
+                                                      driver::CompileOptions options,
+                                                      const std::string& kernel_cache_dir) {
+  auto compiled = std::make_unique<CompiledProgram>();
+  DiagnosticEngine diags(compiled->sources);
+  options.arch = gpu::current_device().arch;
   driver::CompileResult program =
       driver::compile_source(name + ".fuse", text, compiled->sources, diags, options);
   if (!program.ok()) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "codegen/plan.h"
+#include "driver/compile.h"
 #include "gpu/plan_executor.h"
 #include "ir/graph.h"
 #include "jit/nvrtc_compiler.h"
@@ -46,6 +47,12 @@ std::unique_ptr<CompiledProgram> compile_program(const std::string& name, const 
                                                  const std::string& recipe_override = "",
                                                  const std::string& kernel_cache_dir = "",
                                                  const debug::Routing* debug_routing = nullptr);
+// The same with the driver's `options` as given (their arch replaced by the current GPU's), e.g.
+// CompileOptions::emulate_block_scaling.
+std::unique_ptr<CompiledProgram> compile_program_with(const std::string& name,
+                                                      const std::string& text,
+                                                      driver::CompileOptions options,
+                                                      const std::string& kernel_cache_dir = "");
 
 // Kernel templates (templates/) instantiated through NVRTC for the current GPU and loaded: the
 // kernel of every name expression, in order, and the program's compile result (its ptxas figures:

@@ -270,6 +270,48 @@ TEST(FusecBuild, ProgressLineOnATerminalOnly) {
   EXPECT_TRUE(contains(result.output, "\r\033[K")) << "the line is cleared when done";
 }
 
+// float8_block_scaling on an architecture without cuBLASLt's block-scale modes, and on sm_90a
+// with --emulate-block-scaling: the build says so (a note at the sequence) and its kernels are
+// the emulated path's (block_fake_quantize, no block_cast_transpose).
+TEST(FusecDumpKernels, EmulatedBlockScalingIsNotedAndItsKernelsWritten) {
+  const std::string dir = test::make_temp_dir("dump-emulated");
+  const std::string file = dir + "/blocks.fuse";
+  std::ofstream(file) << "recipe blocks = float8_block_scaling()\n"
+                         "sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses "
+                         "blocks {\n"
+                         "  linear(256, 256, bias = false) as fc\n"
+                         "}\n";
+  struct Case {
+    std::string flags;
+    std::string note;
+  };
+  for (const Case& c :
+       {Case{"--arch sm_100a", "runs float8_block_scaling emulated on sm_100a (cuBLASLt has no"},
+        Case{"--emulate-block-scaling",
+             "runs float8_block_scaling emulated on sm_90a (as the compile options ask)"},
+        Case{"", ""}}) {
+    SCOPED_TRACE(c.flags);
+    const std::string out = dir + "/out" + std::to_string(c.flags.size());
+    const auto result =
+        test::run_command(test::fusec_path() + " dump-kernels " + shell_quoted(file) + " " +
+                          c.flags + " -o " + shell_quoted(out));
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    bool emulated = false, native = false;
+    for (const auto& e : fs::directory_iterator(out + "/kernels")) {
+      emulated |= e.path().stem().string().starts_with("block_fake_quantize");
+      native |= e.path().stem().string().starts_with("block_cast_transpose");
+    }
+    if (c.note.empty()) {
+      EXPECT_FALSE(contains(result.output, "note:")) << result.output;
+      EXPECT_TRUE(native && !emulated);
+    } else {
+      EXPECT_TRUE(contains(result.output, "blocks.fuse:2:10: note: sequence 'mlp' " + c.note))
+          << result.output;
+      EXPECT_TRUE(emulated && !native);
+    }
+  }
+}
+
 TEST(FusecDumpKernels, WritesFormattedSourcesTheIrAroundFusionAndThePlan) {
   const std::string out = test::make_temp_dir("dump") + "/dump";
   const auto result = test::run_command(test::fusec_path() + " dump-kernels " + example("mlp") +

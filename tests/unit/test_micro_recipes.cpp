@@ -249,6 +249,46 @@ TEST(MicroRecipes, TheInferenceVariantMakesNoColumnwiseCopy) {
   EXPECT_EQ(dropped, 2u) << "x^T of fc1 and fc2 (the weights' copies are cached instead)";
 }
 
+// NVFP4's Hadamard-transformed copies are wgrad's: an inference forward makes none, so it measures
+// no amax for them either (the micro_scale_rht_amax launches of the forward get an empty-grid
+// variant). The backward's (the gradients' transformed copies) have no variant.
+TEST(MicroRecipes, TheInferenceForwardLaunchesNoHadamardAmax) {
+  const driver::CompileResult r = compile("fp4");
+  ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+  size_t forward_amaxes = 0, backward_amaxes = 0, inference_runs = 0;
+  for (const plan::Step& step : r.plan.sequences.at(0).steps) {
+    const auto* launch = std::get_if<plan::LaunchStep>(&step.body);
+    if (launch == nullptr) continue;
+    const bool rht_amax =
+        r.plan.find_kernel(launch->kernel)->template_name == "micro_scale_rht_amax";
+    if (step.phase == plan::Phase::Backward) {
+      backward_amaxes += rht_amax;
+      if (rht_amax) {
+        EXPECT_FALSE(step.inference.has_value()) << step.what;
+      }
+      continue;
+    }
+    // What an inference forward runs: the variant where the step has one (an empty grid runs
+    // nothing), else the launch itself.
+    const plan::LaunchStep& runs = step.inference ? step.inference->launch : *launch;
+    const bool launched = runs.grid.x.value() != std::optional<int64_t>(0);
+    if (rht_amax) {
+      ++forward_amaxes;
+      EXPECT_FALSE(launched) << step.what;
+      EXPECT_TRUE(step.inference.has_value()) << step.what;
+    }
+    inference_runs +=
+        launched && r.plan.find_kernel(runs.kernel)->template_name == "micro_scale_rht_amax";
+  }
+  EXPECT_EQ(forward_amaxes, 2u) << "x^T of fc1 and fc2";
+  EXPECT_EQ(backward_amaxes, 2u) << "dy^T of fc1 and fc2";
+  EXPECT_EQ(inference_runs, 0u);
+  // Without the transform no such launch exists at all.
+  const driver::CompileResult plain = compile("fp4_plain");
+  ASSERT_EQ(plain.status, driver::CompileStatus::Ok) << plain.error;
+  EXPECT_TRUE(launches(plain.plan, "micro_scale_rht_amax").empty());
+}
+
 // The CPU reference's fprop, dgrad and wgrad are BF16 GEMMs over the oracle's decoded copies.
 TEST(MicroRecipes, TheReferenceGemmsReadTheOraclesDecodedCopies) {
   constexpr int64_t kTokens = 64;

@@ -73,6 +73,9 @@ StateFile sample_state() {
   state.quantizers[1].state.amax_history[5] = std::numeric_limits<float>::quiet_NaN();
   state.quantizers[1].state.amax_history[6] = std::numeric_limits<float>::infinity();
   state.quantizers[1].state.amax_history[7] = std::numeric_limits<float>::denorm_min();
+  // The largest count a measurement counter reaches before it wraps (stochastic rounding's step).
+  state.quantizers[0].state.measurements = 0xFFFFFFFFu;
+  state.quantizers[1].state.measurements = 17;
   return state;
 }
 
@@ -145,6 +148,7 @@ TEST(StateFile, RoundTripKeepsEveryByteAndBit) {
     EXPECT_EQ(read.quantizers[i].name, written.quantizers[i].name);
     EXPECT_TRUE(same_bits(got.amax_history, want.amax_history));
     EXPECT_TRUE(same_bits({got.scale, got.scale_inv}, {want.scale, want.scale_inv}));
+    EXPECT_EQ(got.measurements, want.measurements);
   }
   EXPECT_EQ(read.quantizers[1].state.amax_history.size(), 1024u);
   EXPECT_TRUE(std::isnan(read.quantizers[1].state.amax_history[5]));
@@ -278,6 +282,14 @@ TEST(StateFile, HeaderThatBreaksTheSchemaIsRefused) {
        "quantizers[0] ('q') has history length 0"},
       {header({t("bf16", {8}, 0, 16)}, {{{"name", "q"}, {"history_length", 2}, {"offset", 8}}}),
        "tensors[0] ('w') and quantizers[0] ('q') overlap in the payload"},
+      {header(none, {{{"name", "q"}, {"history_length", 1}, {"offset", 0}, {"measurements", -1}}}),
+       "quantizers[0].measurements is not a non-negative 64-bit integer"},
+      {header(none, {{{"name", "q"}, {"history_length", 1}, {"offset", 0}, {"measurements", "7"}}}),
+       "quantizers[0].measurements is not a non-negative 64-bit integer"},
+      {header(
+           none,
+           {{{"name", "q"}, {"history_length", 1}, {"offset", 0}, {"measurements", 4294967296LL}}}),
+       "quantizers[0].measurements is 4294967296, more than a 32-bit count holds"},
   };
   const std::string path = test::make_temp_dir("state-schema") + "/crafted.state";
   for (const Case& c : cases) {
@@ -291,6 +303,31 @@ TEST(StateFile, HeaderThatBreaksTheSchemaIsRefused) {
                                     {{{"name", "q"}, {"history_length", 2}, {"offset", 16}}}),
                              payload));
   EXPECT_EQ(read_error(path), "");
+}
+
+// Files written before the measurement counts were saved (the same version, no "measurements"
+// key): they read, and their quantizers count from 0 again, as such a file always resumed.
+TEST(StateFile, FileWithoutMeasurementCountsReadsThemAsZero) {
+  const nlohmann::json old_quantizer = {{"name", "q"}, {"history_length", 1}, {"offset", 0}};
+  const std::string header = nlohmann::json{{"program", "p"},
+                                            {"recipe", "r"},
+                                            {"step", 3},
+                                            {"tensors", nlohmann::json::array()},
+                                            {"quantizers", nlohmann::json::array({old_quantizer})}}
+                                 .dump();
+  std::string payload(64, '\0');
+  const float values[3] = {2.0f, 0.5f, 7.0f};  // scale, scale_inv, amax
+  std::memcpy(payload.data(), values, sizeof values);
+  const std::string path = test::make_temp_dir("state-old") + "/old.state";
+  write_bytes(path, assemble(header, payload));
+  const StateFile read = read_state_file(path);
+  ASSERT_EQ(read.quantizers.size(), 1u);
+  EXPECT_EQ(read.quantizers[0].state.measurements, 0u);
+  EXPECT_EQ(read.quantizers[0].state.scale, 2.0f);
+  EXPECT_EQ(read.quantizers[0].state.amax_history, std::vector<float>{7.0f});
+  // And this build writes the key for every quantizer, so the count survives a round trip.
+  const std::string saved = read_bytes(saved_sample("state-measurements"));
+  EXPECT_NE(saved.find("\"measurements\": 4294967295"), std::string::npos);
 }
 
 StateFile expected_layout() {

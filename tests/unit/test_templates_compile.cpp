@@ -330,13 +330,18 @@ std::vector<TemplateCase> seed_mlp_cases() {
   return cases;
 }
 
-// The quantize op under block scaling: 1 x 128 blocks through both FP8 formats.
+// The quantize op under block scaling (1 x 128 blocks, the default) and Float8 block scaling
+// emulated where cuBLASLt has no block-scale modes (sm_89, sm_100a: 1 x 128, 128 x 1 and
+// 128 x 128 blocks), through both FP8 formats.
 TemplateCase block_fake_quantize_case(const std::string& arch, const Dtype& in) {
   const std::string t = in.type;
   return {"block_fake_quantize_" + in.tag + "_" + arch,
           "block_fake_quantize.cuh",
           {"opfuse::block_fake_quantize<" + args({t, kE4m3}) + ">",
-           "opfuse::block_fake_quantize<" + args({t, kE5m2}) + ">"},
+           "opfuse::block_fake_quantize<" + args({t, kE5m2}) + ">",
+           "opfuse::block_fake_quantize<" + args({t, kE5m2, "1"}) + ">",
+           "opfuse::block_fake_quantize<" + args({t, kE4m3, "1"}) + ">",
+           "opfuse::block_fake_quantize<" + args({t, kE4m3, "2"}) + ">"},
           arch};
 }
 

@@ -25,6 +25,9 @@ void add_build_options(CLI::App* cmd, BuildCommandOptions& opts, CommonOptions& 
           },
           "ARCH"));
   cmd->add_option("--sequence", opts.sequence, "build only this sequence");
+  cmd->add_flag("--emulate-block-scaling", opts.emulate_block_scaling,
+                "run float8_block_scaling emulated (decoded copies, BF16 GEMMs) even where the "
+                "arch has cuBLASLt's block-scale modes");
   cmd->add_option("--disable-pass", opts.disable,
                   "skip this pass (repeatable), e.g. fuse-forward to build every op unfused")
       ->allow_extra_args(false);
@@ -38,6 +41,7 @@ driver::CompileOptions build_driver_options(const BuildCommandOptions& opts,
   options.sequence = opts.sequence;
   options.disabled_passes.insert(opts.disable.begin(), opts.disable.end());
   options.arch = opts.arch;
+  options.emulate_block_scaling = opts.emulate_block_scaling;
   return options;
 }
 

@@ -17,6 +17,7 @@ struct BuildCommandOptions {
   std::string arch = "sm_90a";
   std::vector<std::string> disable;  // passes to skip
   std::string sequence;
+  bool emulate_block_scaling = false;  // driver::CompileOptions::emulate_block_scaling
 };
 
 // Adds the options build and dump-kernels have in common to `cmd`.
