@@ -171,7 +171,7 @@ __device__ __forceinline__ void stage_fp8_bytes(unsigned char* dst, const void* 
 
 // Rows each thread of a block cast owns in a 128 x 128 tile: 8 for 2-byte inputs, 16 for fp32.
 template <typename Input>
-constexpr int block_cast_passes() {
+__host__ __device__ constexpr int block_cast_passes() {
   return launch::kBlockCastTile / (launch::kBlockCastThreads /
                                    (launch::kBlockCastTile / launch::vector_elems(sizeof(Input))));
 }
