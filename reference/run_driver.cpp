@@ -136,6 +136,9 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       report.grad_norms.emplace_back(exec.param_names()[i],
                                      std::sqrt(squared_norm(grads.params[i].data)));
     report.quantizers = exec.quantizers();
+    // Note "Block summaries": not in debug runs, whose variants the GPU's sessions do not
+    // summarize (Session::block_summaries).
+    if (!debug) report.blocks = exec.block_summaries();
     out += format_step(step, report);
     if (debug) {
       debug->add_run(exec.sequence().inspections, exec.stat_records(), debug::RunPhase::Both);

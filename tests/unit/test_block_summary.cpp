@@ -1,0 +1,166 @@
+// Note "Block summaries" (runtime/cpu/block_summary.h): the per-copy summaries `fusec run` prints
+// for block-scaled and micro-scaled quantizers, on hand-made tensors whose every block is known:
+// zero blocks, ragged edges, padding entries of the scale grids, power-of-2 and exact scales,
+// MXFP8's E8M0 and NVFP4's E4M3 block scales (2-D blocks counted once, the Hadamard-transformed
+// copy's blocks from the transformed values). The reference executor's summaries of a whole run
+// are checked through `fusec run` at the end.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cpu/block_summary.h"
+#include "test_support.h"
+
+namespace opfuse {
+namespace {
+
+using cpu::BlockSummary;
+
+// Row-major [rows, cols] of zeros.
+struct Matrix {
+  int64_t rows, cols;
+  std::vector<float> v;
+  Matrix(int64_t r, int64_t c) : rows(r), cols(c), v(size_t(r * c), 0.0f) {}
+  float& at(int64_t r, int64_t c) { return v[size_t(r * cols + c)]; }
+  Matrix transposed() const {
+    Matrix t(cols, rows);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) t.at(c, r) = v[size_t(r * cols + c)];
+    return t;
+  }
+};
+
+BlockSummary summary(int64_t blocks, int64_t zero, float min, float max) {
+  return {blocks, zero, min, max};
+}
+
+// 3 x 200 with power-of-2 scales: two 1 x 128 blocks per row (the second ragged, 72 wide), and a
+// grid padded to 4 rows whose padding (0) must not count as a block's scale_inv.
+Matrix ragged() {
+  Matrix x(3, 200);
+  for (int64_t c = 0; c < 128; ++c) x.at(0, c) = 1.0f;
+  x.at(0, 5) = 3.0f;      // block (0, 0): 448 / 3 -> 128
+  x.at(1, 0) = 448.0f;    // block (1, 0): scale 1
+  x.at(1, 130) = 0.5f;    // block (1, 1): 896 -> 512
+  x.at(2, 10) = 7.0f;     // block (2, 0): 64
+  x.at(2, 199) = 100.0f;  // block (2, 1): 4.48 -> 4; block (0, 1) is all zero: scale 1
+  return x;
+}
+
+TEST(BlockSummary, RowwiseBlocksSkipTheGridPaddingAndCountTheZeroBlock) {
+  const Matrix x = ragged();
+  cpu::BlockQuantParams params;  // E4M3, 1-D, power-of-2 scales
+  const cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 3, 200, params);
+  ASSERT_EQ(copy.scale_inv.size(), 2u * 4u);  // [2 column blocks][3 rows padded to 4]
+  EXPECT_EQ(cpu::summarize_block_copy(x.v, 3, 200, copy, false, false),
+            summary(6, 1, 1.0f / 512, 1.0f));
+}
+
+// The column-wise copy's blocks run 128 down each column of x: 3 rows make one block per column;
+// the 72 columns past 128 are zero but for two.
+TEST(BlockSummary, ColumnwiseBlocksRunDownTheColumns) {
+  const Matrix x = ragged();
+  cpu::BlockQuantParams params;
+  const cpu::BlockQuantizedCopy copy = cpu::block_quantize_columnwise(x.v, 3, 200, params);
+  // Columns 0 (448: 1), 5 (3: 1/128), 10 (7: 1/64), the other 125 of the first 128 (1: 1/256),
+  // 130 (0.5: 1/512), 199 (100: 1/4), 70 zero columns (1).
+  EXPECT_EQ(cpu::summarize_block_copy(x.v, 3, 200, copy, true, false),
+            summary(200, 70, 1.0f / 512, 1.0f));
+}
+
+TEST(BlockSummary, ScalesThatAreNotPowersOfTwoAreTheExactQuotients) {
+  Matrix x(1, 256);
+  x.at(0, 0) = 3.0f;
+  x.at(0, 200) = 10.0f;
+  cpu::BlockQuantParams params;
+  params.power_of_2_scale = false;
+  const cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 1, 256, params);
+  EXPECT_EQ(cpu::summarize_block_copy(x.v, 1, 256, copy, false, false),
+            summary(2, 0, 1.0f / (448.0f / 3.0f), 1.0f / (448.0f / 10.0f)));
+}
+
+// 130 x 130 in 128 x 128 blocks: four, three of them ragged; both copies hold the same blocks.
+TEST(BlockSummary, TwoDimensionalBlocksAreTheSameInBothCopies) {
+  Matrix x(130, 130);
+  x.at(0, 0) = 448.0f;    // block (0, 0): 1
+  x.at(129, 129) = 0.5f;  // block (1, 1): 1/512; blocks (0, 1) and (1, 0) are zero
+  cpu::BlockQuantParams params;
+  params.two_d = true;
+  const cpu::BlockQuantizedCopy rowwise = cpu::block_quantize_rowwise(x.v, 130, 130, params);
+  const cpu::BlockQuantizedCopy columnwise = cpu::block_quantize_columnwise(x.v, 130, 130, params);
+  EXPECT_EQ(cpu::summarize_block_copy(x.v, 130, 130, rowwise, false, true),
+            summary(4, 2, 1.0f / 512, 1.0f));
+  EXPECT_EQ(cpu::summarize_block_copy(x.v, 130, 130, columnwise, true, true),
+            summary(4, 2, 1.0f / 512, 1.0f));
+}
+
+TEST(BlockSummary, ACopyOfAnotherSourceIsRefused) {
+  const Matrix x = ragged();
+  const cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 3, 200, {});
+  EXPECT_THROW((void)cpu::summarize_block_copy(x.v, 3, 200, copy, true, false),
+               std::invalid_argument);
+}
+
+// E8M0 scales 2^(e - 127), e rounded up from amax / 448: a zero block has e = 0 (2^-127, the
+// least scale_inv), amax 1 gives 2^-8 (1 / 448 rounds up), 896 gives 2.
+TEST(BlockSummary, Mxfp8BlocksOfBothCopies) {
+  Matrix x(2, 64);
+  x.at(0, 3) = 448.0f;   // block (0, 0): e = 127
+  x.at(1, 40) = 1.0f;    // block (1, 1): e = 119
+  x.at(1, 7) = -896.0f;  // block (1, 0): e = 128; block (0, 1) is zero
+  const BlockSummary expected = summary(4, 1, std::ldexp(1.0f, -127), 2.0f);
+  const cpu::Mxfp8Copy rowwise = cpu::mxfp8_quantize(x.v, 2, 64, cpu::Fp8Format::E4M3, false);
+  EXPECT_EQ(cpu::summarize_mxfp8_copy(x.v, rowwise), expected);
+  // The same blocks down the columns of the transposed tensor.
+  const Matrix t = x.transposed();
+  const cpu::Mxfp8Copy columnwise = cpu::mxfp8_quantize(t.v, 64, 2, cpu::Fp8Format::E4M3, true);
+  EXPECT_EQ(cpu::summarize_mxfp8_copy(t.v, columnwise), expected);
+  EXPECT_EQ(cpu::block_shape_name(32, 1), "32x1");
+}
+
+// NVFP4: the block scale s_b = e4m3(amax * (S_enc * fl(1/6))); with S_enc = 2688 / 6 = 448, an
+// amax of 6 gives 448, 1.5 gives 112, and 1e-6 rounds to 0 although the block is not zero (the
+// zero blocks count amax 0 only).
+TEST(BlockSummary, Nvfp4BlockScalesAndATinyBlockThatIsNotZero) {
+  Matrix x(1, 64);
+  x.at(0, 0) = 6.0f;
+  x.at(0, 20) = -1.5f;
+  x.at(0, 40) = 1e-6f;  // block 3 (48..63) is zero
+  const float tensor_scale = cpu::nvfp4_tensor_scale(6.0f);
+  ASSERT_EQ(tensor_scale, 448.0f);
+  const cpu::Nvfp4Copy copy = cpu::nvfp4_quantize(x.v, 1, 64, tensor_scale, {});
+  EXPECT_EQ(cpu::summarize_nvfp4_copy(x.v, copy), summary(4, 1, 0.0f, 448.0f));
+}
+
+// 16 x 16 blocks: a 32 x 16 tensor has two, though their scale is stored on 16 rows each.
+TEST(BlockSummary, Nvfp4TwoDimensionalBlocksCountOnce) {
+  Matrix x(32, 16);
+  x.at(3, 4) = 6.0f;  // block (0, 0); block (1, 0) is zero
+  cpu::Nvfp4Params params;
+  params.two_d = true;
+  const cpu::Nvfp4Copy rowwise = cpu::nvfp4_quantize(x.v, 32, 16, 448.0f, params);
+  EXPECT_EQ(cpu::summarize_nvfp4_copy(x.v, rowwise), summary(2, 1, 0.0f, 448.0f));
+  params.columnwise = true;
+  const cpu::Nvfp4Copy columnwise = cpu::nvfp4_quantize(x.v, 32, 16, 448.0f, params);
+  EXPECT_EQ(cpu::summarize_nvfp4_copy(x.v, columnwise), summary(2, 1, 0.0f, 448.0f));
+}
+
+// The Hadamard-transformed copy's blocks are those of the transformed columns: a lone 4 spreads
+// to 16 values of magnitude 1 (amax 1, not 4): with S_enc = 2688 / 4 = 672, s_b = e4m3(1 * 112)
+// = 112 where the untransformed block would give 448.
+TEST(BlockSummary, Nvfp4HadamardCopyUsesTheTransformedValues) {
+  Matrix x(16, 2);  // column 0 zero, column 1 a lone 4
+  x.at(0, 1) = 4.0f;
+  ASSERT_EQ(cpu::rht_amax(x.v, 16, 2), 1.0f);
+  cpu::Nvfp4Params params;
+  params.columnwise = true;
+  params.rht = true;
+  const cpu::Nvfp4Copy copy =
+      cpu::nvfp4_quantize(x.v, 16, 2, cpu::nvfp4_tensor_scale(4.0f), params);
+  EXPECT_EQ(cpu::summarize_nvfp4_copy(x.v, copy), summary(2, 1, 0.0f, 112.0f));
+}
+
+}  // namespace
+}  // namespace opfuse
