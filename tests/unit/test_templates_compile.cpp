@@ -244,6 +244,22 @@ TemplateCase micro_scale_case(const std::string& arch, const Dtype& in) {
   return c;
 }
 
+// Block summaries (runtime-owned, note "Block summaries"): both Float8 grids' orientations and
+// 2-D blocks, every micro-scaled format and copy, NVFP4's 2-D and Hadamard blocks.
+TemplateCase block_summary_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  TemplateCase c{"block_summary_" + in.tag + "_" + arch, "block_summary.cuh", {}, arch,
+                 launch::kSmallKernelRegisterBudget};
+  for (const std::string& options : {"false, false", "true, false", "false, true", "true, true"})
+    c.name_expressions.push_back("opfuse::float8_block_summary<" + t + ", " + options + ">");
+  for (const std::string& options :
+       {"0, false, false, false", "0, true, false, false", "1, true, false, false",
+        "2, false, false, false", "2, true, false, false", "2, false, true, false",
+        "2, true, true, false", "2, true, false, true"})
+    c.name_expressions.push_back("opfuse::micro_block_summary<" + t + ", " + options + ">");
+  return c;
+}
+
 TemplateCase amax_case(const std::string& arch, const Dtype& in) {
   return {
       "amax_" + in.tag + "_" + arch, "amax.cuh", {"opfuse::amax_reduce<" + in.type + ">"}, arch};
@@ -355,6 +371,7 @@ std::vector<TemplateCase> all_cases() {
       for (TemplateCase& c : block_activation_cases(arch, in)) cases.push_back(std::move(c));
       cases.push_back(block_fake_quantize_case(arch, in));
       cases.push_back(micro_scale_case(arch, in));
+      cases.push_back(block_summary_case(arch, in));
     }
     // The transposed copy of gathered FP8 codes (gather-fp8): one kernel per format.
     cases.push_back({"fp8_transpose_" + arch,
