@@ -1,0 +1,102 @@
+// Note "Block summaries" on the GPU (docs/architecture.md; the CPU twin is
+// runtime/cpu/block_summary.h): for a session that asks (SessionOptions::block_summaries), every
+// quantized copy of a block-scaled or micro-scaled quantizer is summarized by a small kernel
+// (templates/block_summary.cuh) launched right after the plan step that made it, on the same
+// stream, into a record per copy that outlives the step; the host reads the records when asked.
+// Plans carry nothing for it: the copies are found from what the plan says of its buffers (a
+// Float8 copy's quantizer and scale grid, an emulated copy's Buffer::emulated_quantizer) and the
+// step that writes each, so whichever kernel makes a copy (a cast of its own, or one fused into a
+// producer) is summarized the same way. A normal run builds none of this and launches nothing.
+//
+// Why right after the writing step: the copy's scale grid and its source live in memory the plan
+// reuses later in the step; at that point both still hold what the cast read and wrote. Why the
+// source and not only the grid: a block whose amax is 0 cannot be told from its scale (a zero
+// block's scale is 1, as is one whose amax is fp8_max), and the emulated casts store no scales.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu/device_memory.h"
+#include "gpu/module.h"
+#include "plan/plan.h"
+
+namespace opfuse::gpu {
+
+class QuantizerState;
+
+// One copy's summary as the host reads it (cpu::BlockSummary's fields plus which copy it is).
+struct CopySummary {
+  int quantizer = 0;
+  bool columnwise = false;
+  int block_rows = 0;  // in the source's orientation
+  int block_cols = 0;
+  std::int64_t blocks = 0;
+  std::int64_t zero_blocks = 0;
+  float scale_inv_min = 0.0f;
+  float scale_inv_max = 0.0f;
+  bool has_tensor_scale = false;  // NVFP4
+  float tensor_scale = 0.0f;
+};
+
+// Host mirror of templates/block_summary.cuh's BlockSummaryRecord (32 bytes).
+struct BlockSummaryRecord {
+  std::uint32_t least_complement;
+  std::uint32_t greatest_bits;
+  std::uint64_t zero_blocks;
+  float tensor_scale;
+  std::uint32_t unused[3];
+};
+static_assert(sizeof(BlockSummaryRecord) == 32, "must match templates/block_summary.cuh");
+
+class BlockSummaries {
+ public:
+  // Finds the copies of `plan` and compiles their kernels for the current device (NVRTC, a few
+  // hundred ms). Throws UsageError for a tensor-parallel plan (a rank's copies are shares of the
+  // tensors) or a copy whose source is not bf16, fp16 or fp32.
+  BlockSummaries(const plan::SequencePlan& plan, cudaStream_t stream);
+
+  // Whether the plan has block-scaled or micro-scaled copies at all.
+  bool empty() const { return targets_.empty(); }
+  // After step `index` ran (its inference variant when `inference`): zeroes and fills the record
+  // of every copy it wrote. `pointer` gives a buffer's device memory, `symbols` the bound sizes,
+  // `quantizers` NVFP4's tensor scales (null for a plan without quantizers).
+  void after_step(int index, bool inference, const std::function<const void*(int)>& pointer,
+                  const QuantizerState* quantizers,
+                  const std::map<std::string, std::int64_t>& symbols, cudaStream_t stream);
+  // Every copy summarized so far, as its latest cast made it, in quantizer order (the row-wise
+  // copy first); waits for `stream`.
+  std::vector<CopySummary> download(cudaStream_t stream) const;
+
+ private:
+  struct Target {
+    int quantizer = 0;
+    bool columnwise = false;
+    int copy = -1;    // the buffer holding the copy: the step that writes it summarizes it
+    int source = -1;  // the quantizer's source buffer
+    int grid = -1;    // Float8 block scaling: the copy's scale_inv grid
+    bool nvfp4 = false;
+    int block_rows = 0, block_cols = 0;
+    std::string expression;  // the summary kernel's name expression
+  };
+  struct Made {  // host side of a record: set when its copy was summarized
+    bool made = false;
+    std::int64_t blocks = 0;
+  };
+
+  const plan::SequencePlan& plan_;
+  std::vector<Target> targets_;            // quantizer order, row-wise first
+  std::map<int, std::vector<int>> steps_;  // step index -> targets it writes
+  std::vector<Made> made_;
+  DeviceBuffer records_;
+  std::vector<Module> module_;  // empty without targets
+  std::map<std::string, Kernel> kernels_;
+};
+
+}  // namespace opfuse::gpu
