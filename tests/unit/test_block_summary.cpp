@@ -7,10 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cpu/block_summary.h"
+#include "cpu/numerics.h"
+#include "reference/run_steps.h"
 #include "test_support.h"
 
 namespace opfuse {
@@ -160,6 +164,94 @@ TEST(BlockSummary, Nvfp4HadamardCopyUsesTheTransformedValues) {
   const cpu::Nvfp4Copy copy =
       cpu::nvfp4_quantize(x.v, 16, 2, cpu::nvfp4_tensor_scale(4.0f), params);
   EXPECT_EQ(cpu::summarize_nvfp4_copy(x.v, copy), summary(2, 1, 0.0f, 112.0f));
+}
+
+// ---- `fusec run --device cpu` ------------------------------------------------------------------
+
+constexpr const char* kOne = R"(
+recipe blocks = float8_block_scaling()
+recipe mx = mxfp8_block_scaling(format = hybrid)
+recipe fp4 = nvfp4_block_scaling(seed = 3)
+sequence one(x: bf16[tokens, 192]) -> (y: bf16[tokens, 160]) uses blocks {
+  linear(192, 160, bias = false) as fc
+}
+)";
+
+// The `  blocks` lines of a CPU run of kOne (tokens 96) under `recipe`, per step.
+std::vector<std::vector<std::string>> block_lines(const std::string& recipe, int steps) {
+  const std::string file = test::make_temp_dir("block-summary") + "/one.fuse";
+  std::ofstream(file) << kOne;
+  const test::CommandResult r =
+      test::fusec("run " + test::shell_quoted(file) + " --device cpu --bind tokens=96 --steps " +
+                  std::to_string(steps) + " --recipe " + recipe);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::vector<std::string>> out;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("step ")) out.emplace_back();
+    if (line.starts_with("  blocks ") && !out.empty()) out.back().push_back(line);
+  }
+  return out;
+}
+
+// Every copy gets its line each step, in quantizer order; the input's row-wise line is exactly
+// the summary of the input fusec drew (seeded_input, stored as bf16) cast with 1 x 128 blocks.
+TEST(BlockSummaryRun, FusecRunPrintsEveryCopysLineEachStep) {
+  const std::vector<std::vector<std::string>> steps = block_lines("blocks", 2);
+  ASSERT_EQ(steps.size(), 2u);
+  for (const std::vector<std::string>& lines : steps) {
+    ASSERT_EQ(lines.size(), 6u);
+    // Blocks: x [96, 192] row-wise 96 x 2, column-wise 192 columns of one ragged 128-block; the
+    // weight [160, 192] 2 x 2 blocks of 128 x 128; dy [96, 160] 96 x 2 and 160.
+    const char* expected[] = {"fc.input.rowwise ", "fc.input.columnwise ", "fc.weight.rowwise ",
+                              "fc.weight.columnwise ", "fc.grad_output.rowwise ",
+                              "fc.grad_output.columnwise "};
+    const char* shapes[] = {"e4m3  1x128        192 blocks", "e4m3  128x1        192 blocks",
+                            "e4m3  128x128        4 blocks", "e4m3  128x128        4 blocks",
+                            "e4m3  1x128        192 blocks", "e4m3  128x1        160 blocks"};
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_TRUE(lines[i].starts_with(std::string("  blocks ") + expected[i])) << lines[i];
+      EXPECT_NE(lines[i].find(shapes[i]), std::string::npos) << lines[i];
+      EXPECT_NE(lines[i].find("zero blocks 0 (0.00%)"), std::string::npos) << lines[i];
+    }
+  }
+  cpu::Tensor<float> x = cpu::seeded_input({96, 192}, 0, 0);
+  cpu::round_to_bf16(x.data);
+  cpu::BlockQuantParams params;
+  params.value_for_inf = cpu::bf16_max_finite();
+  cpu::BlockCopySummary want;
+  want.quantizer = "fc.input";
+  want.format_name = "e4m3";
+  want.block_rows = 1;
+  want.block_cols = 128;
+  want.summary = cpu::summarize_block_copy(
+      x.data, 96, 192, cpu::block_quantize_rowwise(x.data, 96, 192, params), false, false);
+  EXPECT_EQ(steps[0][0] + "\n", cpu::format_block_summary(want));
+}
+
+// MXFP8 (E5M2 gradients) and NVFP4 (its Hadamard copies' quantizers, the tensor scale).
+TEST(BlockSummaryRun, MicroRecipesPrintTheirBlocksAndNvfp4ItsTensorScale) {
+  const std::vector<std::vector<std::string>> mx = block_lines("mx", 1);
+  ASSERT_EQ(mx.size(), 1u);
+  ASSERT_EQ(mx[0].size(), 6u);
+  EXPECT_NE(mx[0][0].find("fc.input.rowwise                 e4m3  1x32         576 blocks"),
+            std::string::npos)
+      << mx[0][0];
+  EXPECT_NE(mx[0][5].find("fc.grad_output.columnwise        e5m2  32x1         480 blocks"),
+            std::string::npos)
+      << mx[0][5];
+  const std::vector<std::vector<std::string>> fp4 = block_lines("fp4", 1);
+  ASSERT_EQ(fp4.size(), 1u);
+  bool wgrad = false;
+  for (const std::string& line : fp4[0]) {
+    EXPECT_NE(line.find("e2m1"), std::string::npos) << line;
+    EXPECT_NE(line.find("  tensor scale "), std::string::npos) << line;
+    if (line.starts_with("  blocks fc.input.wgrad.columnwise ")) {
+      wgrad = true;
+      EXPECT_NE(line.find("16x1 "), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(wgrad) << "no line of the Hadamard copy's quantizer";
 }
 
 }  // namespace
