@@ -622,8 +622,8 @@ std::vector<BlockSummaryStatus> Session::block_summaries(cudaStream_t stream) co
   for (const gpu::CopySummary& c : s.executor->block_summaries(stream)) {
     const plan::QuantizerPlan& q = s.plan->quantizers.at(static_cast<std::size_t>(c.quantizer));
     result.push_back({q.name, c.columnwise, public_dtype(q.format()), c.block_rows, c.block_cols,
-                      c.blocks, c.zero_blocks, c.scale_inv_min, c.scale_inv_max,
-                      c.has_tensor_scale, c.tensor_scale});
+                      c.blocks, c.zero_blocks, c.scale_inv_min, c.scale_inv_max, c.has_tensor_scale,
+                      c.tensor_scale});
   }
   return result;
 }

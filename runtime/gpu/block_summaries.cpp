@@ -39,9 +39,9 @@ std::string input_type(const plan::SequencePlan& plan, int buffer, const std::st
     case plan::DType::FP32:
       return "float";
     default:
-      throw UsageError(fmt::format(
-          "block summaries: the source of {} is {}, not bf16, fp16 or fp32", copy,
-          plan::dtype_name(plan.buffers.at(static_cast<std::size_t>(buffer)).dtype)));
+      throw UsageError(
+          fmt::format("block summaries: the source of {} is {}, not bf16, fp16 or fp32", copy,
+                      plan::dtype_name(plan.buffers.at(static_cast<std::size_t>(buffer)).dtype)));
   }
 }
 
@@ -156,7 +156,8 @@ void BlockSummaries::after_step(int index, bool inference,
     std::int64_t rows = 1;
     for (std::size_t d = 0; d + 1 < source.shape.size(); ++d)
       rows *= evaluate_expr(source.shape[d], symbols);
-    const std::int64_t cols = source.shape.empty() ? 1 : evaluate_expr(source.shape.back(), symbols);
+    const std::int64_t cols =
+        source.shape.empty() ? 1 : evaluate_expr(source.shape.back(), symbols);
     const bool float8 = t.grid >= 0;
     const std::int64_t blocks =
         float8 ? launch::ceil_div(rows, t.block_rows) * launch::ceil_div(cols, t.block_cols)

@@ -316,8 +316,8 @@ OPFUSE_LAUNCH_RULE long long block_scale_grid_inner(long long rows, long long co
 inline constexpr int kBlockSummaryThreads = 256;
 inline constexpr int kBlockSummaryMaxGrid = 2048;
 OPFUSE_LAUNCH_RULE int block_summary_grid_x(long long threads) {
-  return static_cast<int>(max_of(1, min_of(ceil_div(threads, kBlockSummaryThreads),
-                                           kBlockSummaryMaxGrid)));
+  return static_cast<int>(
+      max_of(1, min_of(ceil_div(threads, kBlockSummaryThreads), kBlockSummaryMaxGrid)));
 }
 // The quantize op under block scaling (block_fake_quantize): one warp per 1 x 128 block of a row,
 // kBlockFakeQuantizeWarps warps per block; grid x = ceil_div(rows * block_row_count(cols), warps).

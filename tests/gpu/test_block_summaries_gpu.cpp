@@ -169,9 +169,9 @@ TEST(BlockSummariesFusec, TheFirstStepsForwardLinesMatchTheCpuRun) {
   }
   for (const std::string recipe : {"blocks", "blocks_exact", "mx", "fp4", "fp4_plain"}) {
     auto lines = [&](const std::string& device) {
-      const test::CommandResult r = test::fusec("run " + test::shell_quoted(file) +
-                                                " --bind tokens=96 --steps 1 --recipe " + recipe +
-                                                " --device " + device);
+      const test::CommandResult r =
+          test::fusec("run " + test::shell_quoted(file) + " --bind tokens=96 --steps 1 --recipe " +
+                      recipe + " --device " + device);
       EXPECT_EQ(r.exit_code, 0) << r.output;
       std::vector<std::string> found;
       std::istringstream in(r.output);

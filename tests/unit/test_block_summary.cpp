@@ -203,9 +203,9 @@ TEST(BlockSummaryRun, FusecRunPrintsEveryCopysLineEachStep) {
     ASSERT_EQ(lines.size(), 6u);
     // Blocks: x [96, 192] row-wise 96 x 2, column-wise 192 columns of one ragged 128-block; the
     // weight [160, 192] 2 x 2 blocks of 128 x 128; dy [96, 160] 96 x 2 and 160.
-    const char* expected[] = {"fc.input.rowwise ", "fc.input.columnwise ", "fc.weight.rowwise ",
-                              "fc.weight.columnwise ", "fc.grad_output.rowwise ",
-                              "fc.grad_output.columnwise "};
+    const char* expected[] = {"fc.input.rowwise ",       "fc.input.columnwise ",
+                              "fc.weight.rowwise ",      "fc.weight.columnwise ",
+                              "fc.grad_output.rowwise ", "fc.grad_output.columnwise "};
     const char* shapes[] = {"e4m3  1x128        192 blocks", "e4m3  128x1        192 blocks",
                             "e4m3  128x128        4 blocks", "e4m3  128x128        4 blocks",
                             "e4m3  1x128        192 blocks", "e4m3  128x1        160 blocks"};

@@ -248,7 +248,10 @@ TemplateCase micro_scale_case(const std::string& arch, const Dtype& in) {
 // 2-D blocks, every micro-scaled format and copy, NVFP4's 2-D and Hadamard blocks.
 TemplateCase block_summary_case(const std::string& arch, const Dtype& in) {
   const std::string t = in.type;
-  TemplateCase c{"block_summary_" + in.tag + "_" + arch, "block_summary.cuh", {}, arch,
+  TemplateCase c{"block_summary_" + in.tag + "_" + arch,
+                 "block_summary.cuh",
+                 {},
+                 arch,
                  launch::kSmallKernelRegisterBudget};
   for (const std::string& options : {"false, false", "true, false", "false, true", "true, true"})
     c.name_expressions.push_back("opfuse::float8_block_summary<" + t + ", " + options + ">");
