@@ -114,10 +114,20 @@ __global__ void __launch_bounds__(launch::kBlockSummaryThreads)
   for (long long block = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
        block < blocks; block += warps) {
     const long long r0 = block / column_blocks * kRows, c0 = block % column_blocks * kCols;
-    const long long height = min(kRows, p.rows - r0), width = min(kCols, p.cols - c0);
+    // At most 128 x 128: int arithmetic, no 64-bit division in the loops.
+    const int height = static_cast<int>(min(kRows, p.rows - r0));
+    const int width = static_cast<int>(min(kCols, p.cols - c0));
+    const Input* first = p.x + r0 * p.cols + c0;
     float amax = 0.0f;
-    for (long long e = lane; e < height * width; e += 32)
-      amax = accumulate_amax(amax, to_float(p.x[(r0 + e / width) * p.cols + c0 + e % width]));
+    if constexpr (kCols == 1) {  // down a column: the lanes take its rows
+      for (int r = lane; r < height; r += 32)
+        amax = accumulate_amax(amax, to_float(first[static_cast<long long>(r) * p.cols]));
+    } else {  // along rows: the lanes take a row's columns
+      for (int r = 0; r < height; ++r) {
+        for (int c = lane; c < width; c += 32)
+          amax = accumulate_amax(amax, to_float(first[static_cast<long long>(r) * p.cols + c]));
+      }
+    }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
       amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));

@@ -253,9 +253,9 @@ TemplateCase block_summary_case(const std::string& arch, const Dtype& in) {
                  {},
                  arch,
                  launch::kSmallKernelRegisterBudget};
-  for (const std::string& options : {"false, false", "true, false", "false, true", "true, true"})
+  for (const char* options : {"false, false", "true, false", "false, true", "true, true"})
     c.name_expressions.push_back("opfuse::float8_block_summary<" + t + ", " + options + ">");
-  for (const std::string& options :
+  for (const char* options :
        {"0, false, false, false", "0, true, false, false", "1, true, false, false",
         "2, false, false, false", "2, true, false, false", "2, false, true, false",
         "2, true, true, false", "2, true, false, true"})
