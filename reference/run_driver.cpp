@@ -8,7 +8,6 @@
 #include <random>
 
 #include "debug_config/debug_run.h"
-#include "numerics.h"
 #include "plan/param_init.h"
 #include "run_ranks.h"
 #include "run_steps.h"
@@ -111,11 +110,8 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
   const auto input_shapes = current->input_shapes();
   for (size_t i = 0; i < input_shapes.size(); ++i) {
     inputs.push_back(seeded_input(input_shapes[i], options.seed, i));
-    // Stored in the input's dtype, as the GPU run uploads it, so that both runs cast the same
-    // values (note "Block summaries": their lines must agree where the values do).
-    const ir::DType dtype = current->sequence().value(current->sequence().inputs[i]).type.dtype;
-    if (dtype == ir::DType::BF16) round_to_bf16(inputs.back().data);
-    if (dtype == ir::DType::FP16) round_to_fp16(inputs.back().data);
+    store_as(inputs.back().data,
+             current->sequence().value(current->sequence().inputs[i]).type.dtype);
   }
 
   std::string out = format_run_header(sequence, options);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "driver/compile.h"
+#include "numerics.h"
 
 namespace opfuse::cpu {
 
@@ -79,6 +80,11 @@ ir::Sequence lowered_for_run(const ir::Sequence& sequence, const debug::Routing*
 
 Tensor<float> seeded_input(const std::vector<int64_t>& shape, uint64_t seed, size_t index) {
   return seeded_normal(shape, seed ^ (0x9E3779B97F4A7C15ull + index), 1.0);
+}
+
+void store_as(std::span<float> values, ir::DType dtype) {
+  if (dtype == ir::DType::BF16) round_to_bf16(values);
+  if (dtype == ir::DType::FP16) round_to_fp16(values);
 }
 
 }  // namespace opfuse::cpu
