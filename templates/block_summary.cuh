@@ -65,9 +65,14 @@ struct SummaryPart {
   }
   // Every lane of the warp calls it; lane 0 adds the warp's part to the record.
   __device__ __forceinline__ void commit(BlockSummaryRecord* record) const {
-    const unsigned int least_complement = __reduce_max_sync(0xFFFFFFFFu, ~least_bits);
-    const unsigned int greatest = __reduce_max_sync(0xFFFFFFFFu, greatest_bits);
-    const unsigned int zeros = __reduce_add_sync(0xFFFFFFFFu, zero_blocks);
+    unsigned int least_complement = ~least_bits, greatest = greatest_bits, zeros = zero_blocks;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      least_complement =
+          max(least_complement, __shfl_xor_sync(0xFFFFFFFFu, least_complement, offset));
+      greatest = max(greatest, __shfl_xor_sync(0xFFFFFFFFu, greatest, offset));
+      zeros += __shfl_xor_sync(0xFFFFFFFFu, zeros, offset);
+    }
     if ((threadIdx.x & 31) != 0) return;
     if (least_complement != 0u) atomicMax(&record->least_complement, least_complement);
     if (greatest != 0u) atomicMax(&record->greatest_bits, greatest);
