@@ -8,13 +8,17 @@
 
 #include <cmath>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cpu/block_summary.h"
 #include "cpu/numerics.h"
+#include "driver/compile.h"
+#include "reference/reference_executor.h"
 #include "reference/run_steps.h"
+#include "support/diagnostics.h"
 #include "test_support.h"
 
 namespace opfuse {
@@ -227,6 +231,65 @@ TEST(BlockSummaryRun, FusecRunPrintsEveryCopysLineEachStep) {
   want.summary = cpu::summarize_block_copy(
       x.data, 96, 192, cpu::block_quantize_rowwise(x.data, 96, 192, params), false, false);
   EXPECT_EQ(steps[0][0] + "\n", cpu::format_block_summary(want));
+}
+
+// The reference executor keeps each copy's summary at its cast: x with 32 zero tokens and dy with
+// its last 32 features zero give exactly these zero blocks, the scales are the oracle's.
+TEST(BlockSummaryRun, TheReferenceExecutorSummarizesEachCastCopy) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.last_stage = driver::Stage::FrontEnd;
+  const driver::CompileResult r = driver::compile_source("one.fuse", kOne, sources, diags, options);
+  ASSERT_TRUE(r.ok()) << r.error;
+  cpu::ReferenceExecutor<float> exec(r.program.sequences.at(0), {{"tokens", 96}});
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto bf16 = [&](float v) { return cpu::bf16_to_float(cpu::float_to_bf16(v)); };
+  cpu::Tensor<float>& w = exec.param("fc.weight");
+  for (float& v : w.data) v = bf16(0.05f * normal(rng));
+  exec.params_changed();
+  cpu::Tensor<float> x = cpu::Tensor<float>::zeros({96, 192});
+  for (size_t i = 32 * 192; i < x.data.size(); ++i) x.data[i] = bf16(normal(rng));
+  cpu::Tensor<float> dy = cpu::Tensor<float>::zeros({96, 160});
+  for (int64_t t = 0; t < 96; ++t)
+    for (int64_t f = 0; f < 128; ++f) dy.data[size_t(t * 160 + f)] = bf16(0.01f * normal(rng));
+  (void)exec.forward({x});
+  EXPECT_EQ(exec.block_summaries().size(), 4u);  // the forward's copies: x and the weight
+  (void)exec.backward({dy});
+  const std::vector<cpu::BlockCopySummary> got = exec.block_summaries();
+  ASSERT_EQ(got.size(), 6u);
+  struct Want {
+    const char* quantizer;
+    bool columnwise;
+    int block_rows, block_cols;
+    int64_t blocks, zero_blocks;
+  };
+  const Want want[] = {
+      {"fc.input", false, 1, 128, 192, 64},       {"fc.input", true, 128, 1, 192, 0},
+      {"fc.weight", false, 128, 128, 4, 0},       {"fc.weight", true, 128, 128, 4, 0},
+      {"fc.grad_output", false, 1, 128, 192, 96}, {"fc.grad_output", true, 128, 1, 160, 32}};
+  for (size_t i = 0; i < 6; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got[i].quantizer, want[i].quantizer);
+    EXPECT_EQ(got[i].columnwise, want[i].columnwise);
+    EXPECT_EQ(got[i].format_name, "e4m3");
+    EXPECT_EQ(got[i].block_rows, want[i].block_rows);
+    EXPECT_EQ(got[i].block_cols, want[i].block_cols);
+    EXPECT_EQ(got[i].summary.blocks, want[i].blocks);
+    EXPECT_EQ(got[i].summary.zero_blocks, want[i].zero_blocks);
+    EXPECT_FALSE(got[i].has_tensor_scale);
+  }
+  cpu::BlockQuantParams params;
+  params.value_for_inf = cpu::bf16_max_finite();
+  EXPECT_EQ(
+      got[0].summary,
+      cpu::summarize_block_copy(
+          x.data, 96, 192, cpu::block_quantize_rowwise(x.data, 96, 192, params), false, false));
+  EXPECT_EQ(
+      got[5].summary,
+      cpu::summarize_block_copy(
+          dy.data, 96, 160, cpu::block_quantize_columnwise(dy.data, 96, 160, params), true, false));
 }
 
 // MXFP8 (E5M2 gradients) and NVFP4 (its Hadamard copies' quantizers, the tensor scale).
