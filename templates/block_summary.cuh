@@ -59,8 +59,8 @@ struct SummaryPart {
 
   __device__ __forceinline__ void add(float amax, float scale_inv) {
     const unsigned int bits = __float_as_uint(scale_inv);
-    least_bits = min(least_bits, bits);
-    greatest_bits = max(greatest_bits, bits);
+    least_bits = bits < least_bits ? bits : least_bits;
+    greatest_bits = bits > greatest_bits ? bits : greatest_bits;
     if (amax == 0.0f) ++zero_blocks;
   }
   // Every lane of the warp calls it; lane 0 adds the warp's part to the record.
@@ -68,9 +68,10 @@ struct SummaryPart {
     unsigned int least_complement = ~least_bits, greatest = greatest_bits, zeros = zero_blocks;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
-      least_complement =
-          max(least_complement, __shfl_xor_sync(0xFFFFFFFFu, least_complement, offset));
-      greatest = max(greatest, __shfl_xor_sync(0xFFFFFFFFu, greatest, offset));
+      const unsigned int other_least = __shfl_xor_sync(0xFFFFFFFFu, least_complement, offset);
+      const unsigned int other_greatest = __shfl_xor_sync(0xFFFFFFFFu, greatest, offset);
+      least_complement = other_least > least_complement ? other_least : least_complement;
+      greatest = other_greatest > greatest ? other_greatest : greatest;
       zeros += __shfl_xor_sync(0xFFFFFFFFu, zeros, offset);
     }
     if ((threadIdx.x & 31) != 0) return;
@@ -120,8 +121,8 @@ __global__ void __launch_bounds__(launch::kBlockSummaryThreads)
        block < blocks; block += warps) {
     const long long r0 = block / column_blocks * kRows, c0 = block % column_blocks * kCols;
     // At most 128 x 128: int arithmetic, no 64-bit division in the loops.
-    const int height = static_cast<int>(min(kRows, p.rows - r0));
-    const int width = static_cast<int>(min(kCols, p.cols - c0));
+    const int height = static_cast<int>(launch::min_of(kRows, p.rows - r0));
+    const int width = static_cast<int>(launch::min_of(kCols, p.cols - c0));
     const Input* first = p.x + r0 * p.cols + c0;
     float amax = 0.0f;
     if constexpr (kCols == 1) {  // down a column: the lanes take its rows
