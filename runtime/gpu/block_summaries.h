@@ -12,6 +12,8 @@
 // reuses later in the step; at that point both still hold what the cast read and wrote. Why the
 // source and not only the grid: a block whose amax is 0 cannot be told from its scale (a zero
 // block's scale is 1, as is one whose amax is fp8_max), and the emulated casts store no scales.
+// So a copy whose quantizer's source the plan keeps in no buffer (a value a fused kernel holds
+// only in registers) is not summarized: block_summaries() leaves it out.
 #pragma once
 
 #include <cuda_runtime.h>
