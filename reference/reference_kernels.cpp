@@ -266,9 +266,7 @@ void block_cast(ReferenceContext<T>& ctx, const ir::Operation& op, Quantizer& q)
     Tensor<T>& y = ctx.out(op, r);
     for (size_t i = 0; i < copy.data.size(); ++i)
       y.data[i] = T(fp8_to_float(copy.data[i], q.format));
-    record_summary(
-        ctx, op, columnwise,
-        summarize_block_copy(as_float, x.rows(), x.cols(), copy, columnwise, params.two_d));
+    record_summary(ctx, op, columnwise, summarize_block_copy(copy, q.format, params.two_d));
     ctx.block_scaled[op.results[r]] = {std::move(copy), params.two_d};
     ++r;
   };

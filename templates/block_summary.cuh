@@ -6,10 +6,10 @@
 // block_summaries): a pass over the copy's source that a normal run never pays.
 //
 // Entry points:
-//   float8_block_summary<Input, kColumnwise, kTwoD>: Float8 block scaling. Its scale_inv values
-//     are read from the grid the cast wrote (note "Block scale grids" in
-//     runtime/cpu/block_quantization.h; padding entries are no block's); each block's amax is
-//     taken from the source again, the cast's way (fmaxf over |x| from 0). One warp per block.
+//   float8_block_summary<Fp8, kTwoD>: a Float8 block-scaled copy, read alone: its scale_inv
+//     values from the grid the cast wrote (note "Block scale grids" in
+//     runtime/cpu/block_quantization.h; padding entries are no block's), its zero blocks from its
+//     codes (all +-0 or NaN). One warp per block.
 //   micro_block_summary<Input, kFormat, kColumnwise, kTwoD, kRht>: MXFP8 / NVFP4, whose emulated
 //     casts store no scales (micro_scale.cuh writes only the decoded copy): each block's amax and
 //     scale are computed again from the source with common/micro_scale_math.cuh's functions, the
@@ -41,7 +41,9 @@ struct BlockSummaryRecord {
 
 template <typename Input>
 struct BlockSummaryParams {
-  const Input* x;             // the copy's source, [rows, cols] row-major
+  // micro_block_summary: the copy's source [rows, cols]; float8_block_summary: the FP8 copy
+  // itself, [rows, cols] as stored (the column-wise copy transposed).
+  const Input* x;
   const float* scale_inv;     // float8_block_summary: the copy's scale_inv grid
   const float* tensor_scale;  // micro_block_summary, NVFP4: S_enc; nullptr otherwise
   BlockSummaryRecord* record;
@@ -57,11 +59,11 @@ struct SummaryPart {
   unsigned int greatest_bits = 0u;
   unsigned int zero_blocks = 0u;
 
-  __device__ __forceinline__ void add(float amax, float scale_inv) {
+  __device__ __forceinline__ void add(bool zero, float scale_inv) {
     const unsigned int bits = __float_as_uint(scale_inv);
     least_bits = bits < least_bits ? bits : least_bits;
     greatest_bits = bits > greatest_bits ? bits : greatest_bits;
-    if (amax == 0.0f) ++zero_blocks;
+    if (zero) ++zero_blocks;
   }
   // Every lane of the warp calls it; lane 0 adds the warp's part to the record.
   __device__ __forceinline__ void commit(BlockSummaryRecord* record) const {
@@ -99,48 +101,43 @@ __device__ __forceinline__ void record_tensor_scale(const BlockSummaryParams<Inp
 
 }  // namespace detail
 
-// Blocks in the source's orientation: 1 x 128 (row-wise), 128 x 1 (column-wise), 128 x 128
-// (kTwoD), the last ones of a row or column ragged; block (bi, bj) is warp work item
-// bi * column_blocks + bj.
-template <typename Input, bool kColumnwise, bool kTwoD>
+// The blocks of the stored copy (x: the FP8 copy itself, rows x cols as stored): 1 x 128 along
+// its rows, 128 x 128 with kTwoD, ragged at the edges; block (bi, bj) is warp work item
+// bi * column_blocks + bj. Its zero test reads the codes (runtime/cpu/block_summary.h: all +-0 or
+// NaN), so the copy's source need not exist (a cast folded into an activation keeps it in
+// registers).
+template <typename Fp8, bool kTwoD>
 __global__ void __launch_bounds__(launch::kBlockSummaryThreads)
-    float8_block_summary(BlockSummaryParams<Input> p) {
+    float8_block_summary(BlockSummaryParams<Fp8> p) {
+  static_assert(DtypeTraits<Fp8>::kIsFp8, "the copy's codes");
   constexpr long long kBlock = launch::kBlockScaleLength;
-  constexpr long long kRows = kTwoD || kColumnwise ? kBlock : 1;
-  constexpr long long kCols = kTwoD || !kColumnwise ? kBlock : 1;
-  const long long column_blocks = (p.cols + kCols - 1) / kCols;
+  constexpr long long kRows = kTwoD ? kBlock : 1;
+  const long long column_blocks = (p.cols + kBlock - 1) / kBlock;
   const long long blocks = (p.rows + kRows - 1) / kRows * column_blocks;
-  // The stored copy: the source, or (column-wise) its transpose.
-  const long long stored_rows = kColumnwise ? p.cols : p.rows;
-  const long long stored_cols = kColumnwise ? p.rows : p.cols;
-  const long long inner = launch::block_scale_grid_inner(stored_rows, stored_cols, kTwoD);
+  const long long inner = launch::block_scale_grid_inner(p.rows, p.cols, kTwoD);
   const int lane = static_cast<int>(threadIdx.x & 31);
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x / 32);
   detail::SummaryPart part;
   for (long long block = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
        block < blocks; block += warps) {
-    const long long r0 = block / column_blocks * kRows, c0 = block % column_blocks * kCols;
+    const long long r0 = block / column_blocks * kRows, c0 = block % column_blocks * kBlock;
     // At most 128 x 128: int arithmetic, no 64-bit division in the loops.
     const int height = static_cast<int>(launch::min_of(kRows, p.rows - r0));
-    const int width = static_cast<int>(launch::min_of(kCols, p.cols - c0));
-    const Input* first = p.x + r0 * p.cols + c0;
-    float amax = 0.0f;
-    if constexpr (kCols == 1) {  // down a column: the lanes take its rows
-      for (int r = lane; r < height; r += 32)
-        amax = accumulate_amax(amax, to_float(first[static_cast<long long>(r) * p.cols]));
-    } else {  // along rows: the lanes take a row's columns
-      for (int r = 0; r < height; ++r) {
-        for (int c = lane; c < width; c += 32)
-          amax = accumulate_amax(amax, to_float(first[static_cast<long long>(r) * p.cols + c]));
+    const int width = static_cast<int>(launch::min_of(kBlock, p.cols - c0));
+    const Fp8* first = p.x + r0 * p.cols + c0;
+    unsigned int informative = 0u;  // a code that is neither +-0 nor NaN
+    for (int r = 0; r < height; ++r) {
+      for (int c = lane; c < width; c += 32) {
+        const float v = to_float(first[static_cast<long long>(r) * p.cols + c]);
+        if (v != 0.0f && !is_nan_float(v)) informative = 1u;
       }
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
-      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+      informative |= __shfl_xor_sync(0xFFFFFFFFu, informative, offset);
     if (lane != 0) continue;
-    const long long sr = kColumnwise ? c0 : r0, sc = kColumnwise ? r0 : c0;
-    const long long entry = kTwoD ? sr / kBlock * inner + sc / kBlock : sc / kBlock * inner + sr;
-    part.add(amax, p.scale_inv[entry]);
+    const long long entry = kTwoD ? r0 / kBlock * inner + c0 / kBlock : c0 / kBlock * inner + r0;
+    part.add(informative == 0u, p.scale_inv[entry]);
   }
   part.commit(p.record);
 }
@@ -192,7 +189,7 @@ __global__ void __launch_bounds__(launch::kBlockSummaryThreads)
       using Fp8 = typename detail::MicroSummaryFp8<kFormat>::Type;
       scale_inv = pow2_float(e8m0_round_up(__fdiv_rn(amax, DtypeTraits<Fp8>::kMax)) - 127);
     }
-    part.add(amax, scale_inv);
+    part.add(amax == 0.0f, scale_inv);
   }
   part.commit(p.record);
 }

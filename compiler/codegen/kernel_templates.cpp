@@ -99,8 +99,7 @@ constexpr TemplateParam kOutputOnlyParams[] = {{"Output", Kind::DType, ""}};
 constexpr TemplateParam kScaleUpdateParams[] = {{"kThreads", Kind::Int, "256"}};
 // Block summaries (runtime-owned: runtime/gpu/block_summaries.h instantiates them, no plan does).
 constexpr TemplateParam kFloat8BlockSummaryParams[] = {
-    {"Input", Kind::DType, ""},
-    {"kColumnwise", Kind::Bool, ""},
+    {"Fp8", Kind::DType, ""},
     {"kTwoD", Kind::Bool, ""},
 };
 constexpr TemplateParam kMicroBlockSummaryParams[] = {
@@ -156,7 +155,7 @@ constexpr std::string_view kStatsFinalExample[] = {"32"};
 constexpr std::string_view kTensorStatsFinalExample[] = {"256"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
 constexpr std::string_view kFinishCurrentExample[] = {"32"};
-constexpr std::string_view kFloat8BlockSummaryExample[] = {"__nv_bfloat16", "true", "false"};
+constexpr std::string_view kFloat8BlockSummaryExample[] = {"__nv_fp8_e4m3", "false"};
 constexpr std::string_view kMicroBlockSummaryExample[] = {"__nv_bfloat16", "2", "true", "false",
                                                           "true"};
 

@@ -37,21 +37,24 @@ BlockSummary summarize(std::span<const float> x, int64_t rows, int64_t cols, int
 
 }  // namespace
 
-BlockSummary summarize_block_copy(std::span<const float> x, int64_t rows, int64_t cols,
-                                  const BlockQuantizedCopy& copy, bool columnwise, bool two_d) {
+BlockSummary summarize_block_copy(const BlockQuantizedCopy& copy, Fp8Format format, bool two_d) {
   constexpr const char* kWhere = "summarize_block_copy";
-  require(rows >= 0 && cols >= 0 && x.size() == size_t(rows * cols), kWhere,
-          "the source's size is not rows * cols");
-  require(copy.rows == (columnwise ? cols : rows) && copy.cols == (columnwise ? rows : cols),
-          kWhere, "the copy is not of the source");
-  require(copy.scale_inv.size() == size_t(scale_grid_shape(copy.rows, copy.cols, two_d).size()),
-          kWhere, "the copy's scale grid does not fit its shape");
-  const int64_t block_rows = two_d || columnwise ? kScaleBlock : 1;
-  const int64_t block_cols = two_d || !columnwise ? kScaleBlock : 1;
-  return summarize(x, rows, cols, block_rows, block_cols, [&](int64_t bi, int64_t bj) {
-    const int64_t r = bi * block_rows, c = bj * block_cols;  // the block's first element of x
-    return columnwise ? copy.scale_inv_at(c, r, two_d) : copy.scale_inv_at(r, c, two_d);
-  });
+  const int64_t rows = copy.rows, cols = copy.cols;
+  require(rows >= 0 && cols >= 0 && copy.data.size() == size_t(rows * cols) &&
+              copy.scale_inv.size() == size_t(scale_grid_shape(rows, cols, two_d).size()),
+          kWhere, "the copy's data or scale grid do not fit its shape");
+  // A code of +-0 or NaN "amax 0" (NaN elements are skipped by the amax): the block's amax as
+  // the summary's zero test (header note) sees it, over the stored matrix's blocks.
+  std::vector<float> no_information(copy.data.size());
+  for (size_t i = 0; i < copy.data.size(); ++i) {
+    const float v = fp8_to_float(copy.data[i], format);
+    no_information[i] = v == 0.0f || std::isnan(v) ? 0.0f : 1.0f;
+  }
+  return summarize(no_information, rows, cols, two_d ? kScaleBlock : 1, kScaleBlock,
+                   [&](int64_t bi, int64_t bj) {
+                     return copy.scale_inv_at(bi * (two_d ? kScaleBlock : 1), bj * kScaleBlock,
+                                              two_d);
+                   });
 }
 
 BlockSummary summarize_mxfp8_copy(std::span<const float> x, const Mxfp8Copy& copy) {

@@ -6,7 +6,11 @@
 //     (block_quantization.h, note "Block scale grids") are no blocks, and a 16 x 16 NVFP4 block,
 //     whose scale is stored on each of its 16 rows, is one;
 //   - zero_blocks: blocks whose amax is 0, the amax the cast takes (fmaxf over |x| from 0, NaN
-//     skipped, over the values the copy quantizes: an RHT copy's transformed ones);
+//     skipped, over the values the copy quantizes: an RHT copy's transformed ones). A Float8
+//     copy's are told from the copy alone, which every GEMM reads and so always exists (its
+//     source may not: a cast folded into an activation keeps it in registers): a block whose
+//     codes are all +-0 or NaN. That is a block of amax 0, but for blocks whose values all round
+//     to 0, which only amax_epsilon far above them (or fp32 subnormals) can make;
 //   - scale_inv_min / _max: over the blocks, the factor that decodes a block as stored: Float8
 //     block scaling's FP32 scale_inv, MXFP8's 2^(e - 127), NVFP4's E4M3 block scale s_b (its
 //     per-tensor S_dec comes on top: the copy's tensor scale is shown beside it).
@@ -31,12 +35,10 @@ struct BlockSummary {
   friend bool operator==(const BlockSummary&, const BlockSummary&) = default;
 };
 
-// The summary of a block-scaled copy of x ([rows, cols] row-major, the values it was cast from):
-// the row-wise copy (blocks 1 x 128 along the rows of x) or the column-wise one (128 x 1 down its
-// columns, stored transposed), 128 x 128 blocks with two_d. Throws std::invalid_argument when the
-// copy is not of an [rows, cols] source.
-BlockSummary summarize_block_copy(std::span<const float> x, int64_t rows, int64_t cols,
-                                  const BlockQuantizedCopy& copy, bool columnwise, bool two_d);
+// The summary of a block-scaled copy (either: its blocks run along the rows of the stored
+// matrix, 1 x 128, or 128 x 128 with two_d) of FP8 `format`. Throws std::invalid_argument when
+// its data or grid do not fit its shape.
+BlockSummary summarize_block_copy(const BlockQuantizedCopy& copy, Fp8Format format, bool two_d);
 // The summary of an MXFP8 / NVFP4 copy of x (the source the copy was quantized from, before any
 // Hadamard transform). Throws std::invalid_argument when the copy does not fit x.
 BlockSummary summarize_mxfp8_copy(std::span<const float> x, const Mxfp8Copy& copy);

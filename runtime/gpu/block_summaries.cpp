@@ -74,14 +74,18 @@ BlockSummaries::BlockSummaries(const plan::SequencePlan& plan, cudaStream_t stre
           std::ranges::find(step.writes, b.id) != step.writes.end())
         writers.push_back(step.index);
     }
-    if (writers.empty() || quantizer.source_buffer < 0 || !seen.insert({q, columnwise}).second)
+    // A Float8 copy is summarized from itself and its grid; an emulated one from its source,
+    // which a fused producer might keep in no buffer (block_summaries.h).
+    if (writers.empty() || (!float8 && quantizer.source_buffer < 0) ||
+        !seen.insert({q, columnwise}).second)
       continue;
     Target t;
     t.quantizer = q;
     t.columnwise = columnwise;
     t.copy = b.id;
-    t.source = quantizer.source_buffer;
+    t.source = float8 ? b.id : quantizer.source_buffer;
     t.grid = float8 ? b.scale_inv.buffer : -1;
+    t.transposed = b.layout == plan::CopyLayout::Transposed;
     const plan::QuantSpec& spec = quantizer.spec;
     t.nvfp4 = spec.nvfp4();
     // The spec's block is the row-wise copy's; the column-wise copy's runs down the columns.
@@ -89,12 +93,14 @@ BlockSummaries::BlockSummaries(const plan::SequencePlan& plan, cudaStream_t stre
     t.block_cols = columnwise ? spec.block.rows : spec.block.cols;
     const std::string copy = fmt::format("the {} copy of quantizer '{}'",
                                          columnwise ? "column-wise" : "row-wise", quantizer.name);
-    const std::string input = input_type(plan, t.source, copy);
     const bool two_d = spec.block.rows > 1;
+    t.two_d = two_d;
     if (float8) {
-      t.expression = fmt::format("opfuse::float8_block_summary<{}, {}, {}>", input,
-                                 spell(columnwise), spell(two_d));
+      t.expression = fmt::format("opfuse::float8_block_summary<{}, {}>",
+                                 b.dtype == plan::DType::E5M2 ? "__nv_fp8_e5m2" : "__nv_fp8_e4m3",
+                                 spell(two_d));
     } else {
+      const std::string input = input_type(plan, t.source, copy);
       const int format = spec.nvfp4()                       ? launch::kMicroScaleE2M1
                          : spec.format == plan::DType::E5M2 ? launch::kMicroScaleE5M2
                                                             : launch::kMicroScaleE4M3;
@@ -152,15 +158,21 @@ void BlockSummaries::after_step(int index, bool inference,
     if (inference && step.inference &&
         std::ranges::find(step.inference->writes, t.copy) == step.inference->writes.end())
       continue;
-    const plan::Buffer& source = plan_.buffers.at(static_cast<std::size_t>(t.source));
-    std::int64_t rows = 1;
-    for (std::size_t d = 0; d + 1 < source.shape.size(); ++d)
-      rows *= evaluate_expr(source.shape[d], symbols);
-    const std::int64_t cols =
-        source.shape.empty() ? 1 : evaluate_expr(source.shape.back(), symbols);
+    // The matrix the kernel reads, as the plan lays it out (a transposed copy is [k, rows...]:
+    // its first dimension against the rest, as codegen's scale grids take it).
+    const std::vector<plan::SymExpr>& shape =
+        plan_.buffers.at(static_cast<std::size_t>(t.source)).shape;
+    const std::size_t split = t.transposed ? std::min<std::size_t>(1, shape.size())
+                                           : (shape.empty() ? 0 : shape.size() - 1);
+    std::int64_t rows = 1, cols = 1;
+    for (std::size_t d = 0; d < shape.size(); ++d)
+      (d < split ? rows : cols) *= evaluate_expr(shape[d], symbols);
     const bool float8 = t.grid >= 0;
+    // Float8: the stored copy's blocks (1 x 128 along its rows, or 128 x 128); micro: the
+    // source's, whole blocks.
     const std::int64_t blocks =
-        float8 ? launch::ceil_div(rows, t.block_rows) * launch::ceil_div(cols, t.block_cols)
+        float8 ? launch::ceil_div(rows, t.two_d ? launch::kBlockScaleLength : 1) *
+                     launch::ceil_div(cols, launch::kBlockScaleLength)
                : rows / t.block_rows * (cols / t.block_cols);
     auto* record = static_cast<BlockSummaryRecord*>(records_.data()) + i;
     BlockSummaryParams params{pointer(t.source),

@@ -8,12 +8,13 @@
 // step that writes each, so whichever kernel makes a copy (a cast of its own, or one fused into a
 // producer) is summarized the same way. A normal run builds none of this and launches nothing.
 //
-// Why right after the writing step: the copy's scale grid and its source live in memory the plan
-// reuses later in the step; at that point both still hold what the cast read and wrote. Why the
-// source and not only the grid: a block whose amax is 0 cannot be told from its scale (a zero
-// block's scale is 1, as is one whose amax is fp8_max), and the emulated casts store no scales.
-// So a copy whose quantizer's source the plan keeps in no buffer (a value a fused kernel holds
-// only in registers) is not summarized: block_summaries() leaves it out.
+// Why right after the writing step: the copy, its scale grid and its source live in memory the
+// plan reuses later in the step; at that point they still hold what the cast read and wrote. A
+// Float8 copy is summarized from itself (codes and grid, which the GEMMs read, so they exist
+// whichever kernel made them: a cast folded into an activation keeps its source in registers);
+// an emulated MXFP8 / NVFP4 copy from its source with the cast's scale math, since the emulated
+// casts store no scales. An emulated copy whose source is in no buffer is not summarized
+// (block_summaries() leaves it out); today every emulated cast reads its source from memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -80,9 +81,12 @@ class BlockSummaries {
   struct Target {
     int quantizer = 0;
     bool columnwise = false;
-    int copy = -1;    // the buffer holding the copy: the step that writes it summarizes it
-    int source = -1;  // the quantizer's source buffer
-    int grid = -1;    // Float8 block scaling: the copy's scale_inv grid
+    int copy = -1;  // the buffer holding the copy: the step that writes it summarizes it
+    // What the kernel reads: the copy itself (Float8), or the quantizer's source (emulated).
+    int source = -1;
+    bool transposed = false;  // Float8: the copy is stored transposed ([k, rows...])
+    int grid = -1;            // Float8: the copy's scale_inv grid
+    bool two_d = false;
     bool nvfp4 = false;
     int block_rows = 0, block_cols = 0;
     std::string expression;  // the summary kernel's name expression

@@ -62,7 +62,7 @@ TEST(BlockSummary, RowwiseBlocksSkipTheGridPaddingAndCountTheZeroBlock) {
   cpu::BlockQuantParams params;  // E4M3, 1-D, power-of-2 scales
   const cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 3, 200, params);
   ASSERT_EQ(copy.scale_inv.size(), 2u * 4u);  // [2 column blocks][3 rows padded to 4]
-  EXPECT_EQ(cpu::summarize_block_copy(x.v, 3, 200, copy, false, false),
+  EXPECT_EQ(cpu::summarize_block_copy(copy, cpu::Fp8Format::E4M3, false),
             summary(6, 1, 1.0f / 512, 1.0f));
 }
 
@@ -74,7 +74,7 @@ TEST(BlockSummary, ColumnwiseBlocksRunDownTheColumns) {
   const cpu::BlockQuantizedCopy copy = cpu::block_quantize_columnwise(x.v, 3, 200, params);
   // Columns 0 (448: 1), 5 (3: 1/128), 10 (7: 1/64), the other 125 of the first 128 (1: 1/256),
   // 130 (0.5: 1/512), 199 (100: 1/4), 70 zero columns (1).
-  EXPECT_EQ(cpu::summarize_block_copy(x.v, 3, 200, copy, true, false),
+  EXPECT_EQ(cpu::summarize_block_copy(copy, cpu::Fp8Format::E4M3, false),
             summary(200, 70, 1.0f / 512, 1.0f));
 }
 
@@ -85,7 +85,7 @@ TEST(BlockSummary, ScalesThatAreNotPowersOfTwoAreTheExactQuotients) {
   cpu::BlockQuantParams params;
   params.power_of_2_scale = false;
   const cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 1, 256, params);
-  EXPECT_EQ(cpu::summarize_block_copy(x.v, 1, 256, copy, false, false),
+  EXPECT_EQ(cpu::summarize_block_copy(copy, cpu::Fp8Format::E4M3, false),
             summary(2, 0, 1.0f / (448.0f / 3.0f), 1.0f / (448.0f / 10.0f)));
 }
 
@@ -98,17 +98,32 @@ TEST(BlockSummary, TwoDimensionalBlocksAreTheSameInBothCopies) {
   params.two_d = true;
   const cpu::BlockQuantizedCopy rowwise = cpu::block_quantize_rowwise(x.v, 130, 130, params);
   const cpu::BlockQuantizedCopy columnwise = cpu::block_quantize_columnwise(x.v, 130, 130, params);
-  EXPECT_EQ(cpu::summarize_block_copy(x.v, 130, 130, rowwise, false, true),
+  EXPECT_EQ(cpu::summarize_block_copy(rowwise, cpu::Fp8Format::E4M3, true),
             summary(4, 2, 1.0f / 512, 1.0f));
-  EXPECT_EQ(cpu::summarize_block_copy(x.v, 130, 130, columnwise, true, true),
+  EXPECT_EQ(cpu::summarize_block_copy(columnwise, cpu::Fp8Format::E4M3, true),
             summary(4, 2, 1.0f / 512, 1.0f));
 }
 
-TEST(BlockSummary, ACopyOfAnotherSourceIsRefused) {
+TEST(BlockSummary, ACopyWhoseGridDoesNotFitIsRefused) {
   const Matrix x = ragged();
-  const cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 3, 200, {});
-  EXPECT_THROW((void)cpu::summarize_block_copy(x.v, 3, 200, copy, true, false),
+  cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 3, 200, {});
+  copy.scale_inv.pop_back();
+  EXPECT_THROW((void)cpu::summarize_block_copy(copy, cpu::Fp8Format::E4M3, false),
                std::invalid_argument);
+}
+
+// A Float8 zero block is told from the copy (header note): codes all zero. With amax_epsilon
+// far above a block's values they all round to 0 and the block counts as zero though its amax is
+// not (1e-6 under epsilon 1: scale 448 -> 256, 1e-6 * 256 is below E4M3's least subnormal / 2).
+TEST(BlockSummary, FarBelowAnEpsilonABlockCountsAsZero) {
+  Matrix x(1, 256);
+  x.at(0, 3) = 1e-6f;
+  x.at(0, 130) = 1.0f;
+  cpu::BlockQuantParams params;
+  params.epsilon = 1.0f;
+  const cpu::BlockQuantizedCopy copy = cpu::block_quantize_rowwise(x.v, 1, 256, params);
+  EXPECT_EQ(cpu::summarize_block_copy(copy, cpu::Fp8Format::E4M3, false),
+            summary(2, 1, 1.0f / 256, 1.0f / 256));
 }
 
 // E8M0 scales 2^(e - 127), e rounded up from amax / 448: a zero block has e = 0 (2^-127, the
@@ -228,8 +243,8 @@ TEST(BlockSummaryRun, FusecRunPrintsEveryCopysLineEachStep) {
   want.format_name = "e4m3";
   want.block_rows = 1;
   want.block_cols = 128;
-  want.summary = cpu::summarize_block_copy(
-      x.data, 96, 192, cpu::block_quantize_rowwise(x.data, 96, 192, params), false, false);
+  want.summary = cpu::summarize_block_copy(cpu::block_quantize_rowwise(x.data, 96, 192, params),
+                                           cpu::Fp8Format::E4M3, false);
   EXPECT_EQ(steps[0][0] + "\n", cpu::format_block_summary(want));
 }
 
@@ -282,14 +297,12 @@ TEST(BlockSummaryRun, TheReferenceExecutorSummarizesEachCastCopy) {
   }
   cpu::BlockQuantParams params;
   params.value_for_inf = cpu::bf16_max_finite();
-  EXPECT_EQ(
-      got[0].summary,
-      cpu::summarize_block_copy(
-          x.data, 96, 192, cpu::block_quantize_rowwise(x.data, 96, 192, params), false, false));
-  EXPECT_EQ(
-      got[5].summary,
-      cpu::summarize_block_copy(
-          dy.data, 96, 160, cpu::block_quantize_columnwise(dy.data, 96, 160, params), true, false));
+  EXPECT_EQ(got[0].summary,
+            cpu::summarize_block_copy(cpu::block_quantize_rowwise(x.data, 96, 192, params),
+                                      cpu::Fp8Format::E4M3, false));
+  EXPECT_EQ(got[5].summary,
+            cpu::summarize_block_copy(cpu::block_quantize_columnwise(dy.data, 96, 160, params),
+                                      cpu::Fp8Format::E4M3, false));
 }
 
 // MXFP8 (E5M2 gradients) and NVFP4 (its Hadamard copies' quantizers, the tensor scale).

@@ -92,43 +92,53 @@ std::string text(const cpu::BlockSummary& s) {
          std::to_string(std::bit_cast<uint32_t>(s.scale_inv_max)) + " (bits)";
 }
 
-template <typename Input, bool kColumnwise, bool kTwoD>
-void check_float8(int rows, int cols, unsigned int grid) {
+// The kernel reads the FP8 copy itself (codes and grid), as stored.
+template <typename Fp8, bool kColumnwise, bool kTwoD>
+int64_t check_float8(int rows, int cols, unsigned int grid, float epsilon = 0.0f) {
   std::vector<float> stored;
-  const std::vector<Input> x = source<Input>(rows, cols, uint64_t(rows * 7 + cols), stored);
+  (void)source<__nv_bfloat16>(rows, cols, uint64_t(rows * 7 + cols), stored);
+  const cpu::Fp8Format format =
+      sizeof(Fp8) == 1 && kIsSame<Fp8, __nv_fp8_e5m2> ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3;
   cpu::BlockQuantParams params;
+  params.format = format;
   params.two_d = kTwoD;
-  params.value_for_inf = sizeof(Input) == 2 ? cpu::bf16_max_finite() : 3.402823466e+38f;
-  cpu::BlockQuantizedCopy copy = kColumnwise
-                                     ? cpu::block_quantize_columnwise(stored, rows, cols, params)
-                                     : cpu::block_quantize_rowwise(stored, rows, cols, params);
-  const cpu::BlockSummary want =
-      cpu::summarize_block_copy(stored, rows, cols, copy, kColumnwise, kTwoD);
+  params.epsilon = epsilon;
+  params.value_for_inf = cpu::bf16_max_finite();
+  const cpu::BlockQuantizedCopy copy =
+      kColumnwise ? cpu::block_quantize_columnwise(stored, rows, cols, params)
+                  : cpu::block_quantize_rowwise(stored, rows, cols, params);
+  const cpu::BlockSummary want = cpu::summarize_block_copy(copy, format, kTwoD);
   // Padding entries (0 in the oracle) poisoned: a kernel reading one would show it.
   std::vector<float> grid_values = copy.scale_inv;
-  const int64_t stored_rows = kColumnwise ? cols : rows, stored_cols = kColumnwise ? rows : cols;
-  const cpu::ScaleGridShape shape = cpu::scale_grid_shape(stored_rows, stored_cols, kTwoD);
-  for (int64_t o = 0; o < shape.outer; ++o) {
-    const int64_t used = kTwoD ? (stored_cols + 127) / 128 : stored_rows;
+  const cpu::ScaleGridShape shape = cpu::scale_grid_shape(copy.rows, copy.cols, kTwoD);
+  const int64_t used = kTwoD ? (copy.cols + 127) / 128 : copy.rows;
+  for (int64_t o = 0; o < shape.outer; ++o)
     for (int64_t i = used; i < shape.inner; ++i) grid_values[size_t(o * shape.inner + i)] = -7.0f;
-  }
+  std::vector<Fp8> codes(copy.data.size());
+  for (size_t i = 0; i < codes.size(); ++i) codes[i].__x = copy.data[i];
   BlockSummaryRecord record{};
-  const BlockSummaryParams<Input> p{x.data(), grid_values.data(), nullptr, &record, rows, cols};
-  emulate_launch(&float8_block_summary<Input, kColumnwise, kTwoD>, {grid, 1, 1},
-                 launch::kBlockSummaryThreads, p);
+  const BlockSummaryParams<Fp8> p{codes.data(), grid_values.data(), nullptr,
+                                  &record,      copy.rows,          copy.cols};
+  emulate_launch(&float8_block_summary<Fp8, kTwoD>, {grid, 1, 1}, launch::kBlockSummaryThreads, p);
   EXPECT_EQ(text(summary_of(record, want.blocks)), text(want))
       << rows << " x " << cols << (kColumnwise ? " column-wise" : " row-wise")
-      << (kTwoD ? " 2-D" : "");
+      << (kTwoD ? " 2-D" : "") << ", epsilon " << epsilon;
   EXPECT_EQ(record.tensor_scale, 0.0f);
+  return want.zero_blocks;
 }
 
 TEST(BlockSummaryEmulated, Float8CopiesOfRaggedShapes) {
-  check_float8<__nv_bfloat16, false, false>(96, 200, 2);
-  check_float8<__nv_bfloat16, true, false>(96, 200, 1);
-  check_float8<float, false, true>(130, 260, 3);
-  check_float8<__nv_bfloat16, true, true>(130, 260, 1);
-  check_float8<float, true, false>(1, 129, 1);
-  check_float8<__nv_bfloat16, false, false>(3, 5, 1);
+  int64_t zero_blocks = 0;
+  zero_blocks += check_float8<__nv_fp8_e4m3, false, false>(96, 200, 2);
+  zero_blocks += check_float8<__nv_fp8_e4m3, true, false>(96, 200, 1);
+  zero_blocks += check_float8<__nv_fp8_e5m2, false, true>(130, 260, 3);
+  zero_blocks += check_float8<__nv_fp8_e4m3, true, true>(130, 260, 1);
+  zero_blocks += check_float8<__nv_fp8_e5m2, true, false>(75, 129, 1);
+  // amax_epsilon far above the tiny band: its blocks round to zero codes.
+  const int64_t plain = check_float8<__nv_fp8_e4m3, false, false>(96, 200, 1);
+  const int64_t with_epsilon = check_float8<__nv_fp8_e4m3, false, false>(96, 200, 1, 1e3f);
+  EXPECT_GT(with_epsilon, plain);
+  EXPECT_GT(zero_blocks, 0);
 }
 
 template <typename Input, int kFormat, bool kColumnwise, bool kTwoD = false, bool kRht = false>
