@@ -28,6 +28,7 @@
 
 #include "gpu/device_memory.h"
 #include "gpu/module.h"
+#include "gpu/summary_copies.h"
 #include "plan/plan.h"
 
 namespace opfuse::gpu {
@@ -60,9 +61,8 @@ static_assert(sizeof(BlockSummaryRecord) == 32, "must match templates/block_summ
 
 class BlockSummaries {
  public:
-  // Finds the copies of `plan` and compiles their kernels for the current device (NVRTC, a few
-  // hundred ms). Throws UsageError for a tensor-parallel plan (a rank's copies are shares of the
-  // tensors) or a copy whose source is not bf16, fp16 or fp32.
+  // Finds the copies of `plan` (find_summary_copies, whose errors it throws) and compiles their
+  // kernels for the current device (NVRTC, a few hundred ms).
   BlockSummaries(const plan::SequencePlan& plan, cudaStream_t stream);
 
   // Whether the plan has block-scaled or micro-scaled copies at all.
@@ -78,26 +78,13 @@ class BlockSummaries {
   std::vector<CopySummary> download(cudaStream_t stream) const;
 
  private:
-  struct Target {
-    int quantizer = 0;
-    bool columnwise = false;
-    int copy = -1;  // the buffer holding the copy: the step that writes it summarizes it
-    // What the kernel reads: the copy itself (Float8), or the quantizer's source (emulated).
-    int source = -1;
-    bool transposed = false;  // Float8: the copy is stored transposed ([k, rows...])
-    int grid = -1;            // Float8: the copy's scale_inv grid
-    bool two_d = false;
-    bool nvfp4 = false;
-    int block_rows = 0, block_cols = 0;
-    std::string expression;  // the summary kernel's name expression
-  };
   struct Made {  // host side of a record: set when its copy was summarized
     bool made = false;
     std::int64_t blocks = 0;
   };
 
   const plan::SequencePlan& plan_;
-  std::vector<Target> targets_;            // quantizer order, row-wise first
+  std::vector<SummaryCopy> targets_;       // quantizer order, row-wise first
   std::map<int, std::vector<int>> steps_;  // step index -> targets it writes
   std::vector<Made> made_;
   DeviceBuffer records_;

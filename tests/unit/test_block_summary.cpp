@@ -16,6 +16,8 @@
 #include "cpu/block_summary.h"
 #include "cpu/numerics.h"
 #include "driver/compile.h"
+#include "gpu/summary_copies.h"
+#include "opfuse/error.h"
 #include "reference/reference_executor.h"
 #include "reference/run_steps.h"
 #include "support/diagnostics.h"
@@ -328,6 +330,79 @@ TEST(BlockSummaryRun, MicroRecipesPrintTheirBlocksAndNvfp4ItsTensorScale) {
     }
   }
   EXPECT_TRUE(wgrad) << "no line of the Hadamard copy's quantizer";
+}
+
+// ---- which copies the GPU summarizes (runtime/gpu/summary_copies.h) --------------------------
+
+constexpr const char* kMlp = R"(
+recipe blocks = float8_block_scaling()
+recipe fp4 = nvfp4_block_scaling()
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses blocks {
+  linear(256, 384, bias = true) as fc1
+  gelu()
+  linear(384, 256, bias = false) as fc2
+}
+)";
+
+plan::SequencePlan mlp_plan(const std::string& recipe) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.recipe = recipe;
+  options.last_stage = driver::Stage::Plan;
+  const driver::CompileResult r = driver::compile_source("mlp.fuse", kMlp, sources, diags, options);
+  EXPECT_TRUE(r.ok()) << r.error;
+  return r.plan.sequences.at(0);
+}
+
+// Every copy, whichever kernel makes it: fc2's input copies come out of the GELU kernel the
+// block cast folded into (activation_block_cast), its output gradient's out of the GELU backward
+// (dact_block_cast); the summary reads each Float8 copy itself, its source being in no buffer.
+TEST(BlockSummaryCopies, Float8CopiesOfFusedCastsAreFoundByTheirBuffers) {
+  const plan::SequencePlan plan = mlp_plan("blocks");
+  const std::vector<gpu::SummaryCopy> copies = gpu::find_summary_copies(plan);
+  ASSERT_EQ(copies.size(), 12u);  // 2 linears x input, weight, grad_output x 2 copies
+  std::vector<std::string> patterns;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const gpu::SummaryCopy& c = copies[i];
+    const plan::QuantizerPlan& q = plan.quantizers.at(size_t(c.quantizer));
+    SCOPED_TRACE(q.name + (c.columnwise ? ".columnwise" : ".rowwise"));
+    EXPECT_EQ(c.columnwise, i % 2 == 1);  // quantizer order, row-wise first
+    EXPECT_EQ(c.source, c.copy);
+    EXPECT_EQ(c.grid, plan.buffers.at(size_t(c.copy)).scale_inv.buffer);
+    EXPECT_EQ(c.transposed, c.columnwise);
+    const bool weight = q.name.ends_with(".weight");
+    EXPECT_EQ(c.two_d, weight);
+    EXPECT_EQ(c.expression, std::string("opfuse::float8_block_summary<__nv_fp8_e4m3, ") +
+                                (weight ? "true" : "false") + ">");
+    ASSERT_EQ(c.writers.size(), 1u);
+    if (q.name == "fc2.input" || q.name == "fc1.grad_output")
+      patterns.push_back(plan.steps.at(size_t(c.writers[0])).pattern);
+  }
+  EXPECT_EQ(patterns, (std::vector<std::string>{"dact_block_cast", "dact_block_cast",
+                                                "activation_block_cast", "activation_block_cast"}));
+}
+
+// NVFP4's emulated copies: summarized from their quantizers' sources, the Hadamard ones with the
+// transform; a tensor-parallel plan is refused.
+TEST(BlockSummaryCopies, EmulatedCopiesReadTheirSourcesAndTensorParallelIsRefused) {
+  plan::SequencePlan plan = mlp_plan("fp4");
+  const std::vector<gpu::SummaryCopy> copies = gpu::find_summary_copies(plan);
+  ASSERT_EQ(copies.size(), 12u);
+  for (const gpu::SummaryCopy& c : copies) {
+    const plan::QuantizerPlan& q = plan.quantizers.at(size_t(c.quantizer));
+    SCOPED_TRACE(q.name);
+    EXPECT_EQ(c.source, q.source_buffer);
+    EXPECT_EQ(c.grid, -1);
+    EXPECT_TRUE(c.nvfp4);
+    EXPECT_EQ(plan.buffers.at(size_t(c.copy)).emulated_quantizer, c.quantizer);
+    const bool rht = q.name.ends_with(".wgrad");
+    EXPECT_EQ(c.columnwise, rht || (q.name.ends_with(".weight") && c.columnwise));
+    EXPECT_TRUE(c.expression.ends_with(rht ? ", true>" : ", false>")) << c.expression;
+    EXPECT_EQ(c.block_rows * c.block_cols, q.name.ends_with(".weight") ? 256 : 16);
+  }
+  plan.parallel.tp = 2;
+  EXPECT_THROW((void)gpu::find_summary_copies(plan), UsageError);
 }
 
 }  // namespace
