@@ -5,7 +5,8 @@
 // both sides (the input, the weight, the output gradient), under every block and micro recipe:
 // Float8 1-D and 2-D blocks with power-of-2 and exact scales, MXFP8 with E5M2 gradients, NVFP4
 // with and without its Hadamard copies, 2-D weights and stochastic rounding. The tensors have
-// zero blocks and ragged 128-blocks; summaries stay off (refused) where they cannot be right.
+// zero blocks and ragged 128-blocks; a cast folded into an activation is summarized from the copy
+// it wrote; summaries stay off (refused) where they cannot be right.
 // Also `fusec run --device gpu` prints the forward copies' lines of its first step as
 // `--device cpu` does (later lines read values the GEMMs computed, which differ in the last bits).
 // Label `gpu`: skips (visibly) where no GPU is present.
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/block_summary.h"
 #include "gpu/gemm.h"
 #include "gpu/plan_executor.h"
 #include "gpu_test_support.h"
@@ -122,6 +124,65 @@ TEST_P(BlockSummariesGpu, EveryCopyMatchesTheReferenceExactly) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, BlockSummariesGpu,
                          ::testing::Values("blocks", "blocks_exact", "mx", "fp4", "fp4_plain"));
+
+// A block cast folded into the GELU before it (activation_block_cast) writes fc2's input copies
+// from registers: the summary of its column-wise copy (kept for wgrad) is that of the copy and
+// grid the fused kernel wrote, as the CPU summarizes them.
+class BlockSummariesFusedGpu : public test::GpuStreamTest {};
+
+TEST_F(BlockSummariesFusedGpu, ACastFoldedIntoTheActivationIsSummarizedFromItsCopy) {
+  constexpr const char* kMlp = R"(
+recipe blocks = float8_block_scaling()
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses blocks {
+  linear(256, 384, bias = true) as fc1
+  gelu()
+  linear(384, 256, bias = false) as fc2
+}
+)";
+  const auto c = test::compile_program("mlp", kMlp);
+  ASSERT_NE(c, nullptr);
+  const plan::SequencePlan& plan = c->plan.sequences.at(0);
+  gpu::GemmRunner gemms(stream_);
+  gpu::SequenceExecutor gpu(plan, *c->modules, gemms, stream_);
+  gpu.enable_block_summaries(stream_);
+  gpu.bind({{"tokens", kTokens}});
+  const auto arrays = allocate_tensors(gpu);
+  std::mt19937_64 rng(3);
+  for (const auto& [name, array] : arrays)
+    test::upload_bf16(*array, test::random_bf16(array->bytes() / 2, 0.5, rng));
+  gpu.forward(stream_);
+  int quantizer = -1, copy = -1;
+  for (const plan::QuantizerPlan& q : plan.quantizers)
+    if (q.name == "fc2.input") quantizer = q.index;
+  for (const plan::Buffer& b : plan.buffers)
+    if (b.quantizer == quantizer && b.usage == plan::CopyUsage::Columnwise && copy < 0) copy = b.id;
+  ASSERT_GE(copy, 0);
+  bool fused = false;
+  for (const plan::Step& step : plan.steps)
+    if (std::find(step.writes.begin(), step.writes.end(), copy) != step.writes.end())
+      fused = step.pattern == "activation_block_cast";
+  EXPECT_TRUE(fused) << "the cast did not fold: this test checks nothing new";
+  cpu::BlockQuantizedCopy stored;
+  stored.rows = 384;  // the transposed copy [k, tokens]
+  stored.cols = kTokens;
+  stored.data = test::download_bytes(gpu.debug_buffer(copy), std::size_t(384 * kTokens));
+  const std::size_t grid = std::size_t(cpu::scale_grid_shape(384, kTokens, false).size());
+  const std::vector<std::uint8_t> grid_bytes = test::download_bytes(
+      gpu.debug_buffer(plan.buffers.at(std::size_t(copy)).scale_inv.buffer), grid * 4);
+  stored.scale_inv.resize(grid);
+  std::memcpy(stored.scale_inv.data(), grid_bytes.data(), grid * 4);
+  const cpu::BlockSummary want = cpu::summarize_block_copy(stored, cpu::Fp8Format::E4M3, false);
+  bool found = false;
+  for (const gpu::CopySummary& g : gpu.block_summaries(stream_)) {
+    if (g.quantizer != quantizer || !g.columnwise) continue;
+    found = true;
+    EXPECT_EQ(g.blocks, want.blocks);
+    EXPECT_EQ(g.zero_blocks, want.zero_blocks);
+    EXPECT_TRUE(same_bits(g.scale_inv_min, want.scale_inv_min)) << g.scale_inv_min;
+    EXPECT_TRUE(same_bits(g.scale_inv_max, want.scale_inv_max)) << g.scale_inv_max;
+  }
+  EXPECT_TRUE(found);
+}
 
 // A session asks for summaries or gets none; a tensor-parallel or debug session cannot ask.
 TEST(BlockSummariesSession, OffByDefaultAndRefusedWhereTheyCannotBeRight) {
