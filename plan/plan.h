@@ -89,6 +89,10 @@ struct Buffer {
   CopyUsage usage = CopyUsage::Rowwise;
   CopyLayout layout = CopyLayout::AsIs;
   ScaleInvRef scale_inv;
+  // An emulated MXFP8 / NVFP4 copy (note "Emulated micro-scaling" in docs/architecture.md): the
+  // decoded values of this quantizer's `usage` copy, which GEMMs read as any high-precision value
+  // (`quantizer` stays -1); -1 for every other buffer. Block summaries find the copies by it.
+  int emulated_quantizer = -1;
   std::vector<InterfaceTag> interface;  // what the caller reads back from it
 };
 

@@ -67,6 +67,8 @@ Json buffer_json(const Buffer& b) {
     j["layout"] = name(b.layout);
     j["scale_inv"] = scale_inv_json(b.scale_inv);
   }
+  if (b.emulated_quantizer >= 0)
+    j["emulates"] = {{"quantizer", b.emulated_quantizer}, {"usage", name(b.usage)}};
   if (!b.interface.empty()) {
     Json tags = Json::array();
     for (const InterfaceTag& t : b.interface) tags.push_back(interface_string(t));

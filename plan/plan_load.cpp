@@ -151,6 +151,11 @@ Buffer read_buffer(const Json& j, const std::string& path) {
     b.layout = enum_field<CopyLayout>(j, path, "layout");
     b.scale_inv = read_scale_inv(j, path, "scale_inv");
   }
+  if (j.contains("emulates")) {
+    const Json& emulates = field(j, path, "emulates");
+    b.emulated_quantizer = get<int>(emulates, sub(path, "emulates"), "quantizer");
+    b.usage = enum_field<CopyUsage>(emulates, sub(path, "emulates"), "usage");
+  }
   if (j.contains("interface")) {
     const Json& tags = array(j, path, "interface");
     for (std::size_t i = 0; i < tags.size(); ++i) {

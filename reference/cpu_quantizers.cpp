@@ -84,12 +84,16 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
 }
 
 std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
-                              int64_t cols, bool columnwise, bool measure) {
+                              int64_t cols, bool columnwise, bool measure, BlockSummary* summary) {
   if (!quantizer.micro_scaled) {
     throw ReferenceError(fmt::format("quantizer '{}' is not micro-scaled", quantizer.name));
   }
   const plan::QuantSpec& spec = quantizer.micro;
-  if (!spec.nvfp4()) return mxfp8_fake_quantize(x, rows, cols, quantizer.format, columnwise);
+  if (!spec.nvfp4()) {
+    const Mxfp8Copy copy = mxfp8_quantize(x, rows, cols, quantizer.format, columnwise);
+    if (summary) *summary = summarize_mxfp8_copy(x, copy);
+    return mxfp8_dequantize(copy);
+  }
   Nvfp4Params params;
   params.columnwise = columnwise;
   params.two_d = spec.block.rows > 1;
@@ -107,7 +111,9 @@ std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, in
     ++state.measurements;
   }
   params.step = state.measurements;
-  return nvfp4_fake_quantize(x, rows, cols, state.scale, params);
+  const Nvfp4Copy copy = nvfp4_quantize(x, rows, cols, state.scale, params);
+  if (summary) *summary = summarize_nvfp4_copy(x, copy);
+  return nvfp4_dequantize(copy);
 }
 
 void fake_quantize(Quantizer& quantizer, std::span<float> values, int64_t cols) {

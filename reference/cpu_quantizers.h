@@ -8,6 +8,7 @@
 #include <string>
 
 #include "block_quantization.h"
+#include "block_summary.h"
 #include "plan/quant_spec.h"
 #include "quantizer_math.h"
 
@@ -40,6 +41,19 @@ struct Quantizer {
   std::function<float(float)> reduce_amax;
 };
 
+// Note "Block summaries" (runtime/cpu/block_summary.h): one quantized copy of a block-scaled or
+// micro-scaled quantizer as its latest cast made it.
+struct BlockCopySummary {
+  std::string quantizer;  // "fc1.input"
+  bool columnwise = false;
+  std::string format_name;  // the spec's format: "e4m3", "e5m2", "e2m1"
+  int block_rows = 0;       // in the source's orientation: 1 x 128 row-wise, 128 x 1 column-wise
+  int block_cols = 0;
+  BlockSummary summary;
+  bool has_tensor_scale = false;  // NVFP4
+  float tensor_scale = 0.0f;      // NVFP4: the S_enc the copy was cast with
+};
+
 // A quantizer with `spec`: per-tensor delayed or current scaling, 1-D or 2-D block scaling, MXFP8
 // or NVFP4 (ReferenceError for another format).
 Quantizer make_quantizer(std::string name, const plan::QuantSpec& spec);
@@ -62,9 +76,11 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
 // (the amax of x, or of its Hadamard-transformed columns for an rht column-wise copy); a copy
 // made right after its quantizer's other copy of the same tensor reuses that measurement, as the
 // device does. Stochastic rounding draws from the stream of Quantizer::index and the copy, as
-// the device does. ReferenceError for a quantizer that is not micro-scaled.
+// the device does. ReferenceError for a quantizer that is not micro-scaled. `summary`, when given,
+// receives the copy's block summary (note "Block summaries").
 std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
-                              int64_t cols, bool columnwise, bool measure);
+                              int64_t cols, bool columnwise, bool measure,
+                              BlockSummary* summary = nullptr);
 
 // Ends a step: the delayed-scaling update (update_delayed); a no-op under current scaling.
 void end_step(Quantizer& quantizer);

@@ -314,6 +314,13 @@ std::vector<QuantizerInfo> ReferenceExecutor<T>::quantizers() const {
 }
 
 template <typename T>
+std::vector<BlockCopySummary> ReferenceExecutor<T>::block_summaries() const {
+  std::vector<BlockCopySummary> out;
+  for (const auto& [key, summary] : state_->block_summaries) out.push_back(summary);
+  return out;
+}
+
+template <typename T>
 const std::vector<debug::TensorMoments>& ReferenceExecutor<T>::stat_records() const {
   return state_->stat_records;
 }

@@ -102,6 +102,11 @@ class ReferenceExecutor {
   // another's training (compiler/debug_config/instrument.h).
   void set_quantizer_states(const std::vector<QuantizerInfo>& states);
 
+  // Note "Block summaries" (runtime/cpu/block_summary.h): every copy of a block-scaled or
+  // micro-scaled quantizer cast since construction, as its latest cast made it, in quantizer
+  // order (the row-wise copy first). Empty for per-tensor recipes.
+  std::vector<BlockCopySummary> block_summaries() const;
+
   // The statistics records (debug/stats.h) the last forward and backward filled, one per slot of
   // sequence().inspections; empty for a sequence without (the plain plan).
   const std::vector<debug::TensorMoments>& stat_records() const;

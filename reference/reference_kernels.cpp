@@ -219,6 +219,25 @@ void quantize_op(ReferenceContext<T>& ctx, const ir::Operation& op) {
   }
 }
 
+// Note "Block summaries" (runtime/cpu/block_summary.h): the summary of the copy the cast `op`
+// just made, replacing its quantizer's earlier one of that copy.
+template <typename T>
+void record_summary(ReferenceContext<T>& ctx, const ir::Operation& op, bool columnwise,
+                    const BlockSummary& summary) {
+  const Quantizer& q = ctx.quantizers.at(size_t(op.quantizer));
+  const plan::QuantSpec& spec = ctx.seq.quantizers.at(size_t(op.quantizer)).spec;
+  BlockCopySummary& s = ctx.block_summaries[{op.quantizer, columnwise}];
+  s.quantizer = q.name;
+  s.columnwise = columnwise;
+  s.format_name = std::string(plan::dtype_name(spec.format));
+  // The spec's block is the row-wise copy's; the column-wise copy's runs down the columns.
+  s.block_rows = columnwise ? spec.block.cols : spec.block.rows;
+  s.block_cols = columnwise ? spec.block.rows : spec.block.cols;
+  s.summary = summary;
+  s.has_tensor_scale = spec.nvfp4();
+  s.tensor_scale = spec.nvfp4() ? q.state.scale : 0.0f;
+}
+
 // A block-scaled cast (runtime/cpu/block_quantization.h): each copy quantized with its own
 // blocks, the codes in the results and each copy's scale grid kept for the GEMMs that read it.
 template <typename T>
@@ -243,17 +262,18 @@ void block_cast(ReferenceContext<T>& ctx, const ir::Operation& op, Quantizer& q)
   OPFUSE_ASSERT(transposed_layout || !ir::attr_bool(op.attrs, "columnwise"),
                 "block cast '{}' makes a column-wise copy that is not transposed", op.instance);
   size_t r = 0;
-  auto keep = [&](BlockQuantizedCopy copy) {
+  auto keep = [&](BlockQuantizedCopy copy, bool columnwise) {
     Tensor<T>& y = ctx.out(op, r);
     for (size_t i = 0; i < copy.data.size(); ++i)
       y.data[i] = T(fp8_to_float(copy.data[i], q.format));
+    record_summary(ctx, op, columnwise, summarize_block_copy(copy, q.format, params.two_d));
     ctx.block_scaled[op.results[r]] = {std::move(copy), params.two_d};
     ++r;
   };
   if (ir::attr_bool(op.attrs, "rowwise"))
-    keep(block_quantize_rowwise(as_float, x.rows(), x.cols(), params));
+    keep(block_quantize_rowwise(as_float, x.rows(), x.cols(), params), false);
   if (ir::attr_bool(op.attrs, "columnwise"))
-    keep(block_quantize_columnwise(as_float, x.rows(), x.cols(), params));
+    keep(block_quantize_columnwise(as_float, x.rows(), x.cols(), params), true);
 }
 
 // Real FP8 values: the results hold the codes, their scale_inv is kept per value for the GEMMs.
@@ -317,8 +337,12 @@ void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
     const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
     OPFUSE_ASSERT(q.index == uint32_t(op.quantizer), "quantizer '{}' has index {}, not {}", q.name,
                   q.index, op.quantizer);
-    y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure);
+    BlockSummary summary;
+    y = micro_cast(q, as_float, x.rows(), x.cols(), columnwise, measure, &summary);
+    record_summary(ctx, op, columnwise, summary);
   } else {
+    // float8_block_scaling emulated (no block-scale GEMM on the target): no summary (the block
+    // summaries cover the recipes' native copies and MXFP8/NVFP4; docs/architecture.md).
     OPFUSE_ASSERT(q.block_scaled, "emulated cast '{}' of quantizer '{}' that is not block-scaled",
                   op.instance, q.name);
     BlockQuantParams params = q.block;

@@ -36,7 +36,10 @@ struct ReferenceContext {
   std::vector<float> scale_inv;              // per value id: FP8 values' scale_inv at cast time
   std::vector<bool> transposed;              // per value id: a column-wise FP8 copy
   std::map<ir::ValueId, BlockScaled> block_scaled;  // block-scaled FP8 values: their copies
-  std::vector<Quantizer> quantizers;                // like seq.quantizers
+  // Note "Block summaries": per (quantizer, column-wise) copy of a block-scaled or micro-scaled
+  // quantizer, its latest cast's (the GEMM operands' casts; not the quantize op's).
+  std::map<std::pair<int, bool>, BlockCopySummary> block_summaries;
+  std::vector<Quantizer> quantizers;  // like seq.quantizers
   // fp8_weights: per weight param, the FP8 codes and scale_inv cast in params_changed() (block
   // scaling: the weight's values at that change, and 0).
   std::map<ir::ValueId, std::pair<std::vector<float>, float>> weight_codes;

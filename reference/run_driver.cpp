@@ -108,8 +108,11 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
   uint64_t generation = debug ? debug->generation() : 0;
   std::vector<Tensor<float>> inputs;
   const auto input_shapes = current->input_shapes();
-  for (size_t i = 0; i < input_shapes.size(); ++i)
+  for (size_t i = 0; i < input_shapes.size(); ++i) {
     inputs.push_back(seeded_input(input_shapes[i], options.seed, i));
+    store_as(inputs.back().data,
+             current->sequence().value(current->sequence().inputs[i]).type.dtype);
+  }
 
   std::string out = format_run_header(sequence, options);
   for (int step = 0; step < options.steps; ++step) {
@@ -136,6 +139,9 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       report.grad_norms.emplace_back(exec.param_names()[i],
                                      std::sqrt(squared_norm(grads.params[i].data)));
     report.quantizers = exec.quantizers();
+    // Note "Block summaries": not in debug runs, whose variants the GPU's sessions do not
+    // summarize (Session::block_summaries).
+    if (!debug) report.blocks = exec.block_summaries();
     out += format_step(step, report);
     if (debug) {
       debug->add_run(exec.sequence().inspections, exec.stat_records(), debug::RunPhase::Both);

@@ -78,7 +78,8 @@ std::vector<std::vector<Tensor<float>>> rank_inputs(const ReferenceExecutor<floa
     const plan::ShardSpec cut{split_dim(s, s.inputs.at(i)), 1};
     std::vector<int64_t> whole_shape = shapes[i];
     if (cut.sharded()) whole_shape[size_t(cut.dim)] *= tp;
-    const Tensor<float> all = seeded_input(whole_shape, seed, i);
+    Tensor<float> all = seeded_input(whole_shape, seed, i);
+    store_as(all.data, s.value(s.inputs.at(i)).type.dtype);
     for (int r = 0; r < tp; ++r) {
       inputs[size_t(r)].push_back(
           cut.sharded()

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "driver/compile.h"
+#include "numerics.h"
 
 namespace opfuse::cpu {
 
@@ -44,7 +45,22 @@ std::string format_step(int step, const StepReport& report) {
     out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name, q.format_name,
                        q.amax_history[0], q.scale);
   }
+  for (const BlockCopySummary& copy : report.blocks) out += format_block_summary(copy);
   return out;
+}
+
+std::string format_block_summary(const BlockCopySummary& copy) {
+  const BlockSummary& s = copy.summary;
+  const double zero_percent =
+      s.blocks == 0 ? 0.0 : 100.0 * double(s.zero_blocks) / double(s.blocks);
+  std::string line = fmt::format(
+      "  blocks {:<32} {}  {:<7} {:>8} blocks  scale_inv {:.6e} .. {:.6e}  zero blocks {} "
+      "({:.2f}%)",
+      copy.quantizer + (copy.columnwise ? ".columnwise" : ".rowwise"), copy.format_name,
+      block_shape_name(copy.block_rows, copy.block_cols), s.blocks, s.scale_inv_min,
+      s.scale_inv_max, s.zero_blocks, zero_percent);
+  if (copy.has_tensor_scale) line += fmt::format("  tensor scale {:.6e}", copy.tensor_scale);
+  return line + "\n";
 }
 
 ir::Sequence lowered_for_run(const ir::Sequence& sequence, const debug::Routing* routing) {
@@ -64,6 +80,11 @@ ir::Sequence lowered_for_run(const ir::Sequence& sequence, const debug::Routing*
 
 Tensor<float> seeded_input(const std::vector<int64_t>& shape, uint64_t seed, size_t index) {
   return seeded_normal(shape, seed ^ (0x9E3779B97F4A7C15ull + index), 1.0);
+}
+
+void store_as(std::span<float> values, ir::DType dtype) {
+  if (dtype == ir::DType::BF16) round_to_bf16(values);
+  if (dtype == ir::DType::FP16) round_to_fp16(values);
 }
 
 }  // namespace opfuse::cpu

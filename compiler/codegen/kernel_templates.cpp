@@ -99,6 +99,15 @@ constexpr TemplateParam kFp8TransposeParams[] = {{"Fp8", Kind::DType, ""},
                                                  {"kWriteTranspose", Kind::Bool, "true"}};
 constexpr TemplateParam kOutputOnlyParams[] = {{"Output", Kind::DType, ""}};
 constexpr TemplateParam kScaleUpdateParams[] = {{"kThreads", Kind::Int, "256"}};
+// Block summaries (runtime-owned: runtime/gpu/block_summaries.h instantiates them, no plan does).
+constexpr TemplateParam kFloat8BlockSummaryParams[] = {
+    {"Fp8", Kind::DType, ""},
+    {"kTwoD", Kind::Bool, ""},
+};
+constexpr TemplateParam kMicroBlockSummaryParams[] = {
+    {"Input", Kind::DType, ""}, {"kFormat", Kind::Int, ""}, {"kColumnwise", Kind::Bool, ""},
+    {"kTwoD", Kind::Bool, ""},  {"kRht", Kind::Bool, ""},
+};
 constexpr TemplateParam kStatsFinalParams[] = {{"kThreads", Kind::Int, "32"}};
 
 constexpr KernelFamily kServesResidual[] = {KernelFamily::Residual};
@@ -148,6 +157,9 @@ constexpr std::string_view kStatsFinalExample[] = {"32"};
 constexpr std::string_view kTensorStatsFinalExample[] = {"256"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
 constexpr std::string_view kFinishCurrentExample[] = {"32"};
+constexpr std::string_view kFloat8BlockSummaryExample[] = {"__nv_fp8_e4m3", "false"};
+constexpr std::string_view kMicroBlockSummaryExample[] = {"__nv_bfloat16", "2", "true", "false",
+                                                          "true"};
 
 // One row of the table; also_serves last because most entries have none.
 constexpr KernelTemplate entry(std::string_view name, std::string_view header, KernelFamily family,
@@ -216,6 +228,11 @@ constexpr KernelTemplate kTable[] = {
     // Current scaling over tensor-parallel ranks (runtime/gpu/quantizer_state.h, finish_current).
     entry("finish_current_scales", "scale_update.cuh", KernelFamily::Cast, "ScaleUpdateParams",
           kStatsFinalParams, kFinishCurrentExample),
+    // Note "Block summaries": a block-scaled or micro-scaled copy summarized after its cast.
+    entry("float8_block_summary", "block_summary.cuh", KernelFamily::Cast, "BlockSummaryParams",
+          kFloat8BlockSummaryParams, kFloat8BlockSummaryExample),
+    entry("micro_block_summary", "block_summary.cuh", KernelFamily::Cast, "BlockSummaryParams",
+          kMicroBlockSummaryParams, kMicroBlockSummaryExample),
     entry("constant_scale", "scale.cuh", KernelFamily::Scale, "ConstantScaleParams",
           kConstantScaleParams, kConstantScaleExample),
     // A debug config's statistics (compiler/passes/debug_instrument.h): partial records, merged.

@@ -266,6 +266,16 @@ void SequenceBuilder::plan_buffers() {
           internal.insert(r);
     }
   }
+  // Note "Emulated micro-scaling": the decoded copies, by value, with their quantizer and copy.
+  std::map<ValueId, std::pair<int, bool>> emulated;
+  auto find_emulated = [&](const ir::Operation& op) {
+    if (op.kind == ir::OpKind::EmulatedCast)
+      emulated[op.results.at(0)] = {op.quantizer, ir::attr_bool(op.attrs, "columnwise")};
+  };
+  for (const ir::Operation& op : seq_.ops) {
+    find_emulated(op);
+    for (const ir::Operation& part : op.parts) find_emulated(part);
+  }
   const std::vector<std::string> names = printed_value_names(seq_);
   for (const ir::Value& v : seq_.values) {
     if (internal.count(v.id)) continue;
@@ -301,6 +311,10 @@ void SequenceBuilder::plan_buffers() {
       // Per-tensor specs keep the scale-inverse as the quantizer's device scalar; block specs
       // give each copy a grid of its own (below).
       if (q.spec.per_tensor()) b.scale_inv.quantizer = v.quantizer;
+    }
+    if (const auto it = emulated.find(v.id); it != emulated.end()) {
+      b.emulated_quantizer = it->second.first;
+      b.usage = it->second.second ? CopyUsage::Columnwise : CopyUsage::Rowwise;
     }
     buffer_of_[v.id] = b.id;
     const bool block_scaled =

@@ -251,6 +251,15 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
     s.amax_communicator = connect(dp, "amax_group");
     s.executor->set_amax_communicator(s.amax_communicator.get());
   }
+  if (options.block_summaries) {
+    if (p.debug) {
+      throw UsageError(fmt::format(
+          "sequence '{}': SessionOptions::block_summaries and a precision-debug config: the "
+          "debug variants are not summarized; drop one of them",
+          s.plan->name));
+    }
+    s.executor->enable_block_summaries(stream);  // UsageError for a tensor-parallel sequence
+  }
   if (p.debug) {
     s.debug = std::make_unique<api::DebugSession>(p.debug, s.plan->name, options.debug, *s.gemms,
                                                   options.auto_graph, *s.executor);
@@ -597,6 +606,24 @@ std::vector<QuantizerStatus> Session::quantizers(cudaStream_t stream) const {
     if (!q.spec.has_tensor_scale()) continue;
     result.push_back({q.name, public_dtype(q.format()), states[i].amax_history, states[i].scale,
                       states[i].scale_inv});
+  }
+  return result;
+}
+
+std::vector<BlockSummaryStatus> Session::block_summaries(cudaStream_t stream) const {
+  gpu::throw_if_faulted();
+  const Impl& s = *impl_;
+  if (!s.executor->block_summaries_enabled()) {
+    throw UsageError(fmt::format(
+        "block_summaries() on sequence '{}' without SessionOptions::block_summaries = true",
+        s.plan->name));
+  }
+  std::vector<BlockSummaryStatus> result;
+  for (const gpu::CopySummary& c : s.executor->block_summaries(stream)) {
+    const plan::QuantizerPlan& q = s.plan->quantizers.at(static_cast<std::size_t>(c.quantizer));
+    result.push_back({q.name, c.columnwise, public_dtype(q.format()), c.block_rows, c.block_cols,
+                      c.blocks, c.zero_blocks, c.scale_inv_min, c.scale_inv_max, c.has_tensor_scale,
+                      c.tensor_scale});
   }
   return result;
 }

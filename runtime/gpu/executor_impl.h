@@ -21,6 +21,7 @@
 
 #include "comm/communicator.h"
 #include "gpu/binding_check.h"
+#include "gpu/block_summaries.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
@@ -203,6 +204,8 @@ struct SequenceExecutor::Impl {
   std::vector<PendingCollective> pending_collectives;
   int collective_sms = 0;  // SMs a GEMM leaves to a collective in flight
   std::optional<QuantizerState> quantizers;
+  // Note "Block summaries" (gpu/block_summaries.h): made by enable_block_summaries() only.
+  std::unique_ptr<BlockSummaries> block_summaries;
   int device = 0;  // the CUDA device the executor was made on
   int num_sms = 0;
   const plan::GemmCaps* gemm_caps = nullptr;  // the device's row of plan/gemm_caps (bind checks)

@@ -69,6 +69,12 @@ void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stre
       fork_collective(index, m, stream);
     } else {
       observed_step(index, stream);
+      if (block_summaries) {
+        block_summaries->after_step(
+            index, m == mode_index(RunMode::Inference),
+            [this](int buffer) { return pointer(buffer); }, quantizers ? &*quantizers : nullptr,
+            symbols, stream);
+      }
     }
     const int group = cache_group_of_step[i];
     if (group >= 0 && cache_groups[static_cast<std::size_t>(group)].steps.back() == index)

@@ -478,6 +478,23 @@ std::vector<debug::CapturedTensor> SequenceExecutor::captures(cudaStream_t strea
   return out;
 }
 
+void SequenceExecutor::enable_block_summaries(cudaStream_t stream) {
+  if (impl_->block_summaries) return;
+  impl_->block_summaries = std::make_unique<BlockSummaries>(impl_->plan, stream);
+}
+
+bool SequenceExecutor::block_summaries_enabled() const { return impl_->block_summaries != nullptr; }
+
+std::vector<CopySummary> SequenceExecutor::block_summaries(cudaStream_t stream) const {
+  if (!impl_->block_summaries) {
+    throw UsageError(fmt::format(
+        "block summaries of sequence '{}' were not asked for: enable them before running "
+        "(SessionOptions::block_summaries)",
+        impl_->plan.name));
+  }
+  return impl_->block_summaries->download(stream);
+}
+
 std::vector<cpu::DelayedScalingState> SequenceExecutor::download_quantizers(
     cudaStream_t stream) const {
   if (!impl_->quantizers) return {};

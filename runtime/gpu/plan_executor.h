@@ -18,6 +18,7 @@
 
 #include "cpu/quantizer_math.h"
 #include "debug/capture.h"
+#include "gpu/block_summaries.h"
 #include "gpu/gemm.h"
 #include "gpu/module.h"
 #include "jit/nvrtc_compiler.h"
@@ -193,6 +194,16 @@ class SequenceExecutor {
   // the last run left them: per slot its shape and float32 values, copied to the host after
   // waiting for `stream`. Empty for a plan without slots; zeros for a slot not run since bind().
   std::vector<debug::CapturedTensor> captures(cudaStream_t stream) const;
+
+  // Note "Block summaries" (gpu/block_summaries.h): from now on every copy of a block-scaled or
+  // micro-scaled quantizer is summarized right after the step that makes it (one small launch
+  // each). Compiles the summary kernels now (NVRTC). Throws UsageError for a tensor-parallel plan.
+  void enable_block_summaries(cudaStream_t stream);
+  bool block_summaries_enabled() const;
+  // The summaries of every copy made since enable_block_summaries(), each its latest cast's, in
+  // quantizer order (the row-wise copy first), after waiting for `stream`. UsageError unless
+  // enabled.
+  std::vector<CopySummary> block_summaries(cudaStream_t stream) const;
 
   // Quantizer state (plan order), copied to the host after waiting for `stream`, and replaced
   // (checkpoint load). upload throws UsageError, copying nothing, on a count/length mismatch.

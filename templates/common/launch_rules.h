@@ -310,6 +310,15 @@ OPFUSE_LAUNCH_RULE long long block_scale_grid_outer(long long rows, long long co
 OPFUSE_LAUNCH_RULE long long block_scale_grid_inner(long long rows, long long cols, bool two_d) {
   return two_d ? ceil_div(ceil_div(cols, kBlockScaleLength), 4) * 4 : ceil_div(rows, 4) * 4;
 }
+// Block summaries (block_summary.cuh): 256 threads; a grid-stride loop over the work items
+// (float8_block_summary: a warp per block; micro_block_summary: a thread per block), at most
+// kBlockSummaryMaxGrid blocks, at least one (an empty copy still writes its tensor scale).
+inline constexpr int kBlockSummaryThreads = 256;
+inline constexpr int kBlockSummaryMaxGrid = 2048;
+OPFUSE_LAUNCH_RULE int block_summary_grid_x(long long threads) {
+  return static_cast<int>(
+      max_of(1, min_of(ceil_div(threads, kBlockSummaryThreads), kBlockSummaryMaxGrid)));
+}
 // Block-scaled fake quantization (block_fake_quantize: the quantize op, and Float8 block scaling
 // emulated), kBlockFakeQuantizeThreads threads per block, by its blocks (kBlocks):
 //   kBlockRows (1 x 128): one warp per block of a row; grid x = ceil_div(rows *

@@ -73,6 +73,13 @@ inline float __shfl_xor_sync(unsigned int /*mask*/, float value, int lane_mask) 
   warp.arrive_and_wait();
   return other;
 }
+inline unsigned int __shfl_xor_sync(unsigned int mask, unsigned int value, int lane_mask) {
+  float bits;
+  std::memcpy(&bits, &value, 4);
+  bits = __shfl_xor_sync(mask, bits, lane_mask);  // moved as bits: a copy never changes them
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
@@ -110,6 +117,16 @@ inline int atomicMax(int* address, int value) {
   while (old < value && !target.compare_exchange_weak(old, value)) {
   }
   return old;
+}
+inline unsigned int atomicMax(unsigned int* address, unsigned int value) {
+  std::atomic_ref<unsigned int> target(*address);
+  unsigned int old = target.load();
+  while (old < value && !target.compare_exchange_weak(old, value)) {
+  }
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  return std::atomic_ref<unsigned long long>(*address).fetch_add(value);
 }
 inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
   return std::atomic_ref<unsigned int>(*address).fetch_add(value);

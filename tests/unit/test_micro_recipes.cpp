@@ -6,7 +6,9 @@
 // kernels against the oracle are test_micro_scale_gpu.cpp's.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <string>
@@ -19,6 +21,7 @@
 #include "gpu/binding_check.h"
 #include "opfuse/error.h"
 #include "plan/gemm_caps.h"
+#include "plan/plan.h"
 #include "plan/quant_spec.h"
 #include "reference/reference_executor.h"
 #include "reference/run_driver.h"
@@ -287,6 +290,45 @@ TEST(MicroRecipes, TheInferenceForwardLaunchesNoHadamardAmax) {
   const driver::CompileResult plain = compile("fp4_plain");
   ASSERT_EQ(plain.status, driver::CompileStatus::Ok) << plain.error;
   EXPECT_TRUE(launches(plain.plan, "micro_scale_rht_amax").empty());
+}
+
+// Note "Block summaries": each decoded copy's buffer names its quantizer and copy (plan.json's
+// `emulates`), which the one launch writing it casts (its Philox stream is 2 * quantizer +
+// column-wise); the field survives plan.json.
+TEST(MicroRecipes, EveryDecodedCopyNamesItsQuantizerAndCopy) {
+  for (const std::string recipe : {"", "fp4"}) {
+    const driver::CompileResult r = compile(recipe);
+    ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+    const plan::SequencePlan& s = r.plan.sequences.at(0);
+    size_t copies = 0;
+    for (const plan::Buffer& b : s.buffers) {
+      if (b.emulated_quantizer < 0) continue;
+      ++copies;
+      const bool columnwise = b.usage == plan::CopyUsage::Columnwise;
+      std::vector<const plan::Step*> writers;
+      for (const plan::Step& step : s.steps)
+        if (std::find(step.writes.begin(), step.writes.end(), b.id) != step.writes.end())
+          writers.push_back(&step);
+      ASSERT_EQ(writers.size(), 1u) << b.name;
+      const auto& launch = std::get<plan::LaunchStep>(writers[0]->body);
+      EXPECT_EQ(r.plan.find_kernel(launch.kernel)->template_name, "micro_scale_cast") << b.name;
+      for (const plan::ParamBinding& p : launch.params) {
+        if (p.field == "stream") {
+          EXPECT_EQ(p.int_value.value(), 2 * b.emulated_quantizer + (columnwise ? 1 : 0)) << b.name;
+        }
+      }
+    }
+    // Two linears, each with an input, a weight and a grad_output copied both ways.
+    EXPECT_EQ(copies, 12u) << recipe;
+    const plan::Plan back = plan::plan_from_json(plan::plan_to_json(r.plan));
+    for (size_t i = 0; i < s.buffers.size(); ++i) {
+      EXPECT_EQ(back.sequences.at(0).buffers.at(i).emulated_quantizer,
+                s.buffers[i].emulated_quantizer);
+      if (s.buffers[i].emulated_quantizer >= 0) {
+        EXPECT_EQ(back.sequences.at(0).buffers.at(i).usage, s.buffers[i].usage);
+      }
+    }
+  }
 }
 
 // The CPU reference's fprop, dgrad and wgrad are BF16 GEMMs over the oracle's decoded copies.

@@ -244,6 +244,27 @@ TemplateCase micro_scale_case(const std::string& arch, const Dtype& in) {
   return c;
 }
 
+// Block summaries (runtime-owned, note "Block summaries"): both FP8 formats' copies with 1-D and
+// 2-D blocks, every micro-scaled format and copy, NVFP4's 2-D and Hadamard blocks.
+TemplateCase block_summary_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  TemplateCase c{"block_summary_" + in.tag + "_" + arch,
+                 "block_summary.cuh",
+                 {},
+                 arch,
+                 launch::kSmallKernelRegisterBudget};
+  // The Float8 kernel reads the FP8 copy: the same instantiations whatever the source dtype.
+  for (const char* options : {"__nv_fp8_e4m3, false", "__nv_fp8_e4m3, true", "__nv_fp8_e5m2, false",
+                              "__nv_fp8_e5m2, true"})
+    c.name_expressions.push_back(std::string("opfuse::float8_block_summary<") + options + ">");
+  for (const char* options :
+       {"0, false, false, false", "0, true, false, false", "1, true, false, false",
+        "2, false, false, false", "2, true, false, false", "2, false, true, false",
+        "2, true, true, false", "2, true, false, true"})
+    c.name_expressions.push_back("opfuse::micro_block_summary<" + t + ", " + options + ">");
+  return c;
+}
+
 TemplateCase amax_case(const std::string& arch, const Dtype& in) {
   return {
       "amax_" + in.tag + "_" + arch, "amax.cuh", {"opfuse::amax_reduce<" + in.type + ">"}, arch};
@@ -360,6 +381,7 @@ std::vector<TemplateCase> all_cases() {
       for (TemplateCase& c : block_activation_cases(arch, in)) cases.push_back(std::move(c));
       cases.push_back(block_fake_quantize_case(arch, in));
       cases.push_back(micro_scale_case(arch, in));
+      cases.push_back(block_summary_case(arch, in));
     }
     // The transposed copy of gathered FP8 codes (gather-fp8): one kernel per format.
     cases.push_back({"fp8_transpose_" + arch,

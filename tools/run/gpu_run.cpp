@@ -12,6 +12,7 @@
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
 #include "reference/run_driver.h"
+#include "reference/run_steps.h"
 
 namespace opfuse::api {
 
@@ -58,6 +59,9 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
   SessionOptions session_options;
   session_options.debug = options.debug;
   session_options.parallel = options.parallel;
+  // Note "Block summaries": printed as the CPU reference prints them, which it does not for
+  // tensor-parallel or debug runs.
+  session_options.block_summaries = options.parallel.size == 1 && !program.has_debug_config();
   Session session(program, options.sequence, stream, session_options);
   session.bind(options.bindings);
   session.own_parameters(options.seed, stream);
@@ -119,6 +123,20 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
     for (const QuantizerStatus& q : session.quantizers(stream)) {
       out += fmt::format("  quant  {:<32} {}  amax {:.6e}  scale {:.6e}\n", q.name,
                          tensor_dtype_name(q.format), q.amax_history.at(0), q.scale);
+    }
+    if (session_options.block_summaries) {
+      for (const BlockSummaryStatus& b : session.block_summaries(stream)) {
+        cpu::BlockCopySummary copy;
+        copy.quantizer = b.quantizer;
+        copy.columnwise = b.columnwise;
+        copy.format_name = std::string(tensor_dtype_name(b.format));
+        copy.block_rows = b.block_rows;
+        copy.block_cols = b.block_cols;
+        copy.summary = {b.blocks, b.zero_blocks, b.scale_inv_min, b.scale_inv_max};
+        copy.has_tensor_scale = b.has_tensor_scale;
+        copy.tensor_scale = b.tensor_scale;
+        out += cpu::format_block_summary(copy);
+      }
     }
     session.step(stream);
     for (std::size_t i = 0; i < params.size(); ++i) {

@@ -145,6 +145,28 @@ struct QuantizerStatus {
   float scale_inv = 1;
 };
 
+// One quantized copy of a block-scaled or micro-scaled quantizer (float8_block_scaling,
+// mxfp8_block_scaling, nvfp4_block_scaling), which keep no tensor scale to show in
+// QuantizerStatus (NVFP4 keeps one, and many block scales), as its latest cast made it
+// (SessionOptions::block_summaries; docs/architecture.md, note "Block summaries").
+struct BlockSummaryStatus {
+  std::string quantizer;  // "fc1.input"
+  bool columnwise = false;
+  TensorDType format = TensorDType::E4M3;
+  // The block, in the source's orientation: 1 x 128 row-wise, 128 x 1 column-wise, 128 x 128,
+  // 1 x 32, 32 x 1, 1 x 16, 16 x 1, 16 x 16.
+  int block_rows = 0;
+  int block_cols = 0;
+  std::int64_t blocks = 0;       // the padding of a scale grid is no block
+  std::int64_t zero_blocks = 0;  // blocks whose amax is 0
+  // The least and greatest block decode scale: Float8's FP32 scale_inv, MXFP8's 2^(e - 127),
+  // NVFP4's E4M3 block scale (its tensor scale comes on top).
+  float scale_inv_min = 0;
+  float scale_inv_max = 0;
+  bool has_tensor_scale = false;  // NVFP4
+  float tensor_scale = 0;         // NVFP4: the S_enc the copy was cast with
+};
+
 struct MemoryStats {
   std::size_t live_bytes = 0;  // the session's activations and workspaces now
   std::size_t peak_bytes = 0;  // most at once since the session began or reset_peak_memory()
@@ -225,6 +247,10 @@ struct SessionOptions {
   // scales and their FP8 casts agree; current scaling stays per replica. size 1 (the default):
   // none. Its own NCCL id (or bootstrap file with its own job name), not `parallel`'s.
   ParallelOptions amax_group;
+  // Summarize every block-scaled or micro-scaled copy right after the step that makes it (one
+  // small launch per copy; block_summaries() reads them). Off: nothing is compiled or launched
+  // for it. Refused (UsageError) for a tensor-parallel sequence and with a debug config.
+  bool block_summaries = false;
 };
 
 // One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time
@@ -313,6 +339,10 @@ class Session {
   // Every per-tensor quantizer (plan order), copied to the host after waiting for `stream`; block
   // scaling (float8_block_scaling) keeps its scales with each FP8 copy and is not listed.
   std::vector<QuantizerStatus> quantizers(cudaStream_t stream) const;
+  // Every copy of a block-scaled or micro-scaled quantizer made so far (plan order, the row-wise
+  // copy first), each as its latest cast made it, copied to the host after waiting for `stream`;
+  // empty for other recipes. UsageError without SessionOptions::block_summaries.
+  std::vector<BlockSummaryStatus> block_summaries(cudaStream_t stream) const;
 
   MemoryStats memory() const;
   void reset_peak_memory();
