@@ -124,6 +124,11 @@ void emit_fp8_transpose(SequenceBuilder& b, const Group& g);
 void emit_emulated_cast(SequenceBuilder& b, const Group& g);
 void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op, ir::ValueId x,
                      int y, bool columnwise, bool columnwise_copy);
+// float8_block_scaling's casts (emit_block_casts.cpp): a block cast of its own, and one folded
+// into the activation that produces its source (`dbias`: the backward's bias gradient, or null).
+void emit_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& cast);
+void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operation& act,
+                           const ir::Operation& cast, const ir::Operation* dbias);
 // Note "Emulated block scaling" (docs/architecture.md): one Float8 block-scaled copy of x
 // quantized and decoded to y (x's dtype and layout); `columnwise`: 128 x 1 blocks (128 x 128 for
 // 2-D specs either way), a copy only backward reads (emit_emulated_blocks.cpp).
