@@ -90,8 +90,15 @@ struct ActivationFwdOp {
   const Input* x;
   int cols;
 
+  // Where input vector `load` of element (row, col) is; Loaded from the vectors in that order.
+  __device__ __forceinline__ const Input* source(int /*load*/, long long row, int col) const {
+    return x + row * cols + col;
+  }
+  static __device__ __forceinline__ Loaded from_vectors(const Vec<Input, kVec> (&v)[kLoads]) {
+    return Loaded{v[0]};
+  }
   __device__ __forceinline__ Loaded load(long long row, int col) const {
-    return Loaded{load_vec<Input, kVec>(x + row * cols + col)};
+    return from_vectors({load_vec<Input, kVec>(source(0, row, col))});
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
@@ -122,9 +129,16 @@ struct GatedActivationFwdOp {
   const Input* x;
   int cols;
 
+  // gate (0) and linear (1) of element (row, col).
+  __device__ __forceinline__ const Input* source(int load, long long row, int col) const {
+    return x + row * (2LL * cols) + col + (load == 1 ? cols : 0);
+  }
+  static __device__ __forceinline__ Loaded from_vectors(const Vec<Input, kVec> (&v)[kLoads]) {
+    return Loaded{v[0], v[1]};
+  }
   __device__ __forceinline__ Loaded load(long long row, int col) const {
-    const Input* gate = x + row * (2LL * cols) + col;
-    return Loaded{load_vec<Input, kVec>(gate), load_vec<Input, kVec>(gate + cols)};
+    return from_vectors(
+        {load_vec<Input, kVec>(source(0, row, col)), load_vec<Input, kVec>(source(1, row, col))});
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
@@ -158,9 +172,16 @@ struct ActivationBwdOp {
   const Input* x;
   int cols;
 
+  // dy (0) and x (1) of element (row, col).
+  __device__ __forceinline__ const Input* source(int load, long long row, int col) const {
+    return (load == 0 ? dy : x) + row * cols + col;
+  }
+  static __device__ __forceinline__ Loaded from_vectors(const Vec<Input, kVec> (&v)[kLoads]) {
+    return Loaded{v[0], v[1]};
+  }
   __device__ __forceinline__ Loaded load(long long row, int col) const {
-    const long long offset = row * cols + col;
-    return Loaded{load_vec<Input, kVec>(dy + offset), load_vec<Input, kVec>(x + offset)};
+    return from_vectors(
+        {load_vec<Input, kVec>(source(0, row, col)), load_vec<Input, kVec>(source(1, row, col))});
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {
@@ -197,10 +218,18 @@ struct GatedActivationBwdOp {
   const Input* x;
   int cols;
 
+  // dy (0), gate (1) and linear (2) of element (row, col).
+  __device__ __forceinline__ const Input* source(int load, long long row, int col) const {
+    return load == 0 ? dy + row * cols + col
+                     : x + row * (2LL * cols) + col + (load == 2 ? cols : 0);
+  }
+  static __device__ __forceinline__ Loaded from_vectors(const Vec<Input, kVec> (&v)[kLoads]) {
+    return Loaded{v[0], v[1], v[2]};
+  }
   __device__ __forceinline__ Loaded load(long long row, int col) const {
-    const Input* gate = x + row * (2LL * cols) + col;
-    return Loaded{load_vec<Input, kVec>(dy + row * cols + col), load_vec<Input, kVec>(gate),
-                  load_vec<Input, kVec>(gate + cols)};
+    return from_vectors({load_vec<Input, kVec>(source(0, row, col)),
+                         load_vec<Input, kVec>(source(1, row, col)),
+                         load_vec<Input, kVec>(source(2, row, col))});
   }
   __device__ __forceinline__ void add_input_stats(const Loaded& loaded,
                                                   StatAccumulator& acc) const {

@@ -14,13 +14,12 @@
 // the unfused pair. dbias sums the fp32 values before rounding, as activation_bwd does.
 //
 // Geometry (launch_rules.h, "Block-scaled activations"): block_cast.cuh's, a block of 256 threads
-// per 128 x 128 tile of an output plane, 8 rows per thread, its values staged in shared memory. The
-// loads of a batch of passes are issued before any value is computed
-// (launch::block_activation_passes_per_batch). The gated backward computes both planes (d gate, d
-// linear) of a tile from one read of dy, gate and linear and quantizes them one after the other, so
-// its plane width cols must be a multiple of 128 (a row block never straddles the two planes).
-// Launch rules, shapes and alignment: templates/README.md
-// ("Block-scaled activations").
+// per 128 x 128 tile of an output plane, 8 rows per thread. The tile's input vectors are copied
+// into shared memory all at once (cp.async) and each output plane's rounded values replace one
+// input's there until the cast reads them. The gated backward computes both planes (d gate, d
+// linear) of a tile from one read of dy, gate and linear and quantizes them one after the other,
+// so its plane width cols must be a multiple of 128 (a row block never straddles the two
+// planes). Launch rules, shapes and alignment: templates/README.md ("Block-scaled activations").
 #ifndef OPFUSE_TEMPLATES_BLOCK_ACTIVATION_CUH_
 #define OPFUSE_TEMPLATES_BLOCK_ACTIVATION_CUH_
 
@@ -46,17 +45,22 @@ struct BlockActivationParams {
 
 namespace detail {
 
-// Dynamic shared memory (launch::block_activation_smem_bytes): the tile's rounded values, per
-// plane [kPasses][kThreads] 16-byte words, each thread's own slots (written and read back by the
-// same thread: no barrier between); then, with kDbias, the warps' column sums.
+// Dynamic shared memory (launch::block_activation_smem_bytes): the tile's input vectors, per
+// input [kPasses][kThreads] 16-byte slots, each thread's own (filled by its cp.async copies and
+// read back by the same thread: no barrier between); the rounded values of output plane p
+// overwrite input p's slots as they are computed. Then, with kDbias, the warps' column sums.
 // block_cast_rows_tile's shared area overlays plane 0's values once they are back in registers.
 extern __shared__ __align__(16) unsigned char block_activation_smem[];
 
 // Runs op's tiles: gridDim.x column tiles of 128 over one plane's width, row tiles strided by
 // gridDim.y. kPlanes == 2 (the gated backward) quantizes plane p into columns [p * cols, +cols)
-// of the [rows, 2 * cols] output. The values go through shared memory rather than staying in
-// registers from their computation to their cast: held across the loads and arithmetic of the
-// whole tile they spill (ptxas: 30-400 bytes at 80-128 registers).
+// of the [rows, 2 * cols] output. The whole tile's input vectors are copied into shared memory
+// at once (cp.async, one group per pass), so a block keeps 32 KiB per input in flight without
+// holding registers for them (loaded into registers in batches of one or two passes, the bytes in
+// flight were limited by the registers: SwiGLU forward 56%, backward 50% of copy on an H200, now
+// 71% and 57%); the arithmetic of pass b starts when its group has landed. The values go through
+// shared memory rather than staying in registers from their computation to their cast: held across
+// the arithmetic of the whole tile they spill.
 template <typename Input, typename Output, bool kWriteTranspose, bool kDbias, typename Op>
 __device__ __forceinline__ void run_block_activation(const BlockActivationParams<Input, Output>& p,
                                                      const Op& op) {
@@ -67,22 +71,24 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
   constexpr int kWarps = kThreads / 32;
   constexpr int kVec = Op::kVec;
   constexpr int kPlanes = Op::kPlanes;
+  constexpr int kLoads = Op::kLoads;
   constexpr int kVecsPerRow = kTile / kVec;
   constexpr int kRowsPerPass = kThreads / kVecsPerRow;
   constexpr int kPasses = block_cast_passes<Input>();
-  constexpr int kPassesPerBatch = launch::block_activation_passes_per_batch(kPasses, Op::kLoads);
   static_assert(kVec == launch::vector_elems(sizeof(Input)), "one 16-byte vector per pass");
+  static_assert(kPlanes <= kLoads, "each output plane overwrites one input's slots");
+  static_assert(kPasses <= 8, "copy_async_wait counts at most 7 groups in flight");
   static_assert(kPasses * kThreads * sizeof(BlockCastWords) == launch::kBlockActivationPlaneBytes,
-                "launch::block_activation_smem_bytes: one plane's values");
+                "launch::block_activation_smem_bytes: one input's vectors");
   static_assert(sizeof(BlockCastRowsShared<kWriteTranspose>) <= launch::kBlockActivationPlaneBytes,
                 "the cast's shared area fits over plane 0's values");
 
-  BlockCastWords* values_smem = reinterpret_cast<BlockCastWords*>(block_activation_smem);
-  float* dbias_scratch = reinterpret_cast<float*>(block_activation_smem +
-                                                  kPlanes * launch::kBlockActivationPlaneBytes);
+  BlockCastWords* slots = reinterpret_cast<BlockCastWords*>(block_activation_smem);
+  float* dbias_scratch =
+      reinterpret_cast<float*>(block_activation_smem + kLoads * launch::kBlockActivationPlaneBytes);
   auto& shared = *reinterpret_cast<BlockCastRowsShared<kWriteTranspose>*>(block_activation_smem);
-  auto slot = [&](int plane, int pass) -> BlockCastWords& {
-    return values_smem[(plane * kPasses + pass) * kThreads + threadIdx.x];
+  auto slot = [&](int input, int pass) -> BlockCastWords& {
+    return slots[(input * kPasses + pass) * kThreads + threadIdx.x];
   };
 
   const int tile_col0 = blockIdx.x * kTile;  // within one plane
@@ -107,38 +113,47 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
 #pragma unroll 1
     for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile; tile_row0 < rows;
          tile_row0 += static_cast<long long>(gridDim.y) * kTile) {
-      // The values: a batch's loads issued before any arithmetic (activation.cuh's batches).
-#pragma unroll 1
-      for (int batch = 0; batch < kPasses; batch += kPassesPerBatch) {
-        typename Op::Loaded loaded[kPassesPerBatch];
+      // Every input vector of the tile in flight; rows and columns past the tensor copy zeros
+      // (their values are set to 0 below, not computed).
 #pragma unroll
-        for (int b = 0; b < kPassesPerBatch; ++b) {
-          const long long row = tile_row0 + (batch + b) * kRowsPerPass + row_in_pass;
-          if (col_valid && row < rows) loaded[b] = op.load(row, col);
+      for (int b = 0; b < kPasses; ++b) {
+        const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
+        const bool valid = col_valid && row < rows;
+#pragma unroll
+        for (int k = 0; k < kLoads; ++k) {
+          copy_async_16(&slot(k, b), valid ? op.source(k, row, col) : op.source(k, 0, 0), valid);
         }
+        copy_async_commit();
+      }
 #pragma unroll
-        for (int b = 0; b < kPassesPerBatch; ++b) {
-          const long long row = tile_row0 + (batch + b) * kRowsPerPass + row_in_pass;
-          float values[kPlanes][kVec];
-          if (col_valid && row < rows) {
-            op.compute(loaded[b], values);
-          } else {
-            // Past the tensor: 0, which no amax notices and no sum changes.
+      for (int b = 0; b < kPasses; ++b) {
+        copy_async_wait(kPasses - 1 - b);
+        const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
+        float values[kPlanes][kVec];
+        if (col_valid && row < rows) {
+          Vec<Input, kVec> vectors[kLoads];
 #pragma unroll
-            for (int plane = 0; plane < kPlanes; ++plane) {
-#pragma unroll
-              for (int j = 0; j < kVec; ++j) values[plane][j] = 0.0f;
-            }
+          for (int k = 0; k < kLoads; ++k) {
+            vectors[k] =
+                load_vec_coherent<Input, kVec>(reinterpret_cast<const Input*>(&slot(k, b)));
           }
+          op.compute(Op::from_vectors(vectors), values);
+        } else {
+          // Past the tensor: 0, which no amax notices and no sum changes.
 #pragma unroll
           for (int plane = 0; plane < kPlanes; ++plane) {
-            if constexpr (kDbias) {
 #pragma unroll
-              for (int j = 0; j < kVec; ++j) dbias[plane][j] += values[plane][j];
-            }
-            const Vec<Input, kVec> rounded = float_to_vec<Input, kVec>(values[plane], 1.0f);
-            slot(plane, batch + b) = *reinterpret_cast<const BlockCastWords*>(&rounded);
+            for (int j = 0; j < kVec; ++j) values[plane][j] = 0.0f;
           }
+        }
+#pragma unroll
+        for (int plane = 0; plane < kPlanes; ++plane) {
+          if constexpr (kDbias) {
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) dbias[plane][j] += values[plane][j];
+          }
+          const Vec<Input, kVec> rounded = float_to_vec<Input, kVec>(values[plane], 1.0f);
+          slot(plane, b) = *reinterpret_cast<const BlockCastWords*>(&rounded);
         }
       }
       // The cast, plane by plane (a loop: unrolled, the two planes' casts spill).
@@ -198,20 +213,20 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
 
 // Block: launch::kBlockCastThreads (256). Grid: (launch::block_cast_grid_x(cols),
 // launch::block_cast_grid_y(rows)) or any smaller gridDim.y >= 1. Dynamic shared memory:
-// launch::block_activation_smem_bytes(planes, kDbias).
+// launch::block_activation_smem_bytes(loads, planes, kDbias).
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
-__global__ void __launch_bounds__(launch::kBlockCastThreads,
-                                  launch::min_blocks(launch::kBlockCastThreads,
-                                                     launch::block_activation_register_budget(1)))
+__global__ void __launch_bounds__(
+    launch::kBlockCastThreads,
+    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(false)))
     block_activation_fwd(BlockActivationParams<Input, Output> p) {
   detail::run_block_activation<Input, Output, kWriteTranspose, false>(
       p, detail::ActivationFwdOp<Act, Input>{p.x, p.cols});
 }
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
-__global__ void __launch_bounds__(launch::kBlockCastThreads,
-                                  launch::min_blocks(launch::kBlockCastThreads,
-                                                     launch::block_activation_register_budget(1)))
+__global__ void __launch_bounds__(
+    launch::kBlockCastThreads,
+    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(false)))
     block_gated_activation_fwd(BlockActivationParams<Input, Output> p) {
   detail::run_block_activation<Input, Output, kWriteTranspose, false>(
       p, detail::GatedActivationFwdOp<Act, Input>{p.x, p.cols});
@@ -219,9 +234,9 @@ __global__ void __launch_bounds__(launch::kBlockCastThreads,
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
           bool kDbias = false>
-__global__ void __launch_bounds__(launch::kBlockCastThreads,
-                                  launch::min_blocks(launch::kBlockCastThreads,
-                                                     launch::block_activation_register_budget(1)))
+__global__ void __launch_bounds__(
+    launch::kBlockCastThreads,
+    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(true)))
     block_activation_bwd(BlockActivationParams<Input, Output> p) {
   detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
       p, detail::ActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});
@@ -229,9 +244,9 @@ __global__ void __launch_bounds__(launch::kBlockCastThreads,
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
           bool kDbias = false>
-__global__ void __launch_bounds__(launch::kBlockCastThreads,
-                                  launch::min_blocks(launch::kBlockCastThreads,
-                                                     launch::block_activation_register_budget(2)))
+__global__ void __launch_bounds__(
+    launch::kBlockCastThreads,
+    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(true)))
     block_gated_activation_bwd(BlockActivationParams<Input, Output> p) {
   detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
       p, detail::GatedActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});

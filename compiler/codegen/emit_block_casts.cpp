@@ -74,6 +74,7 @@ void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operati
   const DType in = b.value(x).type.dtype, out = quantizer_format(b, cast);
   const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
   const int planes = backward && def.gated ? 2 : 1;
+  const int loads = (def.gated ? 2 : 1) + (backward ? 1 : 0);  // input vectors per element
   // The plane width n: dy's (backward) or the output's (forward).
   const int64_t cols = width_of(b, act, b.value(backward ? dy : value));
   if (cast.operands.at(0) != value || spec.scaling != plan::ScalingKind::Block1D ||
@@ -115,7 +116,7 @@ void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operati
                                       bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0),
                                       bind_int("rows", rows),
                                       bind_int("cols", cols)};
-  const int smem = rules::block_activation_smem_bytes(planes, dbias != nullptr);
+  const int smem = rules::block_activation_smem_bytes(loads, planes, dbias != nullptr);
   // Backward never runs in an inference forward: no variant without the column-wise copy.
   std::optional<WithoutTranspose> plain;
   if (!backward) plain = WithoutTranspose{what(false), grid, rules::kBlockCastThreads, smem};

@@ -279,24 +279,21 @@ OPFUSE_LAUNCH_RULE int block_cast_grid_y(long long rows) {
   return static_cast<int>(max_of(1, min_of(ceil_div(rows, kBlockCastTile), kBlockCastMaxGridY)));
 }
 // Block-scaled activations (block_activation.cuh): block_cast's tiles and grid over one output
-// plane. A thread stages its 8 vectors of rounded values per plane in shared memory between their
-// computation (a batch of loads and the activation's arithmetic) and their cast (block_cast's
-// code), so neither phase holds both. 128 registers, 2 blocks per SM (at 80 and 96 ptxas spilled
-// 12-48 bytes or exceeded the budget: the generated functors' arithmetic and the dbias sums).
-inline constexpr int kBlockActivationRegisterBudget = 128;
-OPFUSE_LAUNCH_RULE int block_activation_register_budget(int /*planes*/) {
-  return kBlockActivationRegisterBudget;
+// plane. A block copies its tile's input vectors into shared memory all at once (cp.async: 32 KiB
+// per input in flight, no registers held for them); each output plane's rounded values replace one
+// input's slots until the cast reads them back. Registers: forward 80 (3 blocks per SM), backward
+// 128 (2 blocks: the gated one's 104 KiB of shared memory allows no more, and at 80 the plain
+// one's dbias sums spilled 32-144 bytes).
+inline constexpr int kBlockActivationRegisterBudget = 80;
+inline constexpr int kBlockActivationBwdRegisterBudget = 128;
+OPFUSE_LAUNCH_RULE int block_activation_register_budget(bool backward) {
+  return backward ? kBlockActivationBwdRegisterBudget : kBlockActivationRegisterBudget;
 }
-// The loads in flight before a batch's arithmetic: tile_passes_per_batch's, but one pass of the
-// gated backward's three inputs (two spilled with the two planes' dbias sums: 8-28 bytes at 128
-// registers); 2 blocks of 256 threads per SM keep 24 KiB in flight even so.
-OPFUSE_LAUNCH_RULE int block_activation_passes_per_batch(int passes, int loads_per_element) {
-  return loads_per_element >= 3 ? 1 : tile_passes_per_batch(passes, loads_per_element);
-}
-// One plane's staged values (128 x 128 2-byte values), then with dbias each warp's column sums.
+// One input's vectors (128 x 128 2-byte values), then with dbias each warp's column sums per
+// output plane.
 inline constexpr int kBlockActivationPlaneBytes = kBlockCastTile * kBlockCastTile * 2;
-OPFUSE_LAUNCH_RULE int block_activation_smem_bytes(int planes, bool dbias) {
-  return planes * kBlockActivationPlaneBytes +
+OPFUSE_LAUNCH_RULE int block_activation_smem_bytes(int loads, int planes, bool dbias) {
+  return loads * kBlockActivationPlaneBytes +
          (dbias ? planes * kBlockCastTile * (kBlockCastThreads / 32) * 4 : 0);
 }
 // The scale_inv grid of a stored [rows, cols] copy (runtime/cpu/block_quantization.h, note "Block

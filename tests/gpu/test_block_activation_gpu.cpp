@@ -200,8 +200,9 @@ class BlockActivationGpu : public test::GpuStreamTest {
                              rows,
                              n};
     const int planes = c.gated && c.backward ? 2 : 1;
+    const int loads = (c.gated ? 2 : 1) + (c.backward ? 1 : 0);
     launch(loaded.kernels[2], dim3(launch::block_cast_grid_x(n), grid_y), launch::kBlockCastThreads,
-           &fp, launch::block_activation_smem_bytes(planes, c.backward));
+           &fp, launch::block_activation_smem_bytes(loads, planes, c.backward));
     CUDA_OK(cudaStreamSynchronize(stream_));
 
     auto same_bytes = [&](const test::DeviceArray& a, const test::DeviceArray& b,

@@ -76,6 +76,15 @@ size_t launches_of(const plan::Plan& p, const std::string& template_name) {
   return n;
 }
 
+// The first launch of a template (a test failure where there is none).
+plan::LaunchStep launch_of(const plan::Plan& p, const std::string& template_name) {
+  for (const plan::Step& step : p.sequences.at(0).steps)
+    if (const auto* l = std::get_if<plan::LaunchStep>(&step.body))
+      if (p.find_kernel(l->kernel)->template_name == template_name) return *l;
+  ADD_FAILURE() << "no launch of " << template_name;
+  return {};
+}
+
 std::vector<std::string> texts(const std::vector<plan::SymExpr>& shape) {
   std::vector<std::string> out;
   out.reserve(shape.size());
@@ -126,6 +135,11 @@ TEST(BlockScaling, ThePlanCastsInOneKernelAndGivesEveryCopyItsGrid) {
   EXPECT_EQ(launches_of(r.plan, "block_activation_fwd"), 1u) << "fc2's x, the GELU's output";
   EXPECT_EQ(launches_of(r.plan, "block_activation_bwd"), 1u) << "fc1's dy, the GELU's gradient";
   EXPECT_EQ(launches_of(r.plan, "activation_fwd") + launches_of(r.plan, "activation_bwd"), 0u);
+  // The fused activations stage 32 KiB per input in shared memory (templates/README.md,
+  // "Block-scaled activations"): the GELU forward one input, its backward two (dy, x) and the
+  // warps' column sums of fc1's bias gradient.
+  EXPECT_EQ(launch_of(r.plan, "block_activation_fwd").dynamic_smem_bytes, 32 * 1024);
+  EXPECT_EQ(launch_of(r.plan, "block_activation_bwd").dynamic_smem_bytes, 64 * 1024 + 128 * 8 * 4);
   EXPECT_EQ(launches_of(r.plan, "cast_transpose"), 0u);
   EXPECT_EQ(launches_of(r.plan, "update_scales"), 0u);
   EXPECT_EQ(launches_of(r.plan, "amax_reduce"), 0u);

@@ -180,33 +180,36 @@ TemplateCase block_cast_case(const std::string& arch, const Dtype& in) {
 
 // Block-scaled activations (float8_block_scaling with the cast folded into the activation):
 // every pointwise op forward into E4M3 and backward into E5M2, with and without the column-wise
-// copy and dbias, within the family's budgets (one plane 80; the gated backward's two planes 128
-// in a case of its own). 2-byte inputs only (block_activation.cuh).
+// copy and dbias, within the family's budgets (forward 80, backward 128: a case each). 2-byte
+// inputs only (block_activation.cuh).
 std::vector<TemplateCase> block_activation_cases(const std::string& arch, const Dtype& in) {
   if (in.type == "float") return {};
   const std::string t = in.type;
   std::vector<TemplateCase> cases;
   for (const bool gated : {false, true}) {
     const std::string kind = gated ? "gated_" : "";
-    TemplateCase one{
-        "block_" + kind + "activation_" + in.tag + "_" + arch, "block_activation.cuh", {}, arch};
-    one.register_budget = launch::block_activation_register_budget(1);
-    TemplateCase two{
-        "block_gated_activation_bwd_" + in.tag + "_" + arch, "block_activation.cuh", {}, arch};
-    two.register_budget = launch::block_activation_register_budget(2);
-    const std::vector<std::string> functors = pointwise_functors(gated, one.prelude);
-    two.prelude = one.prelude;
+    TemplateCase fwd{"block_" + kind + "activation_fwd_" + in.tag + "_" + arch,
+                     "block_activation.cuh",
+                     {},
+                     arch};
+    fwd.register_budget = launch::block_activation_register_budget(false);
+    TemplateCase bwd{"block_" + kind + "activation_bwd_" + in.tag + "_" + arch,
+                     "block_activation.cuh",
+                     {},
+                     arch};
+    bwd.register_budget = launch::block_activation_register_budget(true);
+    const std::vector<std::string> functors = pointwise_functors(gated, fwd.prelude);
+    bwd.prelude = fwd.prelude;
     for (size_t i = 0; i < functors.size(); ++i) {
       const std::string transpose = i % 2 == 0 ? "true" : "false";
       const std::string dbias = i % 3 == 0 ? "false" : "true";
-      one.name_expressions.push_back("opfuse::block_" + kind + "activation_fwd<" +
+      fwd.name_expressions.push_back("opfuse::block_" + kind + "activation_fwd<" +
                                      args({functors[i], t, kE4m3, transpose}) + ">");
-      (gated ? two : one)
-          .name_expressions.push_back("opfuse::block_" + kind + "activation_bwd<" +
-                                      args({functors[i], t, kE5m2, "true", dbias}) + ">");
+      bwd.name_expressions.push_back("opfuse::block_" + kind + "activation_bwd<" +
+                                     args({functors[i], t, kE5m2, "true", dbias}) + ">");
     }
-    cases.push_back(std::move(one));
-    if (gated) cases.push_back(std::move(two));
+    cases.push_back(std::move(fwd));
+    cases.push_back(std::move(bwd));
   }
   return cases;
 }
