@@ -25,6 +25,7 @@
 
 #include "activation.cuh"
 #include "block_cast.cuh"
+#include "common/async_copy.cuh"
 
 namespace opfuse {
 
