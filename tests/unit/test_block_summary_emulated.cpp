@@ -23,24 +23,15 @@
 
 #include "cpu/block_summary.h"
 #include "cpu/numerics.h"
+#include "emulated_values.h"
 
 namespace opfuse {
 namespace {
 
 using test::emulation::emulate_launch;
 
-template <typename T>
-T cast_to(float v);
-template <>
-float cast_to(float v) {
-  return v;
-}
-template <>
-__nv_bfloat16 cast_to(float v) {
-  return __float2bfloat16_rn(v);
-}
-float value_of(float v) { return v; }
-float value_of(__nv_bfloat16 v) { return __bfloat162float(v); }
+using test::emulation::cast_to;
+using test::emulation::value_of;
 
 // N(0, 1) times 2^e per 16-row band; zero blocks (rows 0..15, and columns 32..63 of rows 16..47),
 // a tiny band, NaN and Inf elements.

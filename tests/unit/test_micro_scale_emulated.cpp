@@ -24,6 +24,7 @@
 
 #include "cpu/micro_scaling.h"
 #include "cpu/numerics.h"
+#include "emulated_values.h"
 
 namespace opfuse {
 namespace {
@@ -31,56 +32,11 @@ namespace {
 using test::emulation::Dim3;
 using test::emulation::emulate_launch;
 
-template <typename T>
-float value_of(T v);
-template <>
-float value_of(float v) {
-  return v;
-}
-template <>
-float value_of(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <typename T>
-T cast_to(float v);
-template <>
-float cast_to(float v) {
-  return v;
-}
-template <>
-__nv_bfloat16 cast_to(float v) {
-  return __float2bfloat16_rn(v);
-}
+using test::emulation::cast_to;
+using test::emulation::value_of;
 
-// N(0, 1) times 2^e per 16 x 32 region (e in [-20, 20]); with `special`, zero blocks, subnormal
-// rows, +-Inf, NaN, the largest bf16 and a huge value.
 std::vector<float> values(int rows, int cols, uint64_t seed, bool special) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  const int region_cols = (cols + 31) / 32;
-  std::vector<int> exponents(size_t((rows + 15) / 16) * size_t(region_cols));
-  for (int& e : exponents) e = exponent(rng);
-  std::vector<float> v(size_t(rows) * size_t(cols));
-  auto at = [&](int r, int c) -> float& { return v[size_t(r) * size_t(cols) + size_t(c)]; };
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c)
-      at(r, c) = std::ldexp(normal(rng), exponents[size_t(r / 16) * region_cols + size_t(c / 32)]);
-  if (!special || rows < 32 || cols < 32) return v;
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < cols; ++c) {
-      if (r < 32 && c >= 32 && c < 64) at(r, c) = 0.0f;
-      if (r % 5 == 2 && c < 32) at(r, c) = 0.0f;
-      if (r % 7 == 4) at(r, c) = std::ldexp(float((r + c) % 13 + 1), -136) * (c % 2 ? -1.0f : 1.0f);
-    }
-  }
-  at(1, 3) = std::numeric_limits<float>::infinity();
-  at(rows - 1, cols - 1) = -std::numeric_limits<float>::infinity();
-  at(0, 7) = std::numeric_limits<float>::quiet_NaN();
-  at(rows / 2, cols / 2) = std::numeric_limits<float>::quiet_NaN();
-  at(rows - 3, 5) = cpu::bf16_to_float(0x7F7F);
-  at(rows - 4, 9) = -1e30f;
-  return v;
+  return test::emulation::random_values(rows, cols, seed, special, 32);
 }
 
 constexpr uint8_t kPoison = 0xAB;
