@@ -154,6 +154,7 @@ Program Program::compile(std::string_view source, std::string_view file_name,
   compile_options.arch = options.arch.empty() ? default_arch() : options.arch;
   compile_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
   compile_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
+  compile_options.emulate_block_scaling = options.emulate_block_scaling;
   // The front end, then the passes and the plan (the plain plan): a debug config keeps the IR
   // in between to compile its variants from.
   driver::CompileOptions front_end = compile_options;

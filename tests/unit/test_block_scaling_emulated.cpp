@@ -19,6 +19,7 @@
 #include "cpu/numerics.h"
 #include "driver/compile.h"
 #include "jit/nvrtc_compiler.h"
+#include "opfuse/program.h"
 #include "plan/quant_spec.h"
 #include "reference/reference_executor.h"
 #include "reference/run_driver.h"
@@ -268,6 +269,20 @@ TEST(BlockScalingEmulated, HopperRunsItNativelyUnlessTheOptionsAsk) {
                                     "options ask)"),
             std::string::npos)
       << forced.diagnostics;
+}
+
+// The embedding API asks for it the same way (opfuse::CompileOptions::emulate_block_scaling): the
+// compiled program's plan quantizes with block_fake_quantize and casts nothing for a block GEMM.
+TEST(BlockScalingEmulated, TheEmbeddingApiCompileOptionsAskForIt) {
+  EXPECT_FALSE(opfuse::CompileOptions{}.emulate_block_scaling) << "native by default";
+  opfuse::CompileOptions options;
+  options.arch = "sm_90a";
+  options.use_cache = false;
+  options.emulate_block_scaling = true;
+  const opfuse::Program program = opfuse::Program::compile(kMlp, "mlp.fuse", options);
+  const std::string plan = program.plan_json();
+  EXPECT_NE(plan.find("block_fake_quantize"), std::string::npos);
+  EXPECT_EQ(plan.find("block_cast_transpose"), std::string::npos);
 }
 
 // An inference forward makes no column-wise copy: those launches run with an empty grid.

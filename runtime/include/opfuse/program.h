@@ -79,6 +79,10 @@ struct CompileOptions {
   bool fp8_fprop_fast_accum = true;
   bool fp8_backward_fast_accum = false;
   int compile_threads = 0;  // <= 0: every core
+  // float8_block_scaling emulated on sm_90a too (block-quantized copies decoded to BF16, BF16
+  // GEMMs), to compare the two paths on one GPU; targets without cuBLASLt's block-scale modes
+  // always emulate (docs/language.md, float8_block_scaling). `fusec build --emulate-block-scaling`.
+  bool emulate_block_scaling = false;
   // Precision debugging: the plain plan compiles as without it; the variants an iteration's
   // features need compile (through the kernel cache) the first time a session runs them.
   std::optional<DebugConfigSource> debug_config;
