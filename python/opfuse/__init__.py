@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Mapping, Optional, Sequence, Union, overload
+from typing import Literal, Optional, Sequence, Union, overload
 
 # The kernel templates NVRTC includes ship inside the package (python/CMakeLists.txt); an
 # OPFUSE_TEMPLATES_DIR the user set wins.
@@ -53,18 +53,16 @@ from ._opfuse import (  # noqa: E402  (after the environment is set)
     reference_input,
     version,
 )
+from ._dlpack import SupportsDLPack
 from ._opfuse import Program as _Program
 from ._opfuse import gpu_available as _gpu_available
-
-if TYPE_CHECKING:
-    from . import torch as torch  # noqa: F401
 
 __all__ = [
     "BlockSummaryStatus", "BuildStats", "CompileError", "CompileOptions", "ContextFaultError",
     "CudaError", "DebugSessionOptions", "DebugStat", "Error", "GraphScope", "JitError",
     "MemoryStats", "ParallelOptions", "Program", "QuantizerStatus", "ReferenceSession", "RunMode",
     "Session", "SessionOptions", "StateFileError", "TensorDType", "TensorInfo", "TensorKind",
-    "UsageError", "compile", "gpu_available", "load_build", "new_parallel_id", "reference_input",
+    "SupportsDLPack", "UsageError", "compile", "gpu_available", "load_build", "new_parallel_id", "reference_input",
     "version",
 ]
 

@@ -201,8 +201,8 @@ void bind_session(nb::module_& m) {
       "before anything is enqueued.")
       .def(nb::init<const PyProgram&, const std::string&, const std::map<std::string, std::int64_t>&,
                     nb::handle, const SessionOptions&>(),
-           nb::arg("program"), nb::arg("sequence"), nb::arg("sizes"), stream_arg,
-           nb::arg("options") = SessionOptions{})
+           nb::arg("program"), nb::arg("sequence"), nb::arg("sizes"), nb::arg("stream").none(),
+           nb::arg("options"))
       .def_prop_ro("sequence", [](PySession& s) { return s.get().sequence(); })
       .def_prop_ro("device", [](PySession&) { return std::string("cuda"); })
       .def("bind", &PySession::bind, nb::arg("sizes"),
@@ -225,9 +225,10 @@ void bind_session(nb::module_& m) {
           [](PySession& s, const std::string& name) {
             return s.view(s.get().parameter(name), s.info(name, {TensorKind::Param}, "parameter"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def parameter(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of an owned parameter (UsageError unless owned).")
       .def("set_tensor", &PySession::set_tensor, nb::arg("name"), nb::arg("array"),
+           nb::sig("def set_tensor(self, name: str, array: opfuse._dlpack.SupportsDLPack) -> None"),
            "Gives an input, parameter or output gradient: a dense row-major CUDA array of its "
            "dtype and shape, read in place (kept alive by the session).")
       .def(
@@ -262,7 +263,7 @@ void bind_session(nb::module_& m) {
           [](PySession& s, const std::string& name) {
             return s.view(s.get().output(name), s.info(name, {TensorKind::Output}, "output"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def output(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of an output, valid until the next forward.")
       .def(
           "input_grad",
@@ -270,7 +271,7 @@ void bind_session(nb::module_& m) {
             return s.view(s.get().input_grad(name),
                           s.info(name, {TensorKind::InputGrad}, "input_grad"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def input_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of an input's gradient, valid until the next forward or backward.")
       .def(
           "param_grad",
@@ -278,7 +279,7 @@ void bind_session(nb::module_& m) {
             return s.view(s.get().param_grad(name),
                           s.info(name, {TensorKind::ParamGrad}, "param_grad"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def param_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of a parameter's gradient, valid until the next forward or backward.")
       .def(
           "save",

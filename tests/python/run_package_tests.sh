@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# ctest python_package_install / python_package_cpu / python_package_gpu (tests/script_tests.cmake):
+#   install WORK  builds the package (pyproject.toml) into a virtual environment under WORK, linked
+#                 against this build tree's libraries (OPFUSE_PREBUILT_DIR: only the bindings
+#                 compile), and prints how long that took;
+#   cpu WORK      runs tests/python/test_package_cpu.py and type-checks the stubs with mypy;
+#   gpu WORK      runs tests/python/test_package_gpu.py (skips without a GPU or torch).
+# The environment sees the system's packages (--system-site-packages), so torch where installed.
+# Environment: PYTHON, SOURCE_DIR, BUILD_DIR, FUSEC.
+set -euo pipefail
+mode=$1
+work=$2
+venv="$work/venv"
+py="$venv/bin/python"
+export OPFUSE_SOURCE_DIR="$SOURCE_DIR" OPFUSE_TEST_WORK_DIR="$work" FUSEC
+export OPFUSE_CACHE_DIR="$work/kernel-cache" MYPY_CACHE_DIR="$work/mypy-cache"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+case "$mode" in
+install)
+  start=$(date +%s)
+  mkdir -p "$work"
+  [ -x "$py" ] || "$PYTHON" -m venv --system-site-packages "$venv"
+  # The build requirements as pyproject.toml pins them (one place for their ranges), NumPy, mypy.
+  mapfile -t requires < <("$py" -c '
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    print("\n".join(tomllib.load(f)["build-system"]["requires"]))' "$SOURCE_DIR/pyproject.toml")
+  "$py" -m pip install -q "${requires[@]}" "numpy>=1.22" "mypy>=1.10"
+  deps=$(date +%s)
+  "$py" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$SOURCE_DIR" \
+    --config-settings=cmake.define.OPFUSE_PREBUILT_DIR="$BUILD_DIR" \
+    --config-settings=build-dir="$work/build"
+  end=$(date +%s)
+  echo "python_package_install: $((end - start)) s in all: $((deps - start)) s for the" \
+       "environment and PyPI packages, $((end - deps)) s to build and install opfuse"
+  ;;
+cpu)
+  cd "$work"  # not the source tree: the installed package is imported
+  "$py" "$SOURCE_DIR/tests/python/test_package_cpu.py"
+  # The stubs type-check a typed use of the package, and catch a misuse of it.
+  "$py" -m mypy --strict "$SOURCE_DIR/tests/python/typed_usage.py"
+  if "$py" -m mypy --strict "$SOURCE_DIR/tests/python/typed_misuse.py" >"$work/misuse.txt"; then
+    echo "mypy accepted tests/python/typed_misuse.py: the stubs do not type the API" >&2
+    exit 1
+  fi
+  cat "$work/misuse.txt"
+  expected=$(grep -c "# error:" "$SOURCE_DIR/tests/python/typed_misuse.py")
+  found=$(grep -c ": error:" "$work/misuse.txt" || true)
+  if [ "$found" -ne "$expected" ]; then
+    echo "mypy found $found errors in typed_misuse.py, the file marks $expected" >&2
+    exit 1
+  fi
+  ;;
+gpu)
+  cd "$work"
+  "$py" "$SOURCE_DIR/tests/python/test_package_gpu.py"
+  ;;
+*)
+  echo "usage: $0 install|cpu|gpu WORK_DIR" >&2
+  exit 2
+  ;;
+esac
