@@ -1,0 +1,274 @@
+"""The installed `opfuse` package on a GPU with torch: opfuse.torch.Sequential trains the seed MLP
+(dsl_examples/mlp.fuse) under torch.optim.SGD bit for bit as the session driven directly does,
+its gradients match a PyTorch eager implementation within the GPU tests' bounds
+(tests/gpu/test_executor_gpu.cpp: 1e-2 relative error norm under bf16), nothing waits for the GPU,
+state_dict() carries the quantizer state, and wrong tensors are refused.
+
+Run by tests/python/run_package_tests.sh gpu (ctest: python_package_gpu, label gpu); prints
+"[  SKIPPED ]" and exits 0 without torch or a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import unittest
+
+try:
+    import torch
+except ImportError:
+    print("[  SKIPPED ] python_package_gpu: torch is not installed")
+    sys.exit(0)
+
+import opfuse
+
+if not torch.cuda.is_available() or not opfuse.gpu_available():
+    print("[  SKIPPED ] python_package_gpu: no GPU: " + opfuse.gpu_unavailable_reason())
+    sys.exit(0)
+
+import opfuse.torch as opfuse_torch  # noqa: E402
+
+MLP = os.path.join(os.environ["OPFUSE_SOURCE_DIR"], "dsl_examples", "mlp.fuse")
+TOKENS = 64
+HIDDEN = 4096
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    # tests/gpu/test_executor_gpu.cpp's relative_error: |got - want| / |want| (2-norms).
+    diff = (got.double() - want.double()).norm().item()
+    norm = want.double().norm().item()
+    return diff if norm == 0 else diff / norm
+
+
+def loss_of(y: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (y.float() ** 2).mean()
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(
+        torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                    b.view(torch.int16) if b.dtype == torch.bfloat16 else b))
+
+
+class Sequential(unittest.TestCase):
+    program: opfuse.Program
+    bf16_program: opfuse.Program
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.program = opfuse.compile(MLP)
+        cls.bf16_program = opfuse.compile(MLP, recipe="bf16")
+
+    def x(self, seed: int) -> torch.Tensor:
+        generator = torch.Generator(device="cuda").manual_seed(seed)
+        return torch.randn(TOKENS, HIDDEN, device="cuda", generator=generator).bfloat16()
+
+    def test_trains_under_sgd_bit_for_bit_as_the_session(self) -> None:
+        module = opfuse_torch.Sequential(self.program, "mlp", seed=0, tokens=TOKENS)
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+        module.register_optimizer(optimizer)
+
+        # The same sequence driven through the Session: its own parameters (same seed), the
+        # same SGD (torch.optim over views of them), step() by hand.
+        stream = torch.cuda.current_stream().cuda_stream
+        session = self.program.session("mlp", device="cuda", stream=stream, tokens=TOKENS)
+        session.own_parameters(0, stream)
+        names = [t.name for t in session.tensors() if t.kind == opfuse.TensorKind.PARAM]
+        params = {n: torch.from_dlpack(session.parameter(n)).requires_grad_() for n in names}
+        reference_optimizer = torch.optim.SGD(list(params.values()), lr=0.01)
+        for name in names:
+            self.assertTrue(bits_equal(module.get_parameter(name).detach(), params[name].detach()),
+                            name)
+
+        for step in range(4):
+            x = self.x(step)
+            optimizer.zero_grad()
+            y = module(x)
+            loss = loss_of(y)
+            loss.backward()
+            optimizer.step()  # and module.step() through the hook
+
+            session.set_tensor("x", x)
+            session.forward(stream)
+            y_session = torch.from_dlpack(session.output("y")).clone().requires_grad_()
+            loss_of(y_session).backward()  # the same dL/dy, by the same kernels
+            assert y_session.grad is not None
+            session.set_tensor("y", y_session.grad)
+            session.backward(stream)
+            for name in names:
+                params[name].grad = torch.from_dlpack(session.param_grad(name)).clone()
+            with torch.no_grad():
+                reference_optimizer.step()
+            session.step(stream)
+            session.parameters_changed()
+
+            self.assertTrue(bits_equal(y.detach(), y_session.detach()), f"step {step}: y")
+            for name in names:
+                grad = module.get_parameter(name).grad
+                assert grad is not None
+                self.assertTrue(bits_equal(grad, params[name].grad), f"step {step}: {name} grad")
+                self.assertTrue(bits_equal(module.get_parameter(name).detach(),
+                                           params[name].detach()), f"step {step}: {name}")
+            got = module.session.quantizers(stream)
+            want = session.quantizers(stream)
+            self.assertEqual([(q.name, q.amax_history, q.scale) for q in got],
+                             [(q.name, q.amax_history, q.scale) for q in want], f"step {step}")
+        # The quantizers moved: step() ran through the optimizer's hook.
+        self.assertTrue(all(q.scale != 1.0 for q in module.session.quantizers(stream)))
+
+    def test_gradients_match_pytorch_eager_within_the_gpu_tests_bound(self) -> None:
+        module = opfuse_torch.Sequential(self.bf16_program, "mlp", seed=3, tokens=TOKENS)
+        x = self.x(11).requires_grad_()
+        y = module(x)
+        loss_of(y).backward()
+
+        weights = {n: p.detach().float().requires_grad_() for n, p in module.named_parameters()}
+        x_eager = x.detach().float().requires_grad_()
+        h = torch.nn.functional.layer_norm(x_eager, (HIDDEN,), weights["layernorm_0.weight"],
+                                           weights["layernorm_0.bias"], eps=1e-5)
+        h = h @ weights["fc1.weight"].t()
+        gate, value = h.chunk(2, dim=-1)  # SwiGLU: the first half is the gate
+        h = torch.nn.functional.silu(gate) * value
+        y_eager = h @ weights["fc2.weight"].t()
+        loss_of(y_eager).backward()
+
+        bound = 1e-2  # bound_for("bf16") in tests/gpu/test_executor_gpu.cpp
+        errors = {"y": relative_error(y.detach(), y_eager.detach())}
+        assert x.grad is not None and x_eager.grad is not None
+        errors["dx"] = relative_error(x.grad, x_eager.grad)
+        for name, p in module.named_parameters():
+            assert p.grad is not None
+            errors[name] = relative_error(p.grad, weights[name].grad)  # type: ignore[arg-type]
+        print("[ errors   ] " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items()))
+        for name, error in errors.items():
+            self.assertLessEqual(error, bound, name)
+
+    def test_no_call_waits_for_the_gpu(self) -> None:
+        module = opfuse_torch.Sequential(self.program, "mlp", seed=0, tokens=TOKENS)
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+        module.register_optimizer(optimizer)
+        x = self.x(5)
+        for _ in range(2):  # warm: the first forward allocates, the kernels load
+            loss_of(module(x)).backward()
+            optimizer.step()
+        torch.cuda.synchronize()
+        # With the stream held busy, a step that waited for the GPU would return only after the
+        # busy kernel; one that does not returns at once, the stream still busy.
+        torch.cuda._sleep(2_000_000_000)  # about a second
+        start = time.perf_counter()
+        loss_of(module(x)).backward()
+        optimizer.step()
+        with torch.no_grad():
+            module(x)
+        host_seconds = time.perf_counter() - start
+        still_busy = not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+        self.assertTrue(still_busy, f"the stream drained within {host_seconds:.3f} s")
+        self.assertLess(host_seconds, 0.25)
+
+    def test_state_dict_carries_parameters_and_quantizer_state(self) -> None:
+        trained = opfuse_torch.Sequential(self.program, "mlp", seed=0, tokens=TOKENS)
+        optimizer = torch.optim.SGD(trained.parameters(), lr=0.01)
+        trained.register_optimizer(optimizer)
+        for step in range(3):
+            loss_of(trained(self.x(step))).backward()
+            optimizer.step()
+        state = trained.state_dict()
+        self.assertIn("_extra_state", state)
+        self.assertIn("fc1.weight", state)
+        restored = opfuse_torch.Sequential(self.program, "mlp", seed=1, tokens=TOKENS)
+        restored.load_state_dict(state)
+        stream = torch.cuda.current_stream().cuda_stream
+        self.assertEqual([(q.name, q.amax_history, q.scale)
+                          for q in restored.session.quantizers(stream)],
+                         [(q.name, q.amax_history, q.scale)
+                          for q in trained.session.quantizers(stream)])
+        x = self.x(9)
+        with torch.no_grad():
+            self.assertTrue(bits_equal(restored(x), trained(x)))
+
+    def test_wrong_tensors_are_refused_before_anything_runs(self) -> None:
+        module = opfuse_torch.Sequential(self.program, "mlp", seed=0, tokens=TOKENS)
+        x = self.x(0)
+        with self.assertRaisesRegex(opfuse.UsageError, r"input 'x' is torch.bfloat16, the tensor "
+                                    r"is torch.float32"):
+            module(x.float())
+        with self.assertRaisesRegex(opfuse.UsageError, r"has shape \[64, 4096\], the tensor "
+                                    r"\[32, 4096\]"):
+            module(x[:32])
+        with self.assertRaisesRegex(opfuse.UsageError, "not dense and row-major"):
+            module(torch.empty(HIDDEN, TOKENS, device="cuda", dtype=torch.bfloat16).t())
+        with self.assertRaisesRegex(opfuse.UsageError, "the tensor is on cpu"):
+            module(x.cpu())
+        with self.assertRaisesRegex(opfuse.UsageError, "takes 1 inputs"):
+            module(x, x)
+        first = module(x)
+        module(x)
+        with self.assertRaisesRegex(opfuse.UsageError, "backward of an earlier forward"):
+            loss_of(first).backward()
+        # The session still trains after the refusals.
+        y = module(x)
+        loss_of(y).backward()
+        self.assertIsNotNone(module.get_parameter("fc1.weight").grad)
+
+    def test_session_tensors_through_dlpack_without_copies(self) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        session = self.program.session("mlp", device="cuda", stream=stream, tokens=TOKENS)
+        session.own_parameters(0, stream)
+        x = self.x(1)
+        session.set_tensor("x", x)
+        session.forward(stream)
+        first = torch.from_dlpack(session.output("y"))
+        self.assertEqual((first.dtype, list(first.shape)), (torch.bfloat16, [TOKENS, HIDDEN]))
+        # A view of the session's memory: the next forward writes it in place.
+        pointer = first.data_ptr()
+        session.set_tensor("x", self.x(2))
+        session.forward(stream)
+        self.assertEqual(torch.from_dlpack(session.output("y")).data_ptr(), pointer)
+        # set_tensor reads the caller's memory in place: changing x changes the next output.
+        x2 = self.x(3)
+        session.set_tensor("x", x2)
+        session.forward(stream)
+        before = torch.from_dlpack(session.output("y")).clone()
+        x2.mul_(-1)
+        session.forward(stream)
+        self.assertFalse(bits_equal(before, torch.from_dlpack(session.output("y"))))
+        with self.assertRaisesRegex(opfuse.UsageError, "NumPy arrays run on the CPU reference"):
+            session.set_tensor("x", x.cpu().float().numpy())
+
+    def test_host_time_per_forward(self) -> None:
+        # Measured, not asserted (benchmarks are programs, docs/design.md): the host time of a
+        # small inference forward through the module and through the session directly.
+        tokens = 16
+        module = opfuse_torch.Sequential(self.bf16_program, "mlp", seed=0, tokens=tokens)
+        stream = torch.cuda.current_stream().cuda_stream
+        options = opfuse.SessionOptions()
+        session = self.bf16_program.session("mlp", device="cuda", stream=stream,
+                                            options=options, tokens=tokens)
+        session.own_parameters(0, stream)
+        x = self.x(0)[:tokens].contiguous()
+        session.set_tensor("x", x)
+        runs = 200
+
+        def per_call(call: object) -> float:
+            for _ in range(20):
+                call()  # type: ignore[operator]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(runs):
+                call()  # type: ignore[operator]
+            elapsed = time.perf_counter() - start
+            torch.cuda.synchronize()
+            return elapsed / runs * 1e6
+
+        with torch.no_grad():
+            module_us = per_call(lambda: module(x))
+        session_us = per_call(lambda: session.forward(stream, opfuse.RunMode.INFERENCE))
+        print(f"[ host us  ] inference forward, {tokens} tokens: Sequential {module_us:.1f} us, "
+              f"Session.forward {session_us:.1f} us, difference {module_us - session_us:.1f} us")
+        self.assertGreater(module_us, 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
