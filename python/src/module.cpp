@@ -200,7 +200,8 @@ NB_MODULE(_opfuse, m) {
         return std::make_pair(available, why);
       },
       "(True, '') when a CUDA GPU and driver are usable here, else (False, what is missing).");
-  m.def("version", [] { return std::string(opfuse::version()); }, "opfuse's version.");
+  m.def(
+      "version", [] { return std::string(opfuse::version()); }, "opfuse's version.");
   py::bind_program(m);
   py::bind_session(m);
   py::bind_reference_session(m);

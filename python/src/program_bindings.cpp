@@ -33,8 +33,7 @@ const ir::Sequence& PyProgram::reference_sequence(const std::string& sequence) {
     driver::CompileResult result =
         path.empty() ? driver::compile_source(name, source, sources, diags, options)
                      : driver::compile_file(path, sources, diags, options);
-    if (!result.ok())
-      throw CompileError(result.error.empty() ? diags.format_all() : result.error);
+    if (!result.ok()) throw CompileError(result.error.empty() ? diags.format_all() : result.error);
     front_end = std::make_shared<const ir::Program>(std::move(result.program));
   }
   if (sequence.empty() && front_end->sequences.size() == 1) return front_end->sequences[0];
@@ -45,8 +44,8 @@ const ir::Sequence& PyProgram::reference_sequence(const std::string& sequence) {
     throw UsageError(fmt::format("{} has {} sequences; name one: {}", name, names.size(),
                                  fmt::join(names, ", ")));
   }
-  throw UsageError(fmt::format("no sequence '{}' in {}; sequences: {}", sequence, name,
-                               fmt::join(names, ", ")));
+  throw UsageError(
+      fmt::format("no sequence '{}' in {}; sequences: {}", sequence, name, fmt::join(names, ", ")));
 }
 
 namespace {
@@ -87,8 +86,8 @@ void bind_program(nb::module_& m) {
             CompileOptions with_debug = options;
             set_debug_config(with_debug, debug_config_path, debug_config_text);
             nb::gil_scoped_release release;
-            return PyProgram{Program::compile_file(path, with_debug), path, {}, path,
-                             options.recipe, nullptr};
+            return PyProgram{
+                Program::compile_file(path, with_debug), path, {}, path, options.recipe, nullptr};
           },
           nb::arg("path"), nb::arg("options"), nb::arg("debug_config_path").none(),
           nb::arg("debug_config_text").none(),
@@ -101,8 +100,12 @@ void bind_program(nb::module_& m) {
             CompileOptions with_debug = options;
             set_debug_config(with_debug, debug_config_path, debug_config_text);
             nb::gil_scoped_release release;
-            return PyProgram{Program::compile(source, name, with_debug), {}, source, name,
-                             options.recipe, nullptr};
+            return PyProgram{Program::compile(source, name, with_debug),
+                             {},
+                             source,
+                             name,
+                             options.recipe,
+                             nullptr};
           },
           nb::arg("source"), nb::arg("name"), nb::arg("options"),
           nb::arg("debug_config_path").none(), nb::arg("debug_config_text").none(),
@@ -117,8 +120,9 @@ void bind_program(nb::module_& m) {
           "A `fusec build FILE -o DIR` output, verified against DIR/kernels.json; no NVRTC. GPU "
           "sessions only (it holds no .fuse source for the CPU reference).")
       .def_prop_ro("sequences", [](const PyProgram& p) { return p.program.sequences(); })
-      .def_prop_ro("arch", [](const PyProgram& p) { return p.program.arch(); },
-                   "the NVRTC target the kernels were compiled for")
+      .def_prop_ro(
+          "arch", [](const PyProgram& p) { return p.program.arch(); },
+          "the NVRTC target the kernels were compiled for")
       .def(
           "recipe",
           [](const PyProgram& p, const std::string& sequence) {
@@ -126,15 +130,18 @@ void bind_program(nb::module_& m) {
           },
           nb::arg("sequence") = "",
           "The recipe a sequence compiled with, e.g. 'delayed_scaling(format = hybrid, ...)'.")
-      .def_prop_ro("plan_json", [](const PyProgram& p) { return p.program.plan_json(); },
-                   "the plan as JSON (docs/codegen.md)")
+      .def_prop_ro(
+          "plan_json", [](const PyProgram& p) { return p.program.plan_json(); },
+          "the plan as JSON (docs/codegen.md)")
       .def_prop_ro("build_stats", [](const PyProgram& p) { return p.program.build_stats(); })
-      .def_prop_ro("warnings", [](const PyProgram& p) { return p.program.warnings(); },
-                   "the compile's warnings, formatted like errors; empty when none")
+      .def_prop_ro(
+          "warnings", [](const PyProgram& p) { return p.program.warnings(); },
+          "the compile's warnings, formatted like errors; empty when none")
       .def_prop_ro("has_debug_config",
                    [](const PyProgram& p) { return p.program.has_debug_config(); })
-      .def_prop_ro("name", [](const PyProgram& p) { return p.name; },
-                   "the file (or the name given to the text) it was compiled from");
+      .def_prop_ro(
+          "name", [](const PyProgram& p) { return p.name; },
+          "the file (or the name given to the text) it was compiled from");
 }
 
 }  // namespace opfuse::python

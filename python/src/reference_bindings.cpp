@@ -132,9 +132,8 @@ void bind_reference_session(nb::module_& m) {
           },
           nb::arg("name"), "A copy of a parameter's gradient from the last backward.")
       .def(
-          "quantizers",
-          [](PyReferenceSession& s, nb::handle) { return s.session.quantizers(); }, stream_arg,
-          "Every per-tensor quantizer as it is now.");
+          "quantizers", [](PyReferenceSession& s, nb::handle) { return s.session.quantizers(); },
+          stream_arg, "Every per-tensor quantizer as it is now.");
 
   m.def(
       "reference_input",

@@ -40,7 +40,8 @@ std::int64_t element_count(const std::vector<std::int64_t>& shape) {
 TensorInfo make_info(std::string name, TensorKind kind, ir::DType dtype,
                      std::vector<std::int64_t> shape) {
   const TensorDType public_type = public_dtype(dtype);
-  const auto bytes = static_cast<std::size_t>(element_count(shape)) * tensor_dtype_bytes(public_type);
+  const auto bytes =
+      static_cast<std::size_t>(element_count(shape)) * tensor_dtype_bytes(public_type);
   return {std::move(name), kind, public_type, std::move(shape), bytes};
 }
 
@@ -78,8 +79,8 @@ ReferenceSession::ReferenceSession(const ir::Sequence& sequence,
     const ir::Value* param = nullptr;
     for (ir::ValueId id : seq.params)
       if (seq.value(id).name == name) param = &seq.value(id);
-    tensors_.push_back(make_info(name, TensorKind::Param, param->type.dtype,
-                                 executor_->param(name).shape));
+    tensors_.push_back(
+        make_info(name, TensorKind::Param, param->type.dtype, executor_->param(name).shape));
   }
   for (std::size_t i = 0; i < seq.outputs.size(); ++i) {
     const ir::Value& v = seq.value(seq.outputs[i].value);
@@ -116,9 +117,10 @@ const TensorInfo& ReferenceSession::find(std::string_view name, TensorKind kind,
   std::vector<std::string> names;
   for (const TensorInfo& t : tensors_)
     if (t.kind == kind) names.push_back(t.name);
-  throw UsageError(fmt::format("{}: sequence '{}' has no {} '{}'; its {}s: {}", call, name_,
-                               tensor_kind_name(kind), name, tensor_kind_name(kind),
-                               names.empty() ? std::string("(none)") : fmt::format("{}", fmt::join(names, ", "))));
+  throw UsageError(fmt::format(
+      "{}: sequence '{}' has no {} '{}'; its {}s: {}", call, name_, tensor_kind_name(kind), name,
+      tensor_kind_name(kind),
+      names.empty() ? std::string("(none)") : fmt::format("{}", fmt::join(names, ", "))));
 }
 
 void ReferenceSession::own_parameters(std::uint64_t seed) {
@@ -142,9 +144,9 @@ void ReferenceSession::set_tensor(std::string_view name, const std::vector<std::
         names.push_back(t.name);
       }
     }
-    throw UsageError(fmt::format(
-        "set_tensor('{}'): sequence '{}' takes no such tensor; it takes: {}", name, name_,
-        fmt::join(names, ", ")));
+    throw UsageError(
+        fmt::format("set_tensor('{}'): sequence '{}' takes no such tensor; it takes: {}", name,
+                    name_, fmt::join(names, ", ")));
   }
   if (shape != info->shape) {
     throw UsageError(fmt::format("set_tensor('{}'): the {} '{}' has shape [{}], got [{}]", name,
@@ -219,8 +221,7 @@ void ReferenceSession::step() { executor_->step(); }
 
 const cpu::Tensor<float>& ReferenceSession::output(std::string_view name) const {
   find(name, TensorKind::Output, "output()");
-  if (outputs_.empty())
-    throw UsageError(fmt::format("output('{}'): no forward has run yet", name));
+  if (outputs_.empty()) throw UsageError(fmt::format("output('{}'): no forward has run yet", name));
   return outputs_[index_of(output_names_, name)];
 }
 

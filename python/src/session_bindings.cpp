@@ -106,7 +106,7 @@ class PySession {
   nb::ndarray<> view(const void* data, const TensorInfo& t) const {
     std::vector<std::size_t> shape(t.shape.begin(), t.shape.end());
     return nb::ndarray<>(const_cast<void*>(data), shape.size(), shape.data(), nb::handle(), nullptr,
-                    dlpack_dtype(t.dtype), nb::device::cuda::value, device_);
+                         dlpack_dtype(t.dtype), nb::device::cuda::value, device_);
   }
 
  private:
@@ -120,7 +120,8 @@ class PySession {
 
 std::vector<std::int64_t> array_shape(const nb::ndarray<>& array) {
   std::vector<std::int64_t> shape;
-  for (std::size_t i = 0; i < array.ndim(); ++i) shape.push_back(static_cast<std::int64_t>(array.shape(i)));
+  for (std::size_t i = 0; i < array.ndim(); ++i)
+    shape.push_back(static_cast<std::int64_t>(array.shape(i)));
   return shape;
 }
 
@@ -157,7 +158,7 @@ void bind_session(nb::module_& m) {
       .def_rw("start_iteration", &DebugSessionOptions::start_iteration)
       .def_prop_rw(
           "on_stat", [](const DebugSessionOptions& o) { return o.on_stat != nullptr; },
-          [](DebugSessionOptions& o, nb::callable callback) {
+          [](DebugSessionOptions& o, const nb::callable& callback) {
             o.on_stat = [callback](const DebugStat& stat) {
               nb::gil_scoped_acquire acquire;
               callback(stat);
@@ -199,10 +200,11 @@ void bind_session(nb::module_& m) {
       "(torch.from_dlpack). `stream` arguments take None (the legacy default stream), an int "
       "(a cudaStream_t) or a stream object (torch.cuda.Stream, cupy). Misuse raises UsageError "
       "before anything is enqueued.")
-      .def(nb::init<const PyProgram&, const std::string&, const std::map<std::string, std::int64_t>&,
-                    nb::handle, const SessionOptions&>(),
-           nb::arg("program"), nb::arg("sequence"), nb::arg("sizes"), nb::arg("stream").none(),
-           nb::arg("options"))
+      .def(
+          nb::init<const PyProgram&, const std::string&, const std::map<std::string, std::int64_t>&,
+                   nb::handle, const SessionOptions&>(),
+          nb::arg("program"), nb::arg("sequence"), nb::arg("sizes"), nb::arg("stream").none(),
+          nb::arg("options"))
       .def_prop_ro("sequence", [](PySession& s) { return s.get().sequence(); })
       .def_prop_ro("device", [](PySession&) { return std::string("cuda"); })
       .def("bind", &PySession::bind, nb::arg("sizes"),
@@ -225,7 +227,8 @@ void bind_session(nb::module_& m) {
           [](PySession& s, const std::string& name) {
             return s.view(s.get().parameter(name), s.info(name, {TensorKind::Param}, "parameter"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def parameter(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def parameter(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of an owned parameter (UsageError unless owned).")
       .def("set_tensor", &PySession::set_tensor, nb::arg("name"), nb::arg("array"),
            nb::sig("def set_tensor(self, name: str, array: opfuse._dlpack.SupportsDLPack) -> None"),
@@ -263,7 +266,8 @@ void bind_session(nb::module_& m) {
           [](PySession& s, const std::string& name) {
             return s.view(s.get().output(name), s.info(name, {TensorKind::Output}, "output"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def output(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def output(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of an output, valid until the next forward.")
       .def(
           "input_grad",
@@ -271,7 +275,8 @@ void bind_session(nb::module_& m) {
             return s.view(s.get().input_grad(name),
                           s.info(name, {TensorKind::InputGrad}, "input_grad"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def input_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def input_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of an input's gradient, valid until the next forward or backward.")
       .def(
           "param_grad",
@@ -279,7 +284,8 @@ void bind_session(nb::module_& m) {
             return s.view(s.get().param_grad(name),
                           s.info(name, {TensorKind::ParamGrad}, "param_grad"));
           },
-          nb::arg("name"), nb::rv_policy::reference_internal, nb::sig("def param_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def param_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
           "A view of a parameter's gradient, valid until the next forward or backward.")
       .def(
           "save",
@@ -325,11 +331,9 @@ void bind_session(nb::module_& m) {
           stream_arg, "Every block-scaled copy (SessionOptions.block_summaries).")
       .def(
           "memory", [](PySession& s) { return s.get().memory(); }, "Device memory, in bytes.")
+      .def("reset_peak_memory", [](PySession& s) { s.get().reset_peak_memory(); })
       .def(
-          "reset_peak_memory", [](PySession& s) { s.get().reset_peak_memory(); })
-      .def(
-          "flush_debug_stats",
-          [](PySession& s) { s.get().flush_debug_stats(); },
+          "flush_debug_stats", [](PySession& s) { s.get().flush_debug_stats(); },
           "Logs the statistics of every ended debug iteration.")
       .def_prop_ro(
           "debug_iteration", [](PySession& s) { return s.get().debug_iteration(); },
