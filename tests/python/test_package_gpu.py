@@ -237,6 +237,58 @@ class Sequential(unittest.TestCase):
         with self.assertRaisesRegex(opfuse.UsageError, "NumPy arrays run on the CPU reference"):
             session.set_tensor("x", x.cpu().float().numpy())
 
+    def test_graph_replays_equal_eager_steps_and_checkpoints_restore(self) -> None:
+        torch_stream = torch.cuda.Stream()
+        stream = torch_stream.cuda_stream
+        with torch.cuda.stream(torch_stream):
+            x = self.x(4)
+            dy = self.x(6)
+            sessions = []
+            for _ in range(2):
+                session = self.program.session("mlp", device="cuda", stream=torch_stream,
+                                               tokens=TOKENS)
+                session.own_parameters(0, torch_stream)
+                session.set_tensor("x", x)
+                session.set_tensor("y", dy)
+                sessions.append(session)
+            eager, graphed = sessions
+            graphed.capture(torch_stream, opfuse.GraphScope.TRAINING_STEP)
+            self.assertTrue(graphed.has_graph)
+            with self.assertRaisesRegex(opfuse.UsageError, "release_graph"):
+                graphed.forward(stream)
+            for _ in range(3):
+                eager.forward(stream)
+                eager.backward(stream)
+                eager.step(stream)
+                graphed.replay(stream)
+            for name in ("fc1.weight", "fc2.weight"):
+                self.assertTrue(bits_equal(torch.from_dlpack(eager.param_grad(name)),
+                                           torch.from_dlpack(graphed.param_grad(name))), name)
+            self.assertEqual([q.scale for q in eager.quantizers(stream)],
+                             [q.scale for q in graphed.quantizers(stream)])
+            graphed.release_graph()
+            memory = eager.memory()
+            self.assertGreater(memory.reserved_bytes, 0)
+            self.assertGreaterEqual(memory.peak_bytes, memory.live_bytes)
+
+            path = os.path.join(os.environ["OPFUSE_TEST_WORK_DIR"], "mlp.state")
+            eager.save(path, stream)
+            fresh = self.program.session("mlp", device="cuda", stream=stream, tokens=TOKENS)
+            fresh.allocate_parameters(stream)
+            fresh.load(path, stream)
+            self.assertEqual([(q.name, q.amax_history) for q in fresh.quantizers(stream)],
+                             [(q.name, q.amax_history) for q in eager.quantizers(stream)])
+            self.assertTrue(bits_equal(torch.from_dlpack(fresh.parameter("fc1.weight")),
+                                       torch.from_dlpack(eager.parameter("fc1.weight"))))
+            with open(path, "r+b") as f:  # a flipped byte: refused, nothing loaded
+                f.seek(100)
+                byte = f.read(1)
+                f.seek(100)
+                f.write(bytes([byte[0] ^ 0xFF]))
+            with self.assertRaises(opfuse.StateFileError):
+                fresh.load(path, stream)
+        torch_stream.synchronize()
+
     def test_host_time_per_forward(self) -> None:
         # Measured, not asserted (benchmarks are programs, docs/design.md): the host time of a
         # small inference forward through the module and through the session directly.
