@@ -43,10 +43,13 @@ cudaStream_t stream_from(nb::handle stream);
 nb::dlpack::dtype dlpack_dtype(TensorDType dtype);
 std::string dlpack_dtype_name(nb::dlpack::dtype dtype);
 
+// An array given to a session: any DLPack or buffer-protocol array, read-only ones included.
+using InputArray = nb::ndarray<nb::ro>;
+
 // The shape of a DLPack array; and the checks every session makes of an array for a tensor:
 // its shape, dtype (`dtype`) and dense row-major strides, UsageError naming `where` otherwise.
-std::vector<std::int64_t> array_shape(const nb::ndarray<>& array);
-void check_layout(const nb::ndarray<>& array, const TensorInfo& info, nb::dlpack::dtype dtype,
+std::vector<std::int64_t> array_shape(const InputArray& array);
+void check_layout(const InputArray& array, const TensorInfo& info, nb::dlpack::dtype dtype,
                   const std::string& where);
 
 void bind_errors(nb::module_& m);

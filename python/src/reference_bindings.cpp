@@ -31,7 +31,7 @@ struct PyReferenceSession {
                      const std::map<std::string, std::int64_t>& sizes)
       : session(program.reference_sequence(sequence), sizes) {}
 
-  void set_tensor(const std::string& name, const nb::ndarray<>& array) {
+  void set_tensor(const std::string& name, const InputArray& array) {
     const TensorInfo* info = nullptr;
     for (const TensorInfo& t : session.tensors()) {
       if (t.name == name && (t.kind == TensorKind::Input || t.kind == TensorKind::Param ||

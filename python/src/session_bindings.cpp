@@ -26,7 +26,7 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 // Row-major and dense: the layout every tensor of a session has (sizes-1 dimensions may carry
 // any stride).
-bool is_row_major(const nb::ndarray<>& array) {
+bool is_row_major(const InputArray& array) {
   std::int64_t expected = 1;
   for (std::size_t i = array.ndim(); i-- > 0;) {
     if (array.shape(i) != 1 && array.stride(i) != expected) return false;
@@ -82,7 +82,7 @@ class PySession {
                                  name, session_.sequence(), fmt::join(names, ", ")));
   }
 
-  void set_tensor(const std::string& name, const nb::ndarray<>& array) {
+  void set_tensor(const std::string& name, const InputArray& array) {
     const TensorInfo& t =
         info(name, {TensorKind::Input, TensorKind::Param, TensorKind::OutputGrad}, "set_tensor");
     const std::string where = fmt::format("set_tensor('{}')", name);
@@ -113,19 +113,19 @@ class PySession {
   Session session_;
   std::vector<TensorInfo> tensors_;
   int device_ = 0;
-  std::map<std::string, nb::ndarray<>> kept_;
+  std::map<std::string, InputArray> kept_;
 };
 
 }  // namespace
 
-std::vector<std::int64_t> array_shape(const nb::ndarray<>& array) {
+std::vector<std::int64_t> array_shape(const InputArray& array) {
   std::vector<std::int64_t> shape;
   for (std::size_t i = 0; i < array.ndim(); ++i)
     shape.push_back(static_cast<std::int64_t>(array.shape(i)));
   return shape;
 }
 
-void check_layout(const nb::ndarray<>& array, const TensorInfo& info, nb::dlpack::dtype dtype,
+void check_layout(const InputArray& array, const TensorInfo& info, nb::dlpack::dtype dtype,
                   const std::string& where) {
   const std::vector<std::int64_t> shape = array_shape(array);
   if (shape != info.shape) {

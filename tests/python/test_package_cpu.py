@@ -128,7 +128,9 @@ class Results(unittest.TestCase):
         self.session.set_tensor("x", self.x)
         self.session.forward()
         before = self.session.output("y")
-        self.session.set_tensor("fc2.weight", np.zeros((64, 64), np.float32))
+        zeros = np.zeros((64, 64), np.float32)
+        zeros.setflags(write=False)  # read-only arrays are taken too
+        self.session.set_tensor("fc2.weight", zeros)
         self.session.forward()
         self.assertFalse(np.any(self.session.output("y")))
         self.assertTrue(np.any(before))
