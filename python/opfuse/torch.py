@@ -98,7 +98,8 @@ class Sequential(torch.nn.Module):
         del drawn
         self._param_versions: Dict[str, Tuple[int, int]] = {}
         self._forward_count = 0
-        self._kept_inputs: Tuple[torch.Tensor, ...] = ()
+        self._given: Dict[str, int] = {}  # the address the session has for each input/gradient
+        self._kept: Dict[str, torch.Tensor] = {}  # what it reads there, kept alive
 
     # --- the interface ---------------------------------------------------------------------
 
@@ -138,6 +139,7 @@ class Sequential(torch.nn.Module):
         """Binds the symbolic sizes again (new input shapes); parameters keep their values."""
         self._session.bind(sizes)
         self._describe(self._session.tensors())
+        self._given.clear()
 
     # --- checks ----------------------------------------------------------------------------
 
@@ -180,6 +182,16 @@ class Sequential(torch.nn.Module):
         if changed:
             self._session.parameters_changed()
 
+    def _give(self, key: str, tensor: torch.Tensor, name: Optional[str] = None) -> None:
+        # The session reads a tensor where set_tensor() pointed it: a tensor at the address it
+        # already has (the same tensor again, or a new one in its memory) needs no call, which
+        # saves the DLPack exchange. The module keeps the tensor alive until the next one.
+        pointer = tensor.data_ptr()
+        if self._given.get(key) != pointer:
+            self._session.set_tensor(name or key, tensor)
+            self._given[key] = pointer
+        self._kept[key] = tensor
+
     def _run_forward(self, inputs: Tuple[torch.Tensor, ...], training: bool) -> List[torch.Tensor]:
         if len(inputs) != len(self._inputs):
             names = ", ".join(t.name for t in self._inputs)
@@ -188,8 +200,7 @@ class Sequential(torch.nn.Module):
         checked = tuple(self._check(x, info, "input") for x, info in zip(inputs, self._inputs))
         self._give_parameters()
         for x, info in zip(checked, self._inputs):
-            self._session.set_tensor(info.name, x)
-        self._kept_inputs = checked  # backward may read them
+            self._give(info.name, x)
         self._session.forward(self._stream(), RunMode.TRAINING if training else RunMode.INFERENCE)
         self._forward_count += 1
         # Views of the session's memory, valid until its next forward: copies for autograd.
@@ -198,8 +209,8 @@ class Sequential(torch.nn.Module):
     def _run_backward(self, grads: Tuple[torch.Tensor, ...]) -> Tuple[List[Optional[torch.Tensor]],
                                                                       List[torch.Tensor]]:
         for grad, info in zip(grads, self._output_grads):
-            self._session.set_tensor(info.name,
-                                     self._check(grad.contiguous(), info, "output gradient"))
+            self._give("grad:" + info.name,
+                       self._check(grad.contiguous(), info, "output gradient"), info.name)
         self._session.backward(self._stream())
         input_grads: List[Optional[torch.Tensor]] = [
             torch.from_dlpack(self._session.input_grad(t.name)).clone()

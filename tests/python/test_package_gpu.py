@@ -144,6 +144,35 @@ class Sequential(unittest.TestCase):
         for name, error in errors.items():
             self.assertLessEqual(error, bound, name)
 
+    def test_extra_outputs_and_inputs_carry_gradients_as_in_te(self) -> None:
+        # dsl_examples/mlp_residual.fuse: fc1 returns (h, residual), fc2 takes (h, residual); the
+        # residual's gradient reaches x through both modules.
+        program = opfuse.compile(os.path.join(os.path.dirname(MLP), "mlp_residual.fuse"),
+                                 recipe="bf16")
+        fc1 = opfuse_torch.Sequential(program, "fc1", seed=1, tokens=TOKENS)
+        fc2 = opfuse_torch.Sequential(program, "fc2", seed=2, tokens=TOKENS)
+        x = self.x(12).requires_grad_()
+        h, residual = fc1(x)
+        y = fc2(h, residual)
+        loss_of(y).backward()
+
+        w = {f"fc1.{n}": p.detach().float().requires_grad_() for n, p in fc1.named_parameters()}
+        w.update({f"fc2.{n}": p.detach().float().requires_grad_()
+                  for n, p in fc2.named_parameters()})
+        x_eager = x.detach().float().requires_grad_()
+        normed = torch.nn.functional.layer_norm(x_eager, (HIDDEN,), w["fc1.layernorm_0.weight"],
+                                                w["fc1.layernorm_0.bias"], eps=1e-5)
+        gate, value = (normed @ w["fc1.up_proj.weight"].t()).chunk(2, dim=-1)
+        y_eager = (torch.nn.functional.silu(gate) * value) @ w["fc2.down_proj.weight"].t() + x_eager
+        loss_of(y_eager).backward()
+        assert x.grad is not None and x_eager.grad is not None
+        self.assertTrue(bits_equal(residual.detach(), x.detach()))
+        self.assertLessEqual(relative_error(y.detach(), y_eager.detach()), 1e-2)
+        self.assertLessEqual(relative_error(x.grad, x_eager.grad), 1e-2)
+        grad = fc1.get_parameter("up_proj.weight").grad
+        assert grad is not None
+        self.assertLessEqual(relative_error(grad, w["fc1.up_proj.weight"].grad), 1e-2)  # type: ignore[arg-type]
+
     def test_no_call_waits_for_the_gpu(self) -> None:
         module = opfuse_torch.Sequential(self.program, "mlp", seed=0, tokens=TOKENS)
         optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
