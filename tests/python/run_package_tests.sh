@@ -21,12 +21,13 @@ install)
   start=$(date +%s)
   mkdir -p "$work"
   [ -x "$py" ] || "$PYTHON" -m venv --system-site-packages "$venv"
-  # The build requirements as pyproject.toml pins them (one place for their ranges), NumPy, mypy.
+  # The build requirements as pyproject.toml pins them (one place for their ranges) and NumPy.
+  # Offline (a GPU machine): PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR with their wheels.
   mapfile -t requires < <("$py" -c '
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     print("\n".join(tomllib.load(f)["build-system"]["requires"]))' "$SOURCE_DIR/pyproject.toml")
-  "$py" -m pip install -q "${requires[@]}" "numpy>=1.22" "mypy>=1.10"
+  "$py" -m pip install -q "${requires[@]}" "numpy>=1.22"
   deps=$(date +%s)
   "$py" -m pip install -q --no-build-isolation --no-deps --force-reinstall "$SOURCE_DIR" \
     --config-settings=cmake.define.OPFUSE_PREBUILT_DIR="$BUILD_DIR" \
@@ -39,6 +40,7 @@ cpu)
   cd "$work"  # not the source tree: the installed package is imported
   "$py" "$SOURCE_DIR/tests/python/test_package_cpu.py"
   # The stubs type-check a typed use of the package, and catch a misuse of it.
+  "$py" -m pip install -q "mypy>=1.10"
   "$py" -m mypy --strict "$SOURCE_DIR/tests/python/typed_usage.py"
   if "$py" -m mypy --strict "$SOURCE_DIR/tests/python/typed_misuse.py" >"$work/misuse.txt"; then
     echo "mypy accepted tests/python/typed_misuse.py: the stubs do not type the API" >&2
