@@ -47,10 +47,12 @@ cpu)
     exit 1
   fi
   cat "$work/misuse.txt"
-  expected=$(grep -c "# error:" "$SOURCE_DIR/tests/python/typed_misuse.py")
-  found=$(grep -c ": error:" "$work/misuse.txt" || true)
-  if [ "$found" -ne "$expected" ]; then
-    echo "mypy found $found errors in typed_misuse.py, the file marks $expected" >&2
+  # Exactly the marked lines, each once.
+  expected=$(grep -n "  # error: " "$SOURCE_DIR/tests/python/typed_misuse.py" | cut -d: -f1)
+  found=$(grep -o "typed_misuse.py:[0-9]*: error:" "$work/misuse.txt" | cut -d: -f2)
+  if [ "$found" != "$expected" ]; then
+    echo "mypy reported errors on lines [$(echo $found)] of typed_misuse.py; it marks" \
+         "[$(echo $expected)]" >&2
     exit 1
   fi
   ;;

@@ -1,5 +1,5 @@
-"""Misuses the stubs must catch: `mypy --strict` must report exactly the lines marked
-`# error:` (python_package_cpu). Never run, only checked."""
+"""Misuses the stubs must catch: `mypy --strict` must report an error on exactly the lines
+with an error comment (python_package_cpu). Never run, only checked."""
 
 from __future__ import annotations
 
