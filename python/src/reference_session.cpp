@@ -85,10 +85,11 @@ ReferenceSession::ReferenceSession(const ir::Sequence& sequence,
   for (std::size_t i = 0; i < seq.outputs.size(); ++i) {
     const ir::Value& v = seq.value(seq.outputs[i].value);
     output_names_.push_back(seq.outputs[i].name);
+    // Named as the GPU plan names it (compiler/codegen/plan.cpp): "dy" for the output "y".
     const ir::Value& grad = seq.value(seq.output_grads.at(i));
-    output_grad_names_.push_back(grad.name);
-    tensors_.push_back(
-        make_info(grad.name, TensorKind::OutputGrad, grad.type.dtype, output_shapes[i]));
+    output_grad_names_.push_back("d" + grad.name);
+    tensors_.push_back(make_info(output_grad_names_.back(), TensorKind::OutputGrad, grad.type.dtype,
+                                 output_shapes[i]));
     tensors_.push_back(
         make_info(seq.outputs[i].name, TensorKind::Output, v.type.dtype, output_shapes[i]));
   }

@@ -51,7 +51,7 @@ def run_steps_like_fusec(session: opfuse.ReferenceSession, steps: int, lr: float
         sum_squares = sequential_squared_norm(y)
         loss = 0.5 * sum_squares / y.size
         out += f"\nstep {step:>4}  loss {loss:.6e}  |y| {math.sqrt(sum_squares):.6e}\n"
-        session.set_tensor("y", (y.astype(np.float64) / y.size).astype(np.float32))
+        session.set_tensor("dy", (y.astype(np.float64) / y.size).astype(np.float32))
         session.backward()
         grads = {name: session.param_grad(name) for name in param_names}
         for name in param_names:
@@ -142,7 +142,7 @@ class Results(unittest.TestCase):
         self.assertEqual(kinds[(K.INPUT, "x")], (D.BF16, [32, 64], 32 * 64 * 2))
         self.assertEqual(kinds[(K.PARAM, "fc1.weight")], (D.BF16, [128, 64], 128 * 64 * 2))
         self.assertEqual(kinds[(K.OUTPUT, "y")], (D.BF16, [32, 64], 32 * 64 * 2))
-        self.assertEqual(kinds[(K.OUTPUT_GRAD, "y")], (D.BF16, [32, 64], 32 * 64 * 2))
+        self.assertEqual(kinds[(K.OUTPUT_GRAD, "dy")], (D.BF16, [32, 64], 32 * 64 * 2))
         self.assertEqual(kinds[(K.PARAM_GRAD, "fc2.weight")], (D.BF16, [64, 64], 64 * 64 * 2))
         self.assertEqual(len(kinds), 1 + 4 + 1 + 1 + 1 + 4)
 
@@ -224,12 +224,12 @@ class Misuse(unittest.TestCase):
         with self.assertRaisesRegex(opfuse.UsageError, "needs a training forward first"):
             session.backward()
         session.forward()
-        with self.assertRaisesRegex(opfuse.UsageError, r"reads \[y\], which were not set"):
+        with self.assertRaisesRegex(opfuse.UsageError, r"reads \[dy\], which were not set"):
             session.backward()
         with self.assertRaisesRegex(opfuse.UsageError, "no output 'x'"):
             session.output("x")
         # After the refusals the session still runs.
-        session.set_tensor("y", np.ones((16, 64), np.float32))
+        session.set_tensor("dy", np.ones((16, 64), np.float32))
         session.backward()
         self.assertEqual(session.input_grad("x").shape, (16, 64))
 

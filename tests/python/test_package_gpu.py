@@ -94,7 +94,7 @@ class Sequential(unittest.TestCase):
             y_session = torch.from_dlpack(session.output("y")).clone().requires_grad_()
             loss_of(y_session).backward()  # the same dL/dy, by the same kernels
             assert y_session.grad is not None
-            session.set_tensor("y", y_session.grad)
+            session.set_tensor("dy", y_session.grad)
             session.backward(stream)
             for name in names:
                 params[name].grad = torch.from_dlpack(session.param_grad(name)).clone()
@@ -278,7 +278,7 @@ class Sequential(unittest.TestCase):
                                                tokens=TOKENS)
                 session.own_parameters(0, torch_stream)
                 session.set_tensor("x", x)
-                session.set_tensor("y", dy)
+                session.set_tensor("dy", dy)
                 sessions.append(session)
             eager, graphed = sessions
             graphed.capture(torch_stream, opfuse.GraphScope.TRAINING_STEP)

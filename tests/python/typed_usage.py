@@ -21,7 +21,7 @@ def train_on_cpu(path: str, tokens: int, steps: int) -> list[float]:
         session.forward(mode=opfuse.RunMode.TRAINING)
         y = session.output("y")
         losses.append(float(np.mean(y * y)))
-        session.set_tensor("y", y / y.size)
+        session.set_tensor("dy", y / y.size)
         session.backward()
         grad = session.param_grad("fc1.weight")
         session.step()
