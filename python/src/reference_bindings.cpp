@@ -29,7 +29,16 @@ Float32Array to_numpy(const cpu::Tensor<float>& tensor) {
 struct PyReferenceSession {
   PyReferenceSession(PyProgram& program, const std::string& sequence,
                      const std::map<std::string, std::int64_t>& sizes)
-      : session(program.reference_sequence(sequence), sizes) {}
+      : session(checked(program).reference_sequence(sequence), sizes) {}
+
+  static PyProgram& checked(PyProgram& program) {
+    if (program.program.has_debug_config()) {
+      throw UsageError(
+          "the CPU session runs no precision-debug config (its features run on the GPU "
+          "session); `fusec run --device cpu --debug-config` runs them on the reference");
+    }
+    return program;
+  }
 
   void set_tensor(const std::string& name, const InputArray& array) {
     const TensorInfo* info = nullptr;

@@ -174,6 +174,28 @@ class Diagnostics(unittest.TestCase):
             opfuse.compile(TINY, disabled_passes=["no-such-pass"])
         self.assertIn("no-such-pass", str(usage.exception))
 
+    def test_debug_configs_compile_from_text_with_located_errors(self) -> None:
+        config = """stats:
+  enabled: True
+  layers:
+    layer_name_regex_pattern: fc1
+  transformer_engine:
+    LogTensorStats:
+      enabled: True
+      stats: [max]
+      tensors: [activation]
+      freq: 1
+"""
+        program = opfuse.compile(TINY, debug_config=config)
+        self.assertTrue(program.has_debug_config)
+        self.assertFalse(opfuse.compile(TINY).has_debug_config)
+        with self.assertRaisesRegex(opfuse.UsageError, "runs no precision-debug config"):
+            program.session(device="cpu", tokens=16)
+        with self.assertRaises(opfuse.CompileError) as caught:
+            opfuse.compile(TINY, debug_config=config.replace("LogTensorStats", "NoSuchFeature"))
+        self.assertRegex(str(caught.exception),
+                         r"^debug\.yaml:6:5: error: unknown feature 'NoSuchFeature'\n")
+
     def test_a_missing_file_is_a_usage_error(self) -> None:
         with self.assertRaisesRegex(opfuse.UsageError, "nowhere.fuse: no such file"):
             opfuse.compile("nowhere.fuse")
