@@ -132,6 +132,15 @@ class Program:
     def has_debug_config(self) -> bool:
         return self._compiled.has_debug_config
 
+    def signature(self, sequence: Optional[str] = None) -> tuple[list[str], list[str]]:
+        """A sequence's input and output names in signature order, the main one first.
+
+        Session.tensors() lists outputs by name; this is the order the .fuse program declares.
+        UsageError for a program from load_build() (it holds no .fuse source).
+        """
+        inputs, outputs = self._compiled.signature(sequence or "")
+        return list(inputs), list(outputs)
+
     @overload
     def session(self, sequence: Optional[str] = None, *, device: Literal["cuda"],
                 stream: object = None, options: Optional[SessionOptions] = None,

@@ -85,6 +85,12 @@ class Sequential(torch.nn.Module):
         stream = torch.cuda.current_stream(self._device).cuda_stream
         self._session: Session = program.session(sequence, device="cuda", stream=stream,
                                                  options=options, **sizes)
+        # Inputs and outputs in signature order (tensors() lists outputs by name); a program
+        # from load_build() has no source to say it: tensors()' order then.
+        try:
+            self._signature: Optional[Tuple[List[str], List[str]]] = program.signature(sequence)
+        except UsageError:
+            self._signature = None
         self._describe(self._session.tensors())
         # Initial values: a session of their own draws them (own_parameters), the module keeps
         # copies as Parameters and gives those to its session.
@@ -109,7 +115,13 @@ class Sequential(torch.nn.Module):
 
         self._inputs = of(TensorKind.INPUT)
         self._outputs = of(TensorKind.OUTPUT)
-        self._output_grads = of(TensorKind.OUTPUT_GRAD)
+        if self._signature is not None:
+            inputs, outputs = self._signature
+            self._inputs.sort(key=lambda t: inputs.index(t.name))
+            self._outputs.sort(key=lambda t: outputs.index(t.name))
+        # One gradient per output, in the outputs' order ("dy" for "y").
+        grads = {t.name: t for t in of(TensorKind.OUTPUT_GRAD)}
+        self._output_grads = [grads["d" + t.name] for t in self._outputs]
         self._params = of(TensorKind.PARAM)
         self._input_grad_names = {t.name for t in of(TensorKind.INPUT_GRAD)}
 
@@ -134,6 +146,16 @@ class Sequential(torch.nn.Module):
 
     def tensors(self) -> List[TensorInfo]:
         return self._session.tensors()
+
+    @property
+    def input_names(self) -> List[str]:
+        """What forward() takes, in order: the main input, then the extra inputs."""
+        return [t.name for t in self._inputs]
+
+    @property
+    def output_names(self) -> List[str]:
+        """What forward() returns, in order: the main output, then the extra outputs."""
+        return [t.name for t in self._outputs]
 
     def bind(self, **sizes: int) -> None:
         """Binds the symbolic sizes again (new input shapes); parameters keep their values."""

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -139,6 +140,19 @@ void bind_program(nb::module_& m) {
           "the compile's warnings, formatted like errors; empty when none")
       .def_prop_ro("has_debug_config",
                    [](const PyProgram& p) { return p.program.has_debug_config(); })
+      .def(
+          "signature",
+          [](PyProgram& p, const std::string& sequence) {
+            const ir::Sequence& seq = p.reference_sequence(sequence);
+            std::vector<std::string> inputs;
+            std::vector<std::string> outputs;
+            for (ir::ValueId id : seq.inputs) inputs.push_back(seq.value(id).name);
+            for (const ir::SequenceOutput& output : seq.outputs) outputs.push_back(output.name);
+            return std::make_pair(inputs, outputs);
+          },
+          nb::arg("sequence") = "",
+          "A sequence's input and output names in signature order (the main one first); "
+          "UsageError for a program from load_build(), which holds no source.")
       .def_prop_ro(
           "name", [](const PyProgram& p) { return p.name; },
           "the file (or the name given to the text) it was compiled from");

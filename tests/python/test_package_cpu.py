@@ -147,6 +147,17 @@ class Results(unittest.TestCase):
         self.assertEqual(len(kinds), 1 + 4 + 1 + 1 + 1 + 4)
 
 
+class Signature(unittest.TestCase):
+    def test_inputs_and_outputs_in_the_order_the_program_declares(self) -> None:
+        # tensors() lists outputs by name; the signature keeps the main one first.
+        program = opfuse.compile(os.path.join(SOURCE_DIR, "dsl_examples", "mlp_residual.fuse"))
+        self.assertEqual(program.signature("fc1"), (["x"], ["h", "residual"]))
+        self.assertEqual(program.signature("fc2"), (["h", "residual"], ["y"]))
+        self.assertEqual(opfuse.compile(TINY).signature(), (["x"], ["y"]))
+        with self.assertRaisesRegex(opfuse.UsageError, "has 2 sequences; name one: fc1, fc2"):
+            program.signature()
+
+
 class Diagnostics(unittest.TestCase):
     def test_a_program_with_errors_raises_compile_error_with_the_located_text(self) -> None:
         bad = TINY.replace("  swiglu()\n", "  frobnicate(hidden)\n")

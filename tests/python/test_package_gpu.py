@@ -152,6 +152,7 @@ class Sequential(unittest.TestCase):
                                  recipe="bf16")
         fc1 = opfuse_torch.Sequential(program, "fc1", seed=1, tokens=TOKENS)
         fc2 = opfuse_torch.Sequential(program, "fc2", seed=2, tokens=TOKENS)
+        self.assertEqual((fc1.output_names, fc2.input_names), (["h", "residual"],) * 2)
         x = self.x(12).requires_grad_()
         h, residual = fc1(x)
         y = fc2(h, residual)
