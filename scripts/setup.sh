@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libopenblas-dev
   python3  # tests/bench/test_compare.py runs bench/compare.py
+  python3-venv  # tests/python/run_package_tests.sh: the Python package in a virtual environment
   # tests/unit/test_debug_report_screenshot.cpp: screenshots `fusec debug-report`'s page with
   # headless Chromium and decodes the PNG with zlib (the test skips without Chromium).
   chromium zlib1g-dev

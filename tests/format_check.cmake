@@ -7,7 +7,8 @@ file(GLOB_RECURSE files
   ${SOURCE_DIR}/reference/*.h ${SOURCE_DIR}/reference/*.cpp
   ${SOURCE_DIR}/tools/*.h ${SOURCE_DIR}/tools/*.cpp
   ${SOURCE_DIR}/tests/*.h ${SOURCE_DIR}/tests/*.cpp
-  ${SOURCE_DIR}/bench/*.cpp ${SOURCE_DIR}/examples/*.cpp)
+  ${SOURCE_DIR}/bench/*.cpp ${SOURCE_DIR}/examples/*.cpp
+  ${SOURCE_DIR}/python/*.h ${SOURCE_DIR}/python/*.cpp)
 set(bad "")
 foreach(f ${files})
   execute_process(COMMAND ${CLANG_FORMAT} --dry-run --Werror ${f} RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)

@@ -40,4 +40,23 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME bench_summarize_tp_py
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/test_summarize_tp.py)
   set_tests_properties(bench_summarize_tp_py PROPERTIES LABELS "cpu;bench")
+
+  # The Python package (pyproject.toml, python/, docs/python.md): installed into a virtual
+  # environment against this tree's libraries (the bindings alone compile), then its CPU tests and
+  # stubs, and on a GPU with torch its torch tests (tests/python/run_package_tests.sh).
+  set(OPFUSE_PYTHON_TEST_DIR ${CMAKE_CURRENT_BINARY_DIR}/python_package)
+  set(OPFUSE_PYTHON_TEST_ENV PYTHON=${Python3_EXECUTABLE} SOURCE_DIR=${PROJECT_SOURCE_DIR}
+      BUILD_DIR=${PROJECT_BINARY_DIR} FUSEC=$<TARGET_FILE:fusec>)
+  foreach(mode install cpu gpu)
+    add_test(NAME python_package_${mode}
+      COMMAND ${CMAKE_COMMAND} -E env ${OPFUSE_PYTHON_TEST_ENV}
+              ${CMAKE_CURRENT_SOURCE_DIR}/python/run_package_tests.sh ${mode} ${OPFUSE_PYTHON_TEST_DIR})
+  endforeach()
+  set_tests_properties(python_package_install PROPERTIES LABELS "cpu;python" TIMEOUT 1200
+                       FIXTURES_SETUP python_package)
+  set_tests_properties(python_package_cpu PROPERTIES LABELS "cpu;python" TIMEOUT 900
+                       FIXTURES_REQUIRED python_package)
+  set_tests_properties(python_package_gpu PROPERTIES LABELS "gpu;python" TIMEOUT 900
+                       FIXTURES_REQUIRED python_package
+                       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endif()

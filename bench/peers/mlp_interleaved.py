@@ -21,6 +21,9 @@ heuristic,autotuned measures two opfuse Sessions, the second with SessionOptions
   fusec build bench/workloads/mlp_large.fuse --recipe fp8_delayed -o build/mlp_large_fp8_delayed
   python3 bench/peers/mlp_interleaved.py --shim build/bench/bench/opfuse_gemm_shim.so \
       --build build/mlp_large_fp8_delayed
+
+Without --shim the opfuse side runs through the Python package instead (docs/python.md: `pip
+install .` first), the same Session behind the same calls.
 """
 
 import argparse
@@ -155,6 +158,59 @@ class OpfuseSession:
             self.handle = None
 
 
+class PackageSession:
+    """The same Session through the Python package (docs/python.md) instead of the shim:
+    opfuse.load_build and opfuse.Session, tensors through DLPack (--shim left out)."""
+
+    def __init__(self, build_dir, tokens, gemm_autotune):
+        import opfuse
+
+        self.opfuse = opfuse
+        self.stream = torch.cuda.current_stream().cuda_stream
+        options = opfuse.SessionOptions()
+        options.gemm_autotune = bool(gemm_autotune)
+        self.session = opfuse.load_build(build_dir).session(
+            device="cuda", stream=self.stream, options=options, tokens=tokens
+        )
+        self.x_pointer = None
+
+    def cublaslt_version(self):
+        return None  # the package does not report it; the shim does
+
+    def set_tensor(self, name, tensor):
+        self.session.set_tensor(name, tensor)
+
+    def forward(self, x):
+        # The session reads x where set_tensor pointed it: only a new address needs the call.
+        if x.data_ptr() != self.x_pointer:
+            self.session.set_tensor("x", x)
+            self.x_pointer = x.data_ptr()
+        self.session.forward(self.stream, self.opfuse.RunMode.INFERENCE)
+
+    def calibrate(self, x, steps):
+        """`steps` training forwards on x, each followed by a quantizer update."""
+        self.set_tensor("x", x)
+        self.x_pointer = x.data_ptr()
+        for _ in range(steps):
+            self.session.forward(self.stream, self.opfuse.RunMode.TRAINING)
+            self.session.step(self.stream)
+
+    def output(self, like):
+        """A copy of output y, shaped and typed as `like`."""
+        result = torch.from_dlpack(self.session.output("y")).clone().view(like.shape)
+        torch.cuda.current_stream().synchronize()
+        return result.to(like.dtype)
+
+    def close(self):
+        self.session = None
+
+
+def open_session(args, tokens, gemm_autotune):
+    if args.shim:
+        return OpfuseSession(args.shim, args.build, tokens, gemm_autotune)
+    return PackageSession(args.build, tokens, gemm_autotune)
+
+
 # Transformer Engine's variant of each recipe --build may have used (te_peers.py).
 TE_VARIANTS = {
     "fp8_delayed": "te_fp8_delayed",
@@ -245,7 +301,10 @@ COLUMNS = [
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shim", required=True, help="path to opfuse_gemm_shim.so")
+    parser.add_argument(
+        "--shim",
+        help="path to opfuse_gemm_shim.so; left out: the installed Python package (pip install .)",
+    )
     parser.add_argument(
         "--build",
         required=True,
@@ -302,7 +361,7 @@ def main(argv):
     rows = []
     try:
         for algorithms in args.gemm_algorithms:
-            opfuse = OpfuseSession(args.shim, args.build, size["tokens"], algorithms == "autotuned")
+            opfuse = open_session(args, size["tokens"], algorithms == "autotuned")
             sessions[algorithms] = opfuse
             if report is None:
                 version = opfuse.cublaslt_version()

@@ -1,0 +1,292 @@
+"""opfuse sequences as PyTorch modules: `opfuse.torch.Sequential(program, sequence, **sizes)`.
+
+A torch.nn.Module whose parameters are torch.nn.Parameters (named as in the .fuse program:
+`fc1.weight`), whose forward is a torch.autograd.Function running the session's forward and
+backward on the current torch stream, and whose quantizer state travels in state_dict() as extra
+state (as TE's modules keep their FP8 metadata). Like TE's fuser, forward takes the sequence's
+inputs (the main one first, then the extra inputs) and returns its main output, or a tuple with
+the extra outputs after it. docs/python.md has the whole story.
+
+This module imports torch; `import opfuse` does not.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+
+from . import Program, RunMode, Session, SessionOptions, TensorDType, TensorInfo, TensorKind
+from . import UsageError
+
+__all__ = ["Sequential", "torch_dtype"]
+
+_TORCH_DTYPES = {
+    TensorDType.BF16: torch.bfloat16,
+    TensorDType.FP16: torch.float16,
+    TensorDType.FP32: torch.float32,
+}
+
+
+def torch_dtype(dtype: TensorDType) -> torch.dtype:
+    """The torch dtype of a tensor dtype (bf16, fp16, fp32)."""
+    return _TORCH_DTYPES[dtype]
+
+
+class _SequenceFunction(torch.autograd.Function):
+    """One forward (and its backward) of the module's session, on the current stream."""
+
+    @staticmethod
+    def forward(ctx: Any, module: "Sequential", *tensors: torch.Tensor) -> Any:
+        inputs = tensors[:len(module._inputs)]
+        outputs = module._run_forward(inputs, training=True)
+        ctx.module = module
+        ctx.forward_id = module._forward_count
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        module: Sequential = ctx.module
+        if ctx.forward_id != module._forward_count:
+            raise UsageError(
+                "opfuse.torch.Sequential: backward of an earlier forward; the session keeps the "
+                "saved activations of its last training forward only, so run each forward's "
+                "backward before the next forward")
+        input_grads, param_grads = module._run_backward(grads)
+        return (None, *input_grads, *param_grads)
+
+
+class Sequential(torch.nn.Module):
+    """A sequence of a compiled program as a torch.nn.Module on the current CUDA device.
+
+    program: an opfuse.Program (opfuse.compile); sequence: its name (None: the only one);
+    sizes: every symbolic size (tokens=4096), fixed until bind(). Parameters start as
+    Session.own_parameters(seed) draws them (linear weights ~ N(0, 0.02), norm weights 1,
+    biases 0), or load them with load_state_dict(). options: SessionOptions.
+
+    forward(x, *extra_inputs) takes CUDA tensors of the inputs' dtypes and shapes, dense and
+    row-major, and refuses others (UsageError) before anything runs. Under torch.no_grad() it
+    runs an inference forward. After the optimizer changes the parameters call step() (or
+    register it with register_optimizer()): it ends the step (the quantizers' amax history and
+    scales are updated in one launch) and recasts the FP8 weights at the next forward.
+    Parameters changed in place without step() are noticed too (their version counters) and
+    recast, but the quantizers then keep their scales.
+    """
+
+    def __init__(self, program: Program, sequence: Optional[str] = None, *, seed: int = 0,
+                 options: Optional[SessionOptions] = None, **sizes: int) -> None:
+        super().__init__()
+        if not torch.cuda.is_available():
+            raise UsageError("opfuse.torch.Sequential runs on a CUDA GPU and torch sees none; "
+                             "the CPU reference runs through program.session(device='cpu')")
+        self._device = torch.device("cuda", torch.cuda.current_device())
+        stream = torch.cuda.current_stream(self._device).cuda_stream
+        self._session: Session = program.session(sequence, device="cuda", stream=stream,
+                                                 options=options, **sizes)
+        # Inputs and outputs in signature order (tensors() lists outputs by name); a program
+        # from load_build() has no source to say it: tensors()' order then.
+        try:
+            self._signature: Optional[Tuple[List[str], List[str]]] = program.signature(sequence)
+        except UsageError:
+            self._signature = None
+        self._describe(self._session.tensors())
+        # Initial values: a session of their own draws them (own_parameters), the module keeps
+        # copies as Parameters and gives those to its session.
+        drawn: Session = program.session(sequence, device="cuda", stream=stream, **sizes)
+        drawn.own_parameters(seed, stream)
+        for info in self._params:
+            value = torch.from_dlpack(drawn.parameter(info.name)).clone()
+            self._parameter_owner(info.name).register_parameter(
+                info.name.rsplit(".", 1)[-1], torch.nn.Parameter(value))
+        torch.cuda.current_stream(self._device).synchronize()  # `drawn` goes away
+        del drawn
+        self._param_versions: Dict[str, Tuple[int, int]] = {}
+        self._forward_count = 0
+        self._given: Dict[str, int] = {}  # the address the session has for each input/gradient
+        self._kept: Dict[str, torch.Tensor] = {}  # what it reads there, kept alive
+
+    # --- the interface ---------------------------------------------------------------------
+
+    def _describe(self, tensors: List[TensorInfo]) -> None:
+        def of(kind: TensorKind) -> List[TensorInfo]:
+            return [t for t in tensors if t.kind == kind]
+
+        self._inputs = of(TensorKind.INPUT)
+        self._outputs = of(TensorKind.OUTPUT)
+        if self._signature is not None:
+            inputs, outputs = self._signature
+            self._inputs.sort(key=lambda t: inputs.index(t.name))
+            self._outputs.sort(key=lambda t: outputs.index(t.name))
+        # One gradient per output, in the outputs' order ("dy" for "y").
+        grads = {t.name: t for t in of(TensorKind.OUTPUT_GRAD)}
+        self._output_grads = [grads["d" + t.name] for t in self._outputs]
+        self._params = of(TensorKind.PARAM)
+        self._input_grad_names = {t.name for t in of(TensorKind.INPUT_GRAD)}
+
+    def _parameter_owner(self, name: str) -> torch.nn.Module:
+        # "fc1.weight" lives in a child module "fc1", so state_dict() keys are the .fuse names.
+        owner: torch.nn.Module = self
+        for part in name.split(".")[:-1]:
+            if not hasattr(owner, part):
+                owner.add_module(part, torch.nn.Module())
+            owner = getattr(owner, part)
+        return owner
+
+    def _parameter(self, name: str) -> torch.nn.Parameter:
+        param = self.get_parameter(name)
+        assert isinstance(param, torch.nn.Parameter)
+        return param
+
+    @property
+    def session(self) -> Session:
+        """The opfuse.Session the module runs (quantizers(), memory(), ...)."""
+        return self._session
+
+    def tensors(self) -> List[TensorInfo]:
+        return self._session.tensors()
+
+    @property
+    def input_names(self) -> List[str]:
+        """What forward() takes, in order: the main input, then the extra inputs."""
+        return [t.name for t in self._inputs]
+
+    @property
+    def output_names(self) -> List[str]:
+        """What forward() returns, in order: the main output, then the extra outputs."""
+        return [t.name for t in self._outputs]
+
+    def bind(self, **sizes: int) -> None:
+        """Binds the symbolic sizes again (new input shapes); parameters keep their values."""
+        self._session.bind(sizes)
+        self._describe(self._session.tensors())
+        self._given.clear()
+
+    # --- checks ----------------------------------------------------------------------------
+
+    def _check(self, tensor: object, info: TensorInfo, what: str) -> torch.Tensor:
+        where = f"opfuse.torch.Sequential({self._session.sequence}): {what} '{info.name}'"
+        if not isinstance(tensor, torch.Tensor):
+            raise UsageError(f"{where}: expected a torch.Tensor, got {type(tensor).__name__}")
+        expected = torch_dtype(info.dtype)
+        if tensor.dtype != expected:
+            raise UsageError(f"{where} is {expected}, the tensor is {tensor.dtype}")
+        if tensor.device != self._device:
+            raise UsageError(f"{where}: the tensor is on {tensor.device}, the module on "
+                             f"{self._device}")
+        if list(tensor.shape) != list(info.shape):
+            raise UsageError(f"{where} has shape {list(info.shape)}, the tensor "
+                             f"{list(tensor.shape)} (bind() other sizes)")
+        if not tensor.is_contiguous():
+            raise UsageError(f"{where}: the tensor is not dense and row-major (strides "
+                             f"{tensor.stride()}); pass tensor.contiguous()")
+        return tensor.detach()
+
+    # --- running ---------------------------------------------------------------------------
+
+    def _stream(self) -> int:
+        return int(torch.cuda.current_stream(self._device).cuda_stream)
+
+    def _give_parameters(self) -> None:
+        changed = False
+        for info in self._params:
+            param = self._parameter(info.name)
+            key = (param.data_ptr(), param._version)
+            seen = self._param_versions.get(info.name)
+            if seen == key:
+                continue
+            if seen is None or seen[0] != key[0]:
+                self._session.set_tensor(info.name, self._check(param, info, "parameter"))
+            else:
+                changed = True  # written in place since the last forward
+            self._param_versions[info.name] = key
+        if changed:
+            self._session.parameters_changed()
+
+    def _give(self, key: str, tensor: torch.Tensor, name: Optional[str] = None) -> None:
+        # The session reads a tensor where set_tensor() pointed it: a tensor at the address it
+        # already has (the same tensor again, or a new one in its memory) needs no call, which
+        # saves the DLPack exchange. The module keeps the tensor alive until the next one.
+        pointer = tensor.data_ptr()
+        if self._given.get(key) != pointer:
+            self._session.set_tensor(name or key, tensor)
+            self._given[key] = pointer
+        self._kept[key] = tensor
+
+    def _run_forward(self, inputs: Tuple[torch.Tensor, ...], training: bool) -> List[torch.Tensor]:
+        if len(inputs) != len(self._inputs):
+            names = ", ".join(t.name for t in self._inputs)
+            raise UsageError(f"opfuse.torch.Sequential({self._session.sequence}) takes "
+                             f"{len(self._inputs)} inputs ({names}), got {len(inputs)}")
+        checked = tuple(self._check(x, info, "input") for x, info in zip(inputs, self._inputs))
+        self._give_parameters()
+        for x, info in zip(checked, self._inputs):
+            self._give(info.name, x)
+        self._session.forward(self._stream(), RunMode.TRAINING if training else RunMode.INFERENCE)
+        self._forward_count += 1
+        # Views of the session's memory, valid until its next forward: copies for autograd.
+        return [torch.from_dlpack(self._session.output(t.name)).clone() for t in self._outputs]
+
+    def _run_backward(self, grads: Tuple[torch.Tensor, ...]) -> Tuple[List[Optional[torch.Tensor]],
+                                                                      List[torch.Tensor]]:
+        for grad, info in zip(grads, self._output_grads):
+            self._give("grad:" + info.name,
+                       self._check(grad.contiguous(), info, "output gradient"), info.name)
+        self._session.backward(self._stream())
+        input_grads: List[Optional[torch.Tensor]] = [
+            torch.from_dlpack(self._session.input_grad(t.name)).clone()
+            if t.name in self._input_grad_names else None for t in self._inputs]
+        param_grads = [torch.from_dlpack(self._session.param_grad(t.name)).clone()
+                       for t in self._params]
+        return input_grads, param_grads
+
+    def forward(self, *inputs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
+        if torch.is_grad_enabled():
+            params = [self._parameter(t.name) for t in self._params]
+            result: Union[torch.Tensor, Tuple[torch.Tensor, ...]] = _SequenceFunction.apply(
+                self, *inputs, *params)
+            return result
+        outputs = self._run_forward(tuple(inputs), training=False)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def step(self) -> None:
+        """Ends a training step after the optimizer's: the quantizers updated in one launch on
+        the current stream, the FP8 weights recast at the next forward."""
+        self._session.step(self._stream())
+        self._session.parameters_changed()
+        for info in self._params:
+            param = self._parameter(info.name)
+            self._param_versions[info.name] = (param.data_ptr(), param._version)
+
+    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
+        """Calls step() after every optimizer.step(); returns the hook's handle."""
+        return optimizer.register_step_post_hook(lambda *_: self.step())
+
+    # --- checkpoints: the quantizer state as extra state -----------------------------------
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The session's state file (docs/state_files.md: parameters and quantizer state) as
+        bytes in a uint8 tensor; set_extra_state() loads it after the parameters."""
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "state.opfuse")
+            self._session.save(path, self._stream())
+            with open(path, "rb") as f:
+                data = f.read()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+            raise UsageError("opfuse.torch.Sequential: the extra state is a uint8 tensor of a "
+                             "state file (get_extra_state)")
+        self._give_parameters()
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "state.opfuse")
+            with open(path, "wb") as f:
+                f.write(state.cpu().numpy().tobytes())
+            self._session.load(path, self._stream())
+        self._session.parameters_changed()
+
+    def extra_repr(self) -> str:
+        sizes = ", ".join(f"{t.name}: {list(t.shape)}" for t in self._inputs)
+        return f"sequence={self._session.sequence!r}, inputs=({sizes})"

@@ -1,0 +1,343 @@
+// `opfuse._opfuse.Session`: one sequence on the GPU (opfuse::Session) with tensors in and out
+// through DLPack. Arrays given to set_tensor() are checked against tensors() (device, dtype,
+// shape, row-major strides) before the runtime sees their pointer, and kept alive while the
+// session may read them; outputs and gradients are views of the session's memory, valid as the
+// C++ API says (docs/python.md).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <utility>
+
+#include "bindings.h"
+
+namespace opfuse::python {
+
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// Row-major and dense: the layout every tensor of a session has (sizes-1 dimensions may carry
+// any stride).
+bool is_row_major(const InputArray& array) {
+  std::int64_t expected = 1;
+  for (std::size_t i = array.ndim(); i-- > 0;) {
+    if (array.shape(i) != 1 && array.stride(i) != expected) return false;
+    expected *= static_cast<std::int64_t>(array.shape(i));
+  }
+  return true;
+}
+
+const char* device_name(int device_type) {
+  switch (device_type) {
+    case nb::device::cpu::value:
+      return "host (CPU) memory";
+    case nb::device::cuda::value:
+      return "CUDA device memory";
+    case nb::device::cuda_host::value:
+      return "pinned host memory";
+    case nb::device::cuda_managed::value:
+      return "CUDA managed memory";
+    default:
+      return "a device opfuse does not run on";
+  }
+}
+
+class PySession {
+ public:
+  PySession(const PyProgram& program, const std::string& sequence,
+            const std::map<std::string, std::int64_t>& sizes, nb::handle stream,
+            const SessionOptions& options)
+      : session_(program.program, sequence, stream_from(stream), options) {
+    session_.bind(sizes);
+    tensors_ = session_.tensors();
+    cudaGetDevice(&device_);
+  }
+
+  Session& get() { return session_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+
+  void bind(const std::map<std::string, std::int64_t>& sizes) {
+    session_.bind(sizes);
+    tensors_ = session_.tensors();
+  }
+
+  const TensorInfo& info(std::string_view name, std::initializer_list<TensorKind> kinds,
+                         std::string_view call) const {
+    for (TensorKind kind : kinds)
+      for (const TensorInfo& t : tensors_)
+        if (t.name == name && t.kind == kind) return t;
+    std::vector<std::string> names;
+    for (const TensorInfo& t : tensors_)
+      for (TensorKind kind : kinds)
+        if (t.kind == kind) names.push_back(t.name);
+    throw UsageError(fmt::format("{}('{}'): sequence '{}' has no such tensor; it has: {}", call,
+                                 name, session_.sequence(), fmt::join(names, ", ")));
+  }
+
+  void set_tensor(const std::string& name, const InputArray& array) {
+    const TensorInfo& t =
+        info(name, {TensorKind::Input, TensorKind::Param, TensorKind::OutputGrad}, "set_tensor");
+    const std::string where = fmt::format("set_tensor('{}')", name);
+    if (array.device_type() != nb::device::cuda::value &&
+        array.device_type() != nb::device::cuda_managed::value) {
+      throw UsageError(fmt::format(
+          "{}: the array is in {}; a GPU session takes CUDA arrays (torch, cupy, jax on the "
+          "GPU). NumPy arrays run on the CPU reference: program.session(..., device='cpu')",
+          where, device_name(array.device_type())));
+    }
+    if (array.device_type() == nb::device::cuda::value && array.device_id() != device_) {
+      throw UsageError(fmt::format("{}: the array is on CUDA device {}, the session on device {}",
+                                   where, array.device_id(), device_));
+    }
+    check_layout(array, t, dlpack_dtype(t.dtype), where);
+    session_.set_tensor(name, array.data());
+    kept_[std::string(tensor_kind_name(t.kind)) + ":" + name] = array;  // alive while read
+  }
+
+  // A view of session memory (an output, a gradient, an owned parameter) as a DLPack array.
+  nb::ndarray<> view(const void* data, const TensorInfo& t) const {
+    std::vector<std::size_t> shape(t.shape.begin(), t.shape.end());
+    return nb::ndarray<>(const_cast<void*>(data), shape.size(), shape.data(), nb::handle(), nullptr,
+                         dlpack_dtype(t.dtype), nb::device::cuda::value, device_);
+  }
+
+ private:
+  Session session_;
+  std::vector<TensorInfo> tensors_;
+  int device_ = 0;
+  std::map<std::string, InputArray> kept_;
+};
+
+}  // namespace
+
+std::vector<std::int64_t> array_shape(const InputArray& array) {
+  std::vector<std::int64_t> shape;
+  for (std::size_t i = 0; i < array.ndim(); ++i)
+    shape.push_back(static_cast<std::int64_t>(array.shape(i)));
+  return shape;
+}
+
+void check_layout(const InputArray& array, const TensorInfo& info, nb::dlpack::dtype dtype,
+                  const std::string& where) {
+  const std::vector<std::int64_t> shape = array_shape(array);
+  if (shape != info.shape) {
+    throw UsageError(fmt::format("{}: the {} '{}' has shape {}, the array has shape {}", where,
+                                 tensor_kind_name(info.kind), info.name, shape_text(info.shape),
+                                 shape_text(shape)));
+  }
+  if (array.dtype() != dtype) {
+    throw UsageError(fmt::format("{}: the {} '{}' is {} ({}), the array is {}", where,
+                                 tensor_kind_name(info.kind), info.name,
+                                 tensor_dtype_name(info.dtype), dlpack_dtype_name(dtype),
+                                 dlpack_dtype_name(array.dtype())));
+  }
+  if (!is_row_major(array)) {
+    throw UsageError(fmt::format(
+        "{}: the array for '{}' is not dense and row-major (strides of a transposed view or a "
+        "slice); pass a contiguous copy (.contiguous() in torch, numpy.ascontiguousarray)",
+        where, info.name));
+  }
+}
+
+void bind_session(nb::module_& m) {
+  nb::class_<DebugSessionOptions>(m, "DebugSessionOptions",
+                                  "Where a session of a program with a debug config logs "
+                                  "(docs/debugging.md).")
+      .def(nb::init<>())
+      .def_rw("log_dir", &DebugSessionOptions::log_dir, "empty: no files")
+      .def_rw("rank", &DebugSessionOptions::rank)
+      .def_rw("precision", &DebugSessionOptions::precision)
+      .def_rw("start_iteration", &DebugSessionOptions::start_iteration)
+      .def_prop_rw(
+          "on_stat", [](const DebugSessionOptions& o) { return o.on_stat != nullptr; },
+          [](DebugSessionOptions& o, const nb::callable& callback) {
+            o.on_stat = [callback](const DebugStat& stat) {
+              nb::gil_scoped_acquire acquire;
+              callback(stat);
+            };
+          },
+          "set: a callable called with each DebugStat of an ended iteration; get: whether set");
+  nb::class_<ParallelOptions>(m, "ParallelOptions",
+                              "This process's rank of a tensor-parallel sequence "
+                              "(docs/parallel.md).")
+      .def(nb::init<>())
+      .def_rw("rank", &ParallelOptions::rank)
+      .def_rw("size", &ParallelOptions::size)
+      .def_rw("nccl_id", &ParallelOptions::nccl_id)
+      .def_rw("bootstrap_dir", &ParallelOptions::bootstrap_dir)
+      .def_rw("job", &ParallelOptions::job)
+      .def_rw("timeout_s", &ParallelOptions::timeout_s)
+      .def_static("from_environment", &ParallelOptions::from_environment,
+                  "What `fusec run --nproc N` sets (OPFUSE_RANK, OPFUSE_WORLD_SIZE, ...).");
+  m.def("new_parallel_id", &new_parallel_id, "A new NCCL unique id for ParallelOptions.nccl_id.");
+  nb::class_<SessionOptions>(m, "SessionOptions", "How a GPU session runs (docs/embedding.md).")
+      .def(nb::init<>())
+      .def_rw("gemm_autotune", &SessionOptions::gemm_autotune)
+      .def_rw("auto_graph", &SessionOptions::auto_graph)
+      .def_rw("block_summaries", &SessionOptions::block_summaries)
+      .def_rw("debug", &SessionOptions::debug)
+      .def_rw("parallel", &SessionOptions::parallel)
+      .def_rw("amax_group", &SessionOptions::amax_group);
+
+  nb::enum_<Session::GraphScope>(m, "GraphScope")
+      .value("INFERENCE_FORWARD", Session::GraphScope::InferenceForward)
+      .value("TRAINING_STEP", Session::GraphScope::TrainingStep);
+
+  const auto stream_arg = nb::arg("stream").none() = nb::none();
+  nb::class_<PySession>(
+      m, "Session",
+      "One sequence of a program on the current CUDA device, bound to its sizes.\n\n"
+      "Made by Program.session(device='cuda'). Tensors go in through set_tensor() (any DLPack "
+      "CUDA array, no copy) and come out as DLPack views of the session's memory "
+      "(torch.from_dlpack). `stream` arguments take None (the legacy default stream), an int "
+      "(a cudaStream_t) or a stream object (torch.cuda.Stream, cupy). Misuse raises UsageError "
+      "before anything is enqueued.")
+      .def(
+          nb::init<const PyProgram&, const std::string&, const std::map<std::string, std::int64_t>&,
+                   nb::handle, const SessionOptions&>(),
+          nb::arg("program"), nb::arg("sequence"), nb::arg("sizes"), nb::arg("stream").none(),
+          nb::arg("options"))
+      .def_prop_ro("sequence", [](PySession& s) { return s.get().sequence(); })
+      .def_prop_ro("device", [](PySession&) { return std::string("cuda"); })
+      .def("bind", &PySession::bind, nb::arg("sizes"),
+           "Binds every symbolic size again ({'tokens': 4096}); tensors() changes with it.")
+      .def("tensors", &PySession::tensors, "Every tensor of the interface under the sizes.")
+      .def(
+          "own_parameters",
+          [](PySession& s, std::uint64_t seed, nb::handle stream) {
+            s.get().own_parameters(seed, stream_from(stream));
+          },
+          nb::arg("seed") = 0, stream_arg,
+          "Allocates and fills every parameter as `fusec run` does from `seed` (linear weights "
+          "~ N(0, 0.02), norm weights 1, biases 0); the session owns them.")
+      .def(
+          "allocate_parameters",
+          [](PySession& s, nb::handle stream) { s.get().allocate_parameters(stream_from(stream)); },
+          stream_arg, "Allocates every parameter zero-filled (to load() into).")
+      .def(
+          "parameter",
+          [](PySession& s, const std::string& name) {
+            return s.view(s.get().parameter(name), s.info(name, {TensorKind::Param}, "parameter"));
+          },
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def parameter(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          "A view of an owned parameter (UsageError unless owned).")
+      .def("set_tensor", &PySession::set_tensor, nb::arg("name"), nb::arg("array"),
+           nb::sig("def set_tensor(self, name: str, array: opfuse._dlpack.SupportsDLPack) -> None"),
+           "Gives an input, parameter or output gradient: a dense row-major CUDA array of its "
+           "dtype and shape, read in place (kept alive by the session).")
+      .def(
+          "parameters_changed", [](PySession& s) { s.get().parameters_changed(); },
+          "The parameters' contents changed (an optimizer step): recast the FP8 weight copies.")
+      .def(
+          "forward",
+          [](PySession& s, nb::handle stream, RunMode mode) {
+            cudaStream_t cuda_stream = stream_from(stream);
+            nb::gil_scoped_release release;
+            s.get().forward(cuda_stream, mode);
+          },
+          stream_arg, nb::arg("mode") = RunMode::Training, "Enqueues the forward on `stream`.")
+      .def(
+          "backward",
+          [](PySession& s, nb::handle stream) {
+            cudaStream_t cuda_stream = stream_from(stream);
+            nb::gil_scoped_release release;
+            s.get().backward(cuda_stream);
+          },
+          stream_arg, "Enqueues the backward of the last training forward.")
+      .def(
+          "step",
+          [](PySession& s, nb::handle stream) {
+            cudaStream_t cuda_stream = stream_from(stream);
+            nb::gil_scoped_release release;
+            s.get().step(cuda_stream);
+          },
+          stream_arg, "Ends a training step: every quantizer updated in one launch.")
+      .def(
+          "output",
+          [](PySession& s, const std::string& name) {
+            return s.view(s.get().output(name), s.info(name, {TensorKind::Output}, "output"));
+          },
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def output(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          "A view of an output, valid until the next forward.")
+      .def(
+          "input_grad",
+          [](PySession& s, const std::string& name) {
+            return s.view(s.get().input_grad(name),
+                          s.info(name, {TensorKind::InputGrad}, "input_grad"));
+          },
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def input_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          "A view of an input's gradient, valid until the next forward or backward.")
+      .def(
+          "param_grad",
+          [](PySession& s, const std::string& name) {
+            return s.view(s.get().param_grad(name),
+                          s.info(name, {TensorKind::ParamGrad}, "param_grad"));
+          },
+          nb::arg("name"), nb::rv_policy::reference_internal,
+          nb::sig("def param_grad(self, name: str) -> opfuse._dlpack.SupportsDLPack"),
+          "A view of a parameter's gradient, valid until the next forward or backward.")
+      .def(
+          "save",
+          [](PySession& s, const std::string& path, nb::handle stream) {
+            cudaStream_t cuda_stream = stream_from(stream);
+            nb::gil_scoped_release release;
+            s.get().save(path, cuda_stream);
+          },
+          nb::arg("path"), stream_arg,
+          "Parameters and quantizer state to a checksummed file (docs/state_files.md).")
+      .def(
+          "load",
+          [](PySession& s, const std::string& path, nb::handle stream) {
+            cudaStream_t cuda_stream = stream_from(stream);
+            nb::gil_scoped_release release;
+            s.get().load(path, cuda_stream);
+          },
+          nb::arg("path"), stream_arg,
+          "Reads and verifies a file, checks it against the sequence, then copies.")
+      .def(
+          "capture",
+          [](PySession& s, nb::handle stream, Session::GraphScope scope) {
+            s.get().capture(stream_from(stream), scope);
+          },
+          nb::arg("stream"), nb::arg("scope") = Session::GraphScope::TrainingStep,
+          "Records one training step or inference forward into a CUDA graph (not on the legacy "
+          "default stream).")
+      .def(
+          "replay", [](PySession& s, nb::handle stream) { s.get().replay(stream_from(stream)); },
+          nb::arg("stream"), "Launches the recording.")
+      .def(
+          "release_graph", [](PySession& s) { s.get().release_graph(); }, "Back to eager calls.")
+      .def_prop_ro("has_graph", [](PySession& s) { return s.get().has_graph(); })
+      .def(
+          "quantizers",
+          [](PySession& s, nb::handle stream) { return s.get().quantizers(stream_from(stream)); },
+          stream_arg, "Every per-tensor quantizer, copied to the host after `stream`.")
+      .def(
+          "block_summaries",
+          [](PySession& s, nb::handle stream) {
+            return s.get().block_summaries(stream_from(stream));
+          },
+          stream_arg, "Every block-scaled copy (SessionOptions.block_summaries).")
+      .def(
+          "memory", [](PySession& s) { return s.get().memory(); }, "Device memory, in bytes.")
+      .def("reset_peak_memory", [](PySession& s) { s.get().reset_peak_memory(); })
+      .def(
+          "flush_debug_stats", [](PySession& s) { s.get().flush_debug_stats(); },
+          "Logs the statistics of every ended debug iteration.")
+      .def_prop_ro(
+          "debug_iteration", [](PySession& s) { return s.get().debug_iteration(); },
+          "the debug iteration the next forward belongs to");
+}
+
+}  // namespace opfuse::python
