@@ -192,7 +192,7 @@ def compile(path_or_source: PathLike, *, recipe: Optional[str] = None,
             name: str = "<string>.fuse", cache_dir: Optional[PathLike] = None,
             use_cache: bool = True, disabled_passes: Sequence[str] = (),
             fp8_fprop_fast_accum: bool = True, fp8_backward_fast_accum: bool = False,
-            compile_threads: int = 0) -> Program:
+            compile_threads: int = 0, emulate_block_scaling: bool = False) -> Program:
     """Compiles a .fuse program (a path, or its text: a string with a newline) for the GPU.
 
     recipe: a recipe declared in the file or 'bf16' for every sequence (None: each its own).
@@ -200,6 +200,8 @@ def compile(path_or_source: PathLike, *, recipe: Optional[str] = None,
     is needed to compile. debug_config: a precision-debug config (TE's config.yaml schema), a
     path or YAML text (docs/debugging.md). `name` is the file name diagnostics show for text.
     Kernels are cached on disk (cache_dir, else $OPFUSE_CACHE_DIR, else ~/.cache/opfuse).
+    emulate_block_scaling: run float8_block_scaling emulated on sm_90a too (block-quantized
+    copies decoded to BF16, BF16 GEMMs), to compare with the native block-scaled GEMMs.
 
     Raises CompileError with every diagnostic, located (`file:line:col: error: ...`, the line
     and a caret), for a program with errors; UsageError for bad options; JitError when NVRTC
@@ -214,6 +216,7 @@ def compile(path_or_source: PathLike, *, recipe: Optional[str] = None,
     options.fp8_fprop_fast_accum = fp8_fprop_fast_accum
     options.fp8_backward_fast_accum = fp8_backward_fast_accum
     options.compile_threads = compile_threads
+    options.emulate_block_scaling = emulate_block_scaling
     config_path: Optional[str] = None
     config_text: Optional[str] = None
     if debug_config is not None:

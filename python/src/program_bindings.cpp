@@ -73,7 +73,9 @@ void bind_program(nb::module_& m) {
               "pass names, as `fusec ir --disable-pass`")
       .def_rw("fp8_fprop_fast_accum", &CompileOptions::fp8_fprop_fast_accum)
       .def_rw("fp8_backward_fast_accum", &CompileOptions::fp8_backward_fast_accum)
-      .def_rw("compile_threads", &CompileOptions::compile_threads, "<= 0: every core");
+      .def_rw("compile_threads", &CompileOptions::compile_threads, "<= 0: every core")
+      .def_rw("emulate_block_scaling", &CompileOptions::emulate_block_scaling,
+              "float8_block_scaling emulated on sm_90a too (BF16 GEMMs over decoded copies)");
 
   nb::class_<PyProgram>(m, "Program",
                         "A compiled program: every sequence's plan and its kernels' binaries.\n\n"

@@ -158,6 +158,22 @@ class Signature(unittest.TestCase):
             program.signature()
 
 
+class CompileOptions(unittest.TestCase):
+    def test_block_scaling_is_emulated_when_asked(self) -> None:
+        # float8_block_scaling on sm_90a: block-scaled GEMMs over block_cast_transpose copies;
+        # emulated, block_fake_quantize's decoded copies and no block cast.
+        blocks = TINY.replace("const hidden = 64", "const hidden = 256").replace(
+            "linear(hidden, 128", "linear(hidden, 512").replace("linear(64,", "linear(256,").replace(
+            "uses fp8", "uses blocks").replace(
+            "recipe fp8 =", "recipe blocks = float8_block_scaling()\nrecipe fp8 =")
+        native = opfuse.compile(blocks, arch="sm_90a").plan_json
+        emulated = opfuse.compile(blocks, arch="sm_90a", emulate_block_scaling=True).plan_json
+        self.assertIn("block_cast_transpose", native)
+        self.assertNotIn("block_fake_quantize", native)
+        self.assertIn("block_fake_quantize", emulated)
+        self.assertNotIn("block_cast_transpose", emulated)
+
+
 class Diagnostics(unittest.TestCase):
     def test_a_program_with_errors_raises_compile_error_with_the_located_text(self) -> None:
         bad = TINY.replace("  swiglu()\n", "  frobnicate(hidden)\n")
