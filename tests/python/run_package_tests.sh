@@ -18,6 +18,16 @@ if [ "$mode" = install ] && [ ! -x "$venv/bin/python" ]; then
   # Without the venv module (Debian's python3-venv missing on a GPU machine): the package goes
   # to WORK/site, on PYTHONPATH.
   "$PYTHON" -m venv --system-site-packages "$venv" || rm -rf "$venv"
+  # A venv that does not see the interpreter's torch or NumPy (installed where
+  # --system-site-packages does not reach, e.g. the user's site: as on the GPU machines, whose
+  # venv saw neither) would test without them: the package goes to WORK/site beside them instead.
+  for module in torch numpy; do
+    if [ -x "$venv/bin/python" ] && "$PYTHON" -c "import $module" 2>/dev/null &&
+      ! "$venv/bin/python" -c "import $module" 2>/dev/null; then
+      echo "python_package: the venv does not see $PYTHON's $module; installing into $site"
+      rm -rf "$venv"
+    fi
+  done
 fi
 if [ -x "$venv/bin/python" ]; then
   py="$venv/bin/python"
