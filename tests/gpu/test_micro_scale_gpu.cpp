@@ -25,6 +25,7 @@
 #include "../../templates/common/launch_rules.h"
 #include "cpu/micro_scaling.h"
 #include "cpu/numerics.h"
+#include "emulated_values.h"
 #include "gpu_test_support.h"
 
 namespace opfuse {
@@ -100,20 +101,7 @@ HostTensor encode(const std::vector<float>& values, Dtype dtype) {
   return out;
 }
 
-// N(0, 1) times 2^e per 16 x 32 region (e in [-20, 20]).
-std::vector<float> random_values(int rows, int cols, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  const int region_cols = (cols + 31) / 32;
-  std::vector<int> exponents(size_t((rows + 15) / 16) * size_t(region_cols));
-  for (int& e : exponents) e = exponent(rng);
-  std::vector<float> values(size_t(rows) * size_t(cols));
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c)
-      values[size_t(r) * cols + c] =
-          std::ldexp(normal(rng), exponents[size_t(r / 16) * region_cols + size_t(c / 32)]);
-  return values;
-}
+using test::emulation::region_scaled_values;
 
 // Zero blocks (rows 0-31 of columns 32-63, the first 32 columns of every fifth row), subnormal
 // rows, +-Inf, NaN, the largest bf16 and huge values.
@@ -283,7 +271,7 @@ TEST_P(MicroScaleGpu, MatchesTheCpuOracleBitForBit) {
     test::DeviceArray& scales = new_array(n / 16 + kGuard);
     test::DeviceArray& y = new_array(n * bytes_of(combo.output) + kGuard);
     for (const bool special : {false, true}) {
-      std::vector<float> raw = random_values(rows, cols, rng);
+      std::vector<float> raw = region_scaled_values(rows, cols, rng);
       if (special) add_special_values(raw, rows, cols);
       const HostTensor input = encode(raw, combo.input);
       test::upload_bytes(x, input.bytes.data(), input.bytes.size());
@@ -408,7 +396,7 @@ TEST_P(MicroScaleGpu, RhtAmaxAndTensorScale) {
     const size_t n = size_t(rows) * cols;
     test::DeviceArray& x = new_array(n * bytes_of(combo.input));
     for (const bool special : {false, true}) {
-      std::vector<float> raw = random_values(rows, cols, rng);
+      std::vector<float> raw = region_scaled_values(rows, cols, rng);
       if (special && rows >= 32 && cols >= 32) raw[5] = std::numeric_limits<float>::quiet_NaN();
       const HostTensor input = encode(raw, combo.input);
       test::upload_bytes(x, input.bytes.data(), input.bytes.size());

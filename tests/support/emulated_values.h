@@ -1,7 +1,7 @@
 // Host-side data for the CPU tests that run kernel templates under cuda_host_emulation.h
 // (test_block_fake_quantize_emulated, test_micro_scale_emulated, test_block_summary_emulated):
 // conversions between fp32 and a kernel's input dtype, and the random inputs with special values
-// the quantization tests share.
+// the quantization tests share (the region-scaled values also test_micro_scale_gpu's).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,13 +30,8 @@ inline __nv_bfloat16 cast_to(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// rows x cols values: N(0, 1) times 2^e per 16 x 32 region (e in [-20, 20]). With `special` (and
-// at least 32 x 32): a zero block x block block (rows [0, block), columns [block, 2 * block)),
-// zero 1 x block blocks (every fifth row's first block), subnormal rows, +-Inf, NaN, the largest
-// bf16 and a huge value.
-inline std::vector<float> random_values(int rows, int cols, uint64_t seed, bool special,
-                                        int block) {
-  std::mt19937_64 rng(seed);
+// rows x cols values: N(0, 1) times 2^e per 16 x 32 region (e in [-20, 20]), drawn from rng.
+inline std::vector<float> region_scaled_values(int rows, int cols, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-20, 20);
   const int region_cols = (cols + 31) / 32;
@@ -47,6 +42,17 @@ inline std::vector<float> random_values(int rows, int cols, uint64_t seed, bool 
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c)
       at(r, c) = std::ldexp(normal(rng), exponents[size_t(r / 16) * region_cols + size_t(c / 32)]);
+  return v;
+}
+
+// region_scaled_values from a generator seeded with `seed`. With `special` (and at least 32 x 32):
+// a zero block x block block (rows [0, block), columns [block, 2 * block)), zero 1 x block blocks
+// (every fifth row's first block), subnormal rows, +-Inf, NaN, the largest bf16 and a huge value.
+inline std::vector<float> random_values(int rows, int cols, uint64_t seed, bool special,
+                                        int block) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v = region_scaled_values(rows, cols, rng);
+  auto at = [&](int r, int c) -> float& { return v[size_t(r) * size_t(cols) + size_t(c)]; };
   if (!special || rows < 32 || cols < 32) return v;
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < cols; ++c) {
