@@ -5,8 +5,11 @@
 #   bench/run_gpu.sh                 # everything; sized to finish within 9 minutes on an H100
 #   SIZES="medium" bench/run_gpu.sh  # a subset (also MODES, RECIPES)
 #
-# Steps: builds fusec and bench/gemm_shim (build/bench, Release, -j16) in the background while the
-# copy-bandwidth and GEMM peers run; the interleaved FP8 GEMM comparison (gemm_interleaved.py)
+# Steps: builds fusec and the libraries of the Python package (build/bench, Release, -j16) in the
+# background while the copy-bandwidth and GEMM peers run, then installs the package against them
+# (tests/python/run_package_tests.sh install: only the bindings compile; offline, as on the device
+# machines, OPFUSE_WHEELS=DIR names the build requirements' wheels, scripts/python_wheels.sh DIR
+# fetches them), through which the interleaved comparisons run opfuse; the interleaved FP8 GEMM comparison (gemm_interleaved.py)
 # and, for the large size, the interleaved MLP forward against torch.compile (mlp_interleaved.py);
 # `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse) in fwd and fwdbwd
 # under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph and with --no-auto-graph
@@ -67,7 +70,7 @@ git status --short 2>/dev/null | head -40 >"$work/uncommitted.txt"
 
 stamp "build fusec (background) while the copy and GEMM peers run"
 (cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DOPFUSE_BUILD_TESTS=OFF \
-  >"$work/configure.log" 2>&1 && cmake --build build/bench -j16 --target fusec opfuse_gemm_shim \
+  >"$work/configure.log" 2>&1 && cmake --build build/bench -j16 --target fusec opfuse_reference \
   >"$work/build.log" 2>&1) &
 build_pid=$!
 # Transformer Engine (issue 22), when the machine's Python lacks it: installed from the offline
@@ -89,6 +92,21 @@ if ! wait "$build_pid"; then
 fi
 fusec=build/bench/tools/fusec
 stamp "fusec built"
+# The Python package (docs/python.md) over build/bench's libraries: the interleaved comparisons
+# drive opfuse through it. "${pypkg[@]}" runs Python with it importable.
+[[ -n ${OPFUSE_WHEELS:-} ]] && export PIP_NO_INDEX=1 PIP_FIND_LINKS=$OPFUSE_WHEELS
+if PYTHON=python3 SOURCE_DIR=$PWD BUILD_DIR=$PWD/build/bench FUSEC=$fusec \
+  tests/python/run_package_tests.sh install "$work/python" >"$work/package_install.txt" 2>&1; then
+  stamp "Python package installed: $(grep -o 'python_package_install: [0-9]* s' "$work/package_install.txt")"
+else
+  echo "installing the Python package failed: $(tail -3 "$work/package_install.txt")"
+  status=1
+fi
+if [[ -x $work/python/venv/bin/python ]]; then
+  pypkg=("$work/python/venv/bin/python")
+else
+  pypkg=(env "PYTHONPATH=$work/python/site${PYTHONPATH:+:$PYTHONPATH}" python3)
+fi
 # Transformer Engine joins the interleaved forward and the peers when it imports (installed
 # above from TE_KIT, or the machine's own).
 [[ -n $te_pid ]] && { wait "$te_pid" || echo "installing TE failed: $(tail -3 "$work/te_install.txt")"; }
@@ -102,7 +120,7 @@ else
 fi
 # The FP8 GEMM goal's measurement: opfuse's GEMM runner and torch._scaled_mm in one process,
 # alternating rounds on the same operands (bench/peers/gemm_interleaved.py).
-timeout 120 python3 "$peers/gemm_interleaved.py" --shim build/bench/bench/opfuse_gemm_shim.so \
+timeout 120 "${pypkg[@]}" "$peers/gemm_interleaved.py" \
   --json "$work/peers_gemm_interleaved.json" >"$work/peers_gemm_interleaved.txt" 2>&1 ||
   { echo "gemm_interleaved failed: $(tail -2 "$work/peers_gemm_interleaved.txt")"; status=1; }
 stamp "interleaved GEMMs done"
@@ -114,8 +132,7 @@ if [[ " $sizes " == *" large "* ]]; then
     -o build/mlp_large_fp8_delayed >"$work/mlp_large_build.txt" 2>&1; then
     echo "fusec build of mlp_large failed: $(tail -2 "$work/mlp_large_build.txt")"
     status=1
-  elif ! timeout 300 python3 "$peers/mlp_interleaved.py" \
-    --shim build/bench/bench/opfuse_gemm_shim.so --build build/mlp_large_fp8_delayed \
+  elif ! timeout 300 "${pypkg[@]}" "$peers/mlp_interleaved.py" --build build/mlp_large_fp8_delayed \
     --gemm-algorithms heuristic,autotuned --peers "$interleaved_peers" \
     --json "$work/peers_mlp_interleaved.json" >"$work/peers_mlp_interleaved.txt" 2>&1; then
     echo "mlp_interleaved failed: $(tail -2 "$work/peers_mlp_interleaved.txt")"

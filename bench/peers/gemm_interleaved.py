@@ -4,7 +4,7 @@
 A 3% comparison cannot rest on one timing of each side taken minutes apart: on the H100/H200 the
 same GEMM timed twice differs by up to 12% (clocks, power, what ran before). So both sides run
 here, in one process, on the same operand buffers (rotated over 3x the L2) and the same stream:
-opfuse's GEMM through bench/gemm_shim (the GemmRunner an opfuse plan uses, loaded with ctypes)
+opfuse's GEMM through the package (opfuse._opfuse._bench: the GemmRunner an opfuse plan uses)
 and torch._scaled_mm. Each of `--rounds` rounds issues the two sides alternately, call by call
 (which side goes first alternates between rounds), queued behind a sleep kernel so that CUDA
 events time the GPU alone; neighbouring calls see the same clocks and power state. The result per
@@ -21,7 +21,6 @@ is asked (algorithm choice, workspace, layouts), not in the library.
 """
 
 import argparse
-import ctypes
 import gc
 import statistics
 import sys
@@ -32,60 +31,38 @@ import torch
 import peer_common as common
 from gemm_peers import mlp_gemm_shapes
 
-ERROR_BYTES = 1024
-
-
 class OpfuseGemm:
-    def __init__(self, library, autotune=False):
+    """opfuse's GEMM runner through the package (opfuse._opfuse._bench: the GemmRunner an opfuse
+    plan uses; docs/python.md, "Benchmarks")."""
+
+    def __init__(self, autotune=False):
+        from opfuse._opfuse import _bench
+
         self.autotune = autotune
-        self.lib = ctypes.CDLL(library)
-        self.lib.opfuse_gemm_run.restype = ctypes.c_int
-        self.lib.opfuse_gemm_run.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_int64,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_int,
-        ]
-        self.lib.opfuse_gemm_cublaslt_version.restype = ctypes.c_size_t
-        self.error = ctypes.create_string_buffer(ERROR_BYTES)
+        self.bench = _bench
 
     def cublaslt_version(self):
-        return int(self.lib.opfuse_gemm_cublaslt_version())
+        return int(self.bench.cublaslt_version())
 
     def call(self, shape, a_e5m2, fast_accum, scale_a, scale_b):
         m, n, k = shape["m"], shape["n"], shape["k"]
 
         def run(a, b, d):
-            status = self.lib.opfuse_gemm_run(
+            self.bench.gemm_run(
                 torch.cuda.current_stream().cuda_stream,
                 m,
                 n,
                 k,
-                int(a_e5m2),
-                int(fast_accum),
-                int(self.autotune),
+                bool(a_e5m2),
+                bool(fast_accum),
+                bool(self.autotune),
                 a.data_ptr(),
                 b.data_ptr(),
                 d.data_ptr(),
                 scale_a.data_ptr(),
                 scale_b.data_ptr(),
                 1,
-                self.error,
-                ERROR_BYTES,
             )
-            if status != 0:
-                raise RuntimeError(self.error.value.decode(errors="replace"))
 
         return run
 
@@ -239,7 +216,6 @@ COLUMNS = [
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shim", required=True, help="path to libopfuse_gemm_shim.so")
     parser.add_argument("--json", help="write the results here (rewritten after every GEMM)")
     parser.add_argument("--sizes", default="medium,large", help="comma list of medium,large")
     parser.add_argument("--rounds", type=int, default=12, help="rounds per GEMM")
@@ -264,7 +240,7 @@ def main(argv):
     args = parse_args(argv)
     common.require_cuda()
     common.print_banner("gemm_interleaved")
-    opfuse = OpfuseGemm(args.shim, args.gemm_autotune)
+    opfuse = OpfuseGemm(args.gemm_autotune)
     version = opfuse.cublaslt_version()
     print(f"# cuBLASLt {version} in this process (both sides)", flush=True)
     report = common.JsonReport(

@@ -5,11 +5,10 @@ The large forward's goals (issue 6: at most 0.83x torch.compile FP8's time and 0
 bf16's) lie within the 2-3% by which whole runs of the same programs differ on an H200 (its clock
 under FP8 GEMM load, bench/RESULTS.md), and bench/run_gpu.sh times each side in its own process,
 minutes apart. Here both sides run in one process, on the same inputs and stream: opfuse's
-Session (bench/gemm_shim's session entry points, loaded with ctypes, over a `fusec build`
-directory; an inference forward as `fusec bench --mode fwd` times it, the FP8 weight copies cast
-once and kept, after --calibrate training steps that give delayed scaling scales from the data;
-the peer's parameters and inputs) and mlp_peers.py's
-variants (`compile_fp8`: torch.compile with torch._scaled_mm, current scaling, weights cast on
+Session (through the Python package, docs/python.md, over a `fusec build` directory; an
+inference forward as `fusec bench --mode fwd` times it, the FP8 weight copies cast once and
+kept, after --calibrate training steps that give delayed scaling scales from the data; the
+peer's parameters and inputs) and mlp_peers.py's variants (`compile_fp8`: torch.compile with torch._scaled_mm, current scaling, weights cast on
 every call; `compile`: torch.compile bf16) and, with `--peers ...,te`, Transformer Engine's block
 under the same recipe (te_peers.py; calibrated like opfuse). Each round issues opfuse and one peer alternately,
 call by call, queued behind a sleep kernel (gemm_interleaved.interleaved_rounds), so neighbouring calls see
@@ -19,15 +18,11 @@ heuristic,autotuned measures two opfuse Sessions, the second with SessionOptions
 (`fusec bench --gemm-autotune`: each GEMM's fastest of cuBLASLt's first candidates, timed once).
 
   fusec build bench/workloads/mlp_large.fuse --recipe fp8_delayed -o build/mlp_large_fp8_delayed
-  python3 bench/peers/mlp_interleaved.py --shim build/bench/bench/opfuse_gemm_shim.so \
-      --build build/mlp_large_fp8_delayed
-
-Without --shim the opfuse side runs through the Python package instead (docs/python.md: `pip
-install .` first), the same Session behind the same calls.
+  pip install .     # the package (docs/python.md); bench/run_gpu.sh installs it
+  python3 bench/peers/mlp_interleaved.py --build build/mlp_large_fp8_delayed
 """
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
@@ -38,129 +33,16 @@ import peer_common as common
 from gemm_interleaved import interleaved_rounds
 from mlp_peers import build_callable, make_call, make_rotation_sets
 
-ERROR_BYTES = 4096
 # The peers' parameters (mlp_peers.make_arg_set: x, ln weight, ln bias, fc1, fc2, grad) by the
 # names the .fuse programs give them.
 PARAMETERS = {1: "layernorm_0.weight", 2: "layernorm_0.bias", 3: "fc1.weight", 4: "fc2.weight"}
 RECIPE_GOALS = {"compile_fp8": 0.83, "compile": 0.52}  # issue 6, large FP8 forward
 
 
-# bench/gemm_shim/session_shim.cpp's entry points: (restype, argtypes). Those that can fail end
-# with an error buffer and its size.
-_ERROR_ARGS = [ctypes.c_char_p, ctypes.c_int]
-SHIM_SIGNATURES = {
-    "opfuse_session_load": (
-        ctypes.c_void_p,
-        [
-            ctypes.c_char_p,
-            ctypes.c_char_p,
-            ctypes.c_int64,
-            ctypes.c_int,
-            ctypes.c_void_p,
-            *_ERROR_ARGS,
-        ],
-    ),
-    "opfuse_session_set_tensor": (
-        ctypes.c_int,
-        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, *_ERROR_ARGS],
-    ),
-    "opfuse_session_forward": (
-        ctypes.c_int,
-        [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, *_ERROR_ARGS],
-    ),
-    "opfuse_session_calibrate": (
-        ctypes.c_int,
-        [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, *_ERROR_ARGS],
-    ),
-    "opfuse_session_copy_output": (
-        ctypes.c_int,
-        [
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_void_p,
-            *_ERROR_ARGS,
-        ],
-    ),
-    "opfuse_session_close": (None, [ctypes.c_void_p]),
-    "opfuse_gemm_cublaslt_version": (ctypes.c_size_t, []),
-}
-
-
-class OpfuseSession:
-    """One opfuse Session over a `fusec build` directory (bench/gemm_shim's session entry points):
-    the plan and kernels fusec built, so their compile stays out of this process."""
-
-    def __init__(self, library, build_dir, tokens, gemm_autotune):
-        self.lib = ctypes.CDLL(library)
-        for name, (restype, argtypes) in SHIM_SIGNATURES.items():
-            function = getattr(self.lib, name)
-            function.restype, function.argtypes = restype, argtypes
-        self.error = ctypes.create_string_buffer(ERROR_BYTES)
-        self.stream = torch.cuda.current_stream().cuda_stream
-        self.handle = self.lib.opfuse_session_load(
-            build_dir.encode(),
-            b"tokens",
-            tokens,
-            int(gemm_autotune),
-            self.stream,
-            self.error,
-            ERROR_BYTES,
-        )
-        self.check(self.handle)
-
-    def check(self, ok):
-        if not ok:
-            raise RuntimeError(self.error.value.decode(errors="replace"))
-
-    def cublaslt_version(self):
-        return int(self.lib.opfuse_gemm_cublaslt_version())
-
-    def set_tensor(self, name, tensor):
-        status = self.lib.opfuse_session_set_tensor(
-            self.handle, name.encode(), tensor.data_ptr(), self.error, ERROR_BYTES
-        )
-        self.check(status == 0)
-
-    def forward(self, x):
-        status = self.lib.opfuse_session_forward(
-            self.handle, b"x", x.data_ptr(), self.stream, self.error, ERROR_BYTES
-        )
-        self.check(status == 0)
-
-    def calibrate(self, x, steps):
-        """`steps` training forwards on x, each followed by a quantizer update."""
-        self.set_tensor("x", x)
-        status = self.lib.opfuse_session_calibrate(
-            self.handle, steps, self.stream, self.error, ERROR_BYTES
-        )
-        self.check(status == 0)
-
-    def output(self, like):
-        """A copy of output y, shaped and typed as `like`."""
-        result = torch.empty_like(like)
-        status = self.lib.opfuse_session_copy_output(
-            self.handle,
-            b"y",
-            result.data_ptr(),
-            result.numel() * result.element_size(),
-            self.stream,
-            self.error,
-            ERROR_BYTES,
-        )
-        self.check(status == 0)
-        return result
-
-    def close(self):
-        if self.handle:
-            self.lib.opfuse_session_close(self.handle)
-            self.handle = None
-
-
 class PackageSession:
-    """The same Session through the Python package (docs/python.md) instead of the shim:
-    opfuse.load_build and opfuse.Session, tensors through DLPack (--shim left out)."""
+    """One opfuse Session over a `fusec build` directory (the plan and kernels fusec built, so
+    their compile stays out of this process) through the Python package (docs/python.md):
+    opfuse.load_build and opfuse.Session, tensors through DLPack."""
 
     def __init__(self, build_dir, tokens, gemm_autotune):
         import opfuse
@@ -175,7 +57,9 @@ class PackageSession:
         self.x_pointer = None
 
     def cublaslt_version(self):
-        return None  # the package does not report it; the shim does
+        from opfuse._opfuse import _bench
+
+        return int(_bench.cublaslt_version())
 
     def set_tensor(self, name, tensor):
         self.session.set_tensor(name, tensor)
@@ -206,8 +90,6 @@ class PackageSession:
 
 
 def open_session(args, tokens, gemm_autotune):
-    if args.shim:
-        return OpfuseSession(args.shim, args.build, tokens, gemm_autotune)
     return PackageSession(args.build, tokens, gemm_autotune)
 
 
@@ -301,10 +183,6 @@ COLUMNS = [
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--shim",
-        help="path to opfuse_gemm_shim.so; left out: the installed Python package (pip install .)",
-    )
     parser.add_argument(
         "--build",
         required=True,

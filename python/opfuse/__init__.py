@@ -45,6 +45,7 @@ from ._opfuse import (  # noqa: E402  (after the environment is set)
     Session,
     SessionOptions,
     StateFileError,
+    StateParts,
     TensorDType,
     TensorInfo,
     TensorKind,
@@ -61,7 +62,7 @@ __all__ = [
     "BlockSummaryStatus", "BuildStats", "CompileError", "CompileOptions", "ContextFaultError",
     "CudaError", "DebugSessionOptions", "DebugStat", "Error", "GraphScope", "JitError",
     "MemoryStats", "ParallelOptions", "Program", "QuantizerStatus", "ReferenceSession", "RunMode",
-    "Session", "SessionOptions", "StateFileError", "TensorDType", "TensorInfo", "TensorKind",
+    "Session", "SessionOptions", "StateFileError", "StateParts", "TensorDType", "TensorInfo", "TensorKind",
     "SupportsDLPack", "UsageError", "compile", "gpu_available", "load_build", "new_parallel_id", "reference_input",
     "version",
 ]

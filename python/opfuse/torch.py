@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import Program, RunMode, Session, SessionOptions, TensorDType, TensorInfo, TensorKind
-from . import UsageError
+from . import Program, RunMode, Session, SessionOptions, StateParts, TensorDType, TensorInfo
+from . import TensorKind, UsageError
 
 __all__ = ["Sequential", "torch_dtype"]
 
@@ -266,11 +266,12 @@ class Sequential(torch.nn.Module):
     # --- checkpoints: the quantizer state as extra state -----------------------------------
 
     def get_extra_state(self) -> torch.Tensor:
-        """The session's state file (docs/state_files.md: parameters and quantizer state) as
-        bytes in a uint8 tensor; set_extra_state() loads it after the parameters."""
+        """The session's quantizer state and step count (a state file of StateParts.QUANTIZERS,
+        docs/state_files.md; the parameters are the state dict's own entries) as bytes in a uint8
+        tensor; set_extra_state() loads it after the parameters."""
         with tempfile.TemporaryDirectory() as directory:
             path = os.path.join(directory, "state.opfuse")
-            self._session.save(path, self._stream())
+            self._session.save(path, self._stream(), StateParts.QUANTIZERS)
             with open(path, "rb") as f:
                 data = f.read()
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -284,7 +285,9 @@ class Sequential(torch.nn.Module):
             path = os.path.join(directory, "state.opfuse")
             with open(path, "wb") as f:
                 f.write(state.cpu().numpy().tobytes())
-            self._session.load(path, self._stream())
+            # The quantizer state alone (also from a whole checkpoint): the parameters are the
+            # ones load_state_dict() has just copied in.
+            self._session.load(path, self._stream(), StateParts.QUANTIZERS)
         self._session.parameters_changed()
 
     def extra_repr(self) -> str:

@@ -129,6 +129,10 @@ void bind_types(nb::module_& m) {
   nb::enum_<RunMode>(m, "RunMode")
       .value("TRAINING", RunMode::Training, "saves what backward reads")
       .value("INFERENCE", RunMode::Inference, "no transposed copies, no saved activations");
+  nb::enum_<StateParts>(m, "StateParts")
+      .value("ALL", StateParts::All, "the parameters, the quantizer state and the step count")
+      .value("QUANTIZERS", StateParts::Quantizers,
+             "the quantizer state and the step count alone (the parameters are left as they are)");
 
   nb::class_<TensorInfo>(m, "TensorInfo",
                          "A tensor of a sequence's interface under the session's sizes.")
@@ -205,4 +209,5 @@ NB_MODULE(_opfuse, m) {
   py::bind_program(m);
   py::bind_session(m);
   py::bind_reference_session(m);
+  py::bind_bench(m);
 }

@@ -289,22 +289,24 @@ void bind_session(nb::module_& m) {
           "A view of a parameter's gradient, valid until the next forward or backward.")
       .def(
           "save",
-          [](PySession& s, const std::string& path, nb::handle stream) {
+          [](PySession& s, const std::string& path, nb::handle stream, StateParts parts) {
             cudaStream_t cuda_stream = stream_from(stream);
             nb::gil_scoped_release release;
-            s.get().save(path, cuda_stream);
+            s.get().save(path, cuda_stream, parts);
           },
-          nb::arg("path"), stream_arg,
-          "Parameters and quantizer state to a checksummed file (docs/state_files.md).")
+          nb::arg("path"), stream_arg, nb::arg("parts") = StateParts::All,
+          "Parameters and quantizer state (or with StateParts.QUANTIZERS the quantizer state "
+          "alone) to a checksummed file (docs/state_files.md).")
       .def(
           "load",
-          [](PySession& s, const std::string& path, nb::handle stream) {
+          [](PySession& s, const std::string& path, nb::handle stream, StateParts parts) {
             cudaStream_t cuda_stream = stream_from(stream);
             nb::gil_scoped_release release;
-            s.get().load(path, cuda_stream);
+            s.get().load(path, cuda_stream, parts);
           },
-          nb::arg("path"), stream_arg,
-          "Reads and verifies a file, checks it against the sequence, then copies.")
+          nb::arg("path"), stream_arg, nb::arg("parts") = StateParts::All,
+          "Reads and verifies a file, checks it against the sequence, then copies (with "
+          "StateParts.QUANTIZERS only the quantizer state and step count).")
       .def(
           "capture",
           [](PySession& s, nb::handle stream, Session::GraphScope scope) {

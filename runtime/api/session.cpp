@@ -2,6 +2,7 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <span>
 
 #include "api/debug_session.h"
 #include "api/program_impl.h"
@@ -449,12 +450,16 @@ const void* Session::param_grad(std::string_view name) const {
   return impl_->exec().param_grad(name);
 }
 
-void Session::save(const std::string& path, cudaStream_t stream) {
+void Session::save(const std::string& path, cudaStream_t stream, StateParts parts) {
   gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_bound("save()");
   api::StateFile state = s.state_layout();
   state.step = s.steps;
+  if (parts == StateParts::Quantizers) {
+    state.tensors.clear();
+    state.quantizers_only = true;
+  }
   for (api::StateTensor& tensor : state.tensors) {
     const void* pointer = s.param_pointer(tensor.name);
     if (pointer == nullptr) {
@@ -477,13 +482,17 @@ void Session::save(const std::string& path, cudaStream_t stream) {
   api::write_state_file(path, state);
 }
 
-void Session::load(const std::string& path, cudaStream_t stream) {
+void Session::load(const std::string& path, cudaStream_t stream, StateParts parts) {
   gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_no_graph("load()");
   s.require_bound("load()");
   const api::StateFile file = api::read_state_file(path);
-  const api::StateFile expected = s.state_layout();
+  api::StateFile expected = s.state_layout();
+  if (parts == StateParts::Quantizers) {
+    expected.tensors.clear();
+    expected.quantizers_only = true;
+  }
   api::require_state_fits(file, expected, path);
   for (const api::StateTensor& tensor : expected.tensors) {
     if (s.param_pointer(tensor.name) == nullptr) {
@@ -500,7 +509,8 @@ void Session::load(const std::string& path, cudaStream_t stream) {
       if (q.name == expected.quantizers[i].name) quantizers[i] = q.state;
     }
   }
-  for (const api::StateTensor& tensor : file.tensors) {
+  for (const api::StateTensor& tensor : expected.quantizers_only ? std::span<const api::StateTensor>()
+                                                                  : std::span(file.tensors)) {
     OPFUSE_CUDA_CHECK(
         cudaMemcpyAsync(const_cast<void*>(s.param_pointer(tensor.name)), tensor.bytes.data(),
                         tensor.bytes.size(), cudaMemcpyHostToDevice, stream),

@@ -99,6 +99,10 @@ std::optional<plan::DType> dtype_named(std::string_view name) {
 void check_writable(const std::string& path, const StateFile& state) {
   const auto refuse = [&](const std::string& why) { refuse_to_write(path, why); };
   if (state.step < 0) refuse(fmt::format("the step count is negative ({})", state.step));
+  if (state.quantizers_only && !state.tensors.empty()) {
+    refuse(fmt::format("it holds the quantizer state only, yet has {} tensors",
+                       state.tensors.size()));
+  }
   std::set<std::string_view> names;
   for (const StateTensor& tensor : state.tensors) {
     if (tensor.name.empty()) refuse("a tensor has an empty name");
@@ -158,6 +162,7 @@ std::string encode(const StateFile& state) {
                       {"tensors", std::move(tensors)},
                       {"quantizers", std::move(quantizers)}};
   if (state.tp > 1) header_json["parallel"] = {{"tp", state.tp}, {"rank", state.rank}};
+  if (state.quantizers_only) header_json["contents"] = "quantizers";
   std::string header = header_json.dump(1);
   header.resize(align_up(kPreludeBytes + header.size()) - kPreludeBytes, ' ');
 
@@ -319,12 +324,23 @@ class HeaderReader {
       state.tp = static_cast<int>(tp);
       state.rank = static_cast<int>(rank);
     }
+    if (header.contains("contents")) {
+      const std::string contents = string_field(header, "contents", "header");
+      if (contents != "all" && contents != "quantizers") {
+        fail(fmt::format("contents is '{}', not 'all' or 'quantizers'", contents));
+      }
+      state.quantizers_only = contents == "quantizers";
+    }
     std::set<std::string> names;
     for (const json& entry : array_field(header, "tensors")) {
       state.tensors.push_back(tensor(entry, state.tensors.size()));
       if (!names.insert(state.tensors.back().name).second) {
         fail(fmt::format("two tensors are named '{}'", state.tensors.back().name));
       }
+    }
+    if (state.quantizers_only && !state.tensors.empty()) {
+      fail(fmt::format("it says it holds the quantizer state only, yet lists {} tensors",
+                       state.tensors.size()));
     }
     names.clear();
     for (const json& entry : array_field(header, "quantizers")) {
@@ -511,9 +527,19 @@ std::vector<std::string> state_mismatches(const StateFile& file, const StateFile
     reasons.push_back(fmt::format("it was saved with recipe '{}', this run uses '{}'", file.recipe,
                                   expected.recipe));
   }
+  if (file.quantizers_only && !expected.quantizers_only) {
+    reasons.push_back(
+        "it holds the quantizer state only (saved with StateParts::Quantizers), not the "
+        "parameters: load it with StateParts::Quantizers, or load a whole checkpoint");
+  }
+  // A load of the quantizer state alone compares no tensors.
+  const std::span<const StateTensor> file_side =
+      expected.quantizers_only ? std::span<const StateTensor>() : file.tensors;
+  const std::span<const StateTensor> wanted =
+      expected.quantizers_only ? std::span<const StateTensor>() : expected.tensors;
   std::map<std::string_view, const StateTensor*> file_tensors;
-  for (const StateTensor& tensor : file.tensors) file_tensors.emplace(tensor.name, &tensor);
-  for (const StateTensor& want : expected.tensors) {
+  for (const StateTensor& tensor : file_side) file_tensors.emplace(tensor.name, &tensor);
+  for (const StateTensor& want : wanted) {
     const auto found = file_tensors.find(want.name);
     if (found == file_tensors.end()) {
       reasons.push_back(fmt::format("tensor '{}' is missing from the file", want.name));
@@ -599,12 +625,13 @@ StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::str
   std::vector<const StateFile*> by_rank(static_cast<std::size_t>(tp), nullptr);
   for (const StateFile& f : ranks) {
     if (f.tp != tp || f.program != ranks[0].program || f.recipe != ranks[0].recipe ||
-        f.step != ranks[0].step) {
+        f.step != ranks[0].step || f.quantizers_only != ranks[0].quantizers_only) {
       throw UsageError(fmt::format(
-          "the state files are not of one run: rank {} of {} from '{}' (recipe '{}', step {}) "
-          "next to rank {} of {} from '{}' (recipe '{}', step {})",
-          f.rank, f.tp, f.program, f.recipe, f.step, ranks[0].rank, tp, ranks[0].program,
-          ranks[0].recipe, ranks[0].step));
+          "the state files are not of one run: rank {} of {} from '{}' (recipe '{}', step {}{}) "
+          "next to rank {} of {} from '{}' (recipe '{}', step {}{})",
+          f.rank, f.tp, f.program, f.recipe, f.step,
+          f.quantizers_only ? ", quantizers only" : "", ranks[0].rank, tp, ranks[0].program,
+          ranks[0].recipe, ranks[0].step, ranks[0].quantizers_only ? ", quantizers only" : ""));
     }
     const auto r = static_cast<std::size_t>(f.rank);
     if (by_rank[r] != nullptr) throw UsageError(fmt::format("rank {} is given twice", f.rank));
@@ -612,6 +639,7 @@ StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::str
   }
   StateFile out;
   const StateFile& first = *by_rank[0];
+  out.quantizers_only = first.quantizers_only;
   out.program = program.empty() ? first.program : program;
   out.recipe = first.recipe;
   out.step = first.step;

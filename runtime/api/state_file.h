@@ -50,6 +50,10 @@ struct StateFile {
   int rank = 0;
   std::vector<StateTensor> tensors;        // names unique within the file
   std::vector<StateQuantizer> quantizers;  // names unique within the file
+  // The quantizer state alone (Session::save with StateParts::Quantizers; the header's
+  // "contents": "quantizers"): no tensors. As `expected` of state_mismatches: the tensors are
+  // not compared (a load of the quantizer state alone).
+  bool quantizers_only = false;
 };
 
 // The format version this build writes and the newest it reads.
@@ -71,7 +75,8 @@ StateFile read_state_file(const std::string& path);
 // the rank and group size of a tensor-parallel run,
 // tensors (matched by name: missing, extra, dtype, shape) and quantizers (missing, extra, history
 // length). Only the layout of `expected` is read (its bytes and amax values may be empty). Empty
-// when the file fits.
+// when the file fits. With expected.quantizers_only the tensors are not compared; a file with
+// quantizers_only does not fit an `expected` without it (a full load needs the parameters).
 std::vector<std::string> state_mismatches(const StateFile& file, const StateFile& expected);
 
 // Throws UsageError listing every state_mismatches() reason, naming `path` (where `file` came

@@ -165,6 +165,58 @@ TEST_F(SessionGpu, SaveThenLoadResumesTrainingBitForBit) {
   std::filesystem::remove(path);
 }
 
+// StateParts::Quantizers (what opfuse.torch keeps as extra state beside its own parameters):
+// the quantizer state alone, saved and loaded without touching the parameters; a quantizers-only
+// file gives the same training step as the whole checkpoint's quantizer state, and a load that
+// needs the parameters refuses it.
+TEST_F(SessionGpu, QuantizerStateAloneLoadsWithoutTouchingTheParameters) {
+  const Program program = Program::compile(program_text("fp8"), "small_mlp.fuse");
+  const auto temp = std::filesystem::temp_directory_path();
+  const std::string whole = (temp / "opfuse_session_gpu_whole.state").string();
+  const std::string alone = (temp / "opfuse_session_gpu_quantizers.state").string();
+  Session a = make_session(program, 1);
+  train_step(a);
+  train_step(a);
+  a.save(whole, stream_);
+  a.save(alone, stream_, StateParts::Quantizers);
+  const auto a_quantizers = a.quantizers(stream_);
+  EXPECT_TRUE(api::read_state_file(alone).tensors.empty());
+  EXPECT_EQ(api::read_state_file(alone).step, 2);
+
+  const std::size_t weight_bytes = 1024 * 256 * 2;
+  Session b = make_session(program, 2);
+  const auto b_weight = read(b.parameter("fc1.weight"), weight_bytes);
+  b.load(alone, stream_, StateParts::Quantizers);
+  EXPECT_EQ(read(b.parameter("fc1.weight"), weight_bytes), b_weight) << "parameters untouched";
+  const auto b_quantizers = b.quantizers(stream_);
+  ASSERT_EQ(b_quantizers.size(), a_quantizers.size());
+  for (std::size_t i = 0; i < a_quantizers.size(); ++i) {
+    EXPECT_EQ(b_quantizers[i].amax_history, a_quantizers[i].amax_history) << a_quantizers[i].name;
+    EXPECT_EQ(b_quantizers[i].scale, a_quantizers[i].scale) << a_quantizers[i].name;
+  }
+  try {
+    b.load(alone, stream_);
+    ADD_FAILURE() << "a whole load took a quantizers-only file";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("holds the quantizer state only"), std::string::npos)
+        << error.what();
+  }
+  train_step(b);
+
+  // The same quantizer state taken from the whole checkpoint: the same step, bit for bit.
+  Session c = make_session(program, 2);
+  c.load(whole, stream_, StateParts::Quantizers);
+  EXPECT_EQ(read(c.parameter("fc1.weight"), weight_bytes), b_weight);
+  train_step(c);
+  EXPECT_EQ(read(c.output("y"), y_bytes()), read(b.output("y"), y_bytes()));
+  // And the loaded scales are what made it: without them the step differs.
+  Session d = make_session(program, 2);
+  train_step(d);
+  EXPECT_NE(read(d.output("y"), y_bytes()), read(b.output("y"), y_bytes()));
+  std::filesystem::remove(whole);
+  std::filesystem::remove(alone);
+}
+
 // NVFP4's stochastic rounding steps its random bits by each quantizer's measurement count: the
 // state file keeps the counts (docs/state_files.md), so a session resumed from it rounds the
 // gradients of its next step as the uninterrupted one does, weight gradients bit for bit (with

@@ -344,6 +344,78 @@ TEST(StateFile, MatchingLayoutHasNoMismatches) {
   EXPECT_NO_THROW(require_state_fits(file, expected_layout(), "model.state"));
 }
 
+// The quantizer state alone (StateParts::Quantizers, opfuse.torch's extra state): it round-trips
+// with "contents": "quantizers", loads as the quantizer state of a whole checkpoint's layout and
+// is refused by a load that needs the parameters; a whole checkpoint loads as quantizers only.
+TEST(StateFile, QuantizersOnlyFileRoundTripsAndLoadsOnlyAsQuantizers) {
+  StateFile written = sample_state();
+  written.tensors.clear();
+  written.quantizers_only = true;
+  const std::string path = test::make_temp_dir("state-quantizers") + "/quantizers.state";
+  write_state_file(path, written);
+  EXPECT_NE(read_bytes(path).find("\"contents\": \"quantizers\""), std::string::npos);
+  const StateFile read = read_state_file(path);
+  EXPECT_TRUE(read.quantizers_only);
+  EXPECT_TRUE(read.tensors.empty());
+  ASSERT_EQ(read.quantizers.size(), written.quantizers.size());
+  EXPECT_TRUE(same_bits(read.quantizers[1].state.amax_history,
+                        written.quantizers[1].state.amax_history));
+  EXPECT_EQ(read.step, written.step);
+
+  // A whole load needs the parameters: refused with the reason, not as missing tensors alone.
+  const std::vector<std::string> whole = state_mismatches(read, expected_layout());
+  ASSERT_FALSE(whole.empty());
+  EXPECT_NE(whole[0].find("holds the quantizer state only"), std::string::npos) << whole[0];
+  // A quantizers-only load compares the quantizers and nothing of the tensors.
+  StateFile quantizers_wanted = expected_layout();
+  quantizers_wanted.tensors.clear();
+  quantizers_wanted.quantizers_only = true;
+  EXPECT_EQ(state_mismatches(read, quantizers_wanted), std::vector<std::string>{});
+  EXPECT_EQ(state_mismatches(sample_state(), quantizers_wanted), std::vector<std::string>{});
+  // ... but still the quantizers: a different history length is a mismatch.
+  StateFile longer = read;
+  longer.quantizers[0].state.amax_history.resize(4);
+  const std::vector<std::string> reasons = state_mismatches(longer, quantizers_wanted);
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_NE(reasons[0].find("quantizer 'fc1.input' has amax history length 4"), std::string::npos)
+      << reasons[0];
+
+  // A writer cannot mix the two, and a reader refuses a header that does.
+  StateFile mixed = sample_state();
+  mixed.quantizers_only = true;
+  try {
+    write_state_file(path + ".mixed", mixed);
+    ADD_FAILURE() << "a quantizers-only state with tensors was written";
+  } catch (const UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("holds the quantizer state only, yet has 5 tensors"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(fs::exists(path + ".mixed"));
+  const std::string payload(64, '\0');
+  const auto header = [](const char* contents, bool with_tensor) {
+    nlohmann::json tensors = nlohmann::json::array();
+    if (with_tensor) {
+      tensors.push_back(
+          {{"name", "w"}, {"dtype", "bf16"}, {"shape", {8}}, {"offset", 0}, {"size", 16}});
+    }
+    return nlohmann::json{{"program", "p"},      {"recipe", "r"},
+                          {"step", 3},           {"contents", contents},
+                          {"tensors", tensors}, {"quantizers", nlohmann::json::array()}}
+        .dump();
+  };
+  write_bytes(path, assemble(header("quantizers", true), payload));
+  EXPECT_NE(read_error(path).find("it says it holds the quantizer state only, yet lists 1 tensors"),
+            std::string::npos)
+      << read_error(path);
+  write_bytes(path, assemble(header("weights", false), payload));
+  EXPECT_NE(read_error(path).find("contents is 'weights', not 'all' or 'quantizers'"),
+            std::string::npos)
+      << read_error(path);
+  write_bytes(path, assemble(header("all", true), payload));
+  EXPECT_EQ(read_error(path), "");
+}
+
 // A tensor-parallel run's checkpoint holds one rank's shards (docs/parallel.md): the rank and
 // group size round-trip and a file loads only into the same rank of the same group size.
 TEST(StateFile, TensorParallelRankRoundTripsAndLoadsOnlyIntoItsRank) {

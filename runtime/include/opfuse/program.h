@@ -140,6 +140,11 @@ class CompileError : public Error {
 
 enum class RunMode : std::uint8_t { Training, Inference };
 
+// What Session::save writes and Session::load reads (docs/state_files.md): the parameters with
+// the quantizer state and step count (a checkpoint), or the quantizer state and step count
+// alone (what a framework keeps beside parameters it holds itself: opfuse.torch's extra state).
+enum class StateParts : std::uint8_t { All, Quantizers };
+
 // One FP8 quantizer of a sequence ("fc1.input", "fc1.weight", "fc1.grad_output") as it is now.
 struct QuantizerStatus {
   std::string name;
@@ -321,9 +326,12 @@ class Session {
 
   // Parameters (owned or given) and the quantizer state, to a versioned, checksummed file
   // written atomically (docs/state_files.md). load() checks the file against this sequence and
-  // refuses, loading nothing, a damaged or mismatched one. Both wait for `stream`.
-  void save(const std::string& path, cudaStream_t stream);
-  void load(const std::string& path, cudaStream_t stream);
+  // refuses, loading nothing, a damaged or mismatched one. Both wait for `stream`. With
+  // StateParts::Quantizers, save() writes the quantizer state and step count alone and load()
+  // reads only those (from such a file or a whole checkpoint), leaving the parameters as they
+  // are; a quantizers-only file is refused by a load of StateParts::All.
+  void save(const std::string& path, cudaStream_t stream, StateParts parts = StateParts::All);
+  void load(const std::string& path, cudaStream_t stream, StateParts parts = StateParts::All);
 
   // CUDA graphs, for fixed sizes and tensor pointers: capture() records one inference forward
   // or one whole training step (forward, backward, step()) on `stream` (not the legacy default
