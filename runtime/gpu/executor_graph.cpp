@@ -19,6 +19,10 @@ bool SequenceExecutor::Impl::graph_forward(cudaStream_t stream) {
   if (!auto_graph || pinned || observer != nullptr || input_bytes > kAutoGraphInputBytes) {
     return false;
   }
+  // Why: CUDA cannot record the legacy default stream (cudaStreamBeginCapture refuses it with
+  // cudaErrorStreamCaptureUnsupported); forwards there run eagerly. An application's stream, or
+  // torch's current stream inside a `torch.cuda.stream(...)` block, replays.
+  if (stream == nullptr || stream == cudaStreamLegacy) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   OPFUSE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture), "an inference forward");
   if (capture != cudaStreamCaptureStatusNone) return false;  // the application's own graph

@@ -773,6 +773,32 @@ TEST_P(InferenceForward, AutomaticGraphReplaysMatchEagerForwards) {
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 
+// The legacy default stream cannot be recorded (CUDA refuses the capture): small inference
+// forwards there run eagerly, every call, with the eager executor's outputs.
+TEST_F(ExecutorGpu, AutomaticGraphRunsEagerlyOnTheLegacyDefaultStream) {
+  const auto c = compile("mlp", kMlp, "delayed");
+  ASSERT_NE(c, nullptr);
+  const cpu::Bindings bindings = {{"tokens", 32}};
+  SideBySide graphed(*c, 0, bindings, *gemms_, stream_, 5);
+  SideBySide eager(*c, 0, bindings, *gemms_, stream_, 5);
+  eager.gpu().set_auto_graph(false);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  const std::size_t count = 32 * 256;
+  for (int call = 0; call < 6; ++call) {
+    SCOPED_TRACE(call);
+    graphed.gpu().forward(nullptr, RunMode::Inference);
+    eager.gpu().forward(nullptr, RunMode::Inference);
+    ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+    ASSERT_EQ(download_bf16(graphed.gpu().output("y"), count),
+              download_bf16(eager.gpu().output("y"), count));
+  }
+  EXPECT_EQ(graphed.gpu().graph_replays(), 0u);
+  // The same executor on a stream of its own records and replays.
+  for (int call = 0; call < 4; ++call) graphed.gpu().forward(stream_, RunMode::Inference);
+  EXPECT_GE(graphed.gpu().graph_replays(), 1u);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
 INSTANTIATE_TEST_SUITE_P(Recipes, InferenceForward,
                          ::testing::Values("delayed", "current", "blocks", "blocks_emulated",
                                            "nvfp4"));
