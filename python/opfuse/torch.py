@@ -23,6 +23,16 @@ from . import TensorKind, UsageError
 
 __all__ = ["Sequential", "torch_dtype"]
 
+# The current CUDA stream of a device as an int: torch's raw accessor where it has one (a
+# torch.cuda.Stream object per call costs microseconds on every forward), else the public way.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_raw_stream(device_index: int) -> int:
+    if _raw_stream is not None:
+        return int(_raw_stream(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
 _TORCH_DTYPES = {
     TensorDType.BF16: torch.bfloat16,
     TensorDType.FP16: torch.float16,
@@ -82,6 +92,8 @@ class Sequential(torch.nn.Module):
             raise UsageError("opfuse.torch.Sequential runs on a CUDA GPU and torch sees none; "
                              "the CPU reference runs through program.session(device='cpu')")
         self._device = torch.device("cuda", torch.cuda.current_device())
+        self._device_index = self._device.index
+        self._owners: Dict[str, torch.nn.Module] = {}
         stream = torch.cuda.current_stream(self._device).cuda_stream
         self._session: Session = program.session(sequence, device="cuda", stream=stream,
                                                  options=options, **sizes)
@@ -124,6 +136,20 @@ class Sequential(torch.nn.Module):
         self._output_grads = [grads["d" + t.name] for t in self._outputs]
         self._params = of(TensorKind.PARAM)
         self._input_grad_names = {t.name for t in of(TensorKind.INPUT_GRAD)}
+        # What every call checks, as plain Python values (a TensorInfo field read through the
+        # binding builds a new object each time): name, torch.Size, torch dtype, the info.
+        self._input_specs = [self._spec(t) for t in self._inputs]
+        self._grad_specs = [self._spec(t) for t in self._output_grads]
+        self._param_specs = [self._spec(t) for t in self._params]
+        self._output_names = [t.name for t in self._outputs]
+        self._input_names = [t.name for t in self._inputs]
+        self._param_names = [t.name for t in self._params]
+        # Torch views of session memory by (kind, name, address): made once, cloned per call.
+        self._views: Dict[Tuple[str, str, int], torch.Tensor] = {}
+
+    @staticmethod
+    def _spec(info: TensorInfo) -> Tuple[str, torch.Size, torch.dtype, TensorInfo]:
+        return (info.name, torch.Size(info.shape), torch_dtype(info.dtype), info)
 
     def _parameter_owner(self, name: str) -> torch.nn.Module:
         # "fc1.weight" lives in a child module "fc1", so state_dict() keys are the .fuse names.
@@ -135,7 +161,13 @@ class Sequential(torch.nn.Module):
         return owner
 
     def _parameter(self, name: str) -> torch.nn.Parameter:
-        param = self.get_parameter(name)
+        # The owner's own table (not get_parameter()'s walk): a Parameter assigned anew is seen.
+        owner, _, leaf = name.rpartition(".")
+        module = self._owners.get(owner) if owner else self
+        if module is None:
+            module = self.get_submodule(owner)
+            self._owners[owner] = module
+        param = module._parameters[leaf]
         assert isinstance(param, torch.nn.Parameter)
         return param
 
@@ -165,42 +197,48 @@ class Sequential(torch.nn.Module):
 
     # --- checks ----------------------------------------------------------------------------
 
-    def _check(self, tensor: object, info: TensorInfo, what: str) -> torch.Tensor:
-        where = f"opfuse.torch.Sequential({self._session.sequence}): {what} '{info.name}'"
+    def _check(self, tensor: object, spec: Tuple[str, torch.Size, torch.dtype, TensorInfo],
+               what: str) -> torch.Tensor:
+        name, shape, dtype, _ = spec
+        # The common case in one expression; the messages only when something does not fit.
+        if (isinstance(tensor, torch.Tensor) and tensor.dtype is dtype and tensor.shape == shape
+                and tensor.is_cuda and tensor.get_device() == self._device_index
+                and tensor.is_contiguous()):
+            return tensor
+        where = f"opfuse.torch.Sequential({self._session.sequence}): {what} '{name}'"
         if not isinstance(tensor, torch.Tensor):
             raise UsageError(f"{where}: expected a torch.Tensor, got {type(tensor).__name__}")
-        expected = torch_dtype(info.dtype)
-        if tensor.dtype != expected:
-            raise UsageError(f"{where} is {expected}, the tensor is {tensor.dtype}")
+        if tensor.dtype != dtype:
+            raise UsageError(f"{where} is {dtype}, the tensor is {tensor.dtype}")
         if tensor.device != self._device:
             raise UsageError(f"{where}: the tensor is on {tensor.device}, the module on "
                              f"{self._device}")
-        if list(tensor.shape) != list(info.shape):
-            raise UsageError(f"{where} has shape {list(info.shape)}, the tensor "
+        if tensor.shape != shape:
+            raise UsageError(f"{where} has shape {list(shape)}, the tensor "
                              f"{list(tensor.shape)} (bind() other sizes)")
-        if not tensor.is_contiguous():
-            raise UsageError(f"{where}: the tensor is not dense and row-major (strides "
-                             f"{tensor.stride()}); pass tensor.contiguous()")
-        return tensor.detach()
+        raise UsageError(f"{where}: the tensor is not dense and row-major (strides "
+                         f"{tensor.stride()}); pass tensor.contiguous()")
 
     # --- running ---------------------------------------------------------------------------
 
     def _stream(self) -> int:
-        return int(torch.cuda.current_stream(self._device).cuda_stream)
+        return int(_current_raw_stream(self._device_index))
 
     def _give_parameters(self) -> None:
         changed = False
-        for info in self._params:
-            param = self._parameter(info.name)
+        versions = self._param_versions
+        for spec in self._param_specs:
+            name = spec[0]
+            param = self._parameter(name)
             key = (param.data_ptr(), param._version)
-            seen = self._param_versions.get(info.name)
+            seen = versions.get(name)
             if seen == key:
                 continue
             if seen is None or seen[0] != key[0]:
-                self._session.set_tensor(info.name, self._check(param, info, "parameter"))
+                self._session.set_tensor(name, self._check(param, spec, "parameter").detach())
             else:
                 changed = True  # written in place since the last forward
-            self._param_versions[info.name] = key
+            versions[name] = key
         if changed:
             self._session.parameters_changed()
 
@@ -210,40 +248,53 @@ class Sequential(torch.nn.Module):
         # saves the DLPack exchange. The module keeps the tensor alive until the next one.
         pointer = tensor.data_ptr()
         if self._given.get(key) != pointer:
-            self._session.set_tensor(name or key, tensor)
+            self._session.set_tensor(name or key, tensor.detach())
             self._given[key] = pointer
         self._kept[key] = tensor
 
-    def _run_forward(self, inputs: Tuple[torch.Tensor, ...], training: bool) -> List[torch.Tensor]:
-        if len(inputs) != len(self._inputs):
-            names = ", ".join(t.name for t in self._inputs)
+    def _copy_of(self, what: str, name: str) -> torch.Tensor:
+        """A copy of output(name), input_grad(name) or param_grad(name): the torch view of that
+        address is made once (the session's memory stays where it is until bind())."""
+        key = (what, name, self._session._address(what, name))
+        view = self._views.get(key)
+        if view is None:
+            view = torch.from_dlpack(getattr(self._session, what)(name))
+            self._views[key] = view
+        return view.clone()
+
+    def _check_count(self, inputs: Tuple[object, ...]) -> None:
+        if len(inputs) != len(self._input_specs):
+            names = ", ".join(self._input_names)
             raise UsageError(f"opfuse.torch.Sequential({self._session.sequence}) takes "
-                             f"{len(self._inputs)} inputs ({names}), got {len(inputs)}")
-        checked = tuple(self._check(x, info, "input") for x, info in zip(inputs, self._inputs))
+                             f"{len(self._input_specs)} inputs ({names}), got {len(inputs)}")
+
+    def _run_forward(self, inputs: Tuple[torch.Tensor, ...], training: bool) -> List[torch.Tensor]:
+        self._check_count(inputs)
+        checked = [self._check(x, spec, "input") for x, spec in zip(inputs, self._input_specs)]
         self._give_parameters()
-        for x, info in zip(checked, self._inputs):
-            self._give(info.name, x)
+        for x, name in zip(checked, self._input_names):
+            self._give(name, x)
         self._session.forward(self._stream(), RunMode.TRAINING if training else RunMode.INFERENCE)
         self._forward_count += 1
         # Views of the session's memory, valid until its next forward: copies for autograd.
-        return [torch.from_dlpack(self._session.output(t.name)).clone() for t in self._outputs]
+        return [self._copy_of("output", name) for name in self._output_names]
 
     def _run_backward(self, grads: Tuple[torch.Tensor, ...]) -> Tuple[List[Optional[torch.Tensor]],
                                                                       List[torch.Tensor]]:
-        for grad, info in zip(grads, self._output_grads):
-            self._give("grad:" + info.name,
-                       self._check(grad.contiguous(), info, "output gradient"), info.name)
+        for grad, spec in zip(grads, self._grad_specs):
+            self._give("grad:" + spec[0], self._check(grad.contiguous(), spec, "output gradient"),
+                       spec[0])
         self._session.backward(self._stream())
         input_grads: List[Optional[torch.Tensor]] = [
-            torch.from_dlpack(self._session.input_grad(t.name)).clone()
-            if t.name in self._input_grad_names else None for t in self._inputs]
-        param_grads = [torch.from_dlpack(self._session.param_grad(t.name)).clone()
-                       for t in self._params]
+            self._copy_of("input_grad", name) if name in self._input_grad_names else None
+            for name in self._input_names]
+        param_grads = [self._copy_of("param_grad", name) for name in self._param_names]
         return input_grads, param_grads
 
     def forward(self, *inputs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
         if torch.is_grad_enabled():
-            params = [self._parameter(t.name) for t in self._params]
+            self._check_count(inputs)  # autograd's apply takes any count: say it here
+            params = [self._parameter(name) for name in self._param_names]
             result: Union[torch.Tensor, Tuple[torch.Tensor, ...]] = _SequenceFunction.apply(
                 self, *inputs, *params)
             return result
@@ -255,9 +306,9 @@ class Sequential(torch.nn.Module):
         the current stream, the FP8 weights recast at the next forward."""
         self._session.step(self._stream())
         self._session.parameters_changed()
-        for info in self._params:
-            param = self._parameter(info.name)
-            self._param_versions[info.name] = (param.data_ptr(), param._version)
+        for name in self._param_names:
+            param = self._parameter(name)
+            self._param_versions[name] = (param.data_ptr(), param._version)
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
         """Calls step() after every optimizer.step(); returns the hook's handle."""

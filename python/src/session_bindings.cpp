@@ -102,11 +102,14 @@ class PySession {
     kept_[std::string(tensor_kind_name(t.kind)) + ":" + name] = array;  // alive while read
   }
 
-  // A view of session memory (an output, a gradient, an owned parameter) as a DLPack array.
-  nb::ndarray<> view(const void* data, const TensorInfo& t) const {
+  // A view of session memory (an output, a gradient, an owned parameter) as a DLPack array: an
+  // object with __dlpack__ and __dlpack_device__ (nb::array_api), which every consumer of the
+  // protocol takes (jax.dlpack.from_dlpack takes nothing else; a bare capsule is refused).
+  nb::ndarray<nb::array_api> view(const void* data, const TensorInfo& t) const {
     std::vector<std::size_t> shape(t.shape.begin(), t.shape.end());
-    return nb::ndarray<>(const_cast<void*>(data), shape.size(), shape.data(), nb::handle(), nullptr,
-                         dlpack_dtype(t.dtype), nb::device::cuda::value, device_);
+    return nb::ndarray<nb::array_api>(const_cast<void*>(data), shape.size(), shape.data(),
+                                      nb::handle(), nullptr, dlpack_dtype(t.dtype),
+                                      nb::device::cuda::value, device_);
   }
 
  private:
@@ -261,6 +264,26 @@ void bind_session(nb::module_& m) {
             s.get().step(cuda_stream);
           },
           stream_arg, "Ends a training step: every quantizer updated in one launch.")
+      .def(
+          "_address",
+          [](PySession& s, const std::string& what, const std::string& name) {
+            const void* data = nullptr;
+            if (what == "output") {
+              data = s.get().output(name);
+            } else if (what == "input_grad") {
+              data = s.get().input_grad(name);
+            } else if (what == "param_grad") {
+              data = s.get().param_grad(name);
+            } else {
+              throw UsageError(fmt::format(
+                  "_address: '{}' is not output, input_grad or param_grad", what));
+            }
+            return reinterpret_cast<std::uintptr_t>(data);
+          },
+          nb::arg("what"), nb::arg("name"),
+          "The device address output(name), input_grad(name) or param_grad(name) would view "
+          "(for opfuse.torch, which keeps one torch view per address instead of a DLPack "
+          "exchange per call).")
       .def(
           "output",
           [](PySession& s, const std::string& name) {
