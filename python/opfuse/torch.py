@@ -28,10 +28,17 @@ __all__ = ["Sequential", "torch_dtype"]
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+# What every call checks of a tensor: name, torch.Size, torch dtype, and the TensorInfo.
+_Spec = Tuple[str, torch.Size, torch.dtype, TensorInfo]
+_TRAINING = RunMode.TRAINING
+_INFERENCE = RunMode.INFERENCE
+
+
 def _current_raw_stream(device_index: int) -> int:
     if _raw_stream is not None:
         return int(_raw_stream(device_index))
     return int(torch.cuda.current_stream(device_index).cuda_stream)
+
 
 _TORCH_DTYPES = {
     TensorDType.BF16: torch.bfloat16,
@@ -53,13 +60,13 @@ class _SequenceFunction(torch.autograd.Function):
         inputs = tensors[:len(module._inputs)]
         outputs = module._run_forward(inputs, training=True)
         ctx.module = module
-        ctx.forward_id = module._forward_count
+        ctx.forward_id = module._counts[0]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         module: Sequential = ctx.module
-        if ctx.forward_id != module._forward_count:
+        if ctx.forward_id != module._counts[0]:
             raise UsageError(
                 "opfuse.torch.Sequential: backward of an earlier forward; the session keeps the "
                 "saved activations of its last training forward only, so run each forward's "
@@ -93,7 +100,6 @@ class Sequential(torch.nn.Module):
                              "the CPU reference runs through program.session(device='cpu')")
         self._device = torch.device("cuda", torch.cuda.current_device())
         self._device_index = self._device.index
-        self._owners: Dict[str, torch.nn.Module] = {}
         stream = torch.cuda.current_stream(self._device).cuda_stream
         self._session: Session = program.session(sequence, device="cuda", stream=stream,
                                                  options=options, **sizes)
@@ -115,7 +121,10 @@ class Sequential(torch.nn.Module):
         torch.cuda.current_stream(self._device).synchronize()  # `drawn` goes away
         del drawn
         self._param_versions: Dict[str, Tuple[int, int]] = {}
-        self._forward_count = 0
+        # [forwards run]: a list mutated in place (torch.nn.Module.__setattr__ costs microseconds
+        # on every assignment to an attribute of the module).
+        self._counts = [0]
+        self._find_parameter_slots()
         self._given: Dict[str, int] = {}  # the address the session has for each input/gradient
         self._kept: Dict[str, torch.Tensor] = {}  # what it reads there, kept alive
 
@@ -148,7 +157,7 @@ class Sequential(torch.nn.Module):
         self._views: Dict[Tuple[str, str, int], torch.Tensor] = {}
 
     @staticmethod
-    def _spec(info: TensorInfo) -> Tuple[str, torch.Size, torch.dtype, TensorInfo]:
+    def _spec(info: TensorInfo) -> _Spec:
         return (info.name, torch.Size(info.shape), torch_dtype(info.dtype), info)
 
     def _parameter_owner(self, name: str) -> torch.nn.Module:
@@ -160,16 +169,15 @@ class Sequential(torch.nn.Module):
             owner = getattr(owner, part)
         return owner
 
-    def _parameter(self, name: str) -> torch.nn.Parameter:
-        # The owner's own table (not get_parameter()'s walk): a Parameter assigned anew is seen.
-        owner, _, leaf = name.rpartition(".")
-        module = self._owners.get(owner) if owner else self
-        if module is None:
-            module = self.get_submodule(owner)
-            self._owners[owner] = module
-        param = module._parameters[leaf]
-        assert isinstance(param, torch.nn.Parameter)
-        return param
+    def _find_parameter_slots(self) -> None:
+        # Per parameter (the program's order): its spec and the owner module's own table with the
+        # key there, read on every call (not get_parameter()'s walk): a Parameter assigned anew
+        # to the owner is seen.
+        self._param_slots: List[Tuple[_Spec, Dict[str, Any], str]] = []
+        for spec in self._param_specs:
+            owner, _, leaf = spec[0].rpartition(".")
+            module = self.get_submodule(owner) if owner else self
+            self._param_slots.append((spec, module._parameters, leaf))
 
     @property
     def session(self) -> Session:
@@ -193,12 +201,12 @@ class Sequential(torch.nn.Module):
         """Binds the symbolic sizes again (new input shapes); parameters keep their values."""
         self._session.bind(sizes)
         self._describe(self._session.tensors())
+        self._find_parameter_slots()
         self._given.clear()
 
     # --- checks ----------------------------------------------------------------------------
 
-    def _check(self, tensor: object, spec: Tuple[str, torch.Size, torch.dtype, TensorInfo],
-               what: str) -> torch.Tensor:
+    def _check(self, tensor: object, spec: _Spec, what: str) -> torch.Tensor:
         name, shape, dtype, _ = spec
         # The common case in one expression; the messages only when something does not fit.
         if (isinstance(tensor, torch.Tensor) and tensor.dtype is dtype and tensor.shape == shape
@@ -225,11 +233,13 @@ class Sequential(torch.nn.Module):
         return int(_current_raw_stream(self._device_index))
 
     def _give_parameters(self) -> None:
+        """Each parameter given to the session if it moved; one written in place since the last
+        forward (its version counter) is recast."""
         changed = False
         versions = self._param_versions
-        for spec in self._param_specs:
+        for spec, table, leaf in self._param_slots:
+            param = table[leaf]
             name = spec[0]
-            param = self._parameter(name)
             key = (param.data_ptr(), param._version)
             seen = versions.get(name)
             if seen == key:
@@ -274,8 +284,8 @@ class Sequential(torch.nn.Module):
         self._give_parameters()
         for x, name in zip(checked, self._input_names):
             self._give(name, x)
-        self._session.forward(self._stream(), RunMode.TRAINING if training else RunMode.INFERENCE)
-        self._forward_count += 1
+        self._session.forward(self._stream(), _TRAINING if training else _INFERENCE)
+        self._counts[0] += 1
         # Views of the session's memory, valid until its next forward: copies for autograd.
         return [self._copy_of("output", name) for name in self._output_names]
 
@@ -294,7 +304,7 @@ class Sequential(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
         if torch.is_grad_enabled():
             self._check_count(inputs)  # autograd's apply takes any count: say it here
-            params = [self._parameter(name) for name in self._param_names]
+            params = [table[leaf] for _, table, leaf in self._param_slots]
             result: Union[torch.Tensor, Tuple[torch.Tensor, ...]] = _SequenceFunction.apply(
                 self, *inputs, *params)
             return result
@@ -306,9 +316,9 @@ class Sequential(torch.nn.Module):
         the current stream, the FP8 weights recast at the next forward."""
         self._session.step(self._stream())
         self._session.parameters_changed()
-        for name in self._param_names:
-            param = self._parameter(name)
-            self._param_versions[name] = (param.data_ptr(), param._version)
+        for spec, table, leaf in self._param_slots:
+            param = table[leaf]
+            self._param_versions[spec[0]] = (param.data_ptr(), param._version)
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
         """Calls step() after every optimizer.step(); returns the hook's handle."""

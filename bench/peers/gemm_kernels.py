@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Which GEMM kernels Transformer Engine and opfuse run in the seed MLP's training step (issue 22).
+
+TE's GEMMs were faster than opfuse's in the large FP8 step (issue 22: 12.03 ms against 12.74 ms
+for the six). This script shows which kernels each side's cuBLASLt calls picked and how long each
+took inside a real step, in one process and one profile: TE's block (te_peers.build_block,
+te.ops.Sequential LayerNorm -> Linear -> SwiGLU -> Linear) and opfuse's Session over
+bench/workloads/mlp_SIZE.fuse (through the Python package, docs/python.md), both under the same
+recipe, `--steps` training steps each (forward, backward and the quantizer update) after
+`--warmup` untimed ones, under torch.profiler (CUPTI records every kernel of the process, opfuse's
+cuBLASLt calls included). Per side it prints the GEMM kernels of one step in launch order with
+their mean device time over the profiled steps, and the sum; then every kernel name both sides
+ran, so a GEMM whose kernel differs stands out.
+
+  TE_KIT=... bench/peers/te_env.sh install && source bench/peers/te_env.sh
+  python3 bench/peers/gemm_kernels.py [--size large] [--recipe fp8_delayed] [--json OUT]
+
+A kernel counts as a GEMM when its name has one of GEMM_MARKERS (cuBLASLt's nvjet and xmma
+kernels, CUTLASS's).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+import peer_common as common
+
+GEMM_MARKERS = ("nvjet", "gemm", "xmma", "cutlass", "sm90_")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+# The .fuse recipe names (bench/workloads/mlp_*.fuse) and TE's variants of them (te_peers.py).
+TE_VARIANTS = {"fp8_delayed": "te_fp8_delayed", "fp8_current": "te_fp8_current",
+               "fp8_block": "te_fp8_block", "bf16": "te_bf16"}
+
+
+def is_gemm(name):
+    lowered = name.lower()
+    return any(marker in lowered for marker in GEMM_MARKERS)
+
+
+def profile_kernels(step, warmup, steps):
+    """(name, device us) of every kernel of `steps` calls of step(), in launch order."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: e.time_range.start)
+    return [(e.name, e.time_range.end - e.time_range.start) for e in kernels]
+
+
+def gemm_table(kernels, steps):
+    """The GEMMs of one step in launch order: (position, name, mean us, min us) over the steps.
+    Refuses a profile whose steps ran different GEMM sequences."""
+    gemms = [(name, us) for name, us in kernels if is_gemm(name)]
+    if steps < 1 or len(gemms) % steps != 0:
+        raise SystemExit(f"gemm_kernels: {len(gemms)} GEMM kernels in {steps} steps")
+    per_step = len(gemms) // steps
+    rows = []
+    for position in range(per_step):
+        runs = gemms[position::per_step]
+        names = {name for name, _ in runs}
+        if len(names) != 1:
+            raise SystemExit(f"gemm_kernels: GEMM {position} ran different kernels: {names}")
+        times = [us for _, us in runs]
+        rows.append({"position": position, "kernel": runs[0][0],
+                     "mean_us": statistics.mean(times), "min_us": min(times)})
+    return rows
+
+
+def te_step(size, recipe_name, seed):
+    """One training step of TE's block (forward under TE's autocast, backward)."""
+    import te_peers
+
+    _, te, recipe = te_peers.import_te()
+    fp8_recipe, why_not = te_peers.make_recipe(te, recipe, TE_VARIANTS[recipe_name])
+    if why_not:
+        raise SystemExit(f"gemm_kernels: TE cannot run {recipe_name} here: {why_not}")
+    common.seed_everything(seed)
+    block = te_peers.build_block(te, size)
+    shape = (size["tokens"], size["hidden"])
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        with te_peers.autocast(te, fp8_recipe):
+            y = block(x)
+        y.backward(grad)
+
+    return step
+
+
+def opfuse_step(size_name, size, recipe_name, seed):
+    """One training step of opfuse's Session (forward, backward, step) on torch's stream."""
+    import opfuse
+
+    program = opfuse.compile(os.path.join(ROOT, "bench", "workloads", f"mlp_{size_name}.fuse"),
+                             recipe=recipe_name)
+    stream = torch.cuda.current_stream().cuda_stream
+    session = program.session(device="cuda", stream=stream, tokens=size["tokens"])
+    session.own_parameters(seed, stream)
+    common.seed_everything(seed)
+    shape = (size["tokens"], size["hidden"])
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    session.set_tensor("x", x)
+    session.set_tensor("dy", grad)
+
+    def step():
+        session.forward(stream)
+        session.backward(stream)
+        session.step(stream)
+
+    step.keep = (session, x, grad)  # alive as long as the step
+    return step
+
+
+def print_side(label, rows):
+    print(f"\n{label}: {len(rows)} GEMMs per step, {sum(r['mean_us'] for r in rows) / 1e3:.3f} ms")
+    for r in rows:
+        print(f"  {r['position']:2d}  {r['mean_us'] / 1e3:7.3f} ms (min {r['min_us'] / 1e3:.3f})"
+              f"  {r['kernel']}")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="large", choices=["medium", "large"])
+    parser.add_argument("--recipe", default="fp8_delayed", choices=sorted(TE_VARIANTS))
+    parser.add_argument("--sides", default="te,opfuse", help="comma list of te,opfuse")
+    parser.add_argument("--steps", type=int, default=5, help="profiled steps per side")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--json", help="write the tables here")
+    args = parser.parse_args(argv)
+    args.sides = common.parse_list(args.sides, ["te", "opfuse"], "sides")
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    common.require_cuda()
+    common.print_banner("gemm_kernels")
+    size = common.MLP_SIZES[args.size]
+    result = {"size": args.size, "recipe": args.recipe, "steps": args.steps, "sides": {}}
+    for side in args.sides:
+        if side == "te":
+            step = te_step(size, args.recipe, args.seed)
+        else:
+            step = opfuse_step(args.size, size, args.recipe, args.seed)
+        rows = gemm_table(profile_kernels(step, args.warmup, args.steps), args.steps)
+        result["sides"][side] = rows
+        print_side(f"{side} {args.size} {args.recipe}", rows)
+        del step
+        torch.cuda.empty_cache()
+    if len(result["sides"]) == 2:
+        names = {side: {r["kernel"] for r in rows} for side, rows in result["sides"].items()}
+        shared = names["te"] & names["opfuse"]
+        print(f"\nkernels both ran: {len(shared)}; TE only: {sorted(names['te'] - shared)}; "
+              f"opfuse only: {sorted(names['opfuse'] - shared)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
