@@ -10,7 +10,8 @@ recipe, `--steps` training steps each (forward, backward and the quantizer updat
 `--warmup` untimed ones, under torch.profiler (CUPTI records every kernel of the process, opfuse's
 cuBLASLt calls included). Per side it prints the GEMM kernels of one step in launch order with
 their mean device time over the profiled steps, and the sum; then every kernel name both sides
-ran, so a GEMM whose kernel differs stands out.
+ran, so a GEMM whose kernel differs stands out. `--clock-steps N` runs N more steps per side
+under nvidia-smi sampling and prints the SM clock and power the step ran at.
 
   TE_KIT=... bench/peers/te_env.sh install && source bench/peers/te_env.sh
   python3 bench/peers/gemm_kernels.py [--size large] [--recipe fp8_delayed] [--json OUT]
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 
 import torch
@@ -54,6 +56,53 @@ def profile_kernels(step, warmup, steps):
     kernels = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: e.time_range.start)
     return [(e.name, e.time_range.end - e.time_range.start) for e in kernels]
+
+
+class ClockSampler:
+    """nvidia-smi sampling the SM clock (MHz) and power (W) of GPU 0 every 20 ms while open: what
+    clock the power cap leaves each side's step. Empty when nvidia-smi is missing."""
+
+    def __enter__(self):
+        command = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                   "-i", "0", "-lms", "20"]
+        try:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        except OSError:
+            self.process = None
+        self.samples = []
+        return self
+
+    def __exit__(self, *exc):
+        if self.process is None:
+            return False
+        self.process.terminate()
+        out, _ = self.process.communicate()
+        for line in out.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                self.samples.append((float(parts[0]), float(parts[1])))
+            except (ValueError, IndexError):
+                continue
+        return False
+
+    def summary(self):
+        if not self.samples:
+            return {}
+        clocks = sorted(c for c, _ in self.samples)
+        power = sorted(p for _, p in self.samples)
+        return {"samples": len(self.samples), "sm_mhz_median": statistics.median(clocks),
+                "sm_mhz_p10": clocks[len(clocks) // 10], "sm_mhz_p90": clocks[9 * len(clocks) // 10],
+                "power_w_median": statistics.median(power)}
+
+
+def clocks_under(step, steps):
+    """The SM clock and power while `steps` more steps run back to back."""
+    torch.cuda.synchronize()
+    with ClockSampler() as sampler:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return sampler.summary()
 
 
 def gemm_table(kernels, steps):
@@ -137,6 +186,9 @@ def parse_args(argv):
     parser.add_argument("--steps", type=int, default=5, help="profiled steps per side")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--clock-steps", type=int, default=0,
+                        help="also this many steps per side under nvidia-smi sampling (SM clock, "
+                        "power); 0: none")
     parser.add_argument("--json", help="write the tables here")
     args = parser.parse_args(argv)
     args.sides = common.parse_list(args.sides, ["te", "opfuse"], "sides")
@@ -157,6 +209,10 @@ def main(argv):
         rows = gemm_table(profile_kernels(step, args.warmup, args.steps), args.steps)
         result["sides"][side] = rows
         print_side(f"{side} {args.size} {args.recipe}", rows)
+        if args.clock_steps > 0:
+            clocks = clocks_under(step, args.clock_steps)
+            result.setdefault("clocks", {})[side] = clocks
+            print(f"  clocks over {args.clock_steps} more steps: {clocks}")
         del step
         torch.cuda.empty_cache()
     if len(result["sides"]) == 2:
