@@ -9,8 +9,9 @@ bench/workloads/mlp_SIZE.fuse (through the Python package, docs/python.md), both
 recipe, `--steps` training steps each (forward, backward and the quantizer update) after
 `--warmup` untimed ones, under torch.profiler (CUPTI records every kernel of the process, opfuse's
 cuBLASLt calls included). Per side it prints the GEMM kernels of one step in launch order with
-their mean device time over the profiled steps, and the sum; then every kernel name both sides
-ran, so a GEMM whose kernel differs stands out. `--clock-steps N` runs N more steps per side
+their mean device time over the profiled steps, and the sum; the time per step the GPU ran no
+kernel while the steps were queued back to back (issue 22's time between steps), with the largest
+gaps; then every kernel name only one side ran, so a GEMM whose kernel differs stands out. `--clock-steps N` runs N more steps per side
 under nvidia-smi sampling and prints the SM clock and power the step ran at.
 
   TE_KIT=... bench/peers/te_env.sh install && source bench/peers/te_env.sh
@@ -44,7 +45,7 @@ def is_gemm(name):
 
 
 def profile_kernels(step, warmup, steps):
-    """(name, device us) of every kernel of `steps` calls of step(), in launch order."""
+    """(name, start us, end us) of every kernel of `steps` calls of step(), in launch order."""
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -55,7 +56,34 @@ def profile_kernels(step, warmup, steps):
         torch.cuda.synchronize()
     kernels = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: e.time_range.start)
-    return [(e.name, e.time_range.end - e.time_range.start) for e in kernels]
+    return [(e.name, e.time_range.start, e.time_range.end) for e in kernels]
+
+
+def idle_time(kernels, steps, largest=6):
+    """Where the GPU did nothing while the steps were queued back to back: the span from the
+    first kernel's start to the last one's end, the time some kernel ran (overlaps counted
+    once), their difference per step, and the largest gaps with the kernels on either side."""
+    busy = 0.0
+    covered_to = None
+    gaps = []
+    previous = None
+    for name, start, end in kernels:
+        if covered_to is None or start >= covered_to:
+            if covered_to is not None:
+                gaps.append((start - covered_to, previous, name))
+            busy += end - start
+            covered_to = end
+        elif end > covered_to:
+            busy += end - covered_to
+            covered_to = end
+        previous = name
+    span = kernels[-1][2] - kernels[0][1] if kernels else 0.0
+    gaps.sort(key=lambda g: -g[0])
+    return {"span_ms_per_step": span / steps / 1e3, "busy_ms_per_step": busy / steps / 1e3,
+            "idle_ms_per_step": (span - busy) / steps / 1e3,
+            "gaps": len(gaps), "kernels_per_step": len(kernels) / steps,
+            "largest_gaps": [{"us": round(us, 1), "after": a, "before": b}
+                             for us, a, b in gaps[:largest]]}
 
 
 class ClockSampler:
@@ -108,7 +136,7 @@ def clocks_under(step, steps):
 def gemm_table(kernels, steps):
     """The GEMMs of one step in launch order: (position, name, mean us, min us) over the steps.
     Refuses a profile whose steps ran different GEMM sequences."""
-    gemms = [(name, us) for name, us in kernels if is_gemm(name)]
+    gemms = [(name, end - start) for name, start, end in kernels if is_gemm(name)]
     if steps < 1 or len(gemms) % steps != 0:
         raise SystemExit(f"gemm_kernels: {len(gemms)} GEMM kernels in {steps} steps")
     per_step = len(gemms) // steps
@@ -206,9 +234,17 @@ def main(argv):
             step = te_step(size, args.recipe, args.seed)
         else:
             step = opfuse_step(args.size, size, args.recipe, args.seed)
-        rows = gemm_table(profile_kernels(step, args.warmup, args.steps), args.steps)
+        kernels = profile_kernels(step, args.warmup, args.steps)
+        rows = gemm_table(kernels, args.steps)
         result["sides"][side] = rows
         print_side(f"{side} {args.size} {args.recipe}", rows)
+        idle = idle_time(kernels, args.steps)
+        result.setdefault("idle", {})[side] = idle
+        print(f"  per step: span {idle['span_ms_per_step']:.3f} ms, kernels busy "
+              f"{idle['busy_ms_per_step']:.3f} ms, idle {idle['idle_ms_per_step']:.3f} ms in "
+              f"{idle['gaps']} gaps ({idle['kernels_per_step']:.0f} kernels per step)")
+        for gap in idle["largest_gaps"]:
+            print(f"    gap {gap['us']:8.1f} us after {gap['after'][:70]} before {gap['before'][:70]}")
         if args.clock_steps > 0:
             clocks = clocks_under(step, args.clock_steps)
             result.setdefault("clocks", {})[side] = clocks
