@@ -14,7 +14,10 @@
 #ifndef OPFUSE_TEMPLATES_BLOCK_FAKE_QUANTIZE_CUH_
 #define OPFUSE_TEMPLATES_BLOCK_FAKE_QUANTIZE_CUH_
 
-#include "block_cast.cuh"
+#include "common/block_scale.cuh"
+#include "common/launch_rules.h"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
 
 namespace opfuse {
 

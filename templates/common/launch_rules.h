@@ -264,12 +264,33 @@ inline constexpr int kBlockCastThreads = 256;
 inline constexpr int kBlockCastTile = kBlockScaleLength;
 inline constexpr int kBlockCastMaxGridY = 65535;
 // A thread holds its part of the tile in registers as 8 (2-byte inputs) or 16 (fp32) 16-byte
-// vectors, 32 or 64 registers: 64 in all for 2-byte inputs (4 blocks per SM, 128 KiB of loads in
-// flight), 128 for fp32 (2 blocks; 117-126 used on sm_89/sm_90a/sm_100a).
+// vectors, 32 or 64 registers. 2-D casts: 64 in all for 2-byte inputs (4 blocks per SM, 128 KiB
+// of loads in flight), 128 for fp32 (2 blocks; 117-126 used on sm_89/sm_90a/sm_100a). 1 x 128
+// casts keep the staging loop's addresses besides: 80 for 2-byte inputs (3 blocks per SM; at 64
+// they spilled 40 bytes), 128 for fp32.
 inline constexpr int kBlockCastRegisterBudget = 64;
+inline constexpr int kBlockCastRowsRegisterBudget = 80;
 inline constexpr int kBlockCastWideRegisterBudget = 128;
-OPFUSE_LAUNCH_RULE int block_cast_register_budget(int input_bytes) {
-  return input_bytes == 4 ? kBlockCastWideRegisterBudget : kBlockCastRegisterBudget;
+OPFUSE_LAUNCH_RULE int block_cast_register_budget(int input_bytes, bool two_d) {
+  if (input_bytes == 4) return kBlockCastWideRegisterBudget;
+  return two_d ? kBlockCastRegisterBudget : kBlockCastRowsRegisterBudget;
+}
+// A 1 x 128 cast stages each row tile's loads in shared memory (cp.async), one 16-byte slot per
+// vector and thread (32 KiB for 2-byte inputs, 64 KiB for fp32), and issues the next row tile's
+// copies as soon as the current one is in registers, so a block's loads overlap its casts; a 2-D
+// (128 x 128) cast loads straight into registers and needs none.
+OPFUSE_LAUNCH_RULE int block_cast_smem_bytes(int input_bytes, bool two_d) {
+  return two_d ? 0 : (input_bytes == 4 ? 16 : 8) * kBlockCastThreads * 16;
+}
+// Blocks per SM a 1 x 128 cast's grid aims at: as many as fit at once (3 for 2-byte inputs: 80
+// registers, 32 KiB staged + the transpose's 22 KiB), so that each block walks several row tiles
+// (gridDim.y = ceil(kBlockCastRowsBlocksPerSm * num_sms / column tiles), at most the row tiles).
+inline constexpr int kBlockCastRowsBlocksPerSm = 3;
+OPFUSE_LAUNCH_RULE int block_cast_rows_grid_y(long long rows, int cols, int num_sms) {
+  return static_cast<int>(max_of(
+      1, min_of(ceil_div(rows, kBlockCastTile),
+                ceil_div(static_cast<long long>(kBlockCastRowsBlocksPerSm) * num_sms,
+                         max_of(1, ceil_div(cols, kBlockCastTile))))));
 }
 // At least one block in each direction, so that an empty tensor (rows or cols 0) still launches.
 OPFUSE_LAUNCH_RULE int block_cast_grid_x(int cols) {

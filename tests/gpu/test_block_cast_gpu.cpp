@@ -291,6 +291,8 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
                            {256, 400}, {300, 272}, {1000, 4096}, {4, 0}};
   std::mt19937_64 rng(2024);
   size_t launches = 0;
+  int num_sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   for (const auto& shape : shapes) {
     const int rows = shape[0], cols = shape[1];
     const size_t n = size_t(rows) * cols;
@@ -324,11 +326,16 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
                 cpu::block_quantize_columnwise(x.values, rows, cols, params);
             for (const Mode mode : {Mode::kBoth, Mode::kRowwiseOnly, Mode::kColumnwiseOnly,
                                     Mode::kTransposeCompiledOut, Mode::kBothStridedGrid}) {
-              dim3 grid(launch::block_cast_grid_x(cols), launch::block_cast_grid_y(rows));
+              // As the plans launch them: 1 x 128 casts walk several row tiles per block
+              // (launch::block_cast_rows_grid_y), 2-D casts take one tile each.
+              dim3 grid(launch::block_cast_grid_x(cols),
+                        two_d ? launch::block_cast_grid_y(rows)
+                              : launch::block_cast_rows_grid_y(rows, cols, num_sms));
               if (mode == Mode::kBothStridedGrid) {
-                if (grid.y <= 2) continue;
+                if (launch::block_cast_grid_y(rows) <= 2) continue;
                 grid.y = 2;
               }
+              const int smem = launch::block_cast_smem_bytes(input_bytes(combo.input), two_d);
               std::ostringstream description;
               description << in << " -> " << out << ", " << rows << " x " << cols
                           << (special ? ", special values" : ", random values")
@@ -358,8 +365,13 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
               void* args[] = {&p};
               const cudaKernel_t kernel =
                   loaded.kernels[(two_d ? 2 : 0) + (mode == Mode::kTransposeCompiledOut ? 1 : 0)];
-              CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
-                                       dim3(launch::kBlockCastThreads), args, 0, stream_));
+              const void* function = reinterpret_cast<const void*>(kernel);
+              if (smem > 48 * 1024) {
+                CUDA_OK(cudaFuncSetAttribute(
+                    function, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+              }
+              CUDA_OK(cudaLaunchKernel(function, grid, dim3(launch::kBlockCastThreads), args,
+                                       size_t(smem), stream_));
               CUDA_OK(cudaStreamSynchronize(stream_));
               ++launches;
               size_t mismatches = 0;
