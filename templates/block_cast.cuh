@@ -13,9 +13,10 @@
 // Geometry (launch_rules.h): a block of 256 threads owns a 128 x 128 tile of x. A thread owns one
 // 16-byte input vector (kVec columns) in each of kPasses rows of the tile (8 rows for 2-byte
 // inputs, 16 threads per tile row; 16 rows for fp32, 32 threads per tile row), all loaded before
-// any is used and held in registers until the column scales are known. 1 x 128 casts copy each
-// tile into shared memory first (cp.async) and walk several row tiles per block, the next tile's
-// copies in flight while the current one is cast; 2-D casts load one tile straight to registers. Row amax: shuffles among
+// any is used and held in registers until the column scales are known. 1 x 128 casts with both
+// copies (staged) copy each tile into shared memory first (cp.async) and walk several row tiles
+// per block, the next tile's copies in flight while the current one is cast; the others load one
+// tile straight to registers. Row amax: shuffles among
 // the threads of a tile row; column amax: per thread over its rows, then over the warps through
 // shared memory. The column-wise FP8 bytes are staged in shared memory and written transposed,
 // 16 rows x 4 columns per thread (transpose.cuh), 16-byte stores when rows % 16 == 0.
@@ -310,15 +311,16 @@ __device__ __forceinline__ void block_cast_rows_tile(
 }  // namespace detail
 
 // Block: launch::kBlockCastThreads (256). Grid: (launch::block_cast_grid_x(cols),
-// launch::block_cast_grid_y(rows)), or any smaller gridDim.y >= 1 (row tiles are strided; 1 x 128
-// casts: launch::block_cast_rows_grid_y). Dynamic shared memory:
-// launch::block_cast_smem_bytes(sizeof(Input), kTwoD). y_scale_inv / y_t_scale_inv: the grids of the [rows, cols] and
+// launch::block_cast_grid_y(rows)), or any smaller gridDim.y >= 1 (row tiles are strided; staged
+// casts, launch::block_cast_staged: launch::block_cast_rows_grid_y). Dynamic shared memory:
+// launch::block_cast_smem_bytes(sizeof(Input), staged). y_scale_inv / y_t_scale_inv: the grids of the [rows, cols] and
 // [cols, rows] copies (launch::block_scale_grid_outer/inner); padding entries are not written.
 template <typename Input, typename Output, bool kTwoD = false, bool kWriteTranspose = true>
 __global__ void __launch_bounds__(
     launch::kBlockCastThreads,
     launch::min_blocks(launch::kBlockCastThreads,
-                       launch::block_cast_register_budget(sizeof(Input), kTwoD)))
+                       launch::block_cast_register_budget(
+                           sizeof(Input), launch::block_cast_staged(kTwoD, kWriteTranspose))))
     block_cast_transpose(BlockCastParams<Input, Output> p) {
   static_assert(DtypeTraits<Output>::kIsFp8, "block scaling casts to an FP8 format");
   constexpr int kTile = launch::kBlockCastTile;
@@ -342,7 +344,20 @@ __global__ void __launch_bounds__(
   const long long rows = p.rows;
   const int cols = p.cols;
 
-  if constexpr (!kTwoD) {
+  // The whole tile's loads in flight before any arithmetic; rows and columns past the tensor
+  // read as 0, which no amax notices.
+  auto load_tile = [&](long long tile_row0, detail::BlockCastWords(&raw)[kPasses]) {
+#pragma unroll
+    for (int b = 0; b < kPasses; ++b) {
+      const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
+      raw[b] = col_valid && row < rows
+                   ? load_vec<unsigned int, 4>(
+                         reinterpret_cast<const unsigned int*>(p.x + row * cols + col))
+                   : zero_vec<unsigned int, 4>();
+    }
+  };
+
+  if constexpr (launch::block_cast_staged(kTwoD, kWriteTranspose)) {
     // Each thread's vectors of the tile land in its own 16-byte slots of the dynamic shared
     // memory (launch::block_cast_smem_bytes): slot (pass b, thread t) at [b][t]. A tile's copies
     // are one cp.async group; the next tile's are issued once this one is in registers, so they
@@ -379,21 +394,22 @@ __global__ void __launch_bounds__(
       detail::block_cast_rows_tile<Input, Output, kWriteTranspose>(raw, p, shared, tile_row0,
                                                                    tile_col0);
     }
+  } else if constexpr (!kTwoD) {
+    // The row-wise copy alone: a tile per block straight into registers (many blocks in flight
+    // hide the loads better here than staging: bench/RESULTS.md).
+    __shared__ detail::BlockCastRowsShared<kWriteTranspose> shared;
+#pragma unroll 1
+    for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile; tile_row0 < rows;
+         tile_row0 += static_cast<long long>(gridDim.y) * kTile) {
+      detail::BlockCastWords raw[kPasses];
+      load_tile(tile_row0, raw);
+      detail::block_cast_rows_tile<Input, Output, kWriteTranspose>(raw, p, shared, tile_row0,
+                                                                   tile_col0);
+      // The next tile (gridDim.y smaller than the row tiles) reuses the shared buffers.
+      if (tile_row0 + static_cast<long long>(gridDim.y) * kTile < rows) __syncthreads();
+    }
   } else {
     // One 128 x 128 block: its amax over the block, then one scale for both copies.
-    // The whole tile's loads in flight before any arithmetic; rows and columns past the tensor
-    // read as 0, which no amax notices.
-    auto load_tile = [&](long long tile_row0, detail::BlockCastWords(&raw)[kPasses]) {
-  #pragma unroll
-      for (int b = 0; b < kPasses; ++b) {
-        const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
-        raw[b] = col_valid && row < rows
-                     ? load_vec<unsigned int, 4>(
-                           reinterpret_cast<const unsigned int*>(p.x + row * cols + col))
-                     : zero_vec<unsigned int, 4>();
-      }
-    };
-
     __shared__ __align__(
         16) unsigned char staged[kWriteTranspose ? kTile : 1][detail::kBlockCastStagePitch];
     __shared__ float warp_amax[kWarps];

@@ -60,11 +60,13 @@ void emit_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& ca
                        fp8_output_text(out, with_copy), two_d ? "128x128" : "1x128",
                        spec.power_of_2_scale ? ", power-of-2 scales" : "");
   };
-  // 2-D casts hold one tile in registers; 1 x 128 casts stage theirs in shared memory and walk
-  // several row tiles per block.
-  GridRule grid = two_d ? block_cast_grid(rows, cols) : block_cast_rows_grid(rows, cols);
-  const int smem = rules::block_cast_smem_bytes(plan::dtype_bytes(in), two_d);
-  WithoutTranspose plain{what(false), grid, rules::kBlockCastThreads, smem};
+  // A 1 x 128 cast with the column-wise copy stages its tiles in shared memory and walks several
+  // row tiles per block; without that copy (the inference variant) and in 2-D, a tile per block
+  // straight into registers.
+  const bool staged = rules::block_cast_staged(two_d, transpose);
+  GridRule grid = staged ? block_cast_rows_grid(rows, cols) : block_cast_grid(rows, cols);
+  const int smem = rules::block_cast_smem_bytes(plan::dtype_bytes(in), staged);
+  WithoutTranspose plain{what(false), block_cast_grid(rows, cols), rules::kBlockCastThreads, 0};
   b.add_launch(
       g, what(transpose), "block_cast_transpose",
       {spell(in), spell(out), spell(two_d), spell(transpose)}, std::move(grid),

@@ -30,8 +30,10 @@ class Kernel {
   cudaKernel_t handle_ = nullptr;
   std::string name_;
   std::size_t params_bytes_ = 0;
-  // The dynamic shared memory the kernel is allowed so far; raised once above the 48 KiB default.
-  mutable std::size_t dynamic_smem_limit_ = std::size_t{48} << 10;
+  // The dynamic shared memory the kernel has been allowed so far (0: not set yet). Why not the
+  // 48 KiB default: that bounds static plus dynamic, so a kernel with static shared memory of its
+  // own (block_cast.cuh's 21 KiB) may take less dynamic memory than 48 KiB without the attribute.
+  mutable std::size_t dynamic_smem_limit_ = 0;
 };
 
 // A loaded cubin (or PTX, JIT-compiled by the driver at load). Move-only; unloads on destruction.

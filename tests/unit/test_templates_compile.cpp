@@ -165,21 +165,23 @@ TemplateCase scale_case(const std::string& arch, const Dtype& in) {
 std::vector<TemplateCase> block_cast_cases(const std::string& arch, const Dtype& in) {
   const std::string t = in.type;
   std::vector<TemplateCase> cases;
-  for (const bool two_d : {false, true}) {
-    const char* spelled = two_d ? "true" : "false";
-    TemplateCase c{"block_cast_" + std::string(two_d ? "2d_" : "1d_") + in.tag + "_" + arch,
-                   "block_cast.cuh",
-                   {},
-                   arch};
-    for (const char* output : {kE4m3, kE5m2}) {
-      c.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, output, spelled}) +
-                                   ">");
-    }
-    c.name_expressions.push_back("opfuse::block_cast_transpose<" +
-                                 args({t, two_d ? kE5m2 : kE4m3, spelled, "false"}) + ">");
-    c.register_budget = launch::block_cast_register_budget(t == "float" ? 4 : 2, two_d);
-    cases.push_back(std::move(c));
+  // Staged (1 x 128 with the column-wise copy), then the rest: 1 x 128 row-wise only and 2-D.
+  TemplateCase staged{"block_cast_staged_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
+  TemplateCase direct{"block_cast_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
+  for (const char* output : {kE4m3, kE5m2}) {
+    staged.name_expressions.push_back("opfuse::block_cast_transpose<" +
+                                      args({t, output, "false"}) + ">");
+    direct.name_expressions.push_back("opfuse::block_cast_transpose<" +
+                                      args({t, output, "true"}) + ">");
   }
+  direct.name_expressions.push_back("opfuse::block_cast_transpose<" +
+                                    args({t, kE4m3, "false", "false"}) + ">");
+  direct.name_expressions.push_back("opfuse::block_cast_transpose<" +
+                                    args({t, kE5m2, "true", "false"}) + ">");
+  staged.register_budget = launch::block_cast_register_budget(t == "float" ? 4 : 2, true);
+  direct.register_budget = launch::block_cast_register_budget(t == "float" ? 4 : 2, false);
+  cases.push_back(std::move(staged));
+  cases.push_back(std::move(direct));
   return cases;
 }
 
@@ -558,14 +560,18 @@ TEST(TemplateLaunchRules, BlockCastGridsAndScaleGrids) {
   EXPECT_EQ(launch::block_cast_grid_y(300), 3);
   EXPECT_EQ(launch::block_cast_grid_y(0), 1);
   EXPECT_EQ(launch::block_cast_grid_y(1LL << 40), launch::kBlockCastMaxGridY);
-  EXPECT_EQ(launch::block_cast_register_budget(2, true), 64);
-  EXPECT_EQ(launch::block_cast_register_budget(2, false), 80);
-  EXPECT_EQ(launch::block_cast_register_budget(4, true), 128);
+  // Staged: 1 x 128 blocks with the column-wise copy (32 KiB of tiles, fp32 64 KiB; 80
+  // registers), about 3 blocks per SM walking row tiles; the others load straight to registers.
+  EXPECT_TRUE(launch::block_cast_staged(false, true));
+  EXPECT_FALSE(launch::block_cast_staged(false, false));
+  EXPECT_FALSE(launch::block_cast_staged(true, true));
+  EXPECT_EQ(launch::block_cast_register_budget(2, false), 64);
+  EXPECT_EQ(launch::block_cast_register_budget(2, true), 80);
   EXPECT_EQ(launch::block_cast_register_budget(4, false), 128);
-  // 1 x 128 casts: staged tiles (32 KiB, fp32 64 KiB), about 3 blocks per SM walking row tiles.
-  EXPECT_EQ(launch::block_cast_smem_bytes(2, false), 32768);
-  EXPECT_EQ(launch::block_cast_smem_bytes(4, false), 65536);
-  EXPECT_EQ(launch::block_cast_smem_bytes(2, true), 0);
+  EXPECT_EQ(launch::block_cast_register_budget(4, true), 128);
+  EXPECT_EQ(launch::block_cast_smem_bytes(2, true), 32768);
+  EXPECT_EQ(launch::block_cast_smem_bytes(4, true), 65536);
+  EXPECT_EQ(launch::block_cast_smem_bytes(2, false), 0);
   EXPECT_EQ(launch::block_cast_rows_grid_y(16384, 4096, 132), 13);  // 32 column tiles
   EXPECT_EQ(launch::block_cast_rows_grid_y(4096, 1024, 132), 32);   // every row tile
   EXPECT_EQ(launch::block_cast_rows_grid_y(0, 4096, 132), 1);
