@@ -10,6 +10,7 @@
 #include "codegen/kernel_source.h"
 #include "codegen/kernel_templates.h"
 #include "codegen/plan_builder.h"
+#include "ir/pointwise_ops.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen {
@@ -112,7 +113,8 @@ void SequenceBuilder::make_alias(ValueId view, ValueId of) {
 std::vector<OpRef> SequenceBuilder::op_refs(const Group& g) const {
   std::vector<OpRef> refs;
   for (const ir::Operation* p : g.parts)
-    refs.push_back({std::string(ir::op_info(p->kind).name), p->instance, location(p->loc)});
+    refs.push_back(
+        {std::string(ir::written_op_name(p->kind, p->attrs)), p->instance, location(p->loc)});
   return refs;
 }
 
