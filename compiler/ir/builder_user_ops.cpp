@@ -735,18 +735,28 @@ std::optional<ValueId> Builder::build_user_op(SequenceScope& sc, const dsl::OpSt
   if (!values) return std::nullopt;
   const auto text = instantiate_op(op, *values, /*report=*/true);
   if (!text) return std::nullopt;
-  if (op.decl->gated && sc.seq.parallel.active()) {
-    // The built-in gated activations mark the producing linear's weight as two blocks
-    // (Builder::build_op); user-defined ones do not yet.
-    diags_.error(
-        stmt.loc,
-        fmt::format("gated op '{}' cannot run in a tensor-parallel sequence yet", op.decl->name),
-        "use a built-in gated activation (swiglu, geglu, ...) under `with parallel`");
-    return std::nullopt;
-  }
   const PointwiseDef& carrier = user_pointwise_def(op.decl->gated);
-  return add_builder_op(sc, pointwise_kind(carrier), user_pointwise_attrs(op.decl->name, *text),
-                        cur, instance, stmt.loc);
+  const auto result =
+      add_builder_op(sc, pointwise_kind(carrier), user_pointwise_attrs(op.decl->name, *text), cur,
+                     instance, stmt.loc);
+  Sequence& s = sc.seq;
+  if (result && op.decl->gated && s.parallel.active() &&
+      sc.layouts.at(cur) == Layout::SplitFeatures) {
+    // As for a built-in gated activation (Builder::build_op): each rank's features are [its gate
+    // part | its value part], so the column-parallel linear that made them cuts its output
+    // features as two blocks (plan/parallel.h, ShardSpec).
+    for (ValueId v = cur;;) {
+      const int32_t producer = s.value(v).producer;
+      if (producer < 0) break;
+      Operation& p = s.ops[size_t(producer)];
+      if (p.kind == OpKind::Linear) {
+        for (size_t i = 1; i < p.operands.size(); ++i) s.values[p.operands[i]].shard.blocks = 2;
+        break;
+      }
+      v = p.operands[0];
+    }
+  }
+  return result;
 }
 
 }  // namespace opfuse::ir::builder_detail

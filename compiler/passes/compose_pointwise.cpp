@@ -58,8 +58,8 @@ std::optional<ir::AttrList> compose(std::span<const Part> chain, bool gated) {
   const int n = gated ? 2 : 1;
   std::vector<NodeId> roots;
   for (const bool device : {false, true}) {
-    std::vector<NodeId> cur;
-    for (int i = 0; i < n; ++i) cur.push_back(g.var(i));
+    std::vector<NodeId> cur(size_t(n), 0);
+    for (int i = 0; i < n; ++i) cur[size_t(i)] = g.var(i);
     for (const Part& p : chain) {
       if (p.def->gated) {
         cur = {apply(g, *p.def, *p.attrs, cur, device)};
@@ -112,6 +112,7 @@ bool run_on(ir::Sequence& s) {
       const bool next_gated = ir::pointwise_def(s.ops[next].kind)->gated;
       if (gated && next_gated) break;
       std::vector<Part> parts;
+      parts.reserve(chain.size() + 1);
       for (const size_t k : chain)
         parts.push_back({ir::pointwise_def(s.ops[k].kind), &s.ops[k].attrs});
       parts.push_back({ir::pointwise_def(s.ops[next].kind), &s.ops[next].attrs});

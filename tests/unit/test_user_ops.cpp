@@ -287,6 +287,25 @@ TEST(UserOps, KinksTakeTheConventionsOfTE) {
   }
 }
 
+// Under tensor parallelism a gated user op takes each rank's [gate | value] share as swiglu does:
+// the column-parallel linear before it cuts its output features as two blocks.
+TEST(UserOps, AGatedUserOpSplitsItsProducerLikeABuiltInUnderTensorParallelism) {
+  auto fc1_blocks = [](const std::string& act) {
+    const std::string text = fmt::format(
+        "{}sequence s(x: bf16[tokens / tp, 64]) -> (y: bf16[tokens / tp, 64])\n"
+        "    with parallel(tp = 2, sp = true) {{\n"
+        "  layernorm(64)\n  linear(64, 256, bias = false, parallel = column) as fc1\n  {}()\n"
+        "  linear(128, 64, bias = false, parallel = row) as fc2\n}}\n",
+        kLibrary, act);
+    const ir::Sequence s = lower(text, false);
+    for (const ir::ValueId p : s.params)
+      if (s.value(p).name == "fc1.weight") return s.value(p).shard.blocks;
+    return -1;
+  };
+  EXPECT_EQ(fc1_blocks("swiglu"), 2);
+  EXPECT_EQ(fc1_blocks("my_swiglu"), 2);
+}
+
 // ---- the carriers ----------------------------------------------------------------------------
 
 TEST(UserOps, CarriersAreNotOpsAProgramCanName) {
