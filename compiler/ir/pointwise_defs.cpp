@@ -173,6 +173,9 @@ constexpr AttrSpec kUserAttrs[] = {
     {"op", AttrType::Name, true, 0, 0, 0, "the user-defined op's name"},
     {"expression", AttrType::Name, true, 0, 0, 0,
      "its value and gradients, reference and device forms (compiler/ir/scalar_code.h)"},
+    {"parts", AttrType::Name, false, 0, 0, 0,
+     "a composed chain's ops, name@file:line:col joined by '+' (compiler/passes/"
+     "compose_pointwise.h); empty for an op as written"},
 };
 constexpr PointwiseDef kUserPlain{.name = "user_op",
                                   .attrs = kUserAttrs,

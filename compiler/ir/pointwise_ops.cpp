@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 
 #include "ir/scalar_code.h"
@@ -95,8 +96,37 @@ const PointwiseDef* find_pointwise(std::string_view name) {
   return it == defs.end() ? nullptr : *it;
 }
 
-AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression) {
-  return {{"op", std::string(op_name)}, {"expression", std::string(expression)}};
+AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression,
+                              std::string_view parts) {
+  return {{"op", std::string(op_name)},
+          {"expression", std::string(expression)},
+          {"parts", std::string(parts)}};
+}
+
+std::string composed_part_text(std::string_view name, SourceLoc loc) {
+  return fmt::format("{}@{}:{}:{}", name, loc.file, loc.line, loc.col);
+}
+
+std::vector<ComposedPart> composed_parts(const PointwiseDef& def, const AttrList& attrs) {
+  std::vector<ComposedPart> out;
+  if (!def.user_defined) return out;
+  const std::string& text = attr_name(attrs, "parts");
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find('+', start), text.size());
+    const std::string part = text.substr(start, end - start);
+    start = end + 1;
+    ComposedPart p;
+    const size_t at = part.find('@');
+    p.name = part.substr(0, at);
+    if (at != std::string::npos) {
+      unsigned file = 0, line = 0, col = 0;
+      if (std::sscanf(part.c_str() + at + 1, "%u:%u:%u", &file, &line, &col) == 3)
+        p.loc = SourceLoc{FileId(file), line, col};
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
 }
 
 std::string_view pointwise_op_name(const PointwiseDef& def, const AttrList& attrs) {

@@ -16,6 +16,7 @@
 
 #include "ir/op_table.h"
 #include "ir/scalar_expr.h"
+#include "support/source_manager.h"
 
 namespace opfuse::ir {
 
@@ -57,7 +58,16 @@ const PointwiseDef& user_pointwise_def(bool gated);
 // A user-defined op as its carrier's attributes: the op's name and the text of its value and
 // gradients (scalar::encode_roots of [reference value, reference gradients..., device value,
 // device gradients...], dy = var(inputs)).
-AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression);
+// `parts`: a composed chain's ops (compiler/passes/compose_pointwise.h), empty otherwise.
+AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression,
+                              std::string_view parts = {});
+// The ops a composed chain was made of, with their source locations (empty for other ops).
+struct ComposedPart {
+  std::string name;
+  SourceLoc loc;
+};
+std::vector<ComposedPart> composed_parts(const PointwiseDef& def, const AttrList& attrs);
+std::string composed_part_text(std::string_view name, SourceLoc loc);
 // The op a pointwise op is as written: the definition's name, or a user-defined op's own name.
 std::string_view pointwise_op_name(const PointwiseDef& def, const AttrList& attrs);
 // An op's name for readers (kernel comments, plans, messages): op_info(kind).name, except that a

@@ -50,6 +50,7 @@ NodeId apply(ir::scalar::Graph& g, const ir::PointwiseDef& def, const ir::AttrLi
 struct Part {
   const ir::PointwiseDef* def;
   const ir::AttrList* attrs;
+  SourceLoc loc;
 };
 
 // The chain as one carrier's attributes; nullopt when its expression would be too large.
@@ -78,10 +79,17 @@ std::optional<ir::AttrList> compose(std::span<const Part> chain, bool gated) {
     }
     if (g.size() > kMaxComposedNodes) return std::nullopt;
   }
-  std::string name;
-  for (const Part& p : chain)
+  std::string name, parts;
+  for (const Part& p : chain) {
     name += (name.empty() ? "" : "+") + std::string(ir::pointwise_op_name(*p.def, *p.attrs));
-  return ir::user_pointwise_attrs(name, ir::scalar::encode_roots(g, roots));
+    // Each op with its line, for the kernel's comment (a composed op brings its own).
+    const auto composed = ir::composed_parts(*p.def, *p.attrs);
+    const std::string own =
+        composed.empty() ? ir::composed_part_text(ir::pointwise_op_name(*p.def, *p.attrs), p.loc)
+                         : ir::attr_name(*p.attrs, "parts");
+    parts += (parts.empty() ? "" : "+") + own;
+  }
+  return ir::user_pointwise_attrs(name, ir::scalar::encode_roots(g, roots), parts);
 }
 
 bool run_on(ir::Sequence& s) {
@@ -114,8 +122,8 @@ bool run_on(ir::Sequence& s) {
       std::vector<Part> parts;
       parts.reserve(chain.size() + 1);
       for (const size_t k : chain)
-        parts.push_back({ir::pointwise_def(s.ops[k].kind), &s.ops[k].attrs});
-      parts.push_back({ir::pointwise_def(s.ops[next].kind), &s.ops[next].attrs});
+        parts.push_back({ir::pointwise_def(s.ops[k].kind), &s.ops[k].attrs, s.ops[k].loc});
+      parts.push_back({ir::pointwise_def(s.ops[next].kind), &s.ops[next].attrs, s.ops[next].loc});
       auto attrs = compose(parts, gated || next_gated);
       if (!attrs) break;
       composed = std::move(attrs);

@@ -562,9 +562,10 @@ TEST(PointwiseChains, DumpedKernelShowsTheComposedExpressionAndItsLine) {
       forward = test::read_text(e.path().string());
   }
   ASSERT_FALSE(forward.empty()) << r.output;
-  // The chain's first line (the library takes 19 lines, the recipe one, the sequence's header,
-  // layernorm and linear three more: softcap is on line 24).
-  EXPECT_TRUE(test::contains(forward, "softcap+leaky_relu \"softcap_0\" (chain.fuse:24)"))
+  // Each op of the chain with its line (the library takes 19 lines, the recipe one, the
+  // sequence's header, layernorm and linear three more: softcap is on line 24).
+  EXPECT_TRUE(test::contains(forward, "//     softcap \"softcap_0\" (chain.fuse:24)\n"
+                                      "//     leaky_relu \"softcap_0\" (chain.fuse:25)\n"))
       << forward;
   EXPECT_TRUE(test::contains(forward, "4 * tanh(x / 4) > 0 ? 4 * tanh(x / 4) : 0.1 * 4 * tanh"))
       << forward;
