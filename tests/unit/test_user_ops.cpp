@@ -564,8 +564,9 @@ TEST(PointwiseChains, DumpedKernelShowsTheComposedExpressionAndItsLine) {
   ASSERT_FALSE(forward.empty()) << r.output;
   // Each op of the chain with its line (the library takes 19 lines, the recipe one, the
   // sequence's header, layernorm and linear three more: softcap is on line 24).
-  EXPECT_TRUE(test::contains(forward, "//     softcap \"softcap_0\" (chain.fuse:24)\n"
-                                      "//     leaky_relu \"softcap_0\" (chain.fuse:25)\n"))
+  EXPECT_TRUE(test::contains(forward,
+                             "//     softcap \"softcap_0\" (chain.fuse:24)\n"
+                             "//     leaky_relu \"softcap_0\" (chain.fuse:25)\n"))
       << forward;
   EXPECT_TRUE(test::contains(forward, "4 * tanh(x / 4) > 0 ? 4 * tanh(x / 4) : 0.1 * 4 * tanh"))
       << forward;
