@@ -113,9 +113,9 @@ void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operati
                                               {partial_rows, planes * cols})
                             : -1;
   auto what = [&](bool with_copy) {
-    return fmt::format("{}{} {} -> {} ({} blocks{}){}", def.name, backward ? " backward" : "",
-                       name_of(in), fp8_output_text(out, with_copy), "1x128",
-                       spec.power_of_2_scale ? ", power-of-2 scales" : "",
+    return fmt::format("{}{} {} -> {} ({} blocks{}){}", ir::pointwise_op_name(def, act.attrs),
+                       backward ? " backward" : "", name_of(in), fp8_output_text(out, with_copy),
+                       "1x128", spec.power_of_2_scale ? ", power-of-2 scales" : "",
                        dbias ? " + dbias partial sums" : "");
   };
   std::vector<std::string> args = {ir::pointwise_functor_name(def, act.attrs), spell(in),

@@ -465,7 +465,7 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
       fused_stats(b, g, x, y_value, tile_grid(rows, cols),
                   TileKernelShape{plan::dtype_bytes(in), gated ? 2 : 1, transpose, false});
   auto what = [&](bool with_copy) {
-    return fmt::format("{} {} -> {}{}", name_of(act.kind), name_of(in),
+    return fmt::format("{} {} -> {}{}", ir::written_op_name(act.kind, act.attrs), name_of(in),
                        fp8_output_text(out, with_copy), stats.text());
   };
   std::vector<std::string> args = {ir::pointwise_functor_name(def, act.attrs), spell(in),
@@ -523,9 +523,9 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   stats.append_args(args, b.value(dx_value).type.dtype, true);
   b.add_launch(
       g,
-      fmt::format("{} backward {} -> {}{}{}", forward.name, name_of(in),
-                  fp8_output_text(out, transpose), dbias ? " + dbias partial sums" : "",
-                  stats.text()),
+      fmt::format("{} backward {} -> {}{}{}", ir::pointwise_op_name(forward, act.attrs),
+                  name_of(in), fp8_output_text(out, transpose),
+                  dbias ? " + dbias partial sums" : "", stats.text()),
       gated ? "gated_activation_bwd" : "activation_bwd", args, std::move(grid), rules::kTileThreads,
       0,
       {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", dx.rowwise),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdlib>
 
 #include "ir/pointwise_ops.h"
 #include "support/assert.h"
@@ -39,6 +40,18 @@ std::string arg_word(const TemplateParam& param, const std::string& arg) {
                      [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
       // A debug feature's expression (ir::expression_functor_name) can be long: the id is a file
       // stem, so a long word becomes "expr_" and a hash of it (FNV-1a, stable everywhere).
+      // A user-defined op (ir::pointwise_functor_name: user_<length>_<name>_<expression>) keeps
+      // its name: user_<name>_<hash>.
+      if (word.starts_with("user_") && word.size() > 64) {
+        const size_t sep = word.find('_', 5);
+        const size_t length =
+            sep == std::string::npos ? 0 : std::strtoul(word.c_str() + 5, nullptr, 10);
+        if (length > 0 && length <= 32 && sep + 1 + length <= word.size()) {
+          uint64_t h = 0xcbf29ce484222325ull;
+          for (const char c : word) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+          return fmt::format("user_{}_{:08x}", word.substr(sep + 1, length), h & 0xffffffffull);
+        }
+      }
       if (word.size() > 64) {
         uint64_t h = 0xcbf29ce484222325ull;
         for (const char c : word) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;

@@ -10,6 +10,7 @@
 #include "codegen/kernel_source.h"
 #include "codegen/kernel_templates.h"
 #include "codegen/plan_builder.h"
+#include "ir/pointwise_ops.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen {
@@ -111,8 +112,18 @@ void SequenceBuilder::make_alias(ValueId view, ValueId of) {
 
 std::vector<OpRef> SequenceBuilder::op_refs(const Group& g) const {
   std::vector<OpRef> refs;
-  for (const ir::Operation* p : g.parts)
-    refs.push_back({std::string(ir::op_info(p->kind).name), p->instance, location(p->loc)});
+  for (const ir::Operation* p : g.parts) {
+    // A composed chain (compiler/passes/compose_pointwise.h) names each of its ops and line.
+    const ir::PointwiseDef* def = ir::pointwise_def(p->kind);
+    const auto composed = def != nullptr && ir::is_pointwise(p->kind)
+                              ? ir::composed_parts(*def, p->attrs)
+                              : std::vector<ir::ComposedPart>{};
+    for (const ir::ComposedPart& c : composed)
+      refs.push_back({c.name, p->instance, location(c.loc)});
+    if (composed.empty())
+      refs.push_back(
+          {std::string(ir::written_op_name(p->kind, p->attrs)), p->instance, location(p->loc)});
+  }
   return refs;
 }
 

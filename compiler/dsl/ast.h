@@ -25,8 +25,11 @@ struct Expr {
     String,  // "text"          text (unescaped)
     Name,    // hidden, tokens, hybrid   text
     Unary,   // -x              op = '-', operands[0]
-    Binary,  // a + b           op in + - * / %, operands[0..1]
+    Binary,  // a + b           op in + - * / % ^, operands[0..1] (^: op definitions only)
     List,    // [a, b, -1]      operands
+    // Op definitions only (docs/language.md, "User-defined ops"):
+    Compare,  // a <= b         text in < <= > >= == !=, operands[0..1]
+    Call,     // f(a, k = b)    text = f, operands = arguments, arg_names ("" if positional)
   };
   Kind kind = Kind::Int;
   SourceLoc loc;
@@ -35,6 +38,8 @@ struct Expr {
   std::string text;  // Name/String payload; for Int/Float the literal as written
   char op = 0;
   std::vector<ExprPtr> operands;
+  std::vector<std::string> arg_names;  // Call: per operand, its name if given as `name = value`
+  std::vector<SourceLoc> arg_name_locs;
 };
 
 // One call argument: positional (`4096`) or named (`eps = 1e-5`).
@@ -111,7 +116,30 @@ struct SequenceDecl {
   SourceLoc close_loc;  // of the closing brace
 };
 
-using Decl = std::variant<ImportDecl, ConstDecl, RecipeDecl, SequenceDecl>;
+// An input or attribute of an op definition: `x`, or `slope: number = 0.01` (an attribute;
+// without a default it is required at every use).
+struct OpParam {
+  std::string name;
+  SourceLoc loc;
+  bool is_attr = false;
+  ExprPtr default_value;  // attributes only; null: required
+};
+
+// `[gated] op NAME(inputs, attrs) = EXPR [backward(inputs, dy) = EXPR]`: a user-defined pointwise
+// op (docs/language.md, "User-defined ops"). A gated op's backward is a list [d_gate, d_value].
+struct OpDecl {
+  std::string name;
+  SourceLoc loc;  // of the name
+  bool gated = false;
+  std::vector<OpParam> params;
+  ExprPtr body;
+  bool has_backward = false;
+  SourceLoc backward_loc;
+  std::vector<OpParam> backward_params;  // the op's inputs, then the incoming gradient
+  ExprPtr backward;
+};
+
+using Decl = std::variant<ImportDecl, ConstDecl, RecipeDecl, SequenceDecl, OpDecl>;
 
 // One parsed file, declarations in source order.
 struct Module {

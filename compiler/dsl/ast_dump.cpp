@@ -62,6 +62,19 @@ std::string expr_text(const Expr* expr) {
       for (const ExprPtr& operand : expr->operands) out += " " + expr_text(operand.get());
       return out + ")";
     }
+    case Expr::Kind::Compare:
+      return fmt::format("({} {} {})", expr->text, expr_text(expr->operands.at(0).get()),
+                         expr_text(expr->operands.at(1).get()));
+    case Expr::Kind::Call: {
+      std::string out = expr->text + "(";
+      for (size_t i = 0; i < expr->operands.size(); ++i) {
+        if (i > 0) out += ", ";
+        if (i < expr->arg_names.size() && !expr->arg_names[i].empty())
+          out += expr->arg_names[i] + " = ";
+        out += expr_text(expr->operands[i].get());
+      }
+      return out + ")";
+    }
     case Expr::Kind::List: {
       std::string out = "[";
       for (size_t i = 0; i < expr->operands.size(); ++i) {
@@ -120,6 +133,16 @@ class Dumper {
     if (decl.close_loc.valid()) line(1, "end {}", at(decl.close_loc));
   }
 
+  void operator()(const OpDecl& decl) {
+    line(0, "{}op {} {}", decl.gated ? "gated " : "", decl.name, at(decl.loc));
+    op_params(1, decl.params);
+    line(1, "= {}", expr_text(decl.body.get()));
+    if (!decl.has_backward) return;
+    line(1, "backward {}", at(decl.backward_loc));
+    op_params(2, decl.backward_params);
+    line(2, "= {}", expr_text(decl.backward.get()));
+  }
+
  private:
   template <typename... Args>
   void line(int depth, fmt::format_string<Args...> format, Args&&... values) {
@@ -139,6 +162,18 @@ class Dumper {
         line(depth, "arg {} = {} {}", *arg.name, value, at(arg.name_loc));
       } else {
         line(depth, "arg {} {}", value, at(arg.value ? arg.value->loc : SourceLoc{}));
+      }
+    }
+  }
+
+  void op_params(int depth, const std::vector<OpParam>& list) {
+    for (const OpParam& p : list) {
+      if (!p.is_attr) {
+        line(depth, "input {} {}", p.name, at(p.loc));
+      } else if (p.default_value) {
+        line(depth, "attr {} = {} {}", p.name, expr_text(p.default_value.get()), at(p.loc));
+      } else {
+        line(depth, "attr {} {}", p.name, at(p.loc));
       }
     }
   }

@@ -25,8 +25,8 @@ std::string describe_byte(unsigned char c) { return "'" + byte_text(c) + "'"; }
 
 // Bytes that end a run of stray bytes: whatever can start a token, whitespace, a comment.
 bool ends_stray_run(unsigned char c) {
-  return is_ident_char(c) ||
-         std::string_view("\"#()[]{},:;=+-*/% \t\n\r\f\v").find(char(c)) != std::string_view::npos;
+  return is_ident_char(c) || std::string_view("\"#()[]{},:;=+-*/%^<>! \t\n\r\f\v").find(char(c)) !=
+                                 std::string_view::npos;
 }
 
 struct Keyword {
@@ -162,7 +162,31 @@ class Lexer {
       case ';':
         return make(TokenKind::Semicolon, start);
       case '=':
+        if (peek() == '=') {
+          ++pos_;
+          return make(TokenKind::EqualEqual, start);
+        }
         return make(TokenKind::Equals, start);
+      case '^':
+        return make(TokenKind::Caret, start);
+      case '<':
+        if (peek() == '=') {
+          ++pos_;
+          return make(TokenKind::LessEqual, start);
+        }
+        return make(TokenKind::Less, start);
+      case '>':
+        if (peek() == '=') {
+          ++pos_;
+          return make(TokenKind::GreaterEqual, start);
+        }
+        return make(TokenKind::Greater, start);
+      case '!':
+        if (peek() == '=') {
+          ++pos_;
+          return make(TokenKind::NotEqual, start);
+        }
+        break;
       case '+':
         return make(TokenKind::Plus, start);
       case '*':
@@ -196,7 +220,7 @@ class Lexer {
                  first >= 0x80 ? "names and numbers are ASCII; other text belongs in strings and "
                                  "comments"
                                : "outside strings and comments only names, numbers and "
-                                 "( ) [ ] { } , : ; = + - * / % -> may appear");
+                                 "( ) [ ] { } , : ; = + - * / % ^ < > <= >= == != -> may appear");
     return token;
   }
 
@@ -463,6 +487,20 @@ std::string_view token_kind_name(TokenKind kind) {
       return "'%'";
     case TokenKind::Arrow:
       return "'->'";
+    case TokenKind::Caret:
+      return "'^'";
+    case TokenKind::Less:
+      return "'<'";
+    case TokenKind::Greater:
+      return "'>'";
+    case TokenKind::LessEqual:
+      return "'<='";
+    case TokenKind::GreaterEqual:
+      return "'>='";
+    case TokenKind::EqualEqual:
+      return "'=='";
+    case TokenKind::NotEqual:
+      return "'!='";
   }
   return "a token";
 }

@@ -48,6 +48,14 @@ enum class TokenKind : uint8_t {
   Slash,
   Percent,
   Arrow,  // ->
+  // Operators of op definitions (docs/language.md, "User-defined ops").
+  Caret,         // ^
+  Less,          // <
+  Greater,       // >
+  LessEqual,     // <=
+  GreaterEqual,  // >=
+  EqualEqual,    // ==
+  NotEqual,      // !=
 };
 
 // Limits that keep hostile input bounded (docs/language.md, "Limits").

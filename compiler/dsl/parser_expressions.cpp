@@ -49,6 +49,40 @@ ExprPtr Parser::make_binary(const Token& op, ExprPtr lhs, ExprPtr rhs) {
 }
 
 ExprPtr Parser::parse_expr(const std::string& what) {
+  if (!op_body_) return parse_additive(what);
+  DepthRestore restore(depth_);
+  ExprPtr lhs = parse_additive(what);
+  if (!lhs) return nullptr;
+  switch (peek().kind) {
+    case TokenKind::Less:
+    case TokenKind::Greater:
+    case TokenKind::LessEqual:
+    case TokenKind::GreaterEqual:
+    case TokenKind::EqualEqual:
+    case TokenKind::NotEqual:
+      break;
+    default:
+      return lhs;
+  }
+  if (!enter_nesting()) return nullptr;
+  const Token& op = advance();
+  ExprPtr rhs = parse_additive(fmt::format("a value after '{}'", op.text));
+  if (!rhs) return nullptr;
+  auto expr = std::make_unique<Expr>();
+  expr->kind = Expr::Kind::Compare;
+  expr->loc = op.loc;
+  expr->text = std::string(op.text);
+  expr->operands.push_back(std::move(lhs));
+  expr->operands.push_back(std::move(rhs));
+  if (at(TokenKind::Less) || at(TokenKind::Greater) || at(TokenKind::LessEqual) ||
+      at(TokenKind::GreaterEqual) || at(TokenKind::EqualEqual) || at(TokenKind::NotEqual)) {
+    error_here("comparisons do not chain", "write select(a < b, ...) with one comparison");
+    return nullptr;
+  }
+  return expr;
+}
+
+ExprPtr Parser::parse_additive(const std::string& what) {
   DepthRestore restore(depth_);
   ExprPtr lhs = parse_term(what);
   while (lhs && (at(TokenKind::Plus) || at(TokenKind::Minus))) {
@@ -75,7 +109,7 @@ ExprPtr Parser::parse_term(const std::string& what) {
 }
 
 ExprPtr Parser::parse_unary(const std::string& what) {
-  if (!at(TokenKind::Minus)) return parse_primary(what);
+  if (!at(TokenKind::Minus)) return op_body_ ? parse_power(what) : parse_primary(what);
   DepthRestore restore(depth_);
   if (!enter_nesting()) return nullptr;
   const Token& minus = advance();
@@ -87,6 +121,54 @@ ExprPtr Parser::parse_unary(const std::string& what) {
   expr->op = '-';
   expr->operands.push_back(std::move(operand));
   return expr;
+}
+
+// base ^ exponent, right-associative; the exponent may carry a sign (x ^ -2), and -x ^ 2 is
+// -(x ^ 2) as in mathematics.
+ExprPtr Parser::parse_power(const std::string& what) {
+  DepthRestore restore(depth_);
+  ExprPtr base = parse_primary(what);
+  if (!base || !at(TokenKind::Caret)) return base;
+  if (!enter_nesting()) return nullptr;
+  const Token& caret = advance();
+  ExprPtr exponent = parse_unary("an exponent after '^'");
+  if (!exponent) return nullptr;
+  return make_binary(caret, std::move(base), std::move(exponent));
+}
+
+// name(args): the '(' is next. Arguments are expressions, positional or `name = value`.
+ExprPtr Parser::parse_call(const Token& callee) {
+  DepthRestore restore(depth_);
+  if (!enter_nesting()) return nullptr;
+  auto call = std::make_unique<Expr>();
+  call->kind = Expr::Kind::Call;
+  call->loc = callee.loc;
+  call->text = std::string(callee.text);
+  const SourceLoc open = advance().loc;
+  if (accept(TokenKind::RParen)) return call;
+  for (;;) {
+    std::string name;
+    SourceLoc name_loc;
+    if (at(TokenKind::Ident) && peek(1).kind == TokenKind::Equals) {
+      name = std::string(peek().text);
+      name_loc = advance().loc;
+      advance();
+    }
+    ExprPtr arg = parse_expr(fmt::format("an argument of '{}'", call->text));
+    if (!arg) return nullptr;
+    if (call->operands.size() >= kMaxArgsPerCall) {
+      error_at(callee, fmt::format("a call may have at most {} arguments", kMaxArgsPerCall));
+      return nullptr;
+    }
+    call->operands.push_back(std::move(arg));
+    call->arg_names.push_back(std::move(name));
+    call->arg_name_locs.push_back(name_loc);
+    if (accept(TokenKind::Comma)) continue;
+    if (accept(TokenKind::RParen)) return call;
+    error_here(fmt::format("expected ',' or ')' in the call of '{}' opened at {}, found {}",
+                           call->text, where(open), found()));
+    return nullptr;
+  }
 }
 
 ExprPtr Parser::parse_primary(const std::string& what) {
@@ -118,6 +200,7 @@ ExprPtr Parser::parse_primary(const std::string& what) {
       advance();
       return expr;
     case TokenKind::Ident:
+      if (op_body_ && peek(1).kind == TokenKind::LParen) return parse_call(advance());
       expr->kind = Expr::Kind::Name;
       expr->text = std::string(token.text);
       advance();

@@ -80,7 +80,17 @@ class Parser {
   // ---- recovery -----------------------------------------------------------------------------
   void skip_to_next_decl(size_t start) {
     if (pos_ == start) advance();
-    while (!at(TokenKind::Eof) && !is_decl_keyword(peek().kind)) advance();
+    while (!at(TokenKind::Eof) && !is_decl_keyword(peek().kind) && !at_op_decl()) advance();
+  }
+
+  // `op NAME`, `gated op NAME` or `fusion NAME` at the start of a line: the words are keywords
+  // only there, so `backward`, `op` and `fusion` stay usable as names elsewhere.
+  bool at_op_decl() const {
+    if (!peek().first_on_line || !at(TokenKind::Ident)) return false;
+    if (peek().text == "gated")
+      return peek(1).kind == TokenKind::Ident && peek(1).text == "op" &&
+             peek(2).kind == TokenKind::Ident;
+    return peek().text == "op" && peek(1).kind == TokenKind::Ident;
   }
 
   // Inside a body: the next line that starts like an op (`name(`) or a declaration, or the '}'.
@@ -90,7 +100,7 @@ class Parser {
       const Token& token = peek();
       if (token.kind == TokenKind::Eof || token.kind == TokenKind::RBrace) return;
       if (!token.first_on_line) continue;
-      if (is_decl_keyword(token.kind)) return;
+      if (is_decl_keyword(token.kind) || at_op_decl()) return;
       if (token.kind == TokenKind::Ident && peek(1).kind == TokenKind::LParen) return;
     }
   }
@@ -105,6 +115,10 @@ class Parser {
   bool parse_recipe(Module& module);
 
   bool parse_sequence(Module& module);
+
+  // parser_ops.cpp: `[gated] op NAME(...) = EXPR [backward(...) = EXPR]`.
+  bool parse_op_decl(Module& module);
+  bool parse_op_params(std::vector<OpParam>& params, const std::string& what, bool allow_attrs);
 
   // The '(' is consumed; consumes through the ')'.
   bool parse_params(std::vector<Param>& params, std::string_view which,
@@ -132,6 +146,11 @@ class Parser {
   // `what` names the expected value in "expected ..., found ..." messages.
   ExprPtr parse_expr(const std::string& what);
 
+  // Op definitions (op_body_): comparisons above the sums, ^ below unary minus, calls.
+  ExprPtr parse_additive(const std::string& what);
+  ExprPtr parse_power(const std::string& what);
+  ExprPtr parse_call(const Token& callee);
+
   ExprPtr parse_term(const std::string& what);
 
   ExprPtr parse_unary(const std::string& what);
@@ -147,6 +166,7 @@ class Parser {
   DiagnosticEngine& diags_;
   size_t pos_ = 0;
   size_t depth_ = 0;
+  bool op_body_ = false;  // inside an op definition's expression
   bool reported_any_ = false;
   size_t last_error_pos_ = 0;
 };

@@ -22,6 +22,8 @@ const char* kind_word(GlobalName::Kind k) {
       return "recipe";
     case GlobalName::Kind::Sequence:
       return "sequence";
+    case GlobalName::Kind::Op:
+      return "op";
   }
   return "name";
 }
@@ -47,6 +49,13 @@ std::optional<Program> Builder::run(const std::vector<const dsl::Module*>& modul
       if (diags_.at_error_limit()) return std::nullopt;
       if (const auto* c = std::get_if<dsl::ConstDecl>(&d)) define_const(*c);
       if (const auto* r = std::get_if<dsl::RecipeDecl>(&d)) define_recipe(*r);
+    }
+  }
+  // Op definitions after the constants (their defaults and bodies may name them).
+  for (const dsl::Module* m : modules) {
+    for (const dsl::Decl& d : m->decls) {
+      if (diags_.at_error_limit()) return std::nullopt;
+      if (const auto* o = std::get_if<dsl::OpDecl>(&d)) check_op(*o);
     }
   }
   resolve_override();
@@ -77,6 +86,7 @@ void Builder::declare(const dsl::Decl& d) {
     add(r->name, r->loc, GlobalName::Kind::Recipe);
   if (const auto* s = std::get_if<dsl::SequenceDecl>(&d))
     add(s->name, s->loc, GlobalName::Kind::Sequence);
+  if (const auto* o = std::get_if<dsl::OpDecl>(&d)) declare_op(*o);
 }
 
 std::vector<std::string> Builder::const_names() const {

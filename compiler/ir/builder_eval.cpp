@@ -58,6 +58,11 @@ std::optional<ConstValue> Builder::eval(const Expr& e, bool allow_float) {
     }
     case Expr::Kind::Binary:
       return eval_binary(e, allow_float);
+    case Expr::Kind::Compare:
+    case Expr::Kind::Call:  // the parser makes these only inside op definitions
+      diags_.error(e.loc, "comparisons and calls belong in op definitions",
+                   "a constant is numbers, constants and + - * / %");
+      return std::nullopt;
   }
   return std::nullopt;
 }

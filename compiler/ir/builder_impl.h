@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "ir/builder.h"
 #include "ir/graph.h"
 #include "ir/parallel.h"
+#include "ir/scalar_expr.h"
 #include "support/diagnostics.h"
 
 namespace opfuse::ir::builder_detail {
@@ -29,7 +31,7 @@ std::string const_value_string(const ConstValue& v);
 
 // What a top-level name refers to, for messages like "'fp8' is a recipe".
 struct GlobalName {
-  enum class Kind { Const, Recipe, Sequence } kind;
+  enum class Kind { Const, Recipe, Sequence, Op } kind;
   SourceLoc loc;
 };
 
@@ -150,6 +152,53 @@ class Builder {
 
   void unknown_io(const SequenceScope& sc, const std::string& name, SourceLoc loc, bool want_input);
 
+  // ---- user-defined ops (builder_user_ops.cpp) --------------------------------------------------
+
+  struct UserOp {
+    const dsl::OpDecl* decl = nullptr;
+    size_t order = 0;              // definition order: an op calls only earlier ones
+    std::vector<AttrSpec> attrs;   // Float attributes, names pointing into decl
+    std::vector<double> defaults;  // per attribute (required ones: 1, for checking)
+    bool valid = false;            // checked without errors
+    bool differentiable = true;    // derived backward possible (or a backward is given)
+  };
+  // Names in an op expression: inputs (graph nodes) and attributes (numbers).
+  struct OpScope {
+    const UserOp* op = nullptr;
+    std::map<std::string, scalar::NodeId> inputs;
+    std::map<std::string, double> attrs;
+    bool device = false;
+    bool report = true;                           // report errors (the definition's check) or not
+    std::optional<SourceLoc> non_differentiable;  // first comparison used as a number
+  };
+
+  void declare_op(const dsl::OpDecl& d);
+  // Checks a definition (names, calls, arity, backward) once, reporting at its locations.
+  void check_op(const dsl::OpDecl& d);
+  // The op's value and gradients with these attribute values: scalar::encode_roots text of
+  // [reference value, gradients, device value, gradients] (ir::user_pointwise_attrs).
+  std::optional<std::string> instantiate_op(const UserOp& op, const std::vector<double>& attrs,
+                                            bool report);
+  // Value and gradients in one form, into `g` (dy = var(inputs)).
+  std::optional<std::vector<scalar::NodeId>> lower_op(const UserOp& op,
+                                                      const std::vector<double>& attrs,
+                                                      scalar::Graph& g, bool device, bool report);
+  std::optional<scalar::NodeId> lower(const Expr& e, scalar::Graph& g, OpScope& scope);
+  std::optional<scalar::NodeId> lower_call(const Expr& e, scalar::Graph& g, OpScope& scope);
+  // A constant number over the scope's attributes and the program's constants; nullopt (quietly)
+  // when `e` depends on an input.
+  std::optional<double> op_constant(const Expr& e, const OpScope& scope) const;
+  // A user op's attribute values from a call's arguments past its inputs (positional, named).
+  std::optional<std::vector<double>> bind_op_attrs(const UserOp& op,
+                                                   const std::vector<const Expr*>& args,
+                                                   const std::vector<std::string>& names,
+                                                   const std::vector<SourceLoc>& name_locs,
+                                                   SourceLoc call_loc, const OpScope* scope);
+  void op_error(const OpScope& scope, SourceLoc loc, std::string message, std::string hint = {});
+  // A sequence statement that uses a user-defined op.
+  std::optional<ValueId> build_user_op(SequenceScope& sc, const dsl::OpStmt& stmt, const UserOp& op,
+                                       ValueId cur, const std::string& instance);
+
   DiagnosticEngine& diags_;
   const BuildOptions& options_;
   Program program_;
@@ -159,6 +208,13 @@ class Builder {
   std::set<std::string> warned_symbols_;
   std::map<std::string, std::optional<Recipe>> recipes_;
   std::optional<Recipe> override_;
+  std::map<std::string, UserOp> user_ops_;
+  // A user op as a call lowers it (Builder::lower_call), per op, form and attribute values.
+  struct LoweredCall {
+    scalar::Graph graph;
+    std::optional<std::vector<scalar::NodeId>> roots;
+  };
+  std::map<std::tuple<const UserOp*, bool, std::vector<double>>, LoweredCall> lowered_calls_;
 };
 
 }  // namespace opfuse::ir::builder_detail

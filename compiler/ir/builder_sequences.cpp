@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "ir/builder_impl.h"
+#include "support/spelling.h"
 
 namespace opfuse::ir::builder_detail {
 
@@ -168,9 +169,32 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
   ValueId cur = s.inputs[0];
   for (const dsl::OpStmt& stmt : d.body) {
     if (diags_.at_error_limit()) return;
+    if (auto user = user_ops_.find(stmt.op); user != user_ops_.end()) {
+      std::string instance;
+      if (stmt.instance) {
+        instance = *stmt.instance;
+      } else {
+        do {
+          instance = fmt::format("{}_{}", stmt.op, kind_counters[stmt.op]++);
+        } while (instances.count(instance));
+        instances.emplace(instance, stmt.loc);
+      }
+      auto next = build_user_op(sc, stmt, user->second, cur, instance);
+      if (!next) {
+        ok = false;
+        break;
+      }
+      cur = *next;
+      continue;
+    }
     const OpInfo* info = find_op(stmt.op);
     if (!info) {
-      const std::string near = suggest_op(stmt.op);
+      std::string near = suggest_op(stmt.op);
+      if (near.empty()) {
+        std::vector<std::string> user_names;
+        for (const auto& [name, _] : user_ops_) user_names.push_back(name);
+        near = closest_spelling(stmt.op, user_names);
+      }
       diags_.error(stmt.loc, fmt::format("unknown op '{}'", stmt.op),
                    near.empty() ? "see docs/language.md for the list of ops"
                                 : fmt::format("did you mean '{}'?", near));

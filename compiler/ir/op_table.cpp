@@ -439,7 +439,7 @@ struct PointwiseTables {
 const PointwiseTables& pointwise_tables() {
   static const PointwiseTables tables = [] {
     PointwiseTables t;
-    const auto defs = pointwise_defs();
+    const auto defs = all_pointwise_defs();
     OPFUSE_ASSERT(kFirstPointwise + defs.size() <= kFirstPointwiseBackward &&
                       kFirstPointwiseBackward + defs.size() <= 256,
                   "{} pointwise ops do not fit the OpKind ranges", defs.size());
@@ -459,7 +459,10 @@ const PointwiseTables& pointwise_tables() {
     const auto fixed = std::span(kOps).first(kNumUserOpKinds);
     for (const OpInfo& op : fixed) {
       t.user.push_back(op);
-      if (op.kind == OpKind::Bias) t.user.insert(t.user.end(), t.forward.begin(), t.forward.end());
+      // The carriers of user-defined ops are not written by name (compiler/ir/pointwise_ops.h).
+      if (op.kind == OpKind::Bias)
+        t.user.insert(t.user.end(), t.forward.begin(),
+                      t.forward.begin() + std::ptrdiff_t(pointwise_defs().size()));
     }
     return t;
   }();
@@ -582,9 +585,9 @@ bool is_internal(OpKind kind) {
 }
 
 OpKind pointwise_kind(const PointwiseDef& def) {
-  const auto defs = pointwise_defs();
+  const auto defs = all_pointwise_defs();
   const auto it = std::ranges::find(defs, &def);
-  OPFUSE_ASSERT(it != defs.end(), "'{}' is not in pointwise_defs()", def.name);
+  OPFUSE_ASSERT(it != defs.end(), "'{}' is not in all_pointwise_defs()", def.name);
   return OpKind(kFirstPointwise + size_t(it - defs.begin()));
 }
 
@@ -595,12 +598,12 @@ OpKind pointwise_backward_kind(const PointwiseDef& def) {
 
 bool is_pointwise(OpKind kind) {
   const auto k = static_cast<size_t>(kind);
-  return k >= kFirstPointwise && k - kFirstPointwise < pointwise_defs().size();
+  return k >= kFirstPointwise && k - kFirstPointwise < all_pointwise_defs().size();
 }
 
 bool is_pointwise_backward(OpKind kind) {
   const auto k = static_cast<size_t>(kind);
-  return k >= kFirstPointwiseBackward && k - kFirstPointwiseBackward < pointwise_defs().size();
+  return k >= kFirstPointwiseBackward && k - kFirstPointwiseBackward < all_pointwise_defs().size();
 }
 
 const PointwiseDef* pointwise_def(OpKind kind) {

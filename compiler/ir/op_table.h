@@ -50,9 +50,10 @@ enum class OpKind : uint8_t {
   TensorCapture,      // (x) -> (): a copy of x into the capture of slot `slot` (debug features)
   ModifyTensor,       // (x) -> y: a GEMM operand a debug feature replaces (passes/debug_modify.h)
   Fused,              // a fusion: `parts` run as one kernel or one GEMM call
-  // Pointwise ops have no enumerator: kFirstPointwise + i is pointwise_defs()[i] (a user op),
-  // kFirstPointwiseBackward + i its backward (internal: (dy, x) -> dx, both halves when gated),
-  // so the kind itself names the definition.
+  // Pointwise ops have no enumerator: kFirstPointwise + i is all_pointwise_defs()[i] (a user
+  // op; the last two carry user-defined ops, whose expression is an attribute: note "User-defined
+  // ops" in docs/architecture.md), kFirstPointwiseBackward + i its backward (internal:
+  // (dy, x) -> dx, both halves when gated), so the kind itself names the definition.
 };
 inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Fused) + 1;  // fixed kinds
 // Fixed ops a .fuse program can name come first; the rest are internal.

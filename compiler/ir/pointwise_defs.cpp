@@ -3,8 +3,11 @@
 // they replaced, so the CPU reference stays bit-identical (tests/unit/test_pointwise_ops.cpp
 // compares them with a copy of the old formulas).
 #include <array>
+#include <vector>
 
 #include "ir/pointwise_ops.h"
+#include "ir/scalar_code.h"
+#include "support/assert.h"
 
 namespace opfuse::ir {
 
@@ -151,8 +154,53 @@ constexpr std::array<const PointwiseDef*, 11> kDefs = {
     &kGeglu, &kReglu, &kQGeglu, &kSReglu, &kClampedSwiglu,
 };
 
+// ---- the carriers of user-defined ops -----------------------------------------------------
+
+// The value and gradients come decoded from the `expression` attribute, in the form asked for.
+NodeId user_defined(const PointwiseBuilder& b) {
+  const auto decoded = scalar::decode(attr_name(b.attrs, "expression"));
+  const size_t inputs = b.inputs.size();
+  OPFUSE_ASSERT(decoded && decoded->roots.size() == 2 * (inputs + 1),
+                "user op '{}': its expression is not {} roots", attr_name(b.attrs, "op"),
+                2 * (inputs + 1));
+  const auto half = std::span(decoded->roots).subspan(b.device ? inputs + 1 : 0, inputs + 1);
+  const std::vector<NodeId> roots = b.g.copy_from(decoded->graph, half, b.inputs);
+  if (b.gradients != nullptr) b.gradients->assign(roots.begin() + 1, roots.end());
+  return roots.front();
+}
+
+constexpr AttrSpec kUserAttrs[] = {
+    {"op", AttrType::Name, true, 0, 0, 0, "the user-defined op's name"},
+    {"expression", AttrType::Name, true, 0, 0, 0,
+     "its value and gradients, reference and device forms (compiler/ir/scalar_code.h)"},
+    {"parts", AttrType::Name, false, 0, 0, 0,
+     "a composed chain's ops, name@file:line:col joined by '+' (compiler/passes/"
+     "compose_pointwise.h); empty for an op as written"},
+};
+constexpr PointwiseDef kUserPlain{.name = "user_op",
+                                  .attrs = kUserAttrs,
+                                  .doc = "a user-defined pointwise op",
+                                  .user_defined = true,
+                                  .build = user_defined};
+constexpr PointwiseDef kUserGated{.name = "user_gated_op",
+                                  .gated = true,
+                                  .attrs = kUserAttrs,
+                                  .doc = "a user-defined gated op",
+                                  .user_defined = true,
+                                  .build = user_defined};
+
+constexpr std::array<const PointwiseDef*, kDefs.size() + 2> kAllDefs = [] {
+  std::array<const PointwiseDef*, kDefs.size() + 2> all{};
+  for (size_t i = 0; i < kDefs.size(); ++i) all[i] = kDefs[i];
+  all[kDefs.size()] = &kUserPlain;
+  all[kDefs.size() + 1] = &kUserGated;
+  return all;
+}();
+
 }  // namespace
 
 std::span<const PointwiseDef* const> pointwise_defs() { return kDefs; }
+std::span<const PointwiseDef* const> all_pointwise_defs() { return kAllDefs; }
+const PointwiseDef& user_pointwise_def(bool gated) { return gated ? kUserGated : kUserPlain; }
 
 }  // namespace opfuse::ir

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 
 #include "ir/scalar_code.h"
@@ -14,6 +16,7 @@ namespace {
 
 constexpr std::string_view kFunctorPrefix = "opfuse::pointwise_";
 constexpr std::string_view kExpressionPrefix = "opfuse::pointwise_expr_";
+constexpr std::string_view kUserPrefix = "opfuse::pointwise_user_";
 
 // An attribute value as part of a C++ identifier: 1.702 -> 1p702, -1e-05 -> m1em05.
 double attr_number(const Attr& a) {
@@ -37,6 +40,25 @@ Attr number_attr(const AttrSpec& spec, double v) {
 
 // name_limit_7_alpha_1p702 -> the def and its attributes, in the def's attribute order.
 std::optional<std::pair<const PointwiseDef*, AttrList>> parse_functor_name(std::string_view name) {
+  if (name.starts_with(kUserPrefix)) {
+    // user_<length>_<name>_<expression>: the roots say whether it is gated (2 (inputs + 1)).
+    name.remove_prefix(kUserPrefix.size());
+    const size_t sep = name.find('_');
+    if (sep == std::string_view::npos || sep == 0 || sep > 4) return std::nullopt;
+    size_t length = 0;
+    for (const char c : name.substr(0, sep)) {
+      if (c < '0' || c > '9') return std::nullopt;
+      length = length * 10 + size_t(c - '0');
+    }
+    name.remove_prefix(sep + 1);
+    if (name.size() < length + 2 || name[length] != '_') return std::nullopt;
+    const std::string_view op = name.substr(0, length);
+    const std::string_view text = name.substr(length + 1);
+    const auto decoded = scalar::decode(text);
+    if (!decoded || (decoded->roots.size() != 4 && decoded->roots.size() != 6)) return std::nullopt;
+    return std::make_pair(&user_pointwise_def(decoded->roots.size() == 6),
+                          user_pointwise_attrs(op, text));
+  }
   if (!name.starts_with(kFunctorPrefix)) return std::nullopt;
   name.remove_prefix(kFunctorPrefix.size());
   for (const PointwiseDef* def : pointwise_defs()) {
@@ -74,6 +96,49 @@ const PointwiseDef* find_pointwise(std::string_view name) {
   return it == defs.end() ? nullptr : *it;
 }
 
+AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression,
+                              std::string_view parts) {
+  return {{"op", std::string(op_name)},
+          {"expression", std::string(expression)},
+          {"parts", std::string(parts)}};
+}
+
+std::string composed_part_text(std::string_view name, SourceLoc loc) {
+  return fmt::format("{}@{}:{}:{}", name, loc.file, loc.line, loc.col);
+}
+
+std::vector<ComposedPart> composed_parts(const PointwiseDef& def, const AttrList& attrs) {
+  std::vector<ComposedPart> out;
+  if (!def.user_defined) return out;
+  const std::string& text = attr_name(attrs, "parts");
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find('+', start), text.size());
+    const std::string part = text.substr(start, end - start);
+    start = end + 1;
+    ComposedPart p;
+    const size_t at = part.find('@');
+    p.name = part.substr(0, at);
+    if (at != std::string::npos) {
+      unsigned file = 0, line = 0, col = 0;
+      if (std::sscanf(part.c_str() + at + 1, "%u:%u:%u", &file, &line, &col) == 3)
+        p.loc = SourceLoc{FileId(file), line, col};
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::string_view pointwise_op_name(const PointwiseDef& def, const AttrList& attrs) {
+  return def.user_defined ? std::string_view(attr_name(attrs, "op")) : def.name;
+}
+
+std::string_view written_op_name(OpKind kind, const AttrList& attrs) {
+  const PointwiseDef* def = pointwise_def(kind);
+  if (def != nullptr && def->user_defined && is_pointwise(kind)) return attr_name(attrs, "op");
+  return op_info(kind).name;
+}
+
 bool has_gelu_epilogue(OpKind kind) {
   const PointwiseDef* def = pointwise_def(kind);
   return def != nullptr && def->cublaslt_gelu_epilogue;
@@ -83,10 +148,12 @@ PointwiseExpr::PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, boo
   inputs_ = def.gated ? 2 : 1;
   std::vector<scalar::NodeId> in(size_t(inputs_), 0);
   for (int i = 0; i < inputs_; ++i) in[size_t(i)] = graph_.var(i);
-  value_ = def.build(PointwiseBuilder{graph_, in, attrs, device});
+  std::vector<scalar::NodeId> given;
+  value_ = def.build(PointwiseBuilder{graph_, in, attrs, device, &given});
   // The backward multiplies each partial derivative by dy last, as the hand-written kernels did.
   const scalar::NodeId dy = graph_.var(inputs_);
-  for (int i = 0; i < inputs_; ++i) {
+  if (!given.empty()) gradients_ = given;
+  for (int i = 0; i < inputs_ && given.empty(); ++i) {
     const scalar::NodeId d = graph_.derivative(value_, i);
     gradients_.push_back(graph_.is_constant(d, 0)   ? d
                          : graph_.is_constant(d, 1) ? dy
@@ -121,6 +188,14 @@ template void PointwiseExpr::backward<double>(std::span<const double>, double, s
                                               std::span<double>) const;
 
 std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attrs) {
+  if (def.user_defined) {
+    // A composed chain's name ("softcap+leaky_relu", compiler/passes/compose_pointwise.h) as an
+    // identifier.
+    std::string op = attr_name(attrs, "op");
+    for (char& c : op)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
+    return fmt::format("{}{}_{}_{}", kUserPrefix, op.size(), op, attr_name(attrs, "expression"));
+  }
   std::string name = fmt::format("{}{}", kFunctorPrefix, def.name);
   for (const AttrSpec& spec : def.attrs) {
     const auto it = std::ranges::find(attrs, spec.name, &Attr::name);
@@ -208,11 +283,17 @@ std::optional<std::string> pointwise_functor_source(std::string_view functor_nam
     return out;
   };
   std::string attr_text;
-  for (const Attr& a : attrs)
-    attr_text += fmt::format(", {} = {}", a.name, attr_value_string(a.value));
+  if (def->user_defined) {
+    attr_text = fmt::format(" = {} (user-defined, docs/language.md \"User-defined ops\")",
+                            scalar::describe(expr.graph(), expr.value()));
+  } else {
+    for (const Attr& a : attrs)
+      attr_text += fmt::format(", {} = {}", a.name, attr_value_string(a.value));
+    attr_text += " (compiler/ir/pointwise_defs.cpp)";
+  }
   const std::string type = std::string(functor_name.substr(std::string_view("opfuse::").size()));
   return fmt::format(
-      "// The pointwise op {}{} (compiler/ir/pointwise_defs.cpp), generated from its definition.\n"
+      "// The pointwise op {}{}, generated from its definition.\n"
       "#include \"common/scalar_math.cuh\"\n"
       "namespace opfuse {{\n"
       "struct {} {{\n"
@@ -226,8 +307,9 @@ std::optional<std::string> pointwise_functor_source(std::string_view functor_nam
       "  }}\n"
       "}};\n"
       "}}  // namespace opfuse\n",
-      def->name, attr_text, type, n, n, indent(expr.graph().cuda(value, forward_vars, value_name)),
-      n, n, indent(expr.graph().cuda(expr.gradients(), vars, grads)));
+      pointwise_op_name(*def, attrs), attr_text, type, n, n,
+      indent(expr.graph().cuda(value, forward_vars, value_name)), n, n,
+      indent(expr.graph().cuda(expr.gradients(), vars, grads)));
 }
 
 }  // namespace opfuse::ir

@@ -16,6 +16,7 @@
 
 #include "ir/op_table.h"
 #include "ir/scalar_expr.h"
+#include "support/source_manager.h"
 
 namespace opfuse::ir {
 
@@ -26,6 +27,9 @@ struct PointwiseBuilder {
   std::span<const scalar::NodeId> inputs;
   const AttrList& attrs;
   bool device;
+  // Where a definition gives its gradients whole (a user-defined op, whose front end derived or
+  // was given them): one per input, with dy = g.var(inputs.size()). Left empty: derived.
+  std::vector<scalar::NodeId>* gradients = nullptr;
 };
 
 struct PointwiseDef {
@@ -37,12 +41,38 @@ struct PointwiseDef {
   std::string_view doc{};  // one sentence for docs/language.md and `fusec ops`
   // Traits codegen and the fusions select on.
   bool cublaslt_gelu_epilogue = false;  // cuBLASLt's GELU_AUX / DGELU epilogues compute it
+  // One of the two carriers of user-defined ops (note "User-defined ops" in
+  // docs/architecture.md): the op's expression is its `expression` attribute, not C++ here.
+  bool user_defined = false;
   // Returns the value node; may hint derivatives (scalar::Graph::hint_derivative).
   scalar::NodeId (*build)(const PointwiseBuilder& b) = nullptr;
 };
 
+// The built-in definitions (activations a .fuse program names directly).
 std::span<const PointwiseDef* const> pointwise_defs();
 const PointwiseDef* find_pointwise(std::string_view name);
+// The built-in definitions followed by the two carriers of user-defined ops (plain, gated): the
+// definitions the pointwise OpKinds index (compiler/ir/op_table.h).
+std::span<const PointwiseDef* const> all_pointwise_defs();
+const PointwiseDef& user_pointwise_def(bool gated);
+// A user-defined op as its carrier's attributes: the op's name and the text of its value and
+// gradients (scalar::encode_roots of [reference value, reference gradients..., device value,
+// device gradients...], dy = var(inputs)).
+// `parts`: a composed chain's ops (compiler/passes/compose_pointwise.h), empty otherwise.
+AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression,
+                              std::string_view parts = {});
+// The ops a composed chain was made of, with their source locations (empty for other ops).
+struct ComposedPart {
+  std::string name;
+  SourceLoc loc;
+};
+std::vector<ComposedPart> composed_parts(const PointwiseDef& def, const AttrList& attrs);
+std::string composed_part_text(std::string_view name, SourceLoc loc);
+// The op a pointwise op is as written: the definition's name, or a user-defined op's own name.
+std::string_view pointwise_op_name(const PointwiseDef& def, const AttrList& attrs);
+// An op's name for readers (kernel comments, plans, messages): op_info(kind).name, except that a
+// user-defined op is called by its own name.
+std::string_view written_op_name(OpKind kind, const AttrList& attrs);
 // A pointwise op, or its backward, with the cublaslt_gelu_epilogue trait.
 bool has_gelu_epilogue(OpKind kind);
 
@@ -72,7 +102,8 @@ class PointwiseExpr {
 
 // The CUDA functor type a kernel instantiates for the op with these attributes, e.g.
 // "opfuse::pointwise_gelu" or "opfuse::pointwise_clamped_swiglu_limit_7_alpha_1p702": the
-// attribute values are spelled into the name, so one name means one functor.
+// attribute values are spelled into the name, so one name means one functor. A user-defined op:
+// "opfuse::pointwise_user_<length of its name>_<name>_<expression text>".
 std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attrs);
 // The functor's CUDA source for a name pointwise_functor_name made (nullopt for other names):
 // `static constexpr int kInputs`, `forward(const float (&in)[kInputs])` and

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "ir/pointwise_ops.h"
+#include "ir/scalar_code.h"
 
 namespace opfuse::ir {
 
@@ -50,13 +51,23 @@ std::string list(const std::vector<ValueId>& ids, const ValueNames& names) {
 void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
               const SourceManager* sources, const std::string& indent, std::string& out) {
   std::string line = indent + list(op.results, names);
-  line += fmt::format(" = {}({})", op_info(op.kind).name, list(op.operands, names));
+  const PointwiseDef* def = pointwise_def(op.kind);
+  const bool user_defined = def != nullptr && def->user_defined;
+  // A user-defined op prints as its own name, with its value (not the encoded text).
+  const std::string_view name = user_defined && is_pointwise(op.kind)
+                                    ? pointwise_op_name(*def, op.attrs)
+                                    : op_info(op.kind).name;
+  line += fmt::format(" = {}({})", name, list(op.operands, names));
   // A pointwise backward op's kind names its forward definition: printed as its first attribute.
   std::vector<std::string> attrs;
   if (is_pointwise_backward(op.kind))
-    attrs.push_back(fmt::format("activation = {}", pointwise_def(op.kind)->name));
+    attrs.push_back(fmt::format("activation = {}", pointwise_op_name(*def, op.attrs)));
+  if (user_defined) {
+    const PointwiseExpr expr(*def, op.attrs, /*device=*/false);
+    attrs.push_back(fmt::format("value = {}", scalar::describe(expr.graph(), expr.value())));
+  }
   const std::span<const AttrSpec> specs = op_info(op.kind).attrs;
-  for (size_t i = 0; i < op.attrs.size(); ++i) {
+  for (size_t i = 0; i < op.attrs.size() && !user_defined; ++i) {
     const Attr& a = op.attrs[i];
     // An optional name left unset (a linear's `parallel`) is not printed.
     const bool unset_name =

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <vector>
@@ -21,6 +22,8 @@ std::string_view select_name(Cmp c) {
       return "ge";
     case Cmp::Le:
       return "le";
+    case Cmp::Eq:
+      return "eq";
   }
   return "gt";
 }
@@ -44,6 +47,8 @@ std::optional<std::vector<size_t>> positions(std::string_view s, size_t count) {
   if (out.size() != count) return std::nullopt;
   return out;
 }
+
+std::string encode_nodes(const Graph& graph, std::span<const NodeId> roots, bool list_roots);
 
 }  // namespace
 
@@ -72,6 +77,16 @@ std::optional<double> decode_number(std::string_view s) {
 
 std::string encode(const Graph& graph, NodeId value) {
   const NodeId roots[] = {value};
+  return encode_nodes(graph, roots, /*list_roots=*/false);
+}
+
+std::string encode_roots(const Graph& graph, std::span<const NodeId> roots) {
+  return encode_nodes(graph, roots, /*list_roots=*/true);
+}
+
+namespace {
+
+std::string encode_nodes(const Graph& graph, std::span<const NodeId> roots, bool list_roots) {
   const std::vector<NodeId> order = graph.schedule(roots);
   std::map<NodeId, size_t> position;
   std::string out;
@@ -114,12 +129,38 @@ std::string encode(const Graph& graph, NodeId value) {
         token =
             fmt::format("{}{}x{}x{}x{}", select_name(n.cmp), at(n.a), at(n.b), at(n.c), at(n.d));
         break;
+      case Op::Log:
+        token = fmt::format("log{}", at(n.a));
+        break;
+      case Op::Sqrt:
+        token = fmt::format("sqrt{}", at(n.a));
+        break;
+      case Op::Rsqrt:
+        token = fmt::format("rsqrt{}", at(n.a));
+        break;
+      case Op::Abs:
+        token = fmt::format("abs{}", at(n.a));
+        break;
+      case Op::Erf:
+        token = fmt::format("erf{}", at(n.a));
+        break;
+      case Op::Pow:
+        token = fmt::format("pow{}x{}", at(n.a), at(n.b));
+        break;
     }
     position[id] = position.size();
     out += (out.empty() ? "" : "_") + token;
   }
+  if (list_roots) {
+    std::string token = "out";
+    for (size_t i = 0; i < roots.size(); ++i)
+      token += fmt::format("{}{}", i ? "x" : "", position.at(roots[i]));
+    out += "_" + token;
+  }
   return out;
 }
+
+}  // namespace
 
 std::optional<Decoded> decode(std::string_view text) {
   Decoded d;
@@ -140,6 +181,18 @@ std::optional<Decoded> decode(std::string_view text) {
       }
       return out;
     };
+    if (token.starts_with("out") && start >= text.size()) {
+      // The last token of encode_roots: the roots by position.
+      const size_t count = size_t(std::count(token.begin(), token.end(), 'x')) + 1;
+      const auto p = positions(token.substr(3), count);
+      if (!p || nodes.empty()) return std::nullopt;
+      for (const size_t i : *p) {
+        if (i >= nodes.size()) return std::nullopt;
+        d.roots.push_back(nodes[i]);
+      }
+      d.value = d.roots.front();
+      return d;
+    }
     std::optional<NodeId> made;
     if (token.starts_with("c")) {
       if (const auto v = decode_number(token.substr(1))) made = d.graph.constant(*v);
@@ -151,16 +204,19 @@ std::optional<Decoded> decode(std::string_view text) {
         std::string_view name;
         NodeId (Graph::*make)(NodeId, NodeId);
       };
-      static constexpr Binary kBinary[] = {
-          {"add", &Graph::add}, {"sub", &Graph::sub}, {"mul", &Graph::mul}, {"div", &Graph::div}};
+      static constexpr Binary kBinary[] = {{"add", &Graph::add},
+                                           {"sub", &Graph::sub},
+                                           {"mul", &Graph::mul},
+                                           {"div", &Graph::div},
+                                           {"pow", &Graph::pow}};
       struct Unary {
         std::string_view name;
         NodeId (Graph::*make)(NodeId);
       };
-      static constexpr Unary kUnary[] = {{"neg", &Graph::neg},
-                                         {"exp", &Graph::exp},
-                                         {"tanh", &Graph::tanh},
-                                         {"sig", &Graph::sigmoid}};
+      static constexpr Unary kUnary[] = {
+          {"neg", &Graph::neg},     {"exp", &Graph::exp}, {"tanh", &Graph::tanh},
+          {"sig", &Graph::sigmoid}, {"log", &Graph::log}, {"sqrt", &Graph::sqrt},
+          {"rsqrt", &Graph::rsqrt}, {"abs", &Graph::abs}, {"erf", &Graph::erf}};
       for (const Binary& b : kBinary) {
         if (made || !token.starts_with(b.name)) continue;
         if (const auto a = args(b.name, 2)) made = (d.graph.*b.make)((*a)[0], (*a)[1]);
@@ -169,7 +225,7 @@ std::optional<Decoded> decode(std::string_view text) {
         if (made || !token.starts_with(u.name)) continue;
         if (const auto a = args(u.name, 1)) made = (d.graph.*u.make)((*a)[0]);
       }
-      for (const Cmp c : {Cmp::Gt, Cmp::Ge, Cmp::Le}) {
+      for (const Cmp c : {Cmp::Gt, Cmp::Ge, Cmp::Le, Cmp::Eq}) {
         if (made || !token.starts_with(select_name(c))) continue;
         if (const auto a = args(select_name(c), 4))
           made = d.graph.select(c, (*a)[0], (*a)[1], (*a)[2], (*a)[3]);
@@ -180,12 +236,19 @@ std::optional<Decoded> decode(std::string_view text) {
   }
   if (nodes.empty()) return std::nullopt;
   d.value = nodes.back();
+  d.roots = {d.value};
   return d;
 }
 
-std::string describe(const Graph& graph, NodeId value) {
+namespace {
+
+// A DAG printed as a tree can grow exponentially (shared subexpressions are repeated): past
+// `budget` printed nodes the rest prints as "...".
+std::string describe_within(const Graph& graph, NodeId value, size_t& budget) {
+  if (budget == 0) return "...";
+  --budget;
   const Node& n = graph.node(value);
-  auto sub = [&](NodeId id) { return describe(graph, id); };
+  auto sub = [&](NodeId id) { return describe_within(graph, id, budget); };
   switch (n.op) {
     case Op::Const:
       return fmt::format("{}", n.value);
@@ -208,11 +271,33 @@ std::string describe(const Graph& graph, NodeId value) {
     case Op::Sigmoid:
       return fmt::format("sigmoid({})", sub(n.a));
     case Op::Select: {
-      const std::string_view cmp = n.cmp == Cmp::Gt ? ">" : n.cmp == Cmp::Ge ? ">=" : "<=";
+      const std::string_view cmp = n.cmp == Cmp::Gt   ? ">"
+                                   : n.cmp == Cmp::Ge ? ">="
+                                   : n.cmp == Cmp::Le ? "<="
+                                                      : "==";
       return fmt::format("({} {} {} ? {} : {})", sub(n.a), cmp, sub(n.b), sub(n.c), sub(n.d));
     }
+    case Op::Log:
+      return fmt::format("log({})", sub(n.a));
+    case Op::Sqrt:
+      return fmt::format("sqrt({})", sub(n.a));
+    case Op::Rsqrt:
+      return fmt::format("rsqrt({})", sub(n.a));
+    case Op::Abs:
+      return fmt::format("abs({})", sub(n.a));
+    case Op::Erf:
+      return fmt::format("erf({})", sub(n.a));
+    case Op::Pow:
+      return fmt::format("{} ^ {}", sub(n.a), sub(n.b));
   }
   return "?";
+}
+
+}  // namespace
+
+std::string describe(const Graph& graph, NodeId value) {
+  size_t budget = 512;
+  return describe_within(graph, value, budget);
 }
 
 }  // namespace opfuse::ir::scalar

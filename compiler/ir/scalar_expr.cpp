@@ -27,6 +27,8 @@ std::string_view cmp_spelling(Cmp c) {
       return ">=";
     case Cmp::Le:
       return "<=";
+    case Cmp::Eq:
+      return "==";
   }
   return "?";
 }
@@ -40,6 +42,8 @@ bool compare(Cmp c, T a, T b) {
       return a >= b;
     case Cmp::Le:
       return a <= b;
+    case Cmp::Eq:
+      return a == b;
   }
   return false;
 }
@@ -78,11 +82,50 @@ NodeId Graph::select(Cmp cmp, NodeId a, NodeId b, NodeId then, NodeId otherwise)
   return intern({Op::Select, cmp, 0, 0, a, b, then, otherwise});
 }
 
+NodeId Graph::log(NodeId a) { return intern({Op::Log, Cmp::Gt, 0, 0, a, 0, 0, 0}); }
+NodeId Graph::sqrt(NodeId a) { return intern({Op::Sqrt, Cmp::Gt, 0, 0, a, 0, 0, 0}); }
+NodeId Graph::rsqrt(NodeId a) { return intern({Op::Rsqrt, Cmp::Gt, 0, 0, a, 0, 0, 0}); }
+NodeId Graph::abs(NodeId a) { return intern({Op::Abs, Cmp::Gt, 0, 0, a, 0, 0, 0}); }
+NodeId Graph::erf(NodeId a) { return intern({Op::Erf, Cmp::Gt, 0, 0, a, 0, 0, 0}); }
+NodeId Graph::pow(NodeId a, NodeId b) { return intern({Op::Pow, Cmp::Gt, 0, 0, a, b, 0, 0}); }
+
+std::vector<NodeId> Graph::copy_from(const Graph& other, std::span<const NodeId> roots,
+                                     std::span<const NodeId> vars) {
+  std::vector<NodeId> map(other.size(), 0);
+  for (const NodeId id : other.schedule(roots)) {
+    Node n = other.node(id);
+    if (n.op == Op::Var) {
+      map[id] = size_t(n.var) < vars.size() ? vars[size_t(n.var)] : var(n.var);
+      continue;
+    }
+    // Children precede parents in a schedule, so their new ids are known; operand fields an op
+    // does not use stay 0, as the constructors above make them.
+    const bool binary = n.op == Op::Add || n.op == Op::Sub || n.op == Op::Mul || n.op == Op::Div ||
+                        n.op == Op::Pow || n.op == Op::Select;
+    if (n.op != Op::Const) {
+      n.a = map[n.a];
+      n.b = binary ? map[n.b] : 0;
+      if (n.op == Op::Select) {
+        n.c = map[n.c];
+        n.d = map[n.d];
+      }
+    }
+    map[id] = intern(n);
+  }
+  std::vector<NodeId> out;
+  out.reserve(roots.size());
+  for (const NodeId r : roots) out.push_back(map[r]);
+  return out;
+}
+
 bool Graph::is_constant(NodeId id, double value) const {
   return nodes_.at(id).op == Op::Const && nodes_.at(id).value == value;
 }
 
 void Graph::hint_derivative(NodeId f, NodeId u, NodeId derivative) {
+  // A node built twice (hash-consed: gelu(x) in two places) is hinted twice: keep one.
+  for (const auto& [key, _] : hints_)
+    if (key.f == f && key.u == u) return;
   hints_.push_back({{f, u}, derivative});
 }
 
@@ -107,13 +150,20 @@ NodeId Graph::derivative(NodeId root, int index) {
     if (is_constant(a, 0)) return neg(b);
     return sub(a, b);
   };
+  auto fdiv = [&](NodeId a, NodeId b) { return is_constant(a, 0) ? zero : div(a, b); };
   NodeId result = zero;
-  for (const auto& [hint_key, hint] : hints_) {
-    if (hint_key.f == root) {
-      result = fmul(hint, derivative(hint_key.u, index));
-      derivative_memo_.emplace(key, result);
-      return result;
-    }
+  bool hinted = false;
+  for (size_t i = 0; i < hints_.size(); ++i) {
+    const auto [hint_key, hint] = hints_[i];  // a copy: nothing below may move it
+    if (hint_key.f != root) continue;
+    // A node of several arguments (a user-defined gated op with its own backward) has a hint
+    // per argument: the chain rule sums them.
+    result = fadd(result, fmul(hint, derivative(hint_key.u, index)));
+    hinted = true;
+  }
+  if (hinted) {
+    derivative_memo_.emplace(key, result);
+    return result;
   }
   const Node n = nodes_.at(root);  // a copy: nodes_ grows below
   switch (n.op) {
@@ -158,6 +208,40 @@ NodeId Graph::derivative(NodeId root, int index) {
       result = dc == dd ? dc : select(n.cmp, n.a, n.b, dc, dd);
       break;
     }
+    case Op::Log:
+      result = fdiv(derivative(n.a, index), n.a);
+      break;
+    case Op::Sqrt:
+      result = fdiv(derivative(n.a, index), mul(constant(2), root));
+      break;
+    case Op::Rsqrt:  // d a^-1/2 = -1/2 a^-3/2 = -1/2 r r r
+      result = fmul(mul(constant(-0.5), mul(root, mul(root, root))), derivative(n.a, index));
+      break;
+    case Op::Abs: {
+      // sign(a) da, 0 at a = 0 (as torch's abs and TE's relu-like kinks).
+      const NodeId da = derivative(n.a, index);
+      result = is_constant(da, 0)
+                   ? zero
+                   : select(Cmp::Gt, n.a, zero, da, select(Cmp::Gt, zero, n.a, neg(da), zero));
+      break;
+    }
+    case Op::Erf:  // 2/sqrt(pi) exp(-a^2)
+      result =
+          fmul(mul(constant(1.1283791670955126), exp(neg(mul(n.a, n.a)))), derivative(n.a, index));
+      break;
+    case Op::Pow: {
+      // d a^b = b a^(b-1) da + a^b log(a) db (the second term only where b varies).
+      const NodeId da = derivative(n.a, index), db = derivative(n.b, index);
+      NodeId term = zero;
+      if (!is_constant(da, 0)) {
+        const Node& b = nodes_.at(n.b);
+        const NodeId lower = b.op == Op::Const ? constant(b.value - 1) : sub(n.b, one);
+        term = fmul(mul(n.b, pow(n.a, lower)), da);
+      }
+      if (!is_constant(db, 0)) term = fadd(term, fmul(mul(root, log(n.a)), db));
+      result = term;
+      break;
+    }
   }
   derivative_memo_.emplace(key, result);
   return result;
@@ -181,6 +265,7 @@ std::vector<NodeId> Graph::schedule(std::span<const NodeId> roots) const {
       case Op::Sub:
       case Op::Mul:
       case Op::Div:
+      case Op::Pow:
         needed[n.b] = true;
         [[fallthrough]];
       default:
@@ -233,6 +318,24 @@ void Graph::evaluate(std::span<const NodeId> order, std::span<const T> vars,
       case Op::Select:
         out = compare(n.cmp, scratch[n.a], scratch[n.b]) ? scratch[n.c] : scratch[n.d];
         break;
+      case Op::Log:
+        out = std::log(scratch[n.a]);
+        break;
+      case Op::Sqrt:
+        out = std::sqrt(scratch[n.a]);
+        break;
+      case Op::Rsqrt:
+        out = T(1) / std::sqrt(scratch[n.a]);
+        break;
+      case Op::Abs:
+        out = std::abs(scratch[n.a]);
+        break;
+      case Op::Erf:
+        out = std::erf(scratch[n.a]);
+        break;
+      case Op::Pow:
+        out = std::pow(scratch[n.a], scratch[n.b]);
+        break;
     }
   }
 }
@@ -284,6 +387,24 @@ std::string Graph::cuda(std::span<const NodeId> roots, std::span<const std::stri
         break;
       case Op::Select:
         e = fmt::format("{} {} {} ? {} : {}", t(n.a), cmp_spelling(n.cmp), t(n.b), t(n.c), t(n.d));
+        break;
+      case Op::Log:
+        e = fmt::format("logf({})", t(n.a));
+        break;
+      case Op::Sqrt:
+        e = fmt::format("sqrtf({})", t(n.a));
+        break;
+      case Op::Rsqrt:
+        e = fmt::format("rsqrtf({})", t(n.a));
+        break;
+      case Op::Abs:
+        e = fmt::format("fabsf({})", t(n.a));
+        break;
+      case Op::Erf:
+        e = fmt::format("erff({})", t(n.a));
+        break;
+      case Op::Pow:
+        e = fmt::format("powf({}, {})", t(n.a), t(n.b));
         break;
     }
     out += fmt::format("const float {} = {};\n", t(id), e);

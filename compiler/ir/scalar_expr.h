@@ -28,9 +28,17 @@ enum class Op : uint8_t {
   Tanh,     // tanh(a)
   Sigmoid,  // 1 / (1 + exp(-a)); on the GPU templates/common/scalar_math.cuh's fast form
   Select,   // (a cmp b) ? c : d; NaN compares false
+  // For user-defined ops (docs/language.md, "User-defined ops"); on the GPU the CUDA math
+  // library's accurate forms (logf, sqrtf, rsqrtf, fabsf, erff, powf).
+  Log,    // log(a)
+  Sqrt,   // sqrt(a)
+  Rsqrt,  // 1 / sqrt(a)
+  Abs,    // |a|
+  Erf,    // erf(a)
+  Pow,    // a ^ b (real powers; integer powers are built as products)
 };
 
-enum class Cmp : uint8_t { Gt, Ge, Le };
+enum class Cmp : uint8_t { Gt, Ge, Le, Eq };
 
 struct Node {
   Op op = Op::Const;
@@ -54,11 +62,18 @@ class Graph {
   NodeId tanh(NodeId a);
   NodeId sigmoid(NodeId a);
   NodeId select(Cmp cmp, NodeId a, NodeId b, NodeId then, NodeId otherwise);
+  NodeId log(NodeId a);
+  NodeId sqrt(NodeId a);
+  NodeId rsqrt(NodeId a);
+  NodeId abs(NodeId a);
+  NodeId erf(NodeId a);
+  NodeId pow(NodeId a, NodeId b);
   NodeId min(NodeId a, NodeId b) { return select(Cmp::Le, a, b, a, b); }  // fminf for non-NaN
   NodeId max(NodeId a, NodeId b) { return select(Cmp::Ge, a, b, a, b); }
 
-  // d f / d u = derivative for a node f of one argument u: the definition's own form of its
-  // derivative, used instead of the derived one (chain rule: derivative * du).
+  // d f / d u = derivative for a node f of argument u: the definition's own form of its
+  // derivative, used instead of the derived one (chain rule: derivative * du; a node with hints
+  // for several arguments sums them).
   void hint_derivative(NodeId f, NodeId u, NodeId derivative);
   // d root / d var(index), derived by the chain rule, with x*1, x*0, x+0 folded (exact for
   // finite values; the terms dropped are those of inputs the root does not depend on).
@@ -67,6 +82,12 @@ class Graph {
   const Node& node(NodeId id) const { return nodes_.at(id); }
   size_t size() const { return nodes_.size(); }
   bool is_constant(NodeId id, double value) const;
+
+  // Copies the nodes `roots` need from `other` into this graph, var(i) becoming vars[i] (a var
+  // past vars.size() stays var(i)); returns the roots' ids here. Hash-consing shares what this
+  // graph already has. Derivative hints are not copied (callers copy derived gradients).
+  std::vector<NodeId> copy_from(const Graph& other, std::span<const NodeId> roots,
+                                std::span<const NodeId> vars);
 
   // The nodes the roots need, ascending (children before parents).
   std::vector<NodeId> schedule(std::span<const NodeId> roots) const;

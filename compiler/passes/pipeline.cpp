@@ -1,6 +1,7 @@
 #include "passes/pipeline.h"
 
 #include "passes/build_backward.h"
+#include "passes/compose_pointwise.h"
 #include "passes/debug_instrument.h"
 #include "passes/debug_modify.h"
 #include "passes/eliminate_aliases.h"
@@ -18,6 +19,12 @@ std::vector<Pass> default_pipeline() {
       // hide a pattern (norm, identity, linear must fuse like norm, linear).
       {"eliminate-aliases", "remove identity ops and reshapes to the same shape",
        eliminate_aliases},
+      // Before build-backward, so a composed chain gets one backward op (which recomputes the
+      // intermediates instead of saving them); after eliminate-aliases (an identity between two
+      // activations would end the chain).
+      {"compose-pointwise",
+       "compose each chain of pointwise ops into one user-defined op (one kernel each way)",
+       compose_pointwise},
       // Before quantization planning: the planner needs the backward GEMMs to know which
       // column-wise FP8 copies to make and where the gradient casts go.
       {"build-backward",

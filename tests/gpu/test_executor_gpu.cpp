@@ -565,10 +565,21 @@ struct ActivationCase {
   bool gated;
   std::string recipe;
   int tokens;
+  std::string_view definitions = {};  // a user-defined op's `op` definition (kUserOps)
 };
 
+// User-defined ops (docs/language.md, "User-defined ops"): a given backward (softcap), a select
+// (leaky_relu), a derived gated backward through a built-in (geglu_tanh) and log/exp (mish).
+constexpr const char* kUserOps = R"(
+op softcap(x, cap: number = 4.0) = cap * tanh(x / cap)
+  backward(x, dy) = dy * (1 - tanh(x / cap) ^ 2)
+op leaky_relu(x, slope: number = 0.1) = select(x > 0, x, slope * x)
+gated op geglu_tanh(gate, value) = gelu(gate) * value
+op mish(x) = x * tanh(log(1 + exp(x)))
+)";
+
 std::string activation_program(const ActivationCase& a) {
-  return fmt::format(R"(
+  return std::string(a.definitions) + fmt::format(R"(
 sequence act(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses delayed {{
   layernorm(256, eps = 1e-5)
   linear(256, 1024) as fc1
@@ -576,7 +587,7 @@ sequence act(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256]) uses delayed {{
   linear({}, 256) as fc2
 }}
 )",
-                     a.activation, a.gated ? 512 : 1024);
+                                                  a.activation, a.gated ? 512 : 1024);
 }
 
 class ActivationsMatchReference : public ExecutorGpu,
@@ -618,14 +629,70 @@ std::vector<ActivationCase> activation_cases() {
       for (const int tokens : {32, 160}) cases.push_back({def->name, def->gated, recipe, tokens});
     }
   }
+  // User-defined ops, fused with their casts like the built-ins (bf16, FP8 delayed and current).
+  for (const auto& [name, gated] : {std::pair<std::string_view, bool>{"softcap", false},
+                                    {"leaky_relu", false},
+                                    {"geglu_tanh", true},
+                                    {"mish", false}}) {
+    for (const char* recipe : {"bf16", "delayed", "current"}) {
+      for (const int tokens : {32, 176}) cases.push_back({name, gated, recipe, tokens, kUserOps});
+    }
+  }
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, ActivationsMatchReference,
                          ::testing::ValuesIn(activation_cases()),
                          [](const ::testing::TestParamInfo<ActivationCase>& info) {
-                           return fmt::format("{}_{}_{}", info.param.activation, info.param.recipe,
-                                              info.param.tokens);
+                           return fmt::format(
+                               "{}{}_{}_{}", info.param.definitions.empty() ? "" : "user_",
+                               info.param.activation, info.param.recipe, info.param.tokens);
+                         });
+
+// User-defined ops with the fusion passes off: each op its own kernel, its FP8 cast another.
+class UserOpsUnfusedMatchReference
+    : public ExecutorGpu,
+      public ::testing::WithParamInterface<std::pair<ActivationCase, bool>> {};
+
+TEST_P(UserOpsUnfusedMatchReference, ForwardAndBackwardOverTwoTrainingSteps) {
+  const ActivationCase a = GetParam().first;
+  driver::CompileOptions options;
+  options.recipe = a.recipe;
+  if (!GetParam().second) options.disabled_passes = {"fuse-forward", "fuse-backward"};
+  const auto c = test::compile_program_with("user_" + std::string(a.activation),
+                                            std::string(kRecipes) + activation_program(a), options);
+  ASSERT_NE(c, nullptr);
+  SideBySide run(*c, 0, {{"tokens", a.tokens}}, *gemms_, stream_, 5);
+  for (int step = 1; step <= 2; ++step) {
+    const StepErrors e = run.train_step(step, 0.05);
+    std::cout << "[ errors   ] user " << a.activation << " " << a.recipe
+              << (GetParam().second ? " fused" : " unfused") << " step " << step << ": outputs "
+              << e.outputs << ", input grads " << e.input_grads << ", param grads " << e.param_grads
+              << "\n";
+    const double bound = bound_for(a.recipe);
+    EXPECT_LE(e.outputs, bound) << "step " << step;
+    EXPECT_LE(e.input_grads, bound) << "step " << step;
+    EXPECT_LE(e.param_grads, bound) << "step " << step << ", " << run.worst_param();
+  }
+}
+
+std::vector<std::pair<ActivationCase, bool>> user_unfused_cases() {
+  std::vector<std::pair<ActivationCase, bool>> cases;
+  for (const bool fused : {false, true}) {
+    for (const char* recipe : {"bf16", "delayed"}) {
+      cases.push_back({{"softcap", false, recipe, 64, kUserOps}, fused});
+      cases.push_back({{"geglu_tanh", true, recipe, 64, kUserOps}, fused});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(UserOps, UserOpsUnfusedMatchReference,
+                         ::testing::ValuesIn(user_unfused_cases()),
+                         [](const ::testing::TestParamInfo<std::pair<ActivationCase, bool>>& info) {
+                           return fmt::format("{}_{}_{}", info.param.first.activation,
+                                              info.param.first.recipe,
+                                              info.param.second ? "fused" : "unfused");
                          });
 
 // ---- the FP8 weight cache -----------------------------------------------------------------------

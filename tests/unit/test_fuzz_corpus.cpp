@@ -305,6 +305,50 @@ std::vector<Case> huge_lines() {
   return out;
 }
 
+// Op definitions (docs/language.md, "User-defined ops") at their limits: deep nesting of
+// calls, powers and comparisons, chains of ops that would grow exponentially if each call were
+// lowered anew, huge expressions, random expressions over the op grammar's tokens.
+std::vector<Case> op_definitions(Random& rng) {
+  std::vector<Case> out;
+  const size_t depth = 10000;
+  const std::string use = sequence_with("  f()\n");
+  out.push_back({"10000 nested calls", "op f(x) = " + repeat("exp(", depth) + "x" +
+                                           std::string(depth, ')') + "\n" + use});
+  out.push_back({"10000 powers", "op f(x) = x" + repeat(" ^ x", depth) + "\n" + use});
+  out.push_back({"10000 unary minus powers", "op f(x) = " + repeat("-x ^ ", depth) + "x\n" + use});
+  out.push_back({"chained comparisons", "op f(x) = x < x < x\n" + use});
+  // Each op calls the one before it twice with different arguments: 2^60 nodes if inlined.
+  std::string doubling = "op f0(x) = x * x\n";
+  for (int i = 1; i <= 60; ++i)
+    doubling += "op f" + std::to_string(i) + "(x) = f" + std::to_string(i - 1) + "(x) * f" +
+                std::to_string(i - 1) + "(x + " + std::to_string(i) + ")\n";
+  out.push_back({"doubling chain", doubling + "op f(x) = f60(x)\n" + use});
+  // The same with the same argument: hash-consing keeps it linear; it must build.
+  std::string sharing = "op g0(x) = x * x\n";
+  for (int i = 1; i <= 200; ++i)
+    sharing += "op g" + std::to_string(i) + "(x) = g" + std::to_string(i - 1) + "(x) * g" +
+               std::to_string(i - 1) + "(x)\n";
+  out.push_back({"sharing chain", sharing + "op f(x) = tanh(g200(x))\n" + use});
+  out.push_back({"4000 terms", "op f(x) = x" + repeat(" + x * 1.5", 4000) + "\n" + use});
+  static const char* const kTokens[] = {
+      "x",       "y",     "1",        "0.5",  "-",       "+",         "*",    "/",
+      "^",       "<",     "<=",       ">",    ">=",      "==",        "!=",   "(",
+      ")",       ",",     "[",        "]",    "select(", "exp(",      "log(", "sqrt(",
+      "rsqrt(",  "tanh(", "sigmoid(", "erf(", "abs(",    "min(",      "max(", "gelu(",
+      "swiglu(", "f(",    "g(",       "a",    "=",       "backward(", "dy"};
+  for (int variant = 0; variant < 300; ++variant) {
+    std::string text =
+        variant % 3 == 0 ? "gated op f(x, a: number = 2) = " : "op f(x, a: number) = ";
+    const size_t n = 1 + rng.below(24);
+    for (size_t i = 0; i < n; ++i)
+      text += std::string(kTokens[rng.below(std::size(kTokens))]) + " ";
+    if (variant % 4 == 0) text += "\n  backward(x, dy) = dy * x";
+    out.push_back({"op soup #" + std::to_string(variant),
+                   "op g(x) = x\n" + text + "\n" + sequence_with("  f(1)\n  g()\n")});
+  }
+  return out;
+}
+
 std::vector<Case> deep_nesting() {
   std::vector<Case> out;
   const size_t depth = 10000;
@@ -434,6 +478,7 @@ const std::map<std::string, std::vector<Case>>& corpus() {
     random_family("binary", binary, 5);
     random_family("nul_bytes", nul_bytes, 6);
     random_family("token_swaps", token_swaps, 7);
+    random_family("op_definitions", op_definitions, 8);
     families["truncations"] = truncations();
     families["huge_lines"] = huge_lines();
     families["deep_nesting"] = deep_nesting();
@@ -532,6 +577,7 @@ TEST(FuzzCorpus, RandomBinary) { run_family("binary"); }
 TEST(FuzzCorpus, NulBytes) { run_family("nul_bytes"); }
 TEST(FuzzCorpus, HugeLines) { run_family("huge_lines"); }
 TEST(FuzzCorpus, DeepNesting) { run_family("deep_nesting"); }
+TEST(FuzzCorpus, OpDefinitions) { run_family("op_definitions"); }
 TEST(FuzzCorpus, HugeNumbers) { run_family("huge_numbers"); }
 TEST(FuzzCorpus, OversizedSequencesSignaturesAndFiles) { run_family("oversized"); }
 TEST(FuzzCorpus, MissingImports) { run_family("missing_imports"); }

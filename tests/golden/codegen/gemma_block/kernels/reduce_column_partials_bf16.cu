@@ -1,0 +1,16 @@
+// opfuse generated kernel reduce_column_partials_bf16
+// Written by fusec from gemma_block.fuse; `fusec build` compiles it with NVRTC through the name expression
+// below. Do not edit: change the .fuse program and rebuild.
+//
+// Used by:
+//   sequence gemma_mlp, backward:
+//     rmsnorm_backward "rmsnorm_0" (gemma_block.fuse:20)
+//     dgamma = column sums of the partials
+//
+// Name expression (NVRTC):
+//   opfuse::reduce_column_partials<__nv_bfloat16>
+// Parameter, by value (templates/README.md):
+//   opfuse::ColumnPartialsParams<__nv_bfloat16>
+#include "common/column_partials.cuh"
+
+template __global__ void opfuse::reduce_column_partials<__nv_bfloat16>(opfuse::ColumnPartialsParams<__nv_bfloat16>);
