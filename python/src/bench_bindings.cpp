@@ -3,8 +3,8 @@
 // operands and stream, in one process, in alternating rounds. Not part of the API: it takes raw
 // device addresses and is documented in bench/peers/README.md only.
 #include <cublasLt.h>
-#include <fmt/format.h>
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <nanobind/nanobind.h>
 
 #include <array>
@@ -40,9 +40,10 @@ void bind_bench(nb::module_& m) {
          bool fast_accum, bool autotune, std::uintptr_t a, std::uintptr_t b, std::uintptr_t d,
          std::uintptr_t a_scale_inv, std::uintptr_t b_scale_inv, int count) {
         if (m <= 0 || n <= 0 || k <= 0 || count < 0) {
-          throw UsageError(fmt::format("gemm_run: m, n, k must be positive and count >= 0, got "
-                                       "m {} n {} k {} count {}",
-                                       m, n, k, count));
+          throw UsageError(
+              fmt::format("gemm_run: m, n, k must be positive and count >= 0, got "
+                          "m {} n {} k {} count {}",
+                          m, n, k, count));
         }
         if (a == 0 || b == 0 || d == 0 || a_scale_inv == 0 || b_scale_inv == 0) {
           throw UsageError("gemm_run: every operand and scale address must be nonzero");

@@ -275,8 +275,8 @@ void bind_session(nb::module_& m) {
             } else if (what == "param_grad") {
               data = s.get().param_grad(name);
             } else {
-              throw UsageError(fmt::format(
-                  "_address: '{}' is not output, input_grad or param_grad", what));
+              throw UsageError(
+                  fmt::format("_address: '{}' is not output, input_grad or param_grad", what));
             }
             return reinterpret_cast<std::uintptr_t>(data);
           },

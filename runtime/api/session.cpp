@@ -509,8 +509,8 @@ void Session::load(const std::string& path, cudaStream_t stream, StateParts part
       if (q.name == expected.quantizers[i].name) quantizers[i] = q.state;
     }
   }
-  for (const api::StateTensor& tensor : expected.quantizers_only ? std::span<const api::StateTensor>()
-                                                                  : std::span(file.tensors)) {
+  for (const api::StateTensor& tensor :
+       expected.quantizers_only ? std::span<const api::StateTensor>() : std::span(file.tensors)) {
     OPFUSE_CUDA_CHECK(
         cudaMemcpyAsync(const_cast<void*>(s.param_pointer(tensor.name)), tensor.bytes.data(),
                         tensor.bytes.size(), cudaMemcpyHostToDevice, stream),

@@ -100,8 +100,8 @@ void check_writable(const std::string& path, const StateFile& state) {
   const auto refuse = [&](const std::string& why) { refuse_to_write(path, why); };
   if (state.step < 0) refuse(fmt::format("the step count is negative ({})", state.step));
   if (state.quantizers_only && !state.tensors.empty()) {
-    refuse(fmt::format("it holds the quantizer state only, yet has {} tensors",
-                       state.tensors.size()));
+    refuse(
+        fmt::format("it holds the quantizer state only, yet has {} tensors", state.tensors.size()));
   }
   std::set<std::string_view> names;
   for (const StateTensor& tensor : state.tensors) {
@@ -629,9 +629,9 @@ StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::str
       throw UsageError(fmt::format(
           "the state files are not of one run: rank {} of {} from '{}' (recipe '{}', step {}{}) "
           "next to rank {} of {} from '{}' (recipe '{}', step {}{})",
-          f.rank, f.tp, f.program, f.recipe, f.step,
-          f.quantizers_only ? ", quantizers only" : "", ranks[0].rank, tp, ranks[0].program,
-          ranks[0].recipe, ranks[0].step, ranks[0].quantizers_only ? ", quantizers only" : ""));
+          f.rank, f.tp, f.program, f.recipe, f.step, f.quantizers_only ? ", quantizers only" : "",
+          ranks[0].rank, tp, ranks[0].program, ranks[0].recipe, ranks[0].step,
+          ranks[0].quantizers_only ? ", quantizers only" : ""));
     }
     const auto r = static_cast<std::size_t>(f.rank);
     if (by_rank[r] != nullptr) throw UsageError(fmt::format("rank {} is given twice", f.rank));

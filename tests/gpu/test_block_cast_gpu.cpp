@@ -371,8 +371,8 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
               // Set whatever the size: the 48 KiB default bounds static plus dynamic memory, and
               // the 1 x 128 cast has 21 KiB of static shared memory besides its 32 KiB.
               if (smem > 0) {
-                CUDA_OK(cudaFuncSetAttribute(
-                    function, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                CUDA_OK(cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             smem));
               }
               CUDA_OK(cudaLaunchKernel(function, grid, dim3(launch::kBlockCastThreads), args,
                                        size_t(smem), stream_));

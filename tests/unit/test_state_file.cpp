@@ -358,8 +358,8 @@ TEST(StateFile, QuantizersOnlyFileRoundTripsAndLoadsOnlyAsQuantizers) {
   EXPECT_TRUE(read.quantizers_only);
   EXPECT_TRUE(read.tensors.empty());
   ASSERT_EQ(read.quantizers.size(), written.quantizers.size());
-  EXPECT_TRUE(same_bits(read.quantizers[1].state.amax_history,
-                        written.quantizers[1].state.amax_history));
+  EXPECT_TRUE(
+      same_bits(read.quantizers[1].state.amax_history, written.quantizers[1].state.amax_history));
   EXPECT_EQ(read.step, written.step);
 
   // A whole load needs the parameters: refused with the reason, not as missing tensors alone.
@@ -399,8 +399,8 @@ TEST(StateFile, QuantizersOnlyFileRoundTripsAndLoadsOnlyAsQuantizers) {
       tensors.push_back(
           {{"name", "w"}, {"dtype", "bf16"}, {"shape", {8}}, {"offset", 0}, {"size", 16}});
     }
-    return nlohmann::json{{"program", "p"},      {"recipe", "r"},
-                          {"step", 3},           {"contents", contents},
+    return nlohmann::json{{"program", "p"},     {"recipe", "r"},
+                          {"step", 3},          {"contents", contents},
                           {"tensors", tensors}, {"quantizers", nlohmann::json::array()}}
         .dump();
   };

@@ -169,10 +169,10 @@ std::vector<TemplateCase> block_cast_cases(const std::string& arch, const Dtype&
   TemplateCase staged{"block_cast_staged_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
   TemplateCase direct{"block_cast_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
   for (const char* output : {kE4m3, kE5m2}) {
-    staged.name_expressions.push_back("opfuse::block_cast_transpose<" +
-                                      args({t, output, "false"}) + ">");
-    direct.name_expressions.push_back("opfuse::block_cast_transpose<" +
-                                      args({t, output, "true"}) + ">");
+    staged.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, output, "false"}) +
+                                      ">");
+    direct.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, output, "true"}) +
+                                      ">");
   }
   direct.name_expressions.push_back("opfuse::block_cast_transpose<" +
                                     args({t, kE4m3, "false", "false"}) + ">");
