@@ -13,18 +13,13 @@
 // Geometry (launch_rules.h): a block of 256 threads owns a 128 x 128 tile of x. A thread owns one
 // 16-byte input vector (kVec columns) in each of kPasses rows of the tile (8 rows for 2-byte
 // inputs, 16 threads per tile row; 16 rows for fp32, 32 threads per tile row), all loaded before
-// any is used and held in registers until the column scales are known. 1 x 128 casts with both
-// copies (staged) copy each tile into shared memory first (cp.async) and walk several row tiles
-// per block, the next tile's copies in flight while the current one is cast; the others load one
-// tile straight to registers. Row amax: shuffles among
+// any is used and held in registers until the column scales are known. Row amax: shuffles among
 // the threads of a tile row; column amax: per thread over its rows, then over the warps through
 // shared memory. The column-wise FP8 bytes are staged in shared memory and written transposed,
 // 16 rows x 4 columns per thread (transpose.cuh), 16-byte stores when rows % 16 == 0.
 #ifndef OPFUSE_TEMPLATES_BLOCK_CAST_CUH_
 #define OPFUSE_TEMPLATES_BLOCK_CAST_CUH_
 
-#include "common/async_copy.cuh"
-#include "common/block_scale.cuh"
 #include "common/fp8.cuh"
 #include "common/launch_rules.h"
 #include "common/reduce.cuh"
@@ -48,6 +43,36 @@ struct BlockCastParams {
 };
 
 namespace detail {
+
+// The scale an infinite quotient fp8_max / amax becomes: the input dtype's largest finite value
+// (TE's block quantizers pass it as value_for_inf).
+template <typename Input>
+struct BlockScaleValueForInf;
+template <>
+struct BlockScaleValueForInf<__nv_bfloat16> {
+  static constexpr float kValue = 0x1.fep+127f;  // bf16 0x7F7F = 3.38953139e38
+};
+template <>
+struct BlockScaleValueForInf<__half> {
+  static constexpr float kValue = 65504.0f;
+};
+template <>
+struct BlockScaleValueForInf<float> {
+  static constexpr float kValue = kFloatMax;
+};
+
+// The scale of one block from its amax (TE's compute_scale_from_amax; cpu::block_scale): amax
+// raised to epsilon; Inf, NaN or 0 gives 1; else fp8_max / amax (IEEE division), an infinite
+// quotient becoming value_for_inf; with power_of_2 the mantissa bits cleared (rounded down).
+__device__ __forceinline__ float block_scale(float amax, float fp8_max, float epsilon,
+                                             bool power_of_2, float value_for_inf) {
+  if (amax < epsilon) amax = epsilon;
+  if (!is_finite_float(amax) || amax == 0.0f) return 1.0f;
+  float scale = __fdiv_rn(fp8_max, amax);
+  if (is_inf_float(scale)) scale = value_for_inf;
+  if (power_of_2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+  return scale;
+}
 
 // Staging pitch in bytes of one tile row of FP8 bytes: 33 words, so that the two 16-row halves one
 // warp reads in the transposed write phase fall on different banks.
@@ -311,16 +336,14 @@ __device__ __forceinline__ void block_cast_rows_tile(
 }  // namespace detail
 
 // Block: launch::kBlockCastThreads (256). Grid: (launch::block_cast_grid_x(cols),
-// launch::block_cast_grid_y(rows)), or any smaller gridDim.y >= 1 (row tiles are strided; staged
-// casts, launch::block_cast_staged: launch::block_cast_rows_grid_y). Dynamic shared memory:
-// launch::block_cast_smem_bytes(sizeof(Input), staged). y_scale_inv / y_t_scale_inv: the grids of the [rows, cols] and
+// launch::block_cast_grid_y(rows)), or any smaller gridDim.y >= 1 (row tiles are strided). No
+// dynamic shared memory. y_scale_inv / y_t_scale_inv: the grids of the [rows, cols] and
 // [cols, rows] copies (launch::block_scale_grid_outer/inner); padding entries are not written.
 template <typename Input, typename Output, bool kTwoD = false, bool kWriteTranspose = true>
 __global__ void __launch_bounds__(
     launch::kBlockCastThreads,
     launch::min_blocks(launch::kBlockCastThreads,
-                       launch::block_cast_register_budget(
-                           sizeof(Input), launch::block_cast_staged(kTwoD, kWriteTranspose))))
+                       launch::block_cast_register_budget(sizeof(Input))))
     block_cast_transpose(BlockCastParams<Input, Output> p) {
   static_assert(DtypeTraits<Output>::kIsFp8, "block scaling casts to an FP8 format");
   constexpr int kTile = launch::kBlockCastTile;
@@ -357,46 +380,7 @@ __global__ void __launch_bounds__(
     }
   };
 
-  if constexpr (launch::block_cast_staged(kTwoD, kWriteTranspose)) {
-    // Each thread's vectors of the tile land in its own 16-byte slots of the dynamic shared
-    // memory (launch::block_cast_smem_bytes): slot (pass b, thread t) at [b][t]. A tile's copies
-    // are one cp.async group; the next tile's are issued once this one is in registers, so they
-    // are in flight while it is cast. Rows and columns past the tensor are zero-filled (no amax
-    // notices them).
-    extern __shared__ __align__(16) unsigned char block_cast_smem[];
-    uint4* const slots = reinterpret_cast<uint4*>(block_cast_smem);
-    __shared__ detail::BlockCastRowsShared<kWriteTranspose> shared;
-    const long long stride = static_cast<long long>(gridDim.y) * kTile;
-    auto issue_tile = [&](long long tile_row0) {
-#pragma unroll
-      for (int b = 0; b < kPasses; ++b) {
-        const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
-        const bool valid = col_valid && row < rows;
-        copy_async_16(&slots[b * kThreads + threadIdx.x], valid ? p.x + row * cols + col : p.x,
-                      valid);
-      }
-      copy_async_commit();
-    };
-    long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile;
-    if (tile_row0 < rows) issue_tile(tile_row0);
-#pragma unroll 1
-    for (; tile_row0 < rows; tile_row0 += stride) {
-      copy_async_wait<0>();
-      detail::BlockCastWords raw[kPasses];
-#pragma unroll
-      for (int b = 0; b < kPasses; ++b) {
-        raw[b] = *reinterpret_cast<const detail::BlockCastWords*>(&slots[b * kThreads + threadIdx.x]);
-      }
-      // The barrier orders this thread's reads of its slots before the copies that refill them,
-      // and the previous tile's transposed write before this tile reuses `shared`.
-      __syncthreads();
-      if (tile_row0 + stride < rows) issue_tile(tile_row0 + stride);
-      detail::block_cast_rows_tile<Input, Output, kWriteTranspose>(raw, p, shared, tile_row0,
-                                                                   tile_col0);
-    }
-  } else if constexpr (!kTwoD) {
-    // The row-wise copy alone: a tile per block straight into registers (many blocks in flight
-    // hide the loads better here than staging: bench/RESULTS.md).
+  if constexpr (!kTwoD) {
     __shared__ detail::BlockCastRowsShared<kWriteTranspose> shared;
 #pragma unroll 1
     for (long long tile_row0 = static_cast<long long>(blockIdx.y) * kTile; tile_row0 < rows;

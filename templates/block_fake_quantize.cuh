@@ -14,10 +14,7 @@
 #ifndef OPFUSE_TEMPLATES_BLOCK_FAKE_QUANTIZE_CUH_
 #define OPFUSE_TEMPLATES_BLOCK_FAKE_QUANTIZE_CUH_
 
-#include "common/block_scale.cuh"
-#include "common/launch_rules.h"
-#include "common/reduce.cuh"
-#include "common/vec.cuh"
+#include "block_cast.cuh"
 
 namespace opfuse {
 

@@ -24,19 +24,6 @@ GridRule block_cast_grid(const SymExpr& rows, int64_t cols) {
           {{"rows", rows}, {"cols", cols}}};
 }
 
-// The 1 x 128 cast's grid (block_cast.cuh): block_cast_grid's columns, and about
-// kBlockCastRowsBlocksPerSm blocks per SM in all, each walking several row tiles so that its next
-// tile's copies overlap the current tile's cast (launch::block_cast_rows_grid_y).
-GridRule block_cast_rows_grid(const SymExpr& rows, int64_t cols) {
-  const int64_t column_tiles = rules::block_cast_grid_x(int(cols));
-  const SymExpr per_column =
-      ceil_div(SymExpr::symbol(kNumSmsSymbol) * rules::kBlockCastRowsBlocksPerSm, column_tiles);
-  return {"block_cast_rows",
-          column_tiles,
-          max_of(SymExpr(1), min_of(ceil_div(rows, rules::kBlockCastTile), per_column)),
-          {{"rows", rows}, {"cols", cols}}};
-}
-
 }  // namespace
 
 // A block-scaled cast (note "Block scale grids" in runtime/cpu/block_quantization.h): one kernel
@@ -60,17 +47,12 @@ void emit_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& ca
                        fp8_output_text(out, with_copy), two_d ? "128x128" : "1x128",
                        spec.power_of_2_scale ? ", power-of-2 scales" : "");
   };
-  // A 1 x 128 cast with the column-wise copy stages its tiles in shared memory and walks several
-  // row tiles per block; without that copy (the inference variant) and in 2-D, a tile per block
-  // straight into registers.
-  const bool staged = rules::block_cast_staged(two_d, transpose);
-  GridRule grid = staged ? block_cast_rows_grid(rows, cols) : block_cast_grid(rows, cols);
-  const int smem = rules::block_cast_smem_bytes(plan::dtype_bytes(in), staged);
-  WithoutTranspose plain{what(false), block_cast_grid(rows, cols), rules::kBlockCastThreads, 0};
+  GridRule grid = block_cast_grid(rows, cols);
+  WithoutTranspose plain{what(false), grid, rules::kBlockCastThreads, 0};
   b.add_launch(
       g, what(transpose), "block_cast_transpose",
       {spell(in), spell(out), spell(two_d), spell(transpose)}, std::move(grid),
-      rules::kBlockCastThreads, smem,
+      rules::kBlockCastThreads, 0,
       {bind_in("x", b.buffer(x, cast)), bind_out("y", y.rowwise),
        bind_out("y_scale_inv", grid_of(y.rowwise)), bind_copy("y_t", y.columnwise),
        bind_copy("y_t_scale_inv", grid_of(y.columnwise)), bind_float("epsilon", spec.epsilon),

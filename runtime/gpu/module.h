@@ -32,7 +32,8 @@ class Kernel {
   std::size_t params_bytes_ = 0;
   // The dynamic shared memory the kernel has been allowed so far (0: not set yet). Why not the
   // 48 KiB default: that bounds static plus dynamic, so a kernel with static shared memory of its
-  // own (block_cast.cuh's 21 KiB) may take less dynamic memory than 48 KiB without the attribute.
+  // own (block_cast.cuh's 21 KiB) may take less dynamic memory than 48 KiB without the attribute
+  // (a staged block cast, tried and dropped, failed to launch so: bench/RESULTS.md).
   mutable std::size_t dynamic_smem_limit_ = 0;
 };
 

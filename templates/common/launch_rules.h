@@ -263,38 +263,13 @@ inline constexpr int kBlockScaleLength = 128;  // Float8BlockScaling's block len
 inline constexpr int kBlockCastThreads = 256;
 inline constexpr int kBlockCastTile = kBlockScaleLength;
 inline constexpr int kBlockCastMaxGridY = 65535;
-// Whether a block cast stages its tiles in shared memory (below): 1 x 128 blocks with the
-// column-wise copy. The row-wise copy alone and 2-D casts load each tile straight to registers.
-OPFUSE_LAUNCH_RULE bool block_cast_staged(bool two_d, bool write_transpose) {
-  return !two_d && write_transpose;
-}
 // A thread holds its part of the tile in registers as 8 (2-byte inputs) or 16 (fp32) 16-byte
 // vectors, 32 or 64 registers: 64 in all for 2-byte inputs (4 blocks per SM, 128 KiB of loads in
-// flight), 128 for fp32 (2 blocks; 117-126 used on sm_89/sm_90a/sm_100a). Staged casts keep the
-// staging loop's addresses besides: 80 for 2-byte inputs (3 blocks per SM; at 64 they spilled 40
-// bytes).
+// flight), 128 for fp32 (2 blocks; 117-126 used on sm_89/sm_90a/sm_100a).
 inline constexpr int kBlockCastRegisterBudget = 64;
-inline constexpr int kBlockCastRowsRegisterBudget = 80;
 inline constexpr int kBlockCastWideRegisterBudget = 128;
-OPFUSE_LAUNCH_RULE int block_cast_register_budget(int input_bytes, bool staged) {
-  if (input_bytes == 4) return kBlockCastWideRegisterBudget;
-  return staged ? kBlockCastRowsRegisterBudget : kBlockCastRegisterBudget;
-}
-// A staged cast copies each row tile's vectors into shared memory (cp.async), one 16-byte slot per
-// vector and thread (32 KiB for 2-byte inputs, 64 KiB for fp32), and issues the next row tile's
-// copies as soon as the current one is in registers, so a block's loads overlap its casts.
-OPFUSE_LAUNCH_RULE int block_cast_smem_bytes(int input_bytes, bool staged) {
-  return staged ? (input_bytes == 4 ? 16 : 8) * kBlockCastThreads * 16 : 0;
-}
-// Blocks per SM a staged cast's grid aims at: as many as fit at once (3 for 2-byte inputs: 80
-// registers, 32 KiB staged + the transpose's 22 KiB), so that each block walks several row tiles
-// (gridDim.y = ceil(kBlockCastRowsBlocksPerSm * num_sms / column tiles), at most the row tiles).
-inline constexpr int kBlockCastRowsBlocksPerSm = 3;
-OPFUSE_LAUNCH_RULE int block_cast_rows_grid_y(long long rows, int cols, int num_sms) {
-  return static_cast<int>(max_of(
-      1, min_of(ceil_div(rows, kBlockCastTile),
-                ceil_div(static_cast<long long>(kBlockCastRowsBlocksPerSm) * num_sms,
-                         max_of(1, ceil_div(cols, kBlockCastTile))))));
+OPFUSE_LAUNCH_RULE int block_cast_register_budget(int input_bytes) {
+  return input_bytes == 4 ? kBlockCastWideRegisterBudget : kBlockCastRegisterBudget;
 }
 // At least one block in each direction, so that an empty tensor (rows or cols 0) still launches.
 OPFUSE_LAUNCH_RULE int block_cast_grid_x(int cols) {

@@ -291,8 +291,6 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
                            {256, 400}, {300, 272}, {1000, 4096}, {4, 0}};
   std::mt19937_64 rng(2024);
   size_t launches = 0;
-  int num_sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
   for (const auto& shape : shapes) {
     const int rows = shape[0], cols = shape[1];
     const size_t n = size_t(rows) * cols;
@@ -326,18 +324,11 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
                 cpu::block_quantize_columnwise(x.values, rows, cols, params);
             for (const Mode mode : {Mode::kBoth, Mode::kRowwiseOnly, Mode::kColumnwiseOnly,
                                     Mode::kTransposeCompiledOut, Mode::kBothStridedGrid}) {
-              // As the plans launch them: staged casts walk several row tiles per block
-              // (launch::block_cast_rows_grid_y), the others take one tile each.
-              const bool staged =
-                  launch::block_cast_staged(two_d, mode != Mode::kTransposeCompiledOut);
-              dim3 grid(launch::block_cast_grid_x(cols),
-                        staged ? launch::block_cast_rows_grid_y(rows, cols, num_sms)
-                               : launch::block_cast_grid_y(rows));
+              dim3 grid(launch::block_cast_grid_x(cols), launch::block_cast_grid_y(rows));
               if (mode == Mode::kBothStridedGrid) {
-                if (launch::block_cast_grid_y(rows) <= 2) continue;
+                if (grid.y <= 2) continue;
                 grid.y = 2;
               }
-              const int smem = launch::block_cast_smem_bytes(int(input_bytes(combo.input)), staged);
               std::ostringstream description;
               description << in << " -> " << out << ", " << rows << " x " << cols
                           << (special ? ", special values" : ", random values")
@@ -367,15 +358,8 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
               void* args[] = {&p};
               const cudaKernel_t kernel =
                   loaded.kernels[(two_d ? 2 : 0) + (mode == Mode::kTransposeCompiledOut ? 1 : 0)];
-              const void* function = reinterpret_cast<const void*>(kernel);
-              // Set whatever the size: the 48 KiB default bounds static plus dynamic memory, and
-              // the 1 x 128 cast has 21 KiB of static shared memory besides its 32 KiB.
-              if (smem > 0) {
-                CUDA_OK(cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             smem));
-              }
-              CUDA_OK(cudaLaunchKernel(function, grid, dim3(launch::kBlockCastThreads), args,
-                                       size_t(smem), stream_));
+              CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
+                                       dim3(launch::kBlockCastThreads), args, 0, stream_));
               CUDA_OK(cudaStreamSynchronize(stream_));
               ++launches;
               size_t mismatches = 0;

@@ -160,29 +160,22 @@ TemplateCase scale_case(const std::string& arch, const Dtype& in) {
 }
 
 // Block-scaled casts (TE's Float8BlockScaling): 1-D and 2-D blocks into both FP8 formats with
-// both copies, and without the column-wise copy, each within its register budget (a case each:
-// the 1 x 128 casts stage their loads and keep more registers).
-std::vector<TemplateCase> block_cast_cases(const std::string& arch, const Dtype& in) {
+// both copies, and without the column-wise copy, within the family's register budget.
+TemplateCase block_cast_case(const std::string& arch, const Dtype& in) {
   const std::string t = in.type;
-  std::vector<TemplateCase> cases;
-  // Staged (1 x 128 with the column-wise copy), then the rest: 1 x 128 row-wise only and 2-D.
-  TemplateCase staged{"block_cast_staged_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
-  TemplateCase direct{"block_cast_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
+  TemplateCase c{"block_cast_" + in.tag + "_" + arch, "block_cast.cuh", {}, arch};
   for (const char* output : {kE4m3, kE5m2}) {
-    staged.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, output, "false"}) +
-                                      ">");
-    direct.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, output, "true"}) +
-                                      ">");
+    for (const char* two_d : {"false", "true"}) {
+      c.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, output, two_d}) +
+                                   ">");
+    }
   }
-  direct.name_expressions.push_back("opfuse::block_cast_transpose<" +
-                                    args({t, kE4m3, "false", "false"}) + ">");
-  direct.name_expressions.push_back("opfuse::block_cast_transpose<" +
-                                    args({t, kE5m2, "true", "false"}) + ">");
-  staged.register_budget = launch::block_cast_register_budget(t == "float" ? 4 : 2, true);
-  direct.register_budget = launch::block_cast_register_budget(t == "float" ? 4 : 2, false);
-  cases.push_back(std::move(staged));
-  cases.push_back(std::move(direct));
-  return cases;
+  c.name_expressions.push_back("opfuse::block_cast_transpose<" +
+                               args({t, kE4m3, "false", "false"}) + ">");
+  c.name_expressions.push_back("opfuse::block_cast_transpose<" + args({t, kE5m2, "true", "false"}) +
+                               ">");
+  c.register_budget = launch::block_cast_register_budget(t == "float" ? 4 : 2);
+  return c;
 }
 
 // Block-scaled activations (float8_block_scaling with the cast folded into the activation):
@@ -387,7 +380,7 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(bias_case(arch, in));
       cases.push_back(scale_case(arch, in));
       cases.push_back(amax_case(arch, in));
-      for (TemplateCase& c : block_cast_cases(arch, in)) cases.push_back(std::move(c));
+      cases.push_back(block_cast_case(arch, in));
       for (TemplateCase& c : block_activation_cases(arch, in)) cases.push_back(std::move(c));
       cases.push_back(block_fake_quantize_case(arch, in));
       cases.push_back(micro_scale_case(arch, in));
@@ -560,22 +553,8 @@ TEST(TemplateLaunchRules, BlockCastGridsAndScaleGrids) {
   EXPECT_EQ(launch::block_cast_grid_y(300), 3);
   EXPECT_EQ(launch::block_cast_grid_y(0), 1);
   EXPECT_EQ(launch::block_cast_grid_y(1LL << 40), launch::kBlockCastMaxGridY);
-  // Staged: 1 x 128 blocks with the column-wise copy (32 KiB of tiles, fp32 64 KiB; 80
-  // registers), about 3 blocks per SM walking row tiles; the others load straight to registers.
-  EXPECT_TRUE(launch::block_cast_staged(false, true));
-  EXPECT_FALSE(launch::block_cast_staged(false, false));
-  EXPECT_FALSE(launch::block_cast_staged(true, true));
-  EXPECT_EQ(launch::block_cast_register_budget(2, false), 64);
-  EXPECT_EQ(launch::block_cast_register_budget(2, true), 80);
-  EXPECT_EQ(launch::block_cast_register_budget(4, false), 128);
-  EXPECT_EQ(launch::block_cast_register_budget(4, true), 128);
-  EXPECT_EQ(launch::block_cast_smem_bytes(2, true), 32768);
-  EXPECT_EQ(launch::block_cast_smem_bytes(4, true), 65536);
-  EXPECT_EQ(launch::block_cast_smem_bytes(2, false), 0);
-  EXPECT_EQ(launch::block_cast_rows_grid_y(16384, 4096, 132), 13);  // 32 column tiles
-  EXPECT_EQ(launch::block_cast_rows_grid_y(4096, 1024, 132), 32);   // every row tile
-  EXPECT_EQ(launch::block_cast_rows_grid_y(0, 4096, 132), 1);
-  EXPECT_EQ(launch::block_cast_rows_grid_y(300, 0, 132), 3);
+  EXPECT_EQ(launch::block_cast_register_budget(2), 64);
+  EXPECT_EQ(launch::block_cast_register_budget(4), 128);
   // 1-D, a stored [300, 272] copy: [ceil(272 / 128)][roundup(300, 4)] = [3][300]; [5, 16]: [1][8].
   EXPECT_EQ(launch::block_scale_grid_outer(300, 272, false), 3);
   EXPECT_EQ(launch::block_scale_grid_inner(300, 272, false), 300);
