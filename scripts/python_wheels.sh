@@ -11,15 +11,7 @@ dir=${1:?usage: scripts/python_wheels.sh DIR}
 cd "$(dirname "$0")/.."
 mkdir -p "$dir"
 python=${PYTHON:-python3}
-mapfile -t requires < <("$python" -c '
-import re, sys
-text = open(sys.argv[1]).read()
-try:
-    import tomllib
-    requires = tomllib.loads(text)["build-system"]["requires"]
-except ImportError:  # Python < 3.11: the one line of pyproject.toml that holds them
-    requires = re.findall(r"\"([^\"]+)\"", re.search(r"^requires = \[(.*)\]", text, re.M)[1])
-print("\n".join(requires))' pyproject.toml)
+mapfile -t requires < <("$python" scripts/build_requirements.py pyproject.toml)
 "$python" -m pip download -q --only-binary=:all: --dest "$dir" "${requires[@]}"
 # Every wheel must be pure Python: the GPU machines' interpreter may not be this one.
 names=()

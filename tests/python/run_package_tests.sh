@@ -46,15 +46,8 @@ install)
   start=$(date +%s)
   # The build requirements as pyproject.toml pins them (one place for their ranges) and NumPy.
   # Offline (a GPU machine): PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR with their wheels.
-  mapfile -t requires < <("$py" -c '
-import re, sys
-text = open(sys.argv[1]).read()
-try:
-    import tomllib
-    requires = tomllib.loads(text)["build-system"]["requires"]
-except ImportError:  # Python < 3.11: the one line of pyproject.toml that holds them
-    requires = re.findall(r"\"([^\"]+)\"", re.search(r"^requires = \[(.*)\]", text, re.M)[1])
-print("\n".join(requires))' "$SOURCE_DIR/pyproject.toml")
+  mapfile -t requires < <("$py" "$SOURCE_DIR/scripts/build_requirements.py" \
+    "$SOURCE_DIR/pyproject.toml")
   "$py" -c "import numpy" 2>/dev/null || requires+=("numpy>=1.22")
   "$py" -m pip install -q "${target[@]}" "${requires[@]}"
   deps=$(date +%s)
