@@ -128,6 +128,10 @@ class Builder {
   std::optional<ValueId> add_builder_op(SequenceScope& sc, OpKind kind, AttrList attrs, ValueId cur,
                                         const std::string& instance, SourceLoc loc,
                                         const std::string& param_owner = {});
+  // A gated activation (built-in or user) on `gated_input` under tensor parallelism with split
+  // features: each rank's features are [its gate part | its value part], so the column-parallel
+  // linear that made them cuts its output features as two blocks (plan/parallel.h, ShardSpec).
+  static void cut_gated_producer(Sequence& s, ValueId gated_input);
   // The op's parameters as its shape rule declared them, named "<owner>.<role>", appended to the
   // sequence's parameters and the op's operands.
   void add_params(Sequence& s, Operation& op, const std::vector<ParamDecl>& params,

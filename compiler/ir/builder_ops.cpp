@@ -308,18 +308,7 @@ std::optional<ValueId> Builder::build_op(
   if (!check_layout(sc, stmt.loc)) return std::nullopt;
   if (s.parallel.active() && info.family == KernelFamily::GatedActivation &&
       sc.layouts.at(cur) == Layout::SplitFeatures) {
-    // Each rank's features are [its gate part | its value part]: the column-parallel linear
-    // that made them cuts its output features as two blocks (plan/parallel.h, ShardSpec).
-    for (ValueId v = cur;;) {
-      const int32_t producer = s.value(v).producer;
-      if (producer < 0) break;
-      Operation& p = s.ops[size_t(producer)];
-      if (p.kind == OpKind::Linear) {
-        for (size_t i = 1; i < p.operands.size(); ++i) s.values[p.operands[i]].shard.blocks = 2;
-        break;
-      }
-      v = p.operands[0];
-    }
+    cut_gated_producer(s, cur);
   }
   if (parallel_linear && linear_parallel(s.ops[size_t(op_index)].attrs) == LinearParallel::Row) {
     const bool sp = s.parallel.sp;
@@ -343,6 +332,19 @@ void Builder::add_params(Sequence& s, Operation& op, const std::vector<ParamDecl
     s.values[v].shard = p.shard;
     s.params.push_back(v);
     op.operands.push_back(v);
+  }
+}
+
+void Builder::cut_gated_producer(Sequence& s, ValueId gated_input) {
+  for (ValueId v = gated_input;;) {
+    const int32_t producer = s.value(v).producer;
+    if (producer < 0) return;
+    Operation& p = s.ops[size_t(producer)];
+    if (p.kind == OpKind::Linear) {
+      for (size_t i = 1; i < p.operands.size(); ++i) s.values[p.operands[i]].shard.blocks = 2;
+      return;
+    }
+    v = p.operands[0];
   }
 }
 
