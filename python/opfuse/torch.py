@@ -279,7 +279,6 @@ class Sequential(torch.nn.Module):
                              f"{len(self._input_specs)} inputs ({names}), got {len(inputs)}")
 
     def _run_forward(self, inputs: Tuple[torch.Tensor, ...], training: bool) -> List[torch.Tensor]:
-        self._check_count(inputs)
         checked = [self._check(x, spec, "input") for x, spec in zip(inputs, self._input_specs)]
         self._give_parameters()
         for x, name in zip(checked, self._input_names):
@@ -302,8 +301,9 @@ class Sequential(torch.nn.Module):
         return input_grads, param_grads
 
     def forward(self, *inputs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
+        # Here, not in _run_forward: autograd's apply passes any count on, and once is enough.
+        self._check_count(inputs)
         if torch.is_grad_enabled():
-            self._check_count(inputs)  # autograd's apply takes any count: say it here
             params = [table[leaf] for _, table, leaf in self._param_slots]
             result: Union[torch.Tensor, Tuple[torch.Tensor, ...]] = _SequenceFunction.apply(
                 self, *inputs, *params)
