@@ -20,6 +20,10 @@
 #include "ir/scalar_expr.h"
 #include "support/diagnostics.h"
 
+namespace opfuse::ir {
+struct PointwiseDef;
+}
+
 namespace opfuse::ir::builder_detail {
 
 using dsl::Expr;
@@ -188,7 +192,22 @@ class Builder {
                                                       const std::vector<double>& attrs,
                                                       scalar::Graph& g, bool device, bool report);
   std::optional<scalar::NodeId> lower(const Expr& e, scalar::Graph& g, OpScope& scope);
+  // A call in an op expression: math functions here, built-in activations and user ops below
+  // (separate functions keep the frame of the recursion through ops small).
   std::optional<scalar::NodeId> lower_call(const Expr& e, scalar::Graph& g, OpScope& scope);
+  std::optional<scalar::NodeId> lower_builtin_call(const Expr& e, const PointwiseDef& def,
+                                                   scalar::Graph& g, OpScope& scope);
+  std::optional<scalar::NodeId> lower_user_call(const Expr& e, scalar::Graph& g, OpScope& scope);
+  void unknown_function(const Expr& e, const OpScope& scope);
+  // A call's arguments: the inputs lowered (positional, first), the rest kept for the attributes.
+  struct CallArgs {
+    std::vector<scalar::NodeId> in;
+    std::vector<const Expr*> rest;
+    std::vector<std::string> names;
+    std::vector<SourceLoc> name_locs;
+  };
+  bool split_call_args(const Expr& e, size_t inputs, scalar::Graph& g, OpScope& scope,
+                       CallArgs& out);
   // A constant number over the scope's attributes and the program's constants; nullopt (quietly)
   // when `e` depends on an input.
   std::optional<double> op_constant(const Expr& e, const OpScope& scope) const;
@@ -219,6 +238,8 @@ class Builder {
     std::optional<std::vector<scalar::NodeId>> roots;
   };
   std::map<std::tuple<const UserOp*, bool, std::vector<double>>, LoweredCall> lowered_calls_;
+  size_t op_call_depth_ = 0;       // ops being lowered inside others (Builder::lower_user_call)
+  bool op_call_too_deep_ = false;  // set past user_ops::kMaxOpCallDepth, until reported
 };
 
 }  // namespace opfuse::ir::builder_detail

@@ -17,6 +17,7 @@ namespace opfuse::ir::builder_detail {
 using user_ops::find_math;
 using user_ops::input_count;
 using user_ops::kMathFunctions;
+using user_ops::kMaxOpCallDepth;
 using user_ops::kMaxOpNodes;
 using user_ops::MathFunction;
 using user_ops::plural;
@@ -319,86 +320,104 @@ std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& 
     if (callee == "min") return g.min(in[0], in[1]);
     return g.max(in[0], in[1]);
   }
+  if (const PointwiseDef* def = find_pointwise(callee))
+    return lower_builtin_call(e, *def, g, scope);
+  return lower_user_call(e, g, scope);
+}
+
+bool Builder::split_call_args(const Expr& e, size_t inputs, scalar::Graph& g, OpScope& scope,
+                              CallArgs& out) {
   // Inputs come first, positionally; the rest are attributes.
-  auto split = [&](size_t inputs, std::vector<scalar::NodeId>& in, std::vector<const Expr*>& rest,
-                   std::vector<std::string>& names, std::vector<SourceLoc>& name_locs) -> bool {
-    if (given < inputs) {
-      op_error(scope, e.loc,
-               fmt::format("'{}' takes {}, got {} argument{}", callee, plural(inputs, "input"),
-                           given, given == 1 ? "" : "s"));
-      return false;
-    }
-    for (size_t i = 0; i < given; ++i) {
-      const std::string name = i < e.arg_names.size() ? e.arg_names[i] : std::string();
-      if (i < inputs) {
-        if (!name.empty()) {
-          op_error(scope, e.arg_name_locs[i],
-                   fmt::format("the input{} of '{}' come{} first, unnamed", inputs == 1 ? "" : "s",
-                               callee, inputs == 1 ? "s" : ""));
-          return false;
-        }
-        const auto v = arg(i);
-        if (!v) return false;
-        in.push_back(*v);
-      } else {
-        rest.push_back(e.operands[i].get());
-        names.push_back(name);
-        name_locs.push_back(i < e.arg_name_locs.size() ? e.arg_name_locs[i] : SourceLoc{});
-      }
-    }
-    return true;
-  };
-  if (const PointwiseDef* def = find_pointwise(callee)) {
-    std::vector<scalar::NodeId> in;
-    std::vector<const Expr*> rest;
-    std::vector<std::string> names;
-    std::vector<SourceLoc> name_locs;
-    if (!split(def->gated ? 2 : 1, in, rest, names, name_locs)) return std::nullopt;
-    // The built-in's attributes, bound like a user op's (numbers, in order or by name).
-    UserOp shim;
-    dsl::OpDecl shim_decl;
-    shim_decl.name = callee;
-    for (const AttrSpec& spec : def->attrs) {
-      shim.attrs.push_back(spec);
-      shim.defaults.push_back(spec.default_value);
-      shim_decl.params.push_back({std::string(spec.name), {}, true, nullptr});
-    }
-    shim.decl = &shim_decl;
-    const auto values = bind_op_attrs(shim, rest, names, name_locs, e.loc, &scope);
-    if (!values) return std::nullopt;
-    AttrList attrs;
-    for (size_t i = 0; i < def->attrs.size(); ++i) {
-      const AttrSpec& spec = def->attrs[i];
-      const double v = (*values)[i];
-      if (v < spec.min || v > spec.max) {
-        op_error(scope, rest.empty() ? e.loc : e.operands.at(e.operands.size() - 1)->loc,
-                 fmt::format("{} = {} is out of range for '{}'", spec.name, v, callee),
-                 fmt::format("{} must be between {} and {}", spec.name, spec.min, spec.max));
-        return std::nullopt;
-      }
-      if (spec.type == AttrType::Int)
-        attrs.push_back({std::string(spec.name), int64_t(v)});
-      else if (spec.type == AttrType::Bool)
-        attrs.push_back({std::string(spec.name), v != 0});
-      else
-        attrs.push_back({std::string(spec.name), v});
-    }
-    return def->build(PointwiseBuilder{g, in, attrs, scope.device});
+  const std::string& callee = e.text;
+  const size_t given = e.operands.size();
+  if (given < inputs) {
+    op_error(scope, e.loc,
+             fmt::format("'{}' takes {}, got {} argument{}", callee, plural(inputs, "input"), given,
+                         given == 1 ? "" : "s"));
+    return false;
   }
+  for (size_t i = 0; i < given; ++i) {
+    const std::string name = i < e.arg_names.size() ? e.arg_names[i] : std::string();
+    if (i < inputs) {
+      if (!name.empty()) {
+        op_error(scope, e.arg_name_locs[i],
+                 fmt::format("the input{} of '{}' come{} first, unnamed", inputs == 1 ? "" : "s",
+                             callee, inputs == 1 ? "s" : ""));
+        return false;
+      }
+      const auto v = lower(*e.operands[i], g, scope);
+      if (!v) return false;
+      out.in.push_back(*v);
+    } else {
+      out.rest.push_back(e.operands[i].get());
+      out.names.push_back(name);
+      out.name_locs.push_back(i < e.arg_name_locs.size() ? e.arg_name_locs[i] : SourceLoc{});
+    }
+  }
+  return true;
+}
+
+std::optional<scalar::NodeId> Builder::lower_builtin_call(const Expr& e, const PointwiseDef& def,
+                                                          scalar::Graph& g, OpScope& scope) {
+  const std::string& callee = e.text;
+  CallArgs args;
+  if (!split_call_args(e, def.gated ? 2 : 1, g, scope, args)) return std::nullopt;
+  // The built-in's attributes, bound like a user op's (numbers, in order or by name).
+  UserOp shim;
+  dsl::OpDecl shim_decl;
+  shim_decl.name = callee;
+  for (const AttrSpec& spec : def.attrs) {
+    shim.attrs.push_back(spec);
+    shim.defaults.push_back(spec.default_value);
+    shim_decl.params.push_back({std::string(spec.name), {}, true, nullptr});
+  }
+  shim.decl = &shim_decl;
+  const auto values = bind_op_attrs(shim, args.rest, args.names, args.name_locs, e.loc, &scope);
+  if (!values) return std::nullopt;
+  AttrList attrs;
+  for (size_t i = 0; i < def.attrs.size(); ++i) {
+    const AttrSpec& spec = def.attrs[i];
+    const double v = (*values)[i];
+    if (v < spec.min || v > spec.max) {
+      op_error(scope, args.rest.empty() ? e.loc : e.operands.at(e.operands.size() - 1)->loc,
+               fmt::format("{} = {} is out of range for '{}'", spec.name, v, callee),
+               fmt::format("{} must be between {} and {}", spec.name, spec.min, spec.max));
+      return std::nullopt;
+    }
+    if (spec.type == AttrType::Int)
+      attrs.push_back({std::string(spec.name), int64_t(v)});
+    else if (spec.type == AttrType::Bool)
+      attrs.push_back({std::string(spec.name), v != 0});
+    else
+      attrs.push_back({std::string(spec.name), v});
+  }
+  return def.build(PointwiseBuilder{g, args.in, attrs, scope.device});
+}
+
+void Builder::unknown_function(const Expr& e, const OpScope& scope) {
+  const std::string& callee = e.text;
+  std::vector<std::string> names;
+  for (const MathFunction& f : kMathFunctions) names.emplace_back(f.name);
+  for (const PointwiseDef* d : pointwise_defs()) names.emplace_back(d->name);
+  for (const auto& [n, _] : user_ops_) names.push_back(n);
+  std::string hint = did_you_mean(callee, names);
+  if (hint.empty() && find_op(callee))
+    hint = fmt::format("'{}' is not pointwise: it belongs in a sequence body", callee);
+  if (hint.empty())
+    hint =
+        "op expressions call exp, log, sqrt, rsqrt, tanh, sigmoid, erf, abs, min, max, "
+        "select, the built-in activations and earlier ops";
+  op_error(scope, e.loc,
+           fmt::format("unknown function '{}' in op '{}'", callee, scope.op->decl->name), hint);
+}
+
+std::optional<scalar::NodeId> Builder::lower_user_call(const Expr& e, scalar::Graph& g,
+                                                       OpScope& scope) {
+  const std::string& op_name = scope.op->decl->name;
+  const std::string& callee = e.text;
   auto it = user_ops_.find(callee);
   if (it == user_ops_.end()) {
-    std::vector<std::string> names;
-    for (const MathFunction& f : kMathFunctions) names.emplace_back(f.name);
-    for (const PointwiseDef* d : pointwise_defs()) names.emplace_back(d->name);
-    for (const auto& [n, _] : user_ops_) names.push_back(n);
-    std::string hint = did_you_mean(callee, names);
-    if (hint.empty() && find_op(callee))
-      hint = fmt::format("'{}' is not pointwise: it belongs in a sequence body", callee);
-    if (hint.empty())
-      hint =
-          "op expressions call exp, log, sqrt, rsqrt, tanh, sigmoid, erf, abs, min, max, "
-          "select, the built-in activations and earlier ops";
-    op_error(scope, e.loc, fmt::format("unknown function '{}' in op '{}'", callee, op_name), hint);
+    unknown_function(e, scope);
     return std::nullopt;
   }
   const UserOp& target = it->second;
@@ -416,13 +435,36 @@ std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& 
     return std::nullopt;
   }
   if (!target.valid) return std::nullopt;  // its own errors are reported at its definition
-  std::vector<scalar::NodeId> in;
-  std::vector<const Expr*> rest;
-  std::vector<std::string> names;
-  std::vector<SourceLoc> name_locs;
-  if (!split(input_count(*target.decl), in, rest, names, name_locs)) return std::nullopt;
-  const auto values = bind_op_attrs(target, rest, names, name_locs, e.loc, &scope);
+  CallArgs args;
+  if (!split_call_args(e, input_count(*target.decl), g, scope, args)) return std::nullopt;
+  const std::vector<scalar::NodeId>& in = args.in;
+  const auto values = bind_op_attrs(target, args.rest, args.names, args.name_locs, e.loc, &scope);
   if (!values) return std::nullopt;
+  // Each op lowered inside another is a level of recursion here: bounded, so that no program
+  // overflows the compiler's stack, and reported at the outermost call.
+  if (op_call_depth_ >= kMaxOpCallDepth) {
+    op_call_too_deep_ = true;
+    return std::nullopt;
+  }
+  struct Level {
+    size_t& depth;
+    explicit Level(size_t& d) : depth(d) { ++depth; }
+    ~Level() { --depth; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+  };
+  const auto too_deep = [&]() {
+    if (!op_call_too_deep_) return false;
+    if (op_call_depth_ == 0) {
+      op_call_too_deep_ = false;
+      op_error(scope, e.loc,
+               fmt::format("op '{}' nests calls of ops more than {} deep through '{}'", op_name,
+                           kMaxOpCallDepth, callee),
+               "call the ops one after another in the sequence, or give the inner calls their "
+               "attributes' defaults (such calls are lowered once)");
+    }
+    return true;
+  };
   // The callee in this graph, its inputs replaced by the arguments. Its own backward, if given,
   // becomes the derivative hints of its value (dy = 1: a gradient is linear in dy). Lowered once
   // per attribute values and form: a chain of ops each calling the last twice stays linear.
@@ -430,7 +472,11 @@ std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& 
   auto cached = lowered_calls_.find(key);
   if (cached == lowered_calls_.end()) {
     LoweredCall call;
-    call.roots = lower_op(target, *values, call.graph, scope.device, /*report=*/false);
+    {
+      const Level level(op_call_depth_);
+      call.roots = lower_op(target, *values, call.graph, scope.device, /*report=*/false);
+    }
+    if (too_deep()) return std::nullopt;
     cached = lowered_calls_.emplace(std::move(key), std::move(call)).first;
   }
   const scalar::Graph& callee_graph = cached->second.graph;
@@ -458,8 +504,10 @@ std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& 
         else
           inner.inputs[p.name] = in[i++];
       }
+      const Level level(op_call_depth_);
       return lower(*target.decl->body, g, inner);
     }();
+    if (too_deep()) return std::nullopt;
     return value_only;
   }
   // dy = 1: each gradient root becomes d value / d input, the derivative hint of the copy (so a

@@ -144,9 +144,19 @@ void Builder::check_op(const dsl::OpDecl& d) {
   if (!ok) return;
   // Lower it once in each form with the defaults: every name, call and arity error is found
   // here, at the definition, whether or not a sequence uses it.
-  scalar::Graph g;
+  LoweredCall reference;
   op.valid = true;  // lower_op refuses invalid ops; a failure below clears it
-  if (!lower_op(op, op.defaults, g, /*device=*/false, /*report=*/true)) op.valid = false;
+  reference.roots = lower_op(op, op.defaults, reference.graph, /*device=*/false, /*report=*/true);
+  if (!reference.roots) {
+    op.valid = false;
+    return;
+  }
+  // Both forms with the defaults are what later calls with the defaults reuse
+  // (Builder::lower_user_call): a chain of such ops is lowered one level at a time.
+  LoweredCall device;
+  device.roots = lower_op(op, op.defaults, device.graph, /*device=*/true, /*report=*/false);
+  lowered_calls_.emplace(std::make_tuple(&op, false, op.defaults), std::move(reference));
+  lowered_calls_.emplace(std::make_tuple(&op, true, op.defaults), std::move(device));
 }
 
 std::optional<std::vector<scalar::NodeId>> Builder::lower_op(const UserOp& op,

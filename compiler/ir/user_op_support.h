@@ -32,6 +32,10 @@ inline const MathFunction* find_math(std::string_view name) {
 // An op's value and gradients, both forms, stay within what scalar::decode accepts (4096).
 constexpr size_t kMaxOpNodes = 4000;
 
+// Ops lowered inside one another at once. A call with the callee's default attribute values is
+// lowered when the callee is defined, so only chains of calls with other values count.
+constexpr size_t kMaxOpCallDepth = 24;
+
 inline std::string plural(size_t n, std::string_view word) {
   return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
 }

@@ -329,6 +329,13 @@ std::vector<Case> op_definitions(Random& rng) {
     sharing += "op g" + std::to_string(i) + "(x) = g" + std::to_string(i - 1) + "(x) * g" +
                std::to_string(i - 1) + "(x)\n";
   out.push_back({"sharing chain", sharing + "op f(x) = tanh(g200(x))\n" + use});
+  // Calls with other attribute values are lowered where they are made: nested past the limit,
+  // each inside expressions nested to theirs, they must fail with an error, not the stack.
+  std::string nested = "op h0(x, a: number = 1) = x * a\n";
+  for (int i = 1; i <= 40; ++i)
+    nested += "op h" + std::to_string(i) + "(x, a: number = 1) = " + repeat("-(", 30) + "h" +
+              std::to_string(i - 1) + "(x, a = a + 1)" + std::string(30, ')') + "\n";
+  out.push_back({"deep chain of attribute calls", nested + "op f(x) = h40(x)\n" + use});
   out.push_back({"4000 terms", "op f(x) = x" + repeat(" + x * 1.5", 4000) + "\n" + use});
   static const char* const kTokens[] = {
       "x",       "y",     "1",        "0.5",  "-",       "+",         "*",    "/",
