@@ -1,5 +1,6 @@
-// Bias add and residual add (AddExtraInput), optionally fused with a cast to FP8 (+amax, +an
-// optional transposed copy), and the dbias column reduction.
+// Bias add and residual add (AddExtraInput), after an optional constant scale of x (TE's
+// ForwardAxpy: constant_scale then add_extra_input), optionally fused with a cast to FP8 (+amax,
+// +an optional transposed copy), and the dbias column reduction.
 //
 // Entry points: bias_add<Input, Output, kHasBias, kHasResidual, kWriteTranspose> and
 // dbias_partial<Input> (first stage; the second stage is reduce_column_partials<Output> from
@@ -17,11 +18,14 @@ struct BiasAddParams {
   const Input* x;         // [rows, cols]
   const Input* bias;      // [cols] (kHasBias)
   const Input* residual;  // [rows, cols] (kHasResidual)
-  Output* y;              // [rows, cols] = x + bias + residual; nullptr: only y_t is written
+  Output* y;              // [rows, cols] = x' + bias + residual; nullptr: only y_t is written
   Output* y_t;            // [cols, rows] FP8 transposed copy (kWriteTranspose)
   const float* scale;     // FP8 output: y = fp8(value * *scale)
   float* amax;            // max |value| (before scaling; as stored if not FP8); nullptr: none
   const QuantizerRecord* scale_record;  // current scaling measured here (derive_current_scale)
+  // x' = factor * x in fp32 (1: x itself), not rounded before the adds: a constant_scale fused
+  // in front (a declared axpy fusion), computed as the CPU reference computes a fused op.
+  float factor;
   int rows;
   int cols;  // multiple of 16 / sizeof(Input)
 };
@@ -36,7 +40,7 @@ struct DbiasParams {
 
 namespace detail {
 
-// value = (x + bias) + residual, added in that order in fp32.
+// value = (x' + bias) + residual, added in that order in fp32 (x' as BiasAddParams says).
 template <typename Input, bool kHasBias, bool kHasResidual>
 struct BiasAddOp {
   static constexpr int kVec = launch::vector_elems(sizeof(Input));
@@ -50,6 +54,7 @@ struct BiasAddOp {
   const Input* x;
   const Input* bias;
   const Input* residual;
+  float factor;
   int cols;
 
   __device__ __forceinline__ Loaded load(long long row, int col) const {
@@ -65,6 +70,8 @@ struct BiasAddOp {
   __device__ __forceinline__ void compute(const Loaded& loaded,
                                           float (&values)[kPlanes][kVec]) const {
     vec_to_float(loaded.x, values[0]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) values[0][j] *= factor;  // exact when factor is 1
     if constexpr (kHasBias) {
       float b[kVec];
       vec_to_float(loaded.bias, b);
@@ -117,8 +124,8 @@ __global__ void __launch_bounds__(
                                     params.amax, params.scale_record, nullptr,
                                     params.rows, params.cols};
   run_elementwise_tiles<Output, kWriteTranspose, false>(
-      outputs, detail::BiasAddOp<Input, kHasBias, kHasResidual>{params.x, params.bias,
-                                                                params.residual, params.cols});
+      outputs, detail::BiasAddOp<Input, kHasBias, kHasResidual>{
+                   params.x, params.bias, params.residual, params.factor, params.cols});
 }
 
 // Column sums of dy into dbias_partial (one row per blockIdx.y); finish with

@@ -245,15 +245,25 @@ void emit_dbias(SequenceBuilder& b, const Group& g) {
 
 // bias, add_extra_input and grad_add (y = x + bias + residual), with an optional FP8 cast.
 void emit_bias_add(SequenceBuilder& b, const Group& g) {
-  require_only(b, g, {OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd, OpKind::CastFp8});
+  require_only(b, g,
+               {OpKind::ConstantScale, OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd,
+                OpKind::CastFp8});
   const ir::Operation& first = *g.parts.front();
   const ValueId x = first.operands.at(0);
   ValueId chain = x, bias = ir::kNoValue, residual = ir::kNoValue;
   const ir::Operation* cast = nullptr;
+  double factor = 1;  // a constant_scale first (a declared axpy fusion)
   for (const ir::Operation* p : g.parts) {
     const bool reads_chain =
         std::find(p->operands.begin(), p->operands.end(), chain) != p->operands.end();
     if (!reads_chain) no_kernel(b, g);
+    if (p->kind == OpKind::ConstantScale) {
+      if (p != &first || b.value(p->results.at(0)).type.dtype != b.value(x).type.dtype)
+        no_kernel(b, g);
+      factor = ir::attr_float(p->attrs, "scale");
+      chain = p->results.at(0);
+      continue;
+    }
     if (p->kind == OpKind::CastFp8) {
       if (cast) no_kernel(b, g);
       cast = p;
@@ -267,7 +277,8 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
                : (p->operands.at(0) == chain ? p->operands.at(1) : p->operands.at(0));
     chain = p->results.at(0);
   }
-  if (chain == x) no_kernel(b, g);  // a lone cast goes to emit_cast
+  // Nothing to add: a lone cast goes to emit_cast, a lone scale to emit_constant_scale.
+  if (bias == ir::kNoValue && residual == ir::kNoValue) no_kernel(b, g);
   const ir::Value& xv = b.value(x);
   const DType in = xv.type.dtype;
   const int64_t cols = width_of(b, first, xv);
@@ -280,24 +291,24 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
   const CastOutputs& y = outputs.copies;
   const bool transpose = y.columnwise >= 0;
   const int measured = cast ? -1 : measure_for_cast(b, g, chain);
-  std::string what = "y = x";
+  std::string what = factor != 1 ? fmt::format("y = {} * x", factor) : "y = x";
   if (bias != ir::kNoValue) what += " + bias";
   if (residual != ir::kNoValue) what += " + residual";
   auto text = [&](bool with_copy) {
     return fmt::format("{} ({} -> {})", what, name_of(in), fp8_output_text(out, with_copy));
   };
-  b.add_launch(
-      g, text(transpose), "bias_add",
-      {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
-       spell(transpose)},
-      tile_grid(rows, cols), rules::kTileThreads, 0,
-      {bind_in("x", b.buffer(x, first)),
-       bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
-       bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
-       bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
-       bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
-       bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols)},
-      WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
+  b.add_launch(g, text(transpose), "bias_add",
+               {spell(in), spell(out), spell(bias != ir::kNoValue), spell(residual != ir::kNoValue),
+                spell(transpose)},
+               tile_grid(rows, cols), rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, first)),
+                bind_in("bias", bias == ir::kNoValue ? -1 : b.buffer(bias, first)),
+                bind_in("residual", residual == ir::kNoValue ? -1 : b.buffer(residual, first)),
+                bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
+                bind_quantizer("scale", quantizer, QuantizerValue::Scale),
+                bind_amax(quantizer, measured), bind_scale_record(measured),
+                bind_float("factor", factor), bind_int("rows", rows), bind_int("cols", cols)},
+               WithoutTranspose{text(false), tile_grid(rows, cols), rules::kTileThreads, 0});
 }
 
 void emit_norm_fwd(SequenceBuilder& b, const Group& g) {

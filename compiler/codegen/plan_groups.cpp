@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "codegen/emit_groups.h"
 #include "codegen/kernel_templates.h"
+#include "ir/kernel_shapes.h"
 #include "ir/pointwise_ops.h"
 #include "support/assert.h"
 
@@ -227,33 +229,55 @@ KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Opera
 
 void emit_group(SequenceBuilder& b, const Group& g) {
   using namespace emitters;
-  // Aliases by family (make_extra_output, identity, reshape): a new op that only views its
-  // operand needs nothing here. The other families hold kinds that lower differently (the Gemm
-  // family's fprop, dgrad and wgrad; the Cast family's cast_fp8 and quantize), so the groups
-  // below are told apart by kind.
-  const auto is_alias = [](const ir::Operation* p) {
-    return ir::op_info(p->kind).family == ir::KernelFamily::Alias;
-  };
-  if (std::ranges::all_of(g.parts, is_alias)) return emit_alias(b, g);
-  if (g.find({OpKind::Linear})) return emit_fprop(b, g);
-  if (g.find({OpKind::LinearDgrad})) return emit_dgrad(b, g);
-  if (g.find({OpKind::LinearWgrad})) return emit_wgrad(b, g);
-  if (g.find({OpKind::LayerNorm, OpKind::RMSNorm})) return emit_norm_fwd(b, g);
-  if (g.find({OpKind::LayerNormBackward, OpKind::RMSNormBackward})) return emit_norm_bwd(b, g);
-  if (find_part(g, ir::is_pointwise)) return emit_activation_fwd(b, g);
-  if (find_part(g, ir::is_pointwise_backward)) return emit_activation_bwd(b, g);
-  if (g.find({OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd})) return emit_bias_add(b, g);
-  if (g.find({OpKind::CastFp8})) return emit_cast(b, g);
-  if (g.find({OpKind::Fp8Transpose})) return emit_fp8_transpose(b, g);
-  if (g.find({OpKind::EmulatedCast})) return emit_emulated_cast(b, g);
-  if (g.find({OpKind::TensorStats})) return emit_tensor_stats(b, g);
-  if (g.find({OpKind::TensorCapture})) return emit_tensor_capture(b, g);
-  if (g.find({OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter}))
-    return emit_collective(b, g);
-  if (g.find({OpKind::ModifyTensor})) return emit_modify_tensor(b, g);
-  if (g.find({OpKind::BiasGrad})) return emit_dbias(b, g);
-  if (g.find({OpKind::ConstantScale})) return emit_constant_scale(b, g);
-  if (g.find({OpKind::Quantize})) return emit_quantize(b, g);
+  // The shape comes from the kinds of the parts (ir/kernel_shapes.h), the table a declared fusion
+  // is checked against when it is declared. Aliases by family (make_extra_output, identity,
+  // reshape): a new op that only views its operand needs nothing here. The other families hold
+  // kinds that lower differently (the Gemm family's fprop, dgrad and wgrad; the Cast family's
+  // cast_fp8 and quantize), so shapes are told apart by kind.
+  std::vector<OpKind> kinds;
+  for (const ir::Operation* p : g.parts) kinds.push_back(p->kind);
+  const ir::KernelShapeInfo* shape = ir::select_kernel_shape(kinds);
+  if (shape == nullptr) no_kernel(b, g);
+  switch (shape->shape) {
+    case ir::KernelShape::Alias:
+      return emit_alias(b, g);
+    case ir::KernelShape::Fprop:
+      return emit_fprop(b, g);
+    case ir::KernelShape::Dgrad:
+      return emit_dgrad(b, g);
+    case ir::KernelShape::Wgrad:
+      return emit_wgrad(b, g);
+    case ir::KernelShape::NormForward:
+      return emit_norm_fwd(b, g);
+    case ir::KernelShape::NormBackward:
+      return emit_norm_bwd(b, g);
+    case ir::KernelShape::ActivationForward:
+      return emit_activation_fwd(b, g);
+    case ir::KernelShape::ActivationBackward:
+      return emit_activation_bwd(b, g);
+    case ir::KernelShape::BiasAdd:
+      return emit_bias_add(b, g);
+    case ir::KernelShape::Cast:
+      return emit_cast(b, g);
+    case ir::KernelShape::Fp8Transpose:
+      return emit_fp8_transpose(b, g);
+    case ir::KernelShape::EmulatedCast:
+      return emit_emulated_cast(b, g);
+    case ir::KernelShape::TensorStats:
+      return emit_tensor_stats(b, g);
+    case ir::KernelShape::TensorCapture:
+      return emit_tensor_capture(b, g);
+    case ir::KernelShape::Collective:
+      return emit_collective(b, g);
+    case ir::KernelShape::ModifyTensor:
+      return emit_modify_tensor(b, g);
+    case ir::KernelShape::Dbias:
+      return emit_dbias(b, g);
+    case ir::KernelShape::ConstantScale:
+      return emit_constant_scale(b, g);
+    case ir::KernelShape::Quantize:
+      return emit_quantize(b, g);
+  }
   no_kernel(b, g);
 }
 

@@ -82,6 +82,7 @@ bool select_sequence(ir::Program& program, const std::string& name, const std::s
   }
   ir::Program only;
   only.recipes = program.recipes;
+  only.fusions = program.fusions;
   only.sequences.push_back(*s);
   program = std::move(only);
   return true;
@@ -144,7 +145,8 @@ CompileResult compile_file(const std::string& path, SourceManager& sources, Diag
   CompileResult invalid;
   if (!options_are_valid(passes::PassManager(passes::default_pipeline()), options, invalid))
     return invalid;
-  auto program = load_program(path, sources, diags, build_options(options, diags));
+  auto program =
+      load_program(path, sources, diags, build_options(options, diags), options.extra_sources);
   return finish_front_end(std::move(program), path, sources, diags, options);
 }
 
@@ -154,7 +156,7 @@ CompileResult compile_source(const std::string& name, std::string text, SourceMa
   if (!options_are_valid(passes::PassManager(passes::default_pipeline()), options, invalid))
     return invalid;
   auto program = load_program_from_source(name, std::move(text), sources, diags,
-                                          build_options(options, diags));
+                                          build_options(options, diags), options.extra_sources);
   return finish_front_end(std::move(program), name, sources, diags, options);
 }
 

@@ -37,6 +37,8 @@ struct CompileOptions {
   std::string recipe;  // a recipe declared in the file, or "bf16", for every sequence; empty: own
   bool warnings_as_errors = false;
   std::string sequence;  // keep only this sequence; empty: all of them
+  // More source text after the program's modules: (name, text) pairs (frontend.h, ExtraSources).
+  std::vector<std::pair<std::string, std::string>> extra_sources;
   // Passes (names as in passes/pipeline.cpp).
   std::set<std::string> disabled_passes;
   std::set<std::string> print_after;  // pass names, or "all" (then also the IR as built)

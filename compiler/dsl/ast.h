@@ -139,7 +139,25 @@ struct OpDecl {
   ExprPtr backward;
 };
 
-using Decl = std::variant<ImportDecl, ConstDecl, RecipeDecl, SequenceDecl, OpDecl>;
+// A step of a fusion declaration: an op's name, `?` when the step may be absent.
+struct FusionStep {
+  std::string op;
+  SourceLoc loc;
+  bool optional = false;
+};
+
+// `fusion NAME[(phase = forward|backward, priority = N)] { op; op?; ... }`: a declared fusion
+// pattern (docs/language.md, "Declared fusions"). Each step reads the result of the step before
+// it (the last one present).
+struct FusionDecl {
+  std::string name;
+  SourceLoc loc;  // of the name
+  std::vector<Arg> args;
+  std::vector<FusionStep> steps;
+  SourceLoc close_loc;  // of the closing brace
+};
+
+using Decl = std::variant<ImportDecl, ConstDecl, RecipeDecl, SequenceDecl, OpDecl, FusionDecl>;
 
 // One parsed file, declarations in source order.
 struct Module {

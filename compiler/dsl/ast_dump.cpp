@@ -133,6 +133,14 @@ class Dumper {
     if (decl.close_loc.valid()) line(1, "end {}", at(decl.close_loc));
   }
 
+  void operator()(const FusionDecl& decl) {
+    line(0, "fusion {} {}", decl.name, at(decl.loc));
+    args(1, decl.args);
+    for (const FusionStep& step : decl.steps)
+      line(1, "step {}{} {}", step.op, step.optional ? "?" : "", at(step.loc));
+    if (decl.close_loc.valid()) line(1, "end {}", at(decl.close_loc));
+  }
+
   void operator()(const OpDecl& decl) {
     line(0, "{}op {} {}", decl.gated ? "gated " : "", decl.name, at(decl.loc));
     op_params(1, decl.params);

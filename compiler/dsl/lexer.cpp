@@ -161,6 +161,8 @@ class Lexer {
         return make(TokenKind::Colon, start);
       case ';':
         return make(TokenKind::Semicolon, start);
+      case '?':
+        return make(TokenKind::Question, start);
       case '=':
         if (peek() == '=') {
           ++pos_;
@@ -473,6 +475,8 @@ std::string_view token_kind_name(TokenKind kind) {
       return "':'";
     case TokenKind::Semicolon:
       return "';'";
+    case TokenKind::Question:
+      return "'?'";
     case TokenKind::Equals:
       return "'='";
     case TokenKind::Plus:

@@ -56,6 +56,7 @@ enum class TokenKind : uint8_t {
   GreaterEqual,  // >=
   EqualEqual,    // ==
   NotEqual,      // !=
+  Question,      // ? (an optional step of a fusion declaration)
 };
 
 // Limits that keep hostile input bounded (docs/language.md, "Limits").

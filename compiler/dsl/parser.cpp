@@ -69,7 +69,8 @@ bool Parser::parse_decl(Module& module) {
     default:
       break;
   }
-  if (at_op_decl()) return parse_op_decl(module);
+  if (at_op_decl())
+    return peek().text == "fusion" ? parse_fusion_decl(module) : parse_op_decl(module);
   std::string hint;
   if (at(TokenKind::Ident) && peek(1).kind == TokenKind::LParen) {
     hint = "ops belong in a sequence body: sequence NAME(inputs) -> (outputs) { op(...) }";

@@ -25,6 +25,7 @@ namespace opfuse::dsl {
 inline constexpr size_t kMaxExprNesting = 64;
 inline constexpr size_t kMaxOpsPerSequence = 4096;
 inline constexpr size_t kMaxParamsPerSignature = 256;
+inline constexpr size_t kMaxFusionSteps = 16;  // steps of one fusion declaration
 inline constexpr size_t kMaxDimsPerType = 64;
 inline constexpr size_t kMaxArgsPerCall = 256;
 inline constexpr size_t kMaxListElements = 256;

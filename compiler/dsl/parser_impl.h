@@ -90,6 +90,7 @@ class Parser {
     if (peek().text == "gated")
       return peek(1).kind == TokenKind::Ident && peek(1).text == "op" &&
              peek(2).kind == TokenKind::Ident;
+    if (peek().text == "fusion") return peek(1).kind == TokenKind::Ident;
     return peek().text == "op" && peek(1).kind == TokenKind::Ident;
   }
 
@@ -118,6 +119,7 @@ class Parser {
 
   // parser_ops.cpp: `[gated] op NAME(...) = EXPR [backward(...) = EXPR]`.
   bool parse_op_decl(Module& module);
+  bool parse_fusion_decl(Module& module);
   bool parse_op_params(std::vector<OpParam>& params, const std::string& what, bool allow_attrs);
 
   // The '(' is consumed; consumes through the ')'.

@@ -1,6 +1,7 @@
 // The parser's op definitions: `[gated] op NAME(inputs, attrs) = EXPR [backward(...) = EXPR]`
-// (docs/language.md, "User-defined ops"; the Parser class is in parser_impl.h). The words `op`,
-// `gated` and `backward` are keywords only where a definition can stand.
+// (docs/language.md, "User-defined ops"), and fusion declarations: `fusion NAME[(args)] { op;
+// op?; ... }` ("Declared fusions"). The Parser class is in parser_impl.h. The words `op`, `gated`,
+// `backward` and `fusion` are keywords only where a definition can stand.
 
 #include <fmt/format.h>
 
@@ -120,6 +121,49 @@ bool Parser::parse_op_decl(Module& module) {
     }
   }
   module.decls.emplace_back(std::move(op));
+  return true;
+}
+
+bool Parser::parse_fusion_decl(Module& module) {
+  FusionDecl fusion;
+  advance();                      // fusion
+  const Token& name = advance();  // at_op_decl() saw a name here
+  fusion.name = std::string(name.text);
+  fusion.loc = name.loc;
+  if (accept(TokenKind::LParen) && !parse_args(fusion.args, "fusion " + fusion.name)) return false;
+  if (!accept(TokenKind::LBrace)) {
+    error_here(
+        fmt::format("expected '{{' and the ops of fusion '{}', found {}", fusion.name, found()),
+        fmt::format("write: fusion {} {{ constant_scale; add_extra_input }}", fusion.name));
+    return false;
+  }
+  for (;;) {
+    while (accept(TokenKind::Semicolon)) {
+    }
+    if (at(TokenKind::RBrace)) {
+      fusion.close_loc = advance().loc;
+      break;
+    }
+    if (!at(TokenKind::Ident)) {
+      error_here(fmt::format("expected an op name in fusion '{}', found {}", fusion.name, found()),
+                 "the steps are op names, separated by ';' or new lines; `bias?` may be absent");
+      return false;
+    }
+    if (fusion.steps.size() >= kMaxFusionSteps) {
+      error_here(fmt::format("fusion '{}' has more than {} steps", fusion.name, kMaxFusionSteps));
+      return false;
+    }
+    const Token& op = advance();
+    FusionStep step{std::string(op.text), op.loc, false};
+    if (accept(TokenKind::Question)) step.optional = true;
+    fusion.steps.push_back(std::move(step));
+    if (at(TokenKind::Semicolon) || at(TokenKind::RBrace) || peek().first_on_line) continue;
+    error_here(fmt::format("expected ';' or '}}' after '{}' in fusion '{}', found {}",
+                           fusion.steps.back().op, fusion.name, found()),
+               "a step is an op's name alone: the pattern matches the op whatever its arguments");
+    return false;
+  }
+  module.decls.emplace_back(std::move(fusion));
   return true;
 }
 

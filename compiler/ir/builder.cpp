@@ -24,6 +24,8 @@ const char* kind_word(GlobalName::Kind k) {
       return "sequence";
     case GlobalName::Kind::Op:
       return "op";
+    case GlobalName::Kind::Fusion:
+      return "fusion";
   }
   return "name";
 }
@@ -58,6 +60,13 @@ std::optional<Program> Builder::run(const std::vector<const dsl::Module*>& modul
       if (const auto* o = std::get_if<dsl::OpDecl>(&d)) check_op(*o);
     }
   }
+  // Fusions after the ops (their steps may name user-defined ops of any module).
+  for (const dsl::Module* m : modules) {
+    for (const dsl::Decl& d : m->decls) {
+      if (diags_.at_error_limit()) return std::nullopt;
+      if (const auto* f = std::get_if<dsl::FusionDecl>(&d)) define_fusion(*f);
+    }
+  }
   resolve_override();
   for (const dsl::Module* m : modules) {
     for (const dsl::Decl& d : m->decls) {
@@ -87,6 +96,8 @@ void Builder::declare(const dsl::Decl& d) {
   if (const auto* s = std::get_if<dsl::SequenceDecl>(&d))
     add(s->name, s->loc, GlobalName::Kind::Sequence);
   if (const auto* o = std::get_if<dsl::OpDecl>(&d)) declare_op(*o);
+  if (const auto* f = std::get_if<dsl::FusionDecl>(&d))
+    add(f->name, f->loc, GlobalName::Kind::Fusion);
 }
 
 std::vector<std::string> Builder::const_names() const {

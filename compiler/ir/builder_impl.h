@@ -22,7 +22,10 @@
 
 namespace opfuse::ir {
 struct PointwiseDef;
+namespace builder_detail::user_ops {
+struct MathFunction;
 }
+}  // namespace opfuse::ir
 
 namespace opfuse::ir::builder_detail {
 
@@ -35,7 +38,7 @@ std::string const_value_string(const ConstValue& v);
 
 // What a top-level name refers to, for messages like "'fp8' is a recipe".
 struct GlobalName {
-  enum class Kind { Const, Recipe, Sequence, Op } kind;
+  enum class Kind { Const, Recipe, Sequence, Op, Fusion } kind;
   SourceLoc loc;
 };
 
@@ -180,6 +183,14 @@ class Builder {
     std::optional<SourceLoc> non_differentiable;  // first comparison used as a number
   };
 
+  // ---- declared fusions (builder_fusions.cpp) --------------------------------------------------
+
+  // Checks a `fusion` declaration (arguments, steps, phases, a kernel shape for every match) and
+  // adds it to the program.
+  void define_fusion(const dsl::FusionDecl& d);
+  std::optional<DeclaredFusion::Step> fusion_step(const dsl::FusionDecl& d,
+                                                  const dsl::FusionStep& step, Phase phase);
+
   void declare_op(const dsl::OpDecl& d);
   // Checks a definition (names, calls, arity, backward) once, reporting at its locations.
   void check_op(const dsl::OpDecl& d);
@@ -192,13 +203,22 @@ class Builder {
                                                       const std::vector<double>& attrs,
                                                       scalar::Graph& g, bool device, bool report);
   std::optional<scalar::NodeId> lower(const Expr& e, scalar::Graph& g, OpScope& scope);
+  std::optional<scalar::NodeId> lower_binary(const Expr& e, scalar::Graph& g, OpScope& scope);
+  std::optional<scalar::NodeId> lower_compare(const Expr& e, scalar::Graph& g, OpScope& scope);
+  void op_expression_error(const Expr& e, const OpScope& scope);
   // A call in an op expression: math functions here, built-in activations and user ops below
   // (separate functions keep the frame of the recursion through ops small).
   std::optional<scalar::NodeId> lower_call(const Expr& e, scalar::Graph& g, OpScope& scope);
+  std::optional<scalar::NodeId> lower_math_call(const Expr& e, const user_ops::MathFunction& f,
+                                                scalar::Graph& g, OpScope& scope);
+  bool math_call_ok(const Expr& e, const user_ops::MathFunction& f, const OpScope& scope);
   std::optional<scalar::NodeId> lower_builtin_call(const Expr& e, const PointwiseDef& def,
                                                    scalar::Graph& g, OpScope& scope);
   std::optional<scalar::NodeId> lower_user_call(const Expr& e, scalar::Graph& g, OpScope& scope);
   void unknown_function(const Expr& e, const OpScope& scope);
+  enum class UserCallError { CallsItself, CallsLater, TooDeep, TooBig };
+  void user_call_error(UserCallError which, const Expr& e, const OpScope& scope,
+                       const UserOp& target);
   // A call's arguments: the inputs lowered (positional, first), the rest kept for the attributes.
   struct CallArgs {
     std::vector<scalar::NodeId> in;

@@ -83,29 +83,13 @@ std::optional<double> Builder::op_constant(const Expr& e, const OpScope& scope) 
   }
 }
 
-std::optional<scalar::NodeId> Builder::lower(const Expr& e, scalar::Graph& g, OpScope& scope) {
+// Errors of op expressions, out of line: lower() recurses once per level of an expression (and
+// through calls of other ops), so its frame stays small (no strings of its own); the messages
+// are built here.
+void Builder::op_expression_error(const Expr& e, const OpScope& scope) {
   const std::string& op_name = scope.op->decl->name;
   switch (e.kind) {
-    case Expr::Kind::Int:
-      return g.constant(double(e.int_value));
-    case Expr::Kind::Float:
-      return g.constant(e.float_value);
-    case Expr::Kind::Bool:
-    case Expr::Kind::String:
-    case Expr::Kind::List:
-      op_error(
-          scope, e.loc,
-          fmt::format("the expression of op '{}' computes one number: a {} is not allowed "
-                      "here",
-                      op_name,
-                      e.kind == Expr::Kind::Bool     ? "bool"
-                      : e.kind == Expr::Kind::String ? "string"
-                                                     : "list"),
-          e.kind == Expr::Kind::Bool ? "a condition is a comparison: select(x > 0, a, b)" : "");
-      return std::nullopt;
     case Expr::Kind::Name: {
-      if (auto it = scope.inputs.find(e.text); it != scope.inputs.end()) return it->second;
-      if (auto c = op_constant(e, scope)) return g.constant(*c);
       std::vector<std::string> names;
       for (const auto& [n, _] : scope.inputs) names.push_back(n);
       for (const auto& [n, _] : scope.attrs) names.push_back(n);
@@ -119,6 +103,41 @@ std::optional<scalar::NodeId> Builder::lower(const Expr& e, scalar::Graph& g, Op
             "constants",
             op_name);
       op_error(scope, e.loc, fmt::format("unknown name '{}' in op '{}'", e.text, op_name), hint);
+      return;
+    }
+    case Expr::Kind::Binary:  // only '%' is not an operator of op expressions
+      op_error(scope, e.loc,
+               fmt::format("'%' is not defined in the expression of op '{}'", op_name));
+      return;
+    default:
+      op_error(
+          scope, e.loc,
+          fmt::format("the expression of op '{}' computes one number: a {} is not allowed "
+                      "here",
+                      op_name,
+                      e.kind == Expr::Kind::Bool     ? "bool"
+                      : e.kind == Expr::Kind::String ? "string"
+                                                     : "list"),
+          e.kind == Expr::Kind::Bool ? "a condition is a comparison: select(x > 0, a, b)" : "");
+      return;
+  }
+}
+
+std::optional<scalar::NodeId> Builder::lower(const Expr& e, scalar::Graph& g, OpScope& scope) {
+  switch (e.kind) {
+    case Expr::Kind::Int:
+      return g.constant(double(e.int_value));
+    case Expr::Kind::Float:
+      return g.constant(e.float_value);
+    case Expr::Kind::Bool:
+    case Expr::Kind::String:
+    case Expr::Kind::List:
+      op_expression_error(e, scope);
+      return std::nullopt;
+    case Expr::Kind::Name: {
+      if (auto it = scope.inputs.find(e.text); it != scope.inputs.end()) return it->second;
+      if (auto c = op_constant(e, scope)) return g.constant(*c);
+      op_expression_error(e, scope);
       return std::nullopt;
     }
     case Expr::Kind::Unary: {
@@ -126,61 +145,68 @@ std::optional<scalar::NodeId> Builder::lower(const Expr& e, scalar::Graph& g, Op
       if (!a) return std::nullopt;
       return g.neg(*a);
     }
-    case Expr::Kind::Binary: {
-      if (e.op == '%') {
-        op_error(scope, e.loc,
-                 fmt::format("'%' is not defined in the expression of op '{}'", op_name));
-        return std::nullopt;
-      }
-      const auto a = lower(*e.operands.at(0), g, scope);
-      if (!a) return std::nullopt;
-      if (e.op == '^') {
-        const auto k = op_constant(*e.operands.at(1), scope);
-        if (k && *k == std::floor(*k) && std::abs(*k) <= kMaxProductPower) {
-          // Integer powers as products: exact for the CPU reference and cheap on the device.
-          scalar::NodeId p = g.constant(1);
-          const int n = int(std::abs(*k));
-          for (int i = 0; i < n; ++i) p = i == 0 ? *a : g.mul(p, *a);
-          return *k < 0 ? g.div(g.constant(1), p) : p;
-        }
-      }
-      const auto b = lower(*e.operands.at(1), g, scope);
-      if (!b) return std::nullopt;
-      switch (e.op) {
-        case '+':
-          return g.add(*a, *b);
-        case '-':
-          return g.sub(*a, *b);
-        case '*':
-          return g.mul(*a, *b);
-        case '/':
-          return g.div(*a, *b);
-        case '^':
-          return g.pow(*a, *b);
-        default:
-          return std::nullopt;
-      }
-    }
-    case Expr::Kind::Compare: {
-      // A comparison used as a number is 1 or 0: its derivative is zero almost everywhere but
-      // it has none at the step, so the op needs a backward of its own.
-      if (!scope.non_differentiable) scope.non_differentiable = e.loc;
-      const auto a = lower(*e.operands.at(0), g, scope);
-      const auto b = lower(*e.operands.at(1), g, scope);
-      if (!a || !b) return std::nullopt;
-      const scalar::NodeId one = g.constant(1), zero = g.constant(0);
-      const std::string& c = e.text;
-      if (c == ">") return g.select(scalar::Cmp::Gt, *a, *b, one, zero);
-      if (c == ">=") return g.select(scalar::Cmp::Ge, *a, *b, one, zero);
-      if (c == "<=") return g.select(scalar::Cmp::Le, *a, *b, one, zero);
-      if (c == "<") return g.select(scalar::Cmp::Gt, *b, *a, one, zero);
-      if (c == "==") return g.select(scalar::Cmp::Eq, *a, *b, one, zero);
-      return g.select(scalar::Cmp::Eq, *a, *b, zero, one);  // !=
-    }
+    case Expr::Kind::Binary:
+      return lower_binary(e, g, scope);
+    case Expr::Kind::Compare:
+      return lower_compare(e, g, scope);
     case Expr::Kind::Call:
       return lower_call(e, g, scope);
   }
   return std::nullopt;
+}
+
+std::optional<scalar::NodeId> Builder::lower_binary(const Expr& e, scalar::Graph& g,
+                                                    OpScope& scope) {
+  if (e.op == '%') {
+    op_expression_error(e, scope);
+    return std::nullopt;
+  }
+  const auto a = lower(*e.operands.at(0), g, scope);
+  if (!a) return std::nullopt;
+  if (e.op == '^') {
+    const auto k = op_constant(*e.operands.at(1), scope);
+    if (k && *k == std::floor(*k) && std::abs(*k) <= kMaxProductPower) {
+      // Integer powers as products: exact for the CPU reference and cheap on the device.
+      scalar::NodeId p = g.constant(1);
+      const int n = int(std::abs(*k));
+      for (int i = 0; i < n; ++i) p = i == 0 ? *a : g.mul(p, *a);
+      return *k < 0 ? g.div(g.constant(1), p) : p;
+    }
+  }
+  const auto b = lower(*e.operands.at(1), g, scope);
+  if (!b) return std::nullopt;
+  switch (e.op) {
+    case '+':
+      return g.add(*a, *b);
+    case '-':
+      return g.sub(*a, *b);
+    case '*':
+      return g.mul(*a, *b);
+    case '/':
+      return g.div(*a, *b);
+    case '^':
+      return g.pow(*a, *b);
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<scalar::NodeId> Builder::lower_compare(const Expr& e, scalar::Graph& g,
+                                                     OpScope& scope) {
+  // A comparison used as a number is 1 or 0: its derivative is zero almost everywhere but it has
+  // none at the step, so the op needs a backward of its own.
+  if (!scope.non_differentiable) scope.non_differentiable = e.loc;
+  const auto a = lower(*e.operands.at(0), g, scope);
+  const auto b = lower(*e.operands.at(1), g, scope);
+  if (!a || !b) return std::nullopt;
+  const scalar::NodeId one = g.constant(1), zero = g.constant(0);
+  const std::string& c = e.text;
+  if (c == ">") return g.select(scalar::Cmp::Gt, *a, *b, one, zero);
+  if (c == ">=") return g.select(scalar::Cmp::Ge, *a, *b, one, zero);
+  if (c == "<=") return g.select(scalar::Cmp::Le, *a, *b, one, zero);
+  if (c == "<") return g.select(scalar::Cmp::Gt, *b, *a, one, zero);
+  if (c == "==") return g.select(scalar::Cmp::Eq, *a, *b, one, zero);
+  return g.select(scalar::Cmp::Eq, *a, *b, zero, one);  // !=
 }
 
 std::optional<std::vector<double>> Builder::bind_op_attrs(
@@ -260,69 +286,73 @@ std::optional<std::vector<double>> Builder::bind_op_attrs(
   return values;
 }
 
-std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& g, OpScope& scope) {
-  const std::string& op_name = scope.op->decl->name;
+// A math function's call is well formed: positional arguments, as many as it takes, and a
+// comparison first in select. Out of line, as op_expression_error.
+bool Builder::math_call_ok(const Expr& e, const MathFunction& f, const OpScope& scope) {
   const std::string& callee = e.text;
-  const size_t given = e.operands.size();
-  // Arguments are lowered where their kind is known: a select's condition is not a number.
-  auto arg = [&](size_t i) { return lower(*e.operands.at(i), g, scope); };
-  auto positional_only = [&]() {
-    for (size_t i = 0; i < e.arg_names.size(); ++i) {
-      if (!e.arg_names[i].empty()) {
-        op_error(scope, e.arg_name_locs[i], fmt::format("'{}' takes no named arguments", callee));
-        return false;
-      }
+  for (size_t i = 0; i < e.arg_names.size(); ++i) {
+    if (!e.arg_names[i].empty()) {
+      op_error(scope, e.arg_name_locs[i], fmt::format("'{}' takes no named arguments", callee));
+      return false;
     }
-    return true;
-  };
-  if (const MathFunction* f = find_math(callee)) {
-    if (!positional_only()) return std::nullopt;
-    if (given != size_t(f->args)) {
-      op_error(
-          scope, e.loc,
-          fmt::format("'{}' takes {}, got {}", callee, plural(size_t(f->args), "argument"), given));
-      return std::nullopt;
-    }
-    if (callee == "select") {
-      const Expr& cond = *e.operands[0];
-      if (cond.kind != Expr::Kind::Compare) {
-        op_error(scope, cond.loc, "the first argument of select is a comparison",
-                 "write: select(x > 0, x, 0)");
-        return std::nullopt;
-      }
-      const auto a = lower(*cond.operands.at(0), g, scope);
-      const auto b = lower(*cond.operands.at(1), g, scope);
-      const auto then = arg(1);
-      const auto otherwise = arg(2);
-      if (!a || !b || !then || !otherwise) return std::nullopt;
-      const std::string& c = cond.text;
-      if (c == ">") return g.select(scalar::Cmp::Gt, *a, *b, *then, *otherwise);
-      if (c == ">=") return g.select(scalar::Cmp::Ge, *a, *b, *then, *otherwise);
-      if (c == "<=") return g.select(scalar::Cmp::Le, *a, *b, *then, *otherwise);
-      if (c == "<") return g.select(scalar::Cmp::Gt, *b, *a, *then, *otherwise);
-      if (c == "==") return g.select(scalar::Cmp::Eq, *a, *b, *then, *otherwise);
-      return g.select(scalar::Cmp::Eq, *a, *b, *otherwise, *then);  // !=
-    }
-    std::vector<scalar::NodeId> in;
-    for (size_t i = 0; i < given; ++i) {
-      const auto v = arg(i);
-      if (!v) return std::nullopt;
-      in.push_back(*v);
-    }
-    if (callee == "exp") return g.exp(in[0]);
-    if (callee == "log") return g.log(in[0]);
-    if (callee == "sqrt") return g.sqrt(in[0]);
-    if (callee == "rsqrt") return g.rsqrt(in[0]);
-    if (callee == "tanh") return g.tanh(in[0]);
-    if (callee == "sigmoid") return g.sigmoid(in[0]);
-    if (callee == "erf") return g.erf(in[0]);
-    if (callee == "abs") return g.abs(in[0]);
-    if (callee == "min") return g.min(in[0], in[1]);
-    return g.max(in[0], in[1]);
   }
-  if (const PointwiseDef* def = find_pointwise(callee))
+  const size_t given = e.operands.size();
+  if (given != size_t(f.args)) {
+    op_error(
+        scope, e.loc,
+        fmt::format("'{}' takes {}, got {}", callee, plural(size_t(f.args), "argument"), given));
+    return false;
+  }
+  if (callee == "select" && e.operands[0]->kind != Expr::Kind::Compare) {
+    op_error(scope, e.operands[0]->loc, "the first argument of select is a comparison",
+             "write: select(x > 0, x, 0)");
+    return false;
+  }
+  return true;
+}
+
+std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& g, OpScope& scope) {
+  if (const MathFunction* f = find_math(e.text)) return lower_math_call(e, *f, g, scope);
+  if (const PointwiseDef* def = find_pointwise(e.text))
     return lower_builtin_call(e, *def, g, scope);
   return lower_user_call(e, g, scope);
+}
+
+std::optional<scalar::NodeId> Builder::lower_math_call(const Expr& e, const MathFunction& f,
+                                                       scalar::Graph& g, OpScope& scope) {
+  if (!math_call_ok(e, f, scope)) return std::nullopt;
+  const std::string& callee = e.text;
+  // Arguments are lowered where their kind is known: a select's condition is not a number.
+  if (callee == "select") {
+    const Expr& cond = *e.operands[0];
+    const auto a = lower(*cond.operands.at(0), g, scope);
+    const auto b = lower(*cond.operands.at(1), g, scope);
+    const auto then = lower(*e.operands[1], g, scope);
+    const auto otherwise = lower(*e.operands[2], g, scope);
+    if (!a || !b || !then || !otherwise) return std::nullopt;
+    const std::string& c = cond.text;
+    if (c == ">") return g.select(scalar::Cmp::Gt, *a, *b, *then, *otherwise);
+    if (c == ">=") return g.select(scalar::Cmp::Ge, *a, *b, *then, *otherwise);
+    if (c == "<=") return g.select(scalar::Cmp::Le, *a, *b, *then, *otherwise);
+    if (c == "<") return g.select(scalar::Cmp::Gt, *b, *a, *then, *otherwise);
+    if (c == "==") return g.select(scalar::Cmp::Eq, *a, *b, *then, *otherwise);
+    return g.select(scalar::Cmp::Eq, *a, *b, *otherwise, *then);  // !=
+  }
+  const auto x = lower(*e.operands[0], g, scope);
+  if (!x) return std::nullopt;
+  if (f.args == 2) {
+    const auto y = lower(*e.operands[1], g, scope);
+    if (!y) return std::nullopt;
+    return callee == "min" ? g.min(*x, *y) : g.max(*x, *y);
+  }
+  if (callee == "exp") return g.exp(*x);
+  if (callee == "log") return g.log(*x);
+  if (callee == "sqrt") return g.sqrt(*x);
+  if (callee == "rsqrt") return g.rsqrt(*x);
+  if (callee == "tanh") return g.tanh(*x);
+  if (callee == "sigmoid") return g.sigmoid(*x);
+  if (callee == "erf") return g.erf(*x);
+  return g.abs(*x);
 }
 
 bool Builder::split_call_args(const Expr& e, size_t inputs, scalar::Graph& g, OpScope& scope,
@@ -411,27 +441,52 @@ void Builder::unknown_function(const Expr& e, const OpScope& scope) {
            fmt::format("unknown function '{}' in op '{}'", callee, scope.op->decl->name), hint);
 }
 
-std::optional<scalar::NodeId> Builder::lower_user_call(const Expr& e, scalar::Graph& g,
-                                                       OpScope& scope) {
+void Builder::user_call_error(UserCallError which, const Expr& e, const OpScope& scope,
+                              const UserOp& target) {
   const std::string& op_name = scope.op->decl->name;
   const std::string& callee = e.text;
-  auto it = user_ops_.find(callee);
+  switch (which) {
+    case UserCallError::CallsItself:
+      op_error(scope, e.loc, fmt::format("op '{}' calls itself; ops cannot be recursive", op_name),
+               "write the expression out, or define a helper op before it");
+      return;
+    case UserCallError::CallsLater:
+      op_error(scope, e.loc,
+               fmt::format("op '{}' calls '{}', which is defined after it", op_name, callee),
+               fmt::format("define '{}' first (ops call only earlier ops, so no op is recursive)",
+                           callee));
+      if (scope.report) diags_.note(target.decl->loc, fmt::format("'{}' is defined here", callee));
+      return;
+    case UserCallError::TooDeep:
+      op_error(scope, e.loc,
+               fmt::format("op '{}' nests calls of ops more than {} deep through '{}'", op_name,
+                           kMaxOpCallDepth, callee),
+               "call the ops one after another in the sequence, or give the inner calls their "
+               "attributes' defaults (such calls are lowered once)");
+      return;
+    case UserCallError::TooBig:
+      op_error(scope, e.loc,
+               fmt::format("op '{}' grows past {} operations with this call of '{}'", op_name,
+                           kMaxOpNodes, callee),
+               "split the op, or call the ops in sequence instead of inside one another");
+      return;
+  }
+}
+
+std::optional<scalar::NodeId> Builder::lower_user_call(const Expr& e, scalar::Graph& g,
+                                                       OpScope& scope) {
+  auto it = user_ops_.find(e.text);
   if (it == user_ops_.end()) {
     unknown_function(e, scope);
     return std::nullopt;
   }
   const UserOp& target = it->second;
   if (&target == scope.op) {
-    op_error(scope, e.loc, fmt::format("op '{}' calls itself; ops cannot be recursive", op_name),
-             "write the expression out, or define a helper op before it");
+    user_call_error(UserCallError::CallsItself, e, scope, target);
     return std::nullopt;
   }
   if (target.order > scope.op->order) {
-    op_error(scope, e.loc,
-             fmt::format("op '{}' calls '{}', which is defined after it", op_name, callee),
-             fmt::format("define '{}' first (ops call only earlier ops, so no op is recursive)",
-                         callee));
-    if (scope.report) diags_.note(target.decl->loc, fmt::format("'{}' is defined here", callee));
+    user_call_error(UserCallError::CallsLater, e, scope, target);
     return std::nullopt;
   }
   if (!target.valid) return std::nullopt;  // its own errors are reported at its definition
@@ -457,11 +512,7 @@ std::optional<scalar::NodeId> Builder::lower_user_call(const Expr& e, scalar::Gr
     if (!op_call_too_deep_) return false;
     if (op_call_depth_ == 0) {
       op_call_too_deep_ = false;
-      op_error(scope, e.loc,
-               fmt::format("op '{}' nests calls of ops more than {} deep through '{}'", op_name,
-                           kMaxOpCallDepth, callee),
-               "call the ops one after another in the sequence, or give the inner calls their "
-               "attributes' defaults (such calls are lowered once)");
+      user_call_error(UserCallError::TooDeep, e, scope, target);
     }
     return true;
   };
@@ -482,10 +533,7 @@ std::optional<scalar::NodeId> Builder::lower_user_call(const Expr& e, scalar::Gr
   const scalar::Graph& callee_graph = cached->second.graph;
   const auto& roots = cached->second.roots;
   if (g.size() + callee_graph.size() > kMaxOpNodes) {
-    op_error(scope, e.loc,
-             fmt::format("op '{}' grows past {} operations with this call of '{}'", op_name,
-                         kMaxOpNodes, callee),
-             "split the op, or call the ops in sequence instead of inside one another");
+    user_call_error(UserCallError::TooBig, e, scope, target);
     return std::nullopt;
   }
   if (!roots) {

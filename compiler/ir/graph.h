@@ -157,9 +157,26 @@ struct Sequence {
   std::vector<std::string> symbols() const;
 };
 
+// A fusion pattern declared with `fusion` or through the compile options (docs/language.md,
+// "Declared fusions"). The fuse passes try it with the built-in patterns of its phase, by
+// priority (built-ins have 0; ties keep declaration order, built-ins first).
+struct DeclaredFusion {
+  struct Step {
+    OpKind kind = OpKind::Fused;
+    std::string user_op;  // a user-defined op's name (kind is its carrier); empty: any op of kind
+    bool optional = false;
+  };
+  std::string name;
+  Phase phase = Phase::Forward;
+  int priority = 1;
+  std::vector<Step> steps;  // each reads the first result of the last step present before it
+  SourceLoc loc;
+};
+
 struct Program {
   std::vector<Sequence> sequences;
-  std::vector<Recipe> recipes;  // declared recipes, in declaration order
+  std::vector<Recipe> recipes;          // declared recipes, in declaration order
+  std::vector<DeclaredFusion> fusions;  // in declaration order
 
   const Sequence* find_sequence(std::string_view name) const;
 };

@@ -149,10 +149,28 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
   return out;
 }
 
+std::string print_fusion(const DeclaredFusion& fusion) {
+  std::string steps;
+  for (const DeclaredFusion::Step& step : fusion.steps) {
+    steps += steps.empty() ? "" : "; ";
+    // A pointwise op's backward is written with the op's name (its kind's name is the family's).
+    const PointwiseDef* def = op_info(step.kind).pointwise;
+    steps += !step.user_op.empty() ? step.user_op
+             : def != nullptr      ? std::string(def->name)
+                                   : std::string(op_info(step.kind).name);
+    steps += step.optional ? "?" : "";
+  }
+  return fmt::format("fusion {}(phase = {}, priority = {}) {{ {} }}", fusion.name,
+                     fusion.phase == Phase::Backward ? "backward" : "forward", fusion.priority,
+                     steps);
+}
+
 std::string print_program(const Program& program, const SourceManager* sources) {
   std::string out;
   for (const Recipe& r : program.recipes)
     out += fmt::format("recipe {} = {}\n", r.name, recipe_string(r));
+  for (const DeclaredFusion& f : program.fusions)
+    out += print_fusion(f) + location(f.loc, sources) + "\n";
   for (const Sequence& s : program.sequences) {
     if (!out.empty()) out += "\n";
     out += print_sequence(s, sources);

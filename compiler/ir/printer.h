@@ -11,5 +11,7 @@ namespace opfuse::ir {
 // `sources` turns locations into `mlp.fuse:12` comments; pass nullptr to omit them.
 std::string print_sequence(const Sequence& seq, const SourceManager* sources);
 std::string print_program(const Program& program, const SourceManager* sources);
+// `fusion NAME(phase = ..., priority = N) { op; op?; ... }`, as the language writes it.
+std::string print_fusion(const DeclaredFusion& fusion);
 
 }  // namespace opfuse::ir

@@ -28,6 +28,7 @@ if _TEMPLATES.is_dir():
 from ._opfuse import (  # noqa: E402  (after the environment is set)
     BlockSummaryStatus,
     BuildStats,
+    FusionDeclaration,
     CompileError,
     CompileOptions,
     ContextFaultError,
@@ -60,7 +61,8 @@ from ._opfuse import gpu_available as _gpu_available
 
 __all__ = [
     "BlockSummaryStatus", "BuildStats", "CompileError", "CompileOptions", "ContextFaultError",
-    "CudaError", "DebugSessionOptions", "DebugStat", "Error", "GraphScope", "JitError",
+    "CudaError", "DebugSessionOptions", "DebugStat", "Error", "FusionDeclaration", "GraphScope",
+    "JitError",
     "MemoryStats", "ParallelOptions", "Program", "QuantizerStatus", "ReferenceSession", "RunMode",
     "Session", "SessionOptions", "StateFileError", "StateParts", "TensorDType", "TensorInfo", "TensorKind",
     "SupportsDLPack", "UsageError", "compile", "gpu_available", "load_build", "new_parallel_id", "reference_input",
@@ -193,7 +195,8 @@ def compile(path_or_source: PathLike, *, recipe: Optional[str] = None,
             name: str = "<string>.fuse", cache_dir: Optional[PathLike] = None,
             use_cache: bool = True, disabled_passes: Sequence[str] = (),
             fp8_fprop_fast_accum: bool = True, fp8_backward_fast_accum: bool = False,
-            compile_threads: int = 0, emulate_block_scaling: bool = False) -> Program:
+            compile_threads: int = 0, emulate_block_scaling: bool = False,
+            fusions: Sequence[FusionDeclaration] = ()) -> Program:
     """Compiles a .fuse program (a path, or its text: a string with a newline) for the GPU.
 
     recipe: a recipe declared in the file or 'bf16' for every sequence (None: each its own).
@@ -203,6 +206,9 @@ def compile(path_or_source: PathLike, *, recipe: Optional[str] = None,
     Kernels are cached on disk (cache_dir, else $OPFUSE_CACHE_DIR, else ~/.cache/opfuse).
     emulate_block_scaling: run float8_block_scaling emulated on sm_90a too (block-quantized
     copies decoded to BF16, BF16 GEMMs), to compare with the native block-scaled GEMMs.
+    fusions: fusion patterns beside the program's own `fusion` declarations, e.g.
+    FusionDeclaration("axpy", ["constant_scale", "add_extra_input"]) (TE's ForwardAxpy), each
+    checked as the declaration `fusion axpy(phase = forward, priority = 1) { ... }` would be.
 
     Raises CompileError with every diagnostic, located (`file:line:col: error: ...`, the line
     and a caret), for a program with errors; UsageError for bad options; JitError when NVRTC
@@ -218,6 +224,7 @@ def compile(path_or_source: PathLike, *, recipe: Optional[str] = None,
     options.fp8_backward_fast_accum = fp8_backward_fast_accum
     options.compile_threads = compile_threads
     options.emulate_block_scaling = emulate_block_scaling
+    options.fusions = list(fusions)
     config_path: Optional[str] = None
     config_text: Optional[str] = None
     if debug_config is not None:

@@ -60,6 +60,28 @@ void set_debug_config(CompileOptions& options, const std::optional<std::string>&
 }  // namespace
 
 void bind_program(nb::module_& m) {
+  nb::class_<FusionDeclaration> fusion(
+      m, "FusionDeclaration",
+      "A fusion pattern declared beside the program's own `fusion` declarations (docs/language.md, "
+      "'Declared fusions'): op names in dataflow order, 'bias?' for an optional step.");
+  nb::enum_<FusionDeclaration::Phase>(fusion, "Phase")
+      .value("FORWARD", FusionDeclaration::Phase::Forward)
+      .value("BACKWARD", FusionDeclaration::Phase::Backward);
+  fusion
+      .def(
+          "__init__",
+          [](FusionDeclaration* self, std::string name, std::vector<std::string> ops,
+             FusionDeclaration::Phase phase, int priority) {
+            new (self) FusionDeclaration{std::move(name), phase, priority, std::move(ops)};
+          },
+          nb::arg("name"), nb::arg("ops"), nb::arg("phase") = FusionDeclaration::Phase::Forward,
+          nb::arg("priority") = 1)
+      .def_rw("name", &FusionDeclaration::name)
+      .def_rw("ops", &FusionDeclaration::ops)
+      .def_rw("phase", &FusionDeclaration::phase)
+      .def_rw("priority", &FusionDeclaration::priority,
+              "> 0: tried before the built-in patterns (priority 0); < 0: after them");
+
   nb::class_<CompileOptions>(m, "CompileOptions", "How opfuse.compile() compiles a program.")
       .def(nb::init<>())
       .def_rw("recipe", &CompileOptions::recipe,
@@ -75,7 +97,9 @@ void bind_program(nb::module_& m) {
       .def_rw("fp8_backward_fast_accum", &CompileOptions::fp8_backward_fast_accum)
       .def_rw("compile_threads", &CompileOptions::compile_threads, "<= 0: every core")
       .def_rw("emulate_block_scaling", &CompileOptions::emulate_block_scaling,
-              "float8_block_scaling emulated on sm_90a too (BF16 GEMMs over decoded copies)");
+              "float8_block_scaling emulated on sm_90a too (BF16 GEMMs over decoded copies)")
+      .def_rw("fusions", &CompileOptions::fusions,
+              "fusion patterns beside the program's own `fusion` declarations");
 
   nb::class_<PyProgram>(m, "Program",
                         "A compiled program: every sequence's plan and its kernels' binaries.\n\n"

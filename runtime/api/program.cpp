@@ -1,6 +1,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "api/program_impl.h"
 #include "cpu/numerics.h"
 #include "driver/compile.h"
+#include "driver/frontend.h"
 #include "gpu/device.h"
 #include "jit/kernel_cache.h"
 #include "support/diagnostics.h"
@@ -140,6 +143,47 @@ std::string_view tensor_kind_name(TensorKind kind) {
   return "?";
 }
 
+namespace {
+
+bool is_identifier(std::string_view s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  return std::ranges::all_of(
+      s, [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; });
+}
+
+// Each declaration as the language writes it, one source per declaration so that a diagnostic
+// names the one it is in. Names are checked first: the text must say what the fields say.
+ExtraSources fusion_sources(const std::vector<FusionDeclaration>& fusions) {
+  ExtraSources out;
+  for (size_t i = 0; i < fusions.size(); ++i) {
+    const FusionDeclaration& f = fusions[i];
+    if (!is_identifier(f.name)) {
+      throw UsageError(fmt::format(
+          "CompileOptions::fusions[{}]: the name '{}' is not an identifier", i, f.name));
+    }
+    std::string steps;
+    for (const std::string& op : f.ops) {
+      const bool optional = op.ends_with('?');
+      const std::string_view name = std::string_view(op).substr(0, op.size() - (optional ? 1 : 0));
+      if (!is_identifier(name)) {
+        throw UsageError(fmt::format(
+            "CompileOptions::fusions[{}] ('{}'): the step '{}' is not an op name (with '?' when "
+            "optional)",
+            i, f.name, op));
+      }
+      steps += fmt::format("{}{}", steps.empty() ? "" : "; ", op);
+    }
+    out.emplace_back(
+        fmt::format("<CompileOptions.fusions[{}]>", i),
+        fmt::format("fusion {}(phase = {}, priority = {}) {{ {} }}\n", f.name,
+                    f.phase == FusionDeclaration::Phase::Backward ? "backward" : "forward",
+                    f.priority, steps));
+  }
+  return out;
+}
+
+}  // namespace
+
 Program Program::compile(std::string_view source, std::string_view file_name,
                          const CompileOptions& options) {
   auto impl = std::make_shared<Impl>();
@@ -155,6 +199,7 @@ Program Program::compile(std::string_view source, std::string_view file_name,
   compile_options.fp8_fprop_fast_accum = options.fp8_fprop_fast_accum;
   compile_options.fp8_backward_fast_accum = options.fp8_backward_fast_accum;
   compile_options.emulate_block_scaling = options.emulate_block_scaling;
+  compile_options.extra_sources = fusion_sources(options.fusions);
   // The front end, then the passes and the plan (the plain plan): a debug config keeps the IR
   // in between to compile its variants from.
   driver::CompileOptions front_end = compile_options;

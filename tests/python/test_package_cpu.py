@@ -7,6 +7,7 @@ and OPFUSE_SOURCE_DIR in the environment.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -222,6 +223,34 @@ class Diagnostics(unittest.TestCase):
             opfuse.compile(TINY, debug_config=config.replace("LogTensorStats", "NoSuchFeature"))
         self.assertRegex(str(caught.exception),
                          r"^debug\.yaml:6:5: error: unknown feature 'NoSuchFeature'\n")
+
+    def test_declared_fusions_join_ops_and_locate_their_errors(self) -> None:
+        axpy = """sequence s(x: bf16[tokens, 64], r: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) {
+  constant_scale(0.5)
+  add_extra_input(r)
+}
+"""
+        plain = opfuse.compile(axpy, arch="sm_90a", use_cache=False)
+        fused = opfuse.compile(axpy, arch="sm_90a", use_cache=False, fusions=[
+            opfuse.FusionDeclaration("axpy", ["constant_scale", "add_extra_input"])])
+
+        def forward_steps(program: opfuse.Program) -> list:
+            return json.loads(program.plan_json)["sequences"][0]["phases"][0]["steps"]
+
+        self.assertEqual(len(forward_steps(plain)), 2)
+        steps = forward_steps(fused)
+        self.assertEqual(len(steps), 1)
+        self.assertEqual(steps[0]["pattern"], "axpy")
+        self.assertIn("y = 0.5 * x + residual", steps[0]["what"])
+        with self.assertRaises(opfuse.CompileError) as caught:
+            opfuse.compile(axpy, arch="sm_90a", fusions=[opfuse.FusionDeclaration(
+                "late", ["gelu", "cast_fp8"], phase=opfuse.FusionDeclaration.Phase.BACKWARD,
+                priority=500)])
+        self.assertRegex(str(caught.exception),
+                         r"^<CompileOptions\.fusions\[0\]>:1:\d+: error: priority 500 is out "
+                         r"of range for fusion 'late'")
+        with self.assertRaises(opfuse.UsageError):
+            opfuse.compile(axpy, fusions=[opfuse.FusionDeclaration("a b", ["bias", "gelu"])])
 
     def test_a_missing_file_is_a_usage_error(self) -> None:
         with self.assertRaisesRegex(opfuse.UsageError, "nowhere.fuse: no such file"):

@@ -308,6 +308,63 @@ std::vector<Case> huge_lines() {
 // Op definitions (docs/language.md, "User-defined ops") at their limits: deep nesting of
 // calls, powers and comparisons, chains of ops that would grow exponentially if each call were
 // lowered anew, huge expressions, random expressions over the op grammar's tokens.
+// Fusion declarations: steps, arguments and punctuation in random order, with ops of both
+// phases, user ops and names that are none, against a sequence the fusion may match.
+std::vector<Case> fusion_declarations(Random& rng) {
+  std::vector<Case> out;
+  static const char* const kTokens[] = {"constant_scale",
+                                        "add_extra_input",
+                                        "bias",
+                                        "cast_fp8",
+                                        "gelu",
+                                        "linear",
+                                        "linear_dgrad",
+                                        "grad_add",
+                                        "twice",
+                                        "fused",
+                                        "nope",
+                                        "?",
+                                        ";",
+                                        "{",
+                                        "}",
+                                        "(",
+                                        ")",
+                                        "phase",
+                                        "=",
+                                        "backward",
+                                        "forward",
+                                        "priority",
+                                        "-3",
+                                        "1000",
+                                        ",",
+                                        "\n",
+                                        "fusion",
+                                        "op",
+                                        "[",
+                                        "0.5"};
+  const std::string use =
+      "sequence s(x: bf16[t, 64], r: bf16[t, 64]) -> (y: bf16[t, 64]) {\n"
+      "  constant_scale(0.5)\n  twice()\n  add_extra_input(r)\n}\n";
+  for (int variant = 0; variant < 300; ++variant) {
+    std::string text = "op twice(x) = 2 * x\nfusion f";
+    if (variant % 2 == 0) text += "(priority = 3) {";
+    const size_t n = 1 + rng.below(16);
+    for (size_t i = 0; i < n; ++i)
+      text += std::string(" ") + kTokens[rng.below(std::size(kTokens))];
+    if (variant % 3 != 0) text += " }";
+    out.push_back({"fusion soup #" + std::to_string(variant), text + "\n" + use});
+  }
+  out.push_back({"axpy", "fusion axpy { constant_scale; add_extra_input }\n" + use});
+  std::string many;
+  for (int i = 0; i < 200; ++i)
+    many += "fusion f" + std::to_string(i) + "(priority = " + std::to_string(i % 201 - 100) +
+            ") { constant_scale; bias?; add_extra_input?; add_extra_input; cast_fp8? }\n";
+  out.push_back({"200 fusions", many + use});
+  out.push_back({"16 optional steps", "fusion f { constant_scale; add_extra_input" +
+                                          repeat("; bias?", 14) + " }\n" + use});
+  return out;
+}
+
 std::vector<Case> op_definitions(Random& rng) {
   std::vector<Case> out;
   const size_t depth = 10000;
@@ -486,6 +543,7 @@ const std::map<std::string, std::vector<Case>>& corpus() {
     random_family("nul_bytes", nul_bytes, 6);
     random_family("token_swaps", token_swaps, 7);
     random_family("op_definitions", op_definitions, 8);
+    random_family("fusion_declarations", fusion_declarations, 9);
     families["truncations"] = truncations();
     families["huge_lines"] = huge_lines();
     families["deep_nesting"] = deep_nesting();
@@ -585,6 +643,7 @@ TEST(FuzzCorpus, NulBytes) { run_family("nul_bytes"); }
 TEST(FuzzCorpus, HugeLines) { run_family("huge_lines"); }
 TEST(FuzzCorpus, DeepNesting) { run_family("deep_nesting"); }
 TEST(FuzzCorpus, OpDefinitions) { run_family("op_definitions"); }
+TEST(FuzzCorpus, FusionDeclarations) { run_family("fusion_declarations"); }
 TEST(FuzzCorpus, HugeNumbers) { run_family("huge_numbers"); }
 TEST(FuzzCorpus, OversizedSequencesSignaturesAndFiles) { run_family("oversized"); }
 TEST(FuzzCorpus, MissingImports) { run_family("missing_imports"); }

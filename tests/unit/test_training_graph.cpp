@@ -89,6 +89,19 @@ sequence b(x: bf16[t, 32], r: bf16[t, 32]) -> (y: bf16[t, 32], skip: bf16[t, 32]
   EXPECT_EQ(s.input_grads[1], s.output_grads[0]);
 }
 
+// An extra input never added (a warning at build) has no gradient op: build-backward leaves its
+// gradient out and the verifier takes it (it failed with an internal error before).
+TEST(BuildBackward, AnUnusedExtraInputGetsNoGradientOp) {
+  const ir::Sequence s = lower(R"(
+sequence b(x: bf16[t, 32], r: bf16[t, 32]) -> (y: bf16[t, 32]) {
+  gelu()
+}
+)");
+  ASSERT_EQ(s.input_grads.size(), 2u);
+  EXPECT_NE(s.input_grads[0], ir::kNoValue);
+  EXPECT_EQ(s.input_grads[1], ir::kNoValue);
+}
+
 TEST(PlanQuantization, HybridGivesGradientsE5M2AndTheTransposedCopiesTnNeeds) {
   const ir::Sequence s = lower(kMlp);
   ASSERT_EQ(s.quantizers.size(), 6u);

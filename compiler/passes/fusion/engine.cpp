@@ -36,6 +36,7 @@ bool step_accepts(const Sequence& s, const Step& step, const Operation& op) {
                                           : std::find(step.kinds.begin(), step.kinds.end(),
                                                       op.kind) != step.kinds.end();
   if (!kind_ok) return false;
+  if (!step.user_op.empty() && ir::attr_name(op.attrs, "op") != step.user_op) return false;
   return step.when == nullptr || step.when(s, op);
 }
 

@@ -33,6 +33,8 @@ struct Step {
   // kStats, templates/common/elementwise_tile.cuh): one whole-tensor statistics op reading it
   // (stats_can_fold) joins the group instead of keeping the result in memory.
   bool stats_ok = false;
+  // A declared fusion's step naming a user-defined op: only that op of the carrier kind.
+  std::string_view user_op{};
 };
 
 // The ops a match found, by step (nullptr for an optional step that was absent).
@@ -51,6 +53,18 @@ struct FusionPattern {
 // Returns true when anything fused.
 bool apply_patterns(ir::Sequence& seq, ir::Phase phase,
                     std::span<const FusionPattern* const> patterns);
+
+// The patterns of `phase` in the order the fuse passes try them: the built-in ones (priority 0,
+// patterns.cpp's order) and the program's declared fusions (ir::DeclaredFusion) by priority,
+// higher first; ties keep the built-ins first, then declaration order. `storage` keeps the
+// declared patterns alive while the result is used.
+struct DeclaredPatterns {
+  std::vector<std::vector<ir::OpKind>> kinds;  // one per step
+  std::vector<std::vector<Step>> steps;        // one per declared fusion
+  std::vector<FusionPattern> patterns;
+};
+std::vector<const FusionPattern*> patterns_in_order(const ir::Program& program, ir::Phase phase,
+                                                    DeclaredPatterns& storage);
 
 // Conditions shared by several patterns.
 // An FP8 cast can fold into its producer only under delayed scaling: current scaling needs the

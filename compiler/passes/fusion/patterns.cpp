@@ -1,5 +1,6 @@
 #include "passes/fusion/patterns.h"
 
+#include <algorithm>
 #include <array>
 
 namespace opfuse::passes::fusion {
@@ -20,6 +21,47 @@ std::span<const FusionPattern* const> backward_patterns() {
       &dgelu_bgrad(),   &dact_cast(), &dact_block_cast(), &cast_dbias(), &norm_backward_residual(),
       &dgrad_residual()};
   return order;
+}
+
+std::vector<const FusionPattern*> patterns_in_order(const ir::Program& program, ir::Phase phase,
+                                                    DeclaredPatterns& storage) {
+  const auto builtins = phase == ir::Phase::Forward ? forward_patterns() : backward_patterns();
+  storage = {};
+  size_t declared = 0;
+  for (const ir::DeclaredFusion& f : program.fusions) declared += f.phase == phase ? 1 : 0;
+  // Spans point into these vectors: no reallocation after the reserve.
+  storage.kinds.reserve(declared * 16);
+  storage.steps.reserve(declared);
+  storage.patterns.reserve(declared);
+  std::vector<std::pair<int, const FusionPattern*>> order;
+  for (const FusionPattern* p : builtins) order.emplace_back(0, p);
+  for (const ir::DeclaredFusion& f : program.fusions) {
+    if (f.phase != phase) continue;
+    std::vector<Step>& steps = storage.steps.emplace_back();
+    for (size_t k = 0; k < f.steps.size(); ++k) {
+      const ir::DeclaredFusion::Step& d = f.steps[k];
+      const std::vector<ir::OpKind>& kinds = storage.kinds.emplace_back(1, d.kind);
+      Step step;
+      step.kinds = kinds;
+      step.link = k == 0 ? Link::Start : Link::Consumes;
+      step.from = k == 0 ? 0 : int(k) - 1;
+      step.optional = d.optional;
+      step.user_op = d.user_op;
+      // The rule every built-in pattern keeps: a current-scaled cast measures the amax of the
+      // whole tensor first, so it never folds into its producer.
+      if (d.kind == ir::OpKind::CastFp8) step.when = cast_can_fold;
+      steps.push_back(step);
+    }
+    const FusionPattern& p = storage.patterns.emplace_back(
+        FusionPattern{f.name, phase, steps, nullptr, "declared in the program"});
+    order.emplace_back(f.priority, &p);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<const FusionPattern*> out;
+  out.reserve(order.size());
+  for (const auto& [_, p] : order) out.push_back(p);
+  return out;
 }
 
 }  // namespace opfuse::passes::fusion

@@ -66,6 +66,19 @@ struct DebugConfigSource {
   std::string name = "debug.yaml";
 };
 
+// A fusion pattern the application declares, as a `fusion` declaration does in a .fuse file
+// (docs/language.md, "Declared fusions"; TE's register_forward_fusion and
+// register_backward_fusion). Checked like one: a step that names no op, a phase an op cannot run
+// in, or ops no kernel runs together are a CompileError located in the declaration's text,
+// `fusion NAME(phase = ..., priority = N) { op; op?; ... }`, shown as <CompileOptions.fusions[i]>.
+struct FusionDeclaration {
+  enum class Phase { Forward, Backward };
+  std::string name;  // an identifier, unique among the program's names
+  Phase phase = Phase::Forward;
+  int priority = 1;  // > 0: tried before the built-in patterns (priority 0); < 0: after them
+  std::vector<std::string> ops;  // op names, in dataflow order; "bias?" marks an optional step
+};
+
 struct CompileOptions {
   std::string recipe;  // a recipe declared in the file, or "bf16"; empty: each sequence's own
   // NVRTC target, e.g. "sm_90a"; empty: the current GPU's, or sm_90a on a machine without one.
@@ -88,6 +101,8 @@ struct CompileOptions {
   std::optional<DebugConfigSource> debug_config;
   // The application's features (opfuse/debug_feature.h), usable in the config by name.
   std::vector<std::shared_ptr<const DebugFeature>> debug_features;
+  // Fusion patterns beside the program's own `fusion` declarations.
+  std::vector<FusionDeclaration> fusions;
 };
 
 struct BuildStats {
