@@ -416,6 +416,14 @@ std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& 
     return std::nullopt;
   }
   if (!target.valid) return std::nullopt;  // its own errors are reported at its definition
+  if (!target.learned.empty()) {
+    // Its parameters belong to a layer of a sequence; a call has no layer to own them.
+    op_error(
+        scope, e.loc,
+        fmt::format("op '{}' calls '{}', which has learned parameters", op_name, callee),
+        fmt::format("use '{}' in a sequence, or declare its parameters in '{}'", callee, op_name));
+    return std::nullopt;
+  }
   std::vector<scalar::NodeId> in;
   std::vector<const Expr*> rest;
   std::vector<std::string> names;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -97,10 +98,61 @@ const PointwiseDef* find_pointwise(std::string_view name) {
 }
 
 AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression,
-                              std::string_view parts) {
+                              std::string_view parts, std::string_view params) {
   return {{"op", std::string(op_name)},
           {"expression", std::string(expression)},
-          {"parts", std::string(parts)}};
+          {"parts", std::string(parts)},
+          {"params", std::string(params)}};
+}
+
+std::string encode_user_params(std::span<const UserParam> params) {
+  std::string out;
+  for (const UserParam& p : params)
+    out += fmt::format("{}{}:{}:{}:{}", out.empty() ? "" : ",", p.name, dtype_name(p.dtype), p.size,
+                       scalar::encode_number(p.init));
+  return out;
+}
+
+std::optional<std::vector<UserParam>> decode_user_params(std::string_view text) {
+  std::vector<UserParam> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    if (out.size() >= kMaxUserParams) return std::nullopt;
+    const size_t end = std::min(text.find(',', start), text.size());
+    std::string_view item = text.substr(start, end - start);
+    start = end + 1;
+    std::string_view fields[4];
+    for (int i = 0; i < 4; ++i) {
+      const size_t colon = i == 3 ? item.size() : item.find(':');
+      if (colon == std::string_view::npos) return std::nullopt;
+      fields[i] = item.substr(0, colon);
+      item.remove_prefix(i == 3 ? item.size() : colon + 1);
+    }
+    UserParam p;
+    p.name = std::string(fields[0]);
+    const auto dtype = parse_user_dtype(fields[1]);
+    const auto init = scalar::decode_number(fields[3]);
+    if (p.name.empty() || !dtype || !init || fields[2].empty() || fields[2].size() > 12)
+      return std::nullopt;
+    p.dtype = *dtype;
+    p.init = *init;
+    for (const char c : fields[2]) {
+      if (c < '0' || c > '9') return std::nullopt;
+      p.size = p.size * 10 + (c - '0');
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<UserParam> user_params(const PointwiseDef& def, const AttrList& attrs) {
+  if (!def.user_defined) return {};
+  const auto it = std::ranges::find(attrs, std::string_view("params"), &Attr::name);
+  if (it == attrs.end()) return {};
+  const auto decoded = decode_user_params(std::get<std::string>(it->value));
+  OPFUSE_ASSERT(decoded.has_value(), "user op '{}': its params attribute '{}' is malformed",
+                attr_name(attrs, "op"), std::get<std::string>(it->value));
+  return *decoded;
 }
 
 std::string composed_part_text(std::string_view name, SourceLoc loc) {
@@ -146,6 +198,7 @@ bool has_gelu_epilogue(OpKind kind) {
 
 PointwiseExpr::PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, bool device) {
   inputs_ = def.gated ? 2 : 1;
+  params_ = int(user_params(def, attrs).size());
   std::vector<scalar::NodeId> in(size_t(inputs_), 0);
   for (int i = 0; i < inputs_; ++i) in[size_t(i)] = graph_.var(i);
   std::vector<scalar::NodeId> given;
@@ -159,33 +212,66 @@ PointwiseExpr::PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, boo
                          : graph_.is_constant(d, 1) ? dy
                                                     : graph_.mul(d, dy));
   }
+  OPFUSE_ASSERT(gradients_.size() == size_t(inputs_ + params_),
+                "pointwise op '{}': {} gradients for {} inputs and {} parameters",
+                pointwise_op_name(def, attrs), gradients_.size(), inputs_, params_);
+  // The expression reads no var past the parameters (a decoded attribute is not trusted).
+  for (size_t id = 0; id < graph_.size(); ++id) {
+    const scalar::Node& n = graph_.node(scalar::NodeId(id));
+    OPFUSE_ASSERT(n.op != scalar::Op::Var || (n.var >= 0 && n.var <= inputs_ + params_),
+                  "pointwise op '{}' reads var {} of {}", pointwise_op_name(def, attrs), n.var,
+                  inputs_ + params_ + 1);
+  }
   const scalar::NodeId roots[] = {value_};
   forward_order_ = graph_.schedule(roots);
   backward_order_ = graph_.schedule(gradients_);
 }
 
+namespace {
+
+// The expression's vars: the inputs, dy, the learned parameters (var(inputs + 1 + j)).
 template <typename T>
-T PointwiseExpr::forward(std::span<const T> in, std::span<T> scratch) const {
-  graph_.evaluate<T>(forward_order_, in, scratch);
+std::array<T, 3 + kMaxUserParams> expression_vars(int inputs, std::span<const T> in,
+                                                  std::span<const T> params, T dy) {
+  std::array<T, 3 + kMaxUserParams> vars{};
+  std::copy(in.begin(), in.end(), vars.begin());
+  vars[size_t(inputs)] = dy;
+  std::copy(params.begin(), params.end(), vars.begin() + inputs + 1);
+  return vars;
+}
+
+}  // namespace
+
+template <typename T>
+T PointwiseExpr::forward(std::span<const T> in, std::span<const T> params,
+                         std::span<T> scratch) const {
+  OPFUSE_ASSERT(params.size() == size_t(params_), "{} parameter values for {} parameters",
+                params.size(), params_);
+  const auto vars = expression_vars<T>(inputs_, in, params, T(0));
+  graph_.evaluate<T>(forward_order_, std::span<const T>(vars.data(), size_t(inputs_ + 1 + params_)),
+                     scratch);
   return scratch[value_];
 }
 
 template <typename T>
-void PointwiseExpr::backward(std::span<const T> in, T dy, std::span<T> grads,
-                             std::span<T> scratch) const {
-  T vars[3] = {};
-  std::copy(in.begin(), in.end(), vars);
-  vars[inputs_] = dy;
-  graph_.evaluate<T>(backward_order_, std::span<const T>(vars, size_t(inputs_) + 1), scratch);
-  for (int i = 0; i < inputs_; ++i) grads[size_t(i)] = scratch[gradients_[size_t(i)]];
+void PointwiseExpr::backward(std::span<const T> in, std::span<const T> params, T dy,
+                             std::span<T> grads, std::span<T> scratch) const {
+  OPFUSE_ASSERT(params.size() == size_t(params_), "{} parameter values for {} parameters",
+                params.size(), params_);
+  const auto vars = expression_vars<T>(inputs_, in, params, dy);
+  graph_.evaluate<T>(backward_order_,
+                     std::span<const T>(vars.data(), size_t(inputs_ + 1 + params_)), scratch);
+  for (size_t i = 0; i < gradients_.size(); ++i) grads[i] = scratch[gradients_[i]];
 }
 
-template float PointwiseExpr::forward<float>(std::span<const float>, std::span<float>) const;
-template double PointwiseExpr::forward<double>(std::span<const double>, std::span<double>) const;
-template void PointwiseExpr::backward<float>(std::span<const float>, float, std::span<float>,
+template float PointwiseExpr::forward<float>(std::span<const float>, std::span<const float>,
                                              std::span<float>) const;
-template void PointwiseExpr::backward<double>(std::span<const double>, double, std::span<double>,
-                                              std::span<double>) const;
+template double PointwiseExpr::forward<double>(std::span<const double>, std::span<const double>,
+                                               std::span<double>) const;
+template void PointwiseExpr::backward<float>(std::span<const float>, std::span<const float>, float,
+                                             std::span<float>, std::span<float>) const;
+template void PointwiseExpr::backward<double>(std::span<const double>, std::span<const double>,
+                                              double, std::span<double>, std::span<double>) const;
 
 std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attrs) {
   if (def.user_defined) {
