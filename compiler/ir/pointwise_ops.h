@@ -73,6 +73,9 @@ std::string encode_user_params(std::span<const UserParam> params);
 std::optional<std::vector<UserParam>> decode_user_params(std::string_view text);
 // The learned parameters of a pointwise op or of its backward (empty for built-in ops).
 std::vector<UserParam> user_params(const PointwiseDef& def, const AttrList& attrs);
+// How scalar::describe names an op's expression vars: "" for the inputs and dy (x, x1, ...), then
+// the learned parameters by name.
+std::vector<std::string> expression_var_names(const PointwiseDef& def, const AttrList& attrs);
 // The most learned parameters one op may declare (the expression's vars stay below 16).
 inline constexpr size_t kMaxUserParams = 8;
 
