@@ -109,6 +109,14 @@ bool Parser::parse_learned_params(OpDecl& op) {
                              name.text, name.text));
       return false;
     }
+    if (at(TokenKind::Ident) && peek(1).kind != TokenKind::LBracket) {
+      const Token& dtype = advance();
+      error_here(fmt::format("parameter '{}' of op '{}' needs a shape after its dtype, found {}",
+                             name.text, op.name, found()),
+                 fmt::format("[] for a scalar, [N] for one value per feature: {}: {}[] = 1.0",
+                             name.text, dtype.text));
+      return false;
+    }
     if (!parse_type(param.type, std::string(name.text))) return false;
     if (!accept(TokenKind::Equals)) {
       error_here(fmt::format("expected '=' and the start value of parameter '{}', found {}",

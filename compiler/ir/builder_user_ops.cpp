@@ -252,7 +252,15 @@ bool Builder::check_learned_params(const dsl::OpDecl& d, UserOp& op,
         ok = false;
       }
     }
-    if (p.init) {
+    if (p.init && (p.init->kind == Expr::Kind::Bool || p.init->kind == Expr::Kind::String ||
+                   p.init->kind == Expr::Kind::List)) {
+      diags_.error(
+          p.init->loc,
+          fmt::format("the start value of parameter '{}' of op '{}' is not a number", p.name,
+                      d.name),
+          fmt::format("every element starts at a number: {}: {}[...] = 1.0", p.name, p.type.dtype));
+      ok = false;
+    } else if (p.init) {
       if (const auto init = eval_number(*p.init))
         param.init = *init;
       else
