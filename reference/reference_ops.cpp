@@ -40,8 +40,8 @@ T param_at(std::span<const T> p, int64_t c) {
 }
 
 template <typename T>
-void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x,
-                       std::span<const std::span<const T>> params, int64_t cols, std::span<T> y) {
+void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x, ParamValues<T> params,
+                       int64_t cols, std::span<T> y) {
   std::vector<T> scratch(op.graph().size());
   const int inputs = op.inputs();
   const int64_t rows = cols == 0 ? 0 : int64_t(y.size()) / cols;
@@ -56,9 +56,9 @@ void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x,
 }
 
 template <typename T>
-void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x,
-                        std::span<const std::span<const T>> params, std::span<const T> dy,
-                        int64_t cols, std::span<T> dx, std::span<const std::span<T>> dparams) {
+void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x, ParamValues<T> params,
+                        std::span<const T> dy, int64_t cols, std::span<T> dx,
+                        ParamGrads<T> dparams) {
   std::vector<T> scratch(op.graph().size());
   const int inputs = op.inputs();
   const int64_t rows = cols == 0 ? 0 : int64_t(dy.size()) / cols;
@@ -198,11 +198,11 @@ void bias_grad(std::span<const T> dy, int64_t cols, std::span<T> dbias) {
 }
 
 #define OPFUSE_INSTANTIATE_REFERENCE_OPS(T)                                                        \
-  template void pointwise_forward<T>(const ir::PointwiseExpr&, std::span<const T>,                 \
-                                     std::span<const std::span<const T>>, int64_t, std::span<T>);  \
+  template void pointwise_forward<T>(const ir::PointwiseExpr&, std::span<const T>, ParamValues<T>, \
+                                     int64_t, std::span<T>);                                       \
   template void pointwise_backward<T>(const ir::PointwiseExpr&, std::span<const T>,                \
-                                      std::span<const std::span<const T>>, std::span<const T>,     \
-                                      int64_t, std::span<T>, std::span<const std::span<T>>);       \
+                                      ParamValues<T>, std::span<const T>, int64_t, std::span<T>,   \
+                                      ParamGrads<T>);                                              \
   template void layernorm_forward<T>(std::span<const T>, std::span<const T>, std::span<const T>,   \
                                      int64_t, double, bool, std::span<T>, std::span<T>,            \
                                      std::span<T>);                                                \

@@ -390,12 +390,14 @@ std::string learned_functor_source(std::string_view functor_name, std::string_vi
   const int n = expr.inputs();
   const size_t k = learned.size();
   std::vector<std::string> vars;
+  vars.reserve(size_t(n) + 1 + k);
   for (int i = 0; i < n; ++i) vars.push_back(fmt::format("in[{}]", i));
   vars.push_back("dy");
   for (size_t j = 0; j < k; ++j) vars.push_back(fmt::format("p[{}]", j));
   std::vector<std::string> forward_vars = vars;
   forward_vars[size_t(n)] = "0.0f";  // the value never reads dy
   std::vector<std::string> grads;
+  grads.reserve(size_t(n) + k);
   for (int i = 0; i < n; ++i) grads.push_back(fmt::format("grad[{}]", i));
   for (size_t j = 0; j < k; ++j) grads.push_back(fmt::format("dparam[{}]", j));
   std::string reads;

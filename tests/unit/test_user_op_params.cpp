@@ -183,7 +183,7 @@ TEST(UserOpParams, ReferenceForwardIsTheHandWrittenMath) {
 // The derived backward: dx and every parameter's gradient (summed over the rows per feature, over
 // everything for a scalar) against central differences of L = sum(y * dy) in fp64.
 void expect_gradients_match_differences(const std::string& use, bool gated,
-                                        std::map<std::string, std::vector<double>> params) {
+                                        const std::map<std::string, std::vector<double>>& params) {
   const ir::Sequence s = lower(program(use, gated));
   const int64_t tokens = 4;
   const size_t out_cols = gated ? 4 : 8;
