@@ -361,18 +361,28 @@ void copy(ReferenceContext<T>& ctx, const ir::Operation& op) {
 
 // Pointwise ops and their backward: evaluated from the kind's definition
 // (compiler/ir/pointwise_ops.h) with the op's attributes.
+// A user-defined op's learned parameters follow its input: forward (x, params...), backward
+// (dy, x, params...) -> (dx, dparams...) (ir::backward::pointwise).
 template <typename T>
 void pointwise(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const ir::PointwiseExpr expr(*ir::pointwise_def(op.kind), op.attrs, /*device=*/false);
+  std::vector<std::span<const T>> params;
+  for (size_t i = 1; i <= size_t(expr.params()); ++i) params.emplace_back(ctx.in(op, i).data);
   Tensor<T>& y = ctx.out(op, 0);
-  ops::pointwise_forward<T>(expr, ctx.in(op, 0).data, y.cols(), y.data);
+  ops::pointwise_forward<T>(expr, ctx.in(op, 0).data, params, y.cols(), y.data);
 }
 
 template <typename T>
 void pointwise_backward(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const ir::PointwiseExpr expr(*ir::pointwise_def(op.kind), op.attrs, /*device=*/false);
   const Tensor<T>& dy = ctx.in(op, 0);
-  ops::pointwise_backward<T>(expr, ctx.in(op, 1).data, dy.data, dy.cols(), ctx.out(op, 0).data);
+  std::vector<std::span<const T>> params;
+  for (size_t i = 2; i < 2 + size_t(expr.params()); ++i) params.emplace_back(ctx.in(op, i).data);
+  Tensor<T>& dx = ctx.out(op, 0);
+  std::vector<std::span<T>> dparams;
+  for (size_t k = 1; k <= size_t(expr.params()); ++k) dparams.emplace_back(ctx.out(op, k).data);
+  ops::pointwise_backward<T>(expr, ctx.in(op, 1).data, params, dy.data, dy.cols(), dx.data,
+                             dparams);
 }
 
 // ---- the table: every fixed kind, in OpKind order

@@ -33,36 +33,53 @@ T effective_gamma(const T* gamma, int64_t c, bool zero_centered) {
 
 }  // namespace
 
+// A learned parameter's value at column c: a scalar's one element, or the feature's.
 template <typename T>
-void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x, int64_t cols,
-                       std::span<T> y) {
+T param_at(std::span<const T> p, int64_t c) {
+  return p.size() == 1 ? p[0] : p[size_t(c)];
+}
+
+template <typename T>
+void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x, ParamValues<T> params,
+                       int64_t cols, std::span<T> y) {
   std::vector<T> scratch(op.graph().size());
   const int inputs = op.inputs();
   const int64_t rows = cols == 0 ? 0 : int64_t(y.size()) / cols;
+  std::vector<T> p(params.size());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       // Plain: x[r, c]; gated: gate x[r, c] and linear x[r, n + c] of the row [gate | linear].
       const T in[2] = {x[r * inputs * cols + c], inputs == 2 ? x[r * 2 * cols + cols + c] : T(0)};
-      y[r * cols + c] = op.forward<T>(std::span<const T>(in, size_t(inputs)), scratch);
+      for (size_t k = 0; k < params.size(); ++k) p[k] = param_at(params[k], c);
+      y[r * cols + c] = op.forward<T>(std::span<const T>(in, size_t(inputs)), p, scratch);
     }
 }
 
 template <typename T>
-void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x, std::span<const T> dy,
-                        int64_t cols, std::span<T> dx) {
+void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x, ParamValues<T> params,
+                        std::span<const T> dy, int64_t cols, std::span<T> dx,
+                        ParamGrads<T> dparams) {
   std::vector<T> scratch(op.graph().size());
   const int inputs = op.inputs();
   const int64_t rows = cols == 0 ? 0 : int64_t(dy.size()) / cols;
+  std::vector<T> p(params.size());
+  std::vector<T> grads(size_t(inputs) + params.size());
+  // Per parameter and column (one column for a scalar): the sum over the rows so far.
+  std::vector<std::vector<double>> sums(params.size());
+  for (size_t k = 0; k < params.size(); ++k) sums[k].assign(params[k].size(), 0.0);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t at = r * inputs * cols + c;
       const T in[2] = {x[at], inputs == 2 ? x[at + cols] : T(0)};
-      T grads[2] = {};
-      op.backward<T>(std::span<const T>(in, size_t(inputs)), dy[r * cols + c],
-                     std::span<T>(grads, size_t(inputs)), scratch);
+      for (size_t k = 0; k < params.size(); ++k) p[k] = param_at(params[k], c);
+      op.backward<T>(std::span<const T>(in, size_t(inputs)), p, dy[r * cols + c], grads, scratch);
       dx[at] = grads[0];
       if (inputs == 2) dx[at + cols] = grads[1];
+      for (size_t k = 0; k < params.size(); ++k)
+        sums[k][params[k].size() == 1 ? 0 : size_t(c)] += double(grads[size_t(inputs) + k]);
     }
+  for (size_t k = 0; k < dparams.size(); ++k)
+    for (size_t i = 0; i < dparams[k].size(); ++i) dparams[k][i] = T(sums[k][i]);
 }
 
 template <typename T>
@@ -181,10 +198,11 @@ void bias_grad(std::span<const T> dy, int64_t cols, std::span<T> dbias) {
 }
 
 #define OPFUSE_INSTANTIATE_REFERENCE_OPS(T)                                                        \
-  template void pointwise_forward<T>(const ir::PointwiseExpr&, std::span<const T>, int64_t,        \
-                                     std::span<T>);                                                \
+  template void pointwise_forward<T>(const ir::PointwiseExpr&, std::span<const T>, ParamValues<T>, \
+                                     int64_t, std::span<T>);                                       \
   template void pointwise_backward<T>(const ir::PointwiseExpr&, std::span<const T>,                \
-                                      std::span<const T>, int64_t, std::span<T>);                  \
+                                      ParamValues<T>, std::span<const T>, int64_t, std::span<T>,   \
+                                      ParamGrads<T>);                                              \
   template void layernorm_forward<T>(std::span<const T>, std::span<const T>, std::span<const T>,   \
                                      int64_t, double, bool, std::span<T>, std::span<T>,            \
                                      std::span<T>);                                                \

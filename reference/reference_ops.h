@@ -14,12 +14,20 @@ namespace opfuse::cpu::ops {
 // A pointwise op (compiler/ir/pointwise_ops.h), evaluated from its reference definition. Plain:
 // y = f(x) elementwise. Gated (TE): x is [rows, 2n], the first half the gate: y = f(gate, linear).
 // `cols` is y's width (n). backward: dx (x's shape) = the definition's gradients times dy.
+// `params`: a user-defined op's learned parameters (op.params() of them), each one element (a
+// scalar) or `cols` (one per feature of y); backward sums each one's gradient over the rows (and,
+// for a scalar, over the features) into `dparams`, accumulating in double.
 template <typename T>
-void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x, int64_t cols,
-                       std::span<T> y);
+using ParamValues = std::span<const std::span<const T>>;
 template <typename T>
-void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x, std::span<const T> dy,
-                        int64_t cols, std::span<T> dx);
+using ParamGrads = std::span<const std::span<T>>;
+template <typename T>
+void pointwise_forward(const ir::PointwiseExpr& op, std::span<const T> x, ParamValues<T> params,
+                       int64_t cols, std::span<T> y);
+template <typename T>
+void pointwise_backward(const ir::PointwiseExpr& op, std::span<const T> x, ParamValues<T> params,
+                        std::span<const T> dy, int64_t cols, std::span<T> dx,
+                        ParamGrads<T> dparams);
 
 // LayerNorm over the last dimension (TE: biased variance, rstd = 1 / sqrt(var + eps),
 // zero_centered_gamma uses gamma + 1). mean and rstd (one per row) are saved for backward.

@@ -220,6 +220,8 @@ __global__ void __launch_bounds__(
     launch::kBlockCastThreads,
     launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(false)))
     block_activation_fwd(BlockActivationParams<Input, Output> p) {
+  static_assert(detail::LearnedCount<Act>::value == 0,
+                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, false>(
       p, detail::ActivationFwdOp<Act, Input>{p.x, p.cols});
 }
@@ -229,6 +231,8 @@ __global__ void __launch_bounds__(
     launch::kBlockCastThreads,
     launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(false)))
     block_gated_activation_fwd(BlockActivationParams<Input, Output> p) {
+  static_assert(detail::LearnedCount<Act>::value == 0,
+                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, false>(
       p, detail::GatedActivationFwdOp<Act, Input>{p.x, p.cols});
 }
@@ -239,6 +243,8 @@ __global__ void __launch_bounds__(
     launch::kBlockCastThreads,
     launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(true)))
     block_activation_bwd(BlockActivationParams<Input, Output> p) {
+  static_assert(detail::LearnedCount<Act>::value == 0,
+                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
       p, detail::ActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});
 }
@@ -249,6 +255,8 @@ __global__ void __launch_bounds__(
     launch::kBlockCastThreads,
     launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(true)))
     block_gated_activation_bwd(BlockActivationParams<Input, Output> p) {
+  static_assert(detail::LearnedCount<Act>::value == 0,
+                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
       p, detail::GatedActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});
 }

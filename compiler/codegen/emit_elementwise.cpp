@@ -449,6 +449,15 @@ void emit_norm_bwd(SequenceBuilder& b, const Group& g) {
       std::move(partials), std::move(outputs), partial_rows, hidden, b.value(gamma).type.dtype);
 }
 
+// A user-defined op's learned parameters (templates/activation.cuh, the `learned` array, as long
+// as ir::kMaxUserParams): the operands from `first`, one pointer each, nullptr past them.
+ParamBinding bind_learned(SequenceBuilder& b, const ir::Operation& act, size_t first) {
+  std::vector<int> buffers(ir::kMaxUserParams, -1);
+  for (size_t k = 0; first + k < act.operands.size() && k < buffers.size(); ++k)
+    buffers[k] = b.buffer(act.operands[first + k], act);
+  return bind_buffers("learned", std::move(buffers), false);
+}
+
 void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
   require_only(b, g, ir::is_pointwise, {OpKind::CastFp8, OpKind::TensorStats});
   const ir::Operation& act = *find_part(g, ir::is_pointwise);
@@ -488,7 +497,8 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
       {bind_in("x", b.buffer(x, act)), bind_out("y", y.rowwise), bind_copy("y_t", y.columnwise),
        bind_quantizer("scale", quantizer, QuantizerValue::Scale), bind_amax(quantizer, measured),
        bind_scale_record(measured), bind_int("rows", rows), bind_int("cols", cols),
-       bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials)},
+       bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials),
+       bind_learned(b, act, 1)},
       WithoutTranspose{what(false), stats.grid, rules::kTileThreads, 0});
   emit_fused_stats_merge(b, g, stats);
 }
@@ -520,14 +530,23 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
   const CastOutputs& dx = outputs.copies;
   const bool transpose = dx.columnwise >= 0;
   const SymExpr rows = rows_of(dyv);
+  // A user-defined op's learned parameters (operands after dy and x) and their gradients (the
+  // results after dx): column sums per row block, like dbias's, so the same grid (no flat
+  // schedule: a thread's columns stay fixed).
+  const std::vector<ir::UserParam> learned = ir::user_params(forward, act.attrs);
   const FusedStats stats = fused_stats(
       b, g, dy, dx_value, tile_grid(rows, cols),
-      TileKernelShape{plan::dtype_bytes(in), gated ? 3 : 2, transpose, dbias != nullptr});
+      TileKernelShape{plan::dtype_bytes(in), gated ? 3 : 2, transpose, dbias || !learned.empty()});
   GridRule grid = stats.grid;
   const SymExpr partial_rows = grid.y;
   const int partial = dbias ? b.add_workspace(dbias->instance + ".dbias_partial", DType::FP32,
                                               {partial_rows, dx_cols})
                             : -1;
+  std::vector<int> learned_partials(ir::kMaxUserParams, -1);
+  for (size_t k = 0; k < learned.size(); ++k)
+    learned_partials[k] =
+        b.add_workspace(fmt::format("{}.{}.grad_partial", act.instance, learned[k].name),
+                        DType::FP32, {partial_rows, cols});
   const int measured = cast ? -1 : measure_for_cast(b, g, dx_value);
   std::vector<std::string> args = {ir::pointwise_functor_name(forward, act.attrs), spell(in),
                                    spell(out), spell(transpose), spell(dbias != nullptr)};
@@ -543,8 +562,30 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
        bind_copy("dx_t", dx.columnwise), bind_quantizer("scale", quantizer, QuantizerValue::Scale),
        bind_amax(quantizer, measured), bind_scale_record(measured),
        bind_out("dbias_partial", partial), bind_int("rows", rows), bind_int("cols", cols),
-       bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials)});
+       bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials),
+       bind_learned(b, act, 2), bind_buffers("learned_partial", learned_partials, true)});
   emit_fused_stats_merge(b, g, stats);
+  for (size_t k = 0; k < learned.size(); ++k) {
+    const ValueId grad = act.results.at(1 + k);
+    const DType grad_dtype = b.value(grad).type.dtype;
+    if (learned[k].size > 0) {
+      emit_column_reduce(b, g, fmt::format("d{} = column sums of the partials", learned[k].name),
+                         {learned_partials[k]}, {b.buffer(grad, act)}, partial_rows, cols,
+                         grad_dtype);
+      continue;
+    }
+    // A scalar: its column sums, then their sum (one block, a fixed order).
+    const int columns = b.add_workspace(
+        fmt::format("{}.{}.grad_columns", act.instance, learned[k].name), DType::FP32, {cols});
+    emit_column_reduce(b, g,
+                       fmt::format("d{} per column = column sums of the partials", learned[k].name),
+                       {learned_partials[k]}, {columns}, partial_rows, cols, DType::FP32);
+    b.add_launch(g, fmt::format("d{} = sum of its column sums", learned[k].name),
+                 "learned_scalar_sum", {spell(grad_dtype)},
+                 GridRule{"learned_scalar_sum", 1, 1, {{"cols", cols}}}, rules::kTileThreads, 0,
+                 {bind_in("values", columns), bind_out("out", b.buffer(grad, act)),
+                  bind_int("count", cols)});
+  }
   if (dbias) {
     const ValueId db = dbias->results.at(0);
     emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},

@@ -119,6 +119,8 @@ constexpr KernelFamily kServesColumnSums[] = {KernelFamily::Activation,
                                               KernelFamily::GatedActivation, KernelFamily::Bias,
                                               KernelFamily::Cast};
 
+constexpr KernelFamily kServesLearnedSums[] = {KernelFamily::GatedActivation};
+
 // Examples: README's where it has one (activation_fwd has none there).
 constexpr std::string_view kLayerNormFwdExample[] = {"__nv_bfloat16", "__nv_bfloat16", "4096"};
 constexpr std::string_view kRmsNormFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "4096",
@@ -220,6 +222,9 @@ constexpr KernelTemplate kTable[] = {
           kBf16Example),
     entry("reduce_column_partials", "common/column_partials.cuh", KernelFamily::Norm,
           "ColumnPartialsParams", kOutputOnlyParams, kBf16Example, kServesColumnSums),
+    // A scalar learned parameter's gradient: the sum of its column sums (a user-defined op's).
+    entry("learned_scalar_sum", "activation.cuh", KernelFamily::Activation,
+          "LearnedScalarSumParams", kOutputOnlyParams, kBf16Example, kServesLearnedSums),
     // Current scaling measures the amax before the cast; quantization is the Cast family.
     entry("amax_reduce", "amax.cuh", KernelFamily::Cast, "AmaxParams", kInputOnlyParams,
           kBf16Example),

@@ -125,13 +125,26 @@ struct OpParam {
   ExprPtr default_value;  // attributes only; null: required
 };
 
-// `[gated] op NAME(inputs, attrs) = EXPR [backward(inputs, dy) = EXPR]`: a user-defined pointwise
-// op (docs/language.md, "User-defined ops"). A gated op's backward is a list [d_gate, d_value].
+// A learned parameter of an op definition, `scale: fp32[] = 1.0` in its `params(...)`: a scalar
+// (no dims) or one value per feature (one dim); `init` is what every element starts at.
+struct OpLearnedParam {
+  std::string name;
+  SourceLoc loc;
+  TensorTypeExpr type;
+  ExprPtr init;  // null only after a parse error
+};
+
+// `[gated] op NAME(inputs, attrs) [params(...)] = EXPR [backward(inputs, dy) = EXPR]`: a
+// user-defined pointwise op (docs/language.md, "User-defined ops"). A gated op's backward is a
+// list [d_gate, d_value]; an op with parameters lists their gradients after the inputs'.
 struct OpDecl {
   std::string name;
   SourceLoc loc;  // of the name
   bool gated = false;
   std::vector<OpParam> params;
+  bool has_learned = false;  // written with `params(...)` (possibly empty)
+  SourceLoc learned_loc;     // of the word `params`
+  std::vector<OpLearnedParam> learned;
   ExprPtr body;
   bool has_backward = false;
   SourceLoc backward_loc;

@@ -144,6 +144,10 @@ class Dumper {
   void operator()(const OpDecl& decl) {
     line(0, "{}op {} {}", decl.gated ? "gated " : "", decl.name, at(decl.loc));
     op_params(1, decl.params);
+    if (decl.has_learned) line(1, "params {}", at(decl.learned_loc));
+    for (const OpLearnedParam& p : decl.learned)
+      line(2, "param {}: {} = {} {}", p.name, type_text(p.type), expr_text(p.init.get()),
+           at(p.loc));
     line(1, "= {}", expr_text(decl.body.get()));
     if (!decl.has_backward) return;
     line(1, "backward {}", at(decl.backward_loc));

@@ -121,6 +121,7 @@ class Parser {
   bool parse_op_decl(Module& module);
   bool parse_fusion_decl(Module& module);
   bool parse_op_params(std::vector<OpParam>& params, const std::string& what, bool allow_attrs);
+  bool parse_learned_params(OpDecl& op);
 
   // The '(' is consumed; consumes through the ')'.
   bool parse_params(std::vector<Param>& params, std::string_view which,

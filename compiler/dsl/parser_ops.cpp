@@ -1,7 +1,8 @@
-// The parser's op definitions: `[gated] op NAME(inputs, attrs) = EXPR [backward(...) = EXPR]`
+// The parser's op definitions:
+// `[gated] op NAME(inputs, attrs) [params(...)] = EXPR [backward(...) = EXPR]`
 // (docs/language.md, "User-defined ops"), and fusion declarations: `fusion NAME[(args)] { op;
 // op?; ... }` ("Declared fusions"). The Parser class is in parser_impl.h. The words `op`, `gated`,
-// `backward` and `fusion` are keywords only where a definition can stand.
+// `backward`, `params` and `fusion` are keywords only where a definition can stand.
 
 #include <fmt/format.h>
 
@@ -80,6 +81,65 @@ bool Parser::parse_op_params(std::vector<OpParam>& params, const std::string& wh
   }
 }
 
+// `params(NAME: DTYPE[dims] = INIT, ...)`, the word `params` already seen. Whether the dtype
+// and dims mean something is the builder's to say (at the definition); the form is checked here.
+bool Parser::parse_learned_params(OpDecl& op) {
+  op.has_learned = true;
+  op.learned_loc = advance().loc;  // params
+  advance();                       // (
+  if (accept(TokenKind::RParen)) return true;
+  for (;;) {
+    if (!at(TokenKind::Ident)) {
+      error_here(fmt::format("expected a parameter name in the params of '{}', found {}", op.name,
+                             found()),
+                 "write: params(scale: fp32[] = 1.0)");
+      return false;
+    }
+    if (op.learned.size() >= kMaxParamsPerSignature) {
+      error_here(
+          fmt::format("op '{}' has more than {} parameters", op.name, kMaxParamsPerSignature));
+      return false;
+    }
+    const Token& name = advance();
+    OpLearnedParam param{std::string(name.text), name.loc, {}, nullptr};
+    if (!accept(TokenKind::Colon)) {
+      error_here(fmt::format("expected ':' and the type of parameter '{}' of op '{}', found {}",
+                             name.text, op.name, found()),
+                 fmt::format("a parameter has a type and a start value: {}: fp32[] = 1.0 (a "
+                             "scalar) or {}: fp32[64] = 1.0 (one per feature)",
+                             name.text, name.text));
+      return false;
+    }
+    if (at(TokenKind::Ident) && peek(1).kind != TokenKind::LBracket) {
+      const Token& dtype = advance();
+      error_here(fmt::format("parameter '{}' of op '{}' needs a shape after its dtype, found {}",
+                             name.text, op.name, found()),
+                 fmt::format("[] for a scalar, [N] for one value per feature: {}: {}[] = 1.0",
+                             name.text, dtype.text));
+      return false;
+    }
+    if (!parse_type(param.type, std::string(name.text))) return false;
+    if (!accept(TokenKind::Equals)) {
+      error_here(fmt::format("expected '=' and the start value of parameter '{}', found {}",
+                             name.text, found()),
+                 fmt::format("every element starts at a number: {}: {}[...] = 1.0", name.text,
+                             param.type.dtype));
+      return false;
+    }
+    param.init = parse_expr(fmt::format("the start value of parameter '{}'", name.text));
+    if (!param.init) return false;
+    op.learned.push_back(std::move(param));
+    if (accept(TokenKind::Comma)) {
+      if (accept(TokenKind::RParen)) return true;
+      continue;
+    }
+    if (accept(TokenKind::RParen)) return true;
+    error_here(
+        fmt::format("expected ',' or ')' in the params of '{}', found {}", op.name, found()));
+    return false;
+  }
+}
+
 bool Parser::parse_op_decl(Module& module) {
   OpDecl op;
   if (peek().text == "gated") {
@@ -91,6 +151,9 @@ bool Parser::parse_op_decl(Module& module) {
   op.name = std::string(name.text);
   op.loc = name.loc;
   if (!parse_op_params(op.params, fmt::format("op '{}'", op.name), /*allow_attrs=*/true))
+    return false;
+  if (at(TokenKind::Ident) && peek().text == "params" && peek(1).kind == TokenKind::LParen &&
+      !parse_learned_params(op))
     return false;
   if (!accept(TokenKind::Equals)) {
     error_here(

@@ -70,11 +70,22 @@ void bias(BackwardBuilder& b, const Operation& f, ValueId dy) {
 }
 
 // Every pointwise op: its backward kind names the definition (compiler/ir/pointwise_ops.h); the
-// attributes are the forward's (the constants the expression bakes in).
+// attributes are the forward's (the constants the expression bakes in). A user-defined op's
+// learned parameters (operands after x) are read by its backward too, which also gives their
+// gradients, each summed over the rows (as a bias's).
 void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy) {
   const ValueId x = f.operands[0];
   const OpKind kind = pointwise_backward_kind(*pointwise_def(f.kind));
-  b.accumulate(x, b.emit(f, kind, {dy, x}, {type_of(b, x)}, f.attrs)[0]);
+  std::vector<ValueId> operands = {dy, x};
+  std::vector<TensorType> types = {type_of(b, x)};
+  for (size_t i = 1; i < f.operands.size(); ++i) {
+    operands.push_back(f.operands[i]);
+    types.push_back(type_of(b, f.operands[i]));
+  }
+  const std::vector<ValueId> grads =
+      b.emit(f, kind, std::move(operands), std::move(types), f.attrs);
+  b.accumulate(x, grads[0]);
+  for (size_t i = 1; i < f.operands.size(); ++i) b.accumulate(f.operands[i], grads[i]);
 }
 
 // A residual add: both the stream and the extra input receive the gradient unchanged.

@@ -17,6 +17,7 @@
 #include "ir/builder.h"
 #include "ir/graph.h"
 #include "ir/parallel.h"
+#include "ir/pointwise_ops.h"
 #include "ir/scalar_expr.h"
 #include "support/diagnostics.h"
 
@@ -167,13 +168,15 @@ class Builder {
 
   struct UserOp {
     const dsl::OpDecl* decl = nullptr;
-    size_t order = 0;              // definition order: an op calls only earlier ones
-    std::vector<AttrSpec> attrs;   // Float attributes, names pointing into decl
-    std::vector<double> defaults;  // per attribute (required ones: 1, for checking)
-    bool valid = false;            // checked without errors
-    bool differentiable = true;    // derived backward possible (or a backward is given)
+    size_t order = 0;                // definition order: an op calls only earlier ones
+    std::vector<AttrSpec> attrs;     // Float attributes, names pointing into decl
+    std::vector<double> defaults;    // per attribute (required ones: 1, for checking)
+    std::vector<UserParam> learned;  // its `params(...)`, in order (ir/pointwise_ops.h)
+    bool valid = false;              // checked without errors
+    bool differentiable = true;      // derived backward possible (or a backward is given)
   };
-  // Names in an op expression: inputs (graph nodes) and attributes (numbers).
+  // Names in an op expression: inputs and learned parameters (graph nodes) and attributes
+  // (numbers).
   struct OpScope {
     const UserOp* op = nullptr;
     std::map<std::string, scalar::NodeId> inputs;
@@ -194,6 +197,10 @@ class Builder {
   void declare_op(const dsl::OpDecl& d);
   // Checks a definition (names, calls, arity, backward) once, reporting at its locations.
   void check_op(const dsl::OpDecl& d);
+  // Checks and records the definition's `params(...)`; false after reporting an error. `seen`
+  // holds the inputs' and attributes' names (a parameter may not reuse one).
+  bool check_learned_params(const dsl::OpDecl& d, UserOp& op,
+                            const std::map<std::string, SourceLoc>& seen);
   // The op's value and gradients with these attribute values: scalar::encode_roots text of
   // [reference value, gradients, device value, gradients] (ir::user_pointwise_attrs).
   std::optional<std::string> instantiate_op(const UserOp& op, const std::vector<double>& attrs,
@@ -216,7 +223,7 @@ class Builder {
                                                    scalar::Graph& g, OpScope& scope);
   std::optional<scalar::NodeId> lower_user_call(const Expr& e, scalar::Graph& g, OpScope& scope);
   void unknown_function(const Expr& e, const OpScope& scope);
-  enum class UserCallError { CallsItself, CallsLater, TooDeep, TooBig };
+  enum class UserCallError { CallsItself, CallsLater, HasParameters, TooDeep, TooBig };
   void user_call_error(UserCallError which, const Expr& e, const OpScope& scope,
                        const UserOp& target);
   // A call's arguments: the inputs lowered (positional, first), the rest kept for the attributes.

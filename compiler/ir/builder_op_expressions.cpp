@@ -464,6 +464,12 @@ void Builder::user_call_error(UserCallError which, const Expr& e, const OpScope&
                "call the ops one after another in the sequence, or give the inner calls their "
                "attributes' defaults (such calls are lowered once)");
       return;
+    case UserCallError::HasParameters:
+      op_error(scope, e.loc,
+               fmt::format("op '{}' calls '{}', which has learned parameters", op_name, callee),
+               fmt::format("use '{}' in a sequence, or declare its parameters in '{}'", callee,
+                           op_name));
+      return;
     case UserCallError::TooBig:
       op_error(scope, e.loc,
                fmt::format("op '{}' grows past {} operations with this call of '{}'", op_name,
@@ -490,6 +496,11 @@ std::optional<scalar::NodeId> Builder::lower_user_call(const Expr& e, scalar::Gr
     return std::nullopt;
   }
   if (!target.valid) return std::nullopt;  // its own errors are reported at its definition
+  if (!target.learned.empty()) {
+    // Its parameters belong to a layer of a sequence; a call has no layer to own them.
+    user_call_error(UserCallError::HasParameters, e, scope, target);
+    return std::nullopt;
+  }
   CallArgs args;
   if (!split_call_args(e, input_count(*target.decl), g, scope, args)) return std::nullopt;
   const std::vector<scalar::NodeId>& in = args.in;

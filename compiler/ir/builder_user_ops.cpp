@@ -6,6 +6,7 @@
 // the front end needs the definition (note "User-defined ops" in docs/architecture.md).
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 
@@ -90,6 +91,8 @@ void Builder::check_op(const dsl::OpDecl& d) {
                                 "an attribute of a user-defined op"});
     op.defaults.push_back(value);
   }
+  if (!check_learned_params(d, op, seen)) ok = false;
+  for (const dsl::OpLearnedParam& p : d.learned) seen.emplace(p.name, p.loc);
   if (d.has_backward) {
     const size_t want = inputs + 1;
     if (d.backward_params.size() != want) {
@@ -118,7 +121,7 @@ void Builder::check_op(const dsl::OpDecl& d) {
       if (seen.count(dy)) {
         diags_.error(d.backward_params.back().loc,
                      fmt::format("the gradient '{}' of the backward has the name of one of the "
-                                 "op's inputs or attributes",
+                                 "op's inputs, attributes or parameters",
                                  dy),
                      "call it dy");
         ok = false;
@@ -126,7 +129,29 @@ void Builder::check_op(const dsl::OpDecl& d) {
     }
     if (d.backward && ok) {
       const bool list = d.backward->kind == Expr::Kind::List;
-      if (d.gated && (!list || d.backward->operands.size() != 2)) {
+      const size_t grads = inputs + d.learned.size();
+      if (!d.learned.empty() && (!list || d.backward->operands.size() != grads)) {
+        // Every gradient is given: the inputs', then each parameter's share at one element
+        // (the sum over rows is the compiler's).
+        std::vector<std::string> names;
+        for (const dsl::OpParam& p : d.params)
+          if (!p.is_attr) names.push_back("d_" + p.name);
+        for (const dsl::OpLearnedParam& p : d.learned) names.push_back("d_" + p.name);
+        diags_.error(
+            d.backward->loc,
+            fmt::format(
+                "the backward of op '{}' gives {} as a list: the input{} "
+                "then each parameter's, in order{}",
+                d.name, plural(grads, "gradient"), inputs == 1 ? "'s" : "s'",
+                list ? fmt::format(" (this list has {})", d.backward->operands.size()) : ""),
+            fmt::format("write: backward({}, dy) = [{}] (a parameter's gradient is its "
+                        "share at one element, d value / d {} * dy; opfuse sums it over "
+                        "the rows)",
+                        d.gated ? "a, b" : "x", fmt::join(names, ", "), d.learned.front().name));
+        ok = false;
+      } else if (!d.learned.empty()) {
+        // A list of the right length: checked below as a gradient each.
+      } else if (d.gated && (!list || d.backward->operands.size() != 2)) {
         diags_.error(d.backward->loc,
                      fmt::format("the backward of gated op '{}' gives the gradients of both "
                                  "halves as a list [d_gate, d_value]",
@@ -159,6 +184,103 @@ void Builder::check_op(const dsl::OpDecl& d) {
   lowered_calls_.emplace(std::make_tuple(&op, true, op.defaults), std::move(device));
 }
 
+bool Builder::check_learned_params(const dsl::OpDecl& d, UserOp& op,
+                                   const std::map<std::string, SourceLoc>& seen) {
+  bool ok = true;
+  if (d.has_learned && d.learned.empty()) {
+    diags_.error(d.learned_loc, fmt::format("op '{}' has an empty params(...)", d.name),
+                 "declare a parameter, params(scale: fp32[] = 1.0), or leave params out");
+    return false;
+  }
+  if (d.learned.size() > kMaxUserParams) {
+    diags_.error(d.learned.at(kMaxUserParams).loc,
+                 fmt::format("op '{}' has more than {} parameters", d.name, kMaxUserParams),
+                 "split it into several ops used one after another");
+    return false;
+  }
+  std::map<std::string, SourceLoc> names;
+  for (const dsl::OpLearnedParam& p : d.learned) {
+    if (auto it = seen.find(p.name); it != seen.end()) {
+      diags_.error(p.loc,
+                   fmt::format("parameter '{}' of op '{}' has the name of one of its inputs or "
+                               "attributes",
+                               p.name, d.name),
+                   "give the parameter another name");
+      diags_.note(it->second, fmt::format("'{}' is declared here", p.name));
+      ok = false;
+      continue;
+    }
+    if (auto [it, inserted] = names.emplace(p.name, p.loc); !inserted) {
+      diags_.error(p.loc,
+                   fmt::format("parameter '{}' is declared twice in op '{}'", p.name, d.name));
+      ok = false;
+      continue;
+    }
+    UserParam param;
+    param.name = p.name;
+    const auto dtype = parse_user_dtype(p.type.dtype);
+    if (!dtype) {
+      diags_.error(p.type.loc,
+                   fmt::format("unknown element type '{}' for parameter '{}' of op '{}'",
+                               p.type.dtype, p.name, d.name),
+                   "parameters are bf16, fp16 or fp32: " + p.name + ": fp32[] = 1.0");
+      ok = false;
+    } else {
+      param.dtype = *dtype;
+    }
+    if (p.type.dims.size() > 1) {
+      diags_.error(p.type.loc,
+                   fmt::format("parameter '{}' of op '{}' has {} dimensions; a parameter is a "
+                               "scalar or one value per feature",
+                               p.name, d.name, p.type.dims.size()),
+                   fmt::format("write {0}: {1}[] = ... (a scalar) or {0}: {1}[features] = ... "
+                               "(one per feature of the last dimension)",
+                               p.name, p.type.dtype));
+      ok = false;
+    } else if (p.type.dims.size() == 1) {
+      const Expr& dim = *p.type.dims.front();
+      if (dim.kind == Expr::Kind::Name && !consts_.count(dim.text)) {
+        diags_.error(dim.loc,
+                     fmt::format("the size of parameter '{}' of op '{}' is '{}', which is not a "
+                                 "constant",
+                                 p.name, d.name, dim.text),
+                     "a per-feature parameter has a known size, the features of the last "
+                     "dimension: an integer or a constant (symbols such as tokens vary)");
+        ok = false;
+      } else if (const auto size = eval_int(dim)) {
+        if (*size < 1 || *size > (int64_t(1) << 40)) {
+          diags_.error(dim.loc,
+                       fmt::format("parameter '{}' of op '{}' has size {}; it must be from 1 to "
+                                   "2^40",
+                                   p.name, d.name, *size),
+                       fmt::format("write {}: {}[] = ... for a scalar", p.name, p.type.dtype));
+          ok = false;
+        } else {
+          param.size = *size;
+        }
+      } else {
+        ok = false;
+      }
+    }
+    if (p.init && (p.init->kind == Expr::Kind::Bool || p.init->kind == Expr::Kind::String ||
+                   p.init->kind == Expr::Kind::List)) {
+      diags_.error(
+          p.init->loc,
+          fmt::format("the start value of parameter '{}' of op '{}' is not a number", p.name,
+                      d.name),
+          fmt::format("every element starts at a number: {}: {}[...] = 1.0", p.name, p.type.dtype));
+      ok = false;
+    } else if (p.init) {
+      if (const auto init = eval_number(*p.init))
+        param.init = *init;
+      else
+        ok = false;
+    }
+    op.learned.push_back(std::move(param));
+  }
+  return ok;
+}
+
 std::optional<std::vector<scalar::NodeId>> Builder::lower_op(const UserOp& op,
                                                              const std::vector<double>& attrs,
                                                              scalar::Graph& g, bool device,
@@ -180,6 +302,12 @@ std::optional<std::vector<scalar::NodeId>> Builder::lower_op(const UserOp& op,
       scope.inputs[p.name] = v;
     }
   }
+  // Learned parameters after the inputs and dy: var(inputs + 1 + j).
+  std::vector<scalar::NodeId> learned;
+  for (size_t j = 0; j < d.learned.size(); ++j) {
+    learned.push_back(g.var(int(vars.size() + 1 + j)));
+    scope.inputs[d.learned[j].name] = learned.back();
+  }
   const auto value = lower(*d.body, g, scope);
   if (!value) return std::nullopt;
   const scalar::NodeId dy = g.var(int(vars.size()));
@@ -189,8 +317,9 @@ std::optional<std::vector<scalar::NodeId>> Builder::lower_op(const UserOp& op,
     back.non_differentiable.reset();
     back.inputs.clear();
     for (size_t i = 0; i < vars.size(); ++i) back.inputs[d.backward_params[i].name] = vars[i];
+    for (size_t j = 0; j < learned.size(); ++j) back.inputs[d.learned[j].name] = learned[j];
     back.inputs[d.backward_params.back().name] = dy;
-    if (d.gated) {
+    if (d.backward->kind == Expr::Kind::List) {
       for (const auto& e : d.backward->operands) {
         const auto grad = lower(*e, g, back);
         if (!grad) return std::nullopt;
@@ -214,7 +343,9 @@ std::optional<std::vector<scalar::NodeId>> Builder::lower_op(const UserOp& op,
                                d.gated ? "a, b" : "x"));
     return std::nullopt;
   }
-  for (size_t i = 0; i < vars.size(); ++i) {
+  // d value / d input * dy per input, then d value / d parameter * dy per learned parameter.
+  for (size_t i = 0; i < vars.size() + 1 + learned.size(); ++i) {
+    if (i == vars.size()) continue;  // dy
     const scalar::NodeId dv = g.derivative(*value, int(i));
     roots.push_back(g.is_constant(dv, 0) ? dv : g.is_constant(dv, 1) ? dy : g.mul(dv, dy));
   }
@@ -260,13 +391,24 @@ std::optional<ValueId> Builder::build_user_op(SequenceScope& sc, const dsl::OpSt
   }
   const auto values = bind_op_attrs(op, args, names, name_locs, stmt.loc, nullptr);
   if (!values) return std::nullopt;
+  Sequence& s = sc.seq;
+  if (!op.learned.empty() && s.parallel.active()) {
+    // Per-feature parameters would need a shard per rank of the features they follow.
+    diags_.error(stmt.loc,
+                 fmt::format("op '{}' has learned parameters, which a tensor-parallel sequence "
+                             "does not support yet",
+                             op.decl->name),
+                 "use it in a sequence without `with parallel(...)`, or make its parameters "
+                 "attributes");
+    return std::nullopt;
+  }
   const auto text = instantiate_op(op, *values, /*report=*/true);
   if (!text) return std::nullopt;
   const PointwiseDef& carrier = user_pointwise_def(op.decl->gated);
-  const auto result =
-      add_builder_op(sc, pointwise_kind(carrier), user_pointwise_attrs(op.decl->name, *text), cur,
-                     instance, stmt.loc);
-  Sequence& s = sc.seq;
+  const auto result = add_builder_op(
+      sc, pointwise_kind(carrier),
+      user_pointwise_attrs(op.decl->name, *text, /*parts=*/{}, encode_user_params(op.learned)), cur,
+      instance, stmt.loc);
   if (result && op.decl->gated && s.parallel.active() &&
       sc.layouts.at(cur) == Layout::SplitFeatures) {
     cut_gated_producer(s, cur);  // as for a built-in gated activation (Builder::build_op)

@@ -276,6 +276,39 @@ ShapeResult gated_shape(const ShapeInput& in) {
   return r;
 }
 
+// The carriers of user-defined ops: the shape of the op (plain or gated) and its learned
+// parameters (docs/language.md, "User-defined ops"): a scalar is one element; one per feature
+// needs a known last dimension of the output equal to the declared size.
+ShapeResult user_op_shape(const ShapeInput& in, bool gated) {
+  ShapeResult r = gated ? gated_shape(in) : same_shape(in);
+  if (!r.errors.empty()) return r;
+  const std::string& op = attr_name(in.attrs, "op");
+  for (const UserParam& p : user_params(user_pointwise_def(gated), in.attrs)) {
+    Shape shape = {Dim::known(1)};
+    if (p.size > 0) {
+      const Dim* last = r.out.shape.empty() ? nullptr : &r.out.shape.back();
+      if (last == nullptr || last->is_symbolic() || last->size != p.size) {
+        r.errors.push_back(
+            {"",
+             fmt::format("parameter '{}' of '{}' has {} features, but the op's output {} {}",
+                         p.name, op, p.size, type_string(r.out),
+                         last == nullptr       ? "has no last dimension"
+                         : last->is_symbolic() ? "ends in a symbolic dimension"
+                                               : fmt::format("has {}", last->size)),
+             gated ? "a gated op's per-feature parameter has the output half's features"
+                   : "a per-feature parameter has the size of the last dimension"});
+        continue;
+      }
+      shape = {Dim::known(p.size)};
+    }
+    r.params.push_back(
+        {p.name, TensorType{p.dtype, std::move(shape)}, ParamInit::constant(p.init)});
+  }
+  return r;
+}
+ShapeResult user_plain_shape(const ShapeInput& in) { return user_op_shape(in, false); }
+ShapeResult user_gated_shape(const ShapeInput& in) { return user_op_shape(in, true); }
+
 ShapeResult extra_shape(const ShapeInput& in, const char* what) {
   ShapeResult r{in.in, {}, {}};
   if (in.extra != nullptr && !(*in.extra == in.in)) {
@@ -447,9 +480,11 @@ const PointwiseTables& pointwise_tables() {
       const PointwiseDef& d = *defs[i];
       const KernelFamily family =
           d.gated ? KernelFamily::GatedActivation : KernelFamily::Activation;
-      t.forward.push_back(
-          {OpKind(kFirstPointwise + i), d.name, family, d.attrs, d.gated ? gated_shape : same_shape,
-           d.gated ? "[..., 2n] -> [..., n]" : "[...] -> [...]", d.doc, backward::pointwise, &d});
+      t.forward.push_back({OpKind(kFirstPointwise + i), d.name, family, d.attrs,
+                           d.user_defined ? (d.gated ? user_gated_shape : user_plain_shape)
+                                          : (d.gated ? gated_shape : same_shape),
+                           d.gated ? "[..., 2n] -> [..., n]" : "[...] -> [...]", d.doc,
+                           backward::pointwise, &d});
       t.backward.push_back(
           {OpKind(kFirstPointwiseBackward + i),
            d.gated ? "gated_activation_backward" : "activation_backward", family, d.attrs, nullptr,

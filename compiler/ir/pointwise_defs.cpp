@@ -160,10 +160,13 @@ constexpr std::array<const PointwiseDef*, 11> kDefs = {
 NodeId user_defined(const PointwiseBuilder& b) {
   const auto decoded = scalar::decode(attr_name(b.attrs, "expression"));
   const size_t inputs = b.inputs.size();
-  OPFUSE_ASSERT(decoded && decoded->roots.size() == 2 * (inputs + 1),
+  // The learned parameters' gradients follow the inputs' (var(inputs + 1 + j) stays itself).
+  const size_t params = user_params(user_pointwise_def(false), b.attrs).size();
+  const size_t per_form = inputs + 1 + params;
+  OPFUSE_ASSERT(decoded && decoded->roots.size() == 2 * per_form,
                 "user op '{}': its expression is not {} roots", attr_name(b.attrs, "op"),
-                2 * (inputs + 1));
-  const auto half = std::span(decoded->roots).subspan(b.device ? inputs + 1 : 0, inputs + 1);
+                2 * per_form);
+  const auto half = std::span(decoded->roots).subspan(b.device ? per_form : 0, per_form);
   const std::vector<NodeId> roots = b.g.copy_from(decoded->graph, half, b.inputs);
   if (b.gradients != nullptr) b.gradients->assign(roots.begin() + 1, roots.end());
   return roots.front();
@@ -176,6 +179,8 @@ constexpr AttrSpec kUserAttrs[] = {
     {"parts", AttrType::Name, false, 0, 0, 0,
      "a composed chain's ops, name@file:line:col joined by '+' (compiler/passes/"
      "compose_pointwise.h); empty for an op as written"},
+    {"params", AttrType::Name, false, 0, 0, 0,
+     "its learned parameters, name:dtype:size:init joined by ',' (ir::encode_user_params)"},
 };
 constexpr PointwiseDef kUserPlain{.name = "user_op",
                                   .attrs = kUserAttrs,

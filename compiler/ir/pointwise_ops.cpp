@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,18 @@ Attr number_attr(const AttrSpec& spec, double v) {
   }
 }
 
+// A learned parameter's dtype as one letter of a functor name, and back.
+char learned_letter(DType d) { return d == DType::BF16 ? 'b' : d == DType::FP16 ? 'h' : 'f'; }
+std::optional<DType> learned_dtype(char c) {
+  if (c == 'b') return DType::BF16;
+  if (c == 'h') return DType::FP16;
+  if (c == 'f') return DType::FP32;
+  return std::nullopt;
+}
+std::string_view learned_cuda_type(DType d) {
+  return d == DType::BF16 ? "__nv_bfloat16" : d == DType::FP16 ? "__half" : "float";
+}
+
 // name_limit_7_alpha_1p702 -> the def and its attributes, in the def's attribute order.
 std::optional<std::pair<const PointwiseDef*, AttrList>> parse_functor_name(std::string_view name) {
   if (name.starts_with(kUserPrefix)) {
@@ -53,11 +66,31 @@ std::optional<std::pair<const PointwiseDef*, AttrList>> parse_functor_name(std::
     name.remove_prefix(sep + 1);
     if (name.size() < length + 2 || name[length] != '_') return std::nullopt;
     const std::string_view op = name.substr(0, length);
-    const std::string_view text = name.substr(length + 1);
+    std::string_view text = name.substr(length + 1);
+    // Learned parameters: "L" then per parameter its dtype letter and s (scalar) or v (per
+    // feature), before the expression (whose tokens never start with an upper-case letter).
+    std::vector<UserParam> learned;
+    if (text.starts_with('L')) {
+      const size_t end = text.find('_');
+      if (end == std::string_view::npos || end % 2 == 0 || (end - 1) / 2 > kMaxUserParams)
+        return std::nullopt;
+      for (size_t i = 1; i < end; i += 2) {
+        UserParam p;
+        p.name = fmt::format("p{}", learned.size());
+        const auto dtype = learned_dtype(text[i]);
+        if (!dtype || (text[i + 1] != 's' && text[i + 1] != 'v')) return std::nullopt;
+        p.dtype = *dtype;
+        p.size = text[i + 1] == 'v' ? 1 : 0;
+        learned.push_back(std::move(p));
+      }
+      text.remove_prefix(end + 1);
+    }
     const auto decoded = scalar::decode(text);
-    if (!decoded || (decoded->roots.size() != 4 && decoded->roots.size() != 6)) return std::nullopt;
-    return std::make_pair(&user_pointwise_def(decoded->roots.size() == 6),
-                          user_pointwise_attrs(op, text));
+    const size_t k = learned.size();
+    if (!decoded || (decoded->roots.size() != 2 * (2 + k) && decoded->roots.size() != 2 * (3 + k)))
+      return std::nullopt;
+    return std::make_pair(&user_pointwise_def(decoded->roots.size() == 2 * (3 + k)),
+                          user_pointwise_attrs(op, text, {}, encode_user_params(learned)));
   }
   if (!name.starts_with(kFunctorPrefix)) return std::nullopt;
   name.remove_prefix(kFunctorPrefix.size());
@@ -96,11 +129,68 @@ const PointwiseDef* find_pointwise(std::string_view name) {
   return it == defs.end() ? nullptr : *it;
 }
 
+std::vector<std::string> expression_var_names(const PointwiseDef& def, const AttrList& attrs) {
+  std::vector<std::string> names(def.gated ? 3 : 2);
+  for (UserParam& p : user_params(def, attrs)) names.push_back(std::move(p.name));
+  return names;
+}
+
 AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression,
-                              std::string_view parts) {
+                              std::string_view parts, std::string_view params) {
   return {{"op", std::string(op_name)},
           {"expression", std::string(expression)},
-          {"parts", std::string(parts)}};
+          {"parts", std::string(parts)},
+          {"params", std::string(params)}};
+}
+
+std::string encode_user_params(std::span<const UserParam> params) {
+  std::string out;
+  for (const UserParam& p : params)
+    out += fmt::format("{}{}:{}:{}:{}", out.empty() ? "" : ",", p.name, dtype_name(p.dtype), p.size,
+                       scalar::encode_number(p.init));
+  return out;
+}
+
+std::optional<std::vector<UserParam>> decode_user_params(std::string_view text) {
+  std::vector<UserParam> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    if (out.size() >= kMaxUserParams) return std::nullopt;
+    const size_t end = std::min(text.find(',', start), text.size());
+    std::string_view item = text.substr(start, end - start);
+    start = end + 1;
+    std::string_view fields[4];
+    for (int i = 0; i < 4; ++i) {
+      const size_t colon = i == 3 ? item.size() : item.find(':');
+      if (colon == std::string_view::npos) return std::nullopt;
+      fields[i] = item.substr(0, colon);
+      item.remove_prefix(i == 3 ? item.size() : colon + 1);
+    }
+    UserParam p;
+    p.name = std::string(fields[0]);
+    const auto dtype = parse_user_dtype(fields[1]);
+    const auto init = scalar::decode_number(fields[3]);
+    if (p.name.empty() || !dtype || !init || fields[2].empty() || fields[2].size() > 12)
+      return std::nullopt;
+    p.dtype = *dtype;
+    p.init = *init;
+    for (const char c : fields[2]) {
+      if (c < '0' || c > '9') return std::nullopt;
+      p.size = p.size * 10 + (c - '0');
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<UserParam> user_params(const PointwiseDef& def, const AttrList& attrs) {
+  if (!def.user_defined) return {};
+  const auto it = std::ranges::find(attrs, std::string_view("params"), &Attr::name);
+  if (it == attrs.end()) return {};
+  const auto decoded = decode_user_params(std::get<std::string>(it->value));
+  OPFUSE_ASSERT(decoded.has_value(), "user op '{}': its params attribute '{}' is malformed",
+                attr_name(attrs, "op"), std::get<std::string>(it->value));
+  return *decoded;
 }
 
 std::string composed_part_text(std::string_view name, SourceLoc loc) {
@@ -146,6 +236,7 @@ bool has_gelu_epilogue(OpKind kind) {
 
 PointwiseExpr::PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, bool device) {
   inputs_ = def.gated ? 2 : 1;
+  params_ = int(user_params(def, attrs).size());
   std::vector<scalar::NodeId> in(size_t(inputs_), 0);
   for (int i = 0; i < inputs_; ++i) in[size_t(i)] = graph_.var(i);
   std::vector<scalar::NodeId> given;
@@ -159,33 +250,66 @@ PointwiseExpr::PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, boo
                          : graph_.is_constant(d, 1) ? dy
                                                     : graph_.mul(d, dy));
   }
+  OPFUSE_ASSERT(gradients_.size() == size_t(inputs_ + params_),
+                "pointwise op '{}': {} gradients for {} inputs and {} parameters",
+                pointwise_op_name(def, attrs), gradients_.size(), inputs_, params_);
+  // The expression reads no var past the parameters (a decoded attribute is not trusted).
+  for (size_t id = 0; id < graph_.size(); ++id) {
+    const scalar::Node& n = graph_.node(scalar::NodeId(id));
+    OPFUSE_ASSERT(n.op != scalar::Op::Var || (n.var >= 0 && n.var <= inputs_ + params_),
+                  "pointwise op '{}' reads var {} of {}", pointwise_op_name(def, attrs), n.var,
+                  inputs_ + params_ + 1);
+  }
   const scalar::NodeId roots[] = {value_};
   forward_order_ = graph_.schedule(roots);
   backward_order_ = graph_.schedule(gradients_);
 }
 
+namespace {
+
+// The expression's vars: the inputs, dy, the learned parameters (var(inputs + 1 + j)).
 template <typename T>
-T PointwiseExpr::forward(std::span<const T> in, std::span<T> scratch) const {
-  graph_.evaluate<T>(forward_order_, in, scratch);
+std::array<T, 3 + kMaxUserParams> expression_vars(int inputs, std::span<const T> in,
+                                                  std::span<const T> params, T dy) {
+  std::array<T, 3 + kMaxUserParams> vars{};
+  std::copy(in.begin(), in.end(), vars.begin());
+  vars[size_t(inputs)] = dy;
+  std::copy(params.begin(), params.end(), vars.begin() + inputs + 1);
+  return vars;
+}
+
+}  // namespace
+
+template <typename T>
+T PointwiseExpr::forward(std::span<const T> in, std::span<const T> params,
+                         std::span<T> scratch) const {
+  OPFUSE_ASSERT(params.size() == size_t(params_), "{} parameter values for {} parameters",
+                params.size(), params_);
+  const auto vars = expression_vars<T>(inputs_, in, params, T(0));
+  graph_.evaluate<T>(forward_order_, std::span<const T>(vars.data(), size_t(inputs_ + 1 + params_)),
+                     scratch);
   return scratch[value_];
 }
 
 template <typename T>
-void PointwiseExpr::backward(std::span<const T> in, T dy, std::span<T> grads,
-                             std::span<T> scratch) const {
-  T vars[3] = {};
-  std::copy(in.begin(), in.end(), vars);
-  vars[inputs_] = dy;
-  graph_.evaluate<T>(backward_order_, std::span<const T>(vars, size_t(inputs_) + 1), scratch);
-  for (int i = 0; i < inputs_; ++i) grads[size_t(i)] = scratch[gradients_[size_t(i)]];
+void PointwiseExpr::backward(std::span<const T> in, std::span<const T> params, T dy,
+                             std::span<T> grads, std::span<T> scratch) const {
+  OPFUSE_ASSERT(params.size() == size_t(params_), "{} parameter values for {} parameters",
+                params.size(), params_);
+  const auto vars = expression_vars<T>(inputs_, in, params, dy);
+  graph_.evaluate<T>(backward_order_,
+                     std::span<const T>(vars.data(), size_t(inputs_ + 1 + params_)), scratch);
+  for (size_t i = 0; i < gradients_.size(); ++i) grads[i] = scratch[gradients_[i]];
 }
 
-template float PointwiseExpr::forward<float>(std::span<const float>, std::span<float>) const;
-template double PointwiseExpr::forward<double>(std::span<const double>, std::span<double>) const;
-template void PointwiseExpr::backward<float>(std::span<const float>, float, std::span<float>,
+template float PointwiseExpr::forward<float>(std::span<const float>, std::span<const float>,
                                              std::span<float>) const;
-template void PointwiseExpr::backward<double>(std::span<const double>, double, std::span<double>,
-                                              std::span<double>) const;
+template double PointwiseExpr::forward<double>(std::span<const double>, std::span<const double>,
+                                               std::span<double>) const;
+template void PointwiseExpr::backward<float>(std::span<const float>, std::span<const float>, float,
+                                             std::span<float>, std::span<float>) const;
+template void PointwiseExpr::backward<double>(std::span<const double>, std::span<const double>,
+                                              double, std::span<double>, std::span<double>) const;
 
 std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attrs) {
   if (def.user_defined) {
@@ -194,7 +318,11 @@ std::string pointwise_functor_name(const PointwiseDef& def, const AttrList& attr
     std::string op = attr_name(attrs, "op");
     for (char& c : op)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
-    return fmt::format("{}{}_{}_{}", kUserPrefix, op.size(), op, attr_name(attrs, "expression"));
+    std::string learned;
+    for (const UserParam& p : user_params(def, attrs))
+      learned += fmt::format("{}{}", learned_letter(p.dtype), p.size == 0 ? 's' : 'v');
+    return fmt::format("{}{}_{}_{}{}", kUserPrefix, op.size(), op,
+                       learned.empty() ? "" : "L" + learned + "_", attr_name(attrs, "expression"));
   }
   std::string name = fmt::format("{}{}", kFunctorPrefix, def.name);
   for (const AttrSpec& spec : def.attrs) {
@@ -253,6 +381,66 @@ std::optional<std::string> expression_functor_source(std::string_view functor_na
       indent_lines(g.cuda(grad, in_dy, grad_name)));
 }
 
+// The functor of a user-defined op with learned parameters (templates/activation.cuh, "learned
+// contract"): param() reads parameter k at column col in its dtype, forward and backward take
+// the parameters' values and backward also gives each one's share of its gradient.
+std::string learned_functor_source(std::string_view functor_name, std::string_view op_name,
+                                   const PointwiseExpr& expr, const std::vector<UserParam>& learned,
+                                   std::span<const std::string> names) {
+  const int n = expr.inputs();
+  const size_t k = learned.size();
+  std::vector<std::string> vars;
+  vars.reserve(size_t(n) + 1 + k);
+  for (int i = 0; i < n; ++i) vars.push_back(fmt::format("in[{}]", i));
+  vars.push_back("dy");
+  for (size_t j = 0; j < k; ++j) vars.push_back(fmt::format("p[{}]", j));
+  std::vector<std::string> forward_vars = vars;
+  forward_vars[size_t(n)] = "0.0f";  // the value never reads dy
+  std::vector<std::string> grads;
+  grads.reserve(size_t(n) + k);
+  for (int i = 0; i < n; ++i) grads.push_back(fmt::format("grad[{}]", i));
+  for (size_t j = 0; j < k; ++j) grads.push_back(fmt::format("dparam[{}]", j));
+  std::string reads;
+  for (size_t j = 0; j < k; ++j)
+    reads +=
+        fmt::format("    if (k == {}) return to_float(static_cast<const {}*>(learned[{}])[{}]);\n",
+                    j, learned_cuda_type(learned[j].dtype), j, learned[j].size == 0 ? "0" : "col");
+  const scalar::NodeId value[] = {expr.value()};
+  const std::string value_name[] = {"value"};
+  const std::string type = std::string(functor_name.substr(std::string_view("opfuse::").size()));
+  return fmt::format(
+      "// The pointwise op {} = {} (user-defined with {} learned parameter{}, docs/language.md\n"
+      "// \"User-defined ops\"), generated from its definition.\n"
+      "#include \"common/scalar_math.cuh\"\n"
+      "#include \"common/types.cuh\"\n"
+      "namespace opfuse {{\n"
+      "struct {} {{\n"
+      "  static constexpr int kInputs = {};\n"
+      "  static constexpr int kParams = {};\n"
+      "  __device__ __forceinline__ static float param(const void* const "
+      "(&learned)[kMaxLearnedParams],\n"
+      "                                                int k, int col) {{\n"
+      "{}"
+      "    return 0.0f;\n"
+      "  }}\n"
+      "  __device__ __forceinline__ static float forward(const float (&in)[{}], const float "
+      "(&p)[{}]) "
+      "{{\n"
+      "    float value;\n{}"
+      "    return value;\n"
+      "  }}\n"
+      "  __device__ __forceinline__ static void backward(const float (&in)[{}], const float "
+      "(&p)[{}],\n"
+      "                                                  float dy, float (&grad)[{}],\n"
+      "                                                  float (&dparam)[{}]) {{\n{}"
+      "  }}\n"
+      "}};\n"
+      "}}  // namespace opfuse\n",
+      op_name, scalar::describe(expr.graph(), expr.value(), names), k, k == 1 ? "" : "s", type, n,
+      k, reads, n, k, indent_lines(expr.graph().cuda(value, forward_vars, value_name)), n, k, n, k,
+      indent_lines(expr.graph().cuda(expr.gradients(), vars, grads)));
+}
+
 }  // namespace
 
 std::optional<std::string> pointwise_functor_source(std::string_view functor_name) {
@@ -262,6 +450,10 @@ std::optional<std::string> pointwise_functor_source(std::string_view functor_nam
   const auto& [def, attrs] = *parsed;
   const PointwiseExpr expr(*def, attrs, /*device=*/true);
   const int n = expr.inputs();
+  const std::vector<UserParam> learned = user_params(*def, attrs);
+  if (!learned.empty())
+    return learned_functor_source(functor_name, pointwise_op_name(*def, attrs), expr, learned,
+                                  expression_var_names(*def, attrs));
   std::vector<std::string> vars;
   vars.reserve(size_t(n) + 1);
   for (int i = 0; i < n; ++i) vars.push_back(fmt::format("in[{}]", i));

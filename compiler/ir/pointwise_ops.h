@@ -55,12 +55,38 @@ const PointwiseDef* find_pointwise(std::string_view name);
 // definitions the pointwise OpKinds index (compiler/ir/op_table.h).
 std::span<const PointwiseDef* const> all_pointwise_defs();
 const PointwiseDef& user_pointwise_def(bool gated);
+// A learned parameter of a user-defined op (docs/language.md, "User-defined ops", `params(...)`):
+// a scalar (size 0, stored as one element) or one value per output feature (size = the features
+// of the op's output's last dimension). In the op's expression it is var(inputs + 1 + index),
+// after the inputs and dy; its gradient root follows the inputs' (note "User-defined ops" in
+// docs/architecture.md).
+struct UserParam {
+  std::string name;
+  DType dtype = DType::FP32;
+  int64_t size = 0;  // 0: a scalar
+  double init = 0;   // every element starts at it (ParamInit::constant)
+  friend bool operator==(const UserParam&, const UserParam&) = default;
+};
+// The carrier's `params` attribute: "name:dtype:size:init" joined by ',' (init as
+// scalar::encode_number), "" for none; decode refuses any other text.
+std::string encode_user_params(std::span<const UserParam> params);
+std::optional<std::vector<UserParam>> decode_user_params(std::string_view text);
+// The learned parameters of a pointwise op or of its backward (empty for built-in ops).
+std::vector<UserParam> user_params(const PointwiseDef& def, const AttrList& attrs);
+// How scalar::describe names an op's expression vars: "" for the inputs and dy (x, x1, ...), then
+// the learned parameters by name.
+std::vector<std::string> expression_var_names(const PointwiseDef& def, const AttrList& attrs);
+// The most learned parameters one op may declare (the expression's vars stay below 16).
+inline constexpr size_t kMaxUserParams = 8;
+
 // A user-defined op as its carrier's attributes: the op's name and the text of its value and
 // gradients (scalar::encode_roots of [reference value, reference gradients..., device value,
-// device gradients...], dy = var(inputs)).
+// device gradients...], dy = var(inputs); the gradients are the inputs', then the learned
+// parameters' (per element, before the sum over rows)).
 // `parts`: a composed chain's ops (compiler/passes/compose_pointwise.h), empty otherwise.
+// `params`: encode_user_params of its learned parameters.
 AttrList user_pointwise_attrs(std::string_view op_name, std::string_view expression,
-                              std::string_view parts = {});
+                              std::string_view parts = {}, std::string_view params = {});
 // The ops a composed chain was made of, with their source locations (empty for other ops).
 struct ComposedPart {
   std::string name;
@@ -77,24 +103,38 @@ std::string_view written_op_name(OpKind kind, const AttrList& attrs);
 bool has_gelu_epilogue(OpKind kind);
 
 // A definition instantiated with its attributes: the value and, per input, d value / d input
-// times the incoming gradient dy (scalar::Graph::var(inputs)).
+// times the incoming gradient dy (scalar::Graph::var(inputs)); then, per learned parameter of a
+// user-defined op, d value / d parameter times dy (one element's share of its gradient).
 class PointwiseExpr {
  public:
   PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, bool device);
   int inputs() const { return inputs_; }
+  int params() const { return params_; }  // learned parameters (user-defined ops)
   const scalar::Graph& graph() const { return graph_; }
   scalar::NodeId value() const { return value_; }
   std::span<const scalar::NodeId> gradients() const { return gradients_; }
 
   // CPU evaluation in the definition's operation order; `scratch` has graph().size() entries.
+  // `params`: the learned parameters' values at this element (params() of them); `grads` takes
+  // inputs() + params() gradients.
   template <typename T>
-  T forward(std::span<const T> in, std::span<T> scratch) const;
+  T forward(std::span<const T> in, std::span<T> scratch) const {
+    return forward<T>(in, {}, scratch);
+  }
   template <typename T>
-  void backward(std::span<const T> in, T dy, std::span<T> grads, std::span<T> scratch) const;
+  T forward(std::span<const T> in, std::span<const T> params, std::span<T> scratch) const;
+  template <typename T>
+  void backward(std::span<const T> in, T dy, std::span<T> grads, std::span<T> scratch) const {
+    backward<T>(in, {}, dy, grads, scratch);
+  }
+  template <typename T>
+  void backward(std::span<const T> in, std::span<const T> params, T dy, std::span<T> grads,
+                std::span<T> scratch) const;
 
  private:
   scalar::Graph graph_;
   int inputs_ = 1;
+  int params_ = 0;
   scalar::NodeId value_ = 0;
   std::vector<scalar::NodeId> gradients_;
   std::vector<scalar::NodeId> forward_order_, backward_order_;

@@ -64,7 +64,9 @@ void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
     attrs.push_back(fmt::format("activation = {}", pointwise_op_name(*def, op.attrs)));
   if (user_defined) {
     const PointwiseExpr expr(*def, op.attrs, /*device=*/false);
-    attrs.push_back(fmt::format("value = {}", scalar::describe(expr.graph(), expr.value())));
+    attrs.push_back(fmt::format(
+        "value = {}",
+        scalar::describe(expr.graph(), expr.value(), expression_var_names(*def, op.attrs))));
   }
   const std::span<const AttrSpec> specs = op_info(op.kind).attrs;
   for (size_t i = 0; i < op.attrs.size() && !user_defined; ++i) {

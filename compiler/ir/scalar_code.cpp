@@ -244,15 +244,18 @@ namespace {
 
 // A DAG printed as a tree can grow exponentially (shared subexpressions are repeated): past
 // `budget` printed nodes the rest prints as "...".
-std::string describe_within(const Graph& graph, NodeId value, size_t& budget) {
+std::string describe_within(const Graph& graph, NodeId value, size_t& budget,
+                            std::span<const std::string> names) {
   if (budget == 0) return "...";
   --budget;
   const Node& n = graph.node(value);
-  auto sub = [&](NodeId id) { return describe_within(graph, id, budget); };
+  auto sub = [&](NodeId id) { return describe_within(graph, id, budget, names); };
   switch (n.op) {
     case Op::Const:
       return fmt::format("{}", n.value);
     case Op::Var:
+      if (size_t(n.var) < names.size() && !names[size_t(n.var)].empty())
+        return names[size_t(n.var)];
       return n.var == 0 ? "x" : fmt::format("x{}", n.var);
     case Op::Add:
       return fmt::format("({} + {})", sub(n.a), sub(n.b));
@@ -295,9 +298,9 @@ std::string describe_within(const Graph& graph, NodeId value, size_t& budget) {
 
 }  // namespace
 
-std::string describe(const Graph& graph, NodeId value) {
+std::string describe(const Graph& graph, NodeId value, std::span<const std::string> var_names) {
   size_t budget = 512;
-  return describe_within(graph, value, budget);
+  return describe_within(graph, value, budget, var_names);
 }
 
 }  // namespace opfuse::ir::scalar

@@ -37,7 +37,8 @@ struct Decoded {
 // nullopt for text encode() cannot have made (a hostile attribute is refused, never trusted).
 std::optional<Decoded> decode(std::string_view text);
 
-// The expression in ordinary notation, for readers: "(x >= -0.5 ? x : -0.5)".
-std::string describe(const Graph& graph, NodeId value);
+// The expression in ordinary notation, for readers: "(x >= -0.5 ? x : -0.5)". var(i) prints as
+// var_names[i] where given and not empty, else x, x1, x2, ...
+std::string describe(const Graph& graph, NodeId value, std::span<const std::string> var_names = {});
 
 }  // namespace opfuse::ir::scalar

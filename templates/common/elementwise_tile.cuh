@@ -21,6 +21,7 @@
 //   struct Loaded;                 // raw vectors, loaded for all passes before any is used
 //   Loaded load(long long row, int col) const;
 //   void compute(const Loaded&, float (&values)[kPlanes][kVec]) const;
+//   static constexpr bool kSumsColumns;  // optional: no flat schedule (a thread's columns fixed)
 //   void add_input_stats(const Loaded&, StatAccumulator&) const;  // kStats &
 //   launch::kStatsOfInput:
 //                                  // the values of the op's first input this vector read
@@ -112,6 +113,17 @@ __device__ __forceinline__ void write_transposed_tile(
 
 // Runs every tile of the grid through op. Must be called by all threads of a block of
 // launch::kTileThreads threads (it holds barriers).
+// Op::kSumsColumns, or false for an Op without it: an Op that sums its own per-column values
+// over the rows (a learned parameter's gradient, activation.cuh) needs a thread's columns fixed.
+template <typename Op, typename = void>
+struct OpSumsColumns {
+  static constexpr bool value = false;
+};
+template <typename Op>
+struct OpSumsColumns<Op, decltype(void(Op::kSumsColumns))> {
+  static constexpr bool value = Op::kSumsColumns;
+};
+
 template <typename Output, bool kTranspose, bool kDbias, int kStats = 0, typename StatsAs = float,
           typename Op>
 __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>& args,
@@ -129,7 +141,7 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
   constexpr bool kIsFp8 = DtypeTraits<Output>::kIsFp8;
   // With statistics and no dbias (whose column sums need a block's columns fixed): a flat
   // schedule of equal runs of tiles, one per block (below).
-  constexpr bool kFlatSchedule = kStats != 0 && !kDbias;
+  constexpr bool kFlatSchedule = kStats != 0 && !kDbias && !OpSumsColumns<Op>::value;
   static_assert(kVec == 4 || kVec == 8, "16-byte vectors of a 2- or 4-byte input dtype");
   static_assert(kPlanes == 1 || kPlanes == 2, "one or two output planes");
   static_assert(!kTranspose || kIsFp8, "the transposed copy is an FP8 output");

@@ -10,6 +10,11 @@
 
 namespace opfuse {
 
+// The most learned parameters a user-defined op's functor reads (ir::kMaxUserParams): the size of
+// the activation kernels' `learned` pointer arrays (activation.cuh). An enumerator, so that a
+// header using none of it compiles without nvcc's unused-variable warning.
+enum : int { kMaxLearnedParams = 8 };
+
 __device__ __forceinline__ float sigmoid(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
 
 }  // namespace opfuse

@@ -569,13 +569,18 @@ struct ActivationCase {
 };
 
 // User-defined ops (docs/language.md, "User-defined ops"): a given backward (softcap), a select
-// (leaky_relu), a derived gated backward through a built-in (geglu_tanh) and log/exp (mish).
+// (leaky_relu), a derived gated backward through a built-in (geglu_tanh) and log/exp (mish);
+// learned parameters: a scalar (learnable_scale), per feature in fp32 and bf16 (affine_gelu), and
+// both in a gated op (scaled_glu), whose gradients the kernels sum over the rows.
 constexpr const char* kUserOps = R"(
 op softcap(x, cap: number = 4.0) = cap * tanh(x / cap)
   backward(x, dy) = dy * (1 - tanh(x / cap) ^ 2)
 op leaky_relu(x, slope: number = 0.1) = select(x > 0, x, slope * x)
 gated op geglu_tanh(gate, value) = gelu(gate) * value
 op mish(x) = x * tanh(log(1 + exp(x)))
+op learnable_scale(x) params(scale: fp32[] = 1.5) = scale * x
+op affine_gelu(x) params(w: fp32[1024] = 1.0, b: bf16[1024] = 0.1) = gelu(w * x + b)
+gated op scaled_glu(a, b) params(g: fp32[512] = 0.5, t: fp32[] = 2.0) = g * silu(a) * tanh(b / t)
 )";
 
 std::string activation_program(const ActivationCase& a) {
@@ -633,7 +638,10 @@ std::vector<ActivationCase> activation_cases() {
   for (const auto& [name, gated] : {std::pair<std::string_view, bool>{"softcap", false},
                                     {"leaky_relu", false},
                                     {"geglu_tanh", true},
-                                    {"mish", false}}) {
+                                    {"mish", false},
+                                    {"learnable_scale", false},
+                                    {"affine_gelu", false},
+                                    {"scaled_glu", true}}) {
     for (const char* recipe : {"bf16", "delayed", "current"}) {
       for (const int tokens : {32, 176}) cases.push_back({name, gated, recipe, tokens, kUserOps});
     }
@@ -690,6 +698,7 @@ std::vector<std::pair<ActivationCase, bool>> user_unfused_cases(bool held) {
     for (const char* recipe : {"bf16", "delayed"}) {
       // geglu: the built-in op geglu_tanh writes out, in the same runs (the errors match).
       for (const ActivationCase& a : {ActivationCase{"softcap", false, recipe, 64, kUserOps},
+                                      ActivationCase{"affine_gelu", false, recipe, 64, kUserOps},
                                       ActivationCase{"geglu_tanh", true, recipe, 64, kUserOps},
                                       ActivationCase{"geglu", true, recipe, 64, kUserOps}}) {
         if (held_apart(a, fused) == held) cases.push_back({a, fused});

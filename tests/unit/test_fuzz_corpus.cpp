@@ -410,6 +410,59 @@ std::vector<Case> op_definitions(Random& rng) {
     out.push_back({"op soup #" + std::to_string(variant),
                    "op g(x) = x\n" + text + "\n" + sequence_with("  f(1)\n  g()\n")});
   }
+  // Learned parameters (`params(...)`): their list from the same kind of soup, then a body using
+  // them, a backward giving their gradients (or not), and uses at widths that fit or do not.
+  static const char* const kParamTokens[] = {"s",
+                                             "w",
+                                             ":",
+                                             "fp32",
+                                             "bf16",
+                                             "int8",
+                                             "[",
+                                             "]",
+                                             "64",
+                                             "0",
+                                             "-1",
+                                             "1.5",
+                                             "=",
+                                             ",",
+                                             "x",
+                                             "a",
+                                             "true",
+                                             "(",
+                                             ")",
+                                             "[]",
+                                             "[64]",
+                                             "[64, 2]",
+                                             "[1e3]",
+                                             "dy",
+                                             "s:",
+                                             "tokens",
+                                             "params(",
+                                             "fp32[] = 1.0",
+                                             "fp32[64] = 0.5",
+                                             "\"s\""};
+  for (int variant = 0; variant < 200; ++variant) {
+    std::string text = variant % 5 == 0 ? "gated op f(x, y, a: number = 2) params("
+                                        : "op f(x, a: number = 1) params(";
+    const size_t n = rng.below(12);
+    for (size_t i = 0; i < n; ++i)
+      text += std::string(kParamTokens[rng.below(std::size(kParamTokens))]) + " ";
+    if (variant % 2 == 0) text += std::string(n ? ", " : "") + "s: fp32[] = 2.0, w: fp32[64] = 1.0";
+    text += ") = s * x * w";
+    if (variant % 3 == 0) text += "\n  backward(x, dy) = [s * dy, x * dy, dy]";
+    if (variant % 7 == 0) text += "\n  backward(x, dy) = s * dy";
+    out.push_back({"params soup #" + std::to_string(variant),
+                   text + "\nop g(x) = f(x)\n" +
+                       sequence_with(variant % 2 == 0 ? "  f()\n  f(a = 3) as l\n" : "  f(2)\n")});
+  }
+  out.push_back({"many params", "op f(x) params(" + repeat("p: fp32[] = 1.0, ", 300) +
+                                    "q: fp32[] = 0.0) = q * x\n" + use});
+  out.push_back({"nine params",
+                 "op f(x) params(a: fp32[] = 1.0, b: fp32[] = 1.0, c: fp32[] = 1.0, "
+                 "d: fp32[] = 1.0, e: fp32[] = 1.0, g: fp32[] = 1.0, h: fp32[] = 1.0, "
+                 "i: fp32[] = 1.0, j: fp32[] = 1.0) = a * x\n" +
+                     use});
   return out;
 }
 

@@ -121,6 +121,17 @@ TemplateCase activation_case(const std::string& arch, const Dtype& in, bool gate
     c.name_expressions.push_back(fwd + f + ">");
     c.name_expressions.push_back(bwd + b + ">");
   }
+  if (!gated) {
+    // A functor with a learned parameter (a user-defined op's params): read per column forward,
+    // its gradient's column sums backward (with an FP8 output, its transpose and dbias), and the
+    // scalar's final sum.
+    c.name_expressions.push_back(fwd + "opfuse::ExampleLearnedScale, " + t + ", " + kE4m3 +
+                                 ", true>");
+    c.name_expressions.push_back(bwd + "opfuse::ExampleLearnedScale, " + t + ", " + kE5m2 +
+                                 ", true, true>");
+    c.name_expressions.push_back(bwd + "opfuse::ExampleLearnedScale, " + t + ", " + t + ">");
+    c.name_expressions.push_back("opfuse::learned_scalar_sum<" + t + ">");
+  }
   return c;
 }
 

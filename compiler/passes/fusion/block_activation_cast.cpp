@@ -33,8 +33,11 @@ constexpr Step kBackwardSteps[] = {
 // The kernel's shapes (block_activation.cuh): 2-byte inputs and output of one dtype, so the tile
 // stays packed in registers and the values round to the dtype the unfused activation writes; the
 // gated backward's plane width a multiple of 128, so no row block straddles d gate and d linear.
+// A user-defined op with learned parameters runs in the tiled kernels only (which read its
+// parameters and sum their gradients); its block cast stays a kernel of its own.
 bool kernel_fits(const ir::Sequence& seq, const Match& m) {
   const ir::Operation& act = *m.front();
+  if (!ir::user_params(*ir::pointwise_def(act.kind), act.attrs).empty()) return false;
   const ir::TensorType& out = seq.value(act.results.at(0)).type;
   for (ir::ValueId v : act.operands) {
     if (seq.value(v).type.dtype != out.dtype) return false;
