@@ -425,6 +425,13 @@ std::string decode_string_literal(std::string_view spelling) {
   return out;
 }
 
+bool is_identifier(std::string_view text) {
+  if (text.empty() || !is_ident_start(static_cast<unsigned char>(text[0]))) return false;
+  for (const char c : text)
+    if (!is_ident_char(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
 std::string_view token_kind_name(TokenKind kind) {
   switch (kind) {
     case TokenKind::Eof:

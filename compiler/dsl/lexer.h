@@ -81,6 +81,10 @@ std::vector<Token> lex(FileId file, const SourceManager& sources, DiagnosticEngi
 // spellings the lexer produced; unknown escapes (already reported) are kept as written.
 std::string decode_string_literal(std::string_view spelling);
 
+// Whether `text` lexes as one identifier token (ASCII letters, digits, '_'; not starting with a
+// digit). Keywords pass: the parser reports them where a name is expected.
+bool is_identifier(std::string_view text);
+
 // How a token kind is written in messages: "')'", "'sequence'", "a name", "end of file".
 std::string_view token_kind_name(TokenKind kind);
 

@@ -27,6 +27,18 @@ namespace {
 // Integer powers up to this are products (x ^ 2 is x * x, exact and cheap); others use pow.
 constexpr double kMaxProductPower = 16;
 
+// `a OP b ? then : otherwise` for a comparison operator as written, in the graph's three
+// comparisons (< swaps the operands of >, != the branches of ==).
+scalar::NodeId select_by(scalar::Graph& g, const std::string& op, scalar::NodeId a,
+                         scalar::NodeId b, scalar::NodeId then, scalar::NodeId otherwise) {
+  if (op == ">") return g.select(scalar::Cmp::Gt, a, b, then, otherwise);
+  if (op == ">=") return g.select(scalar::Cmp::Ge, a, b, then, otherwise);
+  if (op == "<=") return g.select(scalar::Cmp::Le, a, b, then, otherwise);
+  if (op == "<") return g.select(scalar::Cmp::Gt, b, a, then, otherwise);
+  if (op == "==") return g.select(scalar::Cmp::Eq, a, b, then, otherwise);
+  return g.select(scalar::Cmp::Eq, a, b, otherwise, then);  // !=
+}
+
 std::string usage_of(const dsl::OpDecl& d) {
   std::string out = fmt::format("usage: {}(", d.name);
   for (size_t i = 0; i < d.params.size(); ++i) {
@@ -199,14 +211,7 @@ std::optional<scalar::NodeId> Builder::lower_compare(const Expr& e, scalar::Grap
   const auto a = lower(*e.operands.at(0), g, scope);
   const auto b = lower(*e.operands.at(1), g, scope);
   if (!a || !b) return std::nullopt;
-  const scalar::NodeId one = g.constant(1), zero = g.constant(0);
-  const std::string& c = e.text;
-  if (c == ">") return g.select(scalar::Cmp::Gt, *a, *b, one, zero);
-  if (c == ">=") return g.select(scalar::Cmp::Ge, *a, *b, one, zero);
-  if (c == "<=") return g.select(scalar::Cmp::Le, *a, *b, one, zero);
-  if (c == "<") return g.select(scalar::Cmp::Gt, *b, *a, one, zero);
-  if (c == "==") return g.select(scalar::Cmp::Eq, *a, *b, one, zero);
-  return g.select(scalar::Cmp::Eq, *a, *b, zero, one);  // !=
+  return select_by(g, e.text, *a, *b, g.constant(1), g.constant(0));
 }
 
 std::optional<std::vector<double>> Builder::bind_op_attrs(
@@ -330,13 +335,7 @@ std::optional<scalar::NodeId> Builder::lower_math_call(const Expr& e, const Math
     const auto then = lower(*e.operands[1], g, scope);
     const auto otherwise = lower(*e.operands[2], g, scope);
     if (!a || !b || !then || !otherwise) return std::nullopt;
-    const std::string& c = cond.text;
-    if (c == ">") return g.select(scalar::Cmp::Gt, *a, *b, *then, *otherwise);
-    if (c == ">=") return g.select(scalar::Cmp::Ge, *a, *b, *then, *otherwise);
-    if (c == "<=") return g.select(scalar::Cmp::Le, *a, *b, *then, *otherwise);
-    if (c == "<") return g.select(scalar::Cmp::Gt, *b, *a, *then, *otherwise);
-    if (c == "==") return g.select(scalar::Cmp::Eq, *a, *b, *then, *otherwise);
-    return g.select(scalar::Cmp::Eq, *a, *b, *otherwise, *then);  // !=
+    return select_by(g, cond.text, *a, *b, *then, *otherwise);
   }
   const auto x = lower(*e.operands[0], g, scope);
   if (!x) return std::nullopt;

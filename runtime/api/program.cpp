@@ -1,8 +1,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -14,6 +12,7 @@
 #include "cpu/numerics.h"
 #include "driver/compile.h"
 #include "driver/frontend.h"
+#include "dsl/lexer.h"
 #include "gpu/device.h"
 #include "jit/kernel_cache.h"
 #include "support/diagnostics.h"
@@ -145,19 +144,13 @@ std::string_view tensor_kind_name(TensorKind kind) {
 
 namespace {
 
-bool is_identifier(std::string_view s) {
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  return std::ranges::all_of(
-      s, [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; });
-}
-
 // Each declaration as the language writes it, one source per declaration so that a diagnostic
 // names the one it is in. Names are checked first: the text must say what the fields say.
 ExtraSources fusion_sources(const std::vector<FusionDeclaration>& fusions) {
   ExtraSources out;
   for (size_t i = 0; i < fusions.size(); ++i) {
     const FusionDeclaration& f = fusions[i];
-    if (!is_identifier(f.name)) {
+    if (!dsl::is_identifier(f.name)) {
       throw UsageError(fmt::format(
           "CompileOptions::fusions[{}]: the name '{}' is not an identifier", i, f.name));
     }
@@ -165,7 +158,7 @@ ExtraSources fusion_sources(const std::vector<FusionDeclaration>& fusions) {
     for (const std::string& op : f.ops) {
       const bool optional = op.ends_with('?');
       const std::string_view name = std::string_view(op).substr(0, op.size() - (optional ? 1 : 0));
-      if (!is_identifier(name)) {
+      if (!dsl::is_identifier(name)) {
         throw UsageError(fmt::format(
             "CompileOptions::fusions[{}] ('{}'): the step '{}' is not an op name (with '?' when "
             "optional)",

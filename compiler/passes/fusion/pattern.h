@@ -57,10 +57,9 @@ bool apply_patterns(ir::Sequence& seq, ir::Phase phase,
 // The patterns of `phase` in the order the fuse passes try them: the built-in ones (priority 0,
 // patterns.cpp's order) and the program's declared fusions (ir::DeclaredFusion) by priority,
 // higher first; ties keep the built-ins first, then declaration order. `storage` keeps the
-// declared patterns alive while the result is used.
+// declared patterns alive while the result is used; their steps' kinds point into `program`.
 struct DeclaredPatterns {
-  std::vector<std::vector<ir::OpKind>> kinds;  // one per step
-  std::vector<std::vector<Step>> steps;        // one per declared fusion
+  std::vector<std::vector<Step>> steps;  // one per declared fusion
   std::vector<FusionPattern> patterns;
 };
 std::vector<const FusionPattern*> patterns_in_order(const ir::Program& program, ir::Phase phase,

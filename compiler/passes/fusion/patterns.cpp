@@ -29,8 +29,7 @@ std::vector<const FusionPattern*> patterns_in_order(const ir::Program& program, 
   storage = {};
   size_t declared = 0;
   for (const ir::DeclaredFusion& f : program.fusions) declared += f.phase == phase ? 1 : 0;
-  // Spans point into these vectors: no reallocation after the reserve.
-  storage.kinds.reserve(declared * 16);
+  // The patterns point at their steps and the order at the patterns: no reallocation.
   storage.steps.reserve(declared);
   storage.patterns.reserve(declared);
   std::vector<std::pair<int, const FusionPattern*>> order;
@@ -40,9 +39,8 @@ std::vector<const FusionPattern*> patterns_in_order(const ir::Program& program, 
     std::vector<Step>& steps = storage.steps.emplace_back();
     for (size_t k = 0; k < f.steps.size(); ++k) {
       const ir::DeclaredFusion::Step& d = f.steps[k];
-      const std::vector<ir::OpKind>& kinds = storage.kinds.emplace_back(1, d.kind);
       Step step;
-      step.kinds = kinds;
+      step.kinds = std::span(&d.kind, 1);
       step.link = k == 0 ? Link::Start : Link::Consumes;
       step.from = k == 0 ? 0 : int(k) - 1;
       step.optional = d.optional;
