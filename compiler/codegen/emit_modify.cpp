@@ -29,7 +29,9 @@ void emit_modify_tensor(SequenceBuilder& b, const Group& g) {
                 bind_quantizer("scale", -1, QuantizerValue::Scale),
                 bind_quantizer("amax", -1, QuantizerValue::Amax), bind_scale_record(-1),
                 bind_int("rows", rows), bind_int("cols", cols), bind_null("in_stats"),
-                bind_null("out_stats")});
+                bind_null("out_stats"),
+                // The expression has no learned parameters: every entry of the array is null.
+                bind_buffers("learned", std::vector<int>(ir::kMaxUserParams, -1), false)});
 }
 
 }  // namespace opfuse::codegen::emitters

@@ -106,9 +106,11 @@ sequence llama_mlp(x: bf16[batch, seq, hidden], residual: bf16[batch, seq, hidde
 
 using test::DeviceArray;
 using test::download_bf16;
+using test::download_values;
 using test::download_bytes;
 using test::random_bf16;
 using test::upload_bf16;
+using test::upload_values;
 
 // Every program here may use the recipes of kRecipes; `recipe` picks one for all its sequences.
 // "blocks_emulated": `blocks` run emulated (note "Emulated block scaling" in
@@ -195,7 +197,7 @@ class SideBySide {
 
   void upload_params() {
     for (const std::string& name : ref_.param_names())
-      upload_bf16(array(name), ref_.param(name).data);
+      upload_values(array(name), ref_.param(name).data, dtype_of(name, ""));
   }
 
   // Fresh random inputs on both sides; returns them in signature order.
@@ -244,7 +246,8 @@ class SideBySide {
     for (std::size_t j = 0; j < ref_.param_names().size(); ++j) {
       const std::string& name = ref_.param_names()[j];
       const std::vector<float> got =
-          download_bf16(gpu_.param_grad(name), ref_grads.params[j].data.size());
+          download_values(gpu_.param_grad(name), ref_grads.params[j].data.size(),
+                          dtype_of(name, "param_grad"));
       const double error = relative_error(got, ref_grads.params[j].data);
       if (error > errors.param_grads) worst_param_ = name;
       errors.param_grads = std::max(errors.param_grads, error);
@@ -271,6 +274,14 @@ class SideBySide {
   double worst_quantizer_error() const { return worst_quantizer_; }
 
  private:
+  // The dtype of the executor's tensor `name`: the caller's (`result_kind` empty) or a result.
+  plan::DType dtype_of(const std::string& name, const std::string& result_kind) const {
+    for (const TensorInfo& info : gpu_.tensors())
+      if (info.name == name && info.result_kind == result_kind) return info.dtype;
+    ADD_FAILURE() << "no tensor " << name << " " << result_kind;
+    return plan::DType::BF16;
+  }
+
   // The executor's name of the caller's tensor holding IR value `value` (an output gradient's
   // value is named after its output, its buffer "%d<output>").
   std::string tensor_name(ir::ValueId value) const {

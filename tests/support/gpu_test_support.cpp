@@ -168,6 +168,13 @@ void upload_bf16(const DeviceArray& array, const std::vector<float>& values) {
   upload_bf16_bits(array, bits);
 }
 
+void upload_values(const DeviceArray& array, const std::vector<float>& values, plan::DType dtype) {
+  if (dtype == plan::DType::BF16) return upload_bf16(array, values);
+  ASSERT_EQ(dtype, plan::DType::FP32) << "upload_values takes bf16 or fp32";
+  ASSERT_EQ(values.size() * sizeof(float), array.bytes());
+  upload_bytes(array, values.data(), array.bytes());
+}
+
 void upload_bytes(const DeviceArray& array, const void* host, std::size_t bytes) {
   ASSERT_LE(bytes, array.bytes());
   ASSERT_EQ(cudaMemcpy(array.data(), host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
@@ -193,6 +200,16 @@ std::vector<float> download_bf16(const void* device, std::size_t count) {
   const std::vector<std::uint16_t> bits = download_bf16_bits(device, count);
   std::vector<float> values(count);
   for (std::size_t i = 0; i < count; ++i) values[i] = cpu::bf16_to_float(bits[i]);
+  return values;
+}
+
+std::vector<float> download_values(const void* device, std::size_t count, plan::DType dtype) {
+  if (dtype == plan::DType::BF16) return download_bf16(device, count);
+  EXPECT_EQ(dtype, plan::DType::FP32) << "download_values takes bf16 or fp32";
+  if (dtype != plan::DType::FP32) return std::vector<float>(count);
+  const std::vector<std::uint8_t> bytes = download_bytes(device, count * sizeof(float));
+  std::vector<float> values(count);
+  std::memcpy(values.data(), bytes.data(), bytes.size());
   return values;
 }
 

@@ -103,6 +103,10 @@ class GpuStreamTest : public ::testing::Test {
 void upload_bf16_bits(const DeviceArray& array, const std::vector<std::uint16_t>& bits);
 void upload_bf16(const DeviceArray& array, const std::vector<float>& values);
 
+// Values into the whole of `array` as `dtype` holds them: bf16 (rounded to nearest even) or fp32
+// (as they are); fails the current test for another dtype or when the sizes differ.
+void upload_values(const DeviceArray& array, const std::vector<float>& values, plan::DType dtype);
+
 // Copies `bytes` bytes from `host` to the start of `array` (at most its size), then waits for the
 // device.
 void upload_bytes(const DeviceArray& array, const void* host, std::size_t bytes);
@@ -111,6 +115,8 @@ void upload_bytes(const DeviceArray& array, const void* host, std::size_t bytes)
 std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes);
 std::vector<std::uint16_t> download_bf16_bits(const void* device, std::size_t count);
 std::vector<float> download_bf16(const void* device, std::size_t count);
+// `count` bf16 or fp32 elements at `device` as floats (another dtype fails the current test).
+std::vector<float> download_values(const void* device, std::size_t count, plan::DType dtype);
 
 // N(mean, stddev) values already rounded to bf16, so a GPU run and the CPU reference see the same
 // numbers. The draws (std::normal_distribution<double> over `rng`) are part of the tests' inputs:

@@ -1,7 +1,8 @@
 // Packing a launch step's ParamBindings into its kernel's params struct
 // (runtime/gpu/kernel_params.h): the layout rules, the packed values, and, for every kernel every
 // dsl_examples program launches (its own recipe and bf16, fused and unfused; training launches and
-// inference variants), the layout checked
+// inference variants), and of a program with learned op parameters and a declared fusion and of
+// one whose GEMM operand a debug config modifies pointwise, the layout checked
 // against the CUDA compiler: NVRTC compiles the kernel with checks of each field's size,
 // alignment, name and position and of the struct's size, and the cubin's parameter records must
 // give the packed size. Needs NVRTC, not a GPU.
@@ -19,6 +20,8 @@
 
 #include "codegen/kernel_source.h"
 #include "codegen/plan.h"
+#include "debug_clip_feature.h"
+#include "debug_config/routing.h"
 #include "driver/compile.h"
 #include "driver/frontend.h"
 #include "gpu/kernel_params.h"
@@ -149,8 +152,68 @@ TEST(KernelParamsPack, AnIntBeyond32BitsIsAUsageErrorNamingTheField) {
 
 // ---- against the CUDA compiler ------------------------------------------------------------------
 
+// Learned parameters (scalar and per feature, plain and gated: the activation kernels' `learned`
+// arrays) and a declared fusion (bias_add's constant factor) that no example uses.
+constexpr const char* kUserOpsAndFusions = R"(
+recipe fp8 = delayed_scaling()
+op affine_gelu(x) params(w: fp32[128] = 1.0, s: fp32[] = 0.5) = s * gelu(w * x)
+gated op scaled_glu(a, b) params(g: bf16[64] = 0.5) = g * silu(a) * b
+fusion axpy { constant_scale; add_extra_input }
+sequence s(x: bf16[tokens, 64], r: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
+  linear(64, 128, bias = false) as fc1
+  affine_gelu()
+  linear(128, 128, bias = false) as fc2
+  scaled_glu()
+  constant_scale(0.5)
+  add_extra_input(r)
+}
+)";
+
+// A pointwise modification of fc1's input from a debug config (templates/activation.cuh run as a
+// modify kernel, compiler/codegen/emit_modify.cpp).
+constexpr const char* kModified = R"(
+recipe fp8 = delayed_scaling()
+sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 96]) uses fp8 {
+  linear(64, 96, bias = false) as fc1
+}
+)";
+
+// `text` compiled to its plan, under `routing` when given.
+void add_plan(const std::string& text, const debug::Routing* routing, bool fused,
+              std::vector<codegen::Plan>& plans) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.debug_routing = routing;
+  if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
+  options.last_stage = driver::Stage::Plan;
+  driver::CompileResult result = driver::compile_source("extra.fuse", text, sources, diags, options);
+  EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
+  if (result.ok()) plans.push_back(std::move(result.plan));
+}
+
+// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++ feature Clip).
+debug::Routing clip_routing() {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  auto registry = std::make_shared<debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
+  registry->add(std::make_shared<test::Clip>());
+  const FileId f = sources.add_buffer(
+      "debug.yaml",
+      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+      "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
+  const std::optional<debug::DebugConfig> config =
+      debug::read_debug_config(sources, f, registry, diags);
+  EXPECT_TRUE(config) << diags.format_all();
+  if (!config) return {};
+  return debug::route(debug::bind_layers(*config, {{"fc1", {}, true}}, diags), 0);
+}
+
 std::vector<codegen::Plan> example_plans() {
   std::vector<codegen::Plan> plans;
+  for (const bool fused : {true, false}) add_plan(kUserOpsAndFusions, nullptr, fused, plans);
+  const debug::Routing routing = clip_routing();
+  add_plan(kModified, &routing, true, plans);
   std::vector<fs::path> files;
   for (const auto& entry : fs::directory_iterator(test::source_path("dsl_examples"))) {
     if (entry.path().extension() == ".fuse") files.push_back(entry.path());
@@ -313,6 +376,12 @@ TEST(KernelParamsCubin, EveryExampleKernelsPackedLayoutIsTheCompilersLayout) {
   EXPECT_TRUE(std::any_of(checks.begin(), checks.end(), [](const KernelCheck& check) {
     return check.id == "layernorm_fwd_bf16_e4m3_4096";
   })) << "the inference variants' kernels were not checked";
+  EXPECT_TRUE(std::any_of(checks.begin(), checks.end(), [](const KernelCheck& check) {
+    return check.name_expression.find("pointwise_expr") != std::string::npos;
+  })) << "the debug modification's kernel was not checked";
+  EXPECT_TRUE(std::any_of(checks.begin(), checks.end(), [](const KernelCheck& check) {
+    return check.params.back().field == "learned_partial";
+  })) << "no backward kernel with learned parameters was checked";
 }
 
 // Compiles `check` expecting NVRTC to reject it with a log containing `reason`.

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codegen/plan.h"
@@ -66,14 +67,16 @@ driver::CompileResult compile(const std::string& recipe, const char* text = kMlp
                                 options);
 }
 
-const plan::QuantizerPlan* find(const plan::SequencePlan& s, const std::string& name) {
+const plan::QuantizerPlan* find(const plan::SequencePlan& s, std::string_view name) {
   for (const plan::QuantizerPlan& q : s.quantizers)
     if (q.name == name) return &q;
   return nullptr;
 }
-const plan::QuantizerPlan& quantizer(const plan::SequencePlan& s, const std::string& name) {
+// Why string_view: a reference parameter bound to a temporary string makes GCC 13's
+// -Wdangling-reference warn at every `const QuantizerPlan& q = quantizer(s, "...")`.
+const plan::QuantizerPlan& quantizer(const plan::SequencePlan& s, std::string_view name) {
   const plan::QuantizerPlan* q = find(s, name);
-  if (q == nullptr) throw std::runtime_error("no quantizer " + name);
+  if (q == nullptr) throw std::runtime_error("no quantizer " + std::string(name));
   return *q;
 }
 
