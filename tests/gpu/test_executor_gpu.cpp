@@ -106,8 +106,8 @@ sequence llama_mlp(x: bf16[batch, seq, hidden], residual: bf16[batch, seq, hidde
 
 using test::DeviceArray;
 using test::download_bf16;
-using test::download_values;
 using test::download_bytes;
+using test::download_values;
 using test::random_bf16;
 using test::upload_bf16;
 using test::upload_values;
@@ -245,9 +245,8 @@ class SideBySide {
     }
     for (std::size_t j = 0; j < ref_.param_names().size(); ++j) {
       const std::string& name = ref_.param_names()[j];
-      const std::vector<float> got =
-          download_values(gpu_.param_grad(name), ref_grads.params[j].data.size(),
-                          dtype_of(name, "param_grad"));
+      const std::vector<float> got = download_values(
+          gpu_.param_grad(name), ref_grads.params[j].data.size(), dtype_of(name, "param_grad"));
       const double error = relative_error(got, ref_grads.params[j].data);
       if (error > errors.param_grads) worst_param_ = name;
       errors.param_grads = std::max(errors.param_grads, error);

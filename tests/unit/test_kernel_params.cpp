@@ -187,21 +187,23 @@ void add_plan(const std::string& text, const debug::Routing* routing, bool fused
   options.debug_routing = routing;
   if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
   options.last_stage = driver::Stage::Plan;
-  driver::CompileResult result = driver::compile_source("extra.fuse", text, sources, diags, options);
+  driver::CompileResult result =
+      driver::compile_source("extra.fuse", text, sources, diags, options);
   EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
   if (result.ok()) plans.push_back(std::move(result.plan));
 }
 
-// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++ feature Clip).
+// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++
+// feature Clip).
 debug::Routing clip_routing() {
   SourceManager sources;
   DiagnosticEngine diags(sources);
   auto registry = std::make_shared<debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
   registry->add(std::make_shared<test::Clip>());
-  const FileId f = sources.add_buffer(
-      "debug.yaml",
-      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
-      "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
+  const FileId f =
+      sources.add_buffer("debug.yaml",
+                         "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+                         "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
   const std::optional<debug::DebugConfig> config =
       debug::read_debug_config(sources, f, registry, diags);
   EXPECT_TRUE(config) << diags.format_all();
