@@ -1,8 +1,8 @@
 // Packing a launch step's ParamBindings into its kernel's params struct
 // (runtime/gpu/kernel_params.h): the layout rules, the packed values, and, for every kernel every
 // dsl_examples program launches (its own recipe and bf16, fused and unfused; training launches and
-// inference variants), and of a program with learned op parameters and a declared fusion and of
-// one whose GEMM operand a debug config modifies pointwise, the layout checked
+// inference variants), and of a program with learned op parameters and a declared fusion, of one
+// with dropout and of one whose GEMM operand a debug config modifies pointwise, the layout checked
 // against the CUDA compiler: NVRTC compiles the kernel with checks of each field's size,
 // alignment, name and position and of the struct's size, and the cubin's parameter records must
 // give the packed size. Needs NVRTC, not a GPU.
@@ -169,6 +169,17 @@ sequence s(x: bf16[tokens, 64], r: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) us
 }
 )";
 
+// Dropout between an activation and a linear (templates/dropout.cuh): the training forward with
+// its mask and step counter, its inference variant, the backward and the end-of-step advance.
+constexpr const char* kDropout = R"(
+recipe fp8 = delayed_scaling()
+sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 96]) uses fp8 {
+  gelu()
+  dropout(p = 0.2, seed = 5)
+  linear(64, 96)
+}
+)";
+
 // A pointwise modification of fc1's input from a debug config (templates/activation.cuh run as a
 // modify kernel, compiler/codegen/emit_modify.cpp).
 constexpr const char* kModified = R"(
@@ -187,21 +198,23 @@ void add_plan(const std::string& text, const debug::Routing* routing, bool fused
   options.debug_routing = routing;
   if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
   options.last_stage = driver::Stage::Plan;
-  driver::CompileResult result = driver::compile_source("extra.fuse", text, sources, diags, options);
+  driver::CompileResult result =
+      driver::compile_source("extra.fuse", text, sources, diags, options);
   EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
   if (result.ok()) plans.push_back(std::move(result.plan));
 }
 
-// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++ feature Clip).
+// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++
+// feature Clip).
 debug::Routing clip_routing() {
   SourceManager sources;
   DiagnosticEngine diags(sources);
   auto registry = std::make_shared<debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
   registry->add(std::make_shared<test::Clip>());
-  const FileId f = sources.add_buffer(
-      "debug.yaml",
-      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
-      "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
+  const FileId f =
+      sources.add_buffer("debug.yaml",
+                         "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+                         "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
   const std::optional<debug::DebugConfig> config =
       debug::read_debug_config(sources, f, registry, diags);
   EXPECT_TRUE(config) << diags.format_all();
@@ -211,7 +224,10 @@ debug::Routing clip_routing() {
 
 std::vector<codegen::Plan> example_plans() {
   std::vector<codegen::Plan> plans;
-  for (const bool fused : {true, false}) add_plan(kUserOpsAndFusions, nullptr, fused, plans);
+  for (const bool fused : {true, false}) {
+    add_plan(kUserOpsAndFusions, nullptr, fused, plans);
+    add_plan(kDropout, nullptr, fused, plans);
+  }
   const debug::Routing routing = clip_routing();
   add_plan(kModified, &routing, true, plans);
   std::vector<fs::path> files;
