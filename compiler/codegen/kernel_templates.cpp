@@ -158,6 +158,7 @@ constexpr std::string_view kMicroScaleCastExample[] = {
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
                                                 "true"};
 constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};
+constexpr TemplateParam kDropoutBwdParams[] = {{"T", Kind::DType, ""}};
 constexpr TemplateParam kDropoutStepParams[] = {{"kSteps", Kind::Int, "1"}};
 constexpr std::string_view kDropoutFwdExample[] = {"__nv_bfloat16", "true"};
 constexpr std::string_view kFakeQuantizeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"};
@@ -264,8 +265,8 @@ constexpr KernelTemplate kTable[] = {
     // Dropout: the Philox mask drawn and saved as bits (forward), read back (backward).
     entry("dropout_fwd", "dropout.cuh", KernelFamily::Dropout, "DropoutFwdParams",
           kDropoutFwdParams, kDropoutFwdExample),
-    entry("dropout_bwd", "dropout.cuh", KernelFamily::Dropout, "DropoutBwdParams", kInputOnlyParams,
-          kBf16Example),
+    entry("dropout_bwd", "dropout.cuh", KernelFamily::Dropout, "DropoutBwdParams",
+          kDropoutBwdParams, kBf16Example),
     entry("dropout_advance_step", "dropout.cuh", KernelFamily::Dropout, "DropoutStepParams",
           kDropoutStepParams, {}),
     // The user quantize op (Cast family): cast to FP8 and back in one pass.
