@@ -387,20 +387,17 @@ ShapeResult reshape_shape(const ShapeInput& in) {
   return r;
 }
 
-// Dropout keeps an element when its Philox word >= ceil(p * 2^32): a p that rounds to 2^32 would
-// keep nothing and scale by 1 / (1 - p), so it is refused with p = 1 itself.
+// Dropout keeps an element when its Philox word >= ceil(p * 2^32): a p that rounds to 2^32 keeps
+// nothing (and scales by 1 / (1 - p)), refused as p = 1 is. Its mask has ceil(n / 32) words per
+// row of n elements: n must be known.
 ShapeResult dropout_shape(const ShapeInput& in) {
   ShapeResult r{in.in, {}, {}};
-  if (in.in.shape.empty()) {
-    r.errors.push_back({"", "dropout needs a tensor of rank >= 1, got a scalar", ""});
-  } else if (in.in.shape.back().is_symbolic()) {
-    // Its mask is saved as ceil(n / 32) words per row of n elements.
-    r.errors.push_back({"",
-                        fmt::format("dropout needs a known last dimension, but the incoming "
-                                    "tensor {} ends in the symbolic dimension '{}'",
-                                    type_string(in.in), in.in.shape.back().symbol),
-                        "bind the last dimension to a constant in the sequence signature"});
-  }
+  if (in.in.shape.empty() || in.in.shape.back().is_symbolic())
+    r.errors.push_back(
+        {"",
+         fmt::format("dropout needs a known last dimension, but the incoming tensor is {}",
+                     type_string(in.in)),
+         "bind the last dimension to a constant in the sequence signature"});
   const double p = attr_float(in.attrs, "p");
   if (!(p < 1) || opfuse::dropout_threshold(p) > 0xFFFFFFFFull)
     r.errors.push_back({"p", fmt::format("dropout p = {} drops every element", p),

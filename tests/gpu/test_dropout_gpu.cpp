@@ -4,7 +4,8 @@
 // does the mask (read from y, whose inputs are never 0, and checked against the reference's saved
 // bits); the second step draws another mask. The same through Session, eagerly and as a recorded
 // training step replayed (the step counter is read from device memory), and an inference forward
-// passes x through. Label `gpu`: skips (visibly) where no GPU is present.
+// passes x through; a session loaded from a state file continues the step's masks. Label `gpu`:
+// skips (visibly) where no GPU is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -26,6 +27,7 @@
 #include "opfuse/program.h"
 #include "reference/dropout.h"
 #include "reference/reference_executor.h"
+#include "test_support.h"
 
 namespace opfuse::gpu {
 namespace {
@@ -157,26 +159,37 @@ TEST_F(DropoutGpu, SessionStepsAndGraphReplaysDrawEachStepsMask) {
   cpu::Tensor<float> xt = cpu::Tensor<float>::zeros({kTokens, kCols}), dyt = xt;
   xt.data = x;
   dyt.data = dy;
-  auto check = [&](const std::string& what) {
+  auto check = [&](const Session& run, const std::string& what) {
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     const std::vector<float> want_y = ref.forward({xt})[0].data;
     const std::vector<float> want_dx = ref.backward({dyt}).inputs[0].data;
-    expect_same(test::download_bf16(session.output("y"), n), want_y, what + " y");
-    expect_same(test::download_bf16(session.input_grad("x"), n), want_dx, what + " dx");
+    expect_same(test::download_bf16(run.output("y"), n), want_y, what + " y");
+    expect_same(test::download_bf16(run.input_grad("x"), n), want_dx, what + " dx");
     ref.step();
   };
   for (int step = 0; step < 2; ++step) {
     session.forward(stream_);
     session.backward(stream_);
     session.step(stream_);
-    check("eager step " + std::to_string(step));
+    check(session, "eager step " + std::to_string(step));
   }
   session.capture(stream_, Session::GraphScope::TrainingStep);
   for (int replay = 0; replay < 2; ++replay) {
     session.replay(stream_);
-    check("replay " + std::to_string(replay));
+    check(session, "replay " + std::to_string(replay));
   }
   session.release_graph();
+  // A state file's step count (4) resumes the masks in a new session.
+  const std::string path = test::make_temp_dir("dropout_state") + "/state.opfuse";
+  session.save(path, stream_);
+  Session resumed(program, "", stream_);
+  resumed.bind({{"tokens", kTokens}});
+  resumed.set_tensor("x", x_dev.data());
+  resumed.set_tensor("dy", dy_dev.data());
+  resumed.load(path, stream_);
+  resumed.forward(stream_);
+  resumed.backward(stream_);
+  check(resumed, "resumed at step 4");
 }
 
 }  // namespace

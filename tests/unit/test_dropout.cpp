@@ -240,6 +240,12 @@ TEST(DropoutFrontEnd, BadAttributesAreLocatedErrors) {
   EXPECT_TRUE(test::contains(
       first_error("sequence s(x: bf16[t, n]) -> (y: bf16[t, n]) {\n  dropout()\n}\n"),
       "dropout needs a known last dimension"));
+  // p = 1 - 2^-33: p * 2^32 rounds up to 2^32 (nothing would be kept); 1 - 2^-32 keeps the
+  // elements whose word is 0xffffffff. A NaN p (if an expression makes one) is refused too.
+  EXPECT_TRUE(test::contains(first_error(head + "dropout(p = 0.99999999988358467)\n}\n"),
+                             "drops every element"));
+  EXPECT_EQ(first_error(head + "dropout(p = 0.99999999976716936)\n}\n"), "");
+  EXPECT_TRUE(test::contains(first_error(head + "dropout(p = 0.0 / 0.0)\n}\n"), "error"));
 }
 
 ir::Program through_passes(const std::string& text, bool fused = true) {

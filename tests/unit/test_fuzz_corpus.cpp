@@ -520,10 +520,6 @@ std::vector<Case> huge_numbers() {
       {"amax_history = 10^300", "recipe r = delayed_scaling(amax_history = " + digits300 + ")\n"});
   out.push_back(
       {"scale = -1e38", sequence_with("  constant_scale(-3.4e38)\n  constant_scale(1e39)\n")});
-  // p * 2^32 rounds up to 2^32 (nothing kept); the largest seed; p = NaN.
-  out.push_back({"dropout p = 1 - 2^-33",
-                 sequence_with("  dropout(p = 0.99999999988358467)\n  dropout(seed = "
-                               "9007199254740992)\n  dropout(p = 0.0 / 0.0)\n")});
   return out;
 }
 
