@@ -105,6 +105,10 @@ enum class ParamKind : uint8_t {
   Float,
   StatRecord,  // the executor's statistics record of a slot (SequencePlan::stat_slots)
   Capture,     // the executor's float32 capture of a slot (SequencePlan::capture_slots)
+  // The executor's training-step counter (an unsigned int in device memory, 0 at the first step,
+  // advanced by end_step()): dropout's Philox counter reads it at run time, so a recorded graph
+  // draws a fresh mask every step (note "Dropout" in docs/language.md).
+  DropoutStep,
 };
 
 // The name table of an enum: its values in order with their plan.json spellings.
@@ -155,7 +159,8 @@ OPFUSE_ENUM_NAMES(ParamKind, {ParamKind::Null, "null"}, {ParamKind::Buffer, "buf
                   {ParamKind::Buffers, "buffers"}, {ParamKind::Quantizer, "quantizer"},
                   {ParamKind::Records, "quantizer_records"}, {ParamKind::Int, "int"},
                   {ParamKind::Int64, "int64"}, {ParamKind::Float, "float"},
-                  {ParamKind::StatRecord, "stat_record"}, {ParamKind::Capture, "capture"})
+                  {ParamKind::StatRecord, "stat_record"}, {ParamKind::Capture, "capture"},
+                  {ParamKind::DropoutStep, "dropout_step"})
 #undef OPFUSE_ENUM_NAMES
 
 // The spelling of `value` ("?" for a value outside the table, which a cast from an int can make).

@@ -153,6 +153,8 @@ Json param_json(const SequencePlan& s, const ParamBinding& p) {
     case ParamKind::Capture:
       j["slot"] = expr(p.int_value);
       break;
+    case ParamKind::DropoutStep:  // the executor's counter: nothing more to name
+      break;
   }
   return j;
 }

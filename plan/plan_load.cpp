@@ -261,6 +261,8 @@ ParamBinding read_param(const Json& j, const std::string& path) {
     case ParamKind::Capture:
       p.int_value = expr(j, path, "slot");
       break;
+    case ParamKind::DropoutStep:
+      break;
   }
   return p;
 }

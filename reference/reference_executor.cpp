@@ -243,6 +243,24 @@ void ReferenceExecutor<T>::params_changed() {
 }
 
 template <typename T>
+std::vector<Tensor<T>> ReferenceExecutor<T>::forward_inference(
+    const std::vector<Tensor<T>>& inputs) {
+  state_->training = false;
+  std::vector<Tensor<T>> outputs;
+  try {
+    outputs = forward(inputs);
+  } catch (...) {
+    state_->training = true;
+    throw;
+  }
+  state_->training = true;
+  // Its values are no training forward's: backward must not follow it.
+  state_->has_forward = false;
+  state_->dropout_masks.clear();
+  return outputs;
+}
+
+template <typename T>
 std::vector<Tensor<T>> ReferenceExecutor<T>::forward(const std::vector<Tensor<T>>& inputs) {
   State& s = *state_;
   if (inputs.size() != s.seq.inputs.size())
@@ -362,6 +380,27 @@ void ReferenceExecutor<T>::step() {
       if (!q.block_scaled) q.state.amax_history[0] = static_cast<float>(amax[i++]);
   }
   for (Quantizer& q : state_->quantizers) end_step(q);
+  ++state_->step;  // dropout draws the next step's masks
+}
+
+template <typename T>
+uint32_t ReferenceExecutor<T>::dropout_step() const {
+  return state_->step;
+}
+
+template <typename T>
+const std::vector<uint32_t>& ReferenceExecutor<T>::dropout_mask(std::string_view instance) const {
+  const State& s = *state_;
+  for (const ir::Operation& op : s.seq.ops) {
+    if (op.kind != OpKind::Dropout || op.instance != instance) continue;
+    const auto it = s.dropout_masks.find(op.results.size() > 1 ? op.results[1] : op.results[0]);
+    if (it == s.dropout_masks.end()) break;
+    return it->second;
+  }
+  throw ReferenceError(
+      fmt::format("sequence '{}' has no dropout mask of '{}' (no dropout of "
+                  "that name, or no training forward yet)",
+                  s.seq.name, instance));
 }
 
 template class ReferenceExecutor<float>;

@@ -85,6 +85,9 @@ class ReferenceExecutor {
 
   // Runs forward; returns the outputs in signature order. Saves what backward needs.
   std::vector<Tensor<T>> forward(const std::vector<Tensor<T>>& inputs);
+  // An inference forward (PyTorch's eval mode): dropout passes its input through. Backward
+  // cannot follow it.
+  std::vector<Tensor<T>> forward_inference(const std::vector<Tensor<T>>& inputs);
   // Backward of the last forward, seeded with one gradient per output (an empty tensor = zero).
   Gradients<T> backward(const std::vector<Tensor<T>>& output_grads);
   // p -= lr * grad for every parameter, then params_changed().
@@ -97,6 +100,12 @@ class ReferenceExecutor {
   // Tensor-parallel: first the max of every quantizer's amax over the ranks (one reduction), so
   // every rank scales with the amax of the whole tensor, as the unsharded run would.
   void step();
+  // The training step dropout's Philox counter reads (0 at the first; step() adds one), and a
+  // dropout op's mask of the last training forward as packed bits (bit c % 32 of word
+  // [row, c / 32] is element [row, c]: 1 kept), by the op's instance name; throws
+  // ReferenceError for an instance with no dropout mask.
+  uint32_t dropout_step() const;
+  const std::vector<uint32_t>& dropout_mask(std::string_view instance) const;
   // Takes over the state (history, scale, scale_inv) of the quantizers in `states` with the same
   // name, format and history length; the others keep theirs. For a plan variant that continues
   // another's training (compiler/debug_config/instrument.h).

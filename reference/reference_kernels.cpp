@@ -6,6 +6,7 @@
 #include <span>
 #include <type_traits>
 
+#include "dropout.h"
 #include "ir/scalar_code.h"
 #include "numerics.h"
 #include "quant_stats.h"
@@ -589,6 +590,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::AllReduce, all_reduce<T>},
     {OpKind::AllGather, all_gather<T>},
     {OpKind::ReduceScatter, reduce_scatter<T>},
+    {OpKind::Dropout, dropout_forward<T>},
     {OpKind::CastFp8, cast_fp8<T>},
     {OpKind::Fp8Transpose, fp8_transpose<T>},
     {OpKind::EmulatedCast, emulated_cast<T>},
@@ -601,6 +603,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::TensorStats, tensor_stats<T>},
     {OpKind::TensorCapture, tensor_capture<T>},
     {OpKind::ModifyTensor, modify_tensor<T>},
+    {OpKind::DropoutBackward, dropout_backward<T>},
     {OpKind::Fused, nullptr},  // the executor runs its parts
 }};
 

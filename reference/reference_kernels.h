@@ -49,6 +49,14 @@ struct ReferenceContext {
   std::vector<debug::CapturedTensor> captures;
   // The rank's group in a tensor-parallel sequence (reference/collectives.h); null with tp = 1.
   Collectives* group = nullptr;
+  // Dropout (note "Dropout" in docs/language.md): a training forward draws masks, an inference
+  // forward passes x through; `step` is the training step the Philox counter reads (step() of
+  // the executor advances it); each forward dropout's mask as packed 32-bit words, by its mask
+  // value (the result backward reads), exactly as the GPU writes them (values[] holds them as
+  // numbers too, which float cannot keep exactly).
+  bool training = true;
+  uint32_t step = 0;
+  std::map<ir::ValueId, std::vector<uint32_t>> dropout_masks;
 
   Tensor<T> zeros_like(ir::ValueId id) const { return Tensor<T>::zeros(shapes[id]); }
   const Tensor<T>& in(const ir::Operation& op, size_t i) const { return values[op.operands[i]]; }

@@ -190,6 +190,16 @@ void emit_quantize(SequenceBuilder& b, const Group& g);
 // y = dequantize(quantize(x)) through `op`'s quantizer (an amax pass first under current scaling).
 void emit_fake_quantize(SequenceBuilder& b, const Group& g, const ir::Operation& op);
 
+// ---- dropout (emit_dropout.cpp) -----------------------------------------------------------------
+
+// Training forward: templates/dropout.cuh draws the Philox mask, writes y and the mask bits; the
+// inference variant is an alias of x (no launch). Backward: dx from dy and the saved bits.
+void emit_dropout(SequenceBuilder& b, const Group& g);
+void emit_dropout_bwd(SequenceBuilder& b, const Group& g);
+// End of step: one dropout_advance_step launch (group -1, which end_step() runs) where the
+// sequence has a dropout, so the next step draws new masks.
+void emit_dropout_step_advance(SequenceBuilder& b);
+
 // ---- GEMM operands a debug config modifies (emit_modify.cpp) ------------------------------------
 
 void emit_modify_tensor(SequenceBuilder& b, const Group& g);

@@ -90,6 +90,12 @@ constexpr TemplateParam kConstantScaleParams[] = {
     {"Output", Kind::DType, ""},
     {"kWriteTranspose", Kind::Bool, "false"},
 };
+// kWriteMask = false is the inference variant (y = x): add_inference_variants flips it as it
+// flips kWriteTranspose, the mask being an output only backward reads.
+constexpr TemplateParam kDropoutFwdParams[] = {
+    {"T", Kind::DType, ""},
+    {"kWriteMask", Kind::Bool, ""},
+};
 constexpr TemplateParam kFakeQuantizeParams[] = {
     {"Input", Kind::DType, ""},
     {"Fp8", Kind::DType, ""},
@@ -152,6 +158,9 @@ constexpr std::string_view kMicroScaleCastExample[] = {
 constexpr std::string_view kBiasAddExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "true", "true",
                                                 "true"};
 constexpr std::string_view kConstantScaleExample[] = {"__nv_bfloat16", "__nv_bfloat16"};
+constexpr TemplateParam kDropoutBwdParams[] = {{"T", Kind::DType, ""}};
+constexpr TemplateParam kDropoutStepParams[] = {{"kSteps", Kind::Int, "1"}};
+constexpr std::string_view kDropoutFwdExample[] = {"__nv_bfloat16", "true"};
 constexpr std::string_view kFakeQuantizeExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3"};
 constexpr std::string_view kBf16Example[] = {"__nv_bfloat16"};
 constexpr std::string_view kFp8TransposeExample[] = {"__nv_fp8_e4m3", "true"};
@@ -253,6 +262,13 @@ constexpr KernelTemplate kTable[] = {
           kFakeQuantizeParams, kFakeQuantizeExample),
     entry("quant_stats_final", "quant_stats.cuh", KernelFamily::Stats, "QuantStatsFinalParams",
           kStatsFinalParams, kStatsFinalExample),
+    // Dropout: the Philox mask drawn and saved as bits (forward), read back (backward).
+    entry("dropout_fwd", "dropout.cuh", KernelFamily::Dropout, "DropoutFwdParams",
+          kDropoutFwdParams, kDropoutFwdExample),
+    entry("dropout_bwd", "dropout.cuh", KernelFamily::Dropout, "DropoutBwdParams",
+          kDropoutBwdParams, kBf16Example),
+    entry("dropout_advance_step", "dropout.cuh", KernelFamily::Dropout, "DropoutStepParams",
+          kDropoutStepParams, {}),
     // The user quantize op (Cast family): cast to FP8 and back in one pass.
     entry("fake_quantize", "scale.cuh", KernelFamily::Cast, "FakeQuantizeParams",
           kFakeQuantizeParams, kFakeQuantizeExample),

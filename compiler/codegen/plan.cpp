@@ -7,6 +7,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "codegen/emit_groups.h"
 #include "codegen/kernel_source.h"
 #include "codegen/kernel_templates.h"
 #include "codegen/plan_builder.h"
@@ -179,6 +180,11 @@ Kernel& kernel_for(Plan& plan, const std::string& template_name,
 // The pointer to a column-wise FP8 copy (templates/README.md: y_t, dx_t), bound to a buffer.
 bool binds_transposed_copy(const ParamBinding& p) {
   return p.columnwise_copy && p.kind == ParamKind::Buffer;
+}
+
+bool is_dropout_launch(const Step& step) {
+  const auto* launch = std::get_if<LaunchStep>(&step.body);
+  return launch != nullptr && launch->name_expression.starts_with("opfuse::dropout_fwd<");
 }
 
 constexpr std::string_view kInferenceSuffix = " (inference: without the transposed copy)";
@@ -439,7 +445,8 @@ void SequenceBuilder::add_inference_variants() {
     const KernelTemplate* t = find_kernel_template(template_name);
     OPFUSE_ASSERT(t != nullptr, "no kernel template '{}'", template_name);
     const auto flag = std::find_if(t->params.begin(), t->params.end(), [](const TemplateParam& p) {
-      return p.name == "kWriteTranspose";
+      // dropout_fwd's mask, like a transposed copy, is an output only backward reads.
+      return p.name == "kWriteTranspose" || p.name == "kWriteMask";
     });
     if (flag == t->params.end() &&
         s.inference->launch.grid.x.value() == std::optional<int64_t>(0)) {
@@ -453,7 +460,8 @@ void SequenceBuilder::add_inference_variants() {
     }
     const auto at = size_t(flag - t->params.begin());
     OPFUSE_ASSERT(flag != t->params.end() && at < args.size() && args[at] == "true",
-                  "'{}' writes a transposed copy without kWriteTranspose = true", launch.kernel);
+                  "'{}' writes a transposed copy without kWriteTranspose (kWriteMask) = true",
+                  launch.kernel);
     args[at] = "false";
     Kernel& kernel = kernel_for(plan_, template_name, args);
     kernel.uses.push_back(inference_uses_.at(s.index));
@@ -597,6 +605,7 @@ SequencePlan SequenceBuilder::build() {
     emit_group(*this, g);
   }
   ran("fold-current-amax");
+  emitters::emit_dropout_step_advance(*this);
   for (Buffer& b : out_.buffers) {
     b.root = b.id;
     while (out_.buffers[size_t(b.root)].alias_of >= 0)
@@ -616,8 +625,12 @@ SequencePlan SequenceBuilder::build() {
                   "plan pass '{}' is required", name);
     if (!enabled(name)) {
       // The launches' candidates (add_launch) become variants only through the pass.
-      if (name == "inference-variants")
-        for (Step& step : out_.steps) step.inference.reset();
+      // Except dropout's: its inference forward is the identity, not an optimization.
+      if (name == "inference-variants") {
+        for (Step& step : out_.steps)
+          if (!is_dropout_launch(step)) step.inference.reset();
+        add_inference_variants();
+      }
       continue;
     }
     (this->*run)();

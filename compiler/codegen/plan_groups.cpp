@@ -277,6 +277,10 @@ void emit_group(SequenceBuilder& b, const Group& g) {
       return emit_constant_scale(b, g);
     case ir::KernelShape::Quantize:
       return emit_quantize(b, g);
+    case ir::KernelShape::Dropout:
+      return emit_dropout(b, g);
+    case ir::KernelShape::DropoutBackward:
+      return emit_dropout_bwd(b, g);
   }
   no_kernel(b, g);
 }

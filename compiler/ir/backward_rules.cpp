@@ -136,7 +136,22 @@ void reduce_scatter(BackwardBuilder& b, const Operation& f, ValueId dy) {
   b.accumulate(x, b.emit(f, OpKind::AllGather, {dy}, {type_of(b, x)}, f.attrs)[0]);
 }
 
+// Dropout: backward reads the mask the forward saved as bits (never redraws it).
+void dropout(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  const std::vector<ValueId> saved = b.save_forward_results(f, {dropout_mask_type(type_of(b, x))});
+  b.accumulate(x, b.emit(f, OpKind::DropoutBackward, {dy, saved[0]}, {type_of(b, x)}, f.attrs)[0]);
+}
+
 }  // namespace backward
+
+TensorType dropout_mask_type(const TensorType& x) {
+  Shape shape = x.shape;
+  OPFUSE_ASSERT(!shape.empty() && !shape.back().is_symbolic(),
+                "dropout's mask needs a known last dimension");
+  shape.back() = Dim::known((shape.back().size + 31) / 32);
+  return TensorType{DType::FP32, std::move(shape)};
+}
 
 BackwardRule backward_rule(OpKind kind) {
   const OpInfo& info = op_info(kind);

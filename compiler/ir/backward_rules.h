@@ -44,7 +44,13 @@ void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy);  // every po
 void all_reduce(BackwardBuilder& b, const Operation& f, ValueId dy);
 void all_gather(BackwardBuilder& b, const Operation& f, ValueId dy);
 void reduce_scatter(BackwardBuilder& b, const Operation& f, ValueId dy);
+void dropout(BackwardBuilder& b, const Operation& f, ValueId dy);
 }  // namespace backward
+
+// Dropout's saved mask of a value of type x: 32 bits a word, ceil(n / 32) words per row of n
+// elements (bit c % 32 of word c / 32 is element c: 1 kept). The IR has no integer element type,
+// so it is typed fp32 (4 bytes a word); nothing reads its words as numbers.
+TensorType dropout_mask_type(const TensorType& x);
 
 // op_info(kind).backward; an internal error naming the op when its entry has none.
 BackwardRule backward_rule(OpKind kind);

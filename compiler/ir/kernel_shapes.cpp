@@ -80,6 +80,11 @@ constexpr std::array kShapes = {
                     one_of<OpKind::ConstantScale>, one_of<OpKind::ConstantScale>},
     KernelShapeInfo{KernelShape::Quantize, "quantize kernel", "quantize alone",
                     one_of<OpKind::Quantize>, one_of<OpKind::Quantize>},
+    KernelShapeInfo{KernelShape::Dropout, "dropout kernel", "dropout alone",
+                    one_of<OpKind::Dropout>, one_of<OpKind::Dropout>},
+    KernelShapeInfo{KernelShape::DropoutBackward, "dropout backward kernel",
+                    "dropout_backward alone", one_of<OpKind::DropoutBackward>,
+                    one_of<OpKind::DropoutBackward>},
 };
 
 constexpr KernelShapeInfo kAlias{KernelShape::Alias, "alias", "aliases only (no kernel)", is_alias,

@@ -32,6 +32,8 @@ enum class KernelShape : uint8_t {
   Dbias,
   ConstantScale,
   Quantize,
+  Dropout,
+  DropoutBackward,
 };
 
 struct KernelShapeInfo {

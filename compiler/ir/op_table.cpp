@@ -6,6 +6,7 @@
 #include <array>
 #include <limits>
 
+#include "../../templates/common/philox.cuh"
 #include "ir/backward_rules.h"
 #include "ir/pointwise_ops.h"
 #include "support/assert.h"
@@ -48,6 +49,12 @@ constexpr AttrSpec kQuantizeAttrs[] = {
 };
 constexpr AttrSpec kConstantScaleAttrs[] = {
     {"scale", AttrType::Float, true, 0, -3.4e38, 3.4e38, "the constant factor"},
+};
+// p's range is closed at 1 here so `p = 1` reaches the shape rule, whose message says why.
+constexpr AttrSpec kDropoutAttrs[] = {
+    {"p", AttrType::Float, false, 0.1, 0, 1, "the probability of zeroing an element, below 1"},
+    {"seed", AttrType::Int, false, 0, 0, 9007199254740992.0,
+     "the Philox key (note \"Dropout\" in docs/language.md)"},
 };
 constexpr AttrSpec kReshapeAttrs[] = {
     {"shape", AttrType::Shape, true, 0, 0, 0, "the new shape; one entry may be -1 (inferred)"},
@@ -380,6 +387,24 @@ ShapeResult reshape_shape(const ShapeInput& in) {
   return r;
 }
 
+// Dropout keeps an element when its Philox word >= ceil(p * 2^32): a p that rounds to 2^32 keeps
+// nothing (and scales by 1 / (1 - p)), refused as p = 1 is. Its mask has ceil(n / 32) words per
+// row of n elements: n must be known.
+ShapeResult dropout_shape(const ShapeInput& in) {
+  ShapeResult r{in.in, {}, {}};
+  if (in.in.shape.empty() || in.in.shape.back().is_symbolic())
+    r.errors.push_back(
+        {"",
+         fmt::format("dropout needs a known last dimension, but the incoming tensor is {}",
+                     type_string(in.in)),
+         "bind the last dimension to a constant in the sequence signature"});
+  const double p = attr_float(in.attrs, "p");
+  if (!(p < 1) || opfuse::dropout_threshold(p) > 0xFFFFFFFFull)
+    r.errors.push_back({"p", fmt::format("dropout p = {} drops every element", p),
+                        "p is the drop probability: it must be below 1"});
+  return r;
+}
+
 // ---- the table ----------------------------------------------------------------------------------
 
 constexpr std::span<const AttrSpec> kNoAttrs{};
@@ -427,6 +452,11 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "sums the ranks' partial tensors and keeps this rank's share of dim 0; its backward is "
      "all_gather",
      backward::reduce_scatter},
+    {OpKind::Dropout, "dropout", KernelFamily::Dropout, kDropoutAttrs, dropout_shape,
+     "[..., n] -> [..., n]",
+     "zeroes each element with probability p (a Philox draw per element and step) and scales "
+     "the rest by 1 / (1 - p) in training; the identity in inference",
+     backward::dropout},
     // ---- internal ops: made by passes (docs/architecture.md, "Training graph"); no backward ----
     {OpKind::CastFp8, "cast_fp8", KernelFamily::Cast, kCastFp8Attrs, nullptr,
      "[..., k] -> e4m3|e5m2[..., k] and/or [k, ...]", "FP8 cast with the op's quantizer"},
@@ -459,6 +489,9 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "[...] -> [...]",
      "a GEMM operand as a precision-debug feature replaces it: fake quantization (current "
      "scaling) through the op's quantizer, or y = f(x) elementwise"},
+    {OpKind::DropoutBackward, "dropout_backward", KernelFamily::Dropout, kDropoutAttrs, nullptr,
+     "(dy[..., n], mask fp32[..., ceil(n / 32)]) -> dx[..., n]",
+     "dx = dy * keep / (1 - p), keep read from the forward's saved mask bits"},
     {OpKind::Fused, "fused", KernelFamily::Alias, kFusedAttrs, nullptr, "parts",
      "a fusion; its meaning is its parts run in order"},
 }};
@@ -557,6 +590,8 @@ std::string_view kernel_family_name(KernelFamily f) {
       return "scale";
     case KernelFamily::Collective:
       return "collective";
+    case KernelFamily::Dropout:
+      return "dropout";
   }
   return "?";
 }

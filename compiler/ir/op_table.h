@@ -36,6 +36,7 @@ enum class OpKind : uint8_t {
   AllReduce,  // tensor-parallel collectives (TE's AllReduce, AllGather, ReduceScatter ops)
   AllGather,
   ReduceScatter,
+  Dropout,  // Philox-drawn mask, saved as bits for backward (note "Dropout" in docs/language.md)
   // Internal ops (note "Training graph" in docs/architecture.md): made by passes, never parsed.
   CastFp8,            // quantize to FP8 (row-wise and/or column-wise copy), one quantizer
   Fp8Transpose,       // the transposed copy of an FP8 value, same codes and quantizer (gather_fp8)
@@ -49,6 +50,7 @@ enum class OpKind : uint8_t {
   TensorStats,        // (x) -> (): statistics of x into the record of slot `slot` (debug features)
   TensorCapture,      // (x) -> (): a copy of x into the capture of slot `slot` (debug features)
   ModifyTensor,       // (x) -> y: a GEMM operand a debug feature replaces (passes/debug_modify.h)
+  DropoutBackward,    // (dy, mask bits) -> dx = dy * keep / (1 - p)
   Fused,              // a fusion: `parts` run as one kernel or one GEMM call
   // Pointwise ops have no enumerator: kFirstPointwise + i is all_pointwise_defs()[i] (a user
   // op; the last two carry user-defined ops, whose expression is an attribute: note "User-defined
@@ -57,7 +59,7 @@ enum class OpKind : uint8_t {
 };
 inline constexpr size_t kNumOpKinds = static_cast<size_t>(OpKind::Fused) + 1;  // fixed kinds
 // Fixed ops a .fuse program can name come first; the rest are internal.
-inline constexpr size_t kNumUserOpKinds = static_cast<size_t>(OpKind::ReduceScatter) + 1;
+inline constexpr size_t kNumUserOpKinds = static_cast<size_t>(OpKind::Dropout) + 1;
 inline constexpr size_t kFirstPointwise = 64;
 inline constexpr size_t kFirstPointwiseBackward = 160;
 
@@ -83,6 +85,7 @@ enum class KernelFamily : uint8_t {
   Scale,            // elementwise constant scale
   Stats,            // templates/tensor_stats.cuh: a reduction into a statistics record
   Collective,       // NCCL across the tensor-parallel ranks (runtime/comm)
+  Dropout,          // templates/dropout.cuh: Philox mask (forward) or saved mask (backward)
 };
 std::string_view kernel_family_name(KernelFamily f);
 

@@ -185,6 +185,8 @@ gpu::SequenceExecutor& DebugSession::before_forward(cudaStream_t stream) {
       states[i] = it->second;
   }
   next.executor->upload_quantizers(states, stream);
+  // Dropout draws the masks of this step, not of the step the variant last ran.
+  if (current_ != nullptr) next.executor->set_dropout_step(current_->dropout_step(), stream);
   // Its FP8 weight copies (if it ran before) are older than the parameters.
   next.executor->invalidate_weight_cache();
   current_ = next.executor;

@@ -525,6 +525,8 @@ void Session::load(const std::string& path, cudaStream_t stream, StateParts part
     s.executor->upload_quantizers(quantizers, stream);
   }
   s.exec().invalidate_weight_cache();
+  // Dropout continues the masks of the step the file was saved at (its Philox counter word).
+  s.exec().set_dropout_step(static_cast<std::uint32_t>(file.step), stream);
   OPFUSE_CUDA_CHECK(cudaStreamSynchronize(stream), "load()");
   s.steps = file.step;
 }

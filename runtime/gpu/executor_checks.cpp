@@ -261,6 +261,11 @@ void SequenceExecutor::Impl::find_weight_cache_groups() {
 }
 
 const void* SequenceExecutor::Impl::state_pointer(const ParamBinding& param) const {
+  if (param.kind == plan::ParamKind::DropoutStep) {
+    if (dropout_step.data() == nullptr)
+      throw UsageError(fmt::format("params field '{}' binds no dropout step counter", param.field));
+    return dropout_step.data();
+  }
   if (param.kind == plan::ParamKind::Records) {
     return quantizers->records() + param.records.at(0);
   }

@@ -223,6 +223,13 @@ struct SequenceExecutor::Impl {
   // with (note "Weight cache"); GEMMs reading the cached copies take it instead of the
   // quantizer's, which end_step() moves on. Empty otherwise.
   DeviceBuffer cast_scale_inv;
+  // The training-step counter dropout kernels read (ParamKind::DropoutStep; an unsigned int in a
+  // 16-byte slot), made with the executor where the plan binds it. The plan's end-of-step
+  // dropout_advance_step launch adds one on the device, so kernels read it at run time and a
+  // recorded training step draws a fresh mask at every replay (note "Dropout" in
+  // docs/language.md); the host copy follows eager end_step() calls (set_dropout_step sets both).
+  DeviceBuffer dropout_step;
+  std::uint32_t dropout_step_host = 0;
   // One statistics record per plan.stat_slots entry (tensor_stats kernels write them).
   DeviceBuffer stat_records;
   // One float32 buffer per plan.capture_slots entry, sized by bind() (tensor_capture kernels

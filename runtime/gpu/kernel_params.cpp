@@ -41,6 +41,7 @@ ParamField field_shape(const plan::ParamBinding& param) {
     case Kind::Records:
     case Kind::StatRecord:
     case Kind::Capture:
+    case Kind::DropoutStep:
       return {0, kPointerBytes, kPointerBytes};
   }
   return {0, kPointerBytes, kPointerBytes};
@@ -104,6 +105,7 @@ PackedParams pack_params(const std::vector<plan::ParamBinding>& params,
       case Kind::Records:
       case Kind::StatRecord:
       case Kind::Capture:
+      case Kind::DropoutStep:
         put(packed.bytes, offset, state_pointer(param));
         break;
       case Kind::Int: {

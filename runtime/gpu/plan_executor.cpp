@@ -44,6 +44,21 @@
 
 namespace opfuse::gpu {
 
+namespace {
+
+// Whether a launch of the plan reads dropout's step counter.
+bool binds_dropout_step(const plan::SequencePlan& plan) {
+  for (const plan::Step& step : plan.steps) {
+    const auto* launch = std::get_if<plan::LaunchStep>(&step.body);
+    if (launch == nullptr) continue;
+    for (const plan::ParamBinding& param : launch->params)
+      if (param.kind == plan::ParamKind::DropoutStep) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 // ---- PlanModules -------------------------------------------------------------------------------
 
 PlanModules::PlanModules(const plan::Plan& plan, const std::vector<jit::CompiledKernel>& compiled) {
@@ -102,6 +117,11 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
     }
     quantizers.emplace(std::move(settings), stream);
     if (plan.fp8_weights) cast_scale_inv = DeviceBuffer(16 * plan.quantizers.size(), stream);
+  }
+  // Dropout's step counter, 0 for the first step (ParamKind::DropoutStep).
+  if (binds_dropout_step(plan)) {
+    dropout_step = DeviceBuffer(16, stream);
+    OPFUSE_CUDA_CHECK(cudaMemsetAsync(dropout_step.data(), 0, dropout_step.size(), stream));
   }
   if (!plan.stat_slots.empty()) {
     stat_records = DeviceBuffer(kStatRecordBytes * plan.stat_slots.size(), stream);
@@ -365,6 +385,20 @@ void SequenceExecutor::end_step(cudaStream_t stream) {
   }
   s.last_stream = stream;
   if (!s.plan.fp8_weights) invalidate_weight_cache();  // note "Weight cache"
+  ++s.dropout_step_host;  // the device's counter: the plan's dropout_advance_step launch
+}
+
+std::uint32_t SequenceExecutor::dropout_step() const { return impl_->dropout_step_host; }
+
+void SequenceExecutor::set_dropout_step(std::uint32_t step, cudaStream_t stream) {
+  Impl& s = *impl_;
+  s.dropout_step_host = step;
+  if (s.dropout_step.data() == nullptr) return;  // no dropout: nothing on the device reads it
+  // Why a copy from the host: a pageable source is staged before cudaMemcpyAsync returns, so the
+  // member may change right after; the kernels of later steps on `stream` read the new value.
+  OPFUSE_CUDA_CHECK(cudaMemcpyAsync(s.dropout_step.data(), &s.dropout_step_host,
+                                    sizeof(s.dropout_step_host), cudaMemcpyHostToDevice, stream),
+                    "advancing dropout's step counter");
 }
 
 void SequenceExecutor::cast_weights(cudaStream_t stream) {

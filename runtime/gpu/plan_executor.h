@@ -156,6 +156,11 @@ class SequenceExecutor {
   // `with fp8_weights`, where they stay until invalidate_weight_cache() or a new parameter
   // pointer (note "Weight cache" in plan_executor.cpp).
   void end_step(cudaStream_t stream);
+  // The training step dropout's Philox counter reads (0 at the first; each end_step() adds one,
+  // on the device; replays of a recorded step are not counted here), and setting it (resuming
+  // from a checkpoint, or after replays), copied to the device on `stream`.
+  std::uint32_t dropout_step() const;
+  void set_dropout_step(std::uint32_t step, cudaStream_t stream);
   // The parameters changed behind the executor's back (an optimizer step, a checkpoint load).
   void invalidate_weight_cache();
   // Casts the stale FP8 weight copies now, on `stream` (the next forward would otherwise), e.g.

@@ -74,6 +74,44 @@ OPFUSE_PHILOX_FN Philox4x32 micro_scale_random_words(unsigned long long group,
                        static_cast<unsigned int>(seed >> 32));
 }
 
+// Dropout's random bits (note "Dropout" in docs/language.md): element i of a dropout's input (its
+// row-major linear index) draws word i % 4 of
+//   philox4x32_10({i / 4 low, i / 4 high, step, stream}, {seed low, seed high}),
+// `step` the training step (the executor's counter), `stream` dropout_stream() of the op's
+// instance name, `seed` its seed attribute. It is kept when that word >= dropout_threshold(p).
+OPFUSE_PHILOX_FN Philox4x32 dropout_random_words(unsigned long long group, unsigned long long seed,
+                                                 unsigned int step, unsigned int stream) {
+  const Philox4x32 counter{
+      {static_cast<unsigned int>(group), static_cast<unsigned int>(group >> 32), step, stream}};
+  return philox4x32_10(counter, static_cast<unsigned int>(seed),
+                       static_cast<unsigned int>(seed >> 32));
+}
+
+#if !defined(__CUDACC_RTC__)
+// The counter's stream word of a dropout op: FNV-1a (32 bits) of its instance name ("dropout_0",
+// or the `as NAME` given), so two dropouts of a sequence draw independent masks, and a name
+// gives the same mask in any program. Host code only (codegen bakes it into the launch).
+inline unsigned int dropout_stream(const char* instance, unsigned long long length) {
+  unsigned int hash = 2166136261u;
+  for (unsigned long long i = 0; i < length; ++i) {
+    hash ^= static_cast<unsigned char>(instance[i]);
+    hash *= 16777619u;
+  }
+  return hash;
+}
+
+// The keep threshold of drop probability p in [0, 1): u = word / 2^32 >= p exactly when
+// word >= ceil(p * 2^32), computed once on the host in double (p * 2^32 is exact: a power-of-two
+// scaling), so the device and the CPU reference compare integers. Returns 2^32 (nothing kept) for
+// a p that close to 1; the front end refuses such p.
+inline unsigned long long dropout_threshold(double p) {
+  const double scaled = p * 4294967296.0;
+  unsigned long long t = static_cast<unsigned long long>(scaled);
+  if (static_cast<double>(t) < scaled) ++t;  // ceil without <cmath> (NVRTC has no host libm)
+  return t;
+}
+#endif  // !__CUDACC_RTC__
+
 }  // namespace opfuse
 
 #endif  // OPFUSE_TEMPLATES_COMMON_PHILOX_CUH_

@@ -1,8 +1,8 @@
 // Packing a launch step's ParamBindings into its kernel's params struct
 // (runtime/gpu/kernel_params.h): the layout rules, the packed values, and, for every kernel every
 // dsl_examples program launches (its own recipe and bf16, fused and unfused; training launches and
-// inference variants), and of a program with learned op parameters and a declared fusion and of
-// one whose GEMM operand a debug config modifies pointwise, the layout checked
+// inference variants), and of a program with learned op parameters and a declared fusion, of one
+// with dropout and of one whose GEMM operand a debug config modifies pointwise, the layout checked
 // against the CUDA compiler: NVRTC compiles the kernel with checks of each field's size,
 // alignment, name and position and of the struct's size, and the cubin's parameter records must
 // give the packed size. Needs NVRTC, not a GPU.
@@ -169,6 +169,17 @@ sequence s(x: bf16[tokens, 64], r: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) us
 }
 )";
 
+// Dropout between an activation and a linear (templates/dropout.cuh): the training forward with
+// its mask and step counter, its inference variant, the backward and the end-of-step advance.
+constexpr const char* kDropout = R"(
+recipe fp8 = delayed_scaling()
+sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 96]) uses fp8 {
+  gelu()
+  dropout(p = 0.2, seed = 5)
+  linear(64, 96)
+}
+)";
+
 // A pointwise modification of fc1's input from a debug config (templates/activation.cuh run as a
 // modify kernel, compiler/codegen/emit_modify.cpp).
 constexpr const char* kModified = R"(
@@ -213,7 +224,10 @@ debug::Routing clip_routing() {
 
 std::vector<codegen::Plan> example_plans() {
   std::vector<codegen::Plan> plans;
-  for (const bool fused : {true, false}) add_plan(kUserOpsAndFusions, nullptr, fused, plans);
+  for (const bool fused : {true, false}) {
+    add_plan(kUserOpsAndFusions, nullptr, fused, plans);
+    add_plan(kDropout, nullptr, fused, plans);
+  }
   const debug::Routing routing = clip_routing();
   add_plan(kModified, &routing, true, plans);
   std::vector<fs::path> files;

@@ -132,6 +132,8 @@ std::vector<OpCase> every_op_kind() {
       {"all_reduce", x8, "all_reduce()"},
       {"all_gather", x8, "all_gather()"},
       {"reduce_scatter", x8, "reduce_scatter()"},
+      // A fixed mask (one step, one seed): linear in x, dx from the saved bits.
+      {"dropout", x8, "dropout(p = 0.5, seed = 3)"},
   };
 }
 

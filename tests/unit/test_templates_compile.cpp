@@ -170,6 +170,18 @@ TemplateCase scale_case(const std::string& arch, const Dtype& in) {
           arch};
 }
 
+// dropout: the training forward (mask drawn and written), its inference variant (y = x), the
+// backward from the saved bits and the end-of-step counter advance.
+TemplateCase dropout_case(const std::string& arch, const Dtype& in) {
+  const std::string t = in.type;
+  return {"dropout_" + in.tag + "_" + arch,
+          "dropout.cuh",
+          {"opfuse::dropout_fwd<" + args({t, "true"}) + ">",
+           "opfuse::dropout_fwd<" + args({t, "false"}) + ">", "opfuse::dropout_bwd<" + t + ">",
+           "opfuse::dropout_advance_step<>"},
+          arch};
+}
+
 // Block-scaled casts (TE's Float8BlockScaling): 1-D and 2-D blocks into both FP8 formats with
 // both copies, and without the column-wise copy, within the family's register budget.
 TemplateCase block_cast_case(const std::string& arch, const Dtype& in) {
@@ -390,6 +402,7 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(cast_case(arch, in));
       cases.push_back(bias_case(arch, in));
       cases.push_back(scale_case(arch, in));
+      cases.push_back(dropout_case(arch, in));
       cases.push_back(amax_case(arch, in));
       cases.push_back(block_cast_case(arch, in));
       for (TemplateCase& c : block_activation_cases(arch, in)) cases.push_back(std::move(c));

@@ -94,7 +94,7 @@ std::string ops_text(const std::vector<opfuse::codegen::OpRef>& ops) {
     text += fmt::format("{}{} \"{}\"{}", text.empty() ? "" : ", ", op.op, op.instance,
                         op.location.empty() ? "" : " (" + op.location + ")");
   }
-  return text.empty() ? "the end-of-step scale update" : text;
+  return text.empty() ? "the end of the step" : text;
 }
 
 std::string build_report(const opfuse::codegen::Plan& plan, const CompileOutcome& compiled,
@@ -135,7 +135,8 @@ std::string build_report(const opfuse::codegen::Plan& plan, const CompileOutcome
       r += fmt::format("  {:3} {:8} {}{}\n", step.index, opfuse::ir::phase_name(step.phase),
                        step.what, step.ops.empty() ? "" : "  <- " + ops_text(step.ops));
       if (step.inference) {
-        r += fmt::format("               inference forwards run {} (without the transposed copy)\n",
+        // Without the outputs only backward reads: transposed FP8 copies, dropout's mask.
+        r += fmt::format("               inference forwards run {}\n",
                          step.inference->launch.kernel);
       }
     }
