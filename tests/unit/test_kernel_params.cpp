@@ -158,12 +158,19 @@ constexpr const char* kUserOpsAndFusions = R"(
 recipe fp8 = delayed_scaling()
 op affine_gelu(x) params(w: fp32[128] = 1.0, s: fp32[] = 0.5) = s * gelu(w * x)
 gated op scaled_glu(a, b) params(g: bf16[64] = 0.5) = g * silu(a) * b
+op ln_like(x, eps: number = 1e-5) params(g: fp32[128] = 1.0, b: bf16[] = 0.0) =
+    g * (x - mean_last(x)) * rsqrt(mean_last((x - mean_last(x)) ^ 2) + eps) + b
+op softmax_like(x) = exp(x - max_last(x)) / sum_last(exp(x - max_last(x)))
 fusion axpy { constant_scale; add_extra_input }
+import "std"
 sequence s(x: bf16[tokens, 64], r: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
   linear(64, 128, bias = false) as fc1
   affine_gelu()
+  ln_like()
+  softmax_like()
   linear(128, 128, bias = false) as fc2
   scaled_glu()
+  l2_normalization()
   constant_scale(0.5)
   add_extra_input(r)
 }
@@ -187,21 +194,23 @@ void add_plan(const std::string& text, const debug::Routing* routing, bool fused
   options.debug_routing = routing;
   if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
   options.last_stage = driver::Stage::Plan;
-  driver::CompileResult result = driver::compile_source("extra.fuse", text, sources, diags, options);
+  driver::CompileResult result =
+      driver::compile_source("extra.fuse", text, sources, diags, options);
   EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
   if (result.ok()) plans.push_back(std::move(result.plan));
 }
 
-// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++ feature Clip).
+// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++
+// feature Clip).
 debug::Routing clip_routing() {
   SourceManager sources;
   DiagnosticEngine diags(sources);
   auto registry = std::make_shared<debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
   registry->add(std::make_shared<test::Clip>());
-  const FileId f = sources.add_buffer(
-      "debug.yaml",
-      "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
-      "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
+  const FileId f =
+      sources.add_buffer("debug.yaml",
+                         "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
+                         "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
   const std::optional<debug::DebugConfig> config =
       debug::read_debug_config(sources, f, registry, diags);
   EXPECT_TRUE(config) << diags.format_all();
