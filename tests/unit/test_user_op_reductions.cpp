@@ -9,7 +9,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -327,6 +330,50 @@ TEST(UserOpReductions, TheFunctorNameGivesTheSource) {
   bad.replace(bad.find("_mm_"), 4, "_mq_");
   EXPECT_FALSE(ir::row_functor_source(bad).has_value());
   EXPECT_FALSE(ir::row_functor_source("opfuse::row_user_2_ln_mm_Lfvfs_v0_out0").has_value());
+}
+
+// The row kernels of norm-like ops (templates/row_expr.cuh with the generated functors: sums,
+// nested means, a max, scalar and per-feature parameters in fp32 and bf16, fp32 and bf16
+// tensors) compile with NVRTC, the parameters' column sums included.
+TEST(UserOpReductions, RowKernelsCompileWithNvrtc) {
+  namespace fs = std::filesystem;
+  const std::string dir = test::make_temp_dir("user-op-reductions-build");
+  std::ofstream(dir + "/r.fuse") << R"(import "std"
+const hidden = 256
+op ln_like(x, eps: number = 1e-5) params(g: bf16[hidden] = 1.0, b: fp32[] = 0.0) =
+    g * (x - mean_last(x)) * rsqrt(mean_last((x - mean_last(x)) ^ 2) + eps) + b
+op softmax_like(x) = exp(x - max_last(x)) / sum_last(exp(x - max_last(x)))
+recipe fp8 = delayed_scaling()
+sequence s(x: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden]) uses fp8 {
+  ln_like()
+  linear(hidden, hidden, bias = false)
+  softmax_like()
+  linear(hidden, hidden)
+  l2_normalization()
+}
+sequence t(x: fp32[tokens, hidden]) -> (y: fp32[tokens, hidden]) {
+  ln_like()
+}
+)";
+  const auto r = test::run_command(
+      "OPFUSE_CACHE_DIR=" + test::shell_quoted(dir + "/cache") + " " + test::fusec_path() +
+      " build " + test::shell_quoted(dir + "/r.fuse") + " -o " + test::shell_quoted(dir + "/out"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::set<std::string> cubins;
+  for (const auto& e : fs::directory_iterator(dir + "/out/kernels"))
+    if (e.path().extension() == ".cubin") cubins.insert(e.path().stem().string());
+  for (const char* kernel :
+       {"row_expr_fwd_user_ln_like", "row_expr_bwd_user_ln_like", "row_expr_fwd_user_softmax_like",
+        "row_expr_bwd_user_softmax_like", "row_expr_fwd_user_l2_normalization",
+        "row_expr_bwd_user_l2_normalization", "learned_scalar_sum"}) {
+    bool found = false;
+    for (const std::string& c : cubins) found |= c.starts_with(kernel);
+    EXPECT_TRUE(found) << kernel << " in " << r.output;
+  }
+  bool fp32 = false;
+  for (const std::string& c : cubins)
+    fp32 |= c.starts_with("row_expr_bwd_user_ln_like") && c.ends_with("_fp32_fp32");
+  EXPECT_TRUE(fp32);
 }
 
 }  // namespace
