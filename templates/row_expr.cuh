@@ -12,7 +12,7 @@
 // scalar parameter, learned_scalar_sum) add up as for a norm's dgamma.
 //
 // Fn's contract (one example, ExampleRowL2, below):
-//   static constexpr int kParams, kParamSlots (= max(kParams, 1)), kForwardStages,
+//   static constexpr int kParams, kParamSlots (kParams, at least 1), kForwardStages,
 //                        kBackwardStages;
 //   static int forward_kind(int k), backward_kind(int k);  // kRowSum / kRowMean / kRowMax
 //   static float param(const void* const (&learned)[kMaxLearnedParams], int k, int col);
