@@ -11,6 +11,7 @@
 #include "numerics.h"
 #include "quant_stats.h"
 #include "reference_ops.h"
+#include "row_ops.h"
 #include "support/assert.h"
 
 namespace opfuse::cpu {
@@ -586,6 +587,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::Quantize, quantize_op<T>},
     {OpKind::ConstantScale, constant_scale<T>},
     {OpKind::Identity, copy<T>},
+    {OpKind::UserNorm, user_norm<T>},
     {OpKind::Reshape, copy<T>},
     {OpKind::AllReduce, all_reduce<T>},
     {OpKind::AllGather, all_gather<T>},
@@ -596,6 +598,7 @@ constexpr std::array<KernelEntry<T>, ir::kNumOpKinds> kKernels = {{
     {OpKind::EmulatedCast, emulated_cast<T>},
     {OpKind::LayerNormBackward, layernorm_backward<T>},
     {OpKind::RMSNormBackward, rmsnorm_backward<T>},
+    {OpKind::UserNormBackward, user_norm_backward<T>},
     {OpKind::LinearDgrad, linear_dgrad<T>},
     {OpKind::LinearWgrad, linear_wgrad<T>},
     {OpKind::BiasGrad, bias_grad<T>},

@@ -565,6 +565,18 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
        bind_out("in_stats", stats.input.partials), bind_out("out_stats", stats.output.partials),
        bind_learned(b, act, 2), bind_buffers("learned_partial", learned_partials, true)});
   emit_fused_stats_merge(b, g, stats);
+  emit_learned_gradients(b, g, act, learned, learned_partials, partial_rows, cols);
+  if (dbias) {
+    const ValueId db = dbias->results.at(0);
+    emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},
+                       {b.buffer(db, *dbias)}, partial_rows, dx_cols, b.value(db).type.dtype);
+  }
+}
+
+void emit_learned_gradients(SequenceBuilder& b, const Group& g, const ir::Operation& act,
+                            std::span<const ir::UserParam> learned,
+                            const std::vector<int>& learned_partials, const SymExpr& partial_rows,
+                            int64_t cols) {
   for (size_t k = 0; k < learned.size(); ++k) {
     const ValueId grad = act.results.at(1 + k);
     const DType grad_dtype = b.value(grad).type.dtype;
@@ -585,11 +597,6 @@ void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
                  GridRule{"learned_scalar_sum", 1, 1, {{"cols", cols}}}, rules::kTileThreads, 0,
                  {bind_in("values", columns), bind_out("out", b.buffer(grad, act)),
                   bind_int("count", cols)});
-  }
-  if (dbias) {
-    const ValueId db = dbias->results.at(0);
-    emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},
-                       {b.buffer(db, *dbias)}, partial_rows, dx_cols, b.value(db).type.dtype);
   }
 }
 

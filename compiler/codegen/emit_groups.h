@@ -5,12 +5,14 @@
 #pragma once
 
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "../../templates/common/launch_rules.h"
 #include "codegen/plan_builder.h"
+#include "ir/pointwise_ops.h"
 
 namespace opfuse::codegen::emitters {
 
@@ -184,6 +186,20 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g);
 void emit_norm_bwd(SequenceBuilder& b, const Group& g);
 void emit_activation_fwd(SequenceBuilder& b, const Group& g);
 void emit_activation_bwd(SequenceBuilder& b, const Group& g);
+// A user-defined op's learned parameters (the `learned` pointer arrays of templates/activation.cuh
+// and row_expr.cuh, as long as ir::kMaxUserParams): the operands from `first`, nullptr past them.
+ParamBinding bind_learned(SequenceBuilder& b, const ir::Operation& op, size_t first);
+// The learned parameters' gradients from `partial_rows` rows of column sums per parameter
+// (learned_partial): reduce_column_partials, and for a scalar learned_scalar_sum after it.
+void emit_learned_gradients(SequenceBuilder& b, const Group& g, const ir::Operation& op,
+                            std::span<const ir::UserParam> learned,
+                            const std::vector<int>& partials, const SymExpr& partial_rows,
+                            int64_t cols);
+
+// ---- norm-like user-defined ops (emit_row.cpp) -------------------------------------------------
+
+void emit_row_fwd(SequenceBuilder& b, const Group& g);
+void emit_row_bwd(SequenceBuilder& b, const Group& g);
 void emit_alias(SequenceBuilder& b, const Group& g);
 void emit_constant_scale(SequenceBuilder& b, const Group& g);
 void emit_quantize(SequenceBuilder& b, const Group& g);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "ir/pointwise_ops.h"
+#include "ir/row_expr.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen {
@@ -36,6 +37,9 @@ std::string arg_word(const TemplateParam& param, const std::string& arg) {
     case TemplateParamKind::Activation: {
       std::string word = arg.substr(arg.rfind(':') + 1);  // opfuse::pointwise_silu -> silu
       if (word.starts_with("pointwise_")) word = word.substr(std::string_view("pointwise_").size());
+      // A norm-like user-defined op (ir::row_functor_name: row_user_<length>_<name>_...): the
+      // template's name says row, the word as a pointwise user op's.
+      if (word.starts_with("row_user_")) word = word.substr(std::string_view("row_").size());
       std::transform(word.begin(), word.end(), word.begin(),
                      [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
       // A debug feature's expression (ir::expression_functor_name) can be long: the id is a file
@@ -142,6 +146,7 @@ std::string kernel_source(const Plan& plan, const Kernel& kernel) {
     const size_t end = kernel.name_expression.find_first_of(",>", open);
     const std::string first = kernel.name_expression.substr(open + 1, end - open - 1);
     if (const auto functor = ir::pointwise_functor_source(first)) out += *functor + "\n";
+    if (const auto functor = ir::row_functor_source(first)) out += *functor + "\n";
   }
   // For readers and tools: the same instantiation NVRTC makes from the name expression.
   out += fmt::format("template __global__ void {}({});\n", kernel.name_expression,

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "ir/pointwise_ops.h"
+#include "ir/row_expr.h"
 
 namespace opfuse::codegen {
 namespace {
@@ -22,6 +23,13 @@ constexpr TemplateParam kNormFwdParams[] = {
     {"kHidden", Kind::Int, ""},
     {"kZeroCenteredGamma", Kind::Bool, "false"},
     {"kWriteTranspose", Kind::Bool, "false"},
+};
+// A norm-like user-defined op's row programs (templates/row_expr.cuh): Fn is its generated
+// functor (ir::row_functor_name), an Activation-kind argument as a pointwise op's.
+constexpr TemplateParam kRowExprParams[] = {
+    {"Fn", Kind::Activation, ""},
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
 };
 constexpr TemplateParam kNormBwdParams[] = {
     {"Input", Kind::DType, ""},
@@ -133,6 +141,8 @@ constexpr std::string_view kRmsNormFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4
                                                    "false", "true"};
 constexpr std::string_view kLayerNormBwdExample[] = {"__half", "1000", "true"};
 constexpr std::string_view kRmsNormBwdExample[] = {"__nv_bfloat16", "4096"};
+constexpr std::string_view kRowExprExample[] = {"opfuse::ExampleRowL2", "__nv_bfloat16",
+                                                "__nv_bfloat16"};
 constexpr std::string_view kActivationFwdExample[] = {"opfuse::ExampleIdentity", "__nv_bfloat16",
                                                       "__nv_fp8_e4m3", "true"};
 constexpr std::string_view kGatedActivationFwdExample[] = {
@@ -190,6 +200,10 @@ constexpr KernelTemplate kTable[] = {
           kLayerNormBwdExample),
     entry("rmsnorm_bwd", "norm.cuh", KernelFamily::Norm, "NormBwdParams", kNormBwdParams,
           kRmsNormBwdExample),
+    entry("row_expr_fwd", "row_expr.cuh", KernelFamily::Norm, "RowExprFwdParams", kRowExprParams,
+          kRowExprExample),
+    entry("row_expr_bwd", "row_expr.cuh", KernelFamily::Norm, "RowExprBwdParams", kRowExprParams,
+          kRowExprExample),
     entry("activation_fwd", "activation.cuh", KernelFamily::Activation, "ActivationFwdParams",
           kActivationFwdParams, kActivationFwdExample),
     entry("gated_activation_fwd", "activation.cuh", KernelFamily::GatedActivation,
@@ -278,8 +292,8 @@ constexpr std::array<ir::DType, 5> kDTypes = {ir::DType::BF16, ir::DType::FP16, 
                                               ir::DType::E4M3, ir::DType::E5M2};
 // The functors templates/activation.cuh defines itself (its contract's examples); the real ones
 // are generated per op (ir::pointwise_functor_name / pointwise_functor_source).
-constexpr std::string_view kActivationSpellings[] = {"opfuse::ExampleIdentity",
-                                                     "opfuse::ExampleProduct"};
+constexpr std::string_view kActivationSpellings[] = {
+    "opfuse::ExampleIdentity", "opfuse::ExampleProduct", "opfuse::ExampleRowL2"};
 
 // A decimal int as C++ reads it: no leading zeros (those would be octal), no '+', fits in int.
 bool is_decimal_int(std::string_view text) {
@@ -296,7 +310,8 @@ bool fits_kind(TemplateParamKind kind, std::string_view arg) {
       return parse_cuda_dtype_spelling(arg).has_value();
     case Kind::Activation:
       return std::ranges::find(kActivationSpellings, arg) != std::end(kActivationSpellings) ||
-             ir::pointwise_functor_source(arg).has_value();
+             ir::pointwise_functor_source(arg).has_value() ||
+             ir::row_functor_source(arg).has_value();
     case Kind::Int:
       return is_decimal_int(arg);
     case Kind::Bool:

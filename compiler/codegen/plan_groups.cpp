@@ -251,6 +251,10 @@ void emit_group(SequenceBuilder& b, const Group& g) {
       return emit_norm_fwd(b, g);
     case ir::KernelShape::NormBackward:
       return emit_norm_bwd(b, g);
+    case ir::KernelShape::RowForward:
+      return emit_row_fwd(b, g);
+    case ir::KernelShape::RowBackward:
+      return emit_row_bwd(b, g);
     case ir::KernelShape::ActivationForward:
       return emit_activation_fwd(b, g);
     case ir::KernelShape::ActivationBackward:

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "dsl/parser.h"
+#include "dsl/stdlib.h"
 
 namespace opfuse::dsl {
 
@@ -149,6 +150,10 @@ class Loader {
                    "remove the NUL byte from the path");
       return;
     }
+    if (import.path == kStandardLibraryImport) {
+      load_standard_library();
+      return;
+    }
     const fs::path written(import.path);
     const fs::path path =
         written.is_absolute() ? written : (importer_directory / written).lexically_normal();
@@ -179,6 +184,18 @@ class Loader {
       return;
     }
     load(sources_.add_buffer(display, std::move(text)), identity);
+  }
+
+  // `import "std"`: the compiled-in standard library (dsl/stdlib.h), loaded once per program
+  // under an identity no file path can have.
+  void load_standard_library() {
+    const std::string identity = "<std>";
+    if (loaded_.contains(identity)) return;
+    for (const Frame& f : stack_)
+      if (f.identity == identity) return;  // the library imports nothing; a cycle cannot close
+    load(sources_.add_buffer(std::string(kStandardLibraryName),
+                             std::string(standard_library_source())),
+         identity);
   }
 
   SourceManager& sources_;

@@ -88,6 +88,23 @@ void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy) {
   for (size_t i = 1; i < f.operands.size(); ++i) b.accumulate(f.operands[i], grads[i]);
 }
 
+// A norm-like user-defined op (compiler/ir/row_expr.h): one backward op reads dy, x and the
+// learned parameters, recomputes the reductions (nothing is saved: the statistics are the op's
+// own, any number of them) and gives dx and each parameter's gradient summed over the rows.
+void user_norm(BackwardBuilder& b, const Operation& f, ValueId dy) {
+  const ValueId x = f.operands[0];
+  std::vector<ValueId> operands = {dy, x};
+  std::vector<TensorType> types = {type_of(b, x)};
+  for (size_t i = 1; i < f.operands.size(); ++i) {
+    operands.push_back(f.operands[i]);
+    types.push_back(type_of(b, f.operands[i]));
+  }
+  const std::vector<ValueId> grads =
+      b.emit(f, OpKind::UserNormBackward, std::move(operands), std::move(types), f.attrs);
+  b.accumulate(x, grads[0]);
+  for (size_t i = 1; i < f.operands.size(); ++i) b.accumulate(f.operands[i], grads[i]);
+}
+
 // A residual add: both the stream and the extra input receive the gradient unchanged.
 void add_extra_input(BackwardBuilder& b, const Operation& f, ValueId dy) {
   b.accumulate(f.operands[0], dy);

@@ -41,6 +41,7 @@ void quantize(BackwardBuilder& b, const Operation& f, ValueId dy);
 void constant_scale(BackwardBuilder& b, const Operation& f, ValueId dy);
 void reshape(BackwardBuilder& b, const Operation& f, ValueId dy);
 void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy);  // every pointwise op
+void user_norm(BackwardBuilder& b, const Operation& f, ValueId dy);  // norm-like user ops
 void all_reduce(BackwardBuilder& b, const Operation& f, ValueId dy);
 void all_gather(BackwardBuilder& b, const Operation& f, ValueId dy);
 void reduce_scatter(BackwardBuilder& b, const Operation& f, ValueId dy);

@@ -41,7 +41,9 @@ std::vector<std::string> step_names(Phase phase) {
   std::vector<std::string> names;
   for (size_t k = 0; k < kNumOpKinds; ++k) {
     const OpKind kind = OpKind(k);
-    if (kind == OpKind::Fused || (phase == Phase::Forward ? backward_only(kind) : false)) continue;
+    if (kind == OpKind::Fused || kind == OpKind::UserNorm || kind == OpKind::UserNormBackward ||
+        (phase == Phase::Forward ? backward_only(kind) : false))
+      continue;
     names.emplace_back(op_info(kind).name);
   }
   for (const PointwiseDef* d : pointwise_defs()) names.emplace_back(d->name);
@@ -66,13 +68,23 @@ std::optional<DeclaredFusion::Step> Builder::fusion_step(const dsl::FusionDecl& 
   DeclaredFusion::Step out;
   out.optional = step.optional;
   if (auto it = user_ops_.find(step.op); it != user_ops_.end()) {
+    if (it->second.norm_like) {
+      diags_.error(step.loc,
+                   fmt::format("op '{}' reduces over the last dimension; fusion '{}' cannot hold "
+                               "it",
+                               step.op, d.name),
+                   "a norm-like op runs as its own row kernel; declared fusions hold pointwise "
+                   "user ops");
+      return std::nullopt;
+    }
     const PointwiseDef& carrier = user_pointwise_def(it->second.decl->gated);
     out.kind = backward ? pointwise_backward_kind(carrier) : pointwise_kind(carrier);
     out.user_op = step.op;
     return out;
   }
   std::optional<OpKind> kind = kind_named(step.op);
-  if (kind && (op_info(*kind).pointwise == &user_pointwise_def(false) ||
+  if (kind && (*kind == OpKind::UserNorm || *kind == OpKind::UserNormBackward ||
+               op_info(*kind).pointwise == &user_pointwise_def(false) ||
                op_info(*kind).pointwise == &user_pointwise_def(true)))
     kind.reset();  // the carriers are not names a program can use
   if (!kind) {

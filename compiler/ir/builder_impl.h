@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "ir/graph.h"
 #include "ir/parallel.h"
 #include "ir/pointwise_ops.h"
+#include "ir/row_expr.h"
 #include "ir/scalar_expr.h"
 #include "support/diagnostics.h"
 
@@ -174,7 +176,12 @@ class Builder {
     std::vector<UserParam> learned;  // its `params(...)`, in order (ir/pointwise_ops.h)
     bool valid = false;              // checked without errors
     bool differentiable = true;      // derived backward possible (or a backward is given)
+    // Its expression (with the defaults) reduces over the last dimension: sum_last, mean_last,
+    // max_last, its own or an inlined op's (compiler/ir/row_expr.h).
+    bool norm_like = false;
   };
+  // Where the last-dimension reductions of an op expression may go (Builder::lower_reduction).
+  enum class Reductions : uint8_t { Allowed, InGatedOp, InBackward };
   // Names in an op expression: inputs and learned parameters (graph nodes) and attributes
   // (numbers).
   struct OpScope {
@@ -184,6 +191,16 @@ class Builder {
     bool device = false;
     bool report = true;                           // report errors (the definition's check) or not
     std::optional<SourceLoc> non_differentiable;  // first comparison used as a number
+    // The reductions lowered so far (a plain op's value), each row scalar
+    // var(reduction_base + index); null where none may be (`reductions` says why).
+    std::vector<RowStage>* stages = nullptr;
+    int reduction_base = 0;
+    Reductions reductions = Reductions::Allowed;
+    // Norm-like ops inlined into this graph, per op, attribute values and inputs: a second call
+    // alike is the same value (hash-consing, stages deduplicated), so a chain of ops each
+    // calling the last twice stays linear (Builder::inline_row_call).
+    using InlineKey = std::tuple<const UserOp*, std::vector<double>, std::vector<scalar::NodeId>>;
+    std::map<InlineKey, scalar::NodeId>* inlined = nullptr;
   };
 
   // ---- declared fusions (builder_fusions.cpp) --------------------------------------------------
@@ -205,10 +222,23 @@ class Builder {
   // [reference value, gradients, device value, gradients] (ir::user_pointwise_attrs).
   std::optional<std::string> instantiate_op(const UserOp& op, const std::vector<double>& attrs,
                                             bool report);
-  // Value and gradients in one form, into `g` (dy = var(inputs)).
-  std::optional<std::vector<scalar::NodeId>> lower_op(const UserOp& op,
-                                                      const std::vector<double>& attrs,
-                                                      scalar::Graph& g, bool device, bool report);
+  // Value and gradients in one form, into `g` (dy = var(inputs)). A norm-like op's value only,
+  // its forward and backward row programs into `row` (an error where `row` is null).
+  std::optional<std::vector<scalar::NodeId>> lower_op(
+      const UserOp& op, const std::vector<double>& attrs, scalar::Graph& g, bool device,
+      bool report, std::pair<RowProgram, RowProgram>* row = nullptr);
+  // A norm-like op's carrier attributes with these attribute values (builder_reductions.cpp).
+  std::optional<AttrList> instantiate_row_op(const UserOp& op, const std::vector<double>& attrs,
+                                             bool report);
+  // sum_last / mean_last / max_last in an op expression: a row scalar (builder_reductions.cpp).
+  std::optional<scalar::NodeId> lower_reduction(const Expr& e, RowReduce kind, scalar::Graph& g,
+                                                OpScope& scope);
+  void reduction_error(const Expr& e, const OpScope& scope, const UserOp* callee);
+  // A call of a norm-like op, inlined: its reductions become the caller's.
+  std::optional<scalar::NodeId> inline_row_call(const Expr& e, const UserOp& target,
+                                                const std::vector<scalar::NodeId>& in,
+                                                const std::vector<double>& values, scalar::Graph& g,
+                                                OpScope& scope);
   std::optional<scalar::NodeId> lower(const Expr& e, scalar::Graph& g, OpScope& scope);
   std::optional<scalar::NodeId> lower_binary(const Expr& e, scalar::Graph& g, OpScope& scope);
   std::optional<scalar::NodeId> lower_compare(const Expr& e, scalar::Graph& g, OpScope& scope);

@@ -107,7 +107,8 @@ void Builder::op_expression_error(const Expr& e, const OpScope& scope) {
       for (const auto& [n, _] : scope.attrs) names.push_back(n);
       for (const auto& [n, _] : consts_) names.push_back(n);
       std::string hint = did_you_mean(e.text, names);
-      if (hint.empty() && (find_op(e.text) || user_ops_.count(e.text) || find_math(e.text)))
+      if (hint.empty() && (find_op(e.text) || user_ops_.count(e.text) || find_math(e.text) ||
+                           find_row_reduce(e.text)))
         hint = fmt::format("'{}' is a function: call it, {}(x)", e.text, e.text);
       if (hint.empty())
         hint = fmt::format(
@@ -317,6 +318,7 @@ bool Builder::math_call_ok(const Expr& e, const MathFunction& f, const OpScope& 
 }
 
 std::optional<scalar::NodeId> Builder::lower_call(const Expr& e, scalar::Graph& g, OpScope& scope) {
+  if (const auto reduce = find_row_reduce(e.text)) return lower_reduction(e, *reduce, g, scope);
   if (const MathFunction* f = find_math(e.text)) return lower_math_call(e, *f, g, scope);
   if (const PointwiseDef* def = find_pointwise(e.text))
     return lower_builtin_call(e, *def, g, scope);
@@ -427,6 +429,8 @@ void Builder::unknown_function(const Expr& e, const OpScope& scope) {
   const std::string& callee = e.text;
   std::vector<std::string> names;
   for (const MathFunction& f : kMathFunctions) names.emplace_back(f.name);
+  for (const RowReduce r : {RowReduce::Sum, RowReduce::Mean, RowReduce::Max})
+    names.emplace_back(row_reduce_name(r));
   for (const PointwiseDef* d : pointwise_defs()) names.emplace_back(d->name);
   for (const auto& [n, _] : user_ops_) names.push_back(n);
   std::string hint = did_you_mean(callee, names);
@@ -435,7 +439,7 @@ void Builder::unknown_function(const Expr& e, const OpScope& scope) {
   if (hint.empty())
     hint =
         "op expressions call exp, log, sqrt, rsqrt, tanh, sigmoid, erf, abs, min, max, "
-        "select, the built-in activations and earlier ops";
+        "select, sum_last, mean_last, max_last, the built-in activations and earlier ops";
   op_error(scope, e.loc,
            fmt::format("unknown function '{}' in op '{}'", callee, scope.op->decl->name), hint);
 }
@@ -505,6 +509,7 @@ std::optional<scalar::NodeId> Builder::lower_user_call(const Expr& e, scalar::Gr
   const std::vector<scalar::NodeId>& in = args.in;
   const auto values = bind_op_attrs(target, args.rest, args.names, args.name_locs, e.loc, &scope);
   if (!values) return std::nullopt;
+  if (target.norm_like) return inline_row_call(e, target, in, *values, g, scope);
   // Each op lowered inside another is a level of recursion here: bounded, so that no program
   // overflows the compiler's stack, and reported at the outermost call.
   if (op_call_depth_ >= kMaxOpCallDepth) {

@@ -27,7 +27,7 @@ void Builder::op_error(const OpScope& scope, SourceLoc loc, std::string message,
 }
 
 void Builder::declare_op(const dsl::OpDecl& d) {
-  if (find_op(d.name) != nullptr || find_math(d.name) != nullptr) {
+  if (find_op(d.name) != nullptr || find_math(d.name) != nullptr || find_row_reduce(d.name)) {
     diags_.error(d.loc,
                  fmt::format("op '{}' shadows the built-in {} '{}'", d.name,
                              find_op(d.name) ? "op" : "function", d.name),
@@ -171,9 +171,17 @@ void Builder::check_op(const dsl::OpDecl& d) {
   // here, at the definition, whether or not a sequence uses it.
   LoweredCall reference;
   op.valid = true;  // lower_op refuses invalid ops; a failure below clears it
-  reference.roots = lower_op(op, op.defaults, reference.graph, /*device=*/false, /*report=*/true);
+  std::pair<RowProgram, RowProgram> row;
+  reference.roots =
+      lower_op(op, op.defaults, reference.graph, /*device=*/false, /*report=*/true, &row);
   if (!reference.roots) {
     op.valid = false;
+    return;
+  }
+  if (!row.first.stages.empty()) {
+    // Norm-like: a call from another op inlines it (Builder::inline_row_call), nothing to keep.
+    op.norm_like = true;
+    if (!instantiate_row_op(op, op.defaults, /*report=*/true)) op.valid = false;
     return;
   }
   // Both forms with the defaults are what later calls with the defaults reuse
@@ -281,16 +289,23 @@ bool Builder::check_learned_params(const dsl::OpDecl& d, UserOp& op,
   return ok;
 }
 
-std::optional<std::vector<scalar::NodeId>> Builder::lower_op(const UserOp& op,
-                                                             const std::vector<double>& attrs,
-                                                             scalar::Graph& g, bool device,
-                                                             bool report) {
+std::optional<std::vector<scalar::NodeId>> Builder::lower_op(
+    const UserOp& op, const std::vector<double>& attrs, scalar::Graph& g, bool device, bool report,
+    std::pair<RowProgram, RowProgram>* row) {
   if (!op.valid) return std::nullopt;
   const dsl::OpDecl& d = *op.decl;
   OpScope scope;
   scope.op = &op;
   scope.device = device;
   scope.report = report;
+  // A plain op may reduce over the last dimension; its row scalars follow x, dy, the learned
+  // parameters and the row's length (ir::RowVars).
+  std::vector<RowStage> stages;
+  scope.stages = d.gated ? nullptr : &stages;
+  scope.reduction_base = RowVars{int(d.learned.size())}.scalar(0);
+  scope.reductions = d.gated ? Reductions::InGatedOp : Reductions::Allowed;
+  std::map<OpScope::InlineKey, scalar::NodeId> inlined;
+  scope.inlined = &inlined;
   std::vector<scalar::NodeId> vars;
   size_t a = 0;
   for (const dsl::OpParam& p : d.params) {
@@ -312,10 +327,38 @@ std::optional<std::vector<scalar::NodeId>> Builder::lower_op(const UserOp& op,
   if (!value) return std::nullopt;
   const scalar::NodeId dy = g.var(int(vars.size()));
   std::vector<scalar::NodeId> roots = {*value};
+  if (!stages.empty()) {
+    // Norm-like: the backward is derived through the reductions (ir::derive_row_backward).
+    if (d.has_backward) {
+      if (report)
+        diags_.error(d.backward_loc,
+                     fmt::format("op '{}' reduces over the last dimension; a given backward is "
+                                 "not supported for such an op",
+                                 d.name),
+                     "leave the backward out: its gradient is derived through the reductions");
+      return std::nullopt;
+    }
+    if (scope.non_differentiable) {
+      if (report)
+        diags_.error(*scope.non_differentiable,
+                     fmt::format("op '{}' cannot be differentiated: this comparison is used as a "
+                                 "number",
+                                 d.name),
+                     "use select(condition, a, b)");
+      return std::nullopt;
+    }
+    if (row == nullptr) return std::nullopt;  // callers of norm-like ops inline them instead
+    row->first.stages = std::move(stages);
+    row->first.outputs = {*value};
+    row->second = derive_row_backward(g, row->first, int(d.learned.size()));
+    return roots;
+  }
   if (d.has_backward) {
     OpScope back = scope;
     back.non_differentiable.reset();
     back.inputs.clear();
+    back.stages = nullptr;
+    back.reductions = Reductions::InBackward;
     for (size_t i = 0; i < vars.size(); ++i) back.inputs[d.backward_params[i].name] = vars[i];
     for (size_t j = 0; j < learned.size(); ++j) back.inputs[d.learned[j].name] = learned[j];
     back.inputs[d.backward_params.back().name] = dy;
@@ -401,6 +444,11 @@ std::optional<ValueId> Builder::build_user_op(SequenceScope& sc, const dsl::OpSt
                  "use it in a sequence without `with parallel(...)`, or make its parameters "
                  "attributes");
     return std::nullopt;
+  }
+  if (op.norm_like) {
+    auto attrs = instantiate_row_op(op, *values, /*report=*/true);
+    if (!attrs) return std::nullopt;
+    return add_builder_op(sc, OpKind::UserNorm, std::move(*attrs), cur, instance, stmt.loc);
   }
   const auto text = instantiate_op(op, *values, /*report=*/true);
   if (!text) return std::nullopt;

@@ -19,6 +19,8 @@ enum class KernelShape : uint8_t {
   Wgrad,
   NormForward,
   NormBackward,
+  RowForward,  // a norm-like user-defined op (templates/row_expr.cuh)
+  RowBackward,
   ActivationForward,
   ActivationBackward,
   BiasAdd,

@@ -314,6 +314,7 @@ ShapeResult user_op_shape(const ShapeInput& in, bool gated) {
   return r;
 }
 ShapeResult user_plain_shape(const ShapeInput& in) { return user_op_shape(in, false); }
+ShapeResult user_norm_shape(const ShapeInput& in) { return user_op_shape(in, false); }
 ShapeResult user_gated_shape(const ShapeInput& in) { return user_op_shape(in, true); }
 
 ShapeResult extra_shape(const ShapeInput& in, const char* what) {
@@ -409,6 +410,17 @@ ShapeResult dropout_shape(const ShapeInput& in) {
 
 constexpr std::span<const AttrSpec> kNoAttrs{};
 
+// The carrier of norm-like user-defined ops (compiler/ir/row_expr.h, ir::user_row_attrs).
+constexpr AttrSpec kUserNormAttrs[] = {
+    {"op", AttrType::Name, true, 0, 0, 0, "the user-defined op's name"},
+    {"expression", AttrType::Name, true, 0, 0, 0,
+     "its forward and backward row programs (compiler/ir/row_expr.h)"},
+    {"stages", AttrType::Name, true, 0, 0, 0,
+     "its reductions in order: s (sum_last), m (mean_last), x (max_last)"},
+    {"params", AttrType::Name, false, 0, 0, 0,
+     "its learned parameters, name:dtype:size:init joined by ',' (ir::encode_user_params)"},
+};
+
 const std::array<OpInfo, kNumOpKinds> kOps = {{
     // ---- user ops (kNumUserOpKinds) ----
     {OpKind::LayerNorm, "layernorm", KernelFamily::Norm, kNormAttrs, layernorm_shape,
@@ -435,6 +447,10 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "[...] -> [...]", "multiplies by a constant", backward::constant_scale},
     {OpKind::Identity, "identity", KernelFamily::Alias, kNoAttrs, same_shape, "[...] -> [...]",
      "passes the tensor through", backward::pass_through},
+    {OpKind::UserNorm, "user_norm_op", KernelFamily::Norm, kUserNormAttrs, user_norm_shape,
+     "[..., n] -> [..., n]",
+     "a user-defined op with last-dimension reductions (its row programs are attributes)",
+     backward::user_norm},
     {OpKind::Reshape, "reshape", KernelFamily::Alias, kReshapeAttrs, reshape_shape,
      "[...] -> shape", "views the tensor with a new shape of the same element count",
      backward::reshape},
@@ -473,6 +489,9 @@ const std::array<OpInfo, kNumOpKinds> kOps = {{
      "(dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)", "LayerNorm backward"},
     {OpKind::RMSNormBackward, "rmsnorm_backward", KernelFamily::Norm, kNormAttrs, nullptr,
      "(dy, x, gamma, rstd) -> (dx, dgamma)", "RMSNorm backward"},
+    {OpKind::UserNormBackward, "user_norm_backward", KernelFamily::Norm, kUserNormAttrs, nullptr,
+     "(dy, x, params...) -> (dx, dparams...)",
+     "a norm-like user op's backward: recomputes its reductions, then the adjoints"},
     {OpKind::LinearDgrad, "linear_dgrad", KernelFamily::Gemm, kLinearAttrs, nullptr,
      "(dy[..., out], W[out, in] or W^T[in, out]) -> dx[..., in]", "dx = dy W"},
     {OpKind::LinearWgrad, "linear_wgrad", KernelFamily::Gemm, kLinearAttrs, nullptr,
@@ -526,6 +545,7 @@ const PointwiseTables& pointwise_tables() {
     }
     const auto fixed = std::span(kOps).first(kNumUserOpKinds);
     for (const OpInfo& op : fixed) {
+      if (op.kind == OpKind::UserNorm) continue;  // a carrier too, not written by name
       t.user.push_back(op);
       // The carriers of user-defined ops are not written by name (compiler/ir/pointwise_ops.h).
       if (op.kind == OpKind::Bias)

@@ -32,6 +32,9 @@ enum class OpKind : uint8_t {
   Quantize,
   ConstantScale,
   Identity,
+  // A norm-like user-defined op (one using sum_last / mean_last / max_last): its row programs
+  // are its attributes (compiler/ir/row_expr.h); not written by name, as the pointwise carriers.
+  UserNorm,
   Reshape,
   AllReduce,  // tensor-parallel collectives (TE's AllReduce, AllGather, ReduceScatter ops)
   AllGather,
@@ -43,6 +46,7 @@ enum class OpKind : uint8_t {
   EmulatedCast,       // an MXFP8 / NVFP4 / emulated block-scaled copy, decoded (plan-quantization)
   LayerNormBackward,  // (dy, x, gamma, mean, rstd) -> (dx, dgamma, dbeta)
   RMSNormBackward,    // (dy, x, gamma, rstd) -> (dx, dgamma)
+  UserNormBackward,   // (dy, x, params...) -> (dx, dparams...): a norm-like user op's backward
   LinearDgrad,        // (dy, W or W^T) -> dx
   LinearWgrad,        // (dy or dy^T, x or x^T) -> dW
   BiasGrad,           // (dy) -> dbias

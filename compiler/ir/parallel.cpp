@@ -62,6 +62,7 @@ LayoutResult result_layout(const Sequence& s, const Operation& op,
       }
     case OpKind::LayerNorm:
     case OpKind::RMSNorm:
+    case OpKind::UserNorm:
       if (x == Layout::Replicated || x == Layout::SplitTokens) return {x, {}, {}};
       return fail(name, x, "a norm reads every feature of a token: normalize before splitting");
     case OpKind::ConstantScale:

@@ -226,6 +226,7 @@ std::string_view pointwise_op_name(const PointwiseDef& def, const AttrList& attr
 std::string_view written_op_name(OpKind kind, const AttrList& attrs) {
   const PointwiseDef* def = pointwise_def(kind);
   if (def != nullptr && def->user_defined && is_pointwise(kind)) return attr_name(attrs, "op");
+  if (kind == OpKind::UserNorm) return attr_name(attrs, "op");
   return op_info(kind).name;
 }
 

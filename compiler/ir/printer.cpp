@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "ir/pointwise_ops.h"
+#include "ir/row_expr.h"
 #include "ir/scalar_code.h"
 
 namespace opfuse::ir {
@@ -54,9 +55,12 @@ void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
   const PointwiseDef* def = pointwise_def(op.kind);
   const bool user_defined = def != nullptr && def->user_defined;
   // A user-defined op prints as its own name, with its value (not the encoded text).
+  // A norm-like user-defined op (compiler/ir/row_expr.h) likewise, its value with its reductions.
+  const bool row = op.kind == OpKind::UserNorm || op.kind == OpKind::UserNormBackward;
   const std::string_view name = user_defined && is_pointwise(op.kind)
                                     ? pointwise_op_name(*def, op.attrs)
-                                    : op_info(op.kind).name;
+                                : op.kind == OpKind::UserNorm ? attr_name(op.attrs, "op")
+                                                              : op_info(op.kind).name;
   line += fmt::format(" = {}({})", name, list(op.operands, names));
   // A pointwise backward op's kind names its forward definition: printed as its first attribute.
   std::vector<std::string> attrs;
@@ -68,8 +72,13 @@ void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
         "value = {}",
         scalar::describe(expr.graph(), expr.value(), expression_var_names(*def, op.attrs))));
   }
+  if (row) {
+    if (op.kind == OpKind::UserNormBackward)
+      attrs.push_back(fmt::format("op = {}", attr_name(op.attrs, "op")));
+    attrs.push_back(fmt::format("value = {}", describe_row_value(op.attrs)));
+  }
   const std::span<const AttrSpec> specs = op_info(op.kind).attrs;
-  for (size_t i = 0; i < op.attrs.size() && !user_defined; ++i) {
+  for (size_t i = 0; i < op.attrs.size() && !user_defined && !row; ++i) {
     const Attr& a = op.attrs[i];
     // An optional name left unset (a linear's `parallel`) is not printed.
     const bool unset_name =

@@ -13,6 +13,9 @@ namespace {
 
 // Expressions a feature builds are small; the bound keeps a hostile name from growing a graph.
 constexpr size_t kMaxNodes = 4096;
+// Vars: a pointwise op's inputs, dy and learned parameters; a norm-like op's also the row's
+// length and its row scalars (compiler/ir/row_expr.h: 3 + 8 parameters + 3 * 16 stages).
+constexpr size_t kMaxVars = 64;
 
 std::string_view select_name(Cmp c) {
   switch (c) {
@@ -197,7 +200,7 @@ std::optional<Decoded> decode(std::string_view text) {
     if (token.starts_with("c")) {
       if (const auto v = decode_number(token.substr(1))) made = d.graph.constant(*v);
     } else if (token.starts_with("v")) {
-      if (const auto p = positions(token.substr(1), 1); p && (*p)[0] < 8)
+      if (const auto p = positions(token.substr(1), 1); p && (*p)[0] < kMaxVars)
         made = d.graph.var(int((*p)[0]));
     } else {
       struct Binary {

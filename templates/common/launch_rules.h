@@ -231,6 +231,11 @@ inline constexpr int kStatsOfInput = 1;   // the op's first input, as loaded
 inline constexpr int kStatsOfOutput = 2;  // its output's values rounded to StatsAs (the
                                           // high-precision tensor a folded FP8 cast replaces)
 inline constexpr int kTileThreads = 256;
+// templates/row_expr.cuh (norm-like user-defined ops): a block per row, grid-stride over the rows
+// with at most this many blocks per SM; its learned parameters' column sums are one partial row
+// per block.
+inline constexpr int kRowExprThreads = 256;
+inline constexpr int kRowExprBlocksPerSm = 4;
 inline constexpr int kTileRows = 128;
 inline constexpr int kTileCols = 64;
 inline constexpr int kTileMaxGridY = 65535;

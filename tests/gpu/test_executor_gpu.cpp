@@ -581,7 +581,10 @@ struct ActivationCase {
 // User-defined ops (docs/language.md, "User-defined ops"): a given backward (softcap), a select
 // (leaky_relu), a derived gated backward through a built-in (geglu_tanh) and log/exp (mish);
 // learned parameters: a scalar (learnable_scale), per feature in fp32 and bf16 (affine_gelu), and
-// both in a gated op (scaled_glu), whose gradients the kernels sum over the rows.
+// both in a gated op (scaled_glu), whose gradients the kernels sum over the rows. Norm-like ops
+// (last-dimension reductions, templates/row_expr.cuh): the standard library's l2_normalization,
+// a LayerNorm written out with a per-feature and a scalar parameter (nested means), and a softmax
+// (max_last), each its own row kernel with the FP8 cast after it a kernel of its own.
 constexpr const char* kUserOps = R"(
 op softcap(x, cap: number = 4.0) = cap * tanh(x / cap)
   backward(x, dy) = dy * (1 - tanh(x / cap) ^ 2)
@@ -591,6 +594,10 @@ op mish(x) = x * tanh(log(1 + exp(x)))
 op learnable_scale(x) params(scale: fp32[] = 1.5) = scale * x
 op affine_gelu(x) params(w: fp32[1024] = 1.0, b: bf16[1024] = 0.1) = gelu(w * x + b)
 gated op scaled_glu(a, b) params(g: fp32[512] = 0.5, t: fp32[] = 2.0) = g * silu(a) * tanh(b / t)
+import "std"
+op ln_like(x, eps: number = 1e-5) params(g: fp32[1024] = 1.0, b: fp32[] = 0.0) =
+    g * (x - mean_last(x)) * rsqrt(mean_last((x - mean_last(x)) ^ 2) + eps) + b
+op softmax_like(x) = 256 * exp(x - max_last(x)) / sum_last(exp(x - max_last(x)))
 )";
 
 std::string activation_program(const ActivationCase& a) {
@@ -651,7 +658,10 @@ std::vector<ActivationCase> activation_cases() {
                                     {"mish", false},
                                     {"learnable_scale", false},
                                     {"affine_gelu", false},
-                                    {"scaled_glu", true}}) {
+                                    {"scaled_glu", true},
+                                    {"l2_normalization", false},
+                                    {"ln_like", false},
+                                    {"softmax_like", false}}) {
     for (const char* recipe : {"bf16", "delayed", "current"}) {
       for (const int tokens : {32, 176}) cases.push_back({name, gated, recipe, tokens, kUserOps});
     }

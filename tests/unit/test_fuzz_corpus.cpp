@@ -395,11 +395,12 @@ std::vector<Case> op_definitions(Random& rng) {
   out.push_back({"deep chain of attribute calls", nested + "op f(x) = h40(x)\n" + use});
   out.push_back({"4000 terms", "op f(x) = x" + repeat(" + x * 1.5", 4000) + "\n" + use});
   static const char* const kTokens[] = {
-      "x",       "y",     "1",        "0.5",  "-",       "+",         "*",    "/",
-      "^",       "<",     "<=",       ">",    ">=",      "==",        "!=",   "(",
-      ")",       ",",     "[",        "]",    "select(", "exp(",      "log(", "sqrt(",
-      "rsqrt(",  "tanh(", "sigmoid(", "erf(", "abs(",    "min(",      "max(", "gelu(",
-      "swiglu(", "f(",    "g(",       "a",    "=",       "backward(", "dy"};
+      "x",          "y",         "1",        "0.5",  "-",       "+",         "*",    "/",
+      "^",          "<",         "<=",       ">",    ">=",      "==",        "!=",   "(",
+      ")",          ",",         "[",        "]",    "select(", "exp(",      "log(", "sqrt(",
+      "rsqrt(",     "tanh(",     "sigmoid(", "erf(", "abs(",    "min(",      "max(", "gelu(",
+      "swiglu(",    "f(",        "g(",       "a",    "=",       "backward(", "dy",   "sum_last(",
+      "mean_last(", "max_last(", "n("};
   for (int variant = 0; variant < 300; ++variant) {
     std::string text =
         variant % 3 == 0 ? "gated op f(x, a: number = 2) = " : "op f(x, a: number) = ";
@@ -408,7 +409,8 @@ std::vector<Case> op_definitions(Random& rng) {
       text += std::string(kTokens[rng.below(std::size(kTokens))]) + " ";
     if (variant % 4 == 0) text += "\n  backward(x, dy) = dy * x";
     out.push_back({"op soup #" + std::to_string(variant),
-                   "op g(x) = x\n" + text + "\n" + sequence_with("  f(1)\n  g()\n")});
+                   "op g(x) = x\nop n(x) = x * rsqrt(sum_last(x * x) + 1e-6)\n" + text + "\n" +
+                       sequence_with("  f(1)\n  g()\n  n()\n")});
   }
   // Learned parameters (`params(...)`): their list from the same kind of soup, then a body using
   // them, a backward giving their gradients (or not), and uses at widths that fit or do not.
@@ -456,6 +458,26 @@ std::vector<Case> op_definitions(Random& rng) {
                    text + "\nop g(x) = f(x)\n" +
                        sequence_with(variant % 2 == 0 ? "  f()\n  f(a = 3) as l\n" : "  f(2)\n")});
   }
+  // Last-dimension reductions: more than the limit, nested deeply, through chains of norm-like
+  // ops, in every place the language refuses them, and the standard library.
+  std::string reductions = "op f(x) = x";
+  for (int i = 0; i < 40; ++i) reductions += " + sum_last(x * " + std::to_string(i) + ")";
+  out.push_back({"40 reductions", reductions + "\n" + use});
+  out.push_back({"nested reductions",
+                 "op f(x) = x" + repeat(" - mean_last(x", 30) + std::string(30, ')') + "\n" + use});
+  std::string norm_chain = "op n0(x) = x - mean_last(x)\n";
+  for (int i = 1; i <= 30; ++i)
+    norm_chain += "op n" + std::to_string(i) + "(x) = n" + std::to_string(i - 1) + "(x) / " +
+                  "max_last(n" + std::to_string(i - 1) + "(x))\n";
+  out.push_back({"chain of norm-like ops", norm_chain + "op f(x) = n30(x)\n" + use});
+  out.push_back({"reductions refused",
+                 "import \"std\"\ngated op f(a, b) = sum_last(a) * l2_normalization(b)\n"
+                 "op g(x) = x backward(x, dy) = max_last(dy)\nfusion h { l2_normalization }\n" +
+                     use});
+  out.push_back({"std twice",
+                 "import \"std\"\nimport \"std\"\nop f(x) = l2_normalization(x, "
+                 "eps = 0.1)\n" +
+                     use});
   out.push_back({"many params", "op f(x) params(" + repeat("p: fp32[] = 1.0, ", 300) +
                                     "q: fp32[] = 0.0) = q * x\n" + use});
   out.push_back({"nine params",

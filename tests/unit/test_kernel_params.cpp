@@ -158,12 +158,19 @@ constexpr const char* kUserOpsAndFusions = R"(
 recipe fp8 = delayed_scaling()
 op affine_gelu(x) params(w: fp32[128] = 1.0, s: fp32[] = 0.5) = s * gelu(w * x)
 gated op scaled_glu(a, b) params(g: bf16[64] = 0.5) = g * silu(a) * b
+op ln_like(x, eps: number = 1e-5) params(g: fp32[128] = 1.0, b: bf16[] = 0.0) =
+    g * (x - mean_last(x)) * rsqrt(mean_last((x - mean_last(x)) ^ 2) + eps) + b
+op softmax_like(x) = exp(x - max_last(x)) / sum_last(exp(x - max_last(x)))
 fusion axpy { constant_scale; add_extra_input }
+import "std"
 sequence s(x: bf16[tokens, 64], r: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
   linear(64, 128, bias = false) as fc1
   affine_gelu()
+  ln_like()
+  softmax_like()
   linear(128, 128, bias = false) as fc2
   scaled_glu()
+  l2_normalization()
   constant_scale(0.5)
   add_extra_input(r)
 }

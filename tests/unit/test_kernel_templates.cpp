@@ -201,9 +201,10 @@ TEST(KernelTemplateTable, FamiliesMapToTheirTemplates) {
   // update_scales under current scaling.
   EXPECT_TRUE(names(ir::KernelFamily::Cast).contains("fake_quantize"));
   EXPECT_TRUE(names(ir::KernelFamily::Cast).contains("amax_reduce"));
-  EXPECT_EQ(names(ir::KernelFamily::Norm),
-            (std::set<std::string_view>{"layernorm_fwd", "rmsnorm_fwd", "layernorm_bwd",
-                                        "rmsnorm_bwd", "reduce_column_partials"}));
+  EXPECT_EQ(
+      names(ir::KernelFamily::Norm),
+      (std::set<std::string_view>{"layernorm_fwd", "rmsnorm_fwd", "layernorm_bwd", "rmsnorm_bwd",
+                                  "reduce_column_partials", "row_expr_fwd", "row_expr_bwd"}));
   EXPECT_TRUE(names(ir::KernelFamily::Residual).contains("bias_add"));
   EXPECT_TRUE(names(ir::KernelFamily::Bias).contains("bias_add"));
   EXPECT_TRUE(names(ir::KernelFamily::Bias).contains("dbias_partial"));
@@ -233,7 +234,8 @@ TEST(KernelTemplateTable, DtypeAndActivationSpellingsRoundTrip) {
   for (const std::string_view functor : activation_spellings()) {
     EXPECT_NE(readme().find("`" + std::string(functor) + "`"), std::string::npos) << functor;
   }
-  EXPECT_EQ(activation_spellings().size(), 2u);
+  // ExampleIdentity, ExampleProduct (activation.cuh), ExampleRowL2 (row_expr.cuh).
+  EXPECT_EQ(activation_spellings().size(), 3u);
 }
 
 }  // namespace

@@ -94,6 +94,7 @@ struct OpCase {
   std::string name;
   std::string signature;  // inputs -> outputs
   std::string body;
+  std::string definitions = {};  // before the sequence (a user-defined op)
 };
 
 std::vector<OpCase> every_op_kind() {
@@ -134,14 +135,20 @@ std::vector<OpCase> every_op_kind() {
       {"reduce_scatter", x8, "reduce_scatter()"},
       // A fixed mask (one step, one seed): linear in x, dx from the saved bits.
       {"dropout", x8, "dropout(p = 0.5, seed = 3)"},
+      // A norm-like user-defined op (its carrier and its backward): nested means, a max and
+      // learned parameters (test_user_op_reductions checks more of them).
+      {"user_norm_op", x8, "ln_like() as n",
+       "op ln_like(x) params(g: fp32[8] = 1.5, b: fp32[] = 0.5) =\n"
+       "    g * (x - mean_last(x)) * rsqrt(mean_last((x - mean_last(x)) ^ 2) + 0.1) +\n"
+       "    b * max_last(x)\n"},
   };
 }
 
 TEST(ReferenceOps, FiniteDifferenceGradientOfEveryOpKind) {
   std::vector<bool> covered(256, false);  // fixed and pointwise kinds (ir::OpKind)
   for (const OpCase& c : every_op_kind()) {
-    const ir::Program program =
-        compile(fmt::format("sequence {}{} {{\n {}\n}}\n", c.name, c.signature, c.body));
+    const ir::Program program = compile(
+        fmt::format("{}sequence {}{} {{\n {}\n}}\n", c.definitions, c.name, c.signature, c.body));
     // The executor runs the lowered training graph: count its forward and backward op kinds.
     const ReferenceExecutor<double> lowered(program.sequences[0], {{"tokens", 3}});
     for (const ir::Operation& op : lowered.sequence().ops) covered[size_t(op.kind)] = true;

@@ -23,6 +23,7 @@
 #include "../../runtime/jit/nvrtc_compiler.h"
 #include "../../templates/common/launch_rules.h"
 #include "ir/pointwise_ops.h"
+#include "ir/row_expr.h"
 #include "test_support.h"
 
 namespace opfuse {
@@ -100,6 +101,35 @@ std::vector<std::string> pointwise_functors(bool gated, std::string& sources) {
 }
 
 // Every pointwise op in a plain or gated kernel, forward and backward, across outputs/options.
+// Norm-like user-defined ops (templates/row_expr.cuh): the contract's example and a generated
+// functor (an RMSNorm with a bf16 per-feature weight and a scalar fp32 offset: a mean, learned
+// parameters forward and their column sums backward), into the input dtype and into fp32.
+TemplateCase row_expr_case(const std::string& arch, const Dtype& in) {
+  ir::scalar::Graph g;
+  const ir::RowVars v{2};
+  const ir::scalar::NodeId x = g.var(ir::RowVars::x());
+  ir::RowProgram forward;
+  forward.stages.push_back({ir::RowReduce::Mean, g.mul(x, x)});
+  forward.outputs.push_back(g.add(
+      g.mul(g.mul(g.var(v.param(0)), x), g.rsqrt(g.add(g.var(v.scalar(0)), g.constant(1e-5)))),
+      g.var(v.param(1))));
+  const ir::RowProgram backward = ir::derive_row_backward(g, forward, 2);
+  const std::vector<ir::UserParam> params = {{"w", ir::DType::BF16, 64, 1.0},
+                                             {"b", ir::DType::FP32, 0, 0.0}};
+  const std::string functor = ir::row_functor_name(
+      ir::user_row_attrs("rms", ir::encode_row_expression(g, forward, backward),
+                         ir::encode_row_stages(forward.stages), ir::encode_user_params(params)));
+  TemplateCase c{"row_expr_" + in.tag + "_" + arch, "row_expr.cuh", {}, arch};
+  c.prelude = ir::row_functor_source(functor).value_or("#error no row functor\n");
+  for (const std::string& f : {std::string("opfuse::ExampleRowL2"), functor}) {
+    for (const std::string& out : {in.type, std::string("float")}) {
+      c.name_expressions.push_back("opfuse::row_expr_fwd<" + args({f, in.type, out}) + ">");
+      c.name_expressions.push_back("opfuse::row_expr_bwd<" + args({f, in.type, out}) + ">");
+    }
+  }
+  return c;
+}
+
 TemplateCase activation_case(const std::string& arch, const Dtype& in, bool gated) {
   const std::string t = in.type;
   const std::string fwd = gated ? "opfuse::gated_activation_fwd<" : "opfuse::activation_fwd<";
@@ -397,6 +427,7 @@ std::vector<TemplateCase> all_cases() {
   for (const std::string& arch : archs()) {
     for (const Dtype& in : input_dtypes()) {
       cases.push_back(norm_case(arch, in));
+      cases.push_back(row_expr_case(arch, in));
       cases.push_back(activation_case(arch, in, /*gated=*/false));
       cases.push_back(activation_case(arch, in, /*gated=*/true));
       cases.push_back(cast_case(arch, in));
