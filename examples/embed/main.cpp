@@ -40,6 +40,39 @@ void* random_tensor(const opfuse::TensorInfo& info, float stddev, std::uint32_t 
   return device;
 }
 
+// Three training steps of the program's sequence on `stream`, a checkpoint, and what it used.
+void run_session(const opfuse::Program& program, cudaStream_t stream, std::int64_t tokens,
+                 const std::string& checkpoint) {
+  opfuse::Session session(program, "", stream);
+  session.bind({{"tokens", tokens}});
+  session.own_parameters(/*seed=*/0, stream);
+
+  std::vector<void*> mine;  // the application's tensors: the input and the output gradient
+  for (const opfuse::TensorInfo& info : session.tensors()) {
+    if (info.kind == opfuse::TensorKind::Input || info.kind == opfuse::TensorKind::OutputGrad) {
+      mine.push_back(random_tensor(info, info.kind == opfuse::TensorKind::Input ? 1.0f : 1e-3f,
+                                   static_cast<std::uint32_t>(mine.size()), stream));
+      session.set_tensor(info.name, mine.back());
+    }
+  }
+  for (int step = 0; step < 3; ++step) {
+    session.forward(stream);
+    session.backward(stream);
+    session.step(stream);  // one launch updates every FP8 quantizer
+  }
+  session.save(checkpoint, stream);
+  const opfuse::MemoryStats memory = session.memory();
+  std::printf("trained %s for 3 steps at tokens=%lld; peak %.1f MiB of activations; saved %s\n",
+              session.sequence().c_str(), static_cast<long long>(tokens),
+              static_cast<double>(memory.peak_bytes) / (1 << 20), checkpoint.c_str());
+  for (const opfuse::QuantizerStatus& q : session.quantizers(stream)) {
+    std::printf("  %-24s %s scale %.4g\n", q.name.c_str(),
+                std::string(opfuse::tensor_dtype_name(q.format)).c_str(), q.scale);
+  }
+  for (void* pointer : mine) check(cudaFreeAsync(pointer, stream), "cudaFreeAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,33 +96,8 @@ int main(int argc, char** argv) {
 
     cudaStream_t stream = nullptr;
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    opfuse::Session session(program, "", stream);
-    session.bind({{"tokens", tokens}});
-    session.own_parameters(/*seed=*/0, stream);
-
-    std::vector<void*> mine;  // the application's tensors: the input and the output gradient
-    for (const opfuse::TensorInfo& info : session.tensors()) {
-      if (info.kind == opfuse::TensorKind::Input || info.kind == opfuse::TensorKind::OutputGrad) {
-        mine.push_back(random_tensor(info, info.kind == opfuse::TensorKind::Input ? 1.0f : 1e-3f,
-                                     static_cast<std::uint32_t>(mine.size()), stream));
-        session.set_tensor(info.name, mine.back());
-      }
-    }
-    for (int step = 0; step < 3; ++step) {
-      session.forward(stream);
-      session.backward(stream);
-      session.step(stream);  // one launch updates every FP8 quantizer
-    }
-    session.save(checkpoint, stream);
-    const opfuse::MemoryStats memory = session.memory();
-    std::printf("trained %s for 3 steps at tokens=%lld; peak %.1f MiB of activations; saved %s\n",
-                session.sequence().c_str(), static_cast<long long>(tokens),
-                static_cast<double>(memory.peak_bytes) / (1 << 20), checkpoint.c_str());
-    for (const opfuse::QuantizerStatus& q : session.quantizers(stream)) {
-      std::printf("  %-24s %s scale %.4g\n", q.name.c_str(),
-                  std::string(opfuse::tensor_dtype_name(q.format)).c_str(), q.scale);
-    }
-    for (void* pointer : mine) check(cudaFreeAsync(pointer, stream), "cudaFreeAsync");
+    // The session frees its memory on its stream when destroyed: the stream must outlive it.
+    run_session(program, stream, tokens, checkpoint);
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   } catch (const opfuse::CompileError& e) {

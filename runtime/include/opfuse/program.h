@@ -278,7 +278,9 @@ struct SessionOptions {
 };
 
 // One sequence of a program on the current CUDA device. Not thread-safe; one stream at a time
-// per call (calls on different streams must be ordered by the application).
+// per call (calls on different streams must be ordered by the application). The session frees
+// its device memory in stream order on the stream of the call that allocated it (the
+// constructor's, bind()'s): destroy the session before that stream (examples/embed/main.cpp).
 class Session {
  public:
   // `sequence` may be empty when the program has one. Throws UsageError without a GPU, for an
