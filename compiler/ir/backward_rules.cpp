@@ -16,6 +16,22 @@ TensorType row_stat_type(const TensorType& x) {
   return TensorType{DType::FP32, std::move(rows)};
 }
 
+// One backward op of `kind` reading dy, x and the op's learned parameters (its operands after x),
+// giving dx and each parameter's gradient, which accumulate into them.
+void input_and_param_grads(BackwardBuilder& b, const Operation& f, ValueId dy, OpKind kind) {
+  const ValueId x = f.operands[0];
+  std::vector<ValueId> operands = {dy, x};
+  std::vector<TensorType> types = {type_of(b, x)};
+  for (size_t i = 1; i < f.operands.size(); ++i) {
+    operands.push_back(f.operands[i]);
+    types.push_back(type_of(b, f.operands[i]));
+  }
+  const std::vector<ValueId> grads =
+      b.emit(f, kind, std::move(operands), std::move(types), f.attrs);
+  b.accumulate(x, grads[0]);
+  for (size_t i = 1; i < f.operands.size(); ++i) b.accumulate(f.operands[i], grads[i]);
+}
+
 }  // namespace
 
 namespace backward {
@@ -74,35 +90,14 @@ void bias(BackwardBuilder& b, const Operation& f, ValueId dy) {
 // learned parameters (operands after x) are read by its backward too, which also gives their
 // gradients, each summed over the rows (as a bias's).
 void pointwise(BackwardBuilder& b, const Operation& f, ValueId dy) {
-  const ValueId x = f.operands[0];
-  const OpKind kind = pointwise_backward_kind(*pointwise_def(f.kind));
-  std::vector<ValueId> operands = {dy, x};
-  std::vector<TensorType> types = {type_of(b, x)};
-  for (size_t i = 1; i < f.operands.size(); ++i) {
-    operands.push_back(f.operands[i]);
-    types.push_back(type_of(b, f.operands[i]));
-  }
-  const std::vector<ValueId> grads =
-      b.emit(f, kind, std::move(operands), std::move(types), f.attrs);
-  b.accumulate(x, grads[0]);
-  for (size_t i = 1; i < f.operands.size(); ++i) b.accumulate(f.operands[i], grads[i]);
+  input_and_param_grads(b, f, dy, pointwise_backward_kind(*pointwise_def(f.kind)));
 }
 
 // A norm-like user-defined op (compiler/ir/row_expr.h): one backward op reads dy, x and the
 // learned parameters, recomputes the reductions (nothing is saved: the statistics are the op's
 // own, any number of them) and gives dx and each parameter's gradient summed over the rows.
 void user_norm(BackwardBuilder& b, const Operation& f, ValueId dy) {
-  const ValueId x = f.operands[0];
-  std::vector<ValueId> operands = {dy, x};
-  std::vector<TensorType> types = {type_of(b, x)};
-  for (size_t i = 1; i < f.operands.size(); ++i) {
-    operands.push_back(f.operands[i]);
-    types.push_back(type_of(b, f.operands[i]));
-  }
-  const std::vector<ValueId> grads =
-      b.emit(f, OpKind::UserNormBackward, std::move(operands), std::move(types), f.attrs);
-  b.accumulate(x, grads[0]);
-  for (size_t i = 1; i < f.operands.size(); ++i) b.accumulate(f.operands[i], grads[i]);
+  input_and_param_grads(b, f, dy, OpKind::UserNormBackward);
 }
 
 // A residual add: both the stream and the extra input receive the gradient unchanged.

@@ -145,14 +145,7 @@ std::optional<AttrList> Builder::instantiate_row_op(const UserOp& op,
   const auto value = lower_op(op, attrs, g, /*device=*/false, report, &row);
   if (!value) return std::nullopt;
   if (row.first.stages.empty()) return std::nullopt;  // not norm-like with these values
-  if (g.size() > kMaxOpNodes) {
-    if (report)
-      diags_.error(op.decl->loc,
-                   fmt::format("op '{}' and its backward take more than {} operations",
-                               op.decl->name, kMaxOpNodes),
-                   "split it into several ops used one after another");
-    return std::nullopt;
-  }
+  if (!user_ops::op_graph_fits(*op.decl, g.size(), report, diags_)) return std::nullopt;
   return user_row_attrs(op.decl->name, encode_row_expression(g, row.first, row.second),
                         encode_row_stages(row.first.stages), encode_user_params(op.learned));
 }

@@ -22,6 +22,17 @@ using user_ops::input_count;
 using user_ops::kMaxOpNodes;
 using user_ops::plural;
 
+bool user_ops::op_graph_fits(const dsl::OpDecl& d, size_t nodes, bool report,
+                             DiagnosticEngine& diags) {
+  if (nodes <= kMaxOpNodes) return true;
+  if (report)
+    diags.error(
+        d.loc,
+        fmt::format("op '{}' and its backward take more than {} operations", d.name, kMaxOpNodes),
+        "split it into several ops used one after another");
+  return false;
+}
+
 void Builder::op_error(const OpScope& scope, SourceLoc loc, std::string message, std::string hint) {
   if (scope.report) diags_.error(loc, std::move(message), std::move(hint));
 }
@@ -401,14 +412,7 @@ std::optional<std::string> Builder::instantiate_op(const UserOp& op,
   const auto reference = lower_op(op, attrs, g, /*device=*/false, report);
   const auto device = lower_op(op, attrs, g, /*device=*/true, report);
   if (!reference || !device) return std::nullopt;
-  if (g.size() > kMaxOpNodes) {
-    if (report)
-      diags_.error(op.decl->loc,
-                   fmt::format("op '{}' and its backward take more than {} operations",
-                               op.decl->name, kMaxOpNodes),
-                   "split it into several ops used one after another");
-    return std::nullopt;
-  }
+  if (!user_ops::op_graph_fits(*op.decl, g.size(), report, diags_)) return std::nullopt;
   std::vector<scalar::NodeId> roots = *reference;
   roots.insert(roots.end(), device->begin(), device->end());
   return scalar::encode_roots(g, roots);

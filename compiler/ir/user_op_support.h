@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "dsl/ast.h"
+#include "support/diagnostics.h"
 
 namespace opfuse::ir::builder_detail::user_ops {
 
@@ -39,6 +40,10 @@ constexpr size_t kMaxOpCallDepth = 24;
 inline std::string plural(size_t n, std::string_view word) {
   return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
 }
+
+// Whether an op's lowered graph (its value and gradients, every form) stays within kMaxOpNodes;
+// if not, the error at the op's definition when `report` (builder_user_ops.cpp).
+bool op_graph_fits(const dsl::OpDecl& d, size_t nodes, bool report, DiagnosticEngine& diags);
 
 inline size_t input_count(const dsl::OpDecl& d) {
   size_t n = 0;
