@@ -3,8 +3,9 @@
 
 Reads, from one directory, every `opfuse_*.json` that `fusec bench --json` wrote and the peers'
 `peers_mlp.json`, `peers_gemm.json` and `peers_copy.json` (bench/peers/run_peers.sh), and where
-present `peers_gemm_interleaved.json` and `peers_mlp_interleaved.json` (both sides in one
-process: bench/peers/gemm_interleaved.py, mlp_interleaved.py) and `peers_te.json` (Transformer
+present `peers_gemm_interleaved.json`, `peers_mlp_interleaved.json` and
+`peers_mlp_interleaved_fwdbwd_RECIPE.json` (both sides in one process, the forward and the training
+step: bench/peers/gemm_interleaved.py, mlp_interleaved.py) and `peers_te.json` (Transformer
 Engine, bench/peers/te_peers.py), and prints: the MLP workloads (opfuse vs eager bf16,
 torch.compile bf16 and torch.compile FP8, and TE under the same recipe, with ratios), the goals of issue
 6 (met or missed), the fused memory-bound kernels against the device copy bandwidth, and opfuse's
@@ -30,6 +31,9 @@ GOAL_GRAPH_HOST_US = 5.0
 GOAL_GEMM_RATIO = 1.03
 # Issue 18: the large forward+backward under float8_block_scaling against torch.compile bf16.
 GOAL_BLOCK_FWDBWD_VS_COMPILE = 0.70
+# Issue 22: the large forward+backward against Transformer Engine under the same recipe.
+GOAL_FWDBWD_VS_TE_DELAYED = 0.90
+GOAL_FWDBWD_VS_TE = 0.95
 
 
 def load(path):
@@ -404,6 +408,37 @@ def mlp_interleaved_goals(rows):
     return listed
 
 
+# The training step interleaved (mlp_interleaved.py --mode fwdbwd): (recipe, peer) -> goal.
+TRAINING_INTERLEAVED_GOALS = {
+    ("fp8_delayed", "te"): ("Transformer Engine", GOAL_FWDBWD_VS_TE_DELAYED),
+    ("fp8_current", "te"): ("Transformer Engine", GOAL_FWDBWD_VS_TE),
+    ("bf16", "te"): ("Transformer Engine", GOAL_FWDBWD_VS_TE),
+    ("fp8_delayed", "compile"): ("torch.compile bf16", GOAL_FWDBWD_VS_COMPILE),
+    ("fp8_block", "compile"): ("torch.compile bf16", GOAL_BLOCK_FWDBWD_VS_COMPILE),
+}
+
+
+def training_interleaved_rows(directory):
+    """Every `peers_mlp_interleaved_fwdbwd_RECIPE.json` (bench/run_gpu.sh: the training step
+    interleaved, one file per recipe), failed entries left out."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(directory, "peers_mlp_interleaved_fwdbwd_*.json"))):
+        rows += [{"gemm_algorithms": "heuristic", **r} for r in interleaved_rows(load(path))]
+    return rows
+
+
+def training_interleaved_goals(rows):
+    """Issues 18's and 22's training-step goals as the interleaved measurement found them."""
+    listed = []
+    for r in rows:
+        key = (r["recipe"], r["peer"])
+        if key in TRAINING_INTERLEAVED_GOALS:
+            name, limit = TRAINING_INTERLEAVED_GOALS[key]
+            what = f"{r['size']} {r['recipe'].replace('_', ' ')} fwd+bwd vs {name} (interleaved)"
+            listed.append(goal(what, r["ratio"], limit))
+    return listed
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", help="where opfuse_*.json and peers_*.json are")
@@ -451,6 +486,8 @@ def main(argv):
         for r in interleaved_rows(load(os.path.join(args.directory, "peers_mlp_interleaved.json")))
     ]
     goal_list += mlp_interleaved_goals(mlp_interleaved)
+    training_interleaved = training_interleaved_rows(args.directory)
+    goal_list += training_interleaved_goals(training_interleaved)
     copies = sorted({round(r["copy"]["gb_per_s"]) for r in runs})
     print(
         f"\nfused memory-bound kernels (large) vs device copy: opfuse's cudaMemcpyAsync "
@@ -477,6 +514,13 @@ def main(argv):
             " were calibrated (x peer: median over rounds; min, max):"
         )
         print(table(MLP_INTERLEAVED_COLUMNS, mlp_interleaved))
+    if training_interleaved:
+        print(
+            "\nseed MLP training step interleaved: opfuse's forward, backward and quantizer update"
+            " against each peer's forward and backward, in one process, on the same parameters,"
+            " inputs and output gradients, issued alternately (x peer: median over rounds):"
+        )
+        print(table(MLP_INTERLEAVED_COLUMNS, training_interleaved))
     print("\nseed MLP, median ms per call issued back to back (x: opfuse / peer; < 1 is faster):")
     print(table(WORKLOAD_COLUMNS + (TE_COLUMNS if te else []), rows))
     print("\ngoals (issue 6):")
@@ -487,6 +531,7 @@ def main(argv):
     summary["gemms"] = gemms
     summary["gemms_interleaved"] = interleaved
     summary["mlp_interleaved"] = mlp_interleaved
+    summary["training_interleaved"] = training_interleaved
     with open(os.path.join(args.directory, "compare.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=1)
     return 0

@@ -10,7 +10,8 @@
 # (tests/python/run_package_tests.sh install: only the bindings compile; offline, as on the device
 # machines, OPFUSE_WHEELS=DIR names the build requirements' wheels, scripts/python_wheels.sh DIR
 # fetches them), through which the interleaved comparisons run opfuse; the interleaved FP8 GEMM comparison (gemm_interleaved.py)
-# and, for the large size, the interleaved MLP forward against torch.compile (mlp_interleaved.py);
+# and, for the large size, the interleaved MLP forward against torch.compile (mlp_interleaved.py)
+# and the interleaved training step against TE and torch.compile per FP8 recipe (--mode fwdbwd);
 # `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse) in fwd and fwdbwd
 # under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph and with --no-auto-graph
 # (host time per call), large fp8_delayed also with --gemm-autotune; JIT cold and warm build
@@ -139,6 +140,28 @@ if [[ " $sizes " == *" large "* ]]; then
     status=1
   fi
   stamp "interleaved MLP forward done"
+fi
+# The large training step the same way (mlp_interleaved.py --mode fwdbwd): opfuse's forward,
+# backward and quantizer update against TE's block and torch.compile bf16, per FP8 recipe asked
+# for that TE has (issue 22's goal against TE, issue 18's block goal against torch.compile).
+if [[ " $sizes " == *" large "* && " $modes " == *" fwdbwd "* ]]; then
+  training_peers=compile
+  [[ $TE_AVAILABLE == 1 ]] && training_peers=te,compile
+  for recipe in $recipes; do
+    [[ $recipe == fp8_delayed || $recipe == fp8_current || $recipe == fp8_block ]] || continue
+    if ! timeout 60 "$fusec" build bench/workloads/mlp_large.fuse --recipe "$recipe" \
+      -o "build/mlp_large_$recipe" >"$work/mlp_large_build_$recipe.txt" 2>&1; then
+      echo "fusec build of mlp_large ($recipe) failed: $(tail -2 "$work/mlp_large_build_$recipe.txt")"
+      status=1
+    elif ! timeout 240 "${pypkg[@]}" "$peers/mlp_interleaved.py" --build "build/mlp_large_$recipe" \
+      --recipe "$recipe" --mode fwdbwd --peers "$training_peers" --rounds 6 --iters 6 \
+      --json "$work/peers_mlp_interleaved_fwdbwd_$recipe.json" \
+      >"$work/peers_mlp_interleaved_fwdbwd_$recipe.txt" 2>&1; then
+      echo "mlp_interleaved --mode fwdbwd ($recipe) failed: $(tail -2 "$work/peers_mlp_interleaved_fwdbwd_$recipe.txt")"
+      status=1
+    fi
+  done
+  stamp "interleaved MLP training steps done"
 fi
 
 for size in $sizes; do

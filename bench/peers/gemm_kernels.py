@@ -6,9 +6,11 @@ for the six). This script shows which kernels each side's cuBLASLt calls picked 
 took inside a real step, in one process and one profile: TE's block (te_peers.build_block,
 te.ops.Sequential LayerNorm -> Linear -> SwiGLU -> Linear) and opfuse's Session over
 bench/workloads/mlp_SIZE.fuse (through the Python package, docs/python.md), both under the same
-recipe, `--steps` training steps each (forward, backward and the quantizer update) after
-`--warmup` untimed ones, under torch.profiler (CUPTI records every kernel of the process, opfuse's
-cuBLASLt calls included). Per side it prints the GEMM kernels of one step in launch order with
+recipe on the same parameters, input and output gradient (mlp_peers.make_arg_set's), `--steps`
+training steps each (forward, backward and the quantizer update) after `--warmup` untimed ones,
+under torch.profiler (CUPTI records every kernel of the process, opfuse's cuBLASLt calls
+included), in `--rounds` rounds whose side order alternates (the side that runs second finds the
+GPU warmer, and a power-capped GPU then clocks lower). Per side it prints the GEMM kernels of one step in launch order with
 their mean device time over the profiled steps, and the sum; the time per step the GPU ran no
 kernel while the steps were queued back to back (issue 22's time between steps), with the largest
 gaps; then every kernel name only one side ran, so a GEMM whose kernel differs stands out. `--clock-steps N` runs N more steps per side
@@ -152,7 +154,18 @@ def gemm_table(kernels, steps):
     return rows
 
 
-def te_step(size, recipe_name, seed):
+def shared_tensors(size, seed):
+    """The parameters, input and output gradient both sides train on (mlp_peers.make_arg_set's
+    initialization, as te_peers.build_block's): same values, so the FP8 operands' bits match too."""
+    from mlp_peers import make_arg_set
+
+    common.seed_everything(seed)
+    (x, ln_weight, ln_bias, fc1_weight, fc2_weight), grad = make_arg_set(size, requires_grad=False)
+    return {"x": x, "grad": grad, "layernorm_0.weight": ln_weight, "layernorm_0.bias": ln_bias,
+            "fc1.weight": fc1_weight, "fc2.weight": fc2_weight}
+
+
+def te_step(size, recipe_name, tensors):
     """One training step of TE's block (forward under TE's autocast, backward)."""
     import te_peers
 
@@ -160,21 +173,25 @@ def te_step(size, recipe_name, seed):
     fp8_recipe, why_not = te_peers.make_recipe(te, recipe, TE_VARIANTS[recipe_name])
     if why_not:
         raise SystemExit(f"gemm_kernels: TE cannot run {recipe_name} here: {why_not}")
-    common.seed_everything(seed)
     block = te_peers.build_block(te, size)
-    shape = (size["tokens"], size["hidden"])
-    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    grad = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    norm, fc1, _, fc2 = block
+    with torch.no_grad():
+        for mine, name in ((norm.weight, "layernorm_0.weight"), (norm.bias, "layernorm_0.bias"),
+                           (fc1.weight, "fc1.weight"), (fc2.weight, "fc2.weight")):
+            mine.copy_(tensors[name])
+    x = tensors["x"].clone().requires_grad_(True)
+    grad = tensors["grad"]
 
     def step():
         with te_peers.autocast(te, fp8_recipe):
             y = block(x)
         y.backward(grad)
 
+    step.keep = (block, x)
     return step
 
 
-def opfuse_step(size_name, size, recipe_name, seed):
+def opfuse_step(size_name, size, recipe_name, tensors, seed):
     """One training step of opfuse's Session (forward, backward, step) on torch's stream."""
     import opfuse
 
@@ -183,19 +200,17 @@ def opfuse_step(size_name, size, recipe_name, seed):
     stream = torch.cuda.current_stream().cuda_stream
     session = program.session(device="cuda", stream=stream, tokens=size["tokens"])
     session.own_parameters(seed, stream)
-    common.seed_everything(seed)
-    shape = (size["tokens"], size["hidden"])
-    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-    grad = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-    session.set_tensor("x", x)
-    session.set_tensor("dy", grad)
+    for name in ("layernorm_0.weight", "layernorm_0.bias", "fc1.weight", "fc2.weight"):
+        session.set_tensor(name, tensors[name])
+    session.set_tensor("x", tensors["x"])
+    session.set_tensor("dy", tensors["grad"])
 
     def step():
         session.forward(stream)
         session.backward(stream)
         session.step(stream)
 
-    step.keep = (session, x, grad)  # alive as long as the step
+    step.keep = (session, tensors)  # alive as long as the step
     return step
 
 
@@ -213,6 +228,8 @@ def parse_args(argv):
     parser.add_argument("--sides", default="te,opfuse", help="comma list of te,opfuse")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps per side")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="profiles per side, the side order alternating between rounds")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--clock-steps", type=int, default=0,
                         help="also this many steps per side under nvidia-smi sampling (SM clock, "
@@ -223,39 +240,62 @@ def parse_args(argv):
     return args
 
 
+def report_side(label, kernels, steps, step, clock_steps, result, side):
+    rows = gemm_table(kernels, steps)
+    print_side(label, rows)
+    idle = idle_time(kernels, steps)
+    print(f"  per step: span {idle['span_ms_per_step']:.3f} ms, kernels busy "
+          f"{idle['busy_ms_per_step']:.3f} ms, idle {idle['idle_ms_per_step']:.3f} ms in "
+          f"{idle['gaps']} gaps ({idle['kernels_per_step']:.0f} kernels per step)")
+    for gap in idle["largest_gaps"]:
+        print(f"    gap {gap['us']:8.1f} us after {gap['after'][:70]} before {gap['before'][:70]}")
+    entry = {"gemms": rows, "idle": idle}
+    if clock_steps > 0:
+        entry["clocks"] = clocks_under(step, clock_steps)
+        print(f"  clocks over {clock_steps} more steps: {entry['clocks']}")
+    result["rounds"][-1][side] = entry
+    return rows
+
+
 def main(argv):
     args = parse_args(argv)
     common.require_cuda()
     common.print_banner("gemm_kernels")
     size = common.MLP_SIZES[args.size]
-    result = {"size": args.size, "recipe": args.recipe, "steps": args.steps, "sides": {}}
+    result = {"size": args.size, "recipe": args.recipe, "steps": args.steps, "rounds": []}
+    # Both sides on the same parameters, input and output gradient; both built first, then
+    # profiled in rounds whose side order alternates, so neither side always runs on the GPU
+    # the other one warmed.
+    tensors = shared_tensors(size, args.seed)
+    steps = {}
     for side in args.sides:
         if side == "te":
-            step = te_step(size, args.recipe, args.seed)
+            steps[side] = te_step(size, args.recipe, tensors)
         else:
-            step = opfuse_step(args.size, size, args.recipe, args.seed)
-        kernels = profile_kernels(step, args.warmup, args.steps)
-        rows = gemm_table(kernels, args.steps)
-        result["sides"][side] = rows
-        print_side(f"{side} {args.size} {args.recipe}", rows)
-        idle = idle_time(kernels, args.steps)
-        result.setdefault("idle", {})[side] = idle
-        print(f"  per step: span {idle['span_ms_per_step']:.3f} ms, kernels busy "
-              f"{idle['busy_ms_per_step']:.3f} ms, idle {idle['idle_ms_per_step']:.3f} ms in "
-              f"{idle['gaps']} gaps ({idle['kernels_per_step']:.0f} kernels per step)")
-        for gap in idle["largest_gaps"]:
-            print(f"    gap {gap['us']:8.1f} us after {gap['after'][:70]} before {gap['before'][:70]}")
-        if args.clock_steps > 0:
-            clocks = clocks_under(step, args.clock_steps)
-            result.setdefault("clocks", {})[side] = clocks
-            print(f"  clocks over {args.clock_steps} more steps: {clocks}")
-        del step
-        torch.cuda.empty_cache()
-    if len(result["sides"]) == 2:
-        names = {side: {r["kernel"] for r in rows} for side, rows in result["sides"].items()}
-        shared = names["te"] & names["opfuse"]
-        print(f"\nkernels both ran: {len(shared)}; TE only: {sorted(names['te'] - shared)}; "
-              f"opfuse only: {sorted(names['opfuse'] - shared)}")
+            steps[side] = opfuse_step(args.size, size, args.recipe, tensors, args.seed)
+        for _ in range(args.warmup):
+            steps[side]()
+    sums = {side: [] for side in args.sides}
+    names = {side: set() for side in args.sides}
+    for r in range(args.rounds):
+        result["rounds"].append({})
+        order = args.sides if r % 2 == 0 else args.sides[::-1]
+        for side in order:
+            kernels = profile_kernels(steps[side], 1, args.steps)
+            label = f"round {r + 1}: {side} {args.size} {args.recipe}"
+            rows = report_side(label, kernels, args.steps, steps[side], args.clock_steps,
+                               result, side)
+            sums[side].append(sum(row["mean_us"] for row in rows) / 1e3)
+            names[side] |= {row["kernel"] for row in rows}
+    print("\nGEMM ms per step, by round: " + "; ".join(
+        f"{side} {', '.join(f'{ms:.3f}' for ms in sums[side])}" for side in args.sides))
+    if len(args.sides) == 2:
+        te_only, opfuse_only = names["te"] - names["opfuse"], names["opfuse"] - names["te"]
+        print(f"kernels both ran: {len(names['te'] & names['opfuse'])}; TE only: "
+              f"{sorted(te_only)}; opfuse only: {sorted(opfuse_only)}")
+        ratios = [o / t for o, t in zip(sums["opfuse"], sums["te"], strict=True)]
+        print(f"opfuse / TE GEMM time per round: {', '.join(f'{x:.3f}' for x in ratios)}")
+        result["ratios"] = ratios
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

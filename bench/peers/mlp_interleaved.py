@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""opfuse's forward of the seed MLP against torch.compile's, interleaved in one process.
+"""opfuse's forward (or training step) of the seed MLP against its peers', interleaved in one process.
 
 The large forward's goals (issue 6: at most 0.83x torch.compile FP8's time and 0.52x torch.compile
 bf16's) lie within the 2-3% by which whole runs of the same programs differ on an H200 (its clock
@@ -16,6 +16,9 @@ the same clocks; which side goes first alternates between rounds. Per peer: the 
 rounds of (opfuse median / peer median), with the rounds' min and max. --gemm-algorithms
 heuristic,autotuned measures two opfuse Sessions, the second with SessionOptions::gemm_autotune
 (`fusec bench --gemm-autotune`: each GEMM's fastest of cuBLASLt's first candidates, timed once).
+--mode fwdbwd times training steps instead (issue 22): opfuse's forward, backward and quantizer
+update against each peer's forward and backward of every input and parameter, on the same
+parameters, inputs and output gradients.
 
   fusec build bench/workloads/mlp_large.fuse --recipe fp8_delayed -o build/mlp_large_fp8_delayed
   pip install .     # the package (docs/python.md); bench/run_gpu.sh installs it
@@ -37,6 +40,10 @@ from mlp_peers import build_callable, make_call, make_rotation_sets
 # names the .fuse programs give them.
 PARAMETERS = {1: "layernorm_0.weight", 2: "layernorm_0.bias", 3: "fc1.weight", 4: "fc2.weight"}
 RECIPE_GOALS = {"compile_fp8": 0.83, "compile": 0.52}  # issue 6, large FP8 forward
+# --mode fwdbwd, (recipe, peer): issue 22 against TE, issues 6 and 18 against torch.compile bf16
+# (bench/compare.py holds the same).
+TRAINING_GOALS = {("fp8_delayed", "te"): 0.90, ("fp8_current", "te"): 0.95, ("bf16", "te"): 0.95,
+                  ("fp8_delayed", "compile"): 0.55, ("fp8_block", "compile"): 0.70}
 
 
 class PackageSession:
@@ -55,6 +62,7 @@ class PackageSession:
             device="cuda", stream=self.stream, options=options, tokens=tokens
         )
         self.x_pointer = None
+        self.dy_pointer = None
 
     def cublaslt_version(self):
         from opfuse._opfuse import _bench
@@ -62,14 +70,28 @@ class PackageSession:
         return int(_bench.cublaslt_version())
 
     def set_tensor(self, name, tensor):
-        self.session.set_tensor(name, tensor)
+        # DLPack exports no tensor that requires grad (--mode fwdbwd's sets): the same memory.
+        self.session.set_tensor(name, tensor.detach())
 
     def forward(self, x):
         # The session reads x where set_tensor pointed it: only a new address needs the call.
         if x.data_ptr() != self.x_pointer:
-            self.session.set_tensor("x", x)
+            self.set_tensor("x", x)
             self.x_pointer = x.data_ptr()
         self.session.forward(self.stream, self.opfuse.RunMode.INFERENCE)
+
+    def train(self, x, dy):
+        """One training step as `fusec bench --mode fwdbwd` times it: the forward, the backward
+        from dy (every input and parameter gradient) and the quantizer update."""
+        if x.data_ptr() != self.x_pointer:
+            self.set_tensor("x", x)
+            self.x_pointer = x.data_ptr()
+        if dy.data_ptr() != self.dy_pointer:
+            self.set_tensor("dy", dy)
+            self.dy_pointer = dy.data_ptr()
+        self.session.forward(self.stream, self.opfuse.RunMode.TRAINING)
+        self.session.backward(self.stream)
+        self.session.step(self.stream)
 
     def calibrate(self, x, steps):
         """`steps` training forwards on x, each followed by a quantizer update."""
@@ -102,9 +124,10 @@ TE_VARIANTS = {
 }
 
 
-def te_forward(recipe_label, sets, calibrate):
+def te_call(recipe_label, sets, calibrate, mode):
     """The `te` peer (issue 22): TE's block (te_peers.py) on the first set's parameters under the
-    recipe opfuse's --build used, its inference forward (no_grad) as the timed call. Like
+    recipe opfuse's --build used, its inference forward (no_grad) as the timed call, or under
+    --mode fwdbwd the forward and the backward of every input and parameter. Like
     opfuse's session it first runs `calibrate` training forwards on the first set, so delayed
     scaling's scales come from the data."""
     import te_peers  # imports transformer_engine only when the te peer is asked for
@@ -131,18 +154,29 @@ def te_forward(recipe_label, sets, calibrate):
         with torch.no_grad(), te_peers.autocast(te, fp8_recipe):
             return block(arg_set[0])
 
-    return forward
+    if mode == "fwd":
+        return forward
+    parameters = list(block.parameters())
+
+    def forward_backward(*arg_set):
+        # As mlp_peers.make_call's: the gradients returned, none accumulated into .grad.
+        x, grad = arg_set[0], arg_set[-1]
+        with te_peers.autocast(te, fp8_recipe):
+            y = block(x)
+        return torch.autograd.grad(y, [x, *parameters], grad_outputs=grad)
+
+    return forward_backward
 
 
 def compile_peer(peer, sets, args):
     """The peer's forward, compiled (or, for TE, built) by a first call; and that call's seconds."""
     if peer == "te":
-        torch_call = te_forward(args.recipe, sets, args.calibrate)
+        torch_call = te_call(args.recipe, sets, args.calibrate, args.mode)
         began = time.perf_counter()
         torch_call(*sets[0])
         torch.cuda.synchronize()
         return torch_call, time.perf_counter() - began
-    torch_call = make_call(build_callable(peer), "fwd")
+    torch_call = make_call(build_callable(peer), args.mode)
     began = time.perf_counter()
     torch_call(*sets[0])
     torch.cuda.synchronize()
@@ -150,7 +184,10 @@ def compile_peer(peer, sets, args):
 
 
 def measure(peer, torch_call, compile_s, opfuse, sets, args):
-    sides = {"opfuse": lambda *s: opfuse.forward(s[0]), peer: torch_call}
+    if args.mode == "fwd":
+        sides = {"opfuse": lambda *s: opfuse.forward(s[0]), peer: torch_call}
+    else:
+        sides = {"opfuse": lambda *s: opfuse.train(s[0], s[-1]), peer: torch_call}
     per_round, ratios = interleaved_rounds(sides, sets, args.rounds, args.iters)
     return {
         "peer": peer,
@@ -159,7 +196,8 @@ def measure(peer, torch_call, compile_s, opfuse, sets, args):
         "ratio": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
-        "goal": RECIPE_GOALS.get(peer),
+        "goal": RECIPE_GOALS.get(peer) if args.mode == "fwd"
+        else TRAINING_GOALS.get((args.recipe, peer)),
         "rounds": args.rounds,
         "iters": args.iters,
         "peer_compile_s": compile_s,
@@ -197,6 +235,13 @@ def parse_args(argv):
         help="mlp_peers.py variants (compile_fp8, compile, eager) and te (Transformer Engine under "
         "--recipe's recipe, bench/peers/te_peers.py)",
     )
+    parser.add_argument(
+        "--mode",
+        default="fwd",
+        choices=["fwd", "fwdbwd"],
+        help="fwd: inference forwards; fwdbwd: training steps (forward, backward, quantizer "
+        "update) on the same parameters, inputs and output gradients",
+    )
     parser.add_argument("--rounds", type=int, default=10, help="rounds per peer")
     parser.add_argument("--iters", type=int, default=10, help="calls per side and round")
     parser.add_argument(
@@ -226,7 +271,7 @@ def main(argv):
     common.require_cuda()
     common.print_banner("mlp_interleaved")
     size = common.MLP_SIZES[args.size]
-    sets = make_rotation_sets(size, "fwd", args.seed)
+    sets = make_rotation_sets(size, args.mode, args.seed)
     with torch.no_grad():
         expected = build_callable("eager")(*sets[0][:5])
     # One session per GEMM setting, each on the first set's parameters (its FP8 weight copies
@@ -267,7 +312,8 @@ def main(argv):
                 continue
             for algorithms, opfuse in sessions.items():
                 common.seed_everything(args.seed)
-                label = {"size": args.size, "recipe": args.recipe, "gemm_algorithms": algorithms}
+                label = {"size": args.size, "mode": args.mode, "recipe": args.recipe,
+                         "gemm_algorithms": algorithms}
                 try:
                     row = {**label, "opfuse_rel_err": rel_errs[algorithms],
                            **measure(peer, torch_call, compile_s, opfuse, sets, args)}
@@ -278,7 +324,7 @@ def main(argv):
                     continue
                 rows.append(row)
                 report.add(row)
-                print(f"{args.size} fwd {args.recipe} ({algorithms} GEMMs) vs {peer}: "
+                print(f"{args.size} {args.mode} {args.recipe} ({algorithms} GEMMs) vs {peer}: "
                       f"x{row['ratio']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]",
                       flush=True)
     finally:

@@ -73,6 +73,26 @@ class CompareOnARecordedRun(unittest.TestCase):
         # The separate-runs goal is still listed, under its own name.
         self.assertIn("0.866x", self.goal("large fp8 delayed fwd vs torch.compile FP8"))
 
+    def test_the_training_step_goals_come_from_the_interleaved_training_steps(self):
+        # mlp_interleaved.py --mode fwdbwd, one file per recipe (H200, 2026-11-28): issue 22's
+        # goal against TE, issue 18's block goal and issue 6's against torch.compile bf16.
+        text = self.goal("large fp8 delayed fwd+bwd vs Transformer Engine (interleaved)")
+        self.assertIn("0.992x (limit 0.9x) MISSED", text)
+        text = self.goal("large fp8 block fwd+bwd vs torch.compile bf16 (interleaved)")
+        self.assertIn("0.695x (limit 0.7x) MET", text)
+        text = self.goal("large fp8 delayed fwd+bwd vs torch.compile bf16 (interleaved)")
+        self.assertIn("0.549x (limit 0.55x) MET", text)
+        rows = {(r["recipe"], r["peer"]): r for r in self.summary["training_interleaved"]}
+        self.assertEqual(sorted(rows), [("fp8_block", "compile"), ("fp8_block", "te"),
+                                        ("fp8_delayed", "compile"), ("fp8_delayed", "te")])
+        self.assertTrue(all(r["mode"] == "fwdbwd" for r in rows.values()))
+        # No goal against TE under block scaling: that row is a table row only.
+        self.assertFalse(any("fp8 block fwd+bwd vs Transformer Engine" in g["text"]
+                             for g in self.summary["goals"]))
+        self.assertIn("seed MLP training step interleaved", self.stdout)
+        # The forward's interleaved table keeps the forward rows only.
+        self.assertTrue(all(r.get("mode", "fwd") == "fwd" for r in self.summary["mlp_interleaved"]))
+
     def test_autotuned_interleaved_rows_are_goals_of_their_own(self):
         # mlp_interleaved.py --gemm-algorithms heuristic,autotuned: the fixture's rows (written
         # before the option) count as heuristic; an autotuned row is listed under its own name.
