@@ -9,8 +9,9 @@ bench/workloads/mlp_SIZE.fuse (through the Python package, docs/python.md), both
 recipe on the same parameters, input and output gradient (mlp_peers.make_arg_set's), `--steps`
 training steps each (forward, backward and the quantizer update) after `--warmup` untimed ones,
 under torch.profiler (CUPTI records every kernel of the process, opfuse's cuBLASLt calls
-included), in `--rounds` rounds whose side order alternates (the side that runs second finds the
-GPU warmer, and a power-capped GPU then clocks lower). Per side it prints the GEMM kernels of one step in launch order with
+included), in `--rounds` rounds whose side order rotates (the side that runs later finds the GPU warmer,
+and a power-capped GPU then clocks lower). `--sides te,opfuse,opfuse_own` adds opfuse on the
+parameters its own_parameters draws (`fusec bench`'s) beside it. Per side it prints the GEMM kernels of one step in launch order with
 their mean device time over the profiled steps, and the sum; the time per step the GPU ran no
 kernel while the steps were queued back to back (issue 22's time between steps), with the largest
 gaps; then every kernel name only one side ran, so a GEMM whose kernel differs stands out. `--clock-steps N` runs N more steps per side
@@ -191,8 +192,9 @@ def te_step(size, recipe_name, tensors):
     return step
 
 
-def opfuse_step(size_name, size, recipe_name, tensors, seed):
-    """One training step of opfuse's Session (forward, backward, step) on torch's stream."""
+def opfuse_step(size_name, size, recipe_name, tensors, seed, own=False):
+    """One training step of opfuse's Session (forward, backward, step) on torch's stream; `own`:
+    on the parameters Session.own_parameters(seed) draws (fusec bench's), not the shared ones."""
     import opfuse
 
     program = opfuse.compile(os.path.join(ROOT, "bench", "workloads", f"mlp_{size_name}.fuse"),
@@ -200,8 +202,9 @@ def opfuse_step(size_name, size, recipe_name, tensors, seed):
     stream = torch.cuda.current_stream().cuda_stream
     session = program.session(device="cuda", stream=stream, tokens=size["tokens"])
     session.own_parameters(seed, stream)
-    for name in ("layernorm_0.weight", "layernorm_0.bias", "fc1.weight", "fc2.weight"):
-        session.set_tensor(name, tensors[name])
+    if not own:
+        for name in ("layernorm_0.weight", "layernorm_0.bias", "fc1.weight", "fc2.weight"):
+            session.set_tensor(name, tensors[name])
     session.set_tensor("x", tensors["x"])
     session.set_tensor("dy", tensors["grad"])
 
@@ -225,18 +228,20 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="large", choices=["medium", "large"])
     parser.add_argument("--recipe", default="fp8_delayed", choices=sorted(TE_VARIANTS))
-    parser.add_argument("--sides", default="te,opfuse", help="comma list of te,opfuse")
+    parser.add_argument("--sides", default="te,opfuse",
+                        help="comma list of te, opfuse and opfuse_own (opfuse on the parameters "
+                        "own_parameters draws, as fusec bench runs it)")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps per side")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="profiles per side, the side order alternating between rounds")
+                        help="profiles per side, the side order rotating between rounds")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--clock-steps", type=int, default=0,
                         help="also this many steps per side under nvidia-smi sampling (SM clock, "
                         "power); 0: none")
     parser.add_argument("--json", help="write the tables here")
     args = parser.parse_args(argv)
-    args.sides = common.parse_list(args.sides, ["te", "opfuse"], "sides")
+    args.sides = common.parse_list(args.sides, ["te", "opfuse", "opfuse_own"], "sides")
     return args
 
 
@@ -264,7 +269,7 @@ def main(argv):
     size = common.MLP_SIZES[args.size]
     result = {"size": args.size, "recipe": args.recipe, "steps": args.steps, "rounds": []}
     # Both sides on the same parameters, input and output gradient; both built first, then
-    # profiled in rounds whose side order alternates, so neither side always runs on the GPU
+    # profiled in rounds whose side order rotates, so neither side always runs on the GPU
     # the other one warmed.
     tensors = shared_tensors(size, args.seed)
     steps = {}
@@ -272,14 +277,15 @@ def main(argv):
         if side == "te":
             steps[side] = te_step(size, args.recipe, tensors)
         else:
-            steps[side] = opfuse_step(args.size, size, args.recipe, tensors, args.seed)
+            steps[side] = opfuse_step(args.size, size, args.recipe, tensors, args.seed,
+                                      own=side == "opfuse_own")
         for _ in range(args.warmup):
             steps[side]()
     sums = {side: [] for side in args.sides}
     names = {side: set() for side in args.sides}
     for r in range(args.rounds):
         result["rounds"].append({})
-        order = args.sides if r % 2 == 0 else args.sides[::-1]
+        order = args.sides[r % len(args.sides):] + args.sides[:r % len(args.sides)]
         for side in order:
             kernels = profile_kernels(steps[side], 1, args.steps)
             label = f"round {r + 1}: {side} {args.size} {args.recipe}"
@@ -289,13 +295,14 @@ def main(argv):
             names[side] |= {row["kernel"] for row in rows}
     print("\nGEMM ms per step, by round: " + "; ".join(
         f"{side} {', '.join(f'{ms:.3f}' for ms in sums[side])}" for side in args.sides))
-    if len(args.sides) == 2:
-        te_only, opfuse_only = names["te"] - names["opfuse"], names["opfuse"] - names["te"]
-        print(f"kernels both ran: {len(names['te'] & names['opfuse'])}; TE only: "
-              f"{sorted(te_only)}; opfuse only: {sorted(opfuse_only)}")
-        ratios = [o / t for o, t in zip(sums["opfuse"], sums["te"], strict=True)]
-        print(f"opfuse / TE GEMM time per round: {', '.join(f'{x:.3f}' for x in ratios)}")
-        result["ratios"] = ratios
+    if "te" in names:
+        for side in (s for s in args.sides if s != "te"):
+            te_only, side_only = names["te"] - names[side], names[side] - names["te"]
+            print(f"kernels TE and {side} both ran: {len(names['te'] & names[side])}; TE only: "
+                  f"{sorted(te_only)}; {side} only: {sorted(side_only)}")
+            ratios = [o / t for o, t in zip(sums[side], sums["te"], strict=True)]
+            print(f"{side} / TE GEMM time per round: {', '.join(f'{x:.3f}' for x in ratios)}")
+            result.setdefault("ratios", {})[side] = ratios
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
