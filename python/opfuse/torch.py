@@ -18,8 +18,17 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import Program, RunMode, Session, SessionOptions, StateParts, TensorDType, TensorInfo
-from . import TensorKind, UsageError
+from . import CudaError, Error, Program, RunMode, Session, SessionOptions, StateParts, TensorDType
+from . import TensorInfo, TensorKind, UsageError
+
+# The per-call work in C++ (python/src/torch_module.cpp), where the package was built against
+# this interpreter's torch; OPFUSE_TORCH_NATIVE=0 keeps the Python path (docs/python.md).
+try:
+    if os.environ.get("OPFUSE_TORCH_NATIVE", "1") == "0":
+        raise ImportError("OPFUSE_TORCH_NATIVE=0")
+    from . import _opfuse_torch as _native  # type: ignore[attr-defined]
+except ImportError:
+    _native = None
 
 __all__ = ["Sequential", "torch_dtype"]
 
@@ -45,6 +54,9 @@ _TORCH_DTYPES = {
     TensorDType.FP16: torch.float16,
     TensorDType.FP32: torch.float32,
 }
+
+
+_DTYPE_NAMES = {TensorDType.BF16: "bf16", TensorDType.FP16: "fp16", TensorDType.FP32: "fp32"}
 
 
 def torch_dtype(dtype: TensorDType) -> torch.dtype:
@@ -127,6 +139,8 @@ class Sequential(torch.nn.Module):
         self._find_parameter_slots()
         self._given: Dict[str, int] = {}  # the address the session has for each input/gradient
         self._kept: Dict[str, torch.Tensor] = {}  # what it reads there, kept alive
+        self._runner: Any = None
+        self._make_runner()
 
     # --- the interface ---------------------------------------------------------------------
 
@@ -179,6 +193,29 @@ class Sequential(torch.nn.Module):
             module = self.get_submodule(owner) if owner else self
             self._param_slots.append((spec, module._parameters, leaf))
 
+    def _make_runner(self) -> None:
+        """The C++ runner of every call (torch_module.cpp) over this module's specs and parameter
+        tables, where the package has it; None keeps the Python path."""
+        if _native is None:
+            self._runner = None
+            return
+
+        def spec(info: TensorInfo) -> Tuple[str, List[int], str]:
+            return (info.name, list(info.shape), _DTYPE_NAMES[info.dtype])
+
+        self._runner = _native.Runner(
+            self._session, self._session._native(), self._device_index,
+            [spec(t) for t in self._inputs],
+            [t.name in self._input_grad_names for t in self._inputs],
+            [(table, leaf, spec(s[3])) for s, table, leaf in self._param_slots],
+            [spec(t) for t in self._outputs], [t.name for t in self._output_grads],
+            UsageError, CudaError, Error)
+
+    @property
+    def native(self) -> bool:
+        """Whether calls run through the C++ runner (the package built against this torch)."""
+        return self._runner is not None
+
     @property
     def session(self) -> Session:
         """The opfuse.Session the module runs (quantizers(), memory(), ...)."""
@@ -203,6 +240,7 @@ class Sequential(torch.nn.Module):
         self._describe(self._session.tensors())
         self._find_parameter_slots()
         self._given.clear()
+        self._make_runner()
 
     # --- checks ----------------------------------------------------------------------------
 
@@ -235,6 +273,8 @@ class Sequential(torch.nn.Module):
     def _give_parameters(self) -> None:
         """Each parameter given to the session if it moved; one written in place since the last
         forward (its version counter) is recast."""
+        if self._runner is not None:
+            self._runner.forget()  # the Python path gives tensors: the runner gives them again
         changed = False
         versions = self._param_versions
         for spec, table, leaf in self._param_slots:
@@ -301,6 +341,13 @@ class Sequential(torch.nn.Module):
         return input_grads, param_grads
 
     def forward(self, *inputs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
+        runner = self._runner
+        if runner is not None:
+            # The whole call in C++; None when a tensor does not fit: the Python path below
+            # then reports it.
+            native: Union[None, torch.Tensor, Tuple[torch.Tensor, ...]] = runner(inputs)
+            if native is not None:
+                return native
         # Here, not in _run_forward: autograd's apply passes any count on, and once is enough.
         self._check_count(inputs)
         if torch.is_grad_enabled():
@@ -318,7 +365,11 @@ class Sequential(torch.nn.Module):
         self._session.parameters_changed()
         for spec, table, leaf in self._param_slots:
             param = table[leaf]
-            self._param_versions[spec[0]] = (param.data_ptr(), param._version)
+            seen = self._param_versions.get(spec[0])
+            if seen is not None and seen[0] == param.data_ptr():  # a moved one: given next call
+                self._param_versions[spec[0]] = (param.data_ptr(), param._version)
+        if self._runner is not None:
+            self._runner.mark_parameters_seen([table[leaf] for _, table, leaf in self._param_slots])
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> Any:
         """Calls step() after every optimizer.step(); returns the hook's handle."""

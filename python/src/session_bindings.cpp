@@ -15,10 +15,59 @@
 #include <utility>
 
 #include "bindings.h"
+#include "native_session.h"
 
 namespace opfuse::python {
 
 namespace {
+
+// ---- the C interface opfuse._opfuse_torch calls (native_session.h) ----------------------------
+
+thread_local std::string native_message;
+
+template <typename Call>
+NativeStatus native_call(Call&& call) noexcept {
+  try {
+    call();
+    return NativeStatus::Ok;
+  } catch (const UsageError& e) {
+    native_message = e.what();
+    return NativeStatus::Usage;
+  } catch (const CudaError& e) {
+    native_message = e.what();
+    return NativeStatus::Cuda;
+  } catch (const std::exception& e) {
+    native_message = e.what();
+    return NativeStatus::Other;
+  }
+}
+
+Session& native(void* session) { return *static_cast<Session*>(session); }
+
+const NativeSessionApi kNativeApi = {
+    kNativeSessionVersion,
+    [](void* s, const char* name, const void* ptr) {
+      return native_call([&] { native(s).set_tensor(name, ptr); });
+    },
+    [](void* s) { return native_call([&] { native(s).parameters_changed(); }); },
+    [](void* s, void* stream, std::int32_t training) {
+      return native_call([&] {
+        native(s).forward(static_cast<cudaStream_t>(stream),
+                          training != 0 ? RunMode::Training : RunMode::Inference);
+      });
+    },
+    [](void* s, void* stream) {
+      return native_call([&] { native(s).backward(static_cast<cudaStream_t>(stream)); });
+    },
+    [](void* s, std::int32_t kind, const char* name, const void** address) {
+      return native_call([&] {
+        *address = kind == kNativeOutput      ? native(s).output(name)
+                   : kind == kNativeInputGrad ? native(s).input_grad(name)
+                                              : native(s).param_grad(name);
+      });
+    },
+    [] { return native_message.c_str(); },
+};
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -60,9 +109,13 @@ class PySession {
     tensors_ = session_.tensors();
     cudaGetDevice(&device_);
   }
+  // native_ points into this object.
+  PySession(const PySession&) = delete;
+  PySession& operator=(const PySession&) = delete;
 
   Session& get() { return session_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const NativeSession* native_session() const { return &native_; }
 
   void bind(const std::map<std::string, std::int64_t>& sizes) {
     session_.bind(sizes);
@@ -117,6 +170,7 @@ class PySession {
   std::vector<TensorInfo> tensors_;
   int device_ = 0;
   std::map<std::string, InputArray> kept_;
+  NativeSession native_{&kNativeApi, &session_};
 };
 
 }  // namespace
@@ -264,6 +318,11 @@ void bind_session(nb::module_& m) {
             s.get().step(cuda_stream);
           },
           stream_arg, "Ends a training step: every quantizer updated in one launch.")
+      .def(
+          "_native",
+          [](const PySession& s) { return reinterpret_cast<std::uintptr_t>(s.native_session()); },
+          "The address of this session's C interface (python/src/native_session.h) for "
+          "opfuse._opfuse_torch; valid while this object lives. Not part of the API.")
       .def(
           "_address",
           [](PySession& s, const std::string& what, const std::string& name) {

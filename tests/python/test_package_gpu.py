@@ -117,6 +117,58 @@ class Sequential(unittest.TestCase):
         # The quantizers moved: step() ran through the optimizer's hook.
         self.assertTrue(all(q.scale != 1.0 for q in module.session.quantizers(stream)))
 
+    def test_the_cpp_runner_runs_every_call_and_equals_the_python_path(self) -> None:
+        # The package built against this torch (bench/run_gpu.sh and run_package_tests.sh build
+        # without isolation) has opfuse._opfuse_torch: every call runs through its runner. A
+        # second module on the Python path, same seed, same data, same SGD, must agree bit for
+        # bit: outputs, input and parameter gradients, parameters, quantizers, through
+        # inference forwards and an in-place parameter write too.
+        if os.environ.get("OPFUSE_TORCH_NATIVE", "1") != "0":
+            self.assertIsNotNone(opfuse_torch._native, "the package has no opfuse._opfuse_torch")
+        native = opfuse_torch.Sequential(self.program, "mlp", seed=5, tokens=TOKENS)
+        python = opfuse_torch.Sequential(self.program, "mlp", seed=5, tokens=TOKENS)
+        python._runner = None
+        self.assertEqual(native.native, opfuse_torch._native is not None)
+        self.assertFalse(python.native)
+        optimizers = []
+        for module in (native, python):
+            optimizer = torch.optim.SGD(module.parameters(), lr=0.02)
+            module.register_optimizer(optimizer)
+            optimizers.append(optimizer)
+        stream = torch.cuda.current_stream().cuda_stream
+        for step in range(4):
+            results = []
+            for module, optimizer in zip((native, python), optimizers):
+                x = self.x(40 + step).requires_grad_()
+                optimizer.zero_grad()
+                y = module(x)
+                loss_of(y).backward()
+                optimizer.step()
+                with torch.no_grad():
+                    y_inference = module(self.x(60 + step))
+                results.append((y.detach(), x.grad, y_inference,
+                                {n: (p.detach().clone(), p.grad)
+                                 for n, p in module.named_parameters()}))
+            (y_a, dx_a, yi_a, p_a), (y_b, dx_b, yi_b, p_b) = results
+            self.assertTrue(bits_equal(y_a, y_b), f"step {step}: y")
+            assert dx_a is not None and dx_b is not None
+            self.assertTrue(bits_equal(dx_a, dx_b), f"step {step}: dx")
+            self.assertTrue(bits_equal(yi_a, yi_b), f"step {step}: inference y")
+            for name in p_a:
+                self.assertTrue(bits_equal(p_a[name][0], p_b[name][0]), f"step {step}: {name}")
+                grad_a, grad_b = p_a[name][1], p_b[name][1]
+                assert grad_a is not None and grad_b is not None
+                self.assertTrue(bits_equal(grad_a, grad_b), f"step {step}: {name} grad")
+            self.assertEqual([(q.name, q.amax_history, q.scale)
+                              for q in native.session.quantizers(stream)],
+                             [(q.name, q.amax_history, q.scale)
+                              for q in python.session.quantizers(stream)], f"step {step}")
+            if step == 1:
+                # Written in place without step(): both notice (version counters) and recast.
+                for module in (native, python):
+                    with torch.no_grad():
+                        module.get_parameter("fc1.weight").mul_(0.5)
+
     def test_gradients_match_pytorch_eager_within_the_gpu_tests_bound(self) -> None:
         module = opfuse_torch.Sequential(self.bf16_program, "mlp", seed=3, tokens=TOKENS)
         x = self.x(11).requires_grad_()
@@ -484,11 +536,18 @@ sequence block(x: fp16[tokens, 256]) -> (y: fp16[tokens, 256]) uses bf16 {
             torch.cuda.synchronize()
             return elapsed / runs * 1e6
 
+        python = opfuse_torch.Sequential(tiny, "mlp", seed=0, tokens=tokens)
+        python._runner = None  # the Python path, for comparison
         with torch.no_grad():
             module_inference = per_call(lambda: module(x))
+            python_inference = per_call(lambda: python(x))
         session_inference = per_call(lambda: session.forward(stream, opfuse.RunMode.INFERENCE))
         module_training = per_call(lambda: module(x))
+        python_training = per_call(lambda: python(x))
         session_training = per_call(lambda: session.forward(stream))
+        print(f"[ host us  ] the Python path (no C++ runner): inference {python_inference:.1f} us, "
+              f"training {python_training:.1f} us; the module here: "
+              f"{'C++ runner' if module.native else 'Python path'}")
         # What a binding call costs beyond its C++ body (a call whose body reads one flag): the
         # C++ session's own host time is Session.forward's minus at most this.
         binding = per_call(lambda: session.has_graph)
