@@ -103,16 +103,17 @@ else
   echo "installing the Python package failed: $(tail -3 "$work/package_install.txt")"
   status=1
 fi
-if [[ -x $work/python/venv/bin/python ]]; then
-  pypkg=("$work/python/venv/bin/python")
-else
-  pypkg=(env "PYTHONPATH=$work/python/site${PYTHONPATH:+:$PYTHONPATH}" python3)
-fi
 # Transformer Engine joins the interleaved forward and the peers when it imports (installed
 # above from TE_KIT, or the machine's own).
 [[ -n $te_pid ]] && { wait "$te_pid" || echo "installing TE failed: $(tail -3 "$work/te_install.txt")"; }
 # shellcheck source=bench/peers/te_env.sh
 source bench/peers/te_env.sh
+# After te_env.sh: its PYTHONPATH (TE's site) must reach the package's Python too.
+if [[ -x $work/python/venv/bin/python ]]; then
+  pypkg=("$work/python/venv/bin/python")
+else
+  pypkg=(env "PYTHONPATH=$work/python/site${PYTHONPATH:+:$PYTHONPATH}" python3)
+fi
 interleaved_peers=compile_fp8,compile
 if [[ $TE_AVAILABLE == 1 ]]; then
   interleaved_peers+=,te
