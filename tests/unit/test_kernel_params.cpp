@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -196,24 +197,29 @@ sequence s(x: bf16[tokens, 64]) -> (y: bf16[tokens, 96]) uses fp8 {
 }
 )";
 
-// `text` compiled to its plan, under `routing` when given.
-void add_plan(const std::string& text, const debug::Routing* routing, bool fused,
-              std::vector<codegen::Plan>& plans) {
+// A program compiled to its plan (`options` as given, fused or with the fusion passes off):
+// the text `source` named "extra.fuse", or, with `path`, that file.
+void add_plan(driver::CompileOptions options, bool fused, std::vector<codegen::Plan>& plans,
+              const std::string& source, const std::string& path = {}) {
   SourceManager sources;
   DiagnosticEngine diags(sources);
-  driver::CompileOptions options;
-  options.debug_routing = routing;
   if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
   options.last_stage = driver::Stage::Plan;
   driver::CompileResult result =
-      driver::compile_source("extra.fuse", text, sources, diags, options);
-  EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
+      path.empty() ? driver::compile_source("extra.fuse", source, sources, diags, options)
+                   : driver::compile_file(path, sources, diags, options);
+  EXPECT_TRUE(result.ok()) << path << diags.format_all() << result.error;
   if (result.ok()) plans.push_back(std::move(result.plan));
 }
 
-// The routing of a config clipping the activation fc1 reads in fprop and wgrad (the test's C++
-// feature Clip).
-debug::Routing clip_routing() {
+// A config clipping the activation fc1 reads in fprop and wgrad (the test's C++ feature Clip)
+// and its routing, which points into the config (its sections and features): both live here.
+struct ClipRouting {
+  std::optional<debug::DebugConfig> config;
+  debug::Routing routing;
+};
+
+std::unique_ptr<ClipRouting> clip_routing() {
   SourceManager sources;
   DiagnosticEngine diags(sources);
   auto registry = std::make_shared<debug::FeatureRegistry>(debug::FeatureRegistry::with_builtins());
@@ -222,21 +228,24 @@ debug::Routing clip_routing() {
       sources.add_buffer("debug.yaml",
                          "a:\n  layers: {exact_layer_names: [fc1]}\n  transformer_engine:\n"
                          "    Clip: {gemms: [fprop, wgrad], tensors: [activation], c: 0.5}\n");
-  const std::optional<debug::DebugConfig> config =
-      debug::read_debug_config(sources, f, registry, diags);
-  EXPECT_TRUE(config) << diags.format_all();
-  if (!config) return {};
-  return debug::route(debug::bind_layers(*config, {{"fc1", {}, true}}, diags), 0);
+  auto clip = std::make_unique<ClipRouting>();
+  clip->config = debug::read_debug_config(sources, f, registry, diags);
+  EXPECT_TRUE(clip->config) << diags.format_all();
+  if (clip->config)
+    clip->routing = debug::route(debug::bind_layers(*clip->config, {{"fc1", {}, true}}, diags), 0);
+  return clip;
 }
 
 std::vector<codegen::Plan> example_plans() {
   std::vector<codegen::Plan> plans;
   for (const bool fused : {true, false}) {
-    add_plan(kUserOpsAndFusions, nullptr, fused, plans);
-    add_plan(kDropout, nullptr, fused, plans);
+    add_plan({}, fused, plans, kUserOpsAndFusions);
+    add_plan({}, fused, plans, kDropout);
   }
-  const debug::Routing routing = clip_routing();
-  add_plan(kModified, &routing, true, plans);
+  const std::unique_ptr<ClipRouting> clip = clip_routing();
+  driver::CompileOptions routed;
+  routed.debug_routing = &clip->routing;
+  add_plan(routed, true, plans, kModified);
   std::vector<fs::path> files;
   for (const auto& entry : fs::directory_iterator(test::source_path("dsl_examples"))) {
     if (entry.path().extension() == ".fuse") files.push_back(entry.path());
@@ -244,18 +253,9 @@ std::vector<codegen::Plan> example_plans() {
   std::sort(files.begin(), files.end());
   for (const fs::path& file : files) {
     for (const char* recipe : {"", "bf16"}) {
-      for (const bool fused : {true, false}) {
-        SourceManager sources;
-        DiagnosticEngine diags(sources);
-        driver::CompileOptions options;
-        options.recipe = recipe;
-        if (!fused) options.disabled_passes = {"fuse-forward", "fuse-backward"};
-        options.last_stage = driver::Stage::Plan;
-        driver::CompileResult result = driver::compile_file(file.string(), sources, diags, options);
-        EXPECT_TRUE(result.ok()) << diags.format_all() << result.error;
-        if (!result.ok()) continue;
-        plans.push_back(std::move(result.plan));
-      }
+      driver::CompileOptions options;
+      options.recipe = recipe;
+      for (const bool fused : {true, false}) add_plan(options, fused, plans, {}, file.string());
     }
   }
   return plans;
