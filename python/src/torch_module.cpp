@@ -57,25 +57,52 @@ Spec make_spec(const std::tuple<std::string, std::vector<std::int64_t>, std::str
   return {std::get<0>(t), std::get<1>(t), scalar_type(std::get<2>(t))};
 }
 
+// A strong reference to a Python object that may be let go on a thread without the GIL (the
+// autograd engine's, when the last node holding a RunnerCore goes): it takes the GIL to do so.
+class PyRef {
+ public:
+  explicit PyRef(nb::handle object) : object_(object.ptr()) { Py_XINCREF(object_); }
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  PyRef(PyRef&& other) noexcept : object_(std::exchange(other.object_, nullptr)) {}
+  PyRef& operator=(PyRef&&) = delete;
+  ~PyRef() {
+    if (object_ == nullptr || Py_IsInitialized() == 0) return;
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF(object_);
+    PyGILState_Release(gil);
+  }
+  PyObject* ptr() const { return object_; }
+
+ private:
+  PyObject* object_ = nullptr;
+};
+
 // A parameter's place: the owner module's own `_parameters` dictionary and its key there (read
 // on every call: a Parameter assigned anew is seen), and what the session was last given.
 struct ParamSlot {
   Spec spec;
-  nb::object table;
-  nb::str key;
+  PyRef table;
+  PyRef key;
   const void* given = nullptr;
   std::int64_t version = -1;
 };
 
-// The session's forward and backward as a node of torch's autograd graph.
+class RunnerCore;
+
+// The session's forward and backward as a node of torch's autograd graph. The node keeps the
+// runner's core (and through it the session) alive in its saved data, so the backward of a
+// module dropped after its forward still runs.
 struct SequenceFunction : public torch::autograd::Function<SequenceFunction> {
-  static variable_list forward(AutogradContext* ctx, std::int64_t runner, at::TensorList tensors);
+  static variable_list forward(AutogradContext* ctx, const c10::intrusive_ptr<RunnerCore>& core,
+                               at::TensorList tensors);
   static variable_list backward(AutogradContext* ctx, variable_list grads);
 };
 
-class Runner {
+// Everything a Runner holds, shared with the autograd nodes of its forwards.
+class RunnerCore : public torch::CustomClassHolder {
  public:
-  Runner(
+  RunnerCore(
       nb::object session, std::uintptr_t native, int device,
       const std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::string>>& inputs,
       const std::vector<bool>& input_has_grad,
@@ -85,19 +112,19 @@ class Runner {
       const std::vector<std::tuple<std::string, std::vector<std::int64_t>, std::string>>& outputs,
       const std::vector<std::string>& output_grads, nb::object usage_error, nb::object cuda_error,
       nb::object error)
-      : session_(std::move(session)),
+      : session_(session),
         native_(reinterpret_cast<const NativeSession*>(native)),
         device_(device),
         input_has_grad_(input_has_grad),
         output_grad_names_(output_grads),
-        usage_error_(std::move(usage_error)),
-        cuda_error_(std::move(cuda_error)),
-        error_(std::move(error)) {
+        usage_error_(usage_error),
+        cuda_error_(cuda_error),
+        error_(error) {
     if (native_ == nullptr || native_->api->version != kNativeSessionVersion)
       throw nb::value_error("opfuse._opfuse_torch: the session's C interface has another version");
     for (const auto& t : inputs) inputs_.push_back(make_spec(t));
     for (const auto& [table, key, spec] : params)
-      params_.push_back({make_spec(spec), table, nb::str(key.c_str()), nullptr, -1});
+      params_.push_back({make_spec(spec), PyRef(table), PyRef(nb::str(key.c_str())), nullptr, -1});
     for (const auto& t : outputs) outputs_.push_back(make_spec(t));
     given_inputs_.assign(inputs_.size(), nullptr);
     kept_inputs_.resize(inputs_.size());
@@ -136,8 +163,8 @@ class Runner {
     }
     variable_list outputs;
     if (at::GradMode::is_enabled()) {
-      outputs =
-          SequenceFunction::apply(reinterpret_cast<std::int64_t>(this), at::TensorList(tensors));
+      outputs = SequenceFunction::apply(c10::intrusive_ptr<RunnerCore>::reclaim_copy(this),
+                                        at::TensorList(tensors));
     } else {
       const cudaStream_t stream = current_stream();
       check(native_->api->forward(native_->session, stream, 0));
@@ -293,10 +320,10 @@ class Runner {
     return out;
   }
 
-  nb::handle error_type(NativeStatus status) const {
-    return status == NativeStatus::Usage  ? usage_error_
-           : status == NativeStatus::Cuda ? cuda_error_
-                                          : error_;
+  PyObject* error_type(NativeStatus status) const {
+    return status == NativeStatus::Usage  ? usage_error_.ptr()
+           : status == NativeStatus::Cuda ? cuda_error_.ptr()
+                                          : error_.ptr();
   }
 
   // With the GIL held (a forward): the session's failure as its opfuse exception.
@@ -304,7 +331,7 @@ class Runner {
     if (status != NativeStatus::Ok) raise(status, native_->api->message());
   }
   [[noreturn]] void raise(NativeStatus status, const std::string& message) const {
-    PyErr_SetString(error_type(status).ptr(), message.c_str());
+    PyErr_SetString(error_type(status), message.c_str());
     throw nb::python_error();
   }
 
@@ -314,14 +341,14 @@ class Runner {
   }
   [[noreturn]] void raise_from_backward(NativeStatus status, const std::string& message) const {
     const PyGILState_STATE gil = PyGILState_Ensure();
-    PyErr_SetString(error_type(status).ptr(), message.c_str());
+    PyErr_SetString(error_type(status), message.c_str());
     python_error error;
     error.persist();
     PyGILState_Release(gil);
     throw error;
   }
 
-  nb::object session_;  // keeps the Session (and its C interface) alive
+  PyRef session_;  // keeps the Session (and its C interface) alive
   const NativeSession* native_;
   int device_;
   std::vector<Spec> inputs_;
@@ -329,25 +356,43 @@ class Runner {
   std::vector<ParamSlot> params_;
   std::vector<Spec> outputs_;
   std::vector<std::string> output_grad_names_;
-  nb::object usage_error_, cuda_error_, error_;
+  PyRef usage_error_, cuda_error_, error_;
   std::vector<const void*> given_inputs_, given_grads_;
   std::vector<at::Tensor> kept_inputs_, kept_grads_;  // what the session reads, kept alive
   std::int64_t forwards_ = 0;
 };
 
-variable_list SequenceFunction::forward(AutogradContext* ctx, std::int64_t runner,
+variable_list SequenceFunction::forward(AutogradContext* ctx,
+                                        const c10::intrusive_ptr<RunnerCore>& core,
                                         at::TensorList /*tensors*/) {
-  auto* r = reinterpret_cast<Runner*>(runner);
-  variable_list outputs = r->run_forward();
-  ctx->saved_data["runner"] = runner;
-  ctx->saved_data["forward"] = r->forwards();
+  variable_list outputs = core->run_forward();
+  ctx->saved_data["core"] =
+      c10::IValue::make_capsule(c10::intrusive_ptr<torch::CustomClassHolder>(core));
+  ctx->saved_data["forward"] = core->forwards();
   return outputs;
 }
 
 variable_list SequenceFunction::backward(AutogradContext* ctx, variable_list grads) {
-  auto* r = reinterpret_cast<Runner*>(ctx->saved_data["runner"].toInt());
-  return r->run_backward(ctx->saved_data["forward"].toInt(), std::move(grads));
+  const c10::intrusive_ptr<torch::CustomClassHolder> holder = ctx->saved_data["core"].toCapsule();
+  auto* core = static_cast<RunnerCore*>(holder.get());
+  return core->run_backward(ctx->saved_data["forward"].toInt(), std::move(grads));
 }
+
+// opfuse._opfuse_torch.Runner: the Python object over a RunnerCore.
+class Runner {
+ public:
+  template <typename... Args>
+  explicit Runner(Args&&... args) : core_(c10::make_intrusive<RunnerCore>(args...)) {}
+  nb::object call(const nb::tuple& args) { return core_->call(args); }
+  void mark_parameters_seen(const std::vector<nb::object>& params) {
+    core_->mark_parameters_seen(params);
+  }
+  void forget() { core_->forget(); }
+  std::int64_t forwards() const { return core_->forwards(); }
+
+ private:
+  c10::intrusive_ptr<RunnerCore> core_;
+};
 
 }  // namespace
 

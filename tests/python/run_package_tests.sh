@@ -90,7 +90,9 @@ cpu)
   ;;
 gpu)
   cd "$work"
-  "$py" "$SOURCE_DIR/tests/python/test_package_gpu.py"
+  # OPFUSE_PY_TESTS: only these tests (unittest names, e.g. Sequential.test_host_time_per_forward).
+  # shellcheck disable=SC2086
+  "$py" "$SOURCE_DIR/tests/python/test_package_gpu.py" ${OPFUSE_PY_TESTS:-}
   ;;
 *)
   echo "usage: $0 install|cpu|gpu WORK_DIR" >&2

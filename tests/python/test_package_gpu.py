@@ -10,6 +10,7 @@ Run by tests/python/run_package_tests.sh gpu (ctest: python_package_gpu, label g
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -168,6 +169,25 @@ class Sequential(unittest.TestCase):
                 for module in (native, python):
                     with torch.no_grad():
                         module.get_parameter("fc1.weight").mul_(0.5)
+
+    def test_a_module_dropped_after_its_forward_still_runs_its_backward(self) -> None:
+        # The autograd node keeps the session alive (the C++ runner's core in its saved data, the
+        # Python path's ctx.module): the backward of a module nobody holds any more runs and
+        # gives the bits a kept module gives.
+        for native in (True, False):
+            kept = opfuse_torch.Sequential(self.bf16_program, "mlp", seed=6, tokens=TOKENS)
+            dropped = opfuse_torch.Sequential(self.bf16_program, "mlp", seed=6, tokens=TOKENS)
+            if not native:
+                kept._runner = None
+                dropped._runner = None
+            x_kept, x = self.x(70).requires_grad_(), self.x(70).requires_grad_()
+            loss_of(kept(x_kept)).backward()
+            y = dropped(x)
+            del dropped
+            gc.collect()
+            loss_of(y).backward()
+            assert x.grad is not None and x_kept.grad is not None
+            self.assertTrue(bits_equal(x.grad, x_kept.grad), f"native {native}")
 
     def test_gradients_match_pytorch_eager_within_the_gpu_tests_bound(self) -> None:
         module = opfuse_torch.Sequential(self.bf16_program, "mlp", seed=3, tokens=TOKENS)
