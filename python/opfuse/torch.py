@@ -274,7 +274,10 @@ class Sequential(torch.nn.Module):
         """Each parameter given to the session if it moved; one written in place since the last
         forward (its version counter) is recast."""
         if self._runner is not None:
-            self._runner.forget()  # the Python path gives tensors: the runner gives them again
+            # The runner has been giving the parameters: give each one again here, and the
+            # runner gives them again at its next call.
+            self._runner.forget()
+            self._param_versions.clear()
         changed = False
         versions = self._param_versions
         for spec, table, leaf in self._param_slots:
@@ -348,6 +351,7 @@ class Sequential(torch.nn.Module):
             native: Union[None, torch.Tensor, Tuple[torch.Tensor, ...]] = runner(inputs)
             if native is not None:
                 return native
+            self._given.clear()  # the runner gave the inputs: the Python path gives them again
         # Here, not in _run_forward: autograd's apply passes any count on, and once is enough.
         self._check_count(inputs)
         if torch.is_grad_enabled():
