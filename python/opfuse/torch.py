@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -22,12 +23,19 @@ from . import CudaError, Error, Program, RunMode, Session, SessionOptions, State
 from . import TensorInfo, TensorKind, UsageError
 
 # The per-call work in C++ (python/src/torch_module.cpp), where the package was built against
-# this interpreter's torch; OPFUSE_TORCH_NATIVE=0 keeps the Python path (docs/python.md).
+# this interpreter's torch, and only under the torch version it was built against (torch's C++
+# ABI changes between releases); OPFUSE_TORCH_NATIVE=0 keeps the Python path (docs/python.md).
+_native: Any
 try:
     if os.environ.get("OPFUSE_TORCH_NATIVE", "1") == "0":
         raise ImportError("OPFUSE_TORCH_NATIVE=0")
-    from . import _opfuse_torch as _native  # type: ignore[attr-defined]
+    from . import _opfuse_torch as _native  # type: ignore[attr-defined,no-redef]
 except ImportError:
+    _native = None
+if _native is not None and _native.torch_version != torch.__version__:
+    warnings.warn(f"opfuse.torch: the package's C++ path was built against torch "
+                  f"{_native.torch_version}, this is torch {torch.__version__}: using the Python "
+                  f"path (rebuild the package: pip install --no-build-isolation .)", stacklevel=2)
     _native = None
 
 __all__ = ["Sequential", "torch_dtype"]

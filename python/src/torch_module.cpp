@@ -402,6 +402,8 @@ NB_MODULE(_opfuse_torch, m) {
   using opfuse::python::Runner;
   namespace nb = nanobind;
   m.doc() = "opfuse.torch.Sequential's per-call work in C++ (docs/python.md); not part of the API";
+  // torch.__version__ of the torch this module was compiled against (python/CMakeLists.txt).
+  m.attr("torch_version") = OPFUSE_TORCH_VERSION;
   nb::class_<Runner>(m, "Runner")
       .def(nb::init<
                nb::object, std::uintptr_t, int,
