@@ -5,7 +5,8 @@ Reads, from one directory, every `opfuse_*.json` that `fusec bench --json` wrote
 `peers_mlp.json`, `peers_gemm.json` and `peers_copy.json` (bench/peers/run_peers.sh), and where
 present `peers_gemm_interleaved.json`, `peers_mlp_interleaved.json` and
 `peers_mlp_interleaved_fwdbwd_RECIPE.json` (both sides in one process, the forward and the training
-step: bench/peers/gemm_interleaved.py, mlp_interleaved.py) and `peers_te.json` (Transformer
+step: bench/peers/gemm_interleaved.py, mlp_interleaved.py), `peers_gemm_kernels.json` (the step's
+GEMMs against TE's, bench/peers/gemm_kernels.py) and `peers_te.json` (Transformer
 Engine, bench/peers/te_peers.py), and prints: the MLP workloads (opfuse vs eager bf16,
 torch.compile bf16 and torch.compile FP8, and TE under the same recipe, with ratios), the goals of issue
 6 (met or missed), the fused memory-bound kernels against the device copy bandwidth, and opfuse's
@@ -408,6 +409,41 @@ def mlp_interleaved_goals(rows):
     return listed
 
 
+# Issue 22: every GEMM of the large MLP at least as fast as TE's same GEMM (gemm_kernels.py).
+GOAL_GEMM_VS_TE = 1.00
+
+GEMM_KERNEL_COLUMNS = [
+    ("#", "position", ""),
+    ("kernel (opfuse)", "kernel", ""),
+    ("same as TE's", "same_kernel", ""),
+    ("TE ms", "te_ms", ".3f"),
+    ("opfuse ms", "opfuse_ms", ".3f"),
+    ("opfuse / TE", "ratio", ".3f"),
+]
+
+
+def gemm_kernel_rows(data):
+    """bench/peers/gemm_kernels.py's profile of one training step per side, in rounds whose side
+    order rotates: per GEMM (launch order) the kernel each side ran and its mean device time over
+    the rounds, TE's and opfuse's (on the same tensors)."""
+    if not data or not data.get("rounds"):
+        return []
+    rounds = [r for r in data["rounds"] if "te" in r and "opfuse" in r]
+    if not rounds:
+        return []
+    rows = []
+    for position, first in enumerate(rounds[0]["opfuse"]["gemms"]):
+        te = [r["te"]["gemms"][position] for r in rounds]
+        ours = [r["opfuse"]["gemms"][position] for r in rounds]
+        te_ms = sum(g["mean_us"] for g in te) / len(te) / 1e3
+        opfuse_ms = sum(g["mean_us"] for g in ours) / len(ours) / 1e3
+        rows.append({"position": position, "kernel": first["kernel"],
+                     "same_kernel": all(a["kernel"] == b["kernel"] for a, b in zip(te, ours)),
+                     "te_ms": te_ms, "opfuse_ms": opfuse_ms, "ratio": opfuse_ms / te_ms,
+                     "rounds": len(rounds), "recipe": data.get("recipe"), "size": data.get("size")})
+    return rows
+
+
 # The training step interleaved (mlp_interleaved.py --mode fwdbwd): (recipe, peer) -> goal.
 TRAINING_INTERLEAVED_GOALS = {
     ("fp8_delayed", "te"): ("Transformer Engine", GOAL_FWDBWD_VS_TE_DELAYED),
@@ -488,6 +524,12 @@ def main(argv):
     goal_list += mlp_interleaved_goals(mlp_interleaved)
     training_interleaved = training_interleaved_rows(args.directory)
     goal_list += training_interleaved_goals(training_interleaved)
+    gemm_kernels = gemm_kernel_rows(load(os.path.join(args.directory, "peers_gemm_kernels.json")))
+    if gemm_kernels:
+        worst = max(gemm_kernels, key=lambda r: r["ratio"])
+        goal_list.append(goal(f"{worst['size']} {worst['recipe'].replace('_', ' ')} slowest GEMM "
+                              f"vs TE's same GEMM (#{worst['position']}, profiled)",
+                              worst["ratio"], GOAL_GEMM_VS_TE))
     copies = sorted({round(r["copy"]["gb_per_s"]) for r in runs})
     print(
         f"\nfused memory-bound kernels (large) vs device copy: opfuse's cudaMemcpyAsync "
@@ -521,6 +563,13 @@ def main(argv):
             " inputs and output gradients, issued alternately (x peer: median over rounds):"
         )
         print(table(MLP_INTERLEAVED_COLUMNS, training_interleaved))
+    if gemm_kernels:
+        print(
+            f"\nthe large training step's GEMMs against TE's (gemm_kernels.py: one torch.profiler, "
+            f"the same tensors, {gemm_kernels[0]['rounds']} rounds of rotating side order; mean"
+            " device ms per step):"
+        )
+        print(table(GEMM_KERNEL_COLUMNS, gemm_kernels))
     print("\nseed MLP, median ms per call issued back to back (x: opfuse / peer; < 1 is faster):")
     print(table(WORKLOAD_COLUMNS + (TE_COLUMNS if te else []), rows))
     print("\ngoals (issue 6):")
@@ -532,6 +581,7 @@ def main(argv):
     summary["gemms_interleaved"] = interleaved
     summary["mlp_interleaved"] = mlp_interleaved
     summary["training_interleaved"] = training_interleaved
+    summary["gemm_kernels"] = gemm_kernels
     with open(os.path.join(args.directory, "compare.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=1)
     return 0

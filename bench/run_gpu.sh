@@ -11,7 +11,8 @@
 # machines, OPFUSE_WHEELS=DIR names the build requirements' wheels, scripts/python_wheels.sh DIR
 # fetches them), through which the interleaved comparisons run opfuse; the interleaved FP8 GEMM comparison (gemm_interleaved.py)
 # and, for the large size, the interleaved MLP forward against torch.compile (mlp_interleaved.py)
-# and the interleaved training step against TE and torch.compile per FP8 recipe (--mode fwdbwd);
+# and the interleaved training step against TE and torch.compile per FP8 recipe (--mode fwdbwd),
+# with each GEMM of the FP8 step against TE's (gemm_kernels.py);
 # `fusec bench` for the seed MLP (bench/workloads/mlp_{large,medium,tiny}.fuse) in fwd and fwdbwd
 # under fp8_delayed, fp8_current and bf16, tiny fwd also with --graph and with --no-auto-graph
 # (host time per call), large fp8_delayed also with --gemm-autotune; JIT cold and warm build
@@ -163,6 +164,14 @@ if [[ " $sizes " == *" large "* && " $modes " == *" fwdbwd "* ]]; then
     fi
   done
   stamp "interleaved MLP training steps done"
+  # Each GEMM of the large FP8 step against TE's same GEMM, one profiler, the same tensors, the
+  # side order rotating (bench/peers/gemm_kernels.py; issue 22's per-GEMM goal).
+  if [[ $TE_AVAILABLE == 1 && " $recipes " == *" fp8_delayed "* ]]; then
+    timeout 200 "${pypkg[@]}" "$peers/gemm_kernels.py" --size large --recipe fp8_delayed \
+      --rounds 2 --json "$work/peers_gemm_kernels.json" >"$work/peers_gemm_kernels.txt" 2>&1 ||
+      { echo "gemm_kernels failed: $(tail -2 "$work/peers_gemm_kernels.txt")"; status=1; }
+    stamp "GEMMs against TE's done"
+  fi
 fi
 
 for size in $sizes; do

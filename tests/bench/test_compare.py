@@ -93,6 +93,19 @@ class CompareOnARecordedRun(unittest.TestCase):
         # The forward's interleaved table keeps the forward rows only.
         self.assertTrue(all(r.get("mode", "fwd") == "fwd" for r in self.summary["mlp_interleaved"]))
 
+    def test_the_gemms_against_te_come_from_the_profile_of_both_steps(self):
+        # gemm_kernels.py --sides te,opfuse,opfuse_own --rounds 3 (H200, 2026-11-28): per GEMM
+        # the mean over rounds of each side's device time; the goal is the slowest GEMM's ratio.
+        rows = self.summary["gemm_kernels"]
+        self.assertEqual(len(rows), 6)
+        self.assertTrue(all(r["same_kernel"] for r in rows))
+        self.assertEqual(rows[0]["kernel"], "nvjet_sm90_qqtst_192x192_128x4_2x1_v_bz_coopB_TNN")
+        for r in rows:
+            self.assertAlmostEqual(r["ratio"], r["opfuse_ms"] / r["te_ms"])
+        text = self.goal("large fp8 delayed slowest GEMM vs TE's same GEMM (#0, profiled)")
+        self.assertIn("1.019x (limit 1.0x) MISSED", text)
+        self.assertIn("training step's GEMMs against TE's", self.stdout)
+
     def test_autotuned_interleaved_rows_are_goals_of_their_own(self):
         # mlp_interleaved.py --gemm-algorithms heuristic,autotuned: the fixture's rows (written
         # before the option) count as heuristic; an autotuned row is listed under its own name.
@@ -126,6 +139,7 @@ class CompareOnARecordedRun(unittest.TestCase):
     def test_rows_against_transformer_engine_under_the_same_recipe(self):
         # A made-up peers_te.json in bench/peers/te_peers.py's layout: each default opfuse row is
         # compared with TE's variant of its recipe at the same size and mode; other rows are not.
+        # (The table of the step's GEMMs against TE's, from peers_gemm_kernels.json, is another.)
         self.assertNotIn("x TE", self.stdout, "no TE columns without peers_te.json")
         work = tempfile.mkdtemp(prefix="opfuse-compare-te-")
         self.addCleanup(shutil.rmtree, work, True)
