@@ -39,6 +39,9 @@ NativeStatus native_call(Call&& call) noexcept {
   } catch (const std::exception& e) {
     native_message = e.what();
     return NativeStatus::Other;
+  } catch (...) {
+    native_message = "opfuse: an exception of an unknown type";
+    return NativeStatus::Other;
   }
 }
 
