@@ -192,8 +192,9 @@ class SideBySide {
     }
     gpu_.end_step(stream_);
     ref_.step();
-    expect_quantizers_match(step);
-    anchor_quantizers();
+    const std::vector<cpu::DelayedScalingState> quantizers = gpu_.download_quantizers(stream_);
+    expect_quantizers_match(step, quantizers);
+    anchor_quantizers(quantizers);
     if (!update_params) return errors;
     // Same new weights on both sides (the reference's update, rounded to bf16), given to both
     // before the reference casts them (under fp8_weights it keeps only the cast).
@@ -240,8 +241,7 @@ class SideBySide {
            source.role == BufferRole::OutputGrad;
   }
 
-  void expect_quantizers_match(int step) {
-    const std::vector<cpu::DelayedScalingState> got = gpu_.download_quantizers(stream_);
+  void expect_quantizers_match(int step, const std::vector<cpu::DelayedScalingState>& got) {
     const std::vector<cpu::QuantizerInfo> want = ref_.quantizers();
     ASSERT_EQ(got.size(), want.size());
     ASSERT_EQ(got.size(), plan_.quantizers.size());
@@ -286,8 +286,7 @@ class SideBySide {
   // values, off by 12-25% each: a relative error of about 0.035 from two correct runs (measured:
   // the gated activation unfused under delayed scaling, where the fused kernel's fp32 amax
   // happened to agree).
-  void anchor_quantizers() {
-    const std::vector<cpu::DelayedScalingState> got = gpu_.download_quantizers(stream_);
+  void anchor_quantizers(const std::vector<cpu::DelayedScalingState>& got) {
     std::vector<cpu::QuantizerInfo> states = ref_.quantizers();
     for (std::size_t i = 0; i < states.size() && i < got.size(); ++i) {
       if (!states[i].has_tensor_scale) continue;
