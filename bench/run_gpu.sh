@@ -127,15 +127,26 @@ timeout 120 "${pypkg[@]}" "$peers/gemm_interleaved.py" \
   --json "$work/peers_gemm_interleaved.json" >"$work/peers_gemm_interleaved.txt" 2>&1 ||
   { echo "gemm_interleaved failed: $(tail -2 "$work/peers_gemm_interleaved.txt")"; status=1; }
 stamp "interleaved GEMMs done"
+# `fusec build` of the large MLP under recipe $1 into build/mlp_large_$1 for the interleaved
+# comparisons, once per run; says why and sets status when it fails.
+built_large=" "
+build_large() {
+  [[ $built_large == *" $1 "* ]] && return 0
+  if timeout 60 "$fusec" build bench/workloads/mlp_large.fuse --recipe "$1" -o "build/mlp_large_$1" \
+    >"$work/mlp_large_build_$1.txt" 2>&1; then
+    built_large+="$1 "
+    return 0
+  fi
+  echo "fusec build of mlp_large ($1) failed: $(tail -2 "$work/mlp_large_build_$1.txt")"
+  status=1
+  return 1
+}
 # The large forward's goals measured in one process as well: an opfuse Session over a plan fusec
 # builds first and torch.compile (FP8 and bf16), call by call (bench/peers/mlp_interleaved.py),
 # with cuBLASLt's heuristic GEMM algorithms and with autotuned ones (SessionOptions).
 if [[ " $sizes " == *" large "* ]]; then
-  if ! timeout 60 "$fusec" build bench/workloads/mlp_large.fuse --recipe fp8_delayed \
-    -o build/mlp_large_fp8_delayed >"$work/mlp_large_build.txt" 2>&1; then
-    echo "fusec build of mlp_large failed: $(tail -2 "$work/mlp_large_build.txt")"
-    status=1
-  elif ! timeout 300 "${pypkg[@]}" "$peers/mlp_interleaved.py" --build build/mlp_large_fp8_delayed \
+  if build_large fp8_delayed &&
+    ! timeout 300 "${pypkg[@]}" "$peers/mlp_interleaved.py" --build build/mlp_large_fp8_delayed \
     --gemm-algorithms heuristic,autotuned --peers "$interleaved_peers" \
     --json "$work/peers_mlp_interleaved.json" >"$work/peers_mlp_interleaved.txt" 2>&1; then
     echo "mlp_interleaved failed: $(tail -2 "$work/peers_mlp_interleaved.txt")"
@@ -151,11 +162,8 @@ if [[ " $sizes " == *" large "* && " $modes " == *" fwdbwd "* ]]; then
   [[ $TE_AVAILABLE == 1 ]] && training_peers=te,compile
   for recipe in $recipes; do
     [[ $recipe == fp8_delayed || $recipe == fp8_current || $recipe == fp8_block ]] || continue
-    if ! timeout 60 "$fusec" build bench/workloads/mlp_large.fuse --recipe "$recipe" \
-      -o "build/mlp_large_$recipe" >"$work/mlp_large_build_$recipe.txt" 2>&1; then
-      echo "fusec build of mlp_large ($recipe) failed: $(tail -2 "$work/mlp_large_build_$recipe.txt")"
-      status=1
-    elif ! timeout 240 "${pypkg[@]}" "$peers/mlp_interleaved.py" --build "build/mlp_large_$recipe" \
+    if build_large "$recipe" &&
+      ! timeout 240 "${pypkg[@]}" "$peers/mlp_interleaved.py" --build "build/mlp_large_$recipe" \
       --recipe "$recipe" --mode fwdbwd --peers "$training_peers" --rounds 6 --iters 6 \
       --json "$work/peers_mlp_interleaved_fwdbwd_$recipe.json" \
       >"$work/peers_mlp_interleaved_fwdbwd_$recipe.txt" 2>&1; then
