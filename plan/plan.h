@@ -106,6 +106,10 @@ struct QuantizerPlan {
   Usages usages;
   CopyLayout columnwise_layout = CopyLayout::Transposed;
   int source_buffer = -1;
+  // A quantized input's (note "Quantized boundaries" in docs/architecture.md): its copies and
+  // scale_inv are Input buffers the caller gives; it casts nothing (source_buffer -1), is in no
+  // scale update, and its device state goes unused.
+  bool boundary = false;
   DType format() const { return spec.format; }
 };
 

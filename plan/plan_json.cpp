@@ -107,14 +107,16 @@ Json spec_json(const QuantSpec& q) {
 }
 
 Json quantizer_json(const QuantizerPlan& q) {
-  return Json{{"index", q.index},
-              {"name", q.name},
-              {"role", name(q.role)},
-              {"spec", spec_json(q.spec)},
-              {"source_buffer", q.source_buffer >= 0 ? Json(q.source_buffer) : Json(nullptr)},
-              {"rowwise", q.usages.rowwise},
-              {"columnwise", q.usages.columnwise},
-              {"columnwise_layout", name(q.columnwise_layout)}};
+  Json j{{"index", q.index},
+         {"name", q.name},
+         {"role", name(q.role)},
+         {"spec", spec_json(q.spec)},
+         {"source_buffer", q.source_buffer >= 0 ? Json(q.source_buffer) : Json(nullptr)},
+         {"rowwise", q.usages.rowwise},
+         {"columnwise", q.usages.columnwise},
+         {"columnwise_layout", name(q.columnwise_layout)}};
+  if (q.boundary) j["boundary"] = true;  // absent otherwise: plans without one keep their bytes
+  return j;
 }
 
 Json param_json(const SequencePlan& s, const ParamBinding& p) {

@@ -222,6 +222,7 @@ QuantizerPlan read_quantizer(const Json& j, const std::string& path) {
   q.usages.rowwise = get<bool>(j, path, "rowwise");
   q.usages.columnwise = get<bool>(j, path, "columnwise");
   q.columnwise_layout = enum_field<CopyLayout>(j, path, "columnwise_layout");
+  if (j.contains("boundary")) q.boundary = get<bool>(j, path, "boundary");
   return q;
 }
 

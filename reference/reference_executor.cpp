@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -49,6 +50,18 @@ struct ReferenceExecutor<T>::State : ReferenceContext<T> {
   ReferenceOptions options;
   std::vector<std::string> param_names;
   bool has_forward = false;
+  // Note "Quantized boundaries": the quantized input's copies (set_quantized_input), and whether
+  // the last forward was a training one (an inference forward makes no column-wise output copy).
+  std::optional<QuantizedTensor> quantized_input;
+  bool last_forward_training = false;
+
+  // The boundary's scales as the sequence's spec gives them, and its logical matrix.
+  ScaleLayout boundary_layout(const ir::QuantizerDecl& q) const {
+    if (q.spec.per_tensor()) return ScaleLayout::Tensor;
+    return q.spec.scaling == plan::ScalingKind::Block2D ? ScaleLayout::Block2D
+                                                        : ScaleLayout::Block1D;
+  }
+  void load_quantized_input();
 
   ir::DType dtype(ir::ValueId id) const { return this->seq.value(id).type.dtype; }
   void run_op(const ir::Operation& op);
@@ -268,6 +281,10 @@ std::vector<Tensor<T>> ReferenceExecutor<T>::forward(const std::vector<Tensor<T>
                                      s.seq.inputs.size(), inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ir::ValueId id = s.seq.inputs[i];
+    if (i == 0 && s.seq.quantized_input) {
+      s.load_quantized_input();
+      continue;
+    }
     if (inputs[i].shape != s.shapes[id] ||
         inputs[i].data.size() != Tensor<T>::zeros(s.shapes[id]).data.size())
       throw ReferenceError(fmt::format("input '{}' of sequence '{}' has the wrong shape",
@@ -277,9 +294,120 @@ std::vector<Tensor<T>> ReferenceExecutor<T>::forward(const std::vector<Tensor<T>
   for (const ir::Operation& op : s.seq.ops)
     if (op.phase == ir::Phase::Forward) s.run_top(op);
   s.has_forward = true;
+  s.last_forward_training = s.training;
   std::vector<Tensor<T>> outputs;
   for (const ir::SequenceOutput& o : s.seq.outputs) outputs.push_back(s.values[o.value]);
+  if (s.seq.quantized_output) {
+    const QuantizedTensor q = quantized_output();
+    const std::vector<float> decoded = dequantize_tensor(q);
+    std::copy(decoded.begin(), decoded.end(), outputs[0].data.begin());
+  }
   return outputs;
+}
+
+// Note "Quantized boundaries" (docs/architecture.md): the input's row-wise copy and its
+// column-wise one become the FP8 values the linears read, as a cast would have left them (codes
+// as numbers with their scale_inv, or the block copies with their grids).
+template <typename T>
+void ReferenceExecutor<T>::State::load_quantized_input() {
+  if (!quantized_input)
+    throw ReferenceError(
+        fmt::format("input '{}' of sequence '{}' is quantized: give its copies "
+                    "with set_quantized_input() before forward",
+                    this->seq.value(this->seq.inputs[0]).name, this->seq.name));
+  const QuantizedTensor& q = *quantized_input;
+  const ir::ValueId in = this->seq.inputs[0];
+  const ir::ValueId col = this->seq.quantized_input->columnwise;
+  const ir::QuantizerDecl& decl = this->seq.quantizers.at(size_t(this->seq.value(in).quantizer));
+  const bool two_d = q.scales == ScaleLayout::Block2D;
+  auto load = [&](ir::ValueId v, const std::vector<uint8_t>& bits, const std::vector<float>& grid,
+                  int64_t rows, int64_t cols) {
+    Tensor<T>& t = this->values[v];
+    t = this->zeros_like(v);
+    for (size_t i = 0; i < bits.size(); ++i) t.data[i] = T(fp8_to_float(bits[i], q.format));
+    if (q.scales == ScaleLayout::Tensor) {
+      this->scale_inv[v] = q.scale_inv.at(0);
+      return;
+    }
+    BlockQuantizedCopy copy;
+    copy.rows = rows;
+    copy.cols = cols;
+    copy.data = bits;
+    copy.scale_inv = grid;
+    this->block_scaled[v] = {std::move(copy), two_d};
+  };
+  load(in, q.rowwise, q.scale_inv, q.rows, q.cols);
+  if (col != ir::kNoValue && decl.usages.columnwise) {
+    load(col, q.columnwise, q.columnwise_scale_inv, q.cols, q.rows);
+    this->transposed[col] = decl.columnwise_layout == plan::CopyLayout::Transposed;
+  }
+}
+
+template <typename T>
+void ReferenceExecutor<T>::set_quantized_input(const QuantizedTensor& q) {
+  State& s = *state_;
+  if (!s.seq.quantized_input)
+    throw ReferenceError(fmt::format("sequence '{}' has no quantized input", s.seq.name));
+  const ir::ValueId in = s.seq.inputs[0];
+  const std::string& name = s.seq.value(in).name;
+  const int quantizer = s.seq.value(in).quantizer;
+  OPFUSE_ASSERT(quantizer >= 0, "the quantized input '{}' was not planned", name);
+  const ir::QuantizerDecl& decl = s.seq.quantizers.at(size_t(quantizer));
+  const std::vector<int64_t>& shape = s.shapes[in];
+  int64_t elements = 1;
+  for (int64_t d : shape) elements *= d;
+  const int64_t cols = shape.back(), rows = elements / cols;
+  const Fp8Format format = decl.format() == ir::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  std::string problem = quantized_tensor_problem(q);
+  if (problem.empty() && (q.rows != rows || q.cols != cols))
+    problem = fmt::format("it is [{}, {}], the input [{}, {}]", q.rows, q.cols, rows, cols);
+  if (problem.empty() && q.format != format) problem = "its format is not the input's";
+  if (problem.empty() && q.scales != s.boundary_layout(decl))
+    problem = fmt::format("its scales are {}, the input's {}", scale_layout_name(q.scales),
+                          scale_layout_name(s.boundary_layout(decl)));
+  if (problem.empty() && q.rowwise.empty()) problem = "it has no row-wise copy";
+  if (problem.empty() && decl.usages.columnwise && q.columnwise.empty())
+    problem = "it has no column-wise copy";
+  if (!problem.empty())
+    throw ReferenceError(
+        fmt::format("quantized input '{}' of sequence '{}': {}", name, s.seq.name, problem));
+  s.quantized_input = q;
+}
+
+template <typename T>
+QuantizedTensor ReferenceExecutor<T>::quantized_output() const {
+  const State& s = *state_;
+  if (!s.seq.quantized_output)
+    throw ReferenceError(fmt::format("sequence '{}' has no quantized output", s.seq.name));
+  if (!s.has_forward && s.values[s.seq.outputs[0].value].data.empty())
+    throw ReferenceError(fmt::format("quantized output '{}' of sequence '{}' before a forward",
+                                     s.seq.outputs[0].name, s.seq.name));
+  const ir::ValueId row = s.seq.outputs[0].value;
+  const ir::ValueId col = s.seq.quantized_output->columnwise;
+  const ir::QuantizerDecl& decl = s.seq.quantizers.at(size_t(s.seq.value(row).quantizer));
+  QuantizedTensor q;
+  q.format = decl.format() == ir::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  q.scales = s.boundary_layout(decl);
+  q.cols = s.shapes[row].back();
+  q.rows = int64_t(s.values[row].data.size()) / q.cols;
+  auto take = [&](ir::ValueId v, std::vector<uint8_t>& bits, std::vector<float>& grid) {
+    if (q.scales != ScaleLayout::Tensor) {
+      const BlockScaled& b = s.block_scaled.at(v);
+      bits = b.copy.data;
+      grid = b.copy.scale_inv;
+      return;
+    }
+    bits.resize(s.values[v].data.size());
+    for (size_t i = 0; i < bits.size(); ++i)
+      bits[i] = float_to_fp8(float(s.values[v].data[i]), q.format);
+    grid = {s.scale_inv[v]};
+  };
+  take(row, q.rowwise, q.scale_inv);
+  if (col != ir::kNoValue && s.last_forward_training) {
+    std::vector<float> unused;
+    take(col, q.columnwise, q.scales == ScaleLayout::Tensor ? unused : q.columnwise_scale_inv);
+  }
+  return q;
 }
 
 template <typename T>

@@ -23,6 +23,7 @@
 #include "debug/capture.h"
 #include "debug/stats.h"
 #include "ir/graph.h"
+#include "quantized_tensor.h"
 
 namespace opfuse::cpu {
 
@@ -83,8 +84,19 @@ class ReferenceExecutor {
   // to FP8 with its weight quantizer and keeps only the dequantized FP8 value.
   void params_changed();
 
-  // Runs forward; returns the outputs in signature order. Saves what backward needs.
+  // Runs forward; returns the outputs in signature order. Saves what backward needs. A quantized
+  // main input (docs/language.md, "Quantized inputs and outputs") is read from
+  // set_quantized_input() and its entry in `inputs` is ignored (it may be empty); a quantized
+  // main output is returned decoded (its row-wise copy times its scale_inv), its copies by
+  // quantized_output().
   std::vector<Tensor<T>> forward(const std::vector<Tensor<T>>& inputs);
+  // The quantized main input's copies for the next forwards (kept until set again). Throws
+  // ReferenceError when the sequence has no quantized input, or `q` has another format, scale
+  // layout or shape than the input's spec and bound shape, or lacks a copy it declares.
+  void set_quantized_input(const QuantizedTensor& q);
+  // The quantized main output's copies as the last forward made them (an inference forward
+  // makes no column-wise copy). Throws ReferenceError without one or before a forward.
+  QuantizedTensor quantized_output() const;
   // An inference forward (PyTorch's eval mode): dropout passes its input through. Backward
   // cannot follow it.
   std::vector<Tensor<T>> forward_inference(const std::vector<Tensor<T>>& inputs);

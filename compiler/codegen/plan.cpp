@@ -269,6 +269,7 @@ void SequenceBuilder::plan_quantizers() {
     q.usages = d.usages;
     q.columnwise_layout = d.columnwise_layout;
     q.source_buffer = d.source == ir::kNoValue ? -1 : buffer_of_.at(d.source);
+    q.boundary = d.boundary;
     out_.quantizers.push_back(std::move(q));
   }
 }
@@ -326,8 +327,9 @@ void SequenceBuilder::plan_buffers() {
       b.usage = columnwise ? CopyUsage::Columnwise : CopyUsage::Rowwise;
       b.layout = columnwise ? q.columnwise_layout : CopyLayout::AsIs;
       // Per-tensor specs keep the scale-inverse as the quantizer's device scalar; block specs
-      // give each copy a grid of its own (below).
-      if (q.spec.per_tensor()) b.scale_inv.quantizer = v.quantizer;
+      // give each copy a grid of its own (below). A quantized input's copies read the caller's
+      // scale_inv: one FP32 input both copies share, or each copy's grid (an input too).
+      if (q.spec.per_tensor() && !q.boundary) b.scale_inv.quantizer = v.quantizer;
     }
     if (const auto it = emulated.find(v.id); it != emulated.end()) {
       b.emulated_quantizer = it->second.first;
@@ -337,18 +339,55 @@ void SequenceBuilder::plan_buffers() {
     const bool block_scaled =
         v.quantizer >= 0 && !seq_.quantizers.at(size_t(v.quantizer)).spec.per_tensor();
     const bool transposed = b.layout == CopyLayout::Transposed;
+    const int data = b.id;
     out_.buffers.push_back(std::move(b));
     if (block_scaled) add_scale_grid(v, transposed);
+    if (block_scaled && v.kind == ir::ValueKind::Input)
+      out_.buffers.back().role = BufferRole::Input;
+    if (!block_scaled && v.quantizer >= 0 && seq_.quantizers.at(size_t(v.quantizer)).boundary) {
+      const int scale_inv = boundary_scale_inv(v.quantizer);
+      out_.buffers[size_t(data)].scale_inv.buffer = scale_inv;
+    }
   }
   auto tag = [&](ValueId v, InterfaceKind kind, const std::string& name) {
     if (v != ir::kNoValue && buffer_of_.at(v) >= 0)
       out_.buffers[size_t(buffer_of_[v])].interface.push_back({kind, name});
   };
   for (const ir::SequenceOutput& o : seq_.outputs) tag(o.value, InterfaceKind::Output, o.name);
+  // A quantized output's column-wise copy and its block grids are outputs too (note "Quantized
+  // boundaries"); a per-tensor scale_inv stays the quantizer's scalar.
+  if (const auto& q = seq_.quantized_output) {
+    const std::string& name = seq_.outputs.at(0).name;
+    tag(q->columnwise, InterfaceKind::Output, name + ".columnwise");
+    for (const auto& [v, suffix] : {std::pair{seq_.outputs[0].value, ".scale_inv"},
+                                    std::pair{q->columnwise, ".columnwise.scale_inv"}}) {
+      if (v == ir::kNoValue) continue;
+      const int grid = out_.buffers[size_t(buffer_of_.at(v))].scale_inv.buffer;
+      if (grid >= 0)
+        out_.buffers[size_t(grid)].interface.push_back({InterfaceKind::Output, name + suffix});
+    }
+  }
   for (size_t i = 0; i < seq_.input_grads.size() && i < seq_.inputs.size(); ++i)
     tag(seq_.input_grads[i], InterfaceKind::InputGrad, seq_.value(seq_.inputs[i]).name);
   for (size_t i = 0; i < seq_.param_grads.size() && i < seq_.params.size(); ++i)
     tag(seq_.param_grads[i], InterfaceKind::ParamGrad, seq_.value(seq_.params[i]).name);
+}
+
+// Note "Quantized boundaries" (docs/architecture.md): the FP32 scale_inv a quantized input's two
+// per-tensor copies share, an input buffer "<input>.scale_inv" made with the first of them.
+int SequenceBuilder::boundary_scale_inv(int quantizer) {
+  const std::string name = "%" + seq_.quantizers.at(size_t(quantizer)).name + ".scale_inv";
+  for (const Buffer& b : out_.buffers)
+    if (b.name == name && b.role == BufferRole::Input) return b.id;
+  Buffer s;
+  s.id = int(out_.buffers.size());
+  s.name = name;
+  s.role = BufferRole::Input;
+  s.dtype = DType::FP32;
+  s.shape = {SymExpr(1)};
+  s.bytes = SymExpr(4);
+  out_.buffers.push_back(std::move(s));
+  return out_.buffers.back().id;
 }
 
 // Note "Block scale grids" (runtime/cpu/block_quantization.h): the scale_inv grid of a
@@ -388,7 +427,8 @@ void SequenceBuilder::add_scale_grid(const ir::Value& v, bool transposed) {
 void SequenceBuilder::add_scale_update() {
   std::vector<int> records;
   for (size_t i = 0; i < seq_.quantizers.size(); ++i)
-    if (seq_.quantizers[i].spec.delayed()) records.push_back(int(i));
+    if (seq_.quantizers[i].spec.delayed() && !seq_.quantizers[i].boundary)
+      records.push_back(int(i));
   if (records.empty()) return;
   const int count = int(records.size());
   GridRule grid{"per_record", count, 1, {{"records", count}}};
@@ -402,7 +442,8 @@ void SequenceBuilder::add_scale_update() {
 // transposed FP8 copy that only backward reads (wgrad/dgrad operands) need not be computed,
 // written or allocated there; TE likewise drops columnwise usage under no_grad. A candidate from
 // add_launch() becomes the step's variant, with its own kernel (kWriteTranspose = false), unless
-// the copy is read in forward or is an interface result, or the group is a weight cast (reads
+// the copy is read in forward or is an interface result (but a quantized output's column-wise
+// copy), or the group is a weight cast (reads
 // only parameters: the executor caches its outputs across forwards, so a variant would only cost
 // a compile).
 void SequenceBuilder::add_inference_variants() {
@@ -413,6 +454,14 @@ void SequenceBuilder::add_inference_variants() {
   std::vector<bool> read_in_forward(out_.buffers.size()), interface(out_.buffers.size());
   for (const Buffer& b : out_.buffers)
     if (!b.interface.empty()) interface[size_t(root_of(b.id))] = true;
+  // A quantized output's column-wise copy (and its grid) is only for the consumer's backward:
+  // an inference forward makes none (note "Quantized boundaries" in docs/architecture.md).
+  if (seq_.quantized_output && seq_.quantized_output->columnwise != ir::kNoValue) {
+    const int copy = buffer_of_.at(seq_.quantized_output->columnwise);
+    interface[size_t(root_of(copy))] = false;
+    if (const int grid = out_.buffers[size_t(copy)].scale_inv.buffer; grid >= 0)
+      interface[size_t(root_of(grid))] = false;
+  }
   for (const Step& s : out_.steps) {
     if (s.phase != ir::Phase::Forward) continue;
     for (int id : s.reads) read_in_forward[size_t(root_of(id))] = true;
@@ -567,8 +616,8 @@ SequencePlan SequenceBuilder::build() {
   out_.capture_slots = seq_.captures;
   out_.symbols = seq_.symbols();
   out_.symbols.emplace_back(kNumSmsSymbol);
-  // The transposed FP8 copy is the last result of a column-wise cast (plan-quantization), or the
-  // result of an fp8_transpose (gather_fp8).
+  // The transposed FP8 copy is the last result of a column-wise cast (plan-quantization), the
+  // result of an fp8_transpose (gather_fp8), or a quantized input's.
   auto note_casts = [&](const ir::Operation& op) {
     if ((op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") &&
          !op.results.empty()) ||
@@ -579,6 +628,9 @@ SequencePlan SequenceBuilder::build() {
     note_casts(op);
     for (const ir::Operation& part : op.parts) note_casts(part);
   }
+  // A quantized input's column-wise copy, which the caller gives (note "Quantized boundaries").
+  if (seq_.quantized_input && seq_.quantized_input->columnwise != ir::kNoValue)
+    columnwise_.insert(seq_.quantized_input->columnwise);
   plan_buffers();
   plan_quantizers();
   auto enabled = [&](std::string_view pass) {

@@ -95,6 +95,7 @@ class SequenceBuilder {
   std::vector<std::string> quantizer_names(const Group& g) const;
   void plan_buffers();
   void add_scale_grid(const ir::Value& v, bool transposed);
+  int boundary_scale_inv(int quantizer);
   void plan_quantizers();
   void add_scale_update();
   void find_weight_cache_groups();

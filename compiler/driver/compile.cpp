@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "codegen/kernel_source.h"
 #include "debug_config/instrument.h"
 #include "driver/frontend.h"
@@ -131,6 +133,50 @@ void mark_emulated_block_scaling(ir::Program& program, const CompileOptions& opt
   }
 }
 
+// Note "Quantized boundaries" (docs/architecture.md): a quantized input is read by FP8 GEMMs
+// only, with FP8 copies. What the routing of a debug config or the target could change about that
+// is refused here, before any pass: a GEMM of a linear reading it kept in high precision or its
+// input modified, and float8 block scaling emulated (its GEMMs would read decoded copies).
+struct BoundaryProblem {
+  SourceLoc loc;
+  std::string message;
+};
+std::optional<BoundaryProblem> quantized_boundary_problem(const ir::Program& program) {
+  for (const ir::Sequence& s : program.sequences) {
+    if (!s.quantized_input && !s.quantized_output) continue;
+    const SourceLoc loc = s.quantized_input ? s.quantized_input->loc : s.quantized_output->loc;
+    if (s.emulate_block_scaling && s.recipe.kind == ir::RecipeKind::Float8BlockScaling) {
+      return BoundaryProblem{
+          loc, fmt::format("sequence '{}' has a quantized input or output under "
+                           "float8_block_scaling, which is emulated here (no block-scale GEMMs "
+                           "on the target, or the compile options ask for emulation): its GEMMs "
+                           "read decoded copies",
+                           s.name)};
+    }
+    if (!s.quantized_input || (s.quant_overrides.empty() && s.modifications.empty())) continue;
+    for (const ir::Operation& op : s.ops) {
+      if (op.kind != ir::OpKind::Linear || op.operands.empty() || op.operands[0] != s.inputs[0])
+        continue;
+      for (const ir::QuantOverride& o : s.quant_overrides) {
+        if (o.high_precision && (o.layer.empty() || o.layer == op.instance) &&
+            (!o.gemm || *o.gemm != plan::GemmRole::Dgrad))
+          return BoundaryProblem{
+              loc, fmt::format("the debug config keeps a GEMM of linear '{}' in high precision, "
+                               "but it reads the quantized input '{}' of sequence '{}'",
+                               op.instance, s.value(s.inputs[0]).name, s.name)};
+      }
+      for (const ir::TensorModification& m : s.modifications) {
+        if (m.layer == op.instance && m.tensor == ir::QuantizerRole::Input)
+          return BoundaryProblem{
+              loc, fmt::format("the debug config's feature '{}' modifies the input of linear "
+                               "'{}', which is the quantized input '{}' of sequence '{}'",
+                               m.feature, op.instance, s.value(s.inputs[0]).name, s.name)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 ir::BuildOptions build_options(const CompileOptions& options, DiagnosticEngine& diags) {
   diags.set_warnings_as_errors(options.warnings_as_errors);
   ir::BuildOptions build;
@@ -177,6 +223,15 @@ CompileResult compile_ir(ir::Program program, const SourceManager* sources, Diag
     }
   }
   mark_emulated_block_scaling(program, options, diags);
+  if (const auto problem = quantized_boundary_problem(program)) {
+    if (diags != nullptr)
+      diags->error(problem->loc, problem->message, "pass the tensor in bf16 here");
+    result.status = CompileStatus::UserError;
+    result.failed_stage = Stage::Passes;
+    result.error = problem->message;
+    result.program = std::move(program);
+    return result;
+  }
   if (options.print && options.print_after.count("all")) options.print("build", program);
   result.timings = manager.run(program, pass_options(options), options.print);
   result.program = std::move(program);

@@ -56,11 +56,20 @@ struct TensorTypeExpr {
   std::vector<ExprPtr> dims;
 };
 
-// `name: bf16[tokens, hidden]` in a sequence signature.
+// `quantized(rowwise, columnwise)` after a signature type (docs/language.md, "Quantized inputs
+// and outputs"): the usages as written, each with its location.
+struct QuantizedExpr {
+  SourceLoc loc;  // of the word `quantized`
+  std::vector<std::pair<std::string, SourceLoc>> usages;
+};
+
+// `name: bf16[tokens, hidden]` in a sequence signature; `name: e4m3[tokens, hidden]
+// quantized(rowwise, columnwise)` for a quantized input or output.
 struct Param {
   std::string name;
   SourceLoc loc;
   TensorTypeExpr type;
+  std::optional<QuantizedExpr> quantized;
 };
 
 // `op_name(args) [as instance]` inside a sequence body.

@@ -164,7 +164,15 @@ class Dumper {
   }
 
   void params(int depth, const char* role, const Param& param) {
-    line(depth, "{} {}: {} {}", role, param.name, type_text(param.type), at(param.loc));
+    std::string quantized;
+    if (param.quantized) {
+      quantized = " quantized(";
+      for (size_t i = 0; i < param.quantized->usages.size(); ++i)
+        quantized += (i > 0 ? ", " : "") + param.quantized->usages[i].first;
+      quantized += ")";
+    }
+    line(depth, "{} {}: {}{} {}", role, param.name, type_text(param.type), quantized,
+         at(param.loc));
   }
 
   void args(int depth, const std::vector<Arg>& list) {

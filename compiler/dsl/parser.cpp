@@ -246,6 +246,7 @@ bool Parser::parse_params(std::vector<Param>& params, std::string_view which,
     param.name = param_name;
     param.loc = name.loc;
     if (!parse_type(param.type, param_name)) return false;
+    if (at(TokenKind::Ident) && peek().text == "quantized" && !parse_quantized(param)) return false;
     if (params.size() < kMaxParamsPerSignature) {
       params.push_back(std::move(param));
     } else if (!limit_reported) {
@@ -264,6 +265,39 @@ bool Parser::parse_params(std::vector<Param>& params, std::string_view which,
                            param_name, sequence, found()));
     return false;
   }
+}
+
+// `quantized(usage, ...)` after a signature type; the builder checks the usage names.
+bool Parser::parse_quantized(Param& param) {
+  QuantizedExpr q;
+  q.loc = advance().loc;
+  if (!accept(TokenKind::LParen)) {
+    error_here(fmt::format("expected '(' after 'quantized' of parameter '{}', found {}", param.name,
+                           found()),
+               "list the copies it carries: quantized(rowwise, columnwise)");
+    return false;
+  }
+  for (;;) {
+    if (!at(TokenKind::Ident)) {
+      error_here(fmt::format("expected a usage (rowwise, columnwise) in 'quantized' of "
+                             "parameter '{}', found {}",
+                             param.name, found()),
+                 "write quantized(rowwise, columnwise)");
+      return false;
+    }
+    const Token& usage = advance();
+    q.usages.emplace_back(std::string(usage.text), usage.loc);
+    if (accept(TokenKind::Comma)) {
+      if (accept(TokenKind::RParen)) break;
+      continue;
+    }
+    if (accept(TokenKind::RParen)) break;
+    error_here(fmt::format("expected ',' or ')' after a usage of parameter '{}', found {}",
+                           param.name, found()));
+    return false;
+  }
+  param.quantized = std::move(q);
+  return true;
 }
 
 bool Parser::parse_type(TensorTypeExpr& type, const std::string& param) {

@@ -128,6 +128,8 @@ class Parser {
                     const std::string& sequence);
 
   bool parse_type(TensorTypeExpr& type, const std::string& param);
+  // At the word `quantized` after a signature type; consumes through the ')'.
+  bool parse_quantized(Param& param);
 
   // The '(' is consumed; consumes through the ')'.
   bool parse_args(std::vector<Arg>& args, std::string_view callee);

@@ -74,6 +74,7 @@ std::optional<Program> Builder::run(const std::vector<const dsl::Module*>& modul
       if (const auto* s = std::get_if<dsl::SequenceDecl>(&d)) build_sequence(*s);
     }
   }
+  check_quantized_pairs();
   if (diags_.has_errors()) return std::nullopt;
   return std::move(program_);
 }

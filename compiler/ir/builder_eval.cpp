@@ -265,10 +265,21 @@ const Expr* Builder::find_symbol(const Expr& e) const {
   return nullptr;
 }
 
-std::optional<TensorType> Builder::eval_type(const dsl::TensorTypeExpr& t) {
-  auto dtype = parse_user_dtype(t.dtype);
+std::optional<TensorType> Builder::eval_type(const dsl::TensorTypeExpr& t, bool quantized) {
+  auto dtype = quantized ? std::optional<DType>(DType::BF16) : parse_user_dtype(t.dtype);
   bool ok = true;
-  if (!dtype) {
+  const bool fp8 = t.dtype == "e4m3" || t.dtype == "e5m2";
+  if (quantized && !fp8) {
+    diags_.error(t.loc,
+                 fmt::format("a quantized tensor is declared in its FP8 format, not '{}'", t.dtype),
+                 "write e4m3[...] quantized(...)");
+    ok = false;
+  } else if (!dtype && fp8) {
+    diags_.error(t.loc,
+                 fmt::format("an FP8 tensor ({}) in a signature must say its copies", t.dtype),
+                 fmt::format("write {}[...] quantized(rowwise, columnwise)", t.dtype));
+    ok = false;
+  } else if (!dtype) {
     diags_.error(t.loc, fmt::format("unknown element type '{}'", t.dtype),
                  "sequence inputs and outputs are bf16, fp16 or fp32");
     ok = false;

@@ -1,7 +1,8 @@
 // Internal to the IR builder: the Builder class that builder.cpp (declarations, constants, the
 // two-pass run), builder_eval.cpp (constant expressions, dimensions, types), builder_recipes.cpp
-// (recipes), builder_sequences.cpp (sequences, their inputs and outputs) and builder_ops.cpp (op
-// statements: attributes, shape rules, parameters) define between them.
+// (recipes), builder_sequences.cpp (sequences, their inputs and outputs), builder_quantized.cpp
+// (quantized inputs and outputs) and builder_ops.cpp (op statements: attributes, shape rules,
+// parameters) define between them.
 #pragma once
 
 #include <map>
@@ -93,7 +94,9 @@ class Builder {
   // The first name in `e` that is neither a constant nor another top-level name: a symbol.
   const Expr* find_symbol(const Expr& e) const;
 
-  std::optional<TensorType> eval_type(const dsl::TensorTypeExpr& t);
+  // A signature type; `quantized`: declared quantized(...), so its dtype word is an FP8 format and
+  // the value it gives is the dequantized bf16 tensor.
+  std::optional<TensorType> eval_type(const dsl::TensorTypeExpr& t, bool quantized = false);
 
   // ---- recipes ----------------------------------------------------------------------------------
 
@@ -130,6 +133,12 @@ class Builder {
                     int32_t producer);
 
   void build_sequence(const dsl::SequenceDecl& d);
+  // builder_quantized.cpp (docs/language.md, "Quantized inputs and outputs"): the declaration of
+  // a quantized main input or output, its checks once the body is built, and the agreement of
+  // producers and consumers of one name across the program's sequences.
+  std::optional<QuantizedBoundary> quantized_boundary(const dsl::Param& p, bool input, bool main);
+  bool check_quantized_boundaries(SequenceScope& sc, const dsl::SequenceDecl& d);
+  void check_quantized_pairs();
   // `with parallel(tp = N, sp = ...)`: sets s.parallel; false after reporting an error.
   bool parallel_option(Sequence& s, const dsl::SequenceFlag& f);
   // Appends an op the builder makes itself (the collectives around tensor-parallel linears, a

@@ -73,10 +73,14 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
   for (size_t i = 0; i < d.inputs.size(); ++i) {
     const dsl::Param& p = d.inputs[i];
     if (!check_io_name(p)) continue;
-    auto t = eval_type(p.type);
+    auto t = eval_type(p.type, p.quantized.has_value());
     if (!t) {
       ok = false;
       continue;
+    }
+    if (p.quantized) {
+      s.quantized_input = quantized_boundary(p, /*input=*/true, /*main=*/i == 0);
+      ok &= s.quantized_input.has_value();
     }
     const ValueId v = add_value(s, ValueKind::Input, *t, p.name, -1);
     s.inputs.push_back(v);
@@ -90,8 +94,12 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
       output_types.push_back(std::nullopt);
       continue;
     }
-    auto t = eval_type(p.type);
+    auto t = eval_type(p.type, p.quantized.has_value());
     if (!t) ok = false;
+    if (p.quantized) {
+      s.quantized_output = quantized_boundary(p, /*input=*/false, /*main=*/i == 0);
+      ok &= s.quantized_output.has_value();
+    }
     output_types.push_back(t);
     s.outputs.push_back(SequenceOutput{p.name, 0, p.loc});
     if (i > 0) sc.extra_outputs[p.name] = s.outputs.size() - 1;
@@ -230,6 +238,7 @@ void Builder::build_sequence(const dsl::SequenceDecl& d) {
     ok = false;
   }
   s.outputs[0].value = cur;
+  if (!check_quantized_boundaries(sc, d)) ok = false;
   for (const SequenceOutput& out : s.outputs) {
     const Layout l = sc.layouts.at(out.value);
     if (l == Layout::SplitFeatures || l == Layout::Partial) {

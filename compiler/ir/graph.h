@@ -61,7 +61,22 @@ struct QuantizerDecl {
   // (plan/gemm_caps.h), else with the source's layout.
   plan::CopyLayout columnwise_layout = plan::CopyLayout::Transposed;
   ValueId source = kNoValue;  // the high-precision value it casts
+  // A quantized input's (note "Quantized boundaries" in docs/architecture.md): the caller gives
+  // its copies and scale_inv; it casts nothing (source stays kNoValue) and keeps no state.
+  bool boundary = false;
   DType format() const { return spec.format; }
+};
+
+// A quantized main input or output (docs/language.md, "Quantized inputs and outputs"): the copies
+// it carries and where the signature declares them. Its format and scales are those the
+// sequence's recipe gives a linear's input; plan-quantization makes the copies real.
+struct QuantizedBoundary {
+  plan::Usages usages;
+  DType format = DType::E4M3;  // as declared
+  SourceLoc loc;               // of the word `quantized`
+  // Set by plan-quantization: the column-wise copy (an input value, or the output's cast's
+  // result; kNoValue without one). The row-wise copy is the input / output value itself.
+  ValueId columnwise = kNoValue;
 };
 
 // Where an override applies: the quantizers of layers whose instance name matches `layer`
@@ -119,6 +134,10 @@ struct Sequence {
   std::vector<ValueId> inputs;          // inputs[0] is the main stream; the rest are extra inputs
   std::vector<SequenceOutput> outputs;  // outputs[0] is the main stream's final value
   std::vector<ValueId> params;          // in order of creation
+  // The main input / output when declared quantized; until plan-quantization their values carry
+  // the dequantized (bf16) type, so every op and rule sees a high-precision tensor.
+  std::optional<QuantizedBoundary> quantized_input;
+  std::optional<QuantizedBoundary> quantized_output;
   std::vector<Operation> ops;
   std::vector<Value> values;  // indexed by ValueId
   Recipe recipe;

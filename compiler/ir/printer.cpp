@@ -101,6 +101,18 @@ void print_op(const Sequence& s, const Operation& op, const ValueNames& names,
   out += indent + "}\n";
 }
 
+// ` quantized(rowwise, columnwise)`, and the column-wise copy's value once planned
+// (` quantized(rowwise, columnwise = %7)`).
+std::string quantized_string(const ValueNames& names, const QuantizedBoundary& b) {
+  std::vector<std::string> usages;
+  if (b.usages.rowwise) usages.emplace_back("rowwise");
+  if (b.usages.columnwise)
+    usages.push_back(b.columnwise == kNoValue
+                         ? "columnwise"
+                         : fmt::format("columnwise = {}", names[b.columnwise]));
+  return fmt::format(" quantized({})", fmt::join(usages, ", "));
+}
+
 }  // namespace
 
 std::string print_sequence(const Sequence& s, const SourceManager* sources) {
@@ -109,12 +121,14 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
   for (size_t i = 0; i < s.inputs.size(); ++i) {
     const Value& v = s.value(s.inputs[i]);
     out += fmt::format("{}{}: {}", i ? ", " : "", names[v.id], type_string(v.type));
+    if (i == 0 && s.quantized_input) out += quantized_string(names, *s.quantized_input);
   }
   out += ") -> (";
   for (size_t i = 0; i < s.outputs.size(); ++i) {
     const Value& v = s.value(s.outputs[i].value);
     out += fmt::format("{}{} = {}: {}", i ? ", " : "", s.outputs[i].name, names[v.id],
                        type_string(v.type));
+    if (i == 0 && s.quantized_output) out += quantized_string(names, *s.quantized_output);
   }
   out += ")\n";
   // A declared recipe is printed once at the top of the program; sequences name it.
@@ -134,7 +148,8 @@ std::string print_sequence(const Sequence& s, const SourceManager* sources) {
   for (const QuantizerDecl& q : s.quantizers) {
     out += fmt::format(
         "  quantizer \"{}\": {} {} of {}{}{} {}\n", q.name, quantizer_role_name(q.role),
-        dtype_name(q.format()), names[q.source], q.usages.rowwise ? " rowwise" : "",
+        dtype_name(q.format()), q.boundary ? "the caller (boundary)" : names[q.source],
+        q.usages.rowwise ? " rowwise" : "",
         q.usages.columnwise ? fmt::format(" columnwise({})", plan::name(q.columnwise_layout)) : "",
         plan::quant_spec_string(q.spec));
   }

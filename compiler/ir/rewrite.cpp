@@ -18,6 +18,8 @@ void replace_all_uses(Sequence& seq, ValueId from, ValueId to) {
   for (Operation& op : seq.ops) replace_in(op, from, to);
   for (SequenceOutput& o : seq.outputs)
     if (o.value == from) o.value = to;
+  if (seq.quantized_output && seq.quantized_output->columnwise == from)
+    seq.quantized_output->columnwise = to;
   for (ValueId& v : seq.input_grads)
     if (v == from) v = to;
   for (ValueId& v : seq.param_grads)
@@ -66,6 +68,8 @@ void erase_ops(Sequence& seq, const std::vector<bool>& erase) {
   for (ValueId& v : seq.inputs) v = map_value(v);
   for (ValueId& v : seq.params) v = map_value(v);
   for (SequenceOutput& o : seq.outputs) o.value = map_value(o.value);
+  for (std::optional<QuantizedBoundary>* b : {&seq.quantized_input, &seq.quantized_output})
+    if (b->has_value()) (*b)->columnwise = map_value((*b)->columnwise);
   seq.values = std::move(values);
   seq.ops = std::move(ops);
 }

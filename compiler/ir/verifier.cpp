@@ -27,6 +27,14 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
     else
       defined[v] = true;
   }
+  // A quantized input's column-wise copy: an input outside the signature (plan-quantization).
+  if (s.quantized_input && s.quantized_input->columnwise != kNoValue) {
+    const ValueId v = s.quantized_input->columnwise;
+    if (v >= s.values.size() || s.values[v].kind != ValueKind::Input)
+      bad(fmt::format("the quantized input's column-wise copy {} is not an input value", v));
+    else
+      defined[v] = true;
+  }
   for (ValueId v : s.params) {
     if (v >= s.values.size() || s.values[v].kind != ValueKind::Param)
       bad(fmt::format("param {} is not a param value", v));
@@ -186,7 +194,9 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
       check_grad(s.param_grads[i], s.params[i], "param");
   }
   for (const QuantizerDecl& q : s.quantizers)
-    if (q.source >= s.values.size()) bad(fmt::format("quantizer '{}' has no source", q.name));
+    if (q.boundary ? q.source != kNoValue : q.source >= s.values.size())
+      bad(fmt::format("quantizer '{}' {}", q.name,
+                      q.boundary ? "is a quantized input's but has a source" : "has no source"));
   return problems;
 }
 

@@ -90,12 +90,17 @@ class Planner {
       const Operation& op = s_.ops[i];
       if (op.phase != Phase::Forward) continue;
       if (op.kind == OpKind::Linear) plan_linear(i);
-      if (op.kind == OpKind::Quantize) plan_quantize(i);
+      if (op.kind == OpKind::Quantize && s_.quantized_output &&
+          op.results.at(0) == s_.outputs.at(0).value) {
+        plan_quantized_output(i);
+      } else if (op.kind == OpKind::Quantize) {
+        plan_quantize(i);
+      }
     }
     std::vector<Operation> ops;
     for (size_t i = 0; i < s_.ops.size(); ++i) {
       for (Operation& cast : before_[i]) ops.push_back(std::move(cast));
-      ops.push_back(std::move(s_.ops[i]));
+      if (i != removed_) ops.push_back(std::move(s_.ops[i]));
     }
     s_.ops = std::move(ops);
     recompute_producers(s_);
@@ -284,9 +289,16 @@ class Planner {
       return op >= 0 ? s_.ops[size_t(op)].operands.at(k) : kNoValue;
     };
     const int f = int(i);
+    const bool boundary = s_.quantized_input && operand(f, 0) == s_.inputs.at(0);
+    OPFUSE_ASSERT(!boundary || (fp8_fprop && (wgrad < 0 || fp8_wgrad)),
+                  "linear '{}' reads a quantized input in high precision (the compile driver "
+                  "refuses such routing)",
+                  fprop.instance);
     const auto [xq, xq_t] =
-        add_casts(fprop, QuantizerRole::Input, {GemmRole::Fprop, fp8_fprop, operand(f, 0), f},
-                  {GemmRole::Wgrad, fp8_wgrad, operand(wgrad, 1), wgrad});
+        boundary
+            ? quantized_input(fprop)
+            : add_casts(fprop, QuantizerRole::Input, {GemmRole::Fprop, fp8_fprop, operand(f, 0), f},
+                        {GemmRole::Wgrad, fp8_wgrad, operand(wgrad, 1), wgrad});
     const auto [wq, wq_t] =
         add_casts(fprop, QuantizerRole::Weight, {GemmRole::Fprop, fp8_fprop, operand(f, 1), f},
                   {GemmRole::Dgrad, fp8_dgrad, operand(dgrad, 1), dgrad});
@@ -302,8 +314,50 @@ class Planner {
     if (fp8_wgrad) s_.ops[size_t(wgrad)].operands = {dyq_t, xq_t};
   }
 
+  // Note "Quantized boundaries" (docs/architecture.md): the main input's copies come from the
+  // caller, so the input becomes the row-wise FP8 copy and a second input the column-wise one,
+  // both of a boundary quantizer (no cast, no state) with the spec the linear's input would
+  // have. Made once; every linear reading the input reads these copies.
+  std::pair<ValueId, ValueId> quantized_input(const Operation& linear) {
+    QuantizedBoundary& b = *s_.quantized_input;
+    const ValueId in = s_.inputs.at(0);
+    if (s_.values[in].quantizer >= 0) return {in, b.columnwise};
+    QuantizerDecl q;
+    q.name = s_.values[in].name;
+    q.role = QuantizerRole::Input;
+    q.spec = spec_for(linear.instance, QuantizerRole::Input, {});
+    q.usages = b.usages;
+    q.boundary = true;
+    const int32_t index = int32_t(s_.quantizers.size());
+    s_.quantizers.push_back(q);
+    s_.values[in].type.dtype = q.format();
+    s_.values[in].quantizer = index;
+    if (b.usages.columnwise) {
+      const TensorType type{q.format(), transposed_shape(s_.values[in].type.shape)};
+      b.columnwise = s_.add_value(ValueKind::Input, type, s_.values[in].name + ".columnwise");
+      s_.values[b.columnwise].quantizer = index;
+    }
+    return {in, b.columnwise};
+  }
+
+  // The quantize op that makes a quantized main output becomes a real cast (its copies are the
+  // output) with the spec a linear's input gets, the consumer's; the op itself goes.
+  void plan_quantized_output(size_t i) {
+    const Operation op = s_.ops[i];  // a copy: add_cast grows s_.values
+    QuantizedBoundary& b = *s_.quantized_output;
+    const plan::QuantSpec spec = spec_for(op.instance, QuantizerRole::Input, {});
+    const auto [row, col] = add_cast(op, QuantizerRole::Input, s_.outputs.at(0).name, spec,
+                                     op.operands.at(0), b.usages.rowwise, b.usages.columnwise, i);
+    OPFUSE_ASSERT(row != kNoValue, "quantized output '{}' has no row-wise copy",
+                  s_.outputs.at(0).name);
+    s_.outputs[0].value = row;
+    b.columnwise = col;
+    removed_ = i;
+    plan_quantize(i, /*forward=*/false);  // quantize(backward = true) still casts the gradient
+  }
+
   // TE's Quantize op keeps its dtype: the executor casts and dequantizes with these quantizers.
-  void plan_quantize(size_t i) {
+  void plan_quantize(size_t i, bool forward = true) {
     Operation& op = s_.ops[i];
     if (op.quantizer >= 0) return;
     auto add = [&](Operation& target, QuantizerRole role) {
@@ -316,7 +370,7 @@ class Planner {
       target.quantizer = int32_t(s_.quantizers.size());
       s_.quantizers.push_back(q);
     };
-    if (attr_bool(op.attrs, "forward")) add(op, QuantizerRole::Output);
+    if (forward && attr_bool(op.attrs, "forward")) add(op, QuantizerRole::Output);
     if (attr_bool(op.attrs, "backward")) {
       for (Operation& b : s_.ops)
         if (b.phase == Phase::Backward && b.kind == OpKind::Quantize && b.instance == op.instance)
@@ -326,6 +380,7 @@ class Planner {
 
   Sequence& s_;
   std::vector<std::vector<Operation>> before_;  // casts to insert before each op
+  size_t removed_ = ~size_t(0);                 // the quantize a quantized output's cast replaces
 };
 
 }  // namespace

@@ -158,6 +158,121 @@ class PySession {
     kept_[std::string(tensor_kind_name(t.kind)) + ":" + name] = array;  // alive while read
   }
 
+  // Note "Quantized boundaries" (docs/python.md, "Quantized tensors"): a quantized input from
+  // arrays (FP8 codes as any 8-bit dtype, FP32 scales), checked against quantized_tensors() and
+  // then as Session::set_tensor checks a view; the arrays are kept alive while read.
+  void set_quantized(const std::string& name, const InputArray& rowwise,
+                     const InputArray& scale_inv, std::optional<InputArray> columnwise,
+                     std::optional<InputArray> columnwise_scale_inv,
+                     std::optional<std::string> format, std::optional<std::string> scales,
+                     std::optional<std::vector<std::int64_t>> shape) {
+    const QuantizedTensorInfo info = quantized_info(name, TensorKind::Input, "set_quantized");
+    const std::string where = fmt::format("set_quantized('{}')", name);
+    // A producer's quantized_output() dict carries these: they must be the input's.
+    if ((format && *format != tensor_dtype_name(info.format)) ||
+        (scales && *scales != scale_layout_name(info.scales)) || (shape && *shape != info.shape)) {
+      throw UsageError(fmt::format(
+          "{}: the tensor is {} with {} scales, shape {}; the input is {} "
+          "with {} scales, shape {}",
+          where, format.value_or("?"), scales.value_or("?"),
+          shape_text(shape.value_or(std::vector<std::int64_t>{})), tensor_dtype_name(info.format),
+          scale_layout_name(info.scales), shape_text(info.shape)));
+    }
+    QuantizedTensorView view;
+    view.format = info.format;
+    view.scales = info.scales;
+    view.shape = info.shape;
+    auto codes = [&](const InputArray& a, const char* what) {
+      if (a.dtype().bits != 8 || !is_row_major(a)) {
+        throw UsageError(
+            fmt::format("{}: the {} copy must be a dense row-major array of 8-bit "
+                        "codes (uint8 or a float8 dtype)",
+                        where, what));
+      }
+      if (a.device_type() != nb::device::cuda::value || a.device_id() != device_)
+        throw UsageError(
+            fmt::format("{}: the {} copy is not on this session's CUDA device", where, what));
+      return a.data();
+    };
+    auto scale_array = [&](const InputArray& a, const char* what, std::size_t* bytes) {
+      if (a.dtype() != nb::dtype<float>() || !is_row_major(a))
+        throw UsageError(fmt::format("{}: the {} must be a dense float32 array", where, what));
+      if (a.device_type() != nb::device::cuda::value || a.device_id() != device_)
+        throw UsageError(
+            fmt::format("{}: the {} is not on this session's CUDA device", where, what));
+      *bytes = a.size() * sizeof(float);
+      return static_cast<const float*>(a.data());
+    };
+    if (array_shape(rowwise) != info.shape) {
+      throw UsageError(fmt::format("{}: the tensor is {}, the array {}", where,
+                                   shape_text(info.shape), shape_text(array_shape(rowwise))));
+    }
+    view.rowwise = codes(rowwise, "row-wise");
+    view.scale_inv = scale_array(scale_inv, "scale_inv", &view.scale_inv_bytes);
+    if (columnwise) {
+      if (columnwise->size() != rowwise.size())
+        throw UsageError(fmt::format("{}: the column-wise copy holds {} codes, the tensor {}",
+                                     where, columnwise->size(), rowwise.size()));
+      view.columnwise = codes(*columnwise, "column-wise");
+    }
+    if (columnwise_scale_inv) {
+      view.columnwise_scale_inv = scale_array(*columnwise_scale_inv, "columnwise_scale_inv",
+                                              &view.columnwise_scale_inv_bytes);
+    }
+    session_.set_tensor(name, view);
+    kept_["quantized:" + name] = rowwise;
+    kept_["quantized_scale:" + name] = scale_inv;
+    if (columnwise) kept_["quantized_columnwise:" + name] = *columnwise;
+    if (columnwise_scale_inv) kept_["quantized_columnwise_scale:" + name] = *columnwise_scale_inv;
+  }
+
+  QuantizedTensorInfo quantized_info(std::string_view name, TensorKind kind,
+                                     std::string_view call) const {
+    std::vector<std::string> names;
+    for (const QuantizedTensorInfo& info : session_.quantized_tensors()) {
+      if (info.kind != kind) continue;
+      if (info.name == name) return info;
+      names.push_back(info.name);
+    }
+    throw UsageError(
+        fmt::format("{}('{}'): sequence '{}' has no quantized {} of that name; it "
+                    "has: [{}]",
+                    call, name, session_.sequence(), kind == TensorKind::Input ? "input" : "output",
+                    fmt::join(names, ", ")));
+  }
+
+  // An output's copies and scales as DLPack views (None where absent), in a dict.
+  nb::dict quantized_output(const std::string& name) const {
+    const QuantizedTensorInfo info = quantized_info(name, TensorKind::Output, "quantized_output");
+    const QuantizedTensorView v = session_.quantized_output(name);
+    nb::dict d;
+    const auto codes = [&](const void* data, std::vector<std::size_t> shape) -> nb::object {
+      if (data == nullptr) return nb::none();
+      return nb::cast(nb::ndarray<nb::array_api>(
+          const_cast<void*>(data), shape.size(), shape.data(), nb::handle(), nullptr,
+          nb::dtype<std::uint8_t>(), nb::device::cuda::value, device_));
+    };
+    const auto grid = [&](const float* data, std::size_t entries) -> nb::object {
+      if (data == nullptr) return nb::none();
+      const std::size_t shape[1] = {entries};
+      return nb::cast(nb::ndarray<nb::array_api>(const_cast<float*>(data), 1, shape, nb::handle(),
+                                                 nullptr, nb::dtype<float>(),
+                                                 nb::device::cuda::value, device_));
+    };
+    std::vector<std::size_t> shape(info.shape.begin(), info.shape.end());
+    d["format"] = std::string(tensor_dtype_name(info.format));
+    d["scales"] = std::string(scale_layout_name(info.scales));
+    d["shape"] = info.shape;
+    d["rowwise"] = codes(v.rowwise, shape);
+    d["columnwise"] = codes(
+        v.columnwise, {static_cast<std::size_t>(info.cols), static_cast<std::size_t>(info.rows)});
+    d["scale_inv"] = grid(v.scale_inv, v.scale_inv_bytes / sizeof(float));
+    d["columnwise_scale_inv"] =
+        grid(info.scales == ScaleLayout::Tensor ? nullptr : v.columnwise_scale_inv,
+             v.columnwise_scale_inv_bytes / sizeof(float));
+    return d;
+  }
+
   // A view of session memory (an output, a gradient, an owned parameter) as a DLPack array: an
   // object with __dlpack__ and __dlpack_device__ (nb::array_api), which every consumer of the
   // protocol takes (jax.dlpack.from_dlpack takes nothing else; a bare capsule is refused).
@@ -294,6 +409,41 @@ void bind_session(nb::module_& m) {
            nb::sig("def set_tensor(self, name: str, array: opfuse._dlpack.SupportsDLPack) -> None"),
            "Gives an input, parameter or output gradient: a dense row-major CUDA array of its "
            "dtype and shape, read in place (kept alive by the session).")
+      .def(
+          "quantized_tensors",
+          [](PySession& s) {
+            nb::list out;
+            for (const QuantizedTensorInfo& i : s.get().quantized_tensors()) {
+              nb::dict d;
+              d["name"] = i.name;
+              d["kind"] = std::string(tensor_kind_name(i.kind));
+              d["format"] = std::string(tensor_dtype_name(i.format));
+              d["scales"] = std::string(scale_layout_name(i.scales));
+              d["shape"] = i.shape;
+              d["rowwise"] = i.rowwise;
+              d["columnwise"] = i.columnwise;
+              d["scale_inv_entries"] = i.scale_inv_entries;
+              d["columnwise_scale_inv_entries"] = i.columnwise_scale_inv_entries;
+              out.append(d);
+            }
+            return out;
+          },
+          "The quantized inputs and outputs under the sizes, one dict each (docs/python.md).")
+      .def("set_quantized", &PySession::set_quantized, nb::arg("name"), nb::arg("rowwise"),
+           nb::arg("scale_inv"), nb::arg("columnwise").none() = nb::none(),
+           nb::arg("columnwise_scale_inv").none() = nb::none(),
+           nb::arg("format").none() = nb::none(), nb::arg("scales").none() = nb::none(),
+           nb::arg("shape").none() = nb::none(),
+           "Gives a quantized input: its row-wise codes (8-bit CUDA array of the input's shape), "
+           "its scale_inv (float32: one value, or the row-wise grid), and for backward the "
+           "column-wise codes [cols, rows] and, under block scales, their grid. Another "
+           "session's quantized_output() dict passes as set_quantized(name, **d) (its format, "
+           "scales and shape are checked against the input's).")
+      .def("quantized_output", &PySession::quantized_output, nb::arg("name"),
+           nb::rv_policy::reference_internal,
+           "A quantized output: {'format', 'scales', 'shape', 'rowwise', 'columnwise', "
+           "'scale_inv', 'columnwise_scale_inv'}, the arrays DLPack views of the session's memory "
+           "(valid until the next forward; column-wise ones None after an inference forward).")
       .def(
           "parameters_changed", [](PySession& s) { s.get().parameters_changed(); },
           "The parameters' contents changed (an optimizer step): recast the FP8 weight copies.")

@@ -91,6 +91,18 @@ std::vector<float> decode_values(const std::vector<unsigned char>& bytes, Tensor
 
 bool gpu_available(std::string* why) { return gpu::gpu_available(why); }
 
+std::string_view scale_layout_name(ScaleLayout layout) {
+  switch (layout) {
+    case ScaleLayout::Tensor:
+      return "tensor";
+    case ScaleLayout::Block1x128:
+      return "block_1x128";
+    case ScaleLayout::Block128x128:
+      return "block_128x128";
+  }
+  return "?";
+}
+
 std::string_view tensor_dtype_name(TensorDType dtype) {
   switch (dtype) {
     case TensorDType::BF16:

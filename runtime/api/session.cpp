@@ -2,10 +2,12 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <set>
 #include <span>
 
 #include "api/debug_session.h"
 #include "api/program_impl.h"
+#include "api/quantized_boundary.h"
 #include "api/session_access.h"
 #include "api/state_file.h"
 #include "comm/bootstrap.h"
@@ -15,6 +17,7 @@
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
 #include "gpu/plan_executor.h"
+#include "gpu/pointer_check.h"
 #include "opfuse/program.h"
 #include "plan/param_init.h"
 
@@ -75,6 +78,8 @@ struct Session::Impl {
   bool bound = false;
   std::map<std::string, gpu::DeviceBuffer, std::less<>> owned;  // parameters we own
   std::map<std::string, const void*, std::less<>> given;        // set_tensor pointers
+  // Quantized inputs last given without their column-wise copy: backward() refuses to run.
+  std::set<std::string, std::less<>> without_columnwise;
   std::int64_t steps = 0;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graph_exec = nullptr;
@@ -383,11 +388,119 @@ void Session::set_tensor(std::string_view name, const void* device_ptr) {
   gpu::throw_if_faulted();
   Impl& s = *impl_;
   s.require_no_graph("set_tensor()");
+  for (const plan::QuantizerPlan& q : s.plan->quantizers) {
+    // The input itself, or one of its pieces ("h.columnwise", "h.scale_inv").
+    if (q.boundary && (q.name == name || name.starts_with(q.name + "."))) {
+      throw UsageError(
+          fmt::format("input '{}' of sequence '{}' is quantized: give its copies and "
+                      "scales as a QuantizedTensorView (quantized_tensors() says what "
+                      "it expects)",
+                      name, s.plan->name));
+    }
+  }
   s.set_everywhere(std::string(name), device_ptr);
   if (const auto it = s.owned.find(name); it != s.owned.end()) s.owned.erase(it);
   for (const gpu::TensorInfo& info : s.params()) {
     if (info.name == name) s.given.insert_or_assign(std::string(name), device_ptr);
   }
+}
+
+std::vector<QuantizedTensorInfo> Session::quantized_tensors() const {
+  impl_->require_bound("quantized_tensors()");
+  std::vector<QuantizedTensorInfo> out;
+  for (api::QuantizedBoundary& b : api::quantized_boundaries(*impl_->plan, impl_->exec().tensors()))
+    out.push_back(std::move(b.info));
+  return out;
+}
+
+// Note "Quantized boundaries" (docs/architecture.md): the view's pointers go to the input's
+// pieces, each checked as set_tensor() checks a tensor (device memory with room for it).
+void Session::set_tensor(std::string_view name, const QuantizedTensorView& view) {
+  gpu::throw_if_faulted();
+  Impl& s = *impl_;
+  s.require_bound("set_tensor()");
+  s.require_no_graph("set_tensor()");
+  const std::vector<api::QuantizedBoundary> all =
+      api::quantized_boundaries(*s.plan, s.exec().tensors());
+  const api::QuantizedBoundary* b = nullptr;
+  std::vector<std::string> names;
+  for (const api::QuantizedBoundary& candidate : all) {
+    if (candidate.info.kind != TensorKind::Input) continue;
+    names.push_back(candidate.info.name);
+    if (candidate.info.name == name) b = &candidate;
+  }
+  if (b == nullptr) {
+    throw UsageError(fmt::format(
+        "sequence '{}' has no quantized input '{}'{}", s.plan->name, name,
+        names.empty() ? std::string() : fmt::format(": it has [{}]", fmt::join(names, ", "))));
+  }
+  api::check_quantized_view(*b, view, s.plan->name);
+  // Every piece is checked before any is set, as set_tensor() checks a tensor (device memory of
+  // this GPU with room for it): a refused view changes nothing.
+  int device = 0;
+  OPFUSE_CUDA_CHECK(cudaGetDevice(&device), "reading the current device");
+  const std::vector<gpu::TensorInfo> pieces = s.exec().tensors();
+  auto check = [&](const std::string& piece, const void* pointer) {
+    if (piece.empty() || pointer == nullptr) return;
+    std::optional<std::size_t> bytes;
+    for (const gpu::TensorInfo& t : pieces)
+      if (t.name == piece && t.role == plan::BufferRole::Input) bytes = t.bytes;
+    const std::string problem = gpu::pointer_problem(gpu::pointer_facts(pointer), device, bytes);
+    if (!problem.empty()) {
+      throw UsageError(fmt::format("quantized input '{}' of sequence '{}': its {} ({}) is {}", name,
+                                   s.plan->name, piece, pointer, problem));
+    }
+  };
+  check(b->rowwise, view.rowwise);
+  check(b->scale_inv, view.scale_inv);
+  check(b->columnwise, view.columnwise);
+  check(b->columnwise_scale_inv, view.columnwise_scale_inv);
+  s.set_everywhere(b->rowwise, view.rowwise);
+  s.set_everywhere(b->scale_inv, view.scale_inv);
+  if (!b->columnwise.empty() && view.columnwise != nullptr) {
+    s.set_everywhere(b->columnwise, view.columnwise);
+    if (!b->columnwise_scale_inv.empty())
+      s.set_everywhere(b->columnwise_scale_inv, view.columnwise_scale_inv);
+    s.without_columnwise.erase(std::string(name));
+  } else if (!b->columnwise.empty()) {
+    s.without_columnwise.insert(std::string(name));
+  }
+}
+
+QuantizedTensorView Session::quantized_output(std::string_view name) const {
+  const Impl& s = *impl_;
+  s.require_bound("quantized_output()");
+  for (const api::QuantizedBoundary& b : api::quantized_boundaries(*s.plan, s.exec().tensors())) {
+    if (b.info.kind != TensorKind::Output || b.info.name != name) continue;
+    const gpu::SequenceExecutor& exec = s.exec();
+    QuantizedTensorView view;
+    view.format = b.info.format;
+    view.scales = b.info.scales;
+    view.shape = b.info.shape;
+    view.rowwise = exec.output(b.rowwise);
+    const bool columnwise = !b.columnwise.empty() && exec.outputs_from_training();
+    if (columnwise) view.columnwise = exec.output(b.columnwise);
+    const auto bytes = [](std::int64_t entries) {
+      return static_cast<std::size_t>(entries) * sizeof(float);
+    };
+    if (b.info.scales == ScaleLayout::Tensor) {
+      view.scale_inv = exec.quantizer_scale_inv(b.quantizer);
+      view.scale_inv_bytes = sizeof(float);
+      if (columnwise) {
+        view.columnwise_scale_inv = view.scale_inv;
+        view.columnwise_scale_inv_bytes = sizeof(float);
+      }
+    } else {
+      view.scale_inv = static_cast<const float*>(exec.output(b.scale_inv));
+      view.scale_inv_bytes = bytes(b.info.scale_inv_entries);
+      if (columnwise) {
+        view.columnwise_scale_inv = static_cast<const float*>(exec.output(b.columnwise_scale_inv));
+        view.columnwise_scale_inv_bytes = bytes(b.info.columnwise_scale_inv_entries);
+      }
+    }
+    return view;
+  }
+  throw UsageError(fmt::format("sequence '{}' has no quantized output '{}'", s.plan->name, name));
 }
 
 void Session::parameters_changed() {
@@ -414,6 +527,13 @@ void Session::backward(cudaStream_t stream) {
   Impl& s = *impl_;
   s.require_bound("backward()");
   s.require_no_graph("backward()");
+  if (!s.without_columnwise.empty()) {
+    throw UsageError(fmt::format(
+        "backward() of sequence '{}' reads the column-wise copy of quantized input '{}', which "
+        "its view did not carry: give a QuantizedTensorView with columnwise (a training forward "
+        "of the producer makes it)",
+        s.plan->name, *s.without_columnwise.begin()));
+  }
   s.exec().backward(stream);
   if (s.debug) s.debug->after_run(debug::RunPhase::Backward, stream);
 }

@@ -207,6 +207,9 @@ struct SequenceExecutor::Impl {
   // Note "Block summaries" (gpu/block_summaries.h): made by enable_block_summaries() only.
   std::unique_ptr<BlockSummaries> block_summaries;
   int device = 0;  // the CUDA device the executor was made on
+  // Whether the outputs are a training forward's (kept through backward, unlike
+  // training_forward_done): a quantized output's column-wise copy exists only then.
+  bool outputs_from_training = false;
   int num_sms = 0;
   const plan::GemmCaps* gemm_caps = nullptr;  // the device's row of plan/gemm_caps (bind checks)
   int first_backward = 0;  // index of the first backward step (steps.size() without backward)

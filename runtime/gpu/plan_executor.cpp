@@ -282,6 +282,7 @@ void SequenceExecutor::forward(cudaStream_t stream, RunMode mode) {
   s.require_set(0, s.first_backward, "forward");
   s.mark_all_dead(true);
   s.outputs_valid = s.grads_valid = s.training_forward_done = false;
+  s.outputs_from_training = false;
   if (mode == RunMode::Inference && s.graph_forward(stream)) {
     s.outputs_valid = true;
     return;
@@ -290,6 +291,7 @@ void SequenceExecutor::forward(cudaStream_t stream, RunMode mode) {
   s.layout = mode;
   s.run_steps(0, s.first_backward, stream, mode);
   s.outputs_valid = true;
+  s.outputs_from_training = mode == RunMode::Training;
   s.training_forward_done = mode == RunMode::Training;
 }
 
@@ -528,6 +530,18 @@ std::vector<CopySummary> SequenceExecutor::block_summaries(cudaStream_t stream) 
   }
   return impl_->block_summaries->download(stream);
 }
+
+const float* SequenceExecutor::quantizer_scale_inv(int index) const {
+  const Impl& s = *impl_;
+  if (index < 0 || index >= static_cast<int>(s.plan.quantizers.size()) || !s.quantizers ||
+      !s.plan.quantizers[static_cast<std::size_t>(index)].spec.per_tensor()) {
+    throw UsageError(
+        fmt::format("sequence '{}' has no per-tensor quantizer {}", s.plan.name, index));
+  }
+  return s.quantizers->scale_inv(index);
+}
+
+bool SequenceExecutor::outputs_from_training() const { return impl_->outputs_from_training; }
 
 std::vector<cpu::DelayedScalingState> SequenceExecutor::download_quantizers(
     cudaStream_t stream) const {

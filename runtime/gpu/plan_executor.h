@@ -213,6 +213,11 @@ class SequenceExecutor {
   // Quantizer state (plan order), copied to the host after waiting for `stream`, and replaced
   // (checkpoint load). upload throws UsageError, copying nothing, on a count/length mismatch.
   std::vector<cpu::DelayedScalingState> download_quantizers(cudaStream_t stream) const;
+  // A per-tensor quantizer's scale_inv in device memory (a quantized output's, note "Quantized
+  // boundaries" in docs/architecture.md); UsageError for another quantizer. And whether the
+  // outputs are a training forward's (an inference forward makes no column-wise copies).
+  const float* quantizer_scale_inv(int index) const;
+  bool outputs_from_training() const;
   void upload_quantizers(const std::vector<cpu::DelayedScalingState>& states, cudaStream_t stream);
 
   ExecutorMemory memory() const;

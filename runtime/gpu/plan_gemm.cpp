@@ -9,7 +9,8 @@ namespace opfuse::gpu {
 
 namespace {
 
-// The scale mode of an FP8 operand: its copy's quantizer spec decides.
+// The scale mode of an FP8 operand: its copy's quantizer spec decides (a per-tensor scale_inv in
+// a buffer is a quantized input's, note "Quantized boundaries" in docs/architecture.md).
 ScaleMode scale_mode(const plan::GemmOperand& operand, const plan::SequencePlan& plan) {
   if (operand.scale_inv.buffer < 0) return ScaleMode::Tensor;
   const int q = plan.buffers.at(static_cast<std::size_t>(operand.buffer)).quantizer;
@@ -24,6 +25,9 @@ ScaleMode scale_mode(const plan::GemmOperand& operand, const plan::SequencePlan&
       return ScaleMode::Block1D;
     case plan::ScalingKind::Block2D:
       return ScaleMode::Block2D;
+    case plan::ScalingKind::Delayed:  // a quantized input's scalar, given by the caller
+    case plan::ScalingKind::Current:
+      return ScaleMode::Tensor;
     default:
       throw UsageError(fmt::format(
           "quantizer '{}' ({}) has no GEMM scale mode on this runtime: MXFP8 and NVFP4 GEMMs need "

@@ -186,6 +186,11 @@ const WarningCase kWarningCases[] = {
     {"fp8_weights_without_fp8_recipe",
      "sequence s(x: bf16[t, 64]) -> (y: bf16[t, 64]) with fp8_weights {\n  rmsnorm(64)\n}\n",
      "1:53: {}: fp8_weights has no effect: sequence 's' uses the bf16 recipe"},
+    {"quantized_under_bf16",
+     "sequence s(h: e4m3[t, 64] quantized(rowwise, columnwise)) -> (y: bf16[t, 64]) {\n"
+     "  linear(64, 64)\n}\n",
+     "1:27: {}: the quantized input 'h' of sequence 's' passes in bf16: the sequence uses the bf16 "
+     "recipe"},
     {"extra_output_is_main_output",
      "sequence s(x: bf16[t, 64]) -> (y: bf16[t, 64], z: bf16[t, 64]) {\n"
      "  rmsnorm(64)\n  make_extra_output(z)\n}\n",

@@ -26,6 +26,7 @@ bool uses(const Operation& op, ValueId v) {
 bool used_by_interface(const Sequence& s, ValueId v) {
   for (const SequenceOutput& o : s.outputs)
     if (o.value == v) return true;
+  if (s.quantized_output && s.quantized_output->columnwise == v) return true;
   return std::find(s.input_grads.begin(), s.input_grads.end(), v) != s.input_grads.end() ||
          std::find(s.param_grads.begin(), s.param_grads.end(), v) != s.param_grads.end();
 }

@@ -57,6 +57,47 @@ struct TensorInfo {
   std::size_t bytes = 0;
 };
 
+// A quantized input or output (docs/embedding.md, "Quantized tensors"; TE's QuantizedTensor):
+// how its scale-inverses are laid out, what a bound session expects of one, and a view of one in
+// device memory.
+enum class ScaleLayout : std::uint8_t {
+  Tensor,        // one FP32 scale_inv, shared by both copies (delayed and current scaling)
+  Block1x128,    // Float8 block scaling: a grid per copy, 1 x 128 blocks along its stored rows
+  Block128x128,  // a grid per copy of 128 x 128 blocks
+};
+std::string_view scale_layout_name(ScaleLayout layout);  // "tensor", "block_1x128", ...
+
+struct QuantizedTensorInfo {
+  std::string name;                     // "h"
+  TensorKind kind = TensorKind::Input;  // Input or Output
+  TensorDType format = TensorDType::E4M3;
+  ScaleLayout scales = ScaleLayout::Tensor;
+  std::vector<std::int64_t> shape;  // the logical tensor's; its matrix is [rows, cols]:
+  std::int64_t rows = 0;            // the leading dims flattened
+  std::int64_t cols = 0;            // the last dim
+  bool rowwise = true;              // the copies it carries: row-wise [rows, cols],
+  bool columnwise = false;          // column-wise [cols, rows] (x transposed)
+  // FP32 entries of each copy's scale_inv: 1 per tensor (shared), else the grid of the stored
+  // copy, [outer, inner] with the padding cuBLASLt's block modes read past (docs/embedding.md).
+  std::int64_t scale_inv_entries = 1;
+  std::int64_t columnwise_scale_inv_entries = 0;
+  std::int64_t scale_grid[2] = {1, 1};
+  std::int64_t columnwise_scale_grid[2] = {0, 0};
+};
+
+struct QuantizedTensorView {
+  TensorDType format = TensorDType::E4M3;
+  ScaleLayout scales = ScaleLayout::Tensor;
+  std::vector<std::int64_t> shape;
+  const void* rowwise = nullptr;     // [rows, cols] FP8 codes, 16-byte aligned
+  const void* columnwise = nullptr;  // [cols, rows]; null without (a consumer's backward needs it)
+  const float* scale_inv = nullptr;  // Tensor: the one value; block: the row-wise grid
+  const float* columnwise_scale_inv = nullptr;  // block: the column-wise grid
+  // Bytes of memory behind each scale pointer (checked against what the layout needs).
+  std::size_t scale_inv_bytes = 0;
+  std::size_t columnwise_scale_inv_bytes = 0;
+};
+
 // A precision-debug config (docs/debugging.md): TE's config.yaml schema, read when the program
 // compiles (errors located in it, as CompileError), its routing resolved into plan variants that a
 // Session switches between by iteration.
@@ -312,6 +353,15 @@ class Session {
   // device memory of this GPU or managed memory, with room for the tensor from that address
   // (UsageError otherwise). Replacing a parameter invalidates the FP8 weight copies.
   void set_tensor(std::string_view name, const void* device_ptr);
+  // Quantized inputs and outputs (docs/embedding.md, "Quantized tensors"): what each one of this
+  // sequence is under the bindings; an input's copies and scales (checked against that: format,
+  // scale layout, shape, 16-byte alignment, the scale buffers' sizes; UsageError before anything
+  // runs); an output's, valid until the next forward (its per-tensor scale_inv until the next
+  // forward or step(); an inference forward makes no column-wise copy: null there). A plain
+  // set_tensor() of a quantized input is a UsageError.
+  std::vector<QuantizedTensorInfo> quantized_tensors() const;
+  void set_tensor(std::string_view name, const QuantizedTensorView& view);
+  QuantizedTensorView quantized_output(std::string_view name) const;
   // The parameters' contents changed (an optimizer step): the FP8 weight copies are recast at the
   // next forward (under `with fp8_weights` while a graph is held: now, on the graph's stream).
   void parameters_changed();

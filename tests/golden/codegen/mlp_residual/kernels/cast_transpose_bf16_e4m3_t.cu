@@ -4,15 +4,11 @@
 //
 // Used by:
 //   sequence fc1, forward:
-//     cast_fp8 "up_proj.weight" (mlp_residual.fuse:15)
+//     cast_fp8 "up_proj.weight" (mlp_residual.fuse:21)
 //     cast bf16 -> e4m3 + transposed copy
 //     quantizers: up_proj.weight (e4m3)
 //   sequence fc2, forward:
-//     cast_fp8 "down_proj.input" (mlp_residual.fuse:22)
-//     cast bf16 -> e4m3 + transposed copy
-//     quantizers: down_proj.input (e4m3)
-//   sequence fc2, forward:
-//     cast_fp8 "down_proj.weight" (mlp_residual.fuse:22)
+//     cast_fp8 "down_proj.weight" (mlp_residual.fuse:30)
 //     cast bf16 -> e4m3 + transposed copy
 //     quantizers: down_proj.weight (e4m3)
 //

@@ -4,7 +4,7 @@
 //
 // Used by:
 //   sequence fc2, backward:
-//     cast_fp8 "down_proj.grad_output" (mlp_residual.fuse:22)
+//     cast_fp8 "down_proj.grad_output" (mlp_residual.fuse:30)
 //     cast bf16 -> e5m2 + transposed copy
 //     quantizers: down_proj.grad_output (e5m2)
 //

@@ -4,8 +4,8 @@
 //
 // Used by:
 //   sequence fc1, backward, fused dact_cast:
-//     gated_activation_backward "swiglu_0" (mlp_residual.fuse:16)
-//     cast_fp8 "up_proj.grad_output" (mlp_residual.fuse:15)
+//     gated_activation_backward "swiglu_0" (mlp_residual.fuse:22)
+//     cast_fp8 "up_proj.grad_output" (mlp_residual.fuse:21)
 //     swiglu backward bf16 -> e5m2 + transposed copy
 //     quantizers: up_proj.grad_output (e5m2)
 //

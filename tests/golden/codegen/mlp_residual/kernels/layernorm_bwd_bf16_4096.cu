@@ -4,8 +4,8 @@
 //
 // Used by:
 //   sequence fc1, backward, fused norm_backward_residual:
-//     layernorm_backward "layernorm_0" (mlp_residual.fuse:14)
-//     grad_add "layernorm_0" (mlp_residual.fuse:14)
+//     layernorm_backward "layernorm_0" (mlp_residual.fuse:20)
+//     grad_add "layernorm_0" (mlp_residual.fuse:20)
 //     layernorm_backward bf16 + residual gradient + dgamma/dbeta partial sums
 //
 // Name expression (NVRTC):

@@ -4,8 +4,8 @@
 //
 // Used by:
 //   sequence fc1, forward, fused norm_cast:
-//     layernorm "layernorm_0" (mlp_residual.fuse:14)
-//     cast_fp8 "up_proj.input" (mlp_residual.fuse:15)
+//     layernorm "layernorm_0" (mlp_residual.fuse:20)
+//     cast_fp8 "up_proj.input" (mlp_residual.fuse:21)
 //     layernorm bf16 -> e4m3 + transposed copy
 //     quantizers: up_proj.input (e4m3)
 //

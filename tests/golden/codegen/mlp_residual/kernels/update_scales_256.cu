@@ -6,11 +6,11 @@
 //   sequence fc1, backward:
 //     the end-of-step scale update
 //     update every quantizer's amax history, scale and scale_inv (delayed scaling)
-//     quantizers: up_proj.input (e4m3), up_proj.weight (e4m3), up_proj.grad_output (e5m2)
+//     quantizers: up_proj.input (e4m3), up_proj.weight (e4m3), up_proj.grad_output (e5m2), h (e4m3)
 //   sequence fc2, backward:
 //     the end-of-step scale update
 //     update every quantizer's amax history, scale and scale_inv (delayed scaling)
-//     quantizers: down_proj.input (e4m3), down_proj.weight (e4m3), down_proj.grad_output (e5m2)
+//     quantizers: h (e4m3), down_proj.weight (e4m3), down_proj.grad_output (e5m2)
 //
 // Name expression (NVRTC):
 //   opfuse::update_scales<256>

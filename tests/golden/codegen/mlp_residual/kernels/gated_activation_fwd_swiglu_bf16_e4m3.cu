@@ -1,16 +1,18 @@
-// opfuse generated kernel gated_activation_fwd_swiglu_bf16_bf16
+// opfuse generated kernel gated_activation_fwd_swiglu_bf16_e4m3
 // Written by fusec from mlp_residual.fuse; `fusec build` compiles it with NVRTC through the name expression
 // below. Do not edit: change the .fuse program and rebuild.
 //
 // Used by:
-//   sequence fc1, forward:
-//     swiglu "swiglu_0" (mlp_residual.fuse:16)
-//     swiglu bf16 -> bf16
+//   sequence fc1, forward, fused activation_cast:
+//     swiglu "swiglu_0" (mlp_residual.fuse:22)
+//     cast_fp8 "h" (mlp_residual.fuse:23)
+//     swiglu bf16 -> e4m3 (inference: without the transposed copy)
+//     quantizers: h (e4m3)
 //
 // Name expression (NVRTC):
-//   opfuse::gated_activation_fwd<opfuse::pointwise_swiglu, __nv_bfloat16, __nv_bfloat16, false>
+//   opfuse::gated_activation_fwd<opfuse::pointwise_swiglu, __nv_bfloat16, __nv_fp8_e4m3, false>
 // Parameter, by value (templates/README.md):
-//   opfuse::ActivationFwdParams<__nv_bfloat16, __nv_bfloat16>
+//   opfuse::ActivationFwdParams<__nv_bfloat16, __nv_fp8_e4m3>
 #include "activation.cuh"
 
 // The pointwise op swiglu (compiler/ir/pointwise_defs.cpp), generated from its definition.
@@ -49,4 +51,4 @@ struct pointwise_swiglu {
 };
 }  // namespace opfuse
 
-template __global__ void opfuse::gated_activation_fwd<opfuse::pointwise_swiglu, __nv_bfloat16, __nv_bfloat16, false>(opfuse::ActivationFwdParams<__nv_bfloat16, __nv_bfloat16>);
+template __global__ void opfuse::gated_activation_fwd<opfuse::pointwise_swiglu, __nv_bfloat16, __nv_fp8_e4m3, false>(opfuse::ActivationFwdParams<__nv_bfloat16, __nv_fp8_e4m3>);

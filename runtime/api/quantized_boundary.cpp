@@ -1,0 +1,168 @@
+#include "api/quantized_boundary.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdint>
+
+namespace opfuse::api {
+
+namespace {
+
+TensorDType format_of(plan::DType dtype) {
+  return dtype == plan::DType::E5M2 ? TensorDType::E5M2 : TensorDType::E4M3;
+}
+
+ScaleLayout layout_of(const plan::QuantSpec& spec) {
+  if (spec.per_tensor()) return ScaleLayout::Tensor;
+  return spec.scaling == plan::ScalingKind::Block2D ? ScaleLayout::Block128x128
+                                                    : ScaleLayout::Block1x128;
+}
+
+const gpu::TensorInfo* find(const std::vector<gpu::TensorInfo>& tensors, const std::string& name,
+                            bool caller) {
+  for (const gpu::TensorInfo& t : tensors) {
+    const bool callers = t.role != plan::BufferRole::Result;
+    if (t.name == name && callers == caller && (caller || t.result_kind == "output")) return &t;
+  }
+  return nullptr;
+}
+
+// Fills the sizes of `b` from its pieces' TensorInfos.
+void size_pieces(QuantizedBoundary& b, const std::vector<gpu::TensorInfo>& tensors, bool caller) {
+  const gpu::TensorInfo* row = find(tensors, b.rowwise, caller);
+  if (row == nullptr) return;
+  b.info.shape = row->shape;
+  b.info.cols = row->shape.empty() ? 1 : row->shape.back();
+  std::int64_t elements = 1;
+  for (std::int64_t d : row->shape) elements *= d;
+  b.info.rows = b.info.cols == 0 ? 0 : elements / b.info.cols;
+  auto grid = [&](const std::string& name, std::int64_t* extents, std::int64_t* entries) {
+    const gpu::TensorInfo* g = name.empty() ? nullptr : find(tensors, name, caller);
+    if (g == nullptr) return;
+    extents[0] = g->shape.size() == 2 ? g->shape[0] : 1;
+    extents[1] = g->shape.size() == 2 ? g->shape[1] : 1;
+    *entries = extents[0] * extents[1];
+  };
+  if (b.info.scales == ScaleLayout::Tensor) {
+    b.info.scale_inv_entries = 1;
+    b.info.scale_grid[0] = b.info.scale_grid[1] = 1;
+    if (b.info.columnwise) {
+      b.info.columnwise_scale_inv_entries = 1;  // the same value
+      b.info.columnwise_scale_grid[0] = b.info.columnwise_scale_grid[1] = 1;
+    }
+    return;
+  }
+  grid(b.scale_inv, b.info.scale_grid, &b.info.scale_inv_entries);
+  grid(b.columnwise_scale_inv, b.info.columnwise_scale_grid, &b.info.columnwise_scale_inv_entries);
+}
+
+}  // namespace
+
+std::vector<QuantizedBoundary> quantized_boundaries(const plan::SequencePlan& plan,
+                                                    const std::vector<gpu::TensorInfo>& tensors) {
+  std::vector<QuantizedBoundary> out;
+  // Inputs: a boundary quantizer names the input; its copies are the input buffers it owns.
+  for (const plan::QuantizerPlan& q : plan.quantizers) {
+    if (!q.boundary) continue;
+    QuantizedBoundary b;
+    b.quantizer = q.index;
+    b.info.name = q.name;
+    b.info.kind = TensorKind::Input;
+    b.info.format = format_of(q.spec.format);
+    b.info.scales = layout_of(q.spec);
+    b.info.rowwise = q.usages.rowwise;
+    b.info.columnwise = q.usages.columnwise;
+    b.rowwise = q.name;
+    if (q.usages.columnwise) b.columnwise = q.name + ".columnwise";
+    b.scale_inv = q.name + ".scale_inv";
+    if (q.usages.columnwise && !q.spec.per_tensor())
+      b.columnwise_scale_inv = q.name + ".columnwise.scale_inv";
+    size_pieces(b, tensors, /*caller=*/true);
+    out.push_back(std::move(b));
+  }
+  // Outputs: an FP8 buffer read back as an output; its column-wise copy and grids are outputs
+  // named after it.
+  for (const plan::Buffer& buffer : plan.buffers) {
+    if (buffer.quantizer < 0 || buffer.role != plan::BufferRole::Result ||
+        buffer.usage != plan::CopyUsage::Rowwise)
+      continue;
+    for (const plan::InterfaceTag& tag : buffer.interface) {
+      if (tag.kind != plan::InterfaceKind::Output) continue;
+      const plan::QuantizerPlan& q = plan.quantizers.at(static_cast<std::size_t>(buffer.quantizer));
+      QuantizedBoundary b;
+      b.quantizer = q.index;
+      b.info.name = tag.name;
+      b.info.kind = TensorKind::Output;
+      b.info.format = format_of(q.spec.format);
+      b.info.scales = layout_of(q.spec);
+      b.info.rowwise = true;
+      b.rowwise = tag.name;
+      if (find(tensors, tag.name + ".columnwise", false) != nullptr) {
+        b.info.columnwise = true;
+        b.columnwise = tag.name + ".columnwise";
+      }
+      if (!q.spec.per_tensor()) {
+        b.scale_inv = tag.name + ".scale_inv";
+        if (b.info.columnwise) b.columnwise_scale_inv = tag.name + ".columnwise.scale_inv";
+      }
+      size_pieces(b, tensors, /*caller=*/false);
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+void check_quantized_view(const QuantizedBoundary& b, const QuantizedTensorView& view,
+                          const std::string& sequence) {
+  const QuantizedTensorInfo& info = b.info;
+  auto fail = [&](const std::string& what) {
+    throw UsageError(
+        fmt::format("quantized input '{}' of sequence '{}': {}", info.name, sequence, what));
+  };
+  if (view.format != info.format) {
+    fail(fmt::format("the view is {}, the input {}", tensor_dtype_name(view.format),
+                     tensor_dtype_name(info.format)));
+  }
+  if (view.scales != info.scales) {
+    fail(fmt::format("the view's scales are {}, the input's {} (its recipe's)",
+                     scale_layout_name(view.scales), scale_layout_name(info.scales)));
+  }
+  if (view.shape != info.shape) {
+    fail(fmt::format("the view is [{}], the input [{}] under the bound sizes",
+                     fmt::join(view.shape, ", "), fmt::join(info.shape, ", ")));
+  }
+  auto aligned = [&](const void* p, const char* what) {
+    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0)
+      fail(fmt::format("its {} pointer is not 16-byte aligned", what));
+  };
+  if (view.rowwise == nullptr) fail("its row-wise copy is null (the forward GEMM reads it)");
+  if (view.scale_inv == nullptr) fail("its scale_inv is null");
+  aligned(view.rowwise, "row-wise copy");
+  aligned(view.columnwise, "column-wise copy");
+  aligned(view.scale_inv, "scale_inv");
+  aligned(view.columnwise_scale_inv, "column-wise scale_inv");
+  const std::size_t need = static_cast<std::size_t>(info.scale_inv_entries) * sizeof(float);
+  if (view.scale_inv_bytes < need) {
+    fail(fmt::format(
+        "its scale_inv buffer holds {} bytes, the {} layout needs {} ({} FP32 "
+        "entries)",
+        view.scale_inv_bytes, scale_layout_name(info.scales), need, info.scale_inv_entries));
+  }
+  if (view.columnwise != nullptr && info.scales != ScaleLayout::Tensor) {
+    const std::size_t col_need =
+        static_cast<std::size_t>(info.columnwise_scale_inv_entries) * sizeof(float);
+    if (view.columnwise_scale_inv == nullptr) fail("its column-wise copy has no scale_inv grid");
+    if (view.columnwise_scale_inv_bytes < col_need) {
+      fail(
+          fmt::format("its column-wise scale_inv buffer holds {} bytes, the {} layout needs {} "
+                      "({} FP32 entries)",
+                      view.columnwise_scale_inv_bytes, scale_layout_name(info.scales), col_need,
+                      info.columnwise_scale_inv_entries));
+    }
+  }
+  if (view.columnwise != nullptr && !info.columnwise)
+    fail("the sequence reads no column-wise copy of it: leave columnwise null");
+}
+
+}  // namespace opfuse::api
