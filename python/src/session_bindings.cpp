@@ -249,15 +249,17 @@ class PySession {
     const auto codes = [&](const void* data, std::vector<std::size_t> shape) -> nb::object {
       if (data == nullptr) return nb::none();
       return nb::cast(nb::ndarray<nb::array_api>(
-          const_cast<void*>(data), shape.size(), shape.data(), nb::handle(), nullptr,
-          nb::dtype<std::uint8_t>(), nb::device::cuda::value, device_));
+                          const_cast<void*>(data), shape.size(), shape.data(), nb::handle(),
+                          nullptr, nb::dtype<std::uint8_t>(), nb::device::cuda::value, device_),
+                      nb::rv_policy::reference);  // no owner: valid until the next forward
     };
     const auto grid = [&](const float* data, std::size_t entries) -> nb::object {
       if (data == nullptr) return nb::none();
       const std::size_t shape[1] = {entries};
-      return nb::cast(nb::ndarray<nb::array_api>(const_cast<float*>(data), 1, shape, nb::handle(),
-                                                 nullptr, nb::dtype<float>(),
-                                                 nb::device::cuda::value, device_));
+      return nb::cast(
+          nb::ndarray<nb::array_api>(const_cast<float*>(data), 1, shape, nb::handle(), nullptr,
+                                     nb::dtype<float>(), nb::device::cuda::value, device_),
+          nb::rv_policy::reference);
     };
     std::vector<std::size_t> shape(info.shape.begin(), info.shape.end());
     d["format"] = std::string(tensor_dtype_name(info.format));

@@ -12,8 +12,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "api/session_access.h"
 #include "cpu/numerics.h"
 #include "cpu/quantized_tensor.h"
 #include "cpu/quantizer_math.h"
@@ -183,8 +185,31 @@ TEST_F(QuantizedBoundaryGpu, OutputsAreTheReferenceCopiesAndConsumersReadThem) {
   }
 }
 
-// fc1 -> fc2 through the FP8 boundary computes what the one-sequence MLP computes, bit for bit:
-// the same kernels, the same GEMMs on the same operands, over steps in which the scales move.
+// The largest difference between two bf16 tensors in units of the last place (sign changes count
+// as far apart), and how many elements differ at all.
+std::pair<int, std::size_t> ulps_apart(const std::vector<std::uint8_t>& a,
+                                       const std::vector<std::uint8_t>& b) {
+  int worst = 0;
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i + 1 < a.size() && i + 1 < b.size(); i += 2) {
+    const int x = a[i] | (a[i + 1] << 8), y = b[i] | (b[i + 1] << 8);
+    if (x == y) continue;
+    ++differ;
+    worst = std::max(worst, (x & 0x8000) != (y & 0x8000) ? 1 << 16 : std::abs(x - y));
+  }
+  return {worst, differ};
+}
+
+// fc1 -> fc2 through the FP8 boundary computes what the one-sequence MLP computes, over steps in
+// which the scales move: h's column-wise copy (kept for backward in both) and its scale_inv are the
+// whole MLP's down.input copy bit for bit, the row-wise one is its transpose under a per-tensor
+// scale, and every GEMM result agrees. The GEMMs' operands sit at other addresses in the two runs,
+// and cuBLASLt may pick another algorithm for another pointer alignment class
+// (runtime/gpu/gemm.cpp): the dgrad and wgrad GEMMs (FP32 accumulation) then differ by at most
+// one bf16 ulp at a few elements, the fprop GEMM (fast accumulation, TE's default) by more: y is
+// compared by its relative error. (Measured on an H200: bit-identical under delayed and block
+// scaling; under current scaling, algorithms differed for down's fprop.) The CPU test proves the
+// two programs equal bit for bit.
 TEST_F(QuantizedBoundaryGpu, SplitMlpEqualsWholeMlp) {
   std::mt19937_64 rng(9);
   for (const char* recipe : kRecipes) {
@@ -197,6 +222,18 @@ TEST_F(QuantizedBoundaryGpu, SplitMlpEqualsWholeMlp) {
     for (const std::string name : {"layernorm_0.weight", "layernorm_0.bias", "up.weight"})
       fc1.set_tensor(name, whole.parameter(name));
     fc2.set_tensor("down.weight", whole.parameter("down.weight"));
+    // The whole MLP's column-wise copy of down's input (saved for its wgrad) and its quantizer.
+    gpu::SequenceExecutor& whole_exec = SessionAccess::executor(whole);
+    int copy_t = -1, quantizer = -1;
+    for (const plan::Buffer& b : whole_exec.plan().buffers) {
+      if (b.quantizer >= 0 && b.usage == plan::CopyUsage::Columnwise &&
+          whole_exec.plan().quantizers.at(static_cast<std::size_t>(b.quantizer)).name ==
+              "down.input") {
+        copy_t = b.id;
+        quantizer = b.quantizer;
+      }
+    }
+    ASSERT_GE(copy_t, 0);
     for (int step = 0; step < 3; ++step) {
       SCOPED_TRACE(step);
       void* x = upload_bf16(test::random_bf16(kTokens * 256, 1.0 + step, rng));
@@ -207,20 +244,50 @@ TEST_F(QuantizedBoundaryGpu, SplitMlpEqualsWholeMlp) {
       fc2.set_tensor("dy", dy);
       whole.forward(stream_);
       fc1.forward(stream_);
-      fc2.set_tensor("h", fc1.quantized_output("h"));
+      const QuantizedTensorView h = fc1.quantized_output("h");
+      const std::size_t n = kTokens * 256;
+      const std::vector<std::uint8_t> row = bytes(h.rowwise, n), col = bytes(h.columnwise, n);
+      EXPECT_EQ(col, bytes(whole_exec.debug_buffer(copy_t), n));
+      if (h.scales == ScaleLayout::Tensor) {
+        EXPECT_EQ(floats(h.scale_inv, 1),
+                  std::vector<float>{whole_exec.download_quantizers(stream_)
+                                         .at(static_cast<std::size_t>(quantizer))
+                                         .scale_inv});
+        std::size_t transposed = 0;
+        for (std::size_t r = 0; r < kTokens; ++r)
+          for (std::size_t c = 0; c < 256; ++c)
+            transposed += row[r * 256 + c] == col[c * kTokens + r];
+        EXPECT_EQ(transposed, n);
+      } else {
+        const int grid =
+            whole_exec.plan().buffers.at(static_cast<std::size_t>(copy_t)).scale_inv.buffer;
+        const std::size_t entries =
+            static_cast<std::size_t>(info_of(fc1, "h").columnwise_scale_inv_entries);
+        EXPECT_EQ(floats(h.columnwise_scale_inv, entries),
+                  floats(whole_exec.debug_buffer(grid), entries));
+      }
+      fc2.set_tensor("h", h);
       fc2.forward(stream_);
-      EXPECT_EQ(bytes(whole.output("y"), kTokens * 128 * 2),
-                bytes(fc2.output("y"), kTokens * 128 * 2));
+      const auto close = [&](const void* a, const void* b, std::size_t n, const char* what) {
+        const auto [worst, differ] = ulps_apart(bytes(a, n * 2), bytes(b, n * 2));
+        EXPECT_LE(worst, 1) << what;
+        EXPECT_LE(differ, n / 20) << what << ": " << differ << " of " << n << " differ";
+      };
+      const std::vector<float> y_whole = test::download_bf16(whole.output("y"), kTokens * 128);
+      const std::vector<float> y_split = test::download_bf16(fc2.output("y"), kTokens * 128);
+      double err = 0, norm = 0;
+      for (std::size_t i = 0; i < y_whole.size(); ++i) {
+        err += std::pow(double(y_split[i]) - y_whole[i], 2);
+        norm += std::pow(double(y_whole[i]), 2);
+      }
+      EXPECT_LT(std::sqrt(err / norm), 1e-2) << "y";
       whole.backward(stream_);
       fc2.backward(stream_);
       fc1.set_tensor("dh", fc2.input_grad("h"));
       fc1.backward(stream_);
-      EXPECT_EQ(bytes(whole.input_grad("x"), kTokens * 256 * 2),
-                bytes(fc1.input_grad("x"), kTokens * 256 * 2));
-      EXPECT_EQ(bytes(whole.param_grad("up.weight"), 512 * 256 * 2),
-                bytes(fc1.param_grad("up.weight"), 512 * 256 * 2));
-      EXPECT_EQ(bytes(whole.param_grad("down.weight"), 128 * 256 * 2),
-                bytes(fc2.param_grad("down.weight"), 128 * 256 * 2));
+      close(whole.input_grad("x"), fc1.input_grad("x"), kTokens * 256, "dx");
+      close(whole.param_grad("up.weight"), fc1.param_grad("up.weight"), 512 * 256, "d up");
+      close(whole.param_grad("down.weight"), fc2.param_grad("down.weight"), 128 * 256, "d down");
       for (Session* s : {&whole, &fc1, &fc2}) s->step(stream_);
     }
     // An inference forward makes no column-wise copy.

@@ -594,5 +594,70 @@ sequence block(x: fp16[tokens, 256]) -> (y: fp16[tokens, 256]) uses bf16 {
         self.assertGreater(module_inference, 0)
 
 
+class QuantizedTensors(unittest.TestCase):
+    """dsl_examples/mlp_residual.fuse passes h in FP8 (docs/python.md, "Quantized tensors"): fc1's
+    quantized_output("h") is DLPack views of its copies and scale_inv, fc2.set_quantized() takes
+    them, and the split MLP's training step gives what the same ops in one session give."""
+
+    def test_the_split_mlp_passes_fp8_and_matches_the_whole_one(self) -> None:
+        tokens = 128
+        with open(os.path.join(os.path.dirname(MLP), "mlp_residual.fuse")) as f:
+            split = f.read().replace(" with fp8_weights", "").replace("28672", "1024")
+        whole = split[:split.index("sequence fc1")] + """
+sequence mlp(x: bf16[tokens, hidden], residual: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden])
+    uses fp8 {
+  layernorm(hidden, eps = 1e-5)
+  linear(hidden, ffn, bias = false) as up_proj
+  swiglu()
+  linear(ffn / 2, hidden, bias = false) as down_proj
+  add_extra_input(residual)
+}
+"""
+        stream = torch.cuda.current_stream().cuda_stream
+        program = opfuse.compile(split, name="mlp_residual.fuse")
+        fc1 = program.session("fc1", device="cuda", stream=stream, tokens=tokens)
+        fc2 = program.session("fc2", device="cuda", stream=stream, tokens=tokens)
+        one = opfuse.compile(whole, name="whole.fuse").session("mlp", device="cuda",
+                                                                stream=stream, tokens=tokens)
+        one.own_parameters(4, stream)
+        for name in ("layernorm_0.weight", "layernorm_0.bias", "up_proj.weight"):
+            fc1.set_tensor(name, one.parameter(name))
+        fc2.set_tensor("down_proj.weight", one.parameter("down_proj.weight"))
+        infos = {(i["name"], i["kind"]): i for i in fc1.quantized_tensors() + fc2.quantized_tensors()}
+        self.assertEqual(infos[("h", "output")]["format"], "e4m3")
+        self.assertEqual(infos[("h", "input")]["shape"], [tokens, 512])
+        x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+        dy = (torch.randn(tokens, HIDDEN, device="cuda") * 1e-2).bfloat16()
+        one.set_tensor("x", x)
+        one.set_tensor("residual", x)
+        one.set_tensor("dy", dy)
+        one.forward(stream)
+        one.backward(stream)
+        fc1.set_tensor("x", x)
+        fc1.forward(stream)
+        h = fc1.quantized_output("h")
+        rowwise = torch.from_dlpack(h["rowwise"])
+        self.assertEqual((rowwise.dtype, list(rowwise.shape)), (torch.uint8, [tokens, 512]))
+        self.assertEqual(list(torch.from_dlpack(h["columnwise"]).shape), [512, tokens])
+        self.assertEqual(h["scales"], "tensor")
+        fc2.set_quantized("h", **h)
+        fc2.set_tensor("residual", fc1.output("residual"))
+        fc2.set_tensor("dy", dy)
+        fc2.forward(stream)
+        fc2.backward(stream)
+        fc1.set_tensor("dh", fc2.input_grad("h"))
+        fc1.set_tensor("dresidual", fc2.input_grad("residual"))
+        fc1.backward(stream)
+        y_one, y_two = torch.from_dlpack(one.output("y")), torch.from_dlpack(fc2.output("y"))
+        self.assertLessEqual(relative_error(y_two, y_one), 1e-3)
+        dx_one, dx_two = torch.from_dlpack(one.input_grad("x")), torch.from_dlpack(fc1.input_grad("x"))
+        dres_one = torch.from_dlpack(one.input_grad("residual"))
+        self.assertLessEqual(relative_error(dx_two, dx_one.float() + dres_one.float()), 1e-2)
+        with self.assertRaisesRegex(opfuse.UsageError, "is quantized: give its copies"):
+            fc2.set_tensor("h", rowwise)
+        with self.assertRaisesRegex(opfuse.UsageError, "8-bit codes"):
+            fc2.set_quantized("h", torch.zeros(tokens, 512, device="cuda"), h["scale_inv"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
