@@ -51,7 +51,10 @@ from ._opfuse import (  # noqa: E402  (after the environment is set)
     TensorInfo,
     TensorKind,
     UsageError,
+    dequantize,
     new_parallel_id,
+    quantize,
+    quantized_tensor_info,
     reference_input,
     version,
 )
@@ -65,8 +68,8 @@ __all__ = [
     "JitError",
     "MemoryStats", "ParallelOptions", "Program", "QuantizerStatus", "ReferenceSession", "RunMode",
     "Session", "SessionOptions", "StateFileError", "StateParts", "TensorDType", "TensorInfo", "TensorKind",
-    "SupportsDLPack", "UsageError", "compile", "gpu_available", "load_build", "new_parallel_id", "reference_input",
-    "version",
+    "SupportsDLPack", "UsageError", "compile", "dequantize", "gpu_available", "load_build", "new_parallel_id",
+    "quantize", "quantized_tensor_info", "reference_input", "version",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]

@@ -57,6 +57,8 @@ void bind_types(nb::module_& m);
 void bind_program(nb::module_& m);
 void bind_session(nb::module_& m);
 void bind_reference_session(nb::module_& m);
+// quantized_bindings.cpp: quantize, dequantize, quantized_tensor_info.
+void bind_quantized(nb::module_& m);
 // bench_bindings.cpp: the private `_bench` submodule (opfuse's GEMM runner for bench/peers).
 void bind_bench(nb::module_& m);
 

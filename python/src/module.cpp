@@ -209,5 +209,6 @@ NB_MODULE(_opfuse, m) {
   py::bind_program(m);
   py::bind_session(m);
   py::bind_reference_session(m);
+  py::bind_quantized(m);
   py::bind_bench(m);
 }

@@ -321,6 +321,14 @@ OPFUSE_LAUNCH_RULE int block_summary_grid_x(long long threads) {
   return static_cast<int>(
       max_of(1, min_of(ceil_div(threads, kBlockSummaryThreads), kBlockSummaryMaxGrid)));
 }
+// Decoding a quantized tensor (quantized_tensor.cuh's dequantize): a grid-stride loop over the
+// elements, kDequantizeThreads threads per block.
+inline constexpr int kDequantizeThreads = 256;
+inline constexpr int kDequantizeMaxGrid = 4096;
+OPFUSE_LAUNCH_RULE int dequantize_grid_x(long long elements) {
+  return static_cast<int>(
+      max_of(1, min_of(ceil_div(elements, kDequantizeThreads), kDequantizeMaxGrid)));
+}
 // Block-scaled fake quantization (block_fake_quantize: the quantize op, and Float8 block scaling
 // emulated), kBlockFakeQuantizeThreads threads per block, by its blocks (kBlocks):
 //   kBlockRows (1 x 128): one warp per block of a row; grid x = ceil_div(rows *

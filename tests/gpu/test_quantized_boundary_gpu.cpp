@@ -303,6 +303,101 @@ TEST_F(QuantizedBoundaryGpu, SplitMlpEqualsWholeMlp) {
   }
 }
 
+// The entries of a stored [rows, cols] copy's scale_inv that belong to a block (note "Block scale
+// grids" in runtime/cpu/block_quantization.h: 1 x 128 grids pad the rows to a multiple of 4,
+// 128 x 128 grids the column blocks).
+std::vector<float> unpadded(const std::vector<float>& grid, ScaleLayout layout, std::int64_t rows,
+                            std::int64_t cols) {
+  if (layout == ScaleLayout::Tensor || grid.empty()) return grid;
+  const bool two_d = layout == ScaleLayout::Block128x128;
+  const std::int64_t used = two_d ? (cols + 127) / 128 : rows;
+  const std::int64_t inner = (used + 3) / 4 * 4;
+  std::vector<float> out;
+  for (std::size_t i = 0; i < grid.size(); ++i)
+    if (static_cast<std::int64_t>(i) % inner < used) out.push_back(grid[i]);
+  return out;
+}
+
+// opfuse::quantize gives cpu::quantize_tensor's copies, a consumer session takes them, and
+// opfuse::dequantize decodes them (and a producer session's) as cpu::dequantize_tensor does, bit
+// for bit after rounding to bf16: quantize -> set_tensor -> output -> dequantize, every layout.
+TEST_F(QuantizedBoundaryGpu, QuantizeAndDequantizeHelpersMatchTheReference) {
+  std::mt19937_64 rng(21);
+  const std::int64_t rows = 200, cols = 384;  // ragged blocks both ways
+  const std::vector<float> x = test::random_bf16(rows * cols, 3.0, rng);
+  void* input = upload_bf16(x);
+  float amax = 0;
+  for (float v : x) amax = std::max(amax, std::fabs(v));
+  for (const ScaleLayout layout :
+       {ScaleLayout::Tensor, ScaleLayout::Block1x128, ScaleLayout::Block128x128}) {
+    SCOPED_TRACE(std::string(scale_layout_name(layout)));
+    const QuantizedTensorInfo info = quantized_tensor_info({rows, cols}, layout);
+    QuantizedTensorBuffers into;
+    into.scales = layout;
+    into.shape = {rows, cols};
+    into.rowwise = new_array(rows * cols).data();
+    into.columnwise = new_array(rows * cols).data();
+    into.scale_inv_bytes = static_cast<std::size_t>(info.scale_inv_entries) * 4;
+    into.scale_inv = static_cast<float*>(new_array(into.scale_inv_bytes).data());
+    into.columnwise_scale_inv_bytes =
+        static_cast<std::size_t>(info.columnwise_scale_inv_entries) * 4;
+    into.columnwise_scale_inv =
+        static_cast<float*>(new_array(into.columnwise_scale_inv_bytes).data());
+    quantize(input, into, stream_);
+    const cpu::ScaleLayout cpu_layout = layout == ScaleLayout::Tensor ? cpu::ScaleLayout::Tensor
+                                        : layout == ScaleLayout::Block1x128
+                                            ? cpu::ScaleLayout::Block1D
+                                            : cpu::ScaleLayout::Block2D;
+    const float scale = cpu::compute_current_scale(amax, 448.0f, 0.0f, false).scale;
+    const cpu::QuantizedTensor want =
+        cpu::quantize_tensor(x, rows, cols, cpu::Fp8Format::E4M3, cpu_layout, true, true, scale);
+    const cpu::QuantizedTensor got = download(into.view(), info);
+    EXPECT_EQ(got.rowwise, want.rowwise);
+    EXPECT_EQ(got.columnwise, want.columnwise);
+    // The grids' padding entries belong to no block (no kernel writes them): compare the rest.
+    EXPECT_EQ(unpadded(got.scale_inv, layout, rows, cols),
+              unpadded(want.scale_inv, layout, rows, cols));
+    EXPECT_EQ(unpadded(got.columnwise_scale_inv, layout, cols, rows),
+              unpadded(want.columnwise_scale_inv, layout, cols, rows));
+    // Both copies decoded, against the reference rounded to bf16.
+    for (const bool columnwise : {false, true}) {
+      void* out = new_array(rows * cols * 2).data();
+      dequantize(into.view(), out, stream_, columnwise);
+      std::vector<float> ref = cpu::dequantize_tensor(want, columnwise);
+      if (columnwise) {  // the stored [cols, rows] layout
+        std::vector<float> stored(ref.size());
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t c = 0; c < cols; ++c) stored[c * rows + r] = ref[r * cols + c];
+        ref = std::move(stored);
+      }
+      cpu::round_to_bf16(ref);
+      EXPECT_EQ(test::download_bf16(out, rows * cols), ref)
+          << (columnwise ? "column-wise" : "row-wise");
+    }
+    // A too-small scale buffer is refused before anything runs.
+    QuantizedTensorBuffers small = into;
+    small.scale_inv_bytes = 0;
+    EXPECT_THROW(quantize(input, small, stream_), UsageError);
+    QuantizedTensorView short_view = into.view();
+    short_view.scale_inv_bytes = 2;
+    EXPECT_THROW(dequantize(short_view, new_array(rows * cols * 2).data(), stream_), UsageError);
+  }
+  // A producer session's output through dequantize.
+  const Program program = Program::compile(source_of("float8_block_scaling()"), "boundary.fuse");
+  Session q(program, "q", stream_);
+  q.bind({{"tokens", kTokens}});
+  std::mt19937_64 rng2(4);
+  const std::vector<float> xq = test::random_bf16(kTokens * 256, 1.0, rng2);
+  q.set_tensor("x", upload_bf16(xq));
+  q.forward(stream_);
+  void* out = new_array(kTokens * 256 * 2).data();
+  dequantize(q.quantized_output("h"), out, stream_);
+  std::vector<float> ref = cpu::dequantize_tensor(cpu::quantize_tensor(
+      xq, kTokens, 256, cpu::Fp8Format::E4M3, cpu::ScaleLayout::Block1D, true, false, 1.0f));
+  cpu::round_to_bf16(ref);
+  EXPECT_EQ(test::download_bf16(out, kTokens * 256), ref);
+}
+
 // Views the consumer cannot read are refused before anything runs, naming what is wrong.
 TEST_F(QuantizedBoundaryGpu, BadViewsAreUsageErrors) {
   for (const char* recipe : {kRecipes[0], kRecipes[2]}) {

@@ -658,6 +658,31 @@ sequence mlp(x: bf16[tokens, hidden], residual: bf16[tokens, hidden]) -> (y: bf1
         with self.assertRaisesRegex(opfuse.UsageError, "8-bit codes"):
             fc2.set_quantized("h", torch.zeros(tokens, 512, device="cuda"), h["scale_inv"])
 
+    def test_quantize_and_dequantize_round_trip(self) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        x = (torch.randn(200, 384, device="cuda") * 3).bfloat16()
+        for scales in ("tensor", "block_1x128", "block_128x128"):
+            info = opfuse.quantized_tensor_info([200, 384], scales)
+            self.assertEqual((info["rows"], info["cols"]), (200, 384))
+            row = torch.empty(200, 384, dtype=torch.uint8, device="cuda")
+            col = torch.empty(384, 200, dtype=torch.uint8, device="cuda")
+            scale = torch.empty(info["scale_inv_entries"], device="cuda")
+            col_scale = (torch.empty(info["columnwise_scale_inv_entries"], device="cuda")
+                         if scales != "tensor" else None)
+            opfuse.quantize(x, row, scale, col, col_scale, scales=scales, stream=stream)
+            decoded = torch.empty_like(x)
+            opfuse.dequantize(row, scale, decoded, [200, 384], scales=scales, stream=stream)
+            self.assertLessEqual(relative_error(decoded, x), 0.05, scales)
+            decoded_t = torch.empty(384, 200, dtype=torch.bfloat16, device="cuda")
+            opfuse.dequantize(col, scale if col_scale is None else col_scale, decoded_t,
+                              [200, 384], scales=scales, columnwise=True, stream=stream)
+            if scales != "block_1x128":  # the same blocks both ways: the same values
+                self.assertTrue(bits_equal(decoded_t.t().contiguous(), decoded), scales)
+            self.assertLessEqual(relative_error(decoded_t.t(), x), 0.05, scales)
+        with self.assertRaisesRegex(opfuse.UsageError, "smaller than the block_1x128 layout needs"):
+            opfuse.quantize(x, row, torch.empty(1, device="cuda"), scales="block_1x128",
+                            stream=stream)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -441,6 +441,21 @@ std::vector<TemplateCase> all_cases() {
       cases.push_back(micro_scale_case(arch, in));
       cases.push_back(block_summary_case(arch, in));
     }
+    // Decoding a quantized tensor (opfuse::dequantize, runtime-owned): both formats, every scale
+    // layout, to bf16 and fp32.
+    {
+      TemplateCase c{"dequantize_" + arch,
+                     "quantized_tensor.cuh",
+                     {},
+                     arch,
+                     launch::kSmallKernelRegisterBudget};
+      for (const char* fp8 : {"__nv_fp8_e4m3", "__nv_fp8_e5m2"})
+        for (const char* out : {"__nv_bfloat16", "float"})
+          for (const char* blocks : {"0", "1", "2"})
+            c.name_expressions.push_back(std::string("opfuse::dequantize<") + fp8 + ", " + out +
+                                         ", " + blocks + ">");
+      cases.push_back(std::move(c));
+    }
     // The transposed copy of gathered FP8 codes (gather-fp8): one kernel per format.
     cases.push_back({"fp8_transpose_" + arch,
                      "cast_transpose.cuh",

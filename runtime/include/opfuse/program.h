@@ -98,6 +98,55 @@ struct QuantizedTensorView {
   std::size_t columnwise_scale_inv_bytes = 0;
 };
 
+// Quantized tensors outside sessions (docs/embedding.md, "Quantized tensors"), for applications
+// and tests, on a stream of the current device.
+//
+// What a quantized tensor of `shape` (its matrix: the leading dims flattened, by the last) under
+// `scales` holds: rows, cols and each copy's scale_inv entries and grid extents, so that its
+// memory can be allocated (kind Input, format E4M3).
+QuantizedTensorInfo quantized_tensor_info(const std::vector<std::int64_t>& shape,
+                                          ScaleLayout scales, bool columnwise = true);
+
+// A quantized tensor's memory to be written (opfuse::quantize): the pointers of a
+// QuantizedTensorView, writable.
+struct QuantizedTensorBuffers {
+  TensorDType format = TensorDType::E4M3;
+  ScaleLayout scales = ScaleLayout::Tensor;
+  std::vector<std::int64_t> shape;
+  void* rowwise = nullptr;
+  void* columnwise = nullptr;  // null: not made
+  float* scale_inv = nullptr;
+  float* columnwise_scale_inv = nullptr;  // block layouts with a column-wise copy
+  std::size_t scale_inv_bytes = 0;
+  std::size_t columnwise_scale_inv_bytes = 0;
+  QuantizedTensorView view() const;  // the same memory, to read
+};
+
+struct QuantizeOptions {
+  // Block layouts: scales rounded down to a power of 2 (float8_block_scaling's default); one scale
+  // per tensor: current scaling's power_of_2_scale (default off). Both: the amax floor.
+  std::optional<bool> power_of_2_scale;
+  double amax_epsilon = 0.0;
+};
+
+// Quantizes `input` (bf16, `into.shape`, 16-byte aligned device memory) into `into` as a
+// sequence's final quantize() does under the matching recipe: ScaleLayout::Tensor with current
+// scaling (TE's Float8CurrentScaling: scale = 448 / amax of the tensor), the block layouts with
+// float8_block_scaling's blocks (x_block 1 or 2); the column-wise copy when into.columnwise is
+// set. E4M3 only. Compiles (through the kernel cache) and keeps one session per shape, layout
+// and options for the process; enqueued on `stream`, no host synchronization. UsageError, before
+// anything runs, for a format, shape, null or misaligned pointer or scale buffer the layout
+// cannot take.
+void quantize(const void* input, const QuantizedTensorBuffers& into, cudaStream_t stream,
+              const QuantizeOptions& options = {});
+
+// Decodes the row-wise copy of `from` (or, `columnwise`, the column-wise one, [cols, rows] as
+// stored) into `output` (bf16, 16-byte aligned): each code times its block's scale_inv in fp32,
+// rounded to bf16 (cpu::dequantize_tensor's values, bit for bit). UsageError, before anything
+// runs, for a view without that copy, a misaligned pointer or a scale buffer too small.
+void dequantize(const QuantizedTensorView& from, void* output, cudaStream_t stream,
+                bool columnwise = false);
+
 // A precision-debug config (docs/debugging.md): TE's config.yaml schema, read when the program
 // compiles (errors located in it, as CompileError), its routing resolved into plan variants that a
 // Session switches between by iteration.
