@@ -389,8 +389,10 @@ void Session::set_tensor(std::string_view name, const void* device_ptr) {
   Impl& s = *impl_;
   s.require_no_graph("set_tensor()");
   for (const plan::QuantizerPlan& q : s.plan->quantizers) {
-    // The input itself, or one of its pieces ("h.columnwise", "h.scale_inv").
-    if (q.boundary && (q.name == name || name.starts_with(q.name + "."))) {
+    // The input itself, or one of its pieces ("h.columnwise", "h.scale_inv", ...).
+    const bool piece = name == q.name + ".columnwise" || name == q.name + ".scale_inv" ||
+                       name == q.name + ".columnwise.scale_inv";
+    if (q.boundary && (q.name == name || piece)) {
       throw UsageError(
           fmt::format("input '{}' of sequence '{}' is quantized: give its copies and "
                       "scales as a QuantizedTensorView (quantized_tensors() says what "

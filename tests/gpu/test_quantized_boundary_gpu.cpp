@@ -445,7 +445,9 @@ TEST_F(QuantizedBoundaryGpu, BadViewsAreUsageErrors) {
       refused(v, "column-wise scale_inv buffer holds");
     }
     EXPECT_THROW(c.set_tensor("h", good.rowwise), UsageError);  // a quantized input needs a view
-    c.set_tensor("h", good);                                    // and the good one is taken
+    EXPECT_THROW(c.set_tensor("h.columnwise", good.columnwise), UsageError);  // and so its pieces
+    EXPECT_THROW(c.set_tensor("h.scale_inv", good.scale_inv), UsageError);
+    c.set_tensor("h", good);  // and the good one is taken
   }
 }
 
