@@ -118,6 +118,11 @@ constexpr TemplateParam kFloat8BlockSummaryParams[] = {
     {"Fp8", Kind::DType, ""},
     {"kTwoD", Kind::Bool, ""},
 };
+constexpr TemplateParam kDequantizeParams[] = {
+    {"Fp8", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kBlocks", Kind::Int, ""},
+};
 constexpr TemplateParam kMicroBlockSummaryParams[] = {
     {"Input", Kind::DType, ""}, {"kFormat", Kind::Int, ""}, {"kColumnwise", Kind::Bool, ""},
     {"kTwoD", Kind::Bool, ""},  {"kRht", Kind::Bool, ""},
@@ -179,6 +184,7 @@ constexpr std::string_view kTensorStatsFinalExample[] = {"256"};
 constexpr std::string_view kScaleUpdateExample[] = {"256"};
 constexpr std::string_view kFinishCurrentExample[] = {"32"};
 constexpr std::string_view kFloat8BlockSummaryExample[] = {"__nv_fp8_e4m3", "false"};
+constexpr std::string_view kDequantizeExample[] = {"__nv_fp8_e4m3", "__nv_bfloat16", "1"};
 constexpr std::string_view kMicroBlockSummaryExample[] = {"__nv_bfloat16", "2", "true", "false",
                                                           "true"};
 
@@ -261,6 +267,9 @@ constexpr KernelTemplate kTable[] = {
           kFloat8BlockSummaryParams, kFloat8BlockSummaryExample),
     entry("micro_block_summary", "block_summary.cuh", KernelFamily::Cast, "BlockSummaryParams",
           kMicroBlockSummaryParams, kMicroBlockSummaryExample),
+    // opfuse::dequantize (runtime/api/quantized_helpers.cpp): a quantized tensor decoded.
+    entry("dequantize", "quantized_tensor.cuh", KernelFamily::Cast, "DequantizeParams",
+          kDequantizeParams, kDequantizeExample),
     entry("constant_scale", "scale.cuh", KernelFamily::Scale, "ConstantScaleParams",
           kConstantScaleParams, kConstantScaleExample),
     // A debug config's statistics (compiler/passes/debug_instrument.h): partial records, merged.
