@@ -28,33 +28,17 @@ const gpu::TensorInfo* find(const std::vector<gpu::TensorInfo>& tensors, const s
   return nullptr;
 }
 
-// Fills the sizes of `b` from its pieces' TensorInfos.
+// Fills the sizes of `b` from its row-wise piece's bound shape: opfuse::quantized_tensor_info's,
+// the grids as codegen sizes them (note "Block scale grids").
 void size_pieces(QuantizedBoundary& b, const std::vector<gpu::TensorInfo>& tensors, bool caller) {
   const gpu::TensorInfo* row = find(tensors, b.rowwise, caller);
   if (row == nullptr) return;
-  b.info.shape = row->shape;
-  b.info.cols = row->shape.empty() ? 1 : row->shape.back();
-  std::int64_t elements = 1;
-  for (std::int64_t d : row->shape) elements *= d;
-  b.info.rows = b.info.cols == 0 ? 0 : elements / b.info.cols;
-  auto grid = [&](const std::string& name, std::int64_t* extents, std::int64_t* entries) {
-    const gpu::TensorInfo* g = name.empty() ? nullptr : find(tensors, name, caller);
-    if (g == nullptr) return;
-    extents[0] = g->shape.size() == 2 ? g->shape[0] : 1;
-    extents[1] = g->shape.size() == 2 ? g->shape[1] : 1;
-    *entries = extents[0] * extents[1];
-  };
-  if (b.info.scales == ScaleLayout::Tensor) {
-    b.info.scale_inv_entries = 1;
-    b.info.scale_grid[0] = b.info.scale_grid[1] = 1;
-    if (b.info.columnwise) {
-      b.info.columnwise_scale_inv_entries = 1;  // the same value
-      b.info.columnwise_scale_grid[0] = b.info.columnwise_scale_grid[1] = 1;
-    }
-    return;
-  }
-  grid(b.scale_inv, b.info.scale_grid, &b.info.scale_inv_entries);
-  grid(b.columnwise_scale_inv, b.info.columnwise_scale_grid, &b.info.columnwise_scale_inv_entries);
+  QuantizedTensorInfo sized = quantized_tensor_info(row->shape, b.info.scales, b.info.columnwise);
+  sized.name = std::move(b.info.name);
+  sized.kind = b.info.kind;
+  sized.format = b.info.format;
+  sized.rowwise = b.info.rowwise;
+  b.info = std::move(sized);
 }
 
 }  // namespace
