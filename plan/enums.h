@@ -13,13 +13,19 @@
 namespace opfuse::plan {
 
 // Element types of tensors (the IR's dtypes: ir/types.h aliases this one).
-// E2M1 (NVFP4's 4-bit values) is a quantizer format only, never a tensor's dtype: its codes are
-// packed two per byte (runtime/cpu/micro_scaling.h), and on Hopper a GEMM reads the decoded values.
-enum class DType : uint8_t { BF16, FP16, FP32, E4M3, E5M2, E2M1 };
+// E2M1 (NVFP4's 4-bit values) is a quantizer's format, and the dtype of an NVFP4 quantized
+// boundary's copies (note "Quantized boundaries" in docs/architecture.md), whose codes are packed
+// two per byte (runtime/cpu/micro_scaling.h; buffer_bytes below); on Hopper a GEMM reads the
+// decoded values. E8M0 (a power of 2, one byte) is only the dtype of MXFP8's block scales.
+enum class DType : uint8_t { BF16, FP16, FP32, E4M3, E5M2, E2M1, E8M0 };
 constexpr int dtype_bytes(DType t) {
   return t == DType::FP32 ? 4 : t == DType::BF16 || t == DType::FP16 ? 2 : 1;
 }
 inline bool dtype_is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
+// Bytes of `elements` values of dtype t in memory: E2M1 codes are packed two per byte.
+constexpr int64_t buffer_bytes(DType t, int64_t elements) {
+  return t == DType::E2M1 ? (elements + 1) / 2 : elements * dtype_bytes(t);
+}
 
 // Forward ops run in forward(); backward ops (made by build-backward) in backward().
 enum class Phase : uint8_t { Forward, Backward };
@@ -122,7 +128,8 @@ struct EnumNames;
   };
 
 OPFUSE_ENUM_NAMES(DType, {DType::BF16, "bf16"}, {DType::FP16, "fp16"}, {DType::FP32, "fp32"},
-                  {DType::E4M3, "e4m3"}, {DType::E5M2, "e5m2"}, {DType::E2M1, "e2m1"})
+                  {DType::E4M3, "e4m3"}, {DType::E5M2, "e5m2"}, {DType::E2M1, "e2m1"},
+                  {DType::E8M0, "e8m0"})
 OPFUSE_ENUM_NAMES(Phase, {Phase::Forward, "forward"}, {Phase::Backward, "backward"})
 OPFUSE_ENUM_NAMES(QuantizerRole, {QuantizerRole::Input, "input"}, {QuantizerRole::Weight, "weight"},
                   {QuantizerRole::GradOutput, "grad_output"}, {QuantizerRole::Output, "output"},

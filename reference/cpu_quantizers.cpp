@@ -85,15 +85,26 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
 
 std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
                               int64_t cols, bool columnwise, bool measure, BlockSummary* summary) {
+  return micro_decode(micro_quantize(quantizer, x, rows, cols, columnwise, measure, summary));
+}
+
+std::vector<float> micro_decode(const MicroCopy& copy) {
+  return copy.nvfp4 ? nvfp4_dequantize(copy.fp4) : mxfp8_dequantize(copy.fp8);
+}
+
+MicroCopy micro_quantize(Quantizer& quantizer, std::span<const float> x, int64_t rows, int64_t cols,
+                         bool columnwise, bool measure, BlockSummary* summary) {
   if (!quantizer.micro_scaled) {
     throw ReferenceError(fmt::format("quantizer '{}' is not micro-scaled", quantizer.name));
   }
   const plan::QuantSpec& spec = quantizer.micro;
+  MicroCopy out;
   if (!spec.nvfp4()) {
-    const Mxfp8Copy copy = mxfp8_quantize(x, rows, cols, quantizer.format, columnwise);
-    if (summary) *summary = summarize_mxfp8_copy(x, copy);
-    return mxfp8_dequantize(copy);
+    out.fp8 = mxfp8_quantize(x, rows, cols, quantizer.format, columnwise);
+    if (summary) *summary = summarize_mxfp8_copy(x, out.fp8);
+    return out;
   }
+  out.nvfp4 = true;
   Nvfp4Params params;
   params.columnwise = columnwise;
   params.two_d = spec.block.rows > 1;
@@ -111,9 +122,9 @@ std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, in
     ++state.measurements;
   }
   params.step = state.measurements;
-  const Nvfp4Copy copy = nvfp4_quantize(x, rows, cols, state.scale, params);
-  if (summary) *summary = summarize_nvfp4_copy(x, copy);
-  return nvfp4_dequantize(copy);
+  out.fp4 = nvfp4_quantize(x, rows, cols, state.scale, params);
+  if (summary) *summary = summarize_nvfp4_copy(x, out.fp4);
+  return out;
 }
 
 void fake_quantize(Quantizer& quantizer, std::span<float> values, int64_t cols) {

@@ -9,6 +9,7 @@
 
 #include "block_quantization.h"
 #include "block_summary.h"
+#include "micro_scaling.h"
 #include "plan/quant_spec.h"
 #include "quantizer_math.h"
 
@@ -81,6 +82,18 @@ float quantize(Quantizer& quantizer, std::span<const float> values, std::span<fl
 std::vector<float> micro_cast(Quantizer& quantizer, std::span<const float> x, int64_t rows,
                               int64_t cols, bool columnwise, bool measure,
                               BlockSummary* summary = nullptr);
+
+// One MXFP8 or NVFP4 copy as stored: micro_cast without the decode (a quantized boundary's
+// codes and scales; note "Quantized boundaries" in docs/architecture.md), and its decoded values
+// in x's orientation.
+struct MicroCopy {
+  bool nvfp4 = false;
+  Mxfp8Copy fp8;
+  Nvfp4Copy fp4;
+};
+MicroCopy micro_quantize(Quantizer& quantizer, std::span<const float> x, int64_t rows, int64_t cols,
+                         bool columnwise, bool measure, BlockSummary* summary = nullptr);
+std::vector<float> micro_decode(const MicroCopy& copy);
 
 // Ends a step: the delayed-scaling update (update_delayed); a no-op under current scaling.
 void end_step(Quantizer& quantizer);

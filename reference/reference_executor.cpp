@@ -58,8 +58,13 @@ struct ReferenceExecutor<T>::State : ReferenceContext<T> {
   // The boundary's scales as the sequence's spec gives them, and its logical matrix.
   ScaleLayout boundary_layout(const ir::QuantizerDecl& q) const {
     if (q.spec.per_tensor()) return ScaleLayout::Tensor;
+    if (q.spec.micro_scaled()) return q.spec.nvfp4() ? ScaleLayout::Nvfp4 : ScaleLayout::Mxfp8;
     return q.spec.scaling == plan::ScalingKind::Block2D ? ScaleLayout::Block2D
                                                         : ScaleLayout::Block1D;
+  }
+  // NVFP4: whether the column-wise copy a linear's weight gradient reads is Hadamard-transformed.
+  bool boundary_hadamard() const {
+    return this->seq.recipe.kind == ir::RecipeKind::Nvfp4BlockScaling && this->seq.recipe.rht;
   }
   void load_quantized_input();
 
@@ -319,6 +324,34 @@ void ReferenceExecutor<T>::State::load_quantized_input() {
   const ir::ValueId in = this->seq.inputs[0];
   const ir::ValueId col = this->seq.quantized_input->columnwise;
   const ir::QuantizerDecl& decl = this->seq.quantizers.at(size_t(this->seq.value(in).quantizer));
+  if (micro_scaled(q.scales)) {
+    // The codes as the caller gave them; the consumer's emulated casts decode them.
+    auto load_micro = [&](ir::ValueId v, bool columnwise) {
+      MicroCopy copy;
+      copy.nvfp4 = q.scales == ScaleLayout::Nvfp4;
+      if (copy.nvfp4) {
+        copy.fp4.rows = q.rows;
+        copy.fp4.cols = q.cols;
+        copy.fp4.params.columnwise = columnwise;
+        copy.fp4.params.rht = columnwise && q.hadamard;
+        copy.fp4.tensor_scale = columnwise ? q.columnwise_tensor_scale : q.tensor_scale;
+        copy.fp4.data = columnwise ? q.columnwise : q.rowwise;
+        copy.fp4.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
+      } else {
+        copy.fp8.rows = q.rows;
+        copy.fp8.cols = q.cols;
+        copy.fp8.columnwise = columnwise;
+        copy.fp8.format = q.format;
+        copy.fp8.data = columnwise ? q.columnwise : q.rowwise;
+        copy.fp8.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
+      }
+      this->values[v] = this->zeros_like(v);
+      this->micro_codes[v] = std::move(copy);
+    };
+    load_micro(in, false);
+    if (col != ir::kNoValue && decl.usages.columnwise) load_micro(col, true);
+    return;
+  }
   const bool two_d = q.scales == ScaleLayout::Block2D;
   auto load = [&](ir::ValueId v, const std::vector<uint8_t>& bits, const std::vector<float>& grid,
                   int64_t rows, int64_t cols) {
@@ -361,10 +394,15 @@ void ReferenceExecutor<T>::set_quantized_input(const QuantizedTensor& q) {
   std::string problem = quantized_tensor_problem(q);
   if (problem.empty() && (q.rows != rows || q.cols != cols))
     problem = fmt::format("it is [{}, {}], the input [{}, {}]", q.rows, q.cols, rows, cols);
-  if (problem.empty() && q.format != format) problem = "its format is not the input's";
+  if (problem.empty() && q.format != format && q.scales != ScaleLayout::Nvfp4)
+    problem = "its format is not the input's";
   if (problem.empty() && q.scales != s.boundary_layout(decl))
     problem = fmt::format("its scales are {}, the input's {}", scale_layout_name(q.scales),
                           scale_layout_name(s.boundary_layout(decl)));
+  if (problem.empty() && q.scales == ScaleLayout::Nvfp4 && !q.columnwise.empty() &&
+      q.hadamard != s.boundary_hadamard())
+    problem = s.boundary_hadamard() ? "its column-wise copy is not Hadamard-transformed"
+                                    : "its column-wise copy is Hadamard-transformed";
   if (problem.empty() && q.rowwise.empty()) problem = "it has no row-wise copy";
   if (problem.empty() && decl.usages.columnwise && q.columnwise.empty())
     problem = "it has no column-wise copy";
@@ -390,6 +428,20 @@ QuantizedTensor ReferenceExecutor<T>::quantized_output() const {
   q.scales = s.boundary_layout(decl);
   q.cols = s.shapes[row].back();
   q.rows = int64_t(s.values[row].data.size()) / q.cols;
+  if (micro_scaled(q.scales)) {
+    auto take_micro = [&](ir::ValueId v, std::vector<uint8_t>& bits, std::vector<uint8_t>& scales,
+                          float& tensor_scale) {
+      const MicroCopy& copy = s.micro_codes.at(v);
+      bits = copy.nvfp4 ? copy.fp4.data : copy.fp8.data;
+      scales = copy.nvfp4 ? copy.fp4.scales : copy.fp8.scales;
+      tensor_scale = copy.nvfp4 ? copy.fp4.tensor_scale : 1.0f;
+      if (copy.nvfp4 && copy.fp4.params.rht) q.hadamard = true;
+    };
+    take_micro(row, q.rowwise, q.block_scales, q.tensor_scale);
+    if (col != ir::kNoValue && s.last_forward_training)
+      take_micro(col, q.columnwise, q.columnwise_block_scales, q.columnwise_tensor_scale);
+    return q;
+  }
   auto take = [&](ir::ValueId v, std::vector<uint8_t>& bits, std::vector<float>& grid) {
     if (q.scales != ScaleLayout::Tensor) {
       const BlockScaled& b = s.block_scaled.at(v);

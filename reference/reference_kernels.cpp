@@ -328,14 +328,29 @@ void fp8_transpose(ReferenceContext<T>& ctx, const ir::Operation& op) {
 // NVFP4's tensor scale (a Hadamard-transformed column-wise copy has a quantizer of its own).
 // A Float8 block-scaled copy where block scaling is emulated (note "Emulated block scaling" in
 // docs/architecture.md): cpu::block_fake_quantize with the quantizer's blocks, in x's layout.
+// Note "Quantized boundaries": a quantized input's MXFP8 / NVFP4 codes are decoded (in x's
+// orientation), and a quantized output's copies keep their codes and scales (the value holds the
+// decoded values as stored, for printing; the output is read from the codes).
 template <typename T>
 void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
   const Tensor<T>& x = ctx.in(op, 0);
   Quantizer& q = ctx.quantizers.at(size_t(op.quantizer));
   const bool columnwise = ir::attr_bool(op.attrs, "columnwise");
+  if (ctx.seq.value(op.operands[0]).quantizer >= 0) {
+    const std::vector<float> y = micro_decode(ctx.micro_codes.at(op.operands[0]));
+    Tensor<T>& out = ctx.out(op, 0);
+    std::copy(y.begin(), y.end(), out.data.begin());
+    return;
+  }
   const std::vector<float> as_float(x.data.begin(), x.data.end());
   std::vector<float> y;
-  if (q.micro_scaled) {
+  if (q.micro_scaled && ctx.seq.value(op.results[0]).quantizer >= 0) {
+    const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
+    MicroCopy copy = micro_quantize(q, as_float, x.rows(), x.cols(), columnwise, measure);
+    y = micro_decode(copy);
+    if (copy.nvfp4 && columnwise) y = transpose<float>(y, x.rows(), x.cols());
+    ctx.micro_codes[op.results[0]] = std::move(copy);
+  } else if (q.micro_scaled) {
     const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
     OPFUSE_ASSERT(q.index == uint32_t(op.quantizer), "quantizer '{}' has index {}, not {}", q.name,
                   q.index, op.quantizer);

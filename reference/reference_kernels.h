@@ -36,6 +36,9 @@ struct ReferenceContext {
   std::vector<float> scale_inv;              // per value id: FP8 values' scale_inv at cast time
   std::vector<bool> transposed;              // per value id: a column-wise FP8 copy
   std::map<ir::ValueId, BlockScaled> block_scaled;  // block-scaled FP8 values: their copies
+  // MXFP8 / NVFP4 codes of quantized boundaries (note "Quantized boundaries"): the copies a
+  // quantized output's casts made, or a quantized input's caller gave.
+  std::map<ir::ValueId, MicroCopy> micro_codes;
   // Note "Block summaries": per (quantizer, column-wise) copy of a block-scaled or micro-scaled
   // quantizer, its latest cast's (the GEMM operands' casts; not the quantize op's).
   std::map<std::pair<int, bool>, BlockCopySummary> block_summaries;

@@ -15,128 +15,6 @@
 
 namespace opfuse::codegen::emitters {
 
-namespace {
-
-int micro_format(DType format) {
-  return format == DType::E2M1   ? rules::kMicroScaleE2M1
-         : format == DType::E5M2 ? rules::kMicroScaleE5M2
-                                 : rules::kMicroScaleE4M3;
-}
-
-// NVFP4's per-tensor scale of a Hadamard-transformed copy: the amax of the transformed values,
-// measured by a kernel of its own whose last block derives S_enc (no producer can measure it).
-// `copy`: the copy's buffer when only backward reads it (else -1): an inference forward, which
-// does not make the copy, does not measure for it either (an empty grid).
-void emit_rht_amax(SequenceBuilder& b, const Group& g, const ir::Operation& op, ValueId x,
-                   const SymExpr& rows, int64_t cols, int copy) {
-  if (b.measured_amax(x) == op.quantizer) return;
-  const DType in = b.value(x).type.dtype;
-  const std::string what = fmt::format(
-      "amax of the Hadamard-transformed columns of {} and the tensor scale of quantizer {} "
-      "(NVFP4)",
-      name_of(in), op.instance);
-  const std::vector<std::pair<std::string, SymExpr>> dims = {
-      {"rows", rows}, {"cols", cols}, {"rows_multiple", 16}};
-  std::optional<WithoutTranspose> none;
-  if (copy >= 0) {
-    none = WithoutTranspose{"no " + what,
-                            GridRule{"micro_scale_rht_amax", 0, 0, dims},
-                            rules::kMicroScaleThreads,
-                            0,
-                            {copy}};
-  }
-  b.add_launch(g, what, "micro_scale_rht_amax", {spell(in)},
-               GridRule{"micro_scale_rht_amax", rules::micro_scale_rht_amax_grid_x(cols),
-                        min_of(ceil_div(ceil_div(rows, 16), rules::kMicroScaleWarps),
-                               rules::kMicroScaleMaxGridY),
-                        dims},
-               rules::kMicroScaleThreads, 0,
-               {bind_in("x", b.buffer(x, op)), bind_null("codes"), bind_null("scales"),
-                bind_null("y"), bind_null("tensor_scale"), bind_null("step"),
-                bind_quantizer("amax", op.quantizer, QuantizerValue::RunningAmax),
-                bind_scale_record(op.quantizer), bind_int64("seed", 0), bind_int("stream", 0),
-                bind_int("rows", rows), bind_int("cols", cols)},
-               std::move(none));
-  b.mark_amax_measured(x, op.quantizer);
-}
-
-}  // namespace
-
-// Note "Emulated micro-scaling" (docs/architecture.md): one MXFP8 / NVFP4 copy of x quantized
-// and decoded to y (x's dtype and layout) in one pass; NVFP4 first measures its tensor scale
-// (the producer, an amax_reduce, or the Hadamard amax kernel). `columnwise_copy`: y is a copy
-// only backward reads, which an inference forward neither makes nor allocates.
-void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op, ValueId x, int y,
-                     bool columnwise, bool columnwise_copy) {
-  const ir::Value& xv = b.value(x);
-  const DType in = xv.type.dtype;
-  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(op.quantizer)).spec;
-  OPFUSE_ASSERT(spec.micro_scaled(), "'{}' is not micro-scaled", op.instance);
-  const int64_t cols = width_of(b, op, xv);
-  require_vector_width(b, op, cols, in, "micro_scale_cast");
-  const SymExpr rows = rows_of(xv);
-  const int format = micro_format(spec.format);
-  const int block = rules::micro_scale_block_size(format);
-  const bool two_d = spec.block.rows > 1;
-  const bool rht = spec.rht && columnwise;
-  if (cols % block != 0 && (!columnwise || two_d)) {
-    b.fail(op,
-           fmt::format("'{}': the row width {} is not a multiple of {}, which the blocks of "
-                       "{} need",
-                       op.instance, cols, block, plan::quant_spec_string(spec)),
-           fmt::format("pad the width to a multiple of {}", block));
-  }
-  if (spec.nvfp4()) {
-    if (rht) {
-      emit_rht_amax(b, g, op, x, rows, cols, columnwise_copy ? y : -1);
-    } else {
-      emit_current_amax(b, g, op, x, op.quantizer);
-      // The quantizer's other copy of x reuses this measurement (the CPU reference counts one
-      // measurement for both copies: stochastic rounding's step).
-      b.mark_amax_measured(x, op.quantizer);
-    }
-  }
-  const bool patches = rules::micro_scale_uses_patches(columnwise, two_d);
-  const SymExpr grid_x =
-      patches ? SymExpr(rules::micro_scale_grid_x(0, cols, format, columnwise, two_d))
-              : min_of(ceil_div(rows * (cols / block), rules::kMicroScaleThreads),
-                       rules::kMicroScaleMaxGridX);
-  const SymExpr grid_y = patches ? min_of(ceil_div(ceil_div(rows, block), rules::kMicroScaleWarps),
-                                          rules::kMicroScaleMaxGridY)
-                                 : SymExpr(1);
-  std::vector<std::pair<std::string, SymExpr>> dims = {{"rows", rows}, {"cols", cols}};
-  if (columnwise || two_d) dims.emplace_back("rows_multiple", block);  // checked at bind
-  const std::string what = fmt::format("{} {} copy of {} ({} blocks of {}{}{}{}), decoded to {}",
-                                       spec.nvfp4() ? "NVFP4" : "MXFP8",
-                                       columnwise ? "column-wise" : "row-wise", name_of(in),
-                                       two_d        ? "16x16"
-                                       : columnwise ? fmt::format("{}x1", block)
-                                                    : fmt::format("1x{}", block),
-                                       name_of(spec.format), rht ? ", Hadamard-transformed" : "",
-                                       spec.stochastic_rounding ? ", stochastic rounding" : "",
-                                       spec.nvfp4() ? ", tensor scale" : "", name_of(in));
-  std::optional<WithoutTranspose> none;
-  if (columnwise_copy) {
-    none = WithoutTranspose{"no " + what, GridRule{"micro_scale", 0, 0, dims},
-                            rules::kMicroScaleThreads, 0};
-  }
-  b.add_launch(
-      g, what, "micro_scale_cast",
-      {spell(in), spell(in), std::to_string(format), spell(columnwise), spell(two_d), spell(rht),
-       spell(spec.stochastic_rounding), spell(false)},
-      GridRule{"micro_scale", grid_x, grid_y, std::move(dims)}, rules::kMicroScaleThreads, 0,
-      {bind_in("x", b.buffer(x, op)), bind_null("codes"), bind_null("scales"),
-       columnwise_copy ? bind_copy("y", y) : bind_out("y", y),
-       spec.nvfp4() ? bind_quantizer("tensor_scale", op.quantizer, QuantizerValue::Scale)
-                    : bind_null("tensor_scale"),
-       spec.stochastic_rounding ? bind_quantizer("step", op.quantizer, QuantizerValue::Measurements)
-                                : bind_null("step"),
-       bind_null("amax"), bind_null("scale_record"), bind_int64("seed", int64_t(spec.seed)),
-       bind_int("stream", 2 * op.quantizer + (columnwise ? 1 : 0)), bind_int("rows", rows),
-       bind_int("cols", cols)},
-      std::move(none));
-}
-
 void emit_emulated_cast(SequenceBuilder& b, const Group& g) {
   require_only(b, g, {OpKind::EmulatedCast});
   const ir::Operation& op = *g.parts.front();
@@ -145,8 +23,13 @@ void emit_emulated_cast(SequenceBuilder& b, const Group& g) {
     return emit_emulated_block_cast(b, g, op, op.operands.at(0), b.buffer(op.results.at(0), op),
                                     columnwise);
   }
-  emit_micro_cast(b, g, op, op.operands.at(0), b.buffer(op.results.at(0), op), columnwise,
-                  columnwise);
+  // Note "Quantized boundaries": a quantized input's codes decoded, or a quantized output's
+  // codes and block scales written instead of decoded values.
+  if (b.value(op.operands.at(0)).quantizer >= 0) return emit_micro_decode(b, g, op, columnwise);
+  const bool codes = b.value(op.results.at(0)).quantizer >= 0;
+  const int y = b.buffer(op.results.at(0), op);
+  emit_micro_cast(b, g, op, op.operands.at(0), codes ? -1 : y, columnwise, columnwise,
+                  codes ? y : -1);
 }
 
 void emit_cast(SequenceBuilder& b, const Group& g) {

@@ -124,8 +124,12 @@ KernelOutputs kernel_outputs(SequenceBuilder& b, const Group& g, const ir::Opera
 void emit_cast(SequenceBuilder& b, const Group& g);
 void emit_fp8_transpose(SequenceBuilder& b, const Group& g);
 void emit_emulated_cast(SequenceBuilder& b, const Group& g);
+// MXFP8 / NVFP4 (emit_micro_casts.cpp): a copy decoded to y, or stored as `codes` (a quantized
+// output's), and a quantized input's copy decoded.
 void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op, ir::ValueId x,
-                     int y, bool columnwise, bool columnwise_copy);
+                     int y, bool columnwise, bool columnwise_copy, int codes = -1);
+void emit_micro_decode(SequenceBuilder& b, const Group& g, const ir::Operation& op,
+                       bool columnwise);
 // float8_block_scaling's casts (emit_block_casts.cpp): a block cast of its own, and one folded
 // into the activation that produces its source (`dbias`: the backward's bias gradient, or null).
 void emit_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& cast);

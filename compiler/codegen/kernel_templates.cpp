@@ -123,6 +123,11 @@ constexpr TemplateParam kDequantizeParams[] = {
     {"Output", Kind::DType, ""},
     {"kBlocks", Kind::Int, ""},
 };
+constexpr TemplateParam kMicroDequantizeParams[] = {
+    {"Output", Kind::DType, ""},
+    {"kFormat", Kind::Int, ""},
+    {"kColumnwise", Kind::Bool, ""},
+};
 constexpr TemplateParam kMicroBlockSummaryParams[] = {
     {"Input", Kind::DType, ""}, {"kFormat", Kind::Int, ""}, {"kColumnwise", Kind::Bool, ""},
     {"kTwoD", Kind::Bool, ""},  {"kRht", Kind::Bool, ""},
@@ -185,6 +190,7 @@ constexpr std::string_view kScaleUpdateExample[] = {"256"};
 constexpr std::string_view kFinishCurrentExample[] = {"32"};
 constexpr std::string_view kFloat8BlockSummaryExample[] = {"__nv_fp8_e4m3", "false"};
 constexpr std::string_view kDequantizeExample[] = {"__nv_fp8_e4m3", "__nv_bfloat16", "1"};
+constexpr std::string_view kMicroDequantizeExample[] = {"__nv_bfloat16", "2", "true"};
 constexpr std::string_view kMicroBlockSummaryExample[] = {"__nv_bfloat16", "2", "true", "false",
                                                           "true"};
 
@@ -270,6 +276,10 @@ constexpr KernelTemplate kTable[] = {
     // opfuse::dequantize (runtime/api/quantized_helpers.cpp): a quantized tensor decoded.
     entry("dequantize", "quantized_tensor.cuh", KernelFamily::Cast, "DequantizeParams",
           kDequantizeParams, kDequantizeExample),
+    // An MXFP8 / NVFP4 quantized input's copy decoded for Hopper's GEMMs (note "Quantized
+    // boundaries"), and opfuse::dequantize's micro-scaled tensors.
+    entry("micro_dequantize", "quantized_tensor.cuh", KernelFamily::Cast, "MicroDequantizeParams",
+          kMicroDequantizeParams, kMicroDequantizeExample),
     entry("constant_scale", "scale.cuh", KernelFamily::Scale, "ConstantScaleParams",
           kConstantScaleParams, kConstantScaleExample),
     // A debug config's statistics (compiler/passes/debug_instrument.h): partial records, merged.
@@ -425,6 +435,8 @@ std::string_view cuda_dtype_spelling(ir::DType d) {
       return "__nv_fp8_e5m2";
     case ir::DType::E2M1:
       return "__nv_fp4_e2m1";
+    case ir::DType::E8M0:
+      return "__nv_fp8_e8m0";
   }
   return "?";
 }

@@ -287,7 +287,8 @@ void SequenceBuilder::plan_buffers() {
   // Note "Emulated micro-scaling": the decoded copies, by value, with their quantizer and copy.
   std::map<ValueId, std::pair<int, bool>> emulated;
   auto find_emulated = [&](const ir::Operation& op) {
-    if (op.kind == ir::OpKind::EmulatedCast)
+    // (A quantized output's codes are not decoded: note "Quantized boundaries".)
+    if (op.kind == ir::OpKind::EmulatedCast && seq_.value(op.results.at(0)).quantizer < 0)
       emulated[op.results.at(0)] = {op.quantizer, ir::attr_bool(op.attrs, "columnwise")};
   };
   for (const ir::Operation& op : seq_.ops) {
@@ -319,7 +320,9 @@ void SequenceBuilder::plan_buffers() {
     }
     b.dtype = v.type.dtype;
     for (const ir::Dim& d : v.type.shape) b.shape.push_back(dim_expr(d));
-    b.bytes = element_count_expr(v.type.shape) * ir::dtype_bytes(v.type.dtype);
+    b.bytes = v.type.dtype == ir::DType::E2M1  // NVFP4 codes, two per byte
+                  ? ceil_div(element_count_expr(v.type.shape), 2)
+                  : element_count_expr(v.type.shape) * ir::dtype_bytes(v.type.dtype);
     b.quantizer = v.quantizer;
     if (v.quantizer >= 0) {
       const ir::QuantizerDecl& q = seq_.quantizers.at(size_t(v.quantizer));
@@ -342,82 +345,19 @@ void SequenceBuilder::plan_buffers() {
     const int data = b.id;
     out_.buffers.push_back(std::move(b));
     if (block_scaled) add_scale_grid(v, transposed);
-    if (block_scaled && v.kind == ir::ValueKind::Input)
-      out_.buffers.back().role = BufferRole::Input;
-    if (!block_scaled && v.quantizer >= 0 && seq_.quantizers.at(size_t(v.quantizer)).boundary) {
-      const int scale_inv = boundary_scale_inv(v.quantizer);
-      out_.buffers[size_t(data)].scale_inv.buffer = scale_inv;
-    }
+    if (v.quantizer >= 0 && seq_.quantizers.at(size_t(v.quantizer)).boundary)
+      add_boundary_scales(v, data, block_scaled);
   }
   auto tag = [&](ValueId v, InterfaceKind kind, const std::string& name) {
     if (v != ir::kNoValue && buffer_of_.at(v) >= 0)
       out_.buffers[size_t(buffer_of_[v])].interface.push_back({kind, name});
   };
   for (const ir::SequenceOutput& o : seq_.outputs) tag(o.value, InterfaceKind::Output, o.name);
-  // A quantized output's column-wise copy and its block grids are outputs too (note "Quantized
-  // boundaries"); a per-tensor scale_inv stays the quantizer's scalar.
-  if (const auto& q = seq_.quantized_output) {
-    const std::string& name = seq_.outputs.at(0).name;
-    tag(q->columnwise, InterfaceKind::Output, name + ".columnwise");
-    for (const auto& [v, suffix] : {std::pair{seq_.outputs[0].value, ".scale_inv"},
-                                    std::pair{q->columnwise, ".columnwise.scale_inv"}}) {
-      if (v == ir::kNoValue) continue;
-      const int grid = out_.buffers[size_t(buffer_of_.at(v))].scale_inv.buffer;
-      if (grid >= 0)
-        out_.buffers[size_t(grid)].interface.push_back({InterfaceKind::Output, name + suffix});
-    }
-  }
+  tag_quantized_output();
   for (size_t i = 0; i < seq_.input_grads.size() && i < seq_.inputs.size(); ++i)
     tag(seq_.input_grads[i], InterfaceKind::InputGrad, seq_.value(seq_.inputs[i]).name);
   for (size_t i = 0; i < seq_.param_grads.size() && i < seq_.params.size(); ++i)
     tag(seq_.param_grads[i], InterfaceKind::ParamGrad, seq_.value(seq_.params[i]).name);
-}
-
-// Note "Quantized boundaries" (docs/architecture.md): the FP32 scale_inv a quantized input's two
-// per-tensor copies share, an input buffer "<input>.scale_inv" made with the first of them.
-int SequenceBuilder::boundary_scale_inv(int quantizer) {
-  const std::string name = "%" + seq_.quantizers.at(size_t(quantizer)).name + ".scale_inv";
-  for (const Buffer& b : out_.buffers)
-    if (b.name == name && b.role == BufferRole::Input) return b.id;
-  Buffer s;
-  s.id = int(out_.buffers.size());
-  s.name = name;
-  s.role = BufferRole::Input;
-  s.dtype = DType::FP32;
-  s.shape = {SymExpr(1)};
-  s.bytes = SymExpr(4);
-  out_.buffers.push_back(std::move(s));
-  return out_.buffers.back().id;
-}
-
-// Note "Block scale grids" (runtime/cpu/block_quantization.h): the scale_inv grid of a
-// block-scaled FP8 copy, a buffer of its own that the cast writes next to the data and the GEMMs
-// read with it. The stored matrix is the copy as laid out: [rows..., k] as is, [k, rows...]
-// transposed.
-void SequenceBuilder::add_scale_grid(const ir::Value& v, bool transposed) {
-  const ir::Shape& shape = v.type.shape;
-  const SymExpr rows =
-      transposed ? shape_product(shape, 0, 1) : shape_product(shape, 0, shape.size() - 1);
-  const SymExpr cols = transposed ? shape_product(shape, 1, shape.size())
-                                  : shape_product(shape, shape.size() - 1, shape.size());
-  const plan::QuantSpec& spec = seq_.quantizers.at(size_t(v.quantizer)).spec;
-  const bool two_d = spec.scaling == plan::ScalingKind::Block2D;
-  const int64_t block = spec.block.cols;
-  std::vector<SymExpr> grid =
-      two_d ? std::vector<SymExpr>{ceil_div(rows, block), ceil_div(ceil_div(cols, block), 4) * 4}
-            : std::vector<SymExpr>{ceil_div(cols, block), ceil_div(rows, 4) * 4};
-  Buffer& data = out_.buffers.back();
-  Buffer g;
-  g.id = int(out_.buffers.size());
-  g.name = data.name + ".scale_inv";
-  g.role = BufferRole::Result;
-  g.dtype = DType::FP32;
-  g.bytes = grid[0] * grid[1] * 4;
-  g.shape = std::move(grid);
-  g.usage = data.usage;
-  g.layout = data.layout;
-  data.scale_inv.buffer = g.id;
-  out_.buffers.push_back(std::move(g));
 }
 
 // Note "One scale update": delayed scaling updates every delayed quantizer of the sequence once
@@ -616,12 +556,15 @@ SequencePlan SequenceBuilder::build() {
   out_.capture_slots = seq_.captures;
   out_.symbols = seq_.symbols();
   out_.symbols.emplace_back(kNumSmsSymbol);
-  // The transposed FP8 copy is the last result of a column-wise cast (plan-quantization), the
-  // result of an fp8_transpose (gather_fp8), or a quantized input's.
+  // The column-wise FP8 copy is the last result of a column-wise cast (plan-quantization), the
+  // result of an fp8_transpose (gather_fp8), or a quantized input's or output's (the codes of a
+  // column-wise emulated cast: note "Quantized boundaries").
   auto note_casts = [&](const ir::Operation& op) {
     if ((op.kind == OpKind::CastFp8 && ir::attr_bool(op.attrs, "columnwise") &&
          !op.results.empty()) ||
-        op.kind == OpKind::Fp8Transpose)
+        op.kind == OpKind::Fp8Transpose ||
+        (op.kind == OpKind::EmulatedCast && ir::attr_bool(op.attrs, "columnwise") &&
+         seq_.value(op.results.at(0)).quantizer >= 0))
       columnwise_.insert(op.results.back());
   };
   for (const ir::Operation& op : seq_.ops) {

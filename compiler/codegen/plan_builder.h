@@ -55,6 +55,11 @@ class SequenceBuilder {
   const Buffer& plan_buffer(int id) const { return out_.buffers.at(size_t(id)); }
   // True for the transposed FP8 copy a cast_fp8 makes.
   bool is_columnwise_copy(ir::ValueId id) const { return columnwise_.count(id) > 0; }
+  // The FP32 S_enc buffer the caller gives with an NVFP4 quantized input's copy `id`; -1: none.
+  int tensor_scale_buffer(ir::ValueId id) const {
+    const auto it = tensor_scale_of_.find(id);
+    return it == tensor_scale_of_.end() ? -1 : it->second;
+  }
   int add_workspace(const std::string& name, ir::DType dtype, std::vector<SymExpr> shape);
   void make_alias(ir::ValueId view, ir::ValueId of);
   // Capture `slot` holds the tensor of `buffer`: its shape is the buffer's. Returns the shape.
@@ -95,7 +100,10 @@ class SequenceBuilder {
   std::vector<std::string> quantizer_names(const Group& g) const;
   void plan_buffers();
   void add_scale_grid(const ir::Value& v, bool transposed);
-  int boundary_scale_inv(int quantizer);
+  // plan_boundaries.cpp (note "Quantized boundaries" in docs/architecture.md).
+  void add_boundary_scales(const ir::Value& v, int data, bool block_scaled);
+  int add_boundary_input(const std::string& name);
+  void tag_quantized_output();
   void plan_quantizers();
   void add_scale_update();
   void find_weight_cache_groups();
@@ -108,9 +116,10 @@ class SequenceBuilder {
   SequencePlan out_;
   std::vector<int> buffer_of_;  // per ValueId; -1: not materialized
   std::set<ir::ValueId> columnwise_;
-  std::map<int, KernelUse> inference_uses_;   // per step with a candidate inference variant
-  std::map<int, std::vector<int>> serves_;    // per step: WithoutTranspose::serves
-  std::map<ir::ValueId, int> measured_amax_;  // value -> quantizer (mark_amax_measured)
+  std::map<int, KernelUse> inference_uses_;     // per step with a candidate inference variant
+  std::map<int, std::vector<int>> serves_;      // per step: WithoutTranspose::serves
+  std::map<ir::ValueId, int> measured_amax_;    // value -> quantizer (mark_amax_measured)
+  std::map<ir::ValueId, int> tensor_scale_of_;  // an NVFP4 quantized input's copy -> its S_enc
   bool fold_current_amax_ = true;
 };
 

@@ -268,15 +268,16 @@ const Expr* Builder::find_symbol(const Expr& e) const {
 std::optional<TensorType> Builder::eval_type(const dsl::TensorTypeExpr& t, bool quantized) {
   auto dtype = quantized ? std::optional<DType>(DType::BF16) : parse_user_dtype(t.dtype);
   bool ok = true;
-  const bool fp8 = t.dtype == "e4m3" || t.dtype == "e5m2";
+  // The formats a quantized tensor's codes can have: FP8, and NVFP4's E2M1.
+  const bool fp8 = t.dtype == "e4m3" || t.dtype == "e5m2" || t.dtype == "e2m1";
   if (quantized && !fp8) {
     diags_.error(t.loc,
                  fmt::format("a quantized tensor is declared in its FP8 format, not '{}'", t.dtype),
-                 "write e4m3[...] quantized(...)");
+                 "write e4m3[...] quantized(...) (e2m1[...] under nvfp4_block_scaling)");
     ok = false;
   } else if (!dtype && fp8) {
     diags_.error(t.loc,
-                 fmt::format("an FP8 tensor ({}) in a signature must say its copies", t.dtype),
+                 fmt::format("a quantized tensor ({}) in a signature must say its copies", t.dtype),
                  fmt::format("write {}[...] quantized(rowwise, columnwise)", t.dtype));
     ok = false;
   } else if (!dtype) {

@@ -19,7 +19,17 @@ namespace {
 std::string boundary_scales(const Recipe& r) {
   if (r.kind == RecipeKind::Float8BlockScaling)
     return r.x_block == 2 ? "128x128 block scales" : "1x128 block scales";
+  if (r.kind == RecipeKind::Mxfp8BlockScaling) return "MXFP8 1x32 E8M0 block scales";
+  if (r.kind == RecipeKind::Nvfp4BlockScaling) {
+    return r.rht ? "NVFP4 1x16 block scales, the column-wise copy Hadamard-transformed"
+                 : "NVFP4 1x16 block scales";
+  }
   return "one scale per tensor";
+}
+
+// The format of the codes a linear reads under recipe `r` (its input quantizer's).
+DType boundary_format(const Recipe& r) {
+  return r.kind == RecipeKind::Nvfp4BlockScaling ? DType::E2M1 : DType::E4M3;
 }
 
 std::string usages_string(const plan::Usages& u) {
@@ -42,7 +52,9 @@ std::optional<QuantizedBoundary> Builder::quantized_boundary(const dsl::Param& p
   }
   QuantizedBoundary b;
   b.loc = q.loc;
-  b.format = p.type.dtype == "e5m2" ? DType::E5M2 : DType::E4M3;
+  b.format = p.type.dtype == "e5m2"   ? DType::E5M2
+             : p.type.dtype == "e2m1" ? DType::E2M1
+                                      : DType::E4M3;
   bool ok = true;
   for (const auto& [name, loc] : q.usages) {
     bool* usage = name == "rowwise"      ? &b.usages.rowwise
@@ -82,29 +94,23 @@ bool Builder::check_quantized_boundaries(SequenceScope& sc, const dsl::SequenceD
     const std::string name = input ? s.value(s.inputs[0]).name : s.outputs[0].name;
     const std::string what = fmt::format("quantized {} '{}'", input ? "input" : "output", name);
     // As TE's Quantize outside fp8_autocast: no FP8 recipe, no FP8 tensor. The program still
-    // runs (under --recipe bf16, say), the tensor passing in bf16; likewise under the
-    // micro-scaled recipes, whose GEMMs read decoded copies on this GPU.
-    if (!s.recipe.is_fp8() || s.recipe.micro_scaled()) {
-      diags_.warning(
-          b.loc,
-          s.recipe.is_fp8()
-              ? fmt::format("the {} of sequence '{}' passes in bf16 under {}, whose GEMMs read "
-                            "decoded copies on this GPU",
-                            what, s.name, recipe_kind_name(s.recipe.kind))
-              : fmt::format("the {} of sequence '{}' passes in bf16: the sequence uses the bf16 "
-                            "recipe",
-                            what, s.name),
-          "quantized boundaries are FP8 under delayed_scaling, current_scaling and "
-          "float8_block_scaling");
+    // runs (under --recipe bf16, say), the tensor passing in bf16.
+    if (!s.recipe.is_fp8()) {
+      diags_.warning(b.loc,
+                     fmt::format("the {} of sequence '{}' passes in bf16: the sequence uses the "
+                                 "bf16 recipe",
+                                 what, s.name),
+                     "quantized boundaries need an FP8 or FP4 recipe");
       boundary->reset();
       continue;
     }
-    if (b.format != DType::E4M3) {
+    if (b.format != boundary_format(s.recipe)) {
+      const std::string want(dtype_name(boundary_format(s.recipe)));
       diags_.error(b.loc,
                    fmt::format("the {} is declared {}, but recipe '{}' quantizes the tensors "
-                               "linears read to e4m3",
-                               what, dtype_name(b.format), s.recipe.name),
-                   "declare it e4m3[...]");
+                               "linears read to {}",
+                               what, dtype_name(b.format), s.recipe.name, want),
+                   fmt::format("declare it {}[...]", want));
       ok = false;
     }
     if (s.parallel.active()) {

@@ -130,15 +130,26 @@ std::vector<std::string> verify_sequence(const Sequence& s) {
     }
     if (op.kind == OpKind::EmulatedCast && problems.empty()) {
       const Value& in = s.values[op.operands.at(0)];
-      const bool ok = op.results.size() == 1 && op.quantizer >= 0 &&
-                      size_t(op.quantizer) < s.quantizers.size() &&
-                      (s.quantizers[size_t(op.quantizer)].spec.micro_scaled() ||
-                       s.quantizers[size_t(op.quantizer)].spec.block_scaled()) &&
-                      !dtype_is_fp8(in.type.dtype) && s.values[op.results[0]].type == in.type;
-      if (!ok)
+      const bool quantizer =
+          op.results.size() == 1 && op.quantizer >= 0 && size_t(op.quantizer) < s.quantizers.size();
+      const QuantizerDecl* q = quantizer ? &s.quantizers[size_t(op.quantizer)] : nullptr;
+      const Value* out = quantizer ? &s.values[op.results[0]] : nullptr;
+      // Note "Quantized boundaries": a micro-scaled quantized output's codes (the result carries
+      // the quantizer), or a quantized input's codes decoded (the operand does).
+      const bool codes_out =
+          q && out->quantizer == op.quantizer && q->spec.micro_scaled() &&
+          out->type.dtype == q->format() && in.quantizer < 0 &&
+          (out->type.shape == in.type.shape || out->type.shape == transposed_shape(in.type.shape));
+      const bool codes_in = q && in.quantizer == op.quantizer && q->boundary &&
+                            q->spec.micro_scaled() && in.type.dtype == q->format() &&
+                            out->quantizer < 0 && !dtype_is_fp8(out->type.dtype);
+      const bool decoded = q && (q->spec.micro_scaled() || q->spec.block_scaled()) &&
+                           !dtype_is_fp8(in.type.dtype) && in.quantizer < 0 && out->type == in.type;
+      if (!codes_out && !codes_in && !decoded)
         bad(
             fmt::format("{} (emulated_cast) is not a decoded copy of a high-precision value under "
-                        "a micro-scaled or block-scaled quantizer",
+                        "a micro-scaled or block-scaled quantizer, nor a quantized boundary's "
+                        "codes made or decoded",
                         where));
     }
     // Re-run the shape rule: a pass must never leave an op whose result type disagrees with it.

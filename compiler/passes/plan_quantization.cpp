@@ -296,7 +296,7 @@ class Planner {
                   fprop.instance);
     const auto [xq, xq_t] =
         boundary
-            ? quantized_input(fprop)
+            ? quantized_input(fprop, i)
             : add_casts(fprop, QuantizerRole::Input, {GemmRole::Fprop, fp8_fprop, operand(f, 0), f},
                         {GemmRole::Wgrad, fp8_wgrad, operand(wgrad, 1), wgrad});
     const auto [wq, wq_t] =
@@ -315,45 +315,123 @@ class Planner {
   }
 
   // Note "Quantized boundaries" (docs/architecture.md): the main input's copies come from the
-  // caller, so the input becomes the row-wise FP8 copy and a second input the column-wise one,
-  // both of a boundary quantizer (no cast, no state) with the spec the linear's input would
-  // have. Made once; every linear reading the input reads these copies.
-  std::pair<ValueId, ValueId> quantized_input(const Operation& linear) {
+  // caller, so the input becomes the row-wise copy and a second input the column-wise one, both
+  // of a boundary quantizer (no cast, no state) with the spec the linear's input would have.
+  // Made once; every linear reading the input reads these copies. MXFP8 and NVFP4 copies, which
+  // Hopper's GEMMs cannot read, are decoded (emulated_cast of the codes) before linear `f`, as
+  // the casts of note "Emulated micro-scaling" decode theirs.
+  std::pair<ValueId, ValueId> quantized_input(const Operation& linear, size_t f) {
     QuantizedBoundary& b = *s_.quantized_input;
     const ValueId in = s_.inputs.at(0);
-    if (s_.values[in].quantizer >= 0) return {in, b.columnwise};
+    if (s_.values[in].quantizer >= 0) return boundary_reads_;
     QuantizerDecl q;
     q.name = s_.values[in].name;
     q.role = QuantizerRole::Input;
     q.spec = spec_for(linear.instance, QuantizerRole::Input, {});
     q.usages = b.usages;
     q.boundary = true;
+    // MXFP8's column-wise copy keeps x's layout (its blocks run down the columns).
+    if (q.spec.micro_scaled() && !q.spec.nvfp4()) q.columnwise_layout = plan::CopyLayout::AsIs;
     const int32_t index = int32_t(s_.quantizers.size());
     s_.quantizers.push_back(q);
+    const TensorType decoded = s_.values[in].type;  // the type the linear declared it as
     s_.values[in].type.dtype = q.format();
     s_.values[in].quantizer = index;
     if (b.usages.columnwise) {
-      const TensorType type{q.format(), transposed_shape(s_.values[in].type.shape)};
+      const Shape& shape = s_.values[in].type.shape;
+      const TensorType type{q.format(), q.columnwise_layout == plan::CopyLayout::Transposed
+                                            ? transposed_shape(shape)
+                                            : shape};
       b.columnwise = s_.add_value(ValueKind::Input, type, s_.values[in].name + ".columnwise");
       s_.values[b.columnwise].quantizer = index;
     }
-    return {in, b.columnwise};
+    boundary_reads_ = {in, b.columnwise};
+    if (!q.spec.micro_scaled()) return boundary_reads_;
+    auto decode = [&](ValueId codes, bool columnwise) {
+      if (codes == kNoValue) return kNoValue;
+      Operation cast;
+      cast.kind = OpKind::EmulatedCast;
+      cast.phase = Phase::Forward;
+      cast.operands = {codes};
+      cast.attrs = {{"columnwise", columnwise}};
+      cast.instance = q.name + (columnwise ? ".columnwise.decode" : ".decode");
+      cast.loc = linear.loc;
+      cast.quantizer = index;
+      const ValueId v = s_.add_value(ValueKind::Result, decoded);
+      cast.results.push_back(v);
+      before_[f].push_back(std::move(cast));
+      return v;
+    };
+    boundary_reads_ = {decode(in, false), decode(b.columnwise, true)};
+    return boundary_reads_;
   }
 
   // The quantize op that makes a quantized main output becomes a real cast (its copies are the
-  // output) with the spec a linear's input gets, the consumer's; the op itself goes.
+  // output) with the spec a linear's input gets, the consumer's; the op itself goes. MXFP8 and
+  // NVFP4 outputs are the codes and block scales of emulated casts (add_encoded_casts).
   void plan_quantized_output(size_t i) {
     const Operation op = s_.ops[i];  // a copy: add_cast grows s_.values
     QuantizedBoundary& b = *s_.quantized_output;
     const plan::QuantSpec spec = spec_for(op.instance, QuantizerRole::Input, {});
-    const auto [row, col] = add_cast(op, QuantizerRole::Input, s_.outputs.at(0).name, spec,
-                                     op.operands.at(0), b.usages.rowwise, b.usages.columnwise, i);
+    const auto [row, col] =
+        spec.micro_scaled() ? add_encoded_casts(op, spec, b.usages, i)
+                            : add_cast(op, QuantizerRole::Input, s_.outputs.at(0).name, spec,
+                                       op.operands.at(0), b.usages.rowwise, b.usages.columnwise, i);
     OPFUSE_ASSERT(row != kNoValue, "quantized output '{}' has no row-wise copy",
                   s_.outputs.at(0).name);
     s_.outputs[0].value = row;
     b.columnwise = col;
     removed_ = i;
     plan_quantize(i, /*forward=*/false);  // quantize(backward = true) still casts the gradient
+  }
+
+  // A micro-scaled quantized output's copies: emulated casts whose results are the codes (with
+  // their block scales; codegen) instead of decoded values. The column-wise copy takes the spec
+  // a wgrad's input gets (NVFP4: Hadamard-transformed) and, when that differs from the row-wise
+  // one, a quantizer of its own, "<output>.columnwise", with its own tensor scale, as a linear's
+  // two casts of its input do.
+  std::pair<ValueId, ValueId> add_encoded_casts(const Operation& op, const plan::QuantSpec& spec,
+                                                const plan::Usages& usages, size_t position) {
+    const std::string& name = s_.outputs.at(0).name;
+    const ValueId source = op.operands.at(0);
+    const plan::QuantSpec wgrad_spec =
+        spec_for(op.instance, QuantizerRole::Input, {plan::GemmRole::Wgrad});
+    const bool own = usages.columnwise && !(wgrad_spec == spec);
+    auto quantizer = [&](std::string qname, const plan::QuantSpec& qspec, plan::Usages u) {
+      QuantizerDecl q;
+      q.name = std::move(qname);
+      q.role = QuantizerRole::Input;
+      q.spec = qspec;
+      q.source = source;
+      q.usages = u;
+      if (!qspec.nvfp4()) q.columnwise_layout = plan::CopyLayout::AsIs;
+      s_.quantizers.push_back(q);
+      return int32_t(s_.quantizers.size() - 1);
+    };
+    const int32_t row_q = quantizer(name, spec, {true, usages.columnwise && !own});
+    const int32_t col_q = own ? quantizer(name + ".columnwise", wgrad_spec, {false, true}) : row_q;
+    auto encode = [&](int32_t index, bool columnwise) {
+      const QuantizerDecl& q = s_.quantizers[size_t(index)];
+      Operation cast;
+      cast.kind = OpKind::EmulatedCast;
+      cast.phase = s_.ops[position].phase;
+      cast.operands = {source};
+      cast.attrs = {{"columnwise", columnwise}};
+      cast.instance = q.name;
+      cast.loc = op.loc;
+      cast.quantizer = index;
+      const Shape shape = s_.value(source).type.shape;  // a copy: add_value grows s_.values
+      const bool transposed = columnwise && q.columnwise_layout == plan::CopyLayout::Transposed;
+      const ValueId v = s_.add_value(
+          ValueKind::Result, TensorType{q.format(), transposed ? transposed_shape(shape) : shape});
+      s_.values[v].quantizer = index;
+      cast.results.push_back(v);
+      before_[position].push_back(std::move(cast));
+      return v;
+    };
+    const ValueId row = encode(row_q, false);
+    const ValueId col = usages.columnwise ? encode(col_q, true) : kNoValue;
+    return {row, col};
   }
 
   // TE's Quantize op keeps its dtype: the executor casts and dequantizes with these quantizers.
@@ -380,7 +458,9 @@ class Planner {
 
   Sequence& s_;
   std::vector<std::vector<Operation>> before_;  // casts to insert before each op
-  size_t removed_ = ~size_t(0);                 // the quantize a quantized output's cast replaces
+  std::pair<ValueId, ValueId> boundary_reads_{kNoValue, kNoValue};  // what linears read of the
+                                                                    // quantized input
+  size_t removed_ = ~size_t(0);  // the quantize a quantized output's cast replaces
 };
 
 }  // namespace

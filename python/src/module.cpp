@@ -57,6 +57,7 @@ nb::dlpack::dtype dlpack_dtype(TensorDType dtype) {
     case TensorDType::E4M3:
     case TensorDType::E5M2:
     case TensorDType::E2M1:
+    case TensorDType::E8M0:
       break;
   }
   // No tensor of a session's interface is FP8 (program.h); raw bytes if one ever is.
@@ -118,7 +119,8 @@ void bind_types(nb::module_& m) {
       .value("FP32", TensorDType::FP32)
       .value("E4M3", TensorDType::E4M3)
       .value("E5M2", TensorDType::E5M2)
-      .value("E2M1", TensorDType::E2M1);
+      .value("E2M1", TensorDType::E2M1)
+      .value("E8M0", TensorDType::E8M0);
   nb::enum_<TensorKind>(m, "TensorKind", "What a tensor of a sequence's interface is.")
       .value("INPUT", TensorKind::Input, "given by the caller (set_tensor)")
       .value("PARAM", TensorKind::Param, "given by the caller or owned by the session")

@@ -27,6 +27,8 @@ TensorDType public_dtype(ir::DType dtype) {
       return TensorDType::E5M2;
     case ir::DType::E2M1:
       return TensorDType::E2M1;
+    case ir::DType::E8M0:
+      return TensorDType::E8M0;
   }
   return TensorDType::FP32;
 }

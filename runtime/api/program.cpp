@@ -99,6 +99,10 @@ std::string_view scale_layout_name(ScaleLayout layout) {
       return "block_1x128";
     case ScaleLayout::Block128x128:
       return "block_128x128";
+    case ScaleLayout::Mxfp8:
+      return "mxfp8_1x32";
+    case ScaleLayout::Nvfp4:
+      return "nvfp4_1x16";
   }
   return "?";
 }
@@ -117,6 +121,8 @@ std::string_view tensor_dtype_name(TensorDType dtype) {
       return "e5m2";
     case TensorDType::E2M1:
       return "e2m1";
+    case TensorDType::E8M0:
+      return "e8m0";
   }
   return "?";
 }
@@ -131,6 +137,7 @@ std::size_t tensor_dtype_bytes(TensorDType dtype) {
     case TensorDType::E4M3:
     case TensorDType::E5M2:
     case TensorDType::E2M1:
+    case TensorDType::E8M0:
       return 1;
   }
   return 0;

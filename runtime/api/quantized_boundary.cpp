@@ -10,11 +10,14 @@ namespace opfuse::api {
 namespace {
 
 TensorDType format_of(plan::DType dtype) {
-  return dtype == plan::DType::E5M2 ? TensorDType::E5M2 : TensorDType::E4M3;
+  return dtype == plan::DType::E5M2   ? TensorDType::E5M2
+         : dtype == plan::DType::E2M1 ? TensorDType::E2M1
+                                      : TensorDType::E4M3;
 }
 
 ScaleLayout layout_of(const plan::QuantSpec& spec) {
   if (spec.per_tensor()) return ScaleLayout::Tensor;
+  if (spec.micro_scaled()) return spec.nvfp4() ? ScaleLayout::Nvfp4 : ScaleLayout::Mxfp8;
   return spec.scaling == plan::ScalingKind::Block2D ? ScaleLayout::Block128x128
                                                     : ScaleLayout::Block1x128;
 }
@@ -62,6 +65,10 @@ std::vector<QuantizedBoundary> quantized_boundaries(const plan::SequencePlan& pl
     b.scale_inv = q.name + ".scale_inv";
     if (q.usages.columnwise && !q.spec.per_tensor())
       b.columnwise_scale_inv = q.name + ".columnwise.scale_inv";
+    if (q.spec.nvfp4()) {
+      b.tensor_scale = q.name + ".tensor_scale";
+      if (q.usages.columnwise) b.columnwise_tensor_scale = q.name + ".columnwise.tensor_scale";
+    }
     size_pieces(b, tensors, /*caller=*/true);
     out.push_back(std::move(b));
   }
@@ -85,6 +92,11 @@ std::vector<QuantizedBoundary> quantized_boundaries(const plan::SequencePlan& pl
       if (find(tensors, tag.name + ".columnwise", false) != nullptr) {
         b.info.columnwise = true;
         b.columnwise = tag.name + ".columnwise";
+        for (const plan::Buffer& other : plan.buffers) {
+          for (const plan::InterfaceTag& t : other.interface)
+            if (t.kind == plan::InterfaceKind::Output && t.name == b.columnwise)
+              b.columnwise_quantizer = other.quantizer;
+        }
       }
       if (!q.spec.per_tensor()) {
         b.scale_inv = tag.name + ".scale_inv";
@@ -126,24 +138,38 @@ void check_quantized_view(const QuantizedBoundary& b, const QuantizedTensorView&
   aligned(view.columnwise, "column-wise copy");
   aligned(view.scale_inv, "scale_inv");
   aligned(view.columnwise_scale_inv, "column-wise scale_inv");
-  const std::size_t need = static_cast<std::size_t>(info.scale_inv_entries) * sizeof(float);
+  const char* entry = info.scale_entry_bytes == 4 ? "FP32" : "one-byte";
+  const std::size_t need =
+      static_cast<std::size_t>(info.scale_inv_entries) * info.scale_entry_bytes;
   if (view.scale_inv_bytes < need) {
-    fail(fmt::format(
-        "its scale_inv buffer holds {} bytes, the {} layout needs {} ({} FP32 "
-        "entries)",
-        view.scale_inv_bytes, scale_layout_name(info.scales), need, info.scale_inv_entries));
+    fail(fmt::format("its scale_inv buffer holds {} bytes, the {} layout needs {} ({} {} entries)",
+                     view.scale_inv_bytes, scale_layout_name(info.scales), need,
+                     info.scale_inv_entries, entry));
   }
   if (view.columnwise != nullptr && info.scales != ScaleLayout::Tensor) {
     const std::size_t col_need =
-        static_cast<std::size_t>(info.columnwise_scale_inv_entries) * sizeof(float);
+        static_cast<std::size_t>(info.columnwise_scale_inv_entries) * info.scale_entry_bytes;
     if (view.columnwise_scale_inv == nullptr) fail("its column-wise copy has no scale_inv grid");
     if (view.columnwise_scale_inv_bytes < col_need) {
-      fail(
-          fmt::format("its column-wise scale_inv buffer holds {} bytes, the {} layout needs {} "
-                      "({} FP32 entries)",
-                      view.columnwise_scale_inv_bytes, scale_layout_name(info.scales), col_need,
-                      info.columnwise_scale_inv_entries));
+      fail(fmt::format(
+          "its column-wise scale_inv buffer holds {} bytes, the {} layout needs {} ({} {} "
+          "entries)",
+          view.columnwise_scale_inv_bytes, scale_layout_name(info.scales), col_need,
+          info.columnwise_scale_inv_entries, entry));
     }
+  }
+  // NVFP4's tensor scales: one FP32 S_enc per copy given.
+  auto scalar = [&](const float* p, const char* what) {
+    if (p == nullptr) fail(fmt::format("its {} is null (NVFP4 copies carry their S_enc)", what));
+    if (reinterpret_cast<std::uintptr_t>(p) % alignof(float) != 0)
+      fail(fmt::format("its {} pointer is not 4-byte aligned", what));
+  };
+  if (info.tensor_scales) {
+    scalar(view.tensor_scale, "tensor_scale");
+    if (view.columnwise != nullptr) scalar(view.columnwise_tensor_scale, "columnwise_tensor_scale");
+  } else if (view.tensor_scale != nullptr || view.columnwise_tensor_scale != nullptr) {
+    fail(fmt::format("the {} layout has no tensor scales: leave tensor_scale null",
+                     scale_layout_name(info.scales)));
   }
   if (view.columnwise != nullptr && !info.columnwise)
     fail("the sequence reads no column-wise copy of it: leave columnwise null");

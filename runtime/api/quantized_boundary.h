@@ -1,7 +1,8 @@
 // Note "Quantized boundaries" (docs/architecture.md) as the embedding API sees them: a plan's
 // quantized inputs and outputs, each a set of caller or result buffers ("h", "h.columnwise",
-// "h.scale_inv", "h.columnwise.scale_inv"), described as QuantizedTensorInfo under the bound sizes,
-// and the checks a QuantizedTensorView passes before its pointers reach the executor.
+// "h.scale_inv", "h.columnwise.scale_inv", NVFP4's "h.tensor_scale"), described as
+// QuantizedTensorInfo under the bound sizes, and the checks a QuantizedTensorView passes before its
+// pointers reach the executor.
 #pragma once
 
 #include <string>
@@ -17,7 +18,10 @@ namespace opfuse::api {
 struct QuantizedBoundary {
   QuantizedTensorInfo info;
   int quantizer = -1;  // the producer's quantizer (outputs) or the boundary one (inputs)
+  // An output's column-wise copy's quantizer (NVFP4's Hadamard-transformed copy has its own).
+  int columnwise_quantizer = -1;
   std::string rowwise, columnwise, scale_inv, columnwise_scale_inv;  // piece names; "" if none
+  std::string tensor_scale, columnwise_tensor_scale;                 // NVFP4 inputs' S_enc pieces
 };
 
 // Every quantized input and output of `plan`, sized as `tensors` (the executor's, bound) says.

@@ -37,8 +37,10 @@ TensorDType public_dtype(plan::DType dtype) {
       return TensorDType::E4M3;
     case plan::DType::E5M2:
       return TensorDType::E5M2;
-    case plan::DType::E2M1:  // a quantizer's format, never a tensor's
+    case plan::DType::E2M1:  // an NVFP4 boundary's packed codes
       return TensorDType::E2M1;
+    case plan::DType::E8M0:  // an MXFP8 boundary's block scales
+      return TensorDType::E8M0;
   }
   return TensorDType::FP32;
 }
@@ -391,7 +393,9 @@ void Session::set_tensor(std::string_view name, const void* device_ptr) {
   for (const plan::QuantizerPlan& q : s.plan->quantizers) {
     // The input itself, or one of its pieces ("h.columnwise", "h.scale_inv", ...).
     const bool piece = name == q.name + ".columnwise" || name == q.name + ".scale_inv" ||
-                       name == q.name + ".columnwise.scale_inv";
+                       name == q.name + ".columnwise.scale_inv" ||
+                       name == q.name + ".tensor_scale" ||
+                       name == q.name + ".columnwise.tensor_scale";
     if (q.boundary && (q.name == name || piece)) {
       throw UsageError(
           fmt::format("input '{}' of sequence '{}' is quantized: give its copies and "
@@ -457,12 +461,17 @@ void Session::set_tensor(std::string_view name, const QuantizedTensorView& view)
   check(b->scale_inv, view.scale_inv);
   check(b->columnwise, view.columnwise);
   check(b->columnwise_scale_inv, view.columnwise_scale_inv);
+  check(b->tensor_scale, view.tensor_scale);
+  check(b->columnwise_tensor_scale, view.columnwise_tensor_scale);
   s.set_everywhere(b->rowwise, view.rowwise);
   s.set_everywhere(b->scale_inv, view.scale_inv);
+  if (!b->tensor_scale.empty()) s.set_everywhere(b->tensor_scale, view.tensor_scale);
   if (!b->columnwise.empty() && view.columnwise != nullptr) {
     s.set_everywhere(b->columnwise, view.columnwise);
     if (!b->columnwise_scale_inv.empty())
       s.set_everywhere(b->columnwise_scale_inv, view.columnwise_scale_inv);
+    if (!b->columnwise_tensor_scale.empty())
+      s.set_everywhere(b->columnwise_tensor_scale, view.columnwise_tensor_scale);
     s.without_columnwise.erase(std::string(name));
   } else if (!b->columnwise.empty()) {
     s.without_columnwise.insert(std::string(name));
@@ -482,8 +491,8 @@ QuantizedTensorView Session::quantized_output(std::string_view name) const {
     view.rowwise = exec.output(b.rowwise);
     const bool columnwise = !b.columnwise.empty() && exec.outputs_from_training();
     if (columnwise) view.columnwise = exec.output(b.columnwise);
-    const auto bytes = [](std::int64_t entries) {
-      return static_cast<std::size_t>(entries) * sizeof(float);
+    const auto bytes = [&](std::int64_t entries) {
+      return static_cast<std::size_t>(entries) * b.info.scale_entry_bytes;
     };
     if (b.info.scales == ScaleLayout::Tensor) {
       view.scale_inv = exec.quantizer_scale_inv(b.quantizer);
@@ -493,11 +502,20 @@ QuantizedTensorView Session::quantized_output(std::string_view name) const {
         view.columnwise_scale_inv_bytes = sizeof(float);
       }
     } else {
-      view.scale_inv = static_cast<const float*>(exec.output(b.scale_inv));
+      view.scale_inv = exec.output(b.scale_inv);
       view.scale_inv_bytes = bytes(b.info.scale_inv_entries);
       if (columnwise) {
-        view.columnwise_scale_inv = static_cast<const float*>(exec.output(b.columnwise_scale_inv));
+        view.columnwise_scale_inv = exec.output(b.columnwise_scale_inv);
         view.columnwise_scale_inv_bytes = bytes(b.info.columnwise_scale_inv_entries);
+      }
+      // NVFP4: each copy's S_enc is its quantizer's scale (the column-wise copy's own quantizer
+      // when it is Hadamard-transformed).
+      if (b.info.tensor_scales) {
+        view.tensor_scale = exec.quantizer_scale(b.quantizer);
+        if (columnwise) {
+          view.columnwise_tensor_scale = exec.quantizer_scale(
+              b.columnwise_quantizer >= 0 ? b.columnwise_quantizer : b.quantizer);
+        }
       }
     }
     return view;

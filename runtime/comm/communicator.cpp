@@ -95,7 +95,8 @@ ncclDataType_t nccl_dtype(plan::DType dtype, const char* reduction) {
             reduction, plan::dtype_name(dtype)));
       }
       return ncclUint8;
-    case plan::DType::E2M1:  // a quantizer's format, never a tensor's
+    case plan::DType::E2M1:  // packed codes of a quantized boundary, which TP refuses
+    case plan::DType::E8M0:
       break;
   }
   throw UsageError(

@@ -31,6 +31,8 @@ cudaDataType_t cuda_type(DType dtype) {
       return CUDA_R_8F_E5M2;
     case DType::E2M1:  // sm_100's NVFP4 GEMMs (packed codes); Hopper runs none
       return CUDA_R_4F_E2M1;
+    case DType::E8M0:  // block scales, never a GEMM operand
+      return CUDA_R_8U;
   }
   return CUDA_R_32F;
 }

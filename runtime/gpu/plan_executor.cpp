@@ -541,6 +541,16 @@ const float* SequenceExecutor::quantizer_scale_inv(int index) const {
   return s.quantizers->scale_inv(index);
 }
 
+const float* SequenceExecutor::quantizer_scale(int index) const {
+  const Impl& s = *impl_;
+  if (index < 0 || index >= static_cast<int>(s.plan.quantizers.size()) || !s.quantizers ||
+      !s.plan.quantizers[static_cast<std::size_t>(index)].spec.has_tensor_scale()) {
+    throw UsageError(
+        fmt::format("sequence '{}' has no quantizer {} with a tensor scale", s.plan.name, index));
+  }
+  return s.quantizers->scale(index);
+}
+
 bool SequenceExecutor::outputs_from_training() const { return impl_->outputs_from_training; }
 
 std::vector<cpu::DelayedScalingState> SequenceExecutor::download_quantizers(

@@ -217,6 +217,8 @@ class SequenceExecutor {
   // boundaries" in docs/architecture.md); UsageError for another quantizer. And whether the
   // outputs are a training forward's (an inference forward makes no column-wise copies).
   const float* quantizer_scale_inv(int index) const;
+  // A per-tensor or NVFP4 quantizer's scale (NVFP4: S_enc) in device memory; UsageError else.
+  const float* quantizer_scale(int index) const;
   bool outputs_from_training() const;
   void upload_quantizers(const std::vector<cpu::DelayedScalingState>& states, cudaStream_t stream);
 

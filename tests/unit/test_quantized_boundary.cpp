@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "codegen/plan.h"
+#include "cpu/micro_scaling.h"
 #include "cpu/numerics.h"
 #include "cpu/quantized_tensor.h"
 #include "driver/compile.h"
@@ -31,29 +32,31 @@ using cpu::ScaleLayout;
 using Ref = cpu::ReferenceExecutor<float>;
 using Tensor = cpu::Tensor<float>;
 
-// The seed MLP once whole and once split at the SwiGLU's output, which fc1 hands to fc2 in FP8.
+// The seed MLP once whole and once split at the SwiGLU's output, which fc1 hands to fc2 in FP8
+// (NVFP4: E2M1).
 std::string program(const std::string& recipe) {
+  const std::string h = recipe.starts_with("nvfp4") ? "e2m1" : "e4m3";
   return fmt::format(R"(
-recipe r = {}
+recipe r = {0}
 sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 128]) uses r {{
   layernorm(256)
   linear(256, 512, bias = false) as up
   swiglu()
   linear(256, 128, bias = false) as down
 }}
-sequence fc1(x: bf16[tokens, 256]) -> (h: e4m3[tokens, 256] quantized(rowwise, columnwise))
+sequence fc1(x: bf16[tokens, 256]) -> (h: {1}[tokens, 256] quantized(rowwise, columnwise))
     uses r {{
   layernorm(256)
   linear(256, 512, bias = false) as up
   swiglu()
   quantize()
 }}
-sequence fc2(h: e4m3[tokens, 256] quantized(rowwise, columnwise)) -> (y: bf16[tokens, 128])
+sequence fc2(h: {1}[tokens, 256] quantized(rowwise, columnwise)) -> (y: bf16[tokens, 128])
     uses r {{
   linear(256, 128, bias = false) as down
 }}
 )",
-                     recipe);
+                     recipe, h);
 }
 
 driver::CompileResult compile(const std::string& text, driver::Stage stage) {
@@ -192,6 +195,84 @@ TEST(QuantizedBoundaryPlan, ProducerWritesBothCopiesInTrainingAndOneInInference)
   }
 }
 
+// MXFP8 / NVFP4 (emulated on Hopper): the producer's casts store codes and compact block scales
+// (NVFP4: the column-wise copy Hadamard-transformed under a quantizer of its own, with its own
+// S_enc); the consumer takes them, with NVFP4's tensor scales, as inputs and decodes each copy
+// for its GEMMs, the column-wise one only in training.
+TEST(QuantizedBoundaryPlan, MicroScaledBoundariesCarryCodesAndScales) {
+  for (const std::string recipe : {"mxfp8_block_scaling()", "nvfp4_block_scaling(rht = true)"}) {
+    SCOPED_TRACE(recipe);
+    const bool nvfp4 = recipe.starts_with("nvfp4");
+    const driver::CompileResult r = compile(program(recipe), driver::Stage::Plan);
+    const plan::SequencePlan& fc1 = sequence(r.plan, "fc1");
+    const plan::Buffer* row = output(fc1, "h");
+    const plan::Buffer* col = output(fc1, "h.columnwise");
+    const plan::Buffer* row_scales = output(fc1, "h.scale_inv");
+    const plan::Buffer* col_scales = output(fc1, "h.columnwise.scale_inv");
+    ASSERT_TRUE(row && col && row_scales && col_scales);
+    EXPECT_EQ(row->dtype, nvfp4 ? plan::DType::E2M1 : plan::DType::E4M3);
+    EXPECT_EQ(row->bytes.text(), nvfp4 ? "tokens * 128" : "tokens * 256");
+    EXPECT_EQ(row_scales->dtype, nvfp4 ? plan::DType::E4M3 : plan::DType::E8M0);
+    EXPECT_EQ(row_scales->bytes.text(), nvfp4 ? "tokens * 16" : "tokens * 8");
+    EXPECT_EQ(col->layout, nvfp4 ? plan::CopyLayout::Transposed : plan::CopyLayout::AsIs);
+    const plan::QuantizerPlan& qr = fc1.quantizers.at(size_t(row->quantizer));
+    const plan::QuantizerPlan& qc = fc1.quantizers.at(size_t(col->quantizer));
+    EXPECT_EQ(qr.name, "h");
+    EXPECT_EQ(qc.name, nvfp4 ? "h.columnwise" : "h");
+    EXPECT_EQ(qc.spec.rht, nvfp4);
+    // The one-sequence MLP casts down's input with the same specs.
+    const plan::SequencePlan& mlp = sequence(r.plan, "mlp");
+    int same = 0;
+    for (const plan::QuantizerPlan& m : mlp.quantizers)
+      same += m.name.starts_with("down.input") && (m.spec == qr.spec || m.spec == qc.spec);
+    EXPECT_EQ(same, nvfp4 ? 2 : 1);
+    // No decoded copy of h is written: the casts write codes and scales.
+    for (const plan::Step& step : fc1.steps) {
+      const auto* l = std::get_if<plan::LaunchStep>(&step.body);
+      if (l == nullptr || !l->name_expression.starts_with("opfuse::micro_scale_cast<")) continue;
+      const bool writes_codes =
+          std::find(step.writes.begin(), step.writes.end(), row->id) != step.writes.end() ||
+          std::find(step.writes.begin(), step.writes.end(), col->id) != step.writes.end();
+      if (!writes_codes) continue;
+      EXPECT_TRUE(l->name_expression.ends_with("true>")) << l->name_expression;  // kWriteCodes
+    }
+
+    const plan::SequencePlan& fc2 = sequence(r.plan, "fc2");
+    std::vector<std::string> inputs;
+    for (const plan::Buffer& b : fc2.buffers)
+      if (b.role == plan::BufferRole::Input) inputs.push_back(b.name);
+    std::vector<std::string> want = {"%h", "%h.scale_inv", "%h.columnwise",
+                                     "%h.columnwise.scale_inv"};
+    if (nvfp4) {
+      want.insert(want.begin() + 2, "%h.tensor_scale");
+      want.push_back("%h.columnwise.tensor_scale");
+    }
+    EXPECT_EQ(inputs, want);
+    int decodes = 0;
+    for (const plan::Step& step : fc2.steps) {
+      const auto* l = std::get_if<plan::LaunchStep>(&step.body);
+      if (l == nullptr || !l->name_expression.starts_with("opfuse::micro_dequantize<")) continue;
+      ++decodes;
+      const bool columnwise = l->name_expression.ends_with("true>");
+      EXPECT_EQ(step.inference.has_value(), columnwise) << step.what;
+      // What it writes is what a GEMM of down reads, in bf16.
+      ASSERT_EQ(step.writes.size(), 1u);
+      bool read = false;
+      for (const plan::Step& g : fc2.steps) {
+        if (const auto* gemm = std::get_if<plan::GemmStep>(&g.body)) {
+          read |= (gemm->role == plan::GemmRole::Fprop && !columnwise &&
+                   gemm->a.buffer == step.writes[0]) ||
+                  (gemm->role == plan::GemmRole::Wgrad && columnwise &&
+                   gemm->b.buffer == step.writes[0]);
+        }
+      }
+      EXPECT_TRUE(read) << step.what;
+      EXPECT_EQ(fc2.buffers[size_t(step.writes[0])].dtype, plan::DType::BF16);
+    }
+    EXPECT_EQ(decodes, 2);
+  }
+}
+
 TEST(QuantizedBoundaryPlan, IrShowsTheBoundary) {
   const driver::CompileResult r = compile(program("delayed_scaling()"), driver::Stage::Passes);
   const ir::Sequence* fc2 = r.program.find_sequence("fc2");
@@ -309,28 +390,43 @@ TEST_P(QuantizedBoundaryReference, InferenceAndMismatches) {
   hq = fc1.quantized_output();
   fc2.set_quantized_input(hq);
   QuantizedTensor wrong = hq;
-  wrong.format = cpu::Fp8Format::E5M2;
+  if (hq.scales == ScaleLayout::Nvfp4) {
+    wrong.hadamard = !hq.hadamard;  // E2M1 has no other format; the transform must match
+  } else {
+    wrong.format = cpu::Fp8Format::E5M2;
+  }
   EXPECT_THROW(fc2.set_quantized_input(wrong), cpu::ReferenceError);
   wrong = hq;
   wrong.scales = hq.scales == ScaleLayout::Tensor ? ScaleLayout::Block1D : ScaleLayout::Tensor;
   EXPECT_THROW(fc2.set_quantized_input(wrong), cpu::ReferenceError);
   wrong = hq;
-  wrong.scale_inv.pop_back();
+  if (cpu::micro_scaled(hq.scales)) {
+    wrong.columnwise_block_scales.pop_back();
+  } else {
+    wrong.scale_inv.pop_back();
+  }
   EXPECT_THROW(fc2.set_quantized_input(wrong), cpu::ReferenceError);
   wrong = cpu::quantize_tensor(random_values(32 * 256, 3, 1.0f), 32, 256, hq.format, hq.scales,
-                               true, true, 1.0f);
+                               true, true, 1.0f, true, 0.0f, hq.hadamard);
   EXPECT_THROW(fc2.set_quantized_input(wrong), cpu::ReferenceError);  // 32 rows, not 64
 }
 
 std::string recipe_name(const ::testing::TestParamInfo<std::string>& info) {
-  static const std::vector<std::string> names = {"delayed", "current", "block", "block_2d_inputs"};
+  static const std::vector<std::string> names = {"delayed", "current",   "block", "block_2d_inputs",
+                                                 "mxfp8",   "nvfp4_rht", "nvfp4"};
   return names.at(info.index);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, QuantizedBoundaryReference,
                          ::testing::Values("delayed_scaling(amax_history = 4)", "current_scaling()",
                                            "float8_block_scaling()",
-                                           "float8_block_scaling(x_block = 2, w_block = 1)"),
+                                           "float8_block_scaling(x_block = 2, w_block = 1)",
+                                           // Stochastic rounding off: its Philox streams follow
+                                           // the quantizers' indices, which differ once split.
+                                           "mxfp8_block_scaling()",
+                                           "nvfp4_block_scaling(stochastic_rounding = false)",
+                                           "nvfp4_block_scaling(rht = false, stochastic_rounding "
+                                           "= false)"),
                          recipe_name);
 
 // ---- quantize_tensor / dequantize_tensor
@@ -367,6 +463,57 @@ TEST(QuantizedTensor, RoundTripsEveryLayout) {
       EXPECT_EQ(again.scale_inv, q.scale_inv);
     }
   }
+}
+
+// MXFP8 and NVFP4 (runtime/cpu/micro_scaling.h): the copies are micro_scaling's own, their scales
+// sized as scale_inv_count says, and each decodes to what the emulated cast gives.
+TEST(QuantizedTensor, RoundTripsMicroScaledLayouts) {
+  const int64_t rows = 64, cols = 96;
+  const std::vector<float> x = random_values(size_t(rows * cols), 13, 2.0f);
+  for (const bool hadamard : {false, true}) {
+    for (const ScaleLayout layout : {ScaleLayout::Mxfp8, ScaleLayout::Nvfp4}) {
+      SCOPED_TRACE(fmt::format("{} hadamard {}", cpu::scale_layout_name(layout), hadamard));
+      const QuantizedTensor q = cpu::quantize_tensor(x, rows, cols, cpu::Fp8Format::E4M3, layout,
+                                                     true, true, 1.0f, true, 0.0f, hadamard);
+      EXPECT_EQ(cpu::quantized_tensor_problem(q), "");
+      EXPECT_EQ(int64_t(q.rowwise.size()), cpu::copy_bytes(layout, rows, cols));
+      EXPECT_EQ(int64_t(q.block_scales.size()), cpu::scale_inv_count(layout, rows, cols, false));
+      EXPECT_EQ(int64_t(q.columnwise_block_scales.size()),
+                cpu::scale_inv_count(layout, rows, cols, true));
+      const bool nvfp4 = layout == ScaleLayout::Nvfp4;
+      std::vector<float> row_fake, col_fake;
+      if (nvfp4) {
+        cpu::Nvfp4Params params;
+        row_fake = cpu::nvfp4_fake_quantize(x, rows, cols, q.tensor_scale, params);
+        params.columnwise = true;
+        params.rht = hadamard;
+        col_fake = cpu::nvfp4_fake_quantize(x, rows, cols, q.columnwise_tensor_scale, params);
+        EXPECT_EQ(q.hadamard, hadamard);
+        if (!hadamard) {
+          EXPECT_EQ(q.tensor_scale, q.columnwise_tensor_scale);
+        }
+      } else {
+        row_fake = cpu::mxfp8_fake_quantize(x, rows, cols, cpu::Fp8Format::E4M3, false);
+        col_fake = cpu::mxfp8_fake_quantize(x, rows, cols, cpu::Fp8Format::E4M3, true);
+      }
+      EXPECT_EQ(cpu::dequantize_tensor(q, false), row_fake);
+      EXPECT_EQ(cpu::dequantize_tensor(q, true), col_fake);
+      QuantizedTensor bad = q;
+      bad.block_scales.pop_back();
+      EXPECT_NE(cpu::quantized_tensor_problem(bad), "");
+      bad = q;
+      bad.rowwise.resize(bad.rowwise.size() * 2);
+      EXPECT_NE(cpu::quantized_tensor_problem(bad), "");
+    }
+  }
+  // Blocks need their extent: 40 rows make no NVFP4 column-wise blocks of 16.
+  const QuantizedTensor odd =
+      cpu::quantize_tensor(random_values(40 * 96, 2, 1.0f), 40, 96, cpu::Fp8Format::E4M3,
+                           ScaleLayout::Nvfp4, true, false, 1.0f);
+  EXPECT_EQ(cpu::quantized_tensor_problem(odd), "");
+  QuantizedTensor with_col = odd;
+  with_col.columnwise = odd.rowwise;
+  EXPECT_NE(cpu::quantized_tensor_problem(with_col), "");
 }
 
 TEST(QuantizedTensor, RejectsMalformedTensors) {

@@ -29,10 +29,11 @@ namespace opfuse {
 // Whether a CUDA GPU and driver are usable here; `why` says what is missing when not.
 bool gpu_available(std::string* why = nullptr);
 
-// E2M1 (NVFP4's 4-bit values) is only ever a quantizer's format (QuantizerStatus): no tensor of
-// a session has it.
-enum class TensorDType : std::uint8_t { BF16, FP16, FP32, E4M3, E5M2, E2M1 };
-// "bf16", "fp16", "fp32", "e4m3", "e5m2", "e2m1"
+// E2M1 (NVFP4's 4-bit values) is a quantizer's format (QuantizerStatus) and the format of an
+// NVFP4 quantized tensor, whose codes are packed two per byte; E8M0 (a power of 2 in one byte)
+// is the type of MXFP8's block scales.
+enum class TensorDType : std::uint8_t { BF16, FP16, FP32, E4M3, E5M2, E2M1, E8M0 };
+// "bf16", "fp16", "fp32", "e4m3", "e5m2", "e2m1", "e8m0"
 std::string_view tensor_dtype_name(TensorDType dtype);
 std::size_t tensor_dtype_bytes(TensorDType dtype);  // E2M1: 1 (two codes per byte when packed)
 
@@ -64,8 +65,17 @@ enum class ScaleLayout : std::uint8_t {
   Tensor,        // one FP32 scale_inv, shared by both copies (delayed and current scaling)
   Block1x128,    // Float8 block scaling: a grid per copy, 1 x 128 blocks along its stored rows
   Block128x128,  // a grid per copy of 128 x 128 blocks
+  // MXFP8 (E4M3 codes): an E8M0 scale per 32 elements along the GEMM's K, row-wise 1 x 32
+  // ([rows][cols / 32]), column-wise 32 x 1 ([rows / 32][cols]); both copies [rows, cols].
+  Mxfp8,
+  // NVFP4 (E2M1 codes, two per byte, element 2i in the low nibble): an E4M3 scale per 16
+  // elements along the stored rows ([stored rows][stored cols / 16]) and an FP32 tensor scale
+  // S_enc per copy; the column-wise copy is x transposed, Hadamard-transformed when the recipe
+  // says so (runtime/cpu/micro_scaling.h).
+  Nvfp4,
 };
-std::string_view scale_layout_name(ScaleLayout layout);  // "tensor", "block_1x128", ...
+// "tensor", "block_1x128", "block_128x128", "mxfp8_1x32", "nvfp4_1x16"
+std::string_view scale_layout_name(ScaleLayout layout);
 
 struct QuantizedTensorInfo {
   std::string name;                     // "h"
@@ -76,26 +86,34 @@ struct QuantizedTensorInfo {
   std::int64_t rows = 0;            // the leading dims flattened
   std::int64_t cols = 0;            // the last dim
   bool rowwise = true;              // the copies it carries: row-wise [rows, cols],
-  bool columnwise = false;          // column-wise [cols, rows] (x transposed)
-  // FP32 entries of each copy's scale_inv: 1 per tensor (shared), else the grid of the stored
-  // copy, [outer, inner] with the padding cuBLASLt's block modes read past (docs/embedding.md).
+  bool columnwise = false;          // column-wise [cols, rows] (x transposed; MXFP8: [rows, cols])
+  std::size_t rowwise_bytes = 0;    // each copy's data (NVFP4: two codes per byte)
+  std::size_t columnwise_bytes = 0;
+  // Entries of each copy's scale_inv: 1 per tensor (shared), else the grid of the stored copy,
+  // [outer, inner] with the padding cuBLASLt's block modes read past (docs/embedding.md); and
+  // the bytes of one entry (FP32 4; MXFP8's E8M0 and NVFP4's E4M3 scales 1).
   std::int64_t scale_inv_entries = 1;
   std::int64_t columnwise_scale_inv_entries = 0;
   std::int64_t scale_grid[2] = {1, 1};
   std::int64_t columnwise_scale_grid[2] = {0, 0};
+  std::size_t scale_entry_bytes = 4;
+  bool tensor_scales = false;  // NVFP4: each copy also carries its FP32 tensor scale S_enc
 };
 
 struct QuantizedTensorView {
   TensorDType format = TensorDType::E4M3;
   ScaleLayout scales = ScaleLayout::Tensor;
   std::vector<std::int64_t> shape;
-  const void* rowwise = nullptr;     // [rows, cols] FP8 codes, 16-byte aligned
+  const void* rowwise = nullptr;     // [rows, cols] codes, 16-byte aligned
   const void* columnwise = nullptr;  // [cols, rows]; null without (a consumer's backward needs it)
-  const float* scale_inv = nullptr;  // Tensor: the one value; block: the row-wise grid
-  const float* columnwise_scale_inv = nullptr;  // block: the column-wise grid
+  const void* scale_inv = nullptr;   // Tensor: the one FP32 value; else the row-wise grid
+  const void* columnwise_scale_inv = nullptr;  // the column-wise grid (not for Tensor)
   // Bytes of memory behind each scale pointer (checked against what the layout needs).
   std::size_t scale_inv_bytes = 0;
   std::size_t columnwise_scale_inv_bytes = 0;
+  // NVFP4: each copy's S_enc, one FP32 value (4-byte aligned); null for the other layouts.
+  const float* tensor_scale = nullptr;
+  const float* columnwise_tensor_scale = nullptr;
 };
 
 // Quantized tensors outside sessions (docs/embedding.md, "Quantized tensors"), for applications
@@ -115,10 +133,12 @@ struct QuantizedTensorBuffers {
   std::vector<std::int64_t> shape;
   void* rowwise = nullptr;
   void* columnwise = nullptr;  // null: not made
-  float* scale_inv = nullptr;
-  float* columnwise_scale_inv = nullptr;  // block layouts with a column-wise copy
+  void* scale_inv = nullptr;
+  void* columnwise_scale_inv = nullptr;  // layouts other than Tensor, with a column-wise copy
   std::size_t scale_inv_bytes = 0;
   std::size_t columnwise_scale_inv_bytes = 0;
+  float* tensor_scale = nullptr;  // NVFP4
+  float* columnwise_tensor_scale = nullptr;
   QuantizedTensorView view() const;  // the same memory, to read
 };
 
@@ -127,23 +147,27 @@ struct QuantizeOptions {
   // per tensor: current scaling's power_of_2_scale (default off). Both: the amax floor.
   std::optional<bool> power_of_2_scale;
   double amax_epsilon = 0.0;
+  // NVFP4: the column-wise copy Hadamard-transformed (nvfp4_block_scaling's rht, its default).
+  bool hadamard = true;
 };
 
 // Quantizes `input` (bf16, `into.shape`, 16-byte aligned device memory) into `into` as a
 // sequence's final quantize() does under the matching recipe: ScaleLayout::Tensor with current
 // scaling (TE's Float8CurrentScaling: scale = 448 / amax of the tensor), the block layouts with
-// float8_block_scaling's blocks (x_block 1 or 2); the column-wise copy when into.columnwise is
-// set. E4M3 only. Compiles (through the kernel cache) and keeps one session per shape, layout
-// and options for the process; enqueued on `stream`, no host synchronization. UsageError, before
-// anything runs, for a format, shape, null or misaligned pointer or scale buffer the layout
-// cannot take.
+// float8_block_scaling's blocks (x_block 1 or 2), Mxfp8 and Nvfp4 as mxfp8_block_scaling and
+// nvfp4_block_scaling cast a linear's input; the column-wise copy when into.columnwise is set.
+// E4M3 codes (E2M1 for Nvfp4). Compiles (through the kernel cache) and keeps one program per
+// shape, layout and options for the process; enqueued on `stream`, no host synchronization.
+// UsageError, before anything runs, for a format, shape, null or misaligned pointer or scale
+// buffer the layout cannot take.
 void quantize(const void* input, const QuantizedTensorBuffers& into, cudaStream_t stream,
               const QuantizeOptions& options = {});
 
-// Decodes the row-wise copy of `from` (or, `columnwise`, the column-wise one, [cols, rows] as
-// stored) into `output` (bf16, 16-byte aligned): each code times its block's scale_inv in fp32,
-// rounded to bf16 (cpu::dequantize_tensor's values, bit for bit). UsageError, before anything
-// runs, for a view without that copy, a misaligned pointer or a scale buffer too small.
+// Decodes the row-wise copy of `from` (or, `columnwise`, the column-wise one as stored: [cols,
+// rows], MXFP8 [rows, cols]) into `output` (bf16, 16-byte aligned): each code times its block's
+// scale_inv in fp32 (NVFP4: (code * block scale) * (1 / S_enc)), rounded to bf16
+// (cpu::dequantize_tensor's values, bit for bit). UsageError, before anything runs, for a view
+// without that copy, a misaligned pointer or a scale buffer too small.
 void dequantize(const QuantizedTensorView& from, void* output, cudaStream_t stream,
                 bool columnwise = false);
 
