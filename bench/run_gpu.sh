@@ -172,6 +172,14 @@ if [[ " $sizes " == *" large "* && " $modes " == *" fwdbwd "* ]]; then
     fi
   done
   stamp "interleaved MLP training steps done"
+  # The two-sequence MLP with an FP8 boundary against the one-sequence MLP, training step and
+  # inference forward (bench/peers/boundary_interleaved.py; issue 24's goal).
+  for mode in fwdbwd fwd; do
+    timeout 200 "${pypkg[@]}" "$peers/boundary_interleaved.py" --mode "$mode" \
+      --json "$work/peers_boundary_$mode.json" >"$work/peers_boundary_$mode.txt" 2>&1 ||
+      { echo "boundary_interleaved --mode $mode failed: $(tail -2 "$work/peers_boundary_$mode.txt")"; status=1; }
+  done
+  stamp "quantized boundary done"
   # Each GEMM of the large FP8 step against TE's same GEMM, one profiler, the same tensors, the
   # side order rotating (bench/peers/gemm_kernels.py; issue 22's per-GEMM goal).
   if [[ $TE_AVAILABLE == 1 && " $recipes " == *" fp8_delayed "* ]]; then

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -410,6 +411,27 @@ void ReferenceExecutor<T>::set_quantized_input(const QuantizedTensor& q) {
     throw ReferenceError(
         fmt::format("quantized input '{}' of sequence '{}': {}", name, s.seq.name, problem));
   s.quantized_input = q;
+}
+
+template <typename T>
+void ReferenceExecutor<T>::quantize_input(const Tensor<T>& x) {
+  State& s = *state_;
+  if (!s.seq.quantized_input)
+    throw ReferenceError(fmt::format("sequence '{}' has no quantized input", s.seq.name));
+  const ir::ValueId in = s.seq.inputs[0];
+  const ir::QuantizerDecl& decl = s.seq.quantizers.at(size_t(s.seq.value(in).quantizer));
+  std::vector<float> values(x.data.begin(), x.data.end());
+  round_to_bf16(values);  // the tensor a bf16 producer would quantize
+  const int64_t cols = x.shape.back(), rows = int64_t(values.size()) / cols;
+  const Fp8Format format = decl.format() == ir::DType::E5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  float amax = 0.0f;
+  for (const float v : values) amax = std::fmax(amax, std::fabs(v));
+  const auto epsilon = static_cast<float>(decl.spec.epsilon);
+  const float scale =
+      compute_current_scale(amax, decl.spec.fp8_max(), epsilon, decl.spec.power_of_2_scale).scale;
+  set_quantized_input(quantize_tensor(values, rows, cols, format, s.boundary_layout(decl), true,
+                                      decl.usages.columnwise, scale, decl.spec.power_of_2_scale,
+                                      epsilon, s.boundary_hadamard()));
 }
 
 template <typename T>

@@ -94,6 +94,10 @@ class ReferenceExecutor {
   // ReferenceError when the sequence has no quantized input, or `q` has another format, scale
   // layout or shape than the input's spec and bound shape, or lacks a copy it declares.
   void set_quantized_input(const QuantizedTensor& q);
+  // Quantizes x (the input's logical [rows, cols] values) as a producer's final quantize() under
+  // this sequence's recipe would (per tensor: current scaling's scale of x's amax; blocks and
+  // MXFP8 / NVFP4: their own scales) and sets the copies (fusec run of a consumer sequence).
+  void quantize_input(const Tensor<T>& x);
   // The quantized main output's copies as the last forward made them (an inference forward
   // makes no column-wise copy). Throws ReferenceError without one or before a forward.
   QuantizedTensor quantized_output() const;

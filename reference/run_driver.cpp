@@ -125,6 +125,8 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
       }
     }
     ReferenceExecutor<float>& exec = *current;
+    // A quantized input (a consumer sequence): the seeded values quantized as a producer would.
+    if (exec.sequence().quantized_input) exec.quantize_input(inputs[0]);
     const std::vector<Tensor<float>> outputs = exec.forward(inputs);
     const Tensor<float>& y = outputs[0];
     StepReport report;

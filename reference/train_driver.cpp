@@ -128,6 +128,12 @@ TrainCurve train_reference(const ir::Sequence& student_sequence,
                            const TrainProgress& progress) {
   if (options.steps < 1)
     throw ReferenceError(fmt::format("--steps must be at least 1, got {}", options.steps));
+  if (student_sequence.quantized_input) {
+    throw ReferenceError(fmt::format(
+        "fusec train draws bf16 batches, and input '{}' of sequence '{}' is quantized: train the "
+        "sequence that makes it and this one as one sequence",
+        student_sequence.value(student_sequence.inputs[0]).name, student_sequence.name));
+  }
   const auto start = std::chrono::steady_clock::now();
   ReferenceExecutor<float> teacher(lowered_for_run(teacher_sequence, nullptr), options.bindings);
   ReferenceExecutor<float> student(lowered_for_run(student_sequence, nullptr), options.bindings);

@@ -683,6 +683,120 @@ sequence mlp(x: bf16[tokens, hidden], residual: bf16[tokens, hidden]) -> (y: bf1
             opfuse.quantize(x, row, torch.empty(1, device="cuda"), scales="block_1x128",
                             stream=stream)
 
+    def test_micro_layouts_round_trip_and_decode_as_written(self) -> None:
+        # mxfp8_1x32 and nvfp4_1x16 through quantize and dequantize: each copy decodes to the
+        # rules of runtime/cpu/micro_scaling.h written out here in torch, rounded to bf16, and
+        # lands near x (the NVFP4 column-wise copy near x transposed, Hadamard-transformed or not).
+        stream = torch.cuda.current_stream().cuda_stream
+        rows, cols = 256, 512
+        x = (torch.randn(rows, cols, device="cuda") * 3).bfloat16()
+
+        def cuda_bytes(n: int) -> torch.Tensor:
+            return torch.empty(n, dtype=torch.uint8, device="cuda")
+
+        def e4m3(codes: torch.Tensor) -> torch.Tensor:
+            return codes.view(torch.float8_e4m3fn).float()
+
+        # MXFP8: fp8(code) * 2^(e - 127), both copies [rows, cols]; the row-wise scales are
+        # [rows][cols / 32], the column-wise ones [rows / 32][cols].
+        info = opfuse.quantized_tensor_info([rows, cols], "mxfp8_1x32")
+        self.assertEqual((info["format"], info["scale_entry_bytes"], info["tensor_scales"]),
+                         ("e4m3", 1, False))
+        self.assertEqual((info["rowwise_bytes"], info["columnwise_bytes"]),
+                         (rows * cols, rows * cols))
+        self.assertEqual((info["scale_grid"], info["columnwise_scale_grid"]),
+                         ([rows, cols // 32], [rows // 32, cols]))
+        row = torch.empty(rows, cols, dtype=torch.uint8, device="cuda")
+        col = torch.empty(rows, cols, dtype=torch.uint8, device="cuda")
+        scale = cuda_bytes(info["scale_inv_entries"])
+        col_scale = cuda_bytes(info["columnwise_scale_inv_entries"])
+        opfuse.quantize(x, row, scale, col, col_scale, scales="mxfp8_1x32", stream=stream)
+        # 2^(e - 127) exactly: e as a float32's exponent bits (a cast makes e = 0 only for a
+        # block of zeros, whose codes decode to 0 either way, and never e = 255).
+        powers = (scale.int() << 23).view(torch.float32).view(rows, cols // 32)
+        col_powers = (col_scale.int() << 23).view(torch.float32).view(rows // 32, cols)
+        want = (e4m3(row) * powers.repeat_interleave(32, dim=1)).bfloat16()
+        want_col = (e4m3(col) * col_powers.repeat_interleave(32, dim=0)).bfloat16()
+        decoded = torch.empty_like(x)
+        opfuse.dequantize(row, scale, decoded, [rows, cols], scales="mxfp8_1x32", stream=stream)
+        decoded_col = torch.empty_like(x)
+        opfuse.dequantize(col, col_scale, decoded_col, [rows, cols], scales="mxfp8_1x32",
+                          columnwise=True, stream=stream)
+        self.assertTrue(torch.equal(decoded, want))
+        self.assertTrue(torch.equal(decoded_col, want_col))
+        self.assertLess(relative_error(decoded, x), 0.08)
+        self.assertLess(relative_error(decoded_col, x), 0.08)
+        with self.assertRaisesRegex(opfuse.UsageError, "has no tensor scales"):
+            opfuse.quantize(x, row, scale, scales="mxfp8_1x32",
+                            tensor_scale=torch.empty(1, device="cuda"), stream=stream)
+
+        # NVFP4: (e2m1(code) * e4m3(s_b)) * (1 / S_enc) in fp32, element 2i in the low nibble of
+        # byte i; the row-wise copy [rows, cols], the column-wise one x transposed [cols, rows],
+        # each with scales [stored rows][stored cols / 16] and its own S_enc.
+        info = opfuse.quantized_tensor_info([rows, cols], "nvfp4_1x16")
+        self.assertEqual((info["format"], info["scale_entry_bytes"], info["tensor_scales"]),
+                         ("e2m1", 1, True))
+        self.assertEqual((info["rowwise_bytes"], info["columnwise_bytes"]),
+                         (rows * cols // 2, rows * cols // 2))
+        self.assertEqual((info["scale_grid"], info["columnwise_scale_grid"]),
+                         ([rows, cols // 16], [cols, rows // 16]))
+        magnitudes = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], device="cuda")
+
+        def nvfp4_decode(codes: torch.Tensor, scales: torch.Tensor, s_enc: torch.Tensor,
+                         stored: tuple[int, int]) -> torch.Tensor:
+            nibbles = torch.stack([codes & 0xF, codes >> 4], dim=-1).view(stored).long()
+            values = torch.where(nibbles >= 8, -magnitudes[nibbles & 7], magnitudes[nibbles & 7])
+            block = e4m3(scales).view(stored[0], stored[1] // 16).repeat_interleave(16, dim=1)
+            s_dec = (torch.ones(1) / s_enc.cpu()).cuda()  # fp32 IEEE division, as the runtime
+            return ((values * block) * s_dec).bfloat16()
+
+        # TE's fixed signs (runtime/cpu/micro_scaling.h, kRhtSignMask) and the Sylvester H16:
+        # every 16-row group of each column of x replaced by (H16 D / 4) v.
+        signs = torch.tensor([-1.0 if 0xD7E8 >> k & 1 else 1.0 for k in range(16)], device="cuda")
+        hadamard16 = torch.ones(1, 1, device="cuda")
+        for _ in range(4):
+            hadamard16 = torch.cat([torch.cat([hadamard16, hadamard16], 1),
+                                    torch.cat([hadamard16, -hadamard16], 1)], 0)
+        x_t = x.float().t().contiguous()
+        x_t_hadamard = ((x_t.view(cols, rows // 16, 16) * signs) @ hadamard16.t() / 4).view(
+            cols, rows)
+
+        for hadamard in (False, True):
+            row, col = cuda_bytes(info["rowwise_bytes"]), cuda_bytes(info["columnwise_bytes"])
+            scale = cuda_bytes(info["scale_inv_entries"])
+            col_scale = cuda_bytes(info["columnwise_scale_inv_entries"])
+            s_enc, col_s_enc = torch.empty(1, device="cuda"), torch.empty(1, device="cuda")
+            opfuse.quantize(x, row, scale, col, col_scale, scales="nvfp4_1x16", stream=stream,
+                            tensor_scale=s_enc, columnwise_tensor_scale=col_s_enc,
+                            hadamard=hadamard)
+            # S_enc = 2688 / amax (448 * 6, current scaling's formula in fp32).
+            amax = x.abs().max().float().cpu()
+            self.assertEqual(s_enc.item(), (torch.tensor(2688.0) / amax).item())
+            if not hadamard:  # the same values, so the same amax
+                self.assertEqual(col_s_enc.item(), s_enc.item())
+            decoded = torch.empty_like(x)
+            opfuse.dequantize(row, scale, decoded, [rows, cols], scales="nvfp4_1x16",
+                              format="e2m1", tensor_scale=s_enc, stream=stream)
+            decoded_col = torch.empty(cols, rows, dtype=torch.bfloat16, device="cuda")
+            opfuse.dequantize(col, col_scale, decoded_col, [rows, cols], scales="nvfp4_1x16",
+                              format="e2m1", columnwise=True, tensor_scale=col_s_enc,
+                              stream=stream)
+            self.assertTrue(torch.equal(decoded, nvfp4_decode(row, scale, s_enc, (rows, cols))))
+            self.assertTrue(torch.equal(decoded_col,
+                                        nvfp4_decode(col, col_scale, col_s_enc, (cols, rows))),
+                            f"hadamard={hadamard}")
+            self.assertLess(relative_error(decoded, x), 0.2)
+            self.assertLess(relative_error(decoded_col, x_t_hadamard if hadamard else x_t), 0.2,
+                            f"hadamard={hadamard}")
+        with self.assertRaisesRegex(opfuse.UsageError, "tensor_scale is null"):
+            opfuse.quantize(x, row, scale, scales="nvfp4_1x16", stream=stream)
+        with self.assertRaisesRegex(opfuse.UsageError, "is e2m1, not e4m3"):
+            opfuse.dequantize(row, scale, decoded, [rows, cols], scales="nvfp4_1x16",
+                              tensor_scale=s_enc, stream=stream)
+        with self.assertRaisesRegex(opfuse.UsageError, "two codes per byte"):
+            opfuse.quantize(x, torch.empty(rows, cols, dtype=torch.uint8, device="cuda"), scale,
+                            scales="nvfp4_1x16", tensor_scale=s_enc, stream=stream)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -22,6 +22,7 @@
 #include "driver/compile.h"
 #include "ir/printer.h"
 #include "reference/reference_executor.h"
+#include "reference/run_driver.h"
 #include "support/diagnostics.h"
 
 namespace opfuse {
@@ -409,6 +410,41 @@ TEST_P(QuantizedBoundaryReference, InferenceAndMismatches) {
   wrong = cpu::quantize_tensor(random_values(32 * 256, 3, 1.0f), 32, 256, hq.format, hq.scales,
                                true, true, 1.0f, true, 0.0f, hq.hadamard);
   EXPECT_THROW(fc2.set_quantized_input(wrong), cpu::ReferenceError);  // 32 rows, not 64
+}
+
+// A consumer alone (fusec run of it): quantize_input quantizes a tensor as the producer's final
+// quantize() would, so the consumer computes what it computes from the producer's copies of the
+// same values; the run driver gives it its seeded input that way, step after step.
+TEST_P(QuantizedBoundaryReference, ConsumerAloneQuantizesItsInput) {
+  const driver::CompileResult r = compile(program(GetParam()), driver::Stage::FrontEnd);
+  const cpu::Bindings bindings{{"tokens", 64}};
+  const ir::Sequence& consumer = *r.program.find_sequence("fc2");
+  Ref a(consumer, bindings), b(consumer, bindings);
+  b.param("down.weight") = a.param("down.weight") = tensor({128, 256}, 3, 0.05f);
+  a.params_changed();
+  b.params_changed();
+  const Tensor h = tensor({64, 256}, 4, 2.0f);
+  a.quantize_input(h);
+  // The producer: a quantize alone under the same recipe, fed the same values.
+  const std::string type = GetParam().starts_with("nvfp4") ? "e2m1" : "e4m3";
+  const driver::CompileResult q =
+      compile(fmt::format("recipe r = {}\nsequence q(x: bf16[tokens, 256]) -> (h: {}[tokens, 256] "
+                          "quantized(rowwise, columnwise)) uses r {{\n  quantize()\n}}\n",
+                          GetParam(), type),
+              driver::Stage::FrontEnd);
+  Ref producer(*q.program.find_sequence("q"), bindings);
+  producer.forward({h});
+  b.set_quantized_input(producer.quantized_output());
+  const bool delayed = GetParam().starts_with("delayed");
+  if (!delayed) {  // delayed scaling's first cast uses scale 1, not the amax's
+    expect_same(a.forward({Tensor{}})[0], b.forward({Tensor{}})[0], "y");
+  }
+  cpu::RunOptions options;
+  options.bindings = bindings;
+  options.steps = 2;
+  const std::string report = cpu::run_reference_training(consumer, options);
+  EXPECT_NE(report.find("\nstep    1  loss"), std::string::npos) << report;
+  EXPECT_EQ(report.find("nan"), std::string::npos) << report;
 }
 
 std::string recipe_name(const ::testing::TestParamInfo<std::string>& info) {

@@ -454,6 +454,12 @@ std::vector<TemplateCase> all_cases() {
           for (const char* blocks : {"0", "1", "2"})
             c.name_expressions.push_back(std::string("opfuse::dequantize<") + fp8 + ", " + out +
                                          ", " + blocks + ">");
+      // MXFP8 (E4M3, E5M2) and NVFP4 copies of quantized inputs, both orientations.
+      for (const char* out : {"__nv_bfloat16", "__half", "float"})
+        for (const char* format : {"0", "1", "2"})
+          for (const char* columnwise : {"false", "true"})
+            c.name_expressions.push_back(std::string("opfuse::micro_dequantize<") + out + ", " +
+                                         format + ", " + columnwise + ">");
       cases.push_back(std::move(c));
     }
     // The transposed copy of gathered FP8 codes (gather-fp8): one kernel per format.

@@ -18,6 +18,7 @@
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
 #include "gpu/plan_executor.h"
+#include "run/quantized_inputs.h"
 
 namespace opfuse::api {
 
@@ -495,7 +496,8 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   Iteration iteration(session, options, stream);
   bool has_output_grad = false;
   for (const TensorInfo& info : session.tensors()) {
-    if (info.kind == TensorKind::Input) iteration.add_rotated(info);
+    if (info.kind == TensorKind::Input && !quantized_input_piece(session, info.name))
+      iteration.add_rotated(info);
     if (info.kind == TensorKind::OutputGrad && options.mode == BenchMode::ForwardBackward) {
       iteration.add_rotated(info);
       has_output_grad = true;
@@ -507,6 +509,12 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   }
   session.own_parameters(options.seed, stream);
   report.parameter_bytes = session.memory().owned_bytes;
+  // A quantized input (a consumer sequence): one tensor quantized by opfuse::quantize, not
+  // rotated (its copies are read once per iteration, as a producer's output would be).
+  std::vector<gpu::DeviceBuffer> quantized_memory;
+  give_quantized_inputs(session, options.seed, stream, quantized_memory);
+  if (!quantized_memory.empty())
+    report.notes.push_back("the quantized input is one tensor quantized once, not rotated");
 
   // The floor for memory-bound kernels, measured before the session's buffers take memory.
   std::size_t free_bytes = 0, total_bytes = 0;

@@ -13,6 +13,7 @@
 #include "gpu/device_memory.h"
 #include "reference/run_driver.h"
 #include "reference/run_steps.h"
+#include "run/quantized_inputs.h"
 
 namespace opfuse::api {
 
@@ -71,7 +72,8 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
   const TensorInfo* output_grad = nullptr;
   const std::vector<TensorInfo> tensors = session.tensors();
   for (const TensorInfo& info : tensors) {
-    if (info.kind == TensorKind::Input) inputs.push_back(info);
+    if (info.kind == TensorKind::Input && !quantized_input_piece(session, info.name))
+      inputs.push_back(info);
     if (info.kind == TensorKind::Param) params.push_back(info);
     if (info.kind == TensorKind::Output) outputs.push_back(info);
     if (info.kind == TensorKind::ParamGrad) param_grads[info.name] = info;
@@ -86,6 +88,7 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
     upload(input_memory.back().data(), values.data, inputs[i], stream);
     session.set_tensor(inputs[i].name, input_memory.back().data());
   }
+  give_quantized_inputs(session, options.seed, stream, input_memory);
   if (outputs.empty() || output_grad == nullptr)
     throw UsageError("fusec run trains sequences with an output and its gradient");
   const TensorInfo& y = outputs.front();

@@ -71,6 +71,14 @@ struct Interface {
 };
 
 Interface interface_of(const Session& session) {
+  for (const QuantizedTensorInfo& q : session.quantized_tensors()) {
+    if (q.kind == TensorKind::Input) {
+      throw UsageError(fmt::format(
+          "fusec train draws bf16 batches, and input '{}' of sequence '{}' is quantized: train "
+          "the sequence that makes it and this one as one sequence",
+          q.name, session.sequence()));
+    }
+  }
   Interface in;
   bool has_output = false;
   for (const TensorInfo& info : session.tensors()) {
