@@ -159,13 +159,16 @@ class PySession {
   }
 
   // Note "Quantized boundaries" (docs/python.md, "Quantized tensors"): a quantized input from
-  // arrays (FP8 codes as any 8-bit dtype, FP32 scales), checked against quantized_tensors() and
-  // then as Session::set_tensor checks a view; the arrays are kept alive while read.
+  // arrays (codes as any 8-bit dtype; scales float32, or one byte each under the micro layouts;
+  // NVFP4's tensor scales float32), checked against quantized_tensors() and then as
+  // Session::set_tensor checks a view; the arrays are kept alive while read.
   void set_quantized(const std::string& name, const InputArray& rowwise,
                      const InputArray& scale_inv, std::optional<InputArray> columnwise,
                      std::optional<InputArray> columnwise_scale_inv,
                      std::optional<std::string> format, std::optional<std::string> scales,
-                     std::optional<std::vector<std::int64_t>> shape) {
+                     std::optional<std::vector<std::int64_t>> shape,
+                     std::optional<InputArray> tensor_scale,
+                     std::optional<InputArray> columnwise_tensor_scale) {
     const QuantizedTensorInfo info = quantized_info(name, TensorKind::Input, "set_quantized");
     const std::string where = fmt::format("set_quantized('{}')", name);
     // A producer's quantized_output() dict carries these: they must be the input's.
@@ -182,8 +185,14 @@ class PySession {
     view.format = info.format;
     view.scales = info.scales;
     view.shape = info.shape;
+    const bool nvfp4 = info.scales == ScaleLayout::Nvfp4;
+    auto on_device = [&](const InputArray& a, const char* what) {
+      if (a.device_type() != nb::device::cuda::value || a.device_id() != device_)
+        throw UsageError(
+            fmt::format("{}: the {} is not on this session's CUDA device", where, what));
+    };
     auto codes = [&](const InputArray& a, const char* what) {
-      if (a.dtype().bits != 8 || !is_row_major(a)) {
+      if (a.dtype().bits != 8 || a.dtype().lanes != 1 || !is_row_major(a)) {
         throw UsageError(
             fmt::format("{}: the {} copy must be a dense row-major array of 8-bit "
                         "codes (uint8 or a float8 dtype)",
@@ -194,18 +203,36 @@ class PySession {
             fmt::format("{}: the {} copy is not on this session's CUDA device", where, what));
       return a.data();
     };
+    // FP32 entries (tensor and block layouts), or one byte each (MXFP8's E8M0 and NVFP4's E4M3
+    // block scales, any 8-bit dtype): as quantized_tensors() says.
     auto scale_array = [&](const InputArray& a, const char* what, std::size_t* bytes) {
-      if (a.dtype() != nb::dtype<float>() || !is_row_major(a))
-        throw UsageError(fmt::format("{}: the {} must be a dense float32 array", where, what));
-      if (a.device_type() != nb::device::cuda::value || a.device_id() != device_)
+      const bool fits = info.scale_entry_bytes == 4 ? a.dtype() == nb::dtype<float>()
+                                                    : a.dtype().bits == 8 && a.dtype().lanes == 1;
+      if (!fits || !is_row_major(a)) {
+        throw UsageError(fmt::format("{}: the {} must be a dense {} array", where, what,
+                                     info.scale_entry_bytes == 4 ? "float32" : "8-bit"));
+      }
+      on_device(a, what);
+      *bytes = a.size() * info.scale_entry_bytes;
+      return a.data();
+    };
+    // NVFP4's S_enc of a copy: one float32 value (the runtime refuses it under other layouts).
+    auto scalar = [&](const InputArray& a, const char* what) {
+      if (a.dtype() != nb::dtype<float>() || a.size() != 1)
         throw UsageError(
-            fmt::format("{}: the {} is not on this session's CUDA device", where, what));
-      *bytes = a.size() * sizeof(float);
+            fmt::format("{}: the {} must be a float32 array of one element", where, what));
+      on_device(a, what);
       return static_cast<const float*>(a.data());
     };
-    if (array_shape(rowwise) != info.shape) {
-      throw UsageError(fmt::format("{}: the tensor is {}, the array {}", where,
-                                   shape_text(info.shape), shape_text(array_shape(rowwise))));
+    // NVFP4 packs two codes per byte: its copies are arrays of rowwise_bytes elements, of any
+    // shape; the FP8 copies have the tensor's shape (the column-wise one is checked by size).
+    if (nvfp4 ? rowwise.size() != info.rowwise_bytes : array_shape(rowwise) != info.shape) {
+      throw UsageError(
+          nvfp4 ? fmt::format("{}: the row-wise copy is {} bytes (two codes per byte), the array "
+                              "holds {} elements",
+                              where, info.rowwise_bytes, rowwise.size())
+                : fmt::format("{}: the tensor is {}, the array {}", where, shape_text(info.shape),
+                              shape_text(array_shape(rowwise))));
     }
     view.rowwise = codes(rowwise, "row-wise");
     view.scale_inv = scale_array(scale_inv, "scale_inv", &view.scale_inv_bytes);
@@ -219,11 +246,18 @@ class PySession {
       view.columnwise_scale_inv = scale_array(*columnwise_scale_inv, "columnwise_scale_inv",
                                               &view.columnwise_scale_inv_bytes);
     }
+    if (tensor_scale) view.tensor_scale = scalar(*tensor_scale, "tensor_scale");
+    if (columnwise_tensor_scale) {
+      view.columnwise_tensor_scale = scalar(*columnwise_tensor_scale, "columnwise_tensor_scale");
+    }
     session_.set_tensor(name, view);
     kept_["quantized:" + name] = rowwise;
     kept_["quantized_scale:" + name] = scale_inv;
     if (columnwise) kept_["quantized_columnwise:" + name] = *columnwise;
     if (columnwise_scale_inv) kept_["quantized_columnwise_scale:" + name] = *columnwise_scale_inv;
+    if (tensor_scale) kept_["quantized_tensor_scale:" + name] = *tensor_scale;
+    if (columnwise_tensor_scale)
+      kept_["quantized_columnwise_tensor_scale:" + name] = *columnwise_tensor_scale;
   }
 
   QuantizedTensorInfo quantized_info(std::string_view name, TensorKind kind,
@@ -241,37 +275,48 @@ class PySession {
                     fmt::join(names, ", ")));
   }
 
-  // An output's copies and scales as DLPack views (None where absent), in a dict.
+  // An output's copies and scales as DLPack views (None where absent), in a dict whose keys are
+  // set_quantized()'s arguments.
   nb::dict quantized_output(const std::string& name) const {
     const QuantizedTensorInfo info = quantized_info(name, TensorKind::Output, "quantized_output");
     const QuantizedTensorView v = session_.quantized_output(name);
     nb::dict d;
-    const auto codes = [&](const void* data, std::vector<std::size_t> shape) -> nb::object {
+    const auto array = [&](const void* data, std::vector<std::size_t> shape,
+                           nb::dlpack::dtype dtype) -> nb::object {
       if (data == nullptr) return nb::none();
-      return nb::cast(nb::ndarray<nb::array_api>(
-                          const_cast<void*>(data), shape.size(), shape.data(), nb::handle(),
-                          nullptr, nb::dtype<std::uint8_t>(), nb::device::cuda::value, device_),
+      return nb::cast(nb::ndarray<nb::array_api>(const_cast<void*>(data), shape.size(),
+                                                 shape.data(), nb::handle(), nullptr, dtype,
+                                                 nb::device::cuda::value, device_),
                       nb::rv_policy::reference);  // no owner: valid until the next forward
     };
-    const auto grid = [&](const float* data, std::size_t entries) -> nb::object {
-      if (data == nullptr) return nb::none();
-      const std::size_t shape[1] = {entries};
-      return nb::cast(
-          nb::ndarray<nb::array_api>(const_cast<float*>(data), 1, shape, nb::handle(), nullptr,
-                                     nb::dtype<float>(), nb::device::cuda::value, device_),
-          nb::rv_policy::reference);
+    const auto rows = static_cast<std::size_t>(info.rows);
+    const auto cols = static_cast<std::size_t>(info.cols);
+    const nb::dlpack::dtype u8 = nb::dtype<std::uint8_t>(), f32 = nb::dtype<float>();
+    // The codes: the tensor's shape (column-wise [cols, rows], MXFP8's [rows, cols]); NVFP4's,
+    // two per byte, as bytes.
+    std::vector<std::size_t> row_shape(info.shape.begin(), info.shape.end());
+    std::vector<std::size_t> col_shape = {cols, rows};
+    if (info.scales == ScaleLayout::Mxfp8) col_shape = {rows, cols};
+    if (info.scales == ScaleLayout::Nvfp4) {
+      row_shape = {info.rowwise_bytes};
+      col_shape = {info.columnwise_bytes};
+    }
+    // The scales: FP32 entries, or one byte each under the micro layouts.
+    const bool bytes = info.scale_entry_bytes == 1;
+    const auto grid = [&](const void* data, std::size_t size) {
+      return array(data, {bytes ? size : size / sizeof(float)}, bytes ? u8 : f32);
     };
-    std::vector<std::size_t> shape(info.shape.begin(), info.shape.end());
     d["format"] = std::string(tensor_dtype_name(info.format));
     d["scales"] = std::string(scale_layout_name(info.scales));
     d["shape"] = info.shape;
-    d["rowwise"] = codes(v.rowwise, shape);
-    d["columnwise"] = codes(
-        v.columnwise, {static_cast<std::size_t>(info.cols), static_cast<std::size_t>(info.rows)});
-    d["scale_inv"] = grid(v.scale_inv, v.scale_inv_bytes / sizeof(float));
+    d["rowwise"] = array(v.rowwise, row_shape, u8);
+    d["columnwise"] = array(v.columnwise, col_shape, u8);
+    d["scale_inv"] = grid(v.scale_inv, v.scale_inv_bytes);
     d["columnwise_scale_inv"] =
         grid(info.scales == ScaleLayout::Tensor ? nullptr : v.columnwise_scale_inv,
-             v.columnwise_scale_inv_bytes / sizeof(float));
+             v.columnwise_scale_inv_bytes);
+    d["tensor_scale"] = array(v.tensor_scale, {1}, f32);
+    d["columnwise_tensor_scale"] = array(v.columnwise_tensor_scale, {1}, f32);
     return d;
   }
 
@@ -422,10 +467,19 @@ void bind_session(nb::module_& m) {
               d["format"] = std::string(tensor_dtype_name(i.format));
               d["scales"] = std::string(scale_layout_name(i.scales));
               d["shape"] = i.shape;
+              d["rows"] = i.rows;
+              d["cols"] = i.cols;
               d["rowwise"] = i.rowwise;
               d["columnwise"] = i.columnwise;
+              d["rowwise_bytes"] = i.rowwise_bytes;
+              d["columnwise_bytes"] = i.columnwise_bytes;
               d["scale_inv_entries"] = i.scale_inv_entries;
               d["columnwise_scale_inv_entries"] = i.columnwise_scale_inv_entries;
+              d["scale_grid"] = std::vector<std::int64_t>{i.scale_grid[0], i.scale_grid[1]};
+              d["columnwise_scale_grid"] =
+                  std::vector<std::int64_t>{i.columnwise_scale_grid[0], i.columnwise_scale_grid[1]};
+              d["scale_entry_bytes"] = i.scale_entry_bytes;
+              d["tensor_scales"] = i.tensor_scales;
               out.append(d);
             }
             return out;
@@ -435,17 +489,22 @@ void bind_session(nb::module_& m) {
            nb::arg("scale_inv"), nb::arg("columnwise").none() = nb::none(),
            nb::arg("columnwise_scale_inv").none() = nb::none(),
            nb::arg("format").none() = nb::none(), nb::arg("scales").none() = nb::none(),
-           nb::arg("shape").none() = nb::none(),
-           "Gives a quantized input: its row-wise codes (8-bit CUDA array of the input's shape), "
-           "its scale_inv (float32: one value, or the row-wise grid), and for backward the "
-           "column-wise codes [cols, rows] and, under block scales, their grid. Another "
-           "session's quantized_output() dict passes as set_quantized(name, **d) (its format, "
-           "scales and shape are checked against the input's).")
+           nb::arg("shape").none() = nb::none(), nb::arg("tensor_scale").none() = nb::none(),
+           nb::arg("columnwise_tensor_scale").none() = nb::none(),
+           "Gives a quantized input: its row-wise codes (8-bit CUDA array of the input's shape; "
+           "nvfp4_1x16: of rowwise_bytes elements, two codes per byte), its scale_inv (float32: "
+           "one value, or the row-wise grid; mxfp8_1x32 and nvfp4_1x16: an 8-bit array, one byte "
+           "per scale), for backward the column-wise codes and, under block and micro scales, "
+           "their grid, and under nvfp4_1x16 each copy's tensor_scale (float32, one element). "
+           "Another session's quantized_output() dict passes as set_quantized(name, **d) (its "
+           "format, scales and shape are checked against the input's).")
       .def("quantized_output", &PySession::quantized_output, nb::arg("name"),
            nb::rv_policy::reference_internal,
            "A quantized output: {'format', 'scales', 'shape', 'rowwise', 'columnwise', "
-           "'scale_inv', 'columnwise_scale_inv'}, the arrays DLPack views of the session's memory "
-           "(valid until the next forward; column-wise ones None after an inference forward).")
+           "'scale_inv', 'columnwise_scale_inv', 'tensor_scale', 'columnwise_tensor_scale'}, the "
+           "arrays DLPack views of the session's memory (valid until the next forward; "
+           "column-wise ones None after an inference forward; tensor scales None but under "
+           "nvfp4_1x16).")
       .def(
           "parameters_changed", [](PySession& s) { s.get().parameters_changed(); },
           "The parameters' contents changed (an optimizer step): recast the FP8 weight copies.")
