@@ -63,9 +63,12 @@ struct ReferenceExecutor<T>::State : ReferenceContext<T> {
     return q.spec.scaling == plan::ScalingKind::Block2D ? ScaleLayout::Block2D
                                                         : ScaleLayout::Block1D;
   }
-  // NVFP4: whether the column-wise copy a linear's weight gradient reads is Hadamard-transformed.
+  // NVFP4: whether the column-wise copy a linear's weight gradient reads is Hadamard-transformed
+  // (the boundary quantizer's rht: plan-quantization's quantized_input).
   bool boundary_hadamard() const {
-    return this->seq.recipe.kind == ir::RecipeKind::Nvfp4BlockScaling && this->seq.recipe.rht;
+    const ir::Value& in = this->seq.value(this->seq.inputs.at(0));
+    return in.quantizer >= 0 && this->seq.quantizers.at(size_t(in.quantizer)).spec.nvfp4() &&
+           this->seq.quantizers.at(size_t(in.quantizer)).spec.rht;
   }
   void load_quantized_input();
 

@@ -328,6 +328,10 @@ class Planner {
     q.name = s_.values[in].name;
     q.role = QuantizerRole::Input;
     q.spec = spec_for(linear.instance, QuantizerRole::Input, {});
+    // NVFP4: whether the column-wise copy the caller gives is Hadamard-transformed (what the
+    // weight gradient's cast would make; emit_micro_cast's reading of rht: the column-wise copy's).
+    if (q.spec.nvfp4() && b.usages.columnwise)
+      q.spec.rht = spec_for(linear.instance, QuantizerRole::Input, {plan::GemmRole::Wgrad}).rht;
     q.usages = b.usages;
     q.boundary = true;
     // MXFP8's column-wise copy keeps x's layout (its blocks run down the columns).

@@ -480,6 +480,7 @@ void bind_session(nb::module_& m) {
                   std::vector<std::int64_t>{i.columnwise_scale_grid[0], i.columnwise_scale_grid[1]};
               d["scale_entry_bytes"] = i.scale_entry_bytes;
               d["tensor_scales"] = i.tensor_scales;
+              d["hadamard"] = i.hadamard;
               out.append(d);
             }
             return out;

@@ -41,6 +41,7 @@ void size_pieces(QuantizedBoundary& b, const std::vector<gpu::TensorInfo>& tenso
   sized.kind = b.info.kind;
   sized.format = b.info.format;
   sized.rowwise = b.info.rowwise;
+  sized.hadamard = b.info.hadamard;
   b.info = std::move(sized);
 }
 
@@ -60,6 +61,7 @@ std::vector<QuantizedBoundary> quantized_boundaries(const plan::SequencePlan& pl
     b.info.scales = layout_of(q.spec);
     b.info.rowwise = q.usages.rowwise;
     b.info.columnwise = q.usages.columnwise;
+    b.info.hadamard = q.spec.nvfp4() && q.spec.rht && q.usages.columnwise;
     b.rowwise = q.name;
     if (q.usages.columnwise) b.columnwise = q.name + ".columnwise";
     b.scale_inv = q.name + ".scale_inv";
@@ -103,6 +105,11 @@ std::vector<QuantizedBoundary> quantized_boundaries(const plan::SequencePlan& pl
         if (b.info.columnwise) b.columnwise_scale_inv = tag.name + ".columnwise.scale_inv";
       }
       size_pieces(b, tensors, /*caller=*/false);
+      if (b.columnwise_quantizer >= 0) {
+        const plan::QuantSpec& col =
+            plan.quantizers.at(static_cast<std::size_t>(b.columnwise_quantizer)).spec;
+        b.info.hadamard = col.nvfp4() && col.rht;
+      }
       out.push_back(std::move(b));
     }
   }

@@ -44,6 +44,12 @@ std::vector<SummaryCopy> find_summary_copies(const plan::SequencePlan& plan) {
   std::vector<SummaryCopy> copies;
   std::set<std::pair<int, bool>> seen;  // (quantizer, column-wise): its first buffer is the copy
   for (const plan::Buffer& b : plan.buffers) {
+    // A quantized output's MXFP8 / NVFP4 codes (note "Quantized boundaries" in
+    // docs/architecture.md) carry one-byte scales no Float8 summary reads, and their cast decodes
+    // nothing; the CPU reference summarizes them as little.
+    if (b.quantizer >= 0 && static_cast<std::size_t>(b.quantizer) < plan.quantizers.size() &&
+        plan.quantizers[static_cast<std::size_t>(b.quantizer)].spec.micro_scaled())
+      continue;
     const bool float8 = b.quantizer >= 0 && b.scale_inv.buffer >= 0;
     const int q = float8 ? b.quantizer : b.emulated_quantizer;
     if (q < 0) continue;

@@ -405,5 +405,34 @@ TEST(BlockSummaryCopies, EmulatedCopiesReadTheirSourcesAndTensorParallelIsRefuse
   EXPECT_THROW((void)gpu::find_summary_copies(plan), UsageError);
 }
 
+// A quantized output's MXFP8 / NVFP4 codes (note "Quantized boundaries") carry one-byte scales:
+// no Float8 summary reads them as FP32 grids, and, as the CPU reference, none summarizes them;
+// the producer's linear's own emulated copies still are.
+TEST(BlockSummaryCopies, QuantizedOutputCodesAreNotSummarized) {
+  for (const std::string recipe : {"mxfp8_block_scaling()", "nvfp4_block_scaling()"}) {
+    SCOPED_TRACE(recipe);
+    const std::string h = recipe.starts_with("nvfp4") ? "e2m1" : "e4m3";
+    SourceManager sources;
+    DiagnosticEngine diags(sources);
+    driver::CompileOptions options;
+    options.last_stage = driver::Stage::Plan;
+    const driver::CompileResult r = driver::compile_source(
+        "producer.fuse",
+        "recipe r = " + recipe + "\nsequence p(x: bf16[tokens, 256]) -> (h: " + h +
+            "[tokens, 128] quantized(rowwise, columnwise)) uses r {\n  linear(256, 128, bias = "
+            "false) as fc\n  quantize()\n}\n",
+        sources, diags, options);
+    ASSERT_TRUE(r.ok()) << r.error;
+    const plan::SequencePlan& plan = r.plan.sequences.at(0);
+    const std::vector<gpu::SummaryCopy> copies = gpu::find_summary_copies(plan);
+    EXPECT_FALSE(copies.empty());
+    for (const gpu::SummaryCopy& c : copies) {
+      const plan::QuantizerPlan& q = plan.quantizers.at(size_t(c.quantizer));
+      EXPECT_TRUE(q.name.starts_with("fc.")) << q.name;
+      EXPECT_EQ(c.grid, -1) << q.name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace opfuse

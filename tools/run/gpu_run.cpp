@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "gpu/cuda_check.h"
@@ -75,7 +76,8 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
     if (info.kind == TensorKind::Input && !quantized_input_piece(session, info.name))
       inputs.push_back(info);
     if (info.kind == TensorKind::Param) params.push_back(info);
-    if (info.kind == TensorKind::Output) outputs.push_back(info);
+    if (info.kind == TensorKind::Output && !quantized_output_piece(session, info.name))
+      outputs.push_back(info);
     if (info.kind == TensorKind::ParamGrad) param_grads[info.name] = info;
     if (info.kind == TensorKind::OutputGrad && output_grad == nullptr) output_grad = &info;
   }
@@ -92,6 +94,16 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
   if (outputs.empty() || output_grad == nullptr)
     throw UsageError("fusec run trains sequences with an output and its gradient");
   const TensorInfo& y = outputs.front();
+  // A quantized main output (a producer sequence) is read decoded to bf16, the values the CPU
+  // reference's forward returns.
+  const std::optional<QuantizedTensorInfo> y_quantized = quantized_output_info(session, y.name);
+  TensorInfo y_read = y;
+  gpu::DeviceBuffer y_decoded;
+  if (y_quantized) {
+    y_read.dtype = TensorDType::BF16;
+    y_read.bytes = static_cast<std::size_t>(y_quantized->rows * y_quantized->cols) * 2;
+    y_decoded = gpu::DeviceBuffer(y_read.bytes, stream);
+  }
   gpu::DeviceBuffer dy_memory(output_grad->bytes, stream);
   session.set_tensor(output_grad->name, dy_memory.data());
 
@@ -110,7 +122,9 @@ std::string run_gpu_training(const Program& program, const GpuRunOptions& option
   session.reset_peak_memory();
   for (int step = 0; step < options.steps; ++step) {
     session.forward(stream, RunMode::Training);
-    std::vector<float> values = download(session.output(y.name), y, stream);
+    if (y_quantized) dequantize(session.quantized_output(y.name), y_decoded.data(), stream);
+    std::vector<float> values =
+        download(y_quantized ? y_decoded.data() : session.output(y.name), y_read, stream);
     const double magnitude = norm_of(values);
     const double loss = 0.5 * magnitude * magnitude / double(values.size());
     for (float& v : values) v = float(double(v) / double(values.size()));

@@ -18,6 +18,22 @@ bool quantized_input_piece(const Session& session, const std::string& name) {
   return false;
 }
 
+std::optional<QuantizedTensorInfo> quantized_output_info(const Session& session,
+                                                         const std::string& name) {
+  for (const QuantizedTensorInfo& q : session.quantized_tensors())
+    if (q.kind == TensorKind::Output && q.name == name) return q;
+  return std::nullopt;
+}
+
+bool quantized_output_piece(const Session& session, const std::string& name) {
+  for (const QuantizedTensorInfo& q : session.quantized_tensors()) {
+    if (q.kind != TensorKind::Output) continue;
+    for (const char* suffix : {".columnwise", ".scale_inv", ".columnwise.scale_inv"})
+      if (name == q.name + suffix) return true;
+  }
+  return false;
+}
+
 void give_quantized_inputs(Session& session, std::uint64_t seed, cudaStream_t stream,
                            std::vector<gpu::DeviceBuffer>& memory) {
   for (const QuantizedTensorInfo& q : session.quantized_tensors()) {
@@ -49,7 +65,9 @@ void give_quantized_inputs(Session& session, std::uint64_t seed, cudaStream_t st
       if (q.tensor_scales)
         into.columnwise_tensor_scale = static_cast<float*>(buffer(sizeof(float)));
     }
-    quantize(x, into, stream);
+    QuantizeOptions options;
+    options.hadamard = q.hadamard;  // NVFP4: the transform the consumer's recipe asks for
+    quantize(x, into, stream, options);
     session.set_tensor(q.name, into.view());
   }
 }

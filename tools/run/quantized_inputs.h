@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,12 @@ namespace opfuse::api {
 // Whether `name` is a quantized input of `session` or one of its pieces ("h", "h.columnwise",
 // "h.scale_inv", "h.tensor_scale", ...), which a view gives and set_tensor() refuses.
 bool quantized_input_piece(const Session& session, const std::string& name);
+
+// A quantized output of `session` named `name` (a producer's main output); and whether `name` is
+// one of a quantized output's other pieces ("h.columnwise", "h.scale_inv", ...).
+std::optional<QuantizedTensorInfo> quantized_output_info(const Session& session,
+                                                         const std::string& name);
+bool quantized_output_piece(const Session& session, const std::string& name);
 
 // Gives each quantized input of `session` its copies: normal(0, 1) values of the stream the run
 // drivers use for input 0 (`seed`), rounded to bf16, quantized under the input's layout into

@@ -98,6 +98,8 @@ struct QuantizedTensorInfo {
   std::int64_t columnwise_scale_grid[2] = {0, 0};
   std::size_t scale_entry_bytes = 4;
   bool tensor_scales = false;  // NVFP4: each copy also carries its FP32 tensor scale S_enc
+  bool hadamard = false;       // NVFP4: the column-wise copy is Hadamard-transformed (the recipe's
+                               // rht; quantize() makes it so with QuantizeOptions::hadamard)
 };
 
 struct QuantizedTensorView {
@@ -121,7 +123,7 @@ struct QuantizedTensorView {
 //
 // What a quantized tensor of `shape` (its matrix: the leading dims flattened, by the last) under
 // `scales` holds: rows, cols and each copy's scale_inv entries and grid extents, so that its
-// memory can be allocated (kind Input, format E4M3).
+// memory can be allocated (kind Input; format E4M3, E2M1 for Nvfp4; hadamard false).
 QuantizedTensorInfo quantized_tensor_info(const std::vector<std::int64_t>& shape,
                                           ScaleLayout scales, bool columnwise = true);
 
