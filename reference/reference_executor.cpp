@@ -334,20 +334,9 @@ void ReferenceExecutor<T>::State::load_quantized_input() {
       MicroCopy copy;
       copy.nvfp4 = q.scales == ScaleLayout::Nvfp4;
       if (copy.nvfp4) {
-        copy.fp4.rows = q.rows;
-        copy.fp4.cols = q.cols;
-        copy.fp4.params.columnwise = columnwise;
-        copy.fp4.params.rht = columnwise && q.hadamard;
-        copy.fp4.tensor_scale = columnwise ? q.columnwise_tensor_scale : q.tensor_scale;
-        copy.fp4.data = columnwise ? q.columnwise : q.rowwise;
-        copy.fp4.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
+        copy.fp4 = nvfp4_copy(q, columnwise);
       } else {
-        copy.fp8.rows = q.rows;
-        copy.fp8.cols = q.cols;
-        copy.fp8.columnwise = columnwise;
-        copy.fp8.format = q.format;
-        copy.fp8.data = columnwise ? q.columnwise : q.rowwise;
-        copy.fp8.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
+        copy.fp8 = mxfp8_copy(q, columnwise);
       }
       this->values[v] = this->zeros_like(v);
       this->micro_codes[v] = std::move(copy);

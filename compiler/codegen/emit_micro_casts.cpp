@@ -21,6 +21,17 @@ int micro_format(DType format) {
                                  : rules::kMicroScaleE4M3;
 }
 
+// A copy whose blocks run along the rows needs the row width to be a multiple of the block (a
+// CodegenError at `op` otherwise; blocks down the columns are checked at bind: rows_multiple).
+void require_block_width(const SequenceBuilder& b, const ir::Operation& op,
+                         const plan::QuantSpec& spec, int64_t cols, int block) {
+  if (cols % block == 0) return;
+  b.fail(op,
+         fmt::format("'{}': the row width {} is not a multiple of {}, which the blocks of {} need",
+                     op.instance, cols, block, plan::quant_spec_string(spec)),
+         fmt::format("pad the width to a multiple of {}", block));
+}
+
 // NVFP4's per-tensor scale of a Hadamard-transformed copy: the amax of the transformed values,
 // measured by a kernel of its own whose last block derives S_enc (no producer can measure it).
 // `copy`: the copy's buffer when only backward reads it (else -1): an inference forward, which
@@ -79,13 +90,7 @@ void emit_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& op
   const int block = rules::micro_scale_block_size(format);
   const bool two_d = spec.block.rows > 1;
   const bool rht = spec.rht && columnwise;
-  if (cols % block != 0 && (!columnwise || two_d)) {
-    b.fail(op,
-           fmt::format("'{}': the row width {} is not a multiple of {}, which the blocks of "
-                       "{} need",
-                       op.instance, cols, block, plan::quant_spec_string(spec)),
-           fmt::format("pad the width to a multiple of {}", block));
-  }
+  if (!columnwise || two_d) require_block_width(b, op, spec, cols, block);
   if (spec.nvfp4()) {
     if (rht) {
       emit_rht_amax(b, g, op, x, rows, cols, columnwise_copy ? (codes >= 0 ? codes : y) : -1);
@@ -162,13 +167,7 @@ void emit_micro_decode(SequenceBuilder& b, const Group& g, const ir::Operation& 
   const SymExpr rows = rows_of(yv);
   const int format = micro_format(spec.format);
   const int block = rules::micro_scale_block_size(format);
-  if (cols % block != 0 && !columnwise) {
-    b.fail(op,
-           fmt::format("'{}': the row width {} is not a multiple of {}, which the blocks of "
-                       "{} need",
-                       op.instance, cols, block, plan::quant_spec_string(spec)),
-           fmt::format("pad the width to a multiple of {}", block));
-  }
+  if (!columnwise) require_block_width(b, op, spec, cols, block);
   std::vector<std::pair<std::string, SymExpr>> dims = {{"rows", rows}, {"cols", cols}};
   if (columnwise) dims.emplace_back("rows_multiple", block);  // checked at bind
   const int y = b.buffer(op.results.at(0), op);

@@ -174,27 +174,37 @@ class Planner {
     const QuantizerDecl& q = s_.quantizers[size_t(quantizer)];
     const ValueId source = q.source;
     const bool one_copy = q.spec.scaling == plan::ScalingKind::Block2D;
+    // A high-precision value (no quantizer of its own): GEMMs read it as any other.
     auto copy = [&](bool column) {
-      Operation cast;
-      cast.kind = OpKind::EmulatedCast;
-      cast.phase = s_.ops[position].phase;
-      cast.operands = {source};
-      cast.attrs = {{"columnwise", column}};
-      cast.instance = q.name;
-      cast.loc = consumer.loc;
-      cast.quantizer = quantizer;
-      // A high-precision value (no quantizer of its own): GEMMs read it as any other. The type
-      // is copied first: add_value grows s_.values.
-      const TensorType type = s_.value(source).type;
-      const ValueId v = s_.add_value(ValueKind::Result, type);
-      cast.results.push_back(v);
-      before_[position].push_back(std::move(cast));
-      return v;
+      return add_emulated_cast(q.name, consumer.loc, position, source, quantizer, column,
+                               s_.value(source).type, /*codes=*/false);
     };
     const ValueId row = rowwise ? copy(false) : kNoValue;
     if (one_copy && rowwise) return {row, columnwise ? row : kNoValue};
     const ValueId col = columnwise ? copy(true) : kNoValue;
     return {row, col};
+  }
+
+  // One emulated_cast of `operand` under `quantizer` (a decoded copy, a quantized output's codes
+  // or a quantized input's codes decoded), placed before op `position` in its phase; its result
+  // has `type` and, for codes (`codes`), carries the quantizer. `type` is taken by value:
+  // add_value grows s_.values.
+  ValueId add_emulated_cast(const std::string& instance, SourceLoc loc, size_t position,
+                            ValueId operand, int32_t quantizer, bool columnwise, TensorType type,
+                            bool codes) {
+    Operation cast;
+    cast.kind = OpKind::EmulatedCast;
+    cast.phase = s_.ops[position].phase;
+    cast.operands = {operand};
+    cast.attrs = {{"columnwise", columnwise}};
+    cast.instance = instance;
+    cast.loc = loc;
+    cast.quantizer = quantizer;
+    const ValueId v = s_.add_value(ValueKind::Result, std::move(type));
+    if (codes) s_.values[v].quantizer = quantizer;
+    cast.results.push_back(v);
+    before_[position].push_back(std::move(cast));
+    return v;
   }
 
   // The spec of the quantizer of `role` in `layer`: the recipe's unless an override selects it.
@@ -353,18 +363,9 @@ class Planner {
     if (!q.spec.micro_scaled()) return boundary_reads_;
     auto decode = [&](ValueId codes, bool columnwise) {
       if (codes == kNoValue) return kNoValue;
-      Operation cast;
-      cast.kind = OpKind::EmulatedCast;
-      cast.phase = Phase::Forward;
-      cast.operands = {codes};
-      cast.attrs = {{"columnwise", columnwise}};
-      cast.instance = q.name + (columnwise ? ".columnwise.decode" : ".decode");
-      cast.loc = linear.loc;
-      cast.quantizer = index;
-      const ValueId v = s_.add_value(ValueKind::Result, decoded);
-      cast.results.push_back(v);
-      before_[f].push_back(std::move(cast));
-      return v;
+      return add_emulated_cast(q.name + (columnwise ? ".columnwise.decode" : ".decode"), linear.loc,
+                               f, codes, index, columnwise, decoded,
+                               /*codes=*/false);
     };
     boundary_reads_ = {decode(in, false), decode(b.columnwise, true)};
     return boundary_reads_;
@@ -416,22 +417,11 @@ class Planner {
     const int32_t col_q = own ? quantizer(name + ".columnwise", wgrad_spec, {false, true}) : row_q;
     auto encode = [&](int32_t index, bool columnwise) {
       const QuantizerDecl& q = s_.quantizers[size_t(index)];
-      Operation cast;
-      cast.kind = OpKind::EmulatedCast;
-      cast.phase = s_.ops[position].phase;
-      cast.operands = {source};
-      cast.attrs = {{"columnwise", columnwise}};
-      cast.instance = q.name;
-      cast.loc = op.loc;
-      cast.quantizer = index;
-      const Shape shape = s_.value(source).type.shape;  // a copy: add_value grows s_.values
+      const Shape& shape = s_.value(source).type.shape;
       const bool transposed = columnwise && q.columnwise_layout == plan::CopyLayout::Transposed;
-      const ValueId v = s_.add_value(
-          ValueKind::Result, TensorType{q.format(), transposed ? transposed_shape(shape) : shape});
-      s_.values[v].quantizer = index;
-      cast.results.push_back(v);
-      before_[position].push_back(std::move(cast));
-      return v;
+      return add_emulated_cast(q.name, op.loc, position, source, index, columnwise,
+                               TensorType{q.format(), transposed ? transposed_shape(shape) : shape},
+                               /*codes=*/true);
     };
     const ValueId row = encode(row_q, false);
     const ValueId col = usages.columnwise ? encode(col_q, true) : kNoValue;

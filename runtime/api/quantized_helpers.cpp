@@ -318,10 +318,8 @@ void quantize(const void* input, const QuantizedTensorBuffers& into, cudaStream_
     OPFUSE_CUDA_CHECK(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, stream), what);
   };
   const std::size_t elements = info.rowwise_bytes;
-  const std::size_t scale_inv_bytes =
-      into.scales == ScaleLayout::Tensor ? sizeof(float) : bytes(info.scale_inv_entries);
   copy(into.rowwise, made.rowwise, elements, "quantize(): the row-wise copy");
-  copy(into.scale_inv, made.scale_inv, scale_inv_bytes, "quantize(): scale_inv");
+  copy(into.scale_inv, made.scale_inv, bytes(info.scale_inv_entries), "quantize(): scale_inv");
   if (nvfp4) {
     copy(into.tensor_scale, made.tensor_scale, sizeof(float), "quantize(): the tensor scale");
     if (columnwise) {

@@ -155,6 +155,29 @@ std::string quantized_tensor_problem(const QuantizedTensor& q) {
   return {};
 }
 
+Mxfp8Copy mxfp8_copy(const QuantizedTensor& q, bool columnwise) {
+  Mxfp8Copy copy;
+  copy.rows = q.rows;
+  copy.cols = q.cols;
+  copy.columnwise = columnwise;
+  copy.format = q.format;
+  copy.data = columnwise ? q.columnwise : q.rowwise;
+  copy.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
+  return copy;
+}
+
+Nvfp4Copy nvfp4_copy(const QuantizedTensor& q, bool columnwise) {
+  Nvfp4Copy copy;
+  copy.rows = q.rows;
+  copy.cols = q.cols;
+  copy.params.columnwise = columnwise;
+  copy.params.rht = columnwise && q.hadamard;
+  copy.tensor_scale = columnwise ? q.columnwise_tensor_scale : q.tensor_scale;
+  copy.data = columnwise ? q.columnwise : q.rowwise;
+  copy.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
+  return copy;
+}
+
 std::vector<float> dequantize_tensor(const QuantizedTensor& q, bool columnwise) {
   if (const std::string problem = quantized_tensor_problem(q); !problem.empty())
     throw std::invalid_argument("dequantize_tensor: " + problem);
@@ -162,27 +185,8 @@ std::vector<float> dequantize_tensor(const QuantizedTensor& q, bool columnwise) 
   if (bits.empty())
     throw std::invalid_argument(std::string("dequantize_tensor: the tensor has no ") +
                                 (columnwise ? "column-wise" : "row-wise") + " copy");
-  if (q.scales == ScaleLayout::Mxfp8) {
-    Mxfp8Copy copy;
-    copy.rows = q.rows;
-    copy.cols = q.cols;
-    copy.columnwise = columnwise;
-    copy.format = q.format;
-    copy.data = bits;
-    copy.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
-    return mxfp8_dequantize(copy);
-  }
-  if (q.scales == ScaleLayout::Nvfp4) {
-    Nvfp4Copy copy;
-    copy.rows = q.rows;
-    copy.cols = q.cols;
-    copy.params.columnwise = columnwise;
-    copy.params.rht = columnwise && q.hadamard;
-    copy.tensor_scale = columnwise ? q.columnwise_tensor_scale : q.tensor_scale;
-    copy.data = bits;
-    copy.scales = columnwise ? q.columnwise_block_scales : q.block_scales;
-    return nvfp4_dequantize(copy);
-  }
+  if (q.scales == ScaleLayout::Mxfp8) return mxfp8_dequantize(mxfp8_copy(q, columnwise));
+  if (q.scales == ScaleLayout::Nvfp4) return nvfp4_dequantize(nvfp4_copy(q, columnwise));
   const int64_t stored_rows = columnwise ? q.cols : q.rows;
   const int64_t stored_cols = columnwise ? q.rows : q.cols;
   std::vector<float> stored;

@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "numerics.h"  // same directory: works with or without runtime/ on the include path
+#include "micro_scaling.h"  // same directory: works with or without runtime/ on the include path
+#include "numerics.h"
 
 namespace opfuse::cpu {
 
@@ -69,6 +70,11 @@ QuantizedTensor quantize_tensor(std::span<const float> x, int64_t rows, int64_t 
                                 Fp8Format format, ScaleLayout layout, bool rowwise, bool columnwise,
                                 float scale, bool power_of_2_scale = true, float epsilon = 0.0f,
                                 bool hadamard = false);
+
+// One copy of an Mxfp8 / Nvfp4 tensor as micro_scaling.h's type (its codes, block scales and,
+// NVFP4, tensor scale and transform), for micro_scaling's decode.
+Mxfp8Copy mxfp8_copy(const QuantizedTensor& q, bool columnwise);
+Nvfp4Copy nvfp4_copy(const QuantizedTensor& q, bool columnwise);
 
 // The decoded values [rows, cols]: of the row-wise copy, or (`columnwise`) of the column-wise one
 // in x's orientation (NVFP4's Hadamard-transformed values are not transformed back). Throws
