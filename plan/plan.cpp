@@ -6,6 +6,7 @@ namespace opfuse::plan {
 
 std::vector<int> buffers_named_by(const Step& step, bool inference) {
   const bool variant = inference && step.inference.has_value();
+  if (variant && step.inference->launch.grid.x.value() == std::optional<std::int64_t>(0)) return {};
   std::vector<int> ids(step.reads);
   const std::vector<int>& writes = variant ? step.inference->writes : step.writes;
   ids.insert(ids.end(), writes.begin(), writes.end());

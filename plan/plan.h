@@ -220,7 +220,7 @@ struct Step {
 
 // Every buffer a step names (its reads and writes, its params' and its GEMM's buffers) as it runs
 // in an inference forward (`inference`: its inference variant where it has one) or otherwise,
-// sorted and without duplicates.
+// sorted and without duplicates. A variant with an empty grid runs nothing and names none.
 std::vector<int> buffers_named_by(const Step& step, bool inference);
 
 struct SequencePlan {

@@ -4,6 +4,10 @@
 // dtype, or FP8 (scale pointer, amax of y before scaling) with an optional transposed FP8 copy
 // [hidden, rows] written by the same kernel (Hopper FP8 GEMMs take only the TN layout); mean and
 // rstd (fp32) saved for the backward. zero_centered_gamma multiplies by (gamma + 1).
+// Under float8_block_scaling (layernorm_block_fwd, rmsnorm_block_fwd): the output's 1 x 128
+// block-scaled row-wise copy and its scale_inv grid, from the output rounded to the input dtype
+// (what the norm and block_cast_transpose write unfused), and with kWriteColumnwiseSource that
+// rounded output too, which block_cast_transpose reads for the 128 x 1 column-wise copy.
 // Backward: dx of the input dtype (+ an optional extra gradient dresidual, the residual branch of
 // MakeExtraOutput), and per-row-group dgamma/dbeta partial sums that reduce_column_partials
 // (common/column_partials.cuh) adds deterministically.
@@ -14,6 +18,7 @@
 #ifndef OPFUSE_TEMPLATES_NORM_CUH_
 #define OPFUSE_TEMPLATES_NORM_CUH_
 
+#include "common/block_scale.cuh"
 #include "common/column_partials.cuh"
 #include "common/fp8.cuh"
 #include "common/launch_rules.h"
@@ -68,6 +73,7 @@ using NormBwdShape = NormShape<Input, kHidden, launch::kNormBwdMaxVecsPerThread>
 
 template <typename Input, typename Output>
 struct NormFwdParams {
+  static constexpr bool kBlockScaled = false;
   const Input* x;      // [rows, hidden]
   const Input* gamma;  // [hidden]
   const Input* beta;   // [hidden] (LayerNorm; RMSNorm ignores it, may be nullptr)
@@ -81,6 +87,24 @@ struct NormFwdParams {
   float* rstd;                          // [rows] saved 1 / sqrt(var + epsilon); nullptr: not saved
   float epsilon;
   int rows;  // any value >= 0
+};
+
+// The block-scaled forward's params (layernorm_block_fwd, rmsnorm_block_fwd).
+template <typename Input, typename Output>
+struct NormBlockFwdParams {
+  static constexpr bool kBlockScaled = true;
+  const Input* x;        // [rows, hidden]
+  const Input* gamma;    // [hidden]
+  const Input* beta;     // [hidden] (LayerNorm; RMSNorm ignores it, may be nullptr)
+  Output* y;             // [rows, hidden] FP8 codes, one scale per 1 x 128 block of a row
+  float* y_scale_inv;    // its grid (launch::block_scale_grid_outer/inner of rows, hidden, 1-D)
+  Input* y_hp;           // [rows, hidden] the output in the input dtype (kWriteColumnwiseSource)
+  float* mean;           // [rows] saved mean (LayerNorm); nullptr: not saved
+  float* rstd;           // [rows] saved 1 / sqrt(var + epsilon); nullptr: not saved
+  float epsilon;         // the norm's
+  float block_epsilon;   // the blocks' amax floor
+  int power_of_2_scale;  // nonzero: block scales rounded down to a power of 2
+  int rows;              // any value >= 0
 };
 
 template <typename Input>
@@ -143,9 +167,12 @@ __device__ __forceinline__ void write_norm_transposed_tile(const unsigned char* 
   }
 }
 
+// Params: NormFwdParams, or NormBlockFwdParams (kBlockScaled: the 1 x 128 row-wise copy,
+// kWriteSource: and the rounded output y_hp).
 template <bool kIsRms, typename Input, typename Output, int kHidden, bool kZeroCenteredGamma,
-          bool kWriteTranspose>
-__device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& params) {
+          bool kWriteTranspose, typename Params = NormFwdParams<Input, Output>,
+          bool kWriteSource = false>
+__device__ __forceinline__ void norm_fwd(const Params& params) {
   using Shape = NormFwdShape<Input, kHidden, kWriteTranspose>;
   constexpr int kVec = Shape::kVec;
   constexpr int kSlots = Shape::kVecsPerThread;
@@ -156,6 +183,14 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
   constexpr int kPitch = launch::norm_transpose_stage_pitch(kHidden);
   static_assert(!kWriteTranspose || kIsFp8, "the transposed copy is an FP8 output");
   static_assert(!kWriteTranspose || kTileRows % kRowsPerBlock == 0, "whole row groups per tile");
+  constexpr bool kBlock = Params::kBlockScaled;
+  // Under block scaling the lanes of one 1 x 128 block: consecutive lanes of one slot (vector
+  // t + s * kThreadsPerRow), within one warp since kThreadsPerRow is a multiple of 32.
+  constexpr int kBlockLanes = launch::kBlockScaleLength / kVec;
+  static_assert(!kBlock || (kIsFp8 && !kWriteTranspose), "block scaling writes FP8 row-wise");
+  static_assert(!kBlock || (kHidden % launch::kBlockScaleLength == 0 &&
+                            Shape::kThreadsPerRow % kBlockLanes == 0 && kBlockLanes <= 32),
+                "block-scaled norm: hidden a multiple of 128");
   static_assert(!kWriteTranspose || kTileRows * kPitch <= launch::kMaxDynamicSharedBytes,
                 "hidden too wide to stage 16 rows in shared memory: write the norm output in "
                 "bf16 and use cast_transpose for the FP8 copies");
@@ -167,9 +202,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
   const int thread_in_row = threadIdx.x % Shape::kThreadsPerRow;
   GroupReducer<Shape::kWarpsPerRow, kRowsPerBlock> reducer(reduce_scratch[group], group);
 
-  float scale = 1.0f;
-  if constexpr (kIsFp8) scale = *params.scale;
-  float amax = 0.0f;
+  [[maybe_unused]] float scale = 1.0f;
+  if constexpr (kIsFp8 && !kBlock) scale = *params.scale;
+  [[maybe_unused]] float amax = 0.0f;
 
   // gamma (+ 1 when zero-centered) and beta widened to fp32 once per block, when they fit
   // (launch::norm_affine_shared_bytes). A vector's kVec floats lie in kVec / 4 float4 planes
@@ -243,6 +278,57 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
     }
   };
 
+  // Block scaling: each vector's outputs rounded to Input (what the unfused norm stores), its
+  // block's amax by shuffles among the block's lanes, then the codes with the block's scale. Every
+  // lane of a warp shuffles for every slot (a slot past the row, or a row past the end, computes
+  // on zeros and stores nothing).
+  [[maybe_unused]] auto normalize_block_row = [&](const RowVectors& raw, long long row, bool valid,
+                                                  float rstd, float shift) {
+    if constexpr (kBlock) {
+      constexpr float kFp8Max = DtypeTraits<Output>::kMax;
+      const long long grid_inner =
+          launch::block_scale_grid_inner(params.rows, kHidden, /*two_d=*/false);
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        const int vector = Shape::vector_index(thread_in_row, s);
+        const bool in_row = Shape::slot_in_row(vector);
+        float x[kVec], g[kVec], b[kVec], y[kVec];
+        vec_to_float(raw[s], x);
+        if (in_row) {
+          load_affine(vector, g, b);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) g[j] = b[j] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          y[j] = kIsRms ? x[j] * rstd * g[j] : fmaf(fmaf(x[j], rstd, shift), g[j], b[j]);
+        const Vec<Input, kVec> rounded = float_to_vec<Input, kVec>(y, 1.0f);
+        vec_to_float(rounded, y);
+        float block_amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) block_amax = accumulate_amax(block_amax, y[j]);
+#pragma unroll
+        for (int mask = 1; mask < kBlockLanes; mask <<= 1)
+          block_amax = fmaxf(block_amax, __shfl_xor_sync(kFullWarpMask, block_amax, mask));
+        const float block_scale_value =
+            detail::block_scale(block_amax, kFp8Max, params.block_epsilon,
+                                params.power_of_2_scale != 0, BlockScaleValueForInf<Input>::kValue);
+        if (valid && in_row && params.y != nullptr) {
+          store_vec(params.y + row * kHidden + vector * kVec,
+                    float_to_vec<Output, kVec>(y, block_scale_value));
+          if (vector % kBlockLanes == 0) {
+            params.y_scale_inv[(vector / kBlockLanes) * grid_inner + row] =
+                __fdiv_rn(1.0f, block_scale_value);
+          }
+        }
+        if constexpr (kWriteSource) {
+          if (valid && in_row) store_vec(params.y_hp + row * kHidden + vector * kVec, rounded);
+        }
+      }
+    }
+  };
+
   // Normalizes one row (all threads of the block call it together: it holds barriers). An
   // invalid row (past the end) computes on zeros and stores nothing.
   auto normalize_row = [&](const RowVectors& raw, long long row, bool valid,
@@ -280,6 +366,9 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
     const float rstd = rsqrtf(variance + params.epsilon);
     const float shift = -mean * rstd;  // (x - mean) * rstd as one fused multiply-add
 
+    if constexpr (kBlock) {
+      normalize_block_row(raw, row, valid, rstd, shift);
+    } else {
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int vector = Shape::vector_index(thread_in_row, s);
@@ -303,6 +392,7 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
 #pragma unroll
         for (int w = 0; w < kVec / 4; ++w) dst[w] = src[w];
       }
+    }
     }
     if (valid && thread_in_row == 0) {
       if (!kIsRms && params.mean != nullptr) params.mean[row] = mean;
@@ -354,8 +444,10 @@ __device__ __forceinline__ void norm_fwd(const NormFwdParams<Input, Output>& par
       __syncthreads();
     }
   }
-  commit_block_amax<kBlockThreads>(published_amax<Output>(amax), params.amax, amax_scratch);
-  derive_current_scale(params.scale_record);  // thread 0, after its block's amax atomic
+  if constexpr (!kBlock) {
+    commit_block_amax<kBlockThreads>(published_amax<Output>(amax), params.amax, amax_scratch);
+    derive_current_scale(params.scale_record);  // thread 0, after its block's amax atomic
+  }
 }
 
 template <bool kIsRms, typename Input, int kHidden, bool kZeroCenteredGamma>
@@ -602,6 +694,31 @@ __global__ void __launch_bounds__(
                        launch::norm_fwd_register_budget(true, kWriteTranspose)))
     rmsnorm_fwd(NormFwdParams<Input, Output> params) {
   detail::norm_fwd<true, Input, Output, kHidden, kZeroCenteredGamma, kWriteTranspose>(params);
+}
+
+// Forward under float8_block_scaling: the 1 x 128 row-wise copy and its grid (and, with
+// kWriteColumnwiseSource, the output in the input dtype for the column-wise cast). Block and grid
+// as the forward without kWriteTranspose; hidden a multiple of 128.
+template <typename Input, typename Output, int kHidden, bool kZeroCenteredGamma = false,
+          bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    NormFwdShape<Input, kHidden>::kBlockThreads,
+    launch::min_blocks(NormFwdShape<Input, kHidden>::kBlockThreads,
+                       launch::norm_fwd_register_budget(false, false)))
+    layernorm_block_fwd(NormBlockFwdParams<Input, Output> params) {
+  detail::norm_fwd<false, Input, Output, kHidden, kZeroCenteredGamma, false,
+                   NormBlockFwdParams<Input, Output>, kWriteColumnwiseSource>(params);
+}
+
+template <typename Input, typename Output, int kHidden, bool kZeroCenteredGamma = false,
+          bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    NormFwdShape<Input, kHidden>::kBlockThreads,
+    launch::min_blocks(NormFwdShape<Input, kHidden>::kBlockThreads,
+                       launch::norm_fwd_register_budget(true, false)))
+    rmsnorm_block_fwd(NormBlockFwdParams<Input, Output> params) {
+  detail::norm_fwd<true, Input, Output, kHidden, kZeroCenteredGamma, false,
+                   NormBlockFwdParams<Input, Output>, kWriteColumnwiseSource>(params);
 }
 
 // Backward. Block: NormBwdShape<Input, kHidden>::kBlockThreads; grid: any gridDim.x >= 1; the

@@ -129,4 +129,86 @@ void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operati
   }
 }
 
+// Pattern norm_block_cast (templates/norm.cuh, layernorm_block_fwd): the norm kernel rounds its
+// output to the input dtype and writes the 1 x 128 row-wise copy and grid from it, the bytes the
+// unfused norm and block cast write. In training the column-wise copy needs 128 rows per block,
+// more than one norm block holds: the norm also writes the rounded output to a workspace, which
+// block_cast_transpose (row-wise copy off) reads for the 128 x 1 copy, the same bytes moved as
+// unfused. An inference forward, which needs no column-wise copy, runs the norm alone with
+// kWriteColumnwiseSource = false: one read of x and the FP8 codes written, where the unfused pair
+// wrote and read the 16-bit output (note "Inference variants" in plan.cpp).
+void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
+                          const ir::Operation& cast) {
+  require_only(b, g, {OpKind::LayerNorm, OpKind::RMSNorm, OpKind::CastFp8});
+  const bool rms = norm.kind == OpKind::RMSNorm;
+  const ValueId x = norm.operands.at(0);
+  const ir::Value& xv = b.value(x);
+  const DType in = xv.type.dtype, out = quantizer_format(b, cast);
+  const int64_t hidden = ir::attr_int(norm.attrs, "size");
+  const int bytes = ir::dtype_bytes(in);
+  if (cast.operands.at(0) != norm.results.at(0) || b.value(norm.results.at(0)).type.dtype != in ||
+      hidden % rules::kBlockScaleLength != 0 || (bytes != 2 && bytes != 4)) {
+    no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/norm_cast.cpp)
+  }
+  require_vector_width(b, norm, hidden, in, name_of(norm.kind));
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
+  const CastOutputs y = cast_outputs(b, cast);
+  const bool columnwise = y.columnwise >= 0;
+  auto grid_of = [&](int copy) { return copy >= 0 ? b.plan_buffer(copy).scale_inv.buffer : -1; };
+  const size_t rstd_at = rms ? 1 : 2;
+  const int mean = !rms && norm.results.size() > 1 ? b.buffer(norm.results[1], norm) : -1;
+  const int rstd = norm.results.size() > rstd_at ? b.buffer(norm.results[rstd_at], norm) : -1;
+  const SymExpr rows = rows_of(xv);
+  const int source =
+      columnwise ? b.add_workspace(cast.instance + ".source", in, {rows, hidden}) : -1;
+
+  const int block = rules::norm_fwd_block_threads(int(hidden), bytes, false);
+  const int rows_per_block = rules::norm_fwd_rows_per_block(int(hidden), bytes, false);
+  const int resident = rules::min_blocks(block, rules::norm_fwd_register_budget(rms, false));
+  const GridRule grid{
+      "norm_fwd",
+      min_of(ceil_div(rows, rows_per_block), SymExpr::symbol(kNumSmsSymbol) * resident),
+      1,
+      {{"rows", rows}, {"rows_per_block", rows_per_block}, {"blocks_per_sm", resident}}};
+  const std::string_view pow2 = spec.power_of_2_scale ? ", power-of-2 scales" : "";
+  auto what = [&](bool with_source) {
+    return fmt::format("{} {} -> {} (1x128 blocks{}){}", name_of(norm.kind), name_of(in),
+                       name_of(out), pow2,
+                       with_source ? " + the output for the column-wise cast" : "");
+  };
+  std::optional<WithoutTranspose> plain;
+  if (columnwise)
+    plain = WithoutTranspose{what(false), grid, block, 0, {y.columnwise, grid_of(y.columnwise)}};
+  const bool zero_centered = ir::attr_bool(norm.attrs, "zero_centered_gamma");
+  b.add_launch(
+      g, what(columnwise), rms ? "rmsnorm_block_fwd" : "layernorm_block_fwd",
+      {spell(in), spell(out), std::to_string(hidden), spell(zero_centered), spell(columnwise)},
+      grid, block, 0,
+      {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
+       bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y.rowwise),
+       bind_out("y_scale_inv", grid_of(y.rowwise)), bind_copy("y_hp", source),
+       bind_out("mean", mean), bind_out("rstd", rstd),
+       bind_float("epsilon", ir::attr_float(norm.attrs, "eps")),
+       bind_float("block_epsilon", spec.epsilon),
+       bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0), bind_int("rows", rows)},
+      std::move(plain));
+  if (!columnwise) return;
+  // Only backward reads the column-wise copy: an inference forward runs nothing here.
+  GridRule cast_grid = block_cast_grid(rows, hidden);
+  const std::string cast_what =
+      fmt::format("block cast {} -> {} (column-wise copy only, 128x1 blocks{})", name_of(in),
+                  name_of(out), pow2);
+  WithoutTranspose none{"no " + cast_what, GridRule{"block_cast", 0, 0, cast_grid.dims},
+                        rules::kBlockCastThreads, 0};
+  b.add_launch(g, cast_what, "block_cast_transpose",
+               {spell(in), spell(out), spell(false), spell(true)}, std::move(cast_grid),
+               rules::kBlockCastThreads, 0,
+               {bind_in("x", source), bind_null("y"), bind_null("y_scale_inv"),
+                bind_copy("y_t", y.columnwise), bind_copy("y_t_scale_inv", grid_of(y.columnwise)),
+                bind_float("epsilon", spec.epsilon),
+                bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0), bind_int("rows", rows),
+                bind_int("cols", hidden)},
+               std::move(none));
+}
+
 }  // namespace opfuse::codegen::emitters

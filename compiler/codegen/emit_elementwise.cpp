@@ -199,6 +199,10 @@ void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
   const ir::Operation& norm = *g.find({OpKind::LayerNorm, OpKind::RMSNorm});
   const ir::Operation* cast = g.find({OpKind::CastFp8});
   if (g.parts.front() != &norm) no_kernel(b, g);
+  if (cast &&
+      b.seq().quantizers.at(size_t(cast->quantizer)).spec.scaling == plan::ScalingKind::Block1D) {
+    return emit_norm_block_cast(b, g, norm, *cast);
+  }
   const bool rms = norm.kind == OpKind::RMSNorm;
   const ValueId x = norm.operands.at(0);
   const ir::Value& xv = b.value(x);

@@ -135,6 +135,10 @@ void emit_micro_decode(SequenceBuilder& b, const Group& g, const ir::Operation& 
 void emit_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& cast);
 void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operation& act,
                            const ir::Operation& cast, const ir::Operation* dbias);
+// A norm whose output only feeds a 1 x 128 block cast (pattern norm_block_cast): the norm kernel
+// writes the row-wise copy; in training a column-wise block cast reads its 16-bit output.
+void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
+                          const ir::Operation& cast);
 // Note "Emulated block scaling" (docs/architecture.md): one Float8 block-scaled copy of x
 // quantized and decoded to y (x's dtype and layout); `columnwise`: 128 x 1 blocks (128 x 128 for
 // 2-D specs either way), a copy only backward reads (emit_emulated_blocks.cpp).

@@ -22,6 +22,7 @@ std::string flag_word(std::string_view param) {
   if (param == "kZeroCenteredGamma") return "zcg";
   if (param == "kHasBias") return "bias";
   if (param == "kHasResidual") return "residual";
+  if (param == "kWriteColumnwiseSource") return "src";
   std::string word;
   for (char c : param.substr(param.starts_with('k') ? 1 : 0))
     word += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -24,6 +24,15 @@ constexpr TemplateParam kNormFwdParams[] = {
     {"kZeroCenteredGamma", Kind::Bool, "false"},
     {"kWriteTranspose", Kind::Bool, "false"},
 };
+// Under float8_block_scaling: the 1 x 128 row-wise copy; kWriteColumnwiseSource also writes the
+// output in the input dtype, which the column-wise block cast reads (dropped in inference).
+constexpr TemplateParam kNormBlockFwdParams[] = {
+    {"Input", Kind::DType, ""},
+    {"Output", Kind::DType, ""},
+    {"kHidden", Kind::Int, ""},
+    {"kZeroCenteredGamma", Kind::Bool, "false"},
+    {"kWriteColumnwiseSource", Kind::Bool, "false"},
+};
 // A norm-like user-defined op's row programs (templates/row_expr.cuh): Fn is its generated
 // functor (ir::row_functor_name), an Activation-kind argument as a pointwise op's.
 constexpr TemplateParam kRowExprParams[] = {
@@ -149,6 +158,8 @@ constexpr KernelFamily kServesLearnedSums[] = {KernelFamily::GatedActivation};
 constexpr std::string_view kLayerNormFwdExample[] = {"__nv_bfloat16", "__nv_bfloat16", "4096"};
 constexpr std::string_view kRmsNormFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "4096",
                                                    "false", "true"};
+constexpr std::string_view kNormBlockFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "4096",
+                                                     "false", "true"};
 constexpr std::string_view kLayerNormBwdExample[] = {"__half", "1000", "true"};
 constexpr std::string_view kRmsNormBwdExample[] = {"__nv_bfloat16", "4096"};
 constexpr std::string_view kRowExprExample[] = {"opfuse::ExampleRowL2", "__nv_bfloat16",
@@ -208,6 +219,10 @@ constexpr KernelTemplate kTable[] = {
           kLayerNormFwdExample),
     entry("rmsnorm_fwd", "norm.cuh", KernelFamily::Norm, "NormFwdParams", kNormFwdParams,
           kRmsNormFwdExample),
+    entry("layernorm_block_fwd", "norm.cuh", KernelFamily::Norm, "NormBlockFwdParams",
+          kNormBlockFwdParams, kNormBlockFwdExample),
+    entry("rmsnorm_block_fwd", "norm.cuh", KernelFamily::Norm, "NormBlockFwdParams",
+          kNormBlockFwdParams, kNormBlockFwdExample),
     entry("layernorm_bwd", "norm.cuh", KernelFamily::Norm, "NormBwdParams", kNormBwdParams,
           kLayerNormBwdExample),
     entry("rmsnorm_bwd", "norm.cuh", KernelFamily::Norm, "NormBwdParams", kNormBwdParams,

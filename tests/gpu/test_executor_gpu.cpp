@@ -303,7 +303,13 @@ TEST_P(InferenceForward, MatchesTrainingWithoutTheTransposedCopies) {
 
   gpu.forward(stream_, RunMode::Training);
   EXPECT_EQ(download_bf16(gpu.output("y"), count), inference);
-  for (int id : left_out) EXPECT_NE(gpu.debug_buffer(id), nullptr) << "buffer " << id;
+  // The copies live on for backward; what only a forward step reads (under block scaling the
+  // norm's 16-bit output, which the column-wise cast reads) is dead again.
+  for (int id : left_out) {
+    if (plan.buffers.at(size_t(id)).saved) {
+      EXPECT_NE(gpu.debug_buffer(id), nullptr) << "buffer " << id;
+    }
+  }
   EXPECT_GT(gpu.memory().reserved_bytes, inference_reserved);
   EXPECT_GE(gpu.memory().reserved_bytes, gpu.memory().peak_bytes);
   gpu.backward(stream_);

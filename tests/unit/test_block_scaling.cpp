@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -125,13 +126,17 @@ TEST(BlockScaling, TheRecipeGivesEachTensorItsBlocks) {
 
 // Every FP8 copy has a grid buffer of the layout cuBLASLt reads (note "Block scale grids"); each
 // cast is one launch writing the copies and their grids: block_cast_transpose, or the activation's
-// kernel where the cast folds into it (forward and backward, templates/block_activation.cuh);
-// nothing is folded into the norm, and no quantizer state is updated after the step.
+// kernel where the cast folds into it (forward and backward, templates/block_activation.cuh); the
+// norm writes its output's row-wise copy (norm_block_cast), a column-only block_cast_transpose the
+// column-wise one; and no quantizer state is updated after the step.
 TEST(BlockScaling, ThePlanCastsInOneKernelAndGivesEveryCopyItsGrid) {
   const driver::CompileResult r = compile("");
   ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
   const plan::SequencePlan& s = r.plan.sequences.at(0);
-  EXPECT_EQ(launches_of(r.plan, "block_cast_transpose"), 4u) << "fc1's x, both W, fc2's dy";
+  EXPECT_EQ(launches_of(r.plan, "block_cast_transpose"), 4u)
+      << "fc1's x (column-wise only), both W, fc2's dy";
+  EXPECT_EQ(launches_of(r.plan, "layernorm_block_fwd"), 1u) << "fc1's x, row-wise";
+  EXPECT_EQ(launches_of(r.plan, "layernorm_fwd"), 0u);
   EXPECT_EQ(launches_of(r.plan, "block_activation_fwd"), 1u) << "fc2's x, the GELU's output";
   EXPECT_EQ(launches_of(r.plan, "block_activation_bwd"), 1u) << "fc1's dy, the GELU's gradient";
   EXPECT_EQ(launches_of(r.plan, "activation_fwd") + launches_of(r.plan, "activation_bwd"), 0u);
@@ -144,6 +149,8 @@ TEST(BlockScaling, ThePlanCastsInOneKernelAndGivesEveryCopyItsGrid) {
   EXPECT_EQ(launches_of(r.plan, "update_scales"), 0u);
   EXPECT_EQ(launches_of(r.plan, "amax_reduce"), 0u);
   for (const plan::Step& step : s.steps) EXPECT_NE(step.pattern, "norm_cast") << step.what;
+  EXPECT_EQ(s.steps.at(0).pattern, "norm_block_cast");
+  EXPECT_EQ(s.steps.at(1).pattern, "norm_block_cast");
 
   std::set<std::vector<std::string>> grids;
   for (const plan::Buffer& b : s.buffers) {
@@ -196,22 +203,53 @@ TEST(BlockScaling, TheGeluStaysAKernelOfItsOwn) {
   EXPECT_TRUE(has_gelu_epilogue(current));
 }
 
-// An inference forward makes no column-wise copy: the variants of the input casts (the norm
-// output's block_cast_transpose, the GELU's fused block_activation_fwd) drop the transposed copy
-// and its grid.
+// An inference forward makes no column-wise copy: the GELU's fused block_activation_fwd drops the
+// transposed copy and its grid (kWriteTranspose = false); the norm drops the 16-bit output the
+// column-wise cast reads (kWriteColumnwiseSource = false), and that cast runs nothing (an empty
+// grid, the trained kernel: none is compiled only to be skipped).
 TEST(BlockScaling, TheInferenceVariantDropsTheTransposedCopyAndItsGrid) {
   const driver::CompileResult r = compile("");
   ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
   const plan::SequencePlan& s = r.plan.sequences.at(0);
+  auto named = [&](const plan::Step& step, int id) {
+    std::vector<int> ids = step.writes;
+    ids.insert(ids.end(), step.reads.begin(), step.reads.end());
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
   size_t variants = 0;
+  int source = -1;
   for (const plan::Step& step : s.steps) {
     if (!step.inference) continue;
     const auto& launch = step.inference->launch;
     const auto& kernel = *r.plan.find_kernel(launch.kernel);
-    if (kernel.template_name != "block_cast_transpose" &&
-        kernel.template_name != "block_activation_fwd")
-      continue;
+    const auto& trained = std::get<plan::LaunchStep>(step.body);
     ++variants;
+    if (kernel.template_name == "layernorm_block_fwd") {
+      EXPECT_EQ(kernel.template_args.back(), "false") << "kWriteColumnwiseSource";
+      for (const plan::ParamBinding& p : trained.params)
+        if (p.field == "y_hp") source = p.buffers.at(0);
+      ASSERT_GE(source, 0);
+      EXPECT_EQ(s.buffers.at(size_t(source)).role, plan::BufferRole::Workspace);
+      for (const plan::ParamBinding& p : launch.params) {
+        if (p.field == "y_hp") {
+          EXPECT_EQ(p.kind, plan::ParamKind::Null);
+        }
+        if (p.field == "y" || p.field == "y_scale_inv") {
+          EXPECT_EQ(p.kind, plan::ParamKind::Buffer) << p.field;
+        }
+      }
+      EXPECT_EQ(std::find(step.inference->writes.begin(), step.inference->writes.end(), source),
+                step.inference->writes.end());
+      EXPECT_EQ(step.inference->writes.size() + 1, step.writes.size());
+      continue;
+    }
+    if (kernel.template_name == "block_cast_transpose") {
+      EXPECT_EQ(launch.grid.x.value(), std::optional<int64_t>(0)) << step.what;
+      EXPECT_EQ(launch.kernel, trained.kernel) << "no kernel compiled only to be skipped";
+      EXPECT_TRUE(named(step, source)) << "the column-wise cast reads the norm's 16-bit output";
+      continue;
+    }
+    ASSERT_EQ(kernel.template_name, "block_activation_fwd") << step.what;
     EXPECT_EQ(kernel.template_args.back(), "false") << "kWriteTranspose";
     for (const plan::ParamBinding& p : launch.params) {
       if (p.field == "y_t" || p.field == "y_t_scale_inv") {
@@ -223,7 +261,27 @@ TEST(BlockScaling, TheInferenceVariantDropsTheTransposedCopyAndItsGrid) {
     }
     EXPECT_LT(step.inference->writes.size(), step.writes.size());
   }
-  EXPECT_EQ(variants, 2u) << "the inputs of fc1 and fc2 (weight casts are cached instead)";
+  EXPECT_EQ(variants, 3u) << "the norm, fc1's column-wise cast, the GELU (weight casts are cached)";
+  // The 16-bit output takes no memory in an inference forward.
+  EXPECT_LT(s.buffers.at(size_t(source)).inference.first, 0);
+  EXPECT_GE(s.buffers.at(size_t(source)).training.first, 0);
+}
+
+// A norm output the program also returns in high precision (make_extra_output) is needed in bf16
+// as well as quantized: the cast does not fold into the norm, which writes bf16 as before.
+TEST(BlockScaling, ANormOutputReadTwiceStaysUnfused) {
+  constexpr const char* kTwice = R"(
+recipe blocks = float8_block_scaling()
+sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256], n: bf16[tokens, 256]) uses blocks {
+  layernorm(256)
+  make_extra_output(n)
+  linear(256, 256, bias = false) as fc
+}
+)";
+  const driver::CompileResult r = compile("", kTwice);
+  ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+  EXPECT_EQ(launches_of(r.plan, "layernorm_block_fwd"), 0u);
+  EXPECT_EQ(launches_of(r.plan, "layernorm_fwd"), 1u);
 }
 
 // The CPU reference's block GEMM is TE's semantics over the block casts of its operands: the

@@ -1,6 +1,10 @@
 // norm_cast: LayerNorm or RMSNorm whose output only feeds an FP8 cast -> one norm kernel that
 // writes the FP8 copy (and the transposed copy when the cast makes one) and the amax (TE's
 // layernorm/rmsnorm with an FP8 output quantizer).
+// norm_block_cast: the same under float8_block_scaling (a 1 x 128 block cast) -> the norm kernel
+// writes the row-wise copy and its scale grid; in training it also writes its output in 16 bits,
+// from which a column-wise block cast makes the 128 x 1 copy (an inference forward runs the norm
+// alone). TE leaves the norm and the block cast apart.
 #include "passes/fusion/patterns.h"
 
 namespace opfuse::passes::fusion {
@@ -13,11 +17,40 @@ constexpr Step kSteps[] = {
     {.kinds = kNorms, .link = Link::Start},
     {.kinds = kCast, .link = Link::Consumes, .from = 0, .when = cast_can_fold},
 };
+
+bool block_1d(const ir::Sequence& seq, const ir::Operation& cast) {
+  return cast.quantizer >= 0 && size_t(cast.quantizer) < seq.quantizers.size() &&
+         seq.quantizers[size_t(cast.quantizer)].spec.scaling == plan::ScalingKind::Block1D;
+}
+constexpr Step kBlockSteps[] = {
+    {.kinds = kNorms, .link = Link::Start},
+    {.kinds = kCast, .link = Link::Consumes, .from = 0, .when = block_1d},
+};
+
+// The kernel's shapes (templates/norm.cuh, layernorm_block_fwd): rows a multiple of 128 wide,
+// so every 1 x 128 block lies in one warp's lanes; the output in the input dtype (the value the
+// cast quantizes); 2- or 4-byte inputs.
+bool block_kernel_fits(const ir::Sequence& seq, const Match& m) {
+  const ir::Operation& norm = *m.front();
+  const ir::TensorType& in = seq.value(norm.operands.at(0)).type;
+  const ir::TensorType& out = seq.value(norm.results.at(0)).type;
+  const int bytes = ir::dtype_bytes(in.dtype);
+  return out.dtype == in.dtype && (bytes == 2 || bytes == 4) &&
+         ir::attr_int(norm.attrs, "size") % 128 == 0;
+}
 }  // namespace
 
 const FusionPattern& norm_cast() {
   static const FusionPattern p{"norm_cast", ir::Phase::Forward, kSteps, nullptr,
                                "norm + FP8 cast (+ amax, + transposed copy)"};
+  return p;
+}
+
+const FusionPattern& norm_block_cast() {
+  static const FusionPattern p{"norm_block_cast", ir::Phase::Forward, kBlockSteps,
+                               block_kernel_fits,
+                               "norm + 1x128 block cast (row-wise copy; + 16-bit output for the "
+                               "column-wise cast in training)"};
   return p;
 }
 

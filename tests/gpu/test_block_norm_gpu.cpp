@@ -1,0 +1,262 @@
+// The norm that writes its output's 1 x 128 block-scaled row-wise copy (templates/norm.cuh,
+// layernorm_block_fwd / rmsnorm_block_fwd; pattern norm_block_cast) on the GPU against the
+// unfused pair it replaces: the norm writing bf16 (layernorm_fwd / rmsnorm_fwd), then
+// block_cast_transpose (bit-exact with the CPU oracle in test_block_cast_gpu). The fused kernel
+// must write the same bytes: every row-wise code and every non-padding scale_inv entry, the
+// rounded output (kWriteColumnwiseSource) identical to the unfused norm's, and mean/rstd the
+// unfused norm's; the column-wise copy then made from that output by the column-only cast equals
+// the unfused cast's. Over LayerNorm and RMSNorm (zero-centered gamma too), E4M3 and E5M2,
+// power-of-2 and FP32 scales, with ragged row counts, one 128-wide row and rows where an outlier
+// dominates one block; the kernel without the source (the inference variant) writes the same
+// codes and leaves the source untouched. Outputs are poisoned first (0xAB), so a byte not
+// written, or a padding entry written, shows. Label `gpu`: skips (visibly) where no GPU is
+// present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../templates/common/launch_rules.h"
+#include "cpu/block_quantization.h"
+#include "gpu_test_support.h"
+
+namespace opfuse {
+namespace {
+
+#define CUDA_OK(call)                                                              \
+  do {                                                                             \
+    const cudaError_t status = (call);                                             \
+    ASSERT_EQ(status, cudaSuccess) << #call << ": " << cudaGetErrorString(status); \
+  } while (false)
+
+// Mirrors of the templates' params structs, field for field.
+struct NormFwdParams {  // norm.cuh
+  const void* x;
+  const void* gamma;
+  const void* beta;
+  void* y;
+  void* y_t;
+  const float* scale;
+  float* amax;
+  const void* scale_record;
+  float* mean;
+  float* rstd;
+  float epsilon;
+  int rows;
+};
+struct NormBlockFwdParams {  // norm.cuh
+  const void* x;
+  const void* gamma;
+  const void* beta;
+  void* y;
+  float* y_scale_inv;
+  void* y_hp;
+  float* mean;
+  float* rstd;
+  float epsilon;
+  float block_epsilon;
+  int power_of_2_scale;
+  int rows;
+};
+static_assert(sizeof(NormBlockFwdParams) == 80);
+struct BlockCastParams {  // block_cast.cuh
+  const void* x;
+  void* y;
+  float* y_scale_inv;
+  void* y_t;
+  float* y_t_scale_inv;
+  float epsilon;
+  int power_of_2_scale;
+  int rows;
+  int cols;
+};
+
+constexpr uint8_t kPoison = 0xAB;
+constexpr int kHidden = 512;  // four 1 x 128 blocks per row
+
+struct Case {
+  bool rms;
+  bool zero_centered;
+  bool e5m2;
+  bool power_of_2;
+  int rows;
+};
+
+std::string case_name(const Case& c) {
+  return std::string(c.rms ? "rmsnorm" : "layernorm") + (c.zero_centered ? " (1 + gamma)" : "") +
+         (c.e5m2 ? " -> e5m2" : " -> e4m3") + (c.power_of_2 ? ", pow2" : ", fp32 scales") +
+         ", rows " + std::to_string(c.rows);
+}
+
+class BlockNormGpu : public test::GpuStreamTest {
+ protected:
+  void launch(cudaKernel_t kernel, dim3 grid, int threads, void* params) {
+    void* args[] = {params};
+    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(threads), args, 0,
+                             stream_));
+  }
+  void poison(const test::DeviceArray& a) {
+    CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
+  }
+  void same_bytes(const test::DeviceArray& a, const test::DeviceArray& b, const char* what) {
+    const std::vector<uint8_t> wa = test::download_bytes(a.data(), a.bytes());
+    const std::vector<uint8_t> ga = test::download_bytes(b.data(), b.bytes());
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < wa.size(); ++i) {
+      if (wa[i] != ga[i] && differ++ == 0) first = i;
+    }
+    EXPECT_EQ(differ, 0u) << what << ": " << differ << " bytes differ, the first at " << first
+                          << " (unfused " << int(wa[first]) << ", fused " << int(ga[first]) << ")";
+  }
+
+  void run(const Case& c) {
+    SCOPED_TRACE(case_name(c));
+    const std::string family = c.rms ? "rmsnorm" : "layernorm";
+    const std::string fp8 = c.e5m2 ? "__nv_fp8_e5m2" : "__nv_fp8_e4m3";
+    const std::string tail = std::to_string(kHidden) + ", " + (c.zero_centered ? "true" : "false");
+    const test::TemplateKernels loaded = test::load_template_kernels(
+        "#include \"norm.cuh\"\n#include \"block_cast.cuh\"\n",
+        {"opfuse::" + family + "_fwd<__nv_bfloat16, __nv_bfloat16, " + tail + ">",
+         "opfuse::block_cast_transpose<__nv_bfloat16, " + fp8 + ", false, true>",
+         "opfuse::" + family + "_block_fwd<__nv_bfloat16, " + fp8 + ", " + tail + ", true>",
+         "opfuse::" + family + "_block_fwd<__nv_bfloat16, " + fp8 + ", " + tail + ", false>"});
+    ASSERT_EQ(loaded.compiled.spill_store_bytes, 0) << "registers: " << loaded.compiled.registers;
+    for (const cudaKernel_t k : loaded.kernels) ASSERT_NE(k, nullptr);
+
+    const int rows = c.rows;
+    const size_t elems = size_t(rows) * kHidden;
+    std::mt19937_64 rng(31 + rows + (c.rms ? 1 : 0));
+    test::DeviceArray& x = new_array(elems * 2);
+    std::vector<float> xs = test::random_bf16(elems, 1.5, rng, 0.25);
+    // An outlier in one block of a few rows: its block's scale is small, its neighbours' not.
+    for (int r = 0; r < rows; r += 7) xs[size_t(r) * kHidden + 130 + r % 100] = 300.0f;
+    test::upload_bf16(x, xs);
+    test::DeviceArray& gamma = new_array(kHidden * 2);
+    test::upload_bf16(gamma, test::random_bf16(kHidden, 0.5, rng, c.zero_centered ? 0.0 : 1.0));
+    test::DeviceArray& beta = new_array(kHidden * 2);
+    test::upload_bf16(beta, test::random_bf16(kHidden, 0.2, rng));
+
+    const cpu::ScaleGridShape row_grid = cpu::scale_grid_shape(rows, kHidden, false);
+    const cpu::ScaleGridShape col_grid = cpu::scale_grid_shape(kHidden, rows, false);
+    struct Outputs {
+      test::DeviceArray *y, *y_grid, *y_t, *y_t_grid, *source, *mean, *rstd;
+    };
+    auto outputs = [&] {
+      Outputs o{&new_array(elems),           &new_array(size_t(row_grid.size()) * 4),
+                &new_array(elems),           &new_array(size_t(col_grid.size()) * 4),
+                &new_array(elems * 2),       &new_array(size_t(rows) * 4),
+                &new_array(size_t(rows) * 4)};
+      for (test::DeviceArray* a : {o.y, o.y_grid, o.y_t, o.y_t_grid, o.source, o.mean, o.rstd})
+        poison(*a);
+      return o;
+    };
+    const Outputs want = outputs(), got = outputs(), inference = outputs();
+    const float* no_beta = nullptr;
+    const void* beta_ptr = c.rms ? no_beta : beta.data();
+    const int norm_threads = launch::norm_fwd_block_threads(kHidden, 2, false);
+    const dim3 norm_grid(
+        unsigned(launch::ceil_div(rows, launch::norm_fwd_rows_per_block(kHidden, 2, false))));
+    const dim3 cast_grid(launch::block_cast_grid_x(kHidden), launch::block_cast_grid_y(rows));
+
+    // Unfused: the norm to bf16, then both copies from it.
+    NormFwdParams np{x.data(),
+                     gamma.data(),
+                     beta_ptr,
+                     want.source->data(),
+                     nullptr,
+                     nullptr,
+                     nullptr,
+                     nullptr,
+                     static_cast<float*>(want.mean->data()),
+                     static_cast<float*>(want.rstd->data()),
+                     1e-5f,
+                     rows};
+    launch(loaded.kernels[0], norm_grid, norm_threads, &np);
+    BlockCastParams both{want.source->data(),
+                         want.y->data(),
+                         static_cast<float*>(want.y_grid->data()),
+                         want.y_t->data(),
+                         static_cast<float*>(want.y_t_grid->data()),
+                         0.0f,
+                         c.power_of_2 ? 1 : 0,
+                         rows,
+                         kHidden};
+    launch(loaded.kernels[1], cast_grid, launch::kBlockCastThreads, &both);
+
+    // Fused (training): the norm writes the row-wise copy and the source, the column-only cast
+    // reads the source.
+    auto fused = [&](const Outputs& o, bool with_source) {
+      NormBlockFwdParams bp{x.data(),
+                            gamma.data(),
+                            beta_ptr,
+                            o.y->data(),
+                            static_cast<float*>(o.y_grid->data()),
+                            with_source ? o.source->data() : nullptr,
+                            static_cast<float*>(o.mean->data()),
+                            static_cast<float*>(o.rstd->data()),
+                            1e-5f,
+                            0.0f,
+                            c.power_of_2 ? 1 : 0,
+                            rows};
+      launch(loaded.kernels[with_source ? 2 : 3], norm_grid, norm_threads, &bp);
+    };
+    fused(got, true);
+    BlockCastParams column{got.source->data(),
+                           nullptr,
+                           nullptr,
+                           got.y_t->data(),
+                           static_cast<float*>(got.y_t_grid->data()),
+                           0.0f,
+                           c.power_of_2 ? 1 : 0,
+                           rows,
+                           kHidden};
+    launch(loaded.kernels[1], cast_grid, launch::kBlockCastThreads, &column);
+    fused(inference, false);
+    CUDA_OK(cudaStreamSynchronize(stream_));
+
+    same_bytes(*want.y, *got.y, "row-wise codes");
+    same_bytes(*want.y_grid, *got.y_grid, "row-wise scale_inv grid (padding poisoned in both)");
+    same_bytes(*want.source, *got.source, "the output in bf16");
+    same_bytes(*want.y_t, *got.y_t, "column-wise codes");
+    same_bytes(*want.y_t_grid, *got.y_t_grid, "column-wise scale_inv grid");
+    same_bytes(*want.rstd, *got.rstd, "rstd");
+    if (!c.rms) same_bytes(*want.mean, *got.mean, "mean");
+    same_bytes(*want.y, *inference.y, "row-wise codes (inference)");
+    same_bytes(*want.y_grid, *inference.y_grid, "row-wise grid (inference)");
+    const std::vector<uint8_t> untouched =
+        test::download_bytes(inference.source->data(), inference.source->bytes());
+    size_t written = 0;
+    for (const uint8_t b : untouched) written += b != kPoison ? 1 : 0;
+    EXPECT_EQ(written, 0u) << "the inference kernel writes no bf16 output";
+    // Not a vacuous comparison: the codes are not all one byte, the scales not all one value.
+    const std::vector<uint8_t> codes = test::download_bytes(got.y->data(), got.y->bytes());
+    size_t zeros = 0;
+    for (const uint8_t b : codes) zeros += b == 0 ? 1 : 0;
+    EXPECT_LT(zeros, codes.size() / 4);
+    const size_t inner = size_t(launch::block_scale_grid_inner(rows, kHidden, false));
+    const std::vector<uint8_t> grid = test::download_bytes(got.y_grid->data(), 8 * inner);
+    EXPECT_NE(std::vector<uint8_t>(grid.begin(), grid.begin() + 4),
+              std::vector<uint8_t>(grid.begin() + 4 * inner, grid.begin() + 4 * inner + 4))
+        << "row 0's first two blocks (the second holds an outlier) have one scale";
+  }
+};
+
+TEST_F(BlockNormGpu, LayerNormMatchesTheUnfusedPair) {
+  for (const Case c : {Case{false, false, false, true, 300}, Case{false, true, false, false, 1000},
+                       Case{false, false, true, true, 1}, Case{false, false, false, false, 129}}) {
+    run(c);
+  }
+}
+
+TEST_F(BlockNormGpu, RmsNormMatchesTheUnfusedPair) {
+  for (const Case c : {Case{true, false, false, true, 300}, Case{true, true, true, false, 517},
+                       Case{true, false, false, false, 64}}) {
+    run(c);
+  }
+}
+
+}  // namespace
+}  // namespace opfuse
