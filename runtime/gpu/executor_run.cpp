@@ -310,9 +310,15 @@ float* SequenceExecutor::Impl::cast_scale_inv_slot(int quantizer) const {
 }
 
 void SequenceExecutor::Impl::observed_step(int index, cudaStream_t stream) {
-  if (observer != nullptr) observer->before(index, stream);
+  // A launch with an empty grid (an inference variant that runs nothing) is not observed.
+  const auto i = static_cast<std::size_t>(index);
+  const BoundStep& bound_step =
+      layout == RunMode::Inference && inference_steps[i] ? *inference_steps[i] : steps[i];
+  const bool observe = observer != nullptr &&
+                       !(std::holds_alternative<LaunchStep>(plan.steps[i].body) && bound_step.skip);
+  if (observe) observer->before(index, stream);
   run_step(index, stream);
-  if (observer != nullptr) observer->after(index, stream);
+  if (observe) observer->after(index, stream);
 }
 
 const void* SequenceExecutor::Impl::result(const std::map<std::string, int, std::less<>>& names,

@@ -91,7 +91,8 @@ struct StepProfile {
 
 // Called around every step the executor enqueues (forward, backward, end_step), on the stream it
 // enqueues on, e.g. to record CUDA events. Never called for steps that are skipped (cached weight
-// casts). The calls happen during a graph capture too: an observer must not be set then.
+// casts, launches with an empty grid). The calls happen during a graph capture too: an observer
+// must not be set then.
 class StepObserver {
  public:
   virtual ~StepObserver() = default;

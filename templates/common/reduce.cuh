@@ -29,6 +29,61 @@ __device__ __forceinline__ float warp_allreduce(float value, Op op) {
   return value;
 }
 
+// Maxima of kValues values per lane over each group of kLanes consecutive lanes (a power of 2, at
+// most 32, kValues <= kLanes; fmaxf, so NaNs are ignored as by a butterfly), one value per lane at
+// the end: each round halves the values a lane holds (of a pair of lanes the upper keeps the
+// upper half and sends the lower, the lower the reverse), then the rounds left combine the one
+// value. Lane L ends with the group maximum of value (L % kLanes) / LaneGroupMax::kReplicas (zero
+// for the padding values >= kValues), which lane group_first + i * kReplicas holds for value i.
+// 2 + 1 + 1 + 1 shuffles for 4 values over 16 lanes, 4 + 2 + 1 + 1 for 8, where a butterfly per
+// value takes 16 and 32: what the block-scaled kernels spend to give each 1 x 128 block its amax.
+// Every lane of the warp must call it.
+template <int kValues, int kLanes>
+struct LaneGroupMax {
+  static constexpr int kPadded = kValues <= 1    ? 1
+                                 : kValues <= 2  ? 2
+                                 : kValues <= 4  ? 4
+                                 : kValues <= 8  ? 8
+                                 : kValues <= 16 ? 16
+                                                 : 32;
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes: 2^k <= 32");
+  static_assert(kValues >= 1 && kPadded <= kLanes, "at most one value per lane of a group");
+  static constexpr int kReplicas = kLanes / kPadded;  // lanes ending with the same value
+
+  __device__ __forceinline__ static float reduce(const float (&values)[kValues], int lane) {
+    float held[kPadded];
+#pragma unroll
+    for (int i = 0; i < kPadded; ++i) held[i] = i < kValues ? values[i] : 0.0f;
+#pragma unroll
+    for (int r = 0; (kLanes >> (r + 1)) >= 1; ++r) {
+      const int mask = kLanes >> (r + 1);
+      const int count = kPadded >> r;  // values each lane still holds
+      const bool upper = (lane & mask) != 0;
+#pragma unroll
+      for (int i = 0; i < (kPadded + 1) / 2; ++i) {
+        if (count > 1 && i < count / 2) {
+          // The upper lane swaps the halves in place, so both send their upper slot: as few
+          // registers live as in a butterfly.
+          const float low = held[i];
+          held[i] = upper ? held[i + count / 2] : low;
+          held[i + count / 2] = upper ? low : held[i + count / 2];
+          held[i] = fmaxf(held[i], __shfl_xor_sync(kFullWarpMask, held[i + count / 2], mask));
+        } else if (count == 1 && i == 0) {
+          held[0] = fmaxf(held[0], __shfl_xor_sync(kFullWarpMask, held[0], mask));
+        }
+      }
+    }
+    return held[0];
+  }
+  // The value whose maximum lane `lane` holds, and the first lane holding value i.
+  __device__ __forceinline__ static int value_of_lane(int lane) {
+    return (lane & (kLanes - 1)) / kReplicas;
+  }
+  __device__ __forceinline__ static int lane_of_value(int lane, int i) {
+    return (lane & ~(kLanes - 1)) + i * kReplicas;
+  }
+};
+
 __device__ __forceinline__ float2 warp_allreduce_sum2(float2 value) {
 #pragma unroll
   for (int mask = 16; mask > 0; mask >>= 1) {

@@ -75,20 +75,24 @@ struct BlockCastParams {  // block_cast.cuh
 };
 
 constexpr uint8_t kPoison = 0xAB;
-constexpr int kHidden = 512;  // four 1 x 128 blocks per row
 
+// The hidden sizes give the kernel's lane layouts (launch_rules.h): 512 bf16 two slots of 32
+// threads, 640 three slots with idle ones, 4096 four slots of 128 threads; fp32 blocks span a warp.
 struct Case {
   bool rms;
   bool zero_centered;
   bool e5m2;
   bool power_of_2;
   int rows;
+  int hidden = 512;
+  bool fp32 = false;
 };
 
 std::string case_name(const Case& c) {
-  return std::string(c.rms ? "rmsnorm" : "layernorm") + (c.zero_centered ? " (1 + gamma)" : "") +
-         (c.e5m2 ? " -> e5m2" : " -> e4m3") + (c.power_of_2 ? ", pow2" : ", fp32 scales") +
-         ", rows " + std::to_string(c.rows);
+  return std::string(c.rms ? "rmsnorm" : "layernorm") + (c.fp32 ? " fp32" : " bf16") +
+         (c.zero_centered ? " (1 + gamma)" : "") + (c.e5m2 ? " -> e5m2" : " -> e4m3") +
+         (c.power_of_2 ? ", pow2" : ", fp32 scales") + ", [" + std::to_string(c.rows) + ", " +
+         std::to_string(c.hidden) + "]";
 }
 
 class BlockNormGpu : public test::GpuStreamTest {
@@ -116,31 +120,36 @@ class BlockNormGpu : public test::GpuStreamTest {
     SCOPED_TRACE(case_name(c));
     const std::string family = c.rms ? "rmsnorm" : "layernorm";
     const std::string fp8 = c.e5m2 ? "__nv_fp8_e5m2" : "__nv_fp8_e4m3";
-    const std::string tail = std::to_string(kHidden) + ", " + (c.zero_centered ? "true" : "false");
+    const std::string t = c.fp32 ? "float" : "__nv_bfloat16";
+    const int hidden = c.hidden;
+    const int bytes = c.fp32 ? 4 : 2;
+    const plan::DType dtype = c.fp32 ? plan::DType::FP32 : plan::DType::BF16;
+    const std::string tail = std::to_string(hidden) + ", " + (c.zero_centered ? "true" : "false");
     const test::TemplateKernels loaded = test::load_template_kernels(
         "#include \"norm.cuh\"\n#include \"block_cast.cuh\"\n",
-        {"opfuse::" + family + "_fwd<__nv_bfloat16, __nv_bfloat16, " + tail + ">",
-         "opfuse::block_cast_transpose<__nv_bfloat16, " + fp8 + ", false, true>",
-         "opfuse::" + family + "_block_fwd<__nv_bfloat16, " + fp8 + ", " + tail + ", true>",
-         "opfuse::" + family + "_block_fwd<__nv_bfloat16, " + fp8 + ", " + tail + ", false>"});
+        {"opfuse::" + family + "_fwd<" + t + ", " + t + ", " + tail + ">",
+         "opfuse::block_cast_transpose<" + t + ", " + fp8 + ", false, true>",
+         "opfuse::" + family + "_block_fwd<" + t + ", " + fp8 + ", " + tail + ", true>",
+         "opfuse::" + family + "_block_fwd<" + t + ", " + fp8 + ", " + tail + ", false>"});
     ASSERT_EQ(loaded.compiled.spill_store_bytes, 0) << "registers: " << loaded.compiled.registers;
     for (const cudaKernel_t k : loaded.kernels) ASSERT_NE(k, nullptr);
 
     const int rows = c.rows;
-    const size_t elems = size_t(rows) * kHidden;
+    const size_t elems = size_t(rows) * hidden;
     std::mt19937_64 rng(31 + rows + (c.rms ? 1 : 0));
-    test::DeviceArray& x = new_array(elems * 2);
+    test::DeviceArray& x = new_array(elems * bytes);
     std::vector<float> xs = test::random_bf16(elems, 1.5, rng, 0.25);
     // An outlier in one block of a few rows: its block's scale is small, its neighbours' not.
-    for (int r = 0; r < rows; r += 7) xs[size_t(r) * kHidden + 130 + r % 100] = 300.0f;
-    test::upload_bf16(x, xs);
-    test::DeviceArray& gamma = new_array(kHidden * 2);
-    test::upload_bf16(gamma, test::random_bf16(kHidden, 0.5, rng, c.zero_centered ? 0.0 : 1.0));
-    test::DeviceArray& beta = new_array(kHidden * 2);
-    test::upload_bf16(beta, test::random_bf16(kHidden, 0.2, rng));
+    for (int r = 0; r < rows; r += 7) xs[size_t(r) * hidden + 130 + r % 100] = 300.0f;
+    test::upload_values(x, xs, dtype);
+    test::DeviceArray& gamma = new_array(size_t(hidden) * bytes);
+    test::upload_values(gamma, test::random_bf16(hidden, 0.5, rng, c.zero_centered ? 0.0 : 1.0),
+                        dtype);
+    test::DeviceArray& beta = new_array(size_t(hidden) * bytes);
+    test::upload_values(beta, test::random_bf16(hidden, 0.2, rng), dtype);
 
-    const cpu::ScaleGridShape row_grid = cpu::scale_grid_shape(rows, kHidden, false);
-    const cpu::ScaleGridShape col_grid = cpu::scale_grid_shape(kHidden, rows, false);
+    const cpu::ScaleGridShape row_grid = cpu::scale_grid_shape(rows, hidden, false);
+    const cpu::ScaleGridShape col_grid = cpu::scale_grid_shape(hidden, rows, false);
     struct Outputs {
       test::DeviceArray *y, *y_grid, *y_t, *y_t_grid, *source, *mean, *rstd;
     };
@@ -156,10 +165,10 @@ class BlockNormGpu : public test::GpuStreamTest {
     const Outputs want = outputs(), got = outputs(), inference = outputs();
     const float* no_beta = nullptr;
     const void* beta_ptr = c.rms ? no_beta : beta.data();
-    const int norm_threads = launch::norm_fwd_block_threads(kHidden, 2, false);
+    const int norm_threads = launch::norm_fwd_block_threads(hidden, bytes, false);
     const dim3 norm_grid(
-        unsigned(launch::ceil_div(rows, launch::norm_fwd_rows_per_block(kHidden, 2, false))));
-    const dim3 cast_grid(launch::block_cast_grid_x(kHidden), launch::block_cast_grid_y(rows));
+        unsigned(launch::ceil_div(rows, launch::norm_fwd_rows_per_block(hidden, bytes, false))));
+    const dim3 cast_grid(launch::block_cast_grid_x(hidden), launch::block_cast_grid_y(rows));
 
     // Unfused: the norm to bf16, then both copies from it.
     NormFwdParams np{x.data(),
@@ -183,7 +192,7 @@ class BlockNormGpu : public test::GpuStreamTest {
                          0.0f,
                          c.power_of_2 ? 1 : 0,
                          rows,
-                         kHidden};
+                         hidden};
     launch(loaded.kernels[1], cast_grid, launch::kBlockCastThreads, &both);
 
     // Fused (training): the norm writes the row-wise copy and the source, the column-only cast
@@ -212,7 +221,7 @@ class BlockNormGpu : public test::GpuStreamTest {
                            0.0f,
                            c.power_of_2 ? 1 : 0,
                            rows,
-                           kHidden};
+                           hidden};
     launch(loaded.kernels[1], cast_grid, launch::kBlockCastThreads, &column);
     fused(inference, false);
     CUDA_OK(cudaStreamSynchronize(stream_));
@@ -236,7 +245,7 @@ class BlockNormGpu : public test::GpuStreamTest {
     size_t zeros = 0;
     for (const uint8_t b : codes) zeros += b == 0 ? 1 : 0;
     EXPECT_LT(zeros, codes.size() / 4);
-    const size_t inner = size_t(launch::block_scale_grid_inner(rows, kHidden, false));
+    const size_t inner = size_t(launch::block_scale_grid_inner(rows, hidden, false));
     const std::vector<uint8_t> grid = test::download_bytes(got.y_grid->data(), 8 * inner);
     EXPECT_NE(std::vector<uint8_t>(grid.begin(), grid.begin() + 4),
               std::vector<uint8_t>(grid.begin() + 4 * inner, grid.begin() + 4 * inner + 4))
@@ -254,6 +263,16 @@ TEST_F(BlockNormGpu, LayerNormMatchesTheUnfusedPair) {
 TEST_F(BlockNormGpu, RmsNormMatchesTheUnfusedPair) {
   for (const Case c : {Case{true, false, false, true, 300}, Case{true, true, true, false, 517},
                        Case{true, false, false, false, 64}}) {
+    run(c);
+  }
+}
+
+TEST_F(BlockNormGpu, EveryLaneLayoutMatchesTheUnfusedPair) {
+  for (const Case c :
+       {Case{false, false, false, true, 300, 4096}, Case{true, false, true, false, 77, 4096},
+        Case{false, false, false, true, 200, 640}, Case{true, true, false, false, 130, 640},
+        Case{false, false, false, true, 150, 512, true},
+        Case{true, false, true, true, 9, 1024, true}}) {
     run(c);
   }
 }
