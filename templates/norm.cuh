@@ -188,6 +188,9 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
   // t + s * kThreadsPerRow), within one warp since kThreadsPerRow is a multiple of 32.
   constexpr int kBlockLanes = launch::kBlockScaleLength / kVec;
   static_assert(!kBlock || (kIsFp8 && !kWriteTranspose), "block scaling writes FP8 row-wise");
+  // fp32 inputs: an instantiation wrote out of bounds in its GPU comparison ([9, 1024] RMSNorm to
+  // E5M2, compute-sanitizer), not yet explained; plans keep an fp32 norm and its cast apart.
+  static_assert(!kBlock || Shape::kInputBytes == 2, "block-scaled norm: 2-byte inputs");
   static_assert(!kBlock || (kHidden % launch::kBlockScaleLength == 0 &&
                             Shape::kThreadsPerRow % kBlockLanes == 0 && kBlockLanes <= 32),
                 "block-scaled norm: hidden a multiple of 128");

@@ -147,7 +147,7 @@ void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
   const int64_t hidden = ir::attr_int(norm.attrs, "size");
   const int bytes = ir::dtype_bytes(in);
   if (cast.operands.at(0) != norm.results.at(0) || b.value(norm.results.at(0)).type.dtype != in ||
-      hidden % rules::kBlockScaleLength != 0 || (bytes != 2 && bytes != 4)) {
+      hidden % rules::kBlockScaleLength != 0 || bytes != 2) {
     no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/norm_cast.cpp)
   }
   require_vector_width(b, norm, hidden, in, name_of(norm.kind));

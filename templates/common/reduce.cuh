@@ -57,7 +57,7 @@ struct LaneGroupMax {
 #pragma unroll
     for (int r = 0; (kLanes >> (r + 1)) >= 1; ++r) {
       const int mask = kLanes >> (r + 1);
-      const int count = kPadded >> r;  // values each lane still holds
+      const int count = (kPadded >> r) > 1 ? (kPadded >> r) : 1;  // values each lane still holds
       const bool upper = (lane & mask) != 0;
 #pragma unroll
       for (int i = 0; i < (kPadded + 1) / 2; ++i) {

@@ -284,6 +284,23 @@ sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256], n: bf16[tokens, 256
   EXPECT_EQ(launches_of(r.plan, "layernorm_fwd"), 1u);
 }
 
+// The block-scaled norm takes 2-byte inputs (templates/norm.cuh): an fp32 norm and its block cast
+// stay two kernels.
+TEST(BlockScaling, AnFp32NormStaysUnfused) {
+  constexpr const char* kFp32 = R"(
+recipe blocks = float8_block_scaling()
+sequence mlp(x: fp32[tokens, 256]) -> (y: fp32[tokens, 256]) uses blocks {
+  layernorm(256)
+  linear(256, 256, bias = false) as fc
+}
+)";
+  const driver::CompileResult r = compile("", kFp32);
+  ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+  EXPECT_EQ(launches_of(r.plan, "layernorm_block_fwd"), 0u);
+  EXPECT_EQ(launches_of(r.plan, "layernorm_fwd"), 1u);
+  EXPECT_EQ(launches_of(r.plan, "block_cast_transpose"), 3u) << "fc's x, W and dy";
+}
+
 // The CPU reference's block GEMM is TE's semantics over the block casts of its operands: the
 // fprop of one linear recomputed from cpu::block_quantize_* and cpu::block_scaled_gemm.
 TEST(BlockScaling, TheReferenceFpropIsTheBlockGemmOfTheBlockCasts) {

@@ -72,20 +72,25 @@ std::string args(std::initializer_list<std::string> parts) {
 TemplateCase norm_case(const std::string& arch, const Dtype& in) {
   const std::string h = std::to_string(in.hidden);
   const std::string t = in.type;
-  return {"norm_" + in.tag + "_" + arch,
-          "norm.cuh",
-          {"opfuse::layernorm_fwd<" + args({t, t, h}) + ">",
-           "opfuse::layernorm_fwd<" + args({t, kE4m3, h, "false", "true"}) + ">",
-           "opfuse::layernorm_fwd<" + args({t, kE5m2, h, "true", "false"}) + ">",
-           "opfuse::rmsnorm_fwd<" + args({t, t, h, "true"}) + ">",
-           "opfuse::rmsnorm_fwd<" + args({t, kE4m3, h, "true", "true"}) + ">",
-           // float8_block_scaling's norm (rows a multiple of 128 wide).
-           "opfuse::layernorm_block_fwd<" + args({t, kE4m3, "1024", "false", "true"}) + ">",
-           "opfuse::rmsnorm_block_fwd<" + args({t, kE5m2, "1024", "true", "false"}) + ">",
-           "opfuse::layernorm_bwd<" + args({t, h}) + ">",
-           "opfuse::rmsnorm_bwd<" + args({t, h, "true"}) + ">",
-           "opfuse::reduce_column_partials<" + t + ">"},
-          arch};
+  TemplateCase c{"norm_" + in.tag + "_" + arch,
+                 "norm.cuh",
+                 {"opfuse::layernorm_fwd<" + args({t, t, h}) + ">",
+                  "opfuse::layernorm_fwd<" + args({t, kE4m3, h, "false", "true"}) + ">",
+                  "opfuse::layernorm_fwd<" + args({t, kE5m2, h, "true", "false"}) + ">",
+                  "opfuse::rmsnorm_fwd<" + args({t, t, h, "true"}) + ">",
+                  "opfuse::rmsnorm_fwd<" + args({t, kE4m3, h, "true", "true"}) + ">",
+                  "opfuse::layernorm_bwd<" + args({t, h}) + ">",
+                  "opfuse::rmsnorm_bwd<" + args({t, h, "true"}) + ">",
+                  "opfuse::reduce_column_partials<" + t + ">"},
+                 arch};
+  // float8_block_scaling's norm: rows a multiple of 128 wide, 2-byte inputs.
+  if (in.type != "float") {
+    c.name_expressions.push_back("opfuse::layernorm_block_fwd<" +
+                                 args({t, kE4m3, "1024", "false", "true"}) + ">");
+    c.name_expressions.push_back("opfuse::rmsnorm_block_fwd<" +
+                                 args({t, kE5m2, "1024", "true", "false"}) + ">");
+  }
+  return c;
 }
 
 // The generated functor of every pointwise op (compiler/ir/pointwise_ops.h) of one kind (plain or
