@@ -22,15 +22,12 @@
 #include "cpu/block_quantization.h"
 #include "gpu_test_support.h"
 #include "ir/pointwise_ops.h"
+#include "template_params.h"
 
 namespace opfuse {
 namespace {
 
-#define CUDA_OK(call)                                                              \
-  do {                                                                             \
-    const cudaError_t status = (call);                                             \
-    ASSERT_EQ(status, cudaSuccess) << #call << ": " << cudaGetErrorString(status); \
-  } while (false)
+using test::BlockCastParams;
 
 // Mirrors of the templates' params structs, field for field.
 struct ActivationFwdParams {  // activation.cuh, <bf16, bf16>
@@ -58,17 +55,6 @@ struct ActivationBwdParams {  // activation.cuh, <bf16, bf16>
   int cols;
   void* in_stats;
   void* out_stats;
-};
-struct BlockCastParams {  // block_cast.cuh
-  const void* x;
-  void* y;
-  float* y_scale_inv;
-  void* y_t;
-  float* y_t_scale_inv;
-  float epsilon;
-  int power_of_2_scale;
-  int rows;
-  int cols;
 };
 struct BlockActivationParams {  // block_activation.cuh
   const void* dy;
@@ -107,13 +93,15 @@ class BlockActivationGpu : public test::GpuStreamTest {
     void* args[] = {params};
     const void* function = reinterpret_cast<const void*>(kernel);
     if (smem > 48 * 1024) {
-      CUDA_OK(cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      OPFUSE_TEST_CUDA_OK(
+          cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     }
-    CUDA_OK(cudaLaunchKernel(function, grid, dim3(threads), args, size_t(smem), stream_));
+    OPFUSE_TEST_CUDA_OK(
+        cudaLaunchKernel(function, grid, dim3(threads), args, size_t(smem), stream_));
   }
 
   void poison(const test::DeviceArray& a) {
-    CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
+    OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
   }
 
   void run(const Case& c) {
@@ -203,7 +191,7 @@ class BlockActivationGpu : public test::GpuStreamTest {
     const int loads = (c.gated ? 2 : 1) + (c.backward ? 1 : 0);
     launch(loaded.kernels[2], dim3(launch::block_cast_grid_x(n), grid_y), launch::kBlockCastThreads,
            &fp, launch::block_activation_smem_bytes(loads, planes, c.backward));
-    CUDA_OK(cudaStreamSynchronize(stream_));
+    OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
 
     auto same_bytes = [&](const test::DeviceArray& a, const test::DeviceArray& b,
                           const char* what) {

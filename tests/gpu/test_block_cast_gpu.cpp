@@ -27,29 +27,12 @@
 #include "cpu/block_quantization.h"
 #include "cpu/numerics.h"
 #include "gpu_test_support.h"
+#include "template_params.h"
 
 namespace opfuse {
 namespace {
 
-#define CUDA_OK(call)                                                              \
-  do {                                                                             \
-    const cudaError_t status = (call);                                             \
-    ASSERT_EQ(status, cudaSuccess) << #call << ": " << cudaGetErrorString(status); \
-  } while (false)
-
-// Mirrors templates/block_cast.cuh's BlockCastParams<Input, Output> field for field.
-struct BlockCastParams {
-  const void* x;
-  void* y;
-  float* y_scale_inv;
-  void* y_t;
-  float* y_t_scale_inv;
-  float epsilon;
-  int power_of_2_scale;
-  int rows;
-  int cols;
-};
-static_assert(sizeof(BlockCastParams) == 56);
+using test::BlockCastParams;
 
 enum class Input { BF16, FP16, FP32 };
 
@@ -188,7 +171,7 @@ class BlockCastGpu : public test::GpuStreamTest, public ::testing::WithParamInte
   };
 
   void poison(const test::DeviceArray& array) {
-    CUDA_OK(cudaMemsetAsync(array.data(), kPoison, array.bytes(), stream_));
+    OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(array.data(), kPoison, array.bytes(), stream_));
   }
 
   // Counts (and reports the first few of) the differences between one copy the kernel wrote and
@@ -358,9 +341,10 @@ TEST_P(BlockCastGpu, MatchesTheCpuOracleBitForBit) {
               void* args[] = {&p};
               const cudaKernel_t kernel =
                   loaded.kernels[(two_d ? 2 : 0) + (mode == Mode::kTransposeCompiledOut ? 1 : 0)];
-              CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
-                                       dim3(launch::kBlockCastThreads), args, 0, stream_));
-              CUDA_OK(cudaStreamSynchronize(stream_));
+              OPFUSE_TEST_CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
+                                                   dim3(launch::kBlockCastThreads), args, 0,
+                                                   stream_));
+              OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
               ++launches;
               size_t mismatches = 0;
               if (rowwise_out) {
@@ -429,10 +413,10 @@ TEST_P(BlockCastGpu, FakeQuantizeMatchesTheCpuOracleBitForBit) {
         const long long blocks = (static_cast<long long>(rows) * launch::block_row_count(cols) +
                                   launch::kBlockFakeQuantizeWarps - 1) /
                                  launch::kBlockFakeQuantizeWarps;
-        CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[0]),
-                                 dim3(static_cast<unsigned>(blocks)),
-                                 dim3(launch::kBlockFakeQuantizeWarps * 32), args, 0, stream_));
-        CUDA_OK(cudaStreamSynchronize(stream_));
+        OPFUSE_TEST_CUDA_OK(cudaLaunchKernel(
+            reinterpret_cast<const void*>(loaded.kernels[0]), dim3(static_cast<unsigned>(blocks)),
+            dim3(launch::kBlockFakeQuantizeWarps * 32), args, 0, stream_));
+        OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
         const std::vector<uint8_t> got =
             test::download_bytes(y.data(), want.bytes.size() + kGuardBytes);
         size_t mismatches = 0;
@@ -496,10 +480,10 @@ TEST_P(BlockCastGpu, EmulatedCopiesMatchTheCpuOracleBitForBit) {
           const dim3 grid(
               static_cast<unsigned>(launch::block_fake_quantize_grid_x(rows, cols, blocks)),
               static_cast<unsigned>(launch::block_fake_quantize_grid_y(rows, blocks)));
-          CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[size_t(blocks)]),
-                                   grid, dim3(launch::kBlockFakeQuantizeThreads), args, 0,
-                                   stream_));
-          CUDA_OK(cudaStreamSynchronize(stream_));
+          OPFUSE_TEST_CUDA_OK(
+              cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[size_t(blocks)]), grid,
+                               dim3(launch::kBlockFakeQuantizeThreads), args, 0, stream_));
+          OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
           ++launches;
           const std::vector<uint8_t> got =
               test::download_bytes(y.data(), want.bytes.size() + kGuardBytes);

@@ -22,15 +22,12 @@
 #include "../../templates/common/launch_rules.h"
 #include "cpu/block_quantization.h"
 #include "gpu_test_support.h"
+#include "template_params.h"
 
 namespace opfuse {
 namespace {
 
-#define CUDA_OK(call)                                                              \
-  do {                                                                             \
-    const cudaError_t status = (call);                                             \
-    ASSERT_EQ(status, cudaSuccess) << #call << ": " << cudaGetErrorString(status); \
-  } while (false)
+using test::BlockCastParams;
 
 // Mirrors of the templates' params structs, field for field.
 struct NormFwdParams {  // norm.cuh
@@ -62,17 +59,6 @@ struct NormBlockFwdParams {  // norm.cuh
   int rows;
 };
 static_assert(sizeof(NormBlockFwdParams) == 80);
-struct BlockCastParams {  // block_cast.cuh
-  const void* x;
-  void* y;
-  float* y_scale_inv;
-  void* y_t;
-  float* y_t_scale_inv;
-  float epsilon;
-  int power_of_2_scale;
-  int rows;
-  int cols;
-};
 
 constexpr uint8_t kPoison = 0xAB;
 
@@ -98,11 +84,11 @@ class BlockNormGpu : public test::GpuStreamTest {
  protected:
   void launch(cudaKernel_t kernel, dim3 grid, int threads, void* params) {
     void* args[] = {params};
-    CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(threads), args, 0,
-                             stream_));
+    OPFUSE_TEST_CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(threads),
+                                         args, 0, stream_));
   }
   void poison(const test::DeviceArray& a) {
-    CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
+    OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
   }
   void same_bytes(const test::DeviceArray& a, const test::DeviceArray& b, const char* what) {
     const std::vector<uint8_t> wa = test::download_bytes(a.data(), a.bytes());
@@ -223,7 +209,7 @@ class BlockNormGpu : public test::GpuStreamTest {
                            hidden};
     launch(loaded.kernels[1], cast_grid, launch::kBlockCastThreads, &column);
     fused(inference, false);
-    CUDA_OK(cudaStreamSynchronize(stream_));
+    OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
 
     same_bytes(*want.y, *got.y, "row-wise codes");
     same_bytes(*want.y_grid, *got.y_grid, "row-wise scale_inv grid (padding poisoned in both)");

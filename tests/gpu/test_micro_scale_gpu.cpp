@@ -31,12 +31,6 @@
 namespace opfuse {
 namespace {
 
-#define CUDA_OK(call)                                                              \
-  do {                                                                             \
-    const cudaError_t status = (call);                                             \
-    ASSERT_EQ(status, cudaSuccess) << #call << ": " << cudaGetErrorString(status); \
-  } while (false)
-
 // Mirrors templates/micro_scale.cuh's MicroScaleParams<Input, Output> field for field.
 struct MicroScaleParams {
   const void* x;
@@ -182,7 +176,7 @@ constexpr unsigned int kStep = 17;
 class MicroScaleGpu : public test::GpuStreamTest, public ::testing::WithParamInterface<Combo> {
  protected:
   void poison(const test::DeviceArray& a) {
-    CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
+    OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
   }
 
   // Bytes [0, want.size()) equal `want`, the guard after them still poisoned.
@@ -345,9 +339,10 @@ TEST_P(MicroScaleGpu, MatchesTheCpuOracleBitForBit) {
             poison(scales);
             poison(y);
           }
-          CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[k]), grid,
-                                   dim3(launch::kMicroScaleThreads), args, 0, stream_));
-          CUDA_OK(cudaStreamSynchronize(stream_));
+          OPFUSE_TEST_CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[k]),
+                                               grid, dim3(launch::kMicroScaleThreads), args, 0,
+                                               stream_));
+          OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
           ++launches;
           const std::string label = what + (strided ? ", strided grid" : "");
           size_t mismatches = compare_decoded(y, want_y, combo.output, label);
@@ -402,7 +397,7 @@ TEST_P(MicroScaleGpu, RhtAmaxAndTensorScale) {
       test::upload_bytes(x, input.bytes.data(), input.bytes.size());
       const float want = cpu::rht_amax(input.values, rows, cols);
       for (const bool with_record : {false, true}) {
-        CUDA_OK(cudaMemsetAsync(words.data(), 0, 16, stream_));
+        OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(words.data(), 0, 16, stream_));
         MicroScaleParams p{x.data(),
                            nullptr,
                            nullptr,
@@ -418,9 +413,9 @@ TEST_P(MicroScaleGpu, RhtAmaxAndTensorScale) {
         void* args[] = {&p};
         const dim3 grid(launch::micro_scale_rht_amax_grid_x(cols),
                         launch::micro_scale_rht_amax_grid_y(rows));
-        CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[0]), grid,
-                                 dim3(launch::kMicroScaleThreads), args, 0, stream_));
-        CUDA_OK(cudaStreamSynchronize(stream_));
+        OPFUSE_TEST_CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(loaded.kernels[0]), grid,
+                                             dim3(launch::kMicroScaleThreads), args, 0, stream_));
+        OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
         float got[4] = {};
         const std::vector<uint8_t> bytes = test::download_bytes(words.data(), 16);
         std::memcpy(got, bytes.data(), 16);

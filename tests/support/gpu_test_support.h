@@ -23,6 +23,13 @@
 #include "reference/reference_executor.h"
 #include "support/source_manager.h"
 
+// Fails the current test (and returns from it) when a CUDA call does not succeed, naming it.
+#define OPFUSE_TEST_CUDA_OK(call)                                                  \
+  do {                                                                             \
+    const cudaError_t status = (call);                                             \
+    ASSERT_EQ(status, cudaSuccess) << #call << ": " << cudaGetErrorString(status); \
+  } while (false)
+
 namespace opfuse::debug {
 struct Routing;
 }
