@@ -166,16 +166,33 @@ TEST(FusionStructure, CurrentScalingKeepsCastsSeparate) {
 
 TEST(FusionStructure, BlockCastsFoldIntoTheActivationsForwardAndBackward) {
   // 1x128 blocks of the next linear's input and of the activation's gradient (both copies); the
-  // per-tensor patterns stay out, and the norm keeps its block cast apart.
+  // per-tensor patterns stay out, and the norm, whose rows (64 wide) hold no whole 1x128 block,
+  // keeps its block cast apart.
   const ir::Sequence swiglu = lower(program(kBlocks, kSig, kMlpSwiglu), true);
   EXPECT_EQ(fused(swiglu, "activation_block_cast"), (Parts{{"swiglu", "cast_fp8"}}));
   EXPECT_EQ(fused(swiglu, "dact_block_cast"), (Parts{{"gated_activation_backward", "cast_fp8"}}));
-  for (const char* p : {"norm_cast", "activation_cast", "dact_cast", "cast_dbias"})
+  for (const char* p :
+       {"norm_cast", "norm_block_cast", "activation_cast", "dact_cast", "cast_dbias"})
     EXPECT_TRUE(fused(swiglu, p).empty()) << p;
   const ir::Sequence gelu = lower(program(kBlocks, kSig, kMlpGelu), true);
   EXPECT_EQ(fused(gelu, "activation_block_cast"), (Parts{{"gelu", "cast_fp8"}}));
   EXPECT_EQ(fused(gelu, "dact_block_cast"),
             (Parts{{"activation_backward", "bias_grad", "cast_fp8"}}));
+}
+
+// Rows a multiple of 128 wide: the norm writes its output's row-wise 1x128 copy (norm_block_cast),
+// not under per-tensor recipes.
+const std::string kWideMlp =
+    "  rmsnorm(128)\n  linear(128, 256, bias = false) as up\n  swiglu()\n  linear(128, 128, "
+    "bias = false) as down";
+const std::string kWideSig = "(x: bf16[tokens, 128]) -> (y: bf16[tokens, 128])";
+
+TEST(FusionStructure, ABlockCastFoldsIntoTheNormWhoseRowsHoldWholeBlocks) {
+  EXPECT_EQ(fused(lower(program(kBlocks, kWideSig, kWideMlp), true), "norm_block_cast"),
+            (Parts{{"rmsnorm", "cast_fp8"}}));
+  const ir::Sequence delayed = lower(program(kDelayed, kWideSig, kWideMlp), true);
+  EXPECT_TRUE(fused(delayed, "norm_block_cast").empty());
+  EXPECT_EQ(fused(delayed, "norm_cast"), (Parts{{"rmsnorm", "cast_fp8"}}));
 }
 
 TEST(FusionStructure, AGatedBackwardWhosePlanesSplitABlockStaysUnfused) {
@@ -389,6 +406,9 @@ TEST(FusedVsUnfusedExact, BlockCastsFoldedIntoActivationsAreBitIdenticalToTheirP
   const std::string swiglu = program(kBlocks, kSig, kMlpSwiglu);
   EXPECT_TRUE(compare(swiglu, passes::fusion::activation_block_cast()).identical);
   EXPECT_TRUE(compare(swiglu, passes::fusion::dact_block_cast()).identical);
+  // The norm likewise rounds its output to bf16 before the blocks' scales.
+  EXPECT_TRUE(
+      compare(program(kBlocks, kWideSig, kWideMlp), passes::fusion::norm_block_cast()).identical);
   // With a bias gradient, dbias sums the unrounded values (as activation_bwd does): close, and
   // different, so the bias gradient really comes from the fused kernel.
   const Agreement a = compare(program(kBlocks, kSig, kMlpGelu), passes::fusion::dact_block_cast());
