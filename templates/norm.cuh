@@ -287,8 +287,9 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
   // replicas stores the scale_inv, and the scales go back to the blocks' lanes by shuffles. Per
   // lane and row: 9 shuffles and one scale for 4 slots of 16 lanes, where a butterfly per slot
   // and a scale and scale_inv per slot took 16 shuffles and 8 divisions (H200, a [16384, 4096]
-  // layernorm to E4M3: 90 -> 77 us; with the plain FP8 output 62 us). Every lane of a warp runs every shuffle (a slot past the row, or a
-  // row past the end, computes on zeros and stores nothing).
+  // layernorm to E4M3: 90 -> about 77 us; with the per-tensor FP8 output 62 us; bench/RESULTS.md).
+  // Every lane of a warp runs every shuffle (a slot past the row, or a row past the end, computes
+  // on zeros and stores nothing).
   [[maybe_unused]] auto normalize_block_row = [&](const RowVectors& raw, long long row, bool valid,
                                                   float rstd, float shift) {
     if constexpr (kBlock) {
@@ -346,7 +347,9 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
           store_vec(params.y + row * kHidden + vector * kVec,
                     float_to_vec<Output, kVec>(y, scale_value));
         }
-        if constexpr (kWriteSource) store_vec(params.y_hp + row * kHidden + vector * kVec, rounded[s]);
+        if constexpr (kWriteSource) {
+          store_vec(params.y_hp + row * kHidden + vector * kVec, rounded[s]);
+        }
       }
     }
   };
