@@ -119,7 +119,7 @@ struct ParamBinding {
   ParamKind kind = ParamKind::Null;
   bool written = false;  // buffers the kernel writes (for lifetimes)
   // The column-wise copy of a quantizer (y_t, dx_t): an inference forward drops it where only
-  // backward reads it (note "Inference variants" in compiler/codegen/plan.cpp).
+  // backward reads it (note "Inference variants" in compiler/codegen/plan_variants.cpp).
   bool columnwise_copy = false;
   std::vector<int> buffers;
   int quantizer = -1;

@@ -136,7 +136,7 @@ void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operati
 // block_cast_transpose (row-wise copy off) reads for the 128 x 1 copy, the same bytes moved as
 // unfused. An inference forward, which needs no column-wise copy, runs the norm alone with
 // kWriteColumnwiseSource = false: one read of x and the FP8 codes written, where the unfused pair
-// wrote and read the 16-bit output (note "Inference variants" in plan.cpp).
+// wrote and read the 16-bit output (note "Inference variants" in plan_variants.cpp).
 void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
                           const ir::Operation& cast) {
   require_only(b, g, {OpKind::LayerNorm, OpKind::RMSNorm, OpKind::CastFp8});

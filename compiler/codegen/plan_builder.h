@@ -126,6 +126,13 @@ class SequenceBuilder {
 // Turns one group into steps (plan_groups.cpp); throws CodegenError when no kernel fits.
 void emit_group(SequenceBuilder& b, const Group& g);
 
+// The plan's kernel for `template_name<args>`, added on first use: one kernel per instantiation,
+// shared by every launch of it (plan.cpp).
+Kernel& kernel_for(Plan& plan, const std::string& template_name,
+                   const std::vector<std::string>& args);
+// The pointer to a column-wise FP8 copy (templates/README.md: y_t, dx_t), bound to a buffer.
+bool binds_transposed_copy(const ParamBinding& p);
+
 // ParamBinding constructors for the emitters.
 ParamBinding bind_null(std::string field);
 ParamBinding bind_in(std::string field, int buffer);   // a buffer the kernel reads
