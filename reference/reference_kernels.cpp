@@ -342,7 +342,13 @@ void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
     std::copy(y.begin(), y.end(), out.data.begin());
     return;
   }
-  const std::vector<float> as_float(x.data.begin(), x.data.end());
+  std::vector<float> as_float(x.data.begin(), x.data.end());
+  // Folded into a norm (norm_micro_cast), the source is the norm's unrounded value: the fused
+  // kernel quantizes it as stored in its dtype, as the unfused pair does (templates/norm.cuh;
+  // rounding is idempotent).
+  const ir::DType dtype = ctx.seq.value(op.operands[0]).type.dtype;
+  if (dtype == ir::DType::BF16) round_to_bf16(as_float);
+  if (dtype == ir::DType::FP16) round_to_fp16(as_float);
   std::vector<float> y;
   if (q.micro_scaled && ctx.seq.value(op.results[0]).quantizer >= 0) {
     const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;

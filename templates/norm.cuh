@@ -8,68 +8,28 @@
 // block-scaled row-wise copy and its scale_inv grid, from the output rounded to the input dtype
 // (what the norm and block_cast_transpose write unfused), and with kWriteColumnwiseSource that
 // rounded output too, which block_cast_transpose reads for the 128 x 1 column-wise copy.
-// Backward: dx of the input dtype (+ an optional extra gradient dresidual, the residual branch of
-// MakeExtraOutput), and per-row-group dgamma/dbeta partial sums that reduce_column_partials
-// (common/column_partials.cuh) adds deterministically.
+// Backward: norm_backward.cuh, included here, so this header gives every norm entry point.
 //
-// Entry points: layernorm_fwd, rmsnorm_fwd, layernorm_bwd, rmsnorm_bwd. The hidden size is a
+// Entry points: layernorm_fwd, rmsnorm_fwd, layernorm_block_fwd, rmsnorm_block_fwd; layernorm_bwd,
+// rmsnorm_bwd and reduce_column_partials through norm_backward.cuh. The hidden size is a
 // template parameter: a row lives in registers (a group of threads per row, 16-byte vectors), so
 // statistics and normalization cost one read of x. Launch rules: templates/README.md.
 #ifndef OPFUSE_TEMPLATES_NORM_CUH_
 #define OPFUSE_TEMPLATES_NORM_CUH_
 
 #include "common/block_scale.cuh"
-#include "common/column_partials.cuh"
 #include "common/fp8.cuh"
 #include "common/launch_rules.h"
+#include "common/micro_scale_math.cuh"
+#include "common/norm_shape.cuh"
 #include "common/quantizer_record.cuh"
 #include "common/reduce.cuh"
 #include "common/transpose.cuh"
 #include "common/types.cuh"
 #include "common/vec.cuh"
+#include "norm_backward.cuh"
 
 namespace opfuse {
-
-// Row shape of a norm kernel, derived from launch_rules.h.
-template <typename Input, int kHidden, int kMaxVecsPerThread, int kRowsPerBlockOverride = 0>
-struct NormShape {
-  static constexpr int kInputBytes = static_cast<int>(sizeof(Input));
-  static constexpr int kVec = launch::vector_elems(kInputBytes);
-  static constexpr int kVecsPerRow = kHidden / kVec;
-  static constexpr int kVecsPerThread =
-      launch::norm_vecs_per_thread(kHidden, kInputBytes, kMaxVecsPerThread);
-  static constexpr int kThreadsPerRow =
-      launch::norm_threads_per_row(kHidden, kInputBytes, kMaxVecsPerThread);
-  static constexpr int kRowsPerBlock = kRowsPerBlockOverride > 0
-                                           ? kRowsPerBlockOverride
-                                           : launch::norm_rows_per_block(kHidden, kInputBytes,
-                                                                         kMaxVecsPerThread);
-  static constexpr int kBlockThreads = kThreadsPerRow * kRowsPerBlock;
-  static constexpr int kWarpsPerRow = kThreadsPerRow / 32;
-  // Some threads own fewer vectors when the row does not split evenly.
-  static constexpr bool kHasIdleSlots = kThreadsPerRow * kVecsPerThread != kVecsPerRow;
-
-  static_assert(kHidden > 0 && kHidden % kVec == 0,
-                "norm hidden size must be a multiple of 16 bytes of the input dtype "
-                "(8 elements for bf16/fp16, 4 for fp32)");
-  static_assert(kThreadsPerRow <= launch::kNormMaxThreadsPerRow, "row too wide for one block");
-
-  // Vector index (within the row) of slot v of thread t: lanes take consecutive vectors, so
-  // every warp access is contiguous.
-  __device__ __forceinline__ static int vector_index(int thread_in_row, int slot) {
-    return thread_in_row + slot * kThreadsPerRow;
-  }
-  __device__ __forceinline__ static bool slot_in_row(int vector) {
-    return !kHasIdleSlots || vector < kVecsPerRow;
-  }
-};
-
-template <typename Input, int kHidden, bool kWriteTranspose = false>
-using NormFwdShape =
-    NormShape<Input, kHidden, launch::kNormFwdMaxVecsPerThread,
-              launch::norm_fwd_rows_per_block(kHidden, sizeof(Input), kWriteTranspose)>;
-template <typename Input, int kHidden>
-using NormBwdShape = NormShape<Input, kHidden, launch::kNormBwdMaxVecsPerThread>;
 
 template <typename Input, typename Output>
 struct NormFwdParams {
@@ -107,18 +67,19 @@ struct NormBlockFwdParams {
   int rows;              // any value >= 0
 };
 
+// The MXFP8 forward's params (layernorm_micro_fwd, rmsnorm_micro_fwd).
 template <typename Input>
-struct NormBwdParams {
-  const Input* dy;         // [rows, hidden]
-  const Input* x;          // [rows, hidden] forward input
-  const Input* gamma;      // [hidden]
-  const float* mean;       // [rows] (LayerNorm; RMSNorm ignores it)
-  const float* rstd;       // [rows]
-  const Input* dresidual;  // [rows, hidden] added into dx; nullptr: none
-  Input* dx;               // [rows, hidden]
-  float* dgamma_partial;   // [gridDim.x * rows_per_block, hidden] fp32
-  float* dbeta_partial;    // [gridDim.x * rows_per_block, hidden] fp32 (LayerNorm)
-  int rows;                // any value >= 0
+struct NormMicroFwdParams {
+  static constexpr bool kBlockScaled = true;
+  const Input* x;      // [rows, hidden]
+  const Input* gamma;  // [hidden]
+  const Input* beta;   // [hidden] (LayerNorm; RMSNorm ignores it, may be nullptr)
+  Input* y;            // [rows, hidden] the 1 x 32 MXFP8 row-wise copy, decoded; nullptr: none
+  Input* y_hp;         // [rows, hidden] the output in the input dtype (kWriteColumnwiseSource)
+  float* mean;         // [rows] saved mean (LayerNorm); nullptr: not saved
+  float* rstd;         // [rows] saved 1 / sqrt(var + epsilon); nullptr: not saved
+  float epsilon;       // the norm's
+  int rows;            // any value >= 0
 };
 
 namespace detail {
@@ -167,11 +128,13 @@ __device__ __forceinline__ void write_norm_transposed_tile(const unsigned char* 
   }
 }
 
-// Params: NormFwdParams, or NormBlockFwdParams (kBlockScaled: the 1 x 128 row-wise copy,
-// kWriteSource: and the rounded output y_hp).
+// Params: NormFwdParams, NormBlockFwdParams (kBlockScaled: the 1 x 128 row-wise copy,
+// kWriteSource: and the rounded output y_hp) or NormMicroFwdParams with kMicroFormat
+// (launch::kMicroScaleE4M3 / E5M2: the 1 x 32 MXFP8 row-wise copy decoded, Output = Input;
+// kWriteSource as above).
 template <bool kIsRms, typename Input, typename Output, int kHidden, bool kZeroCenteredGamma,
           bool kWriteTranspose, typename Params = NormFwdParams<Input, Output>,
-          bool kWriteSource = false>
+          bool kWriteSource = false, int kMicroFormat = -1>
 __device__ __forceinline__ void norm_fwd(const Params& params) {
   using Shape = NormFwdShape<Input, kHidden, kWriteTranspose>;
   constexpr int kVec = Shape::kVec;
@@ -184,16 +147,21 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
   static_assert(!kWriteTranspose || kIsFp8, "the transposed copy is an FP8 output");
   static_assert(!kWriteTranspose || kTileRows % kRowsPerBlock == 0, "whole row groups per tile");
   constexpr bool kBlock = Params::kBlockScaled;
-  // Under block scaling the lanes of one 1 x 128 block: consecutive lanes of one slot (vector
-  // t + s * kThreadsPerRow), within one warp since kThreadsPerRow is a multiple of 32.
-  constexpr int kBlockLanes = launch::kBlockScaleLength / kVec;
-  static_assert(!kBlock || (kIsFp8 && !kWriteTranspose), "block scaling writes FP8 row-wise");
-  // fp32 inputs: an instantiation wrote out of bounds in its GPU comparison ([9, 1024] RMSNorm to
-  // E5M2, compute-sanitizer), not yet explained; plans keep an fp32 norm and its cast apart.
-  static_assert(!kBlock || Shape::kInputBytes == 2, "block-scaled norm: 2-byte inputs");
-  static_assert(!kBlock || (kHidden % launch::kBlockScaleLength == 0 &&
+  constexpr bool kMicro = kMicroFormat >= 0;
+  constexpr int kBlockLength = kMicro ? launch::micro_scale_block_size(kMicro ? kMicroFormat : 0)
+                                      : launch::kBlockScaleLength;
+  // Under block scaling the lanes of one 1 x 128 (MXFP8: 1 x 32) block: consecutive lanes of one
+  // slot (vector t + s * kThreadsPerRow), within one warp since kThreadsPerRow is a multiple of 32.
+  constexpr int kBlockLanes = kBlockLength / kVec;
+  static_assert(!kMicro || kBlock, "MXFP8 takes NormMicroFwdParams");
+  static_assert(!kBlock || (kIsFp8 != kMicro && !kWriteTranspose),
+                "block scaling writes FP8 row-wise; MXFP8 its decoded copy in the input dtype");
+  static_assert(!kMicro || kMicroFormat == launch::kMicroScaleE4M3 ||
+                    kMicroFormat == launch::kMicroScaleE5M2,
+                "MXFP8 only: NVFP4 needs the tensor's amax before the first block is cast");
+  static_assert(!kBlock || (kHidden % kBlockLength == 0 && kBlockLanes >= 1 &&
                             Shape::kThreadsPerRow % kBlockLanes == 0 && kBlockLanes <= 32),
-                "block-scaled norm: hidden a multiple of 128");
+                "block-scaled norm: hidden a multiple of the block (128; MXFP8 32)");
   static_assert(!kWriteTranspose || kTileRows * kPitch <= launch::kMaxDynamicSharedBytes,
                 "hidden too wide to stage 16 rows in shared memory: write the norm output in "
                 "bf16 and use cast_transpose for the FP8 copies");
@@ -293,7 +261,6 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
   [[maybe_unused]] auto normalize_block_row = [&](const RowVectors& raw, long long row, bool valid,
                                                   float rstd, float shift) {
     if constexpr (kBlock) {
-      constexpr float kFp8Max = DtypeTraits<Output>::kMax;
       const int lane = threadIdx.x & 31;
       Vec<Input, kVec> rounded[kSlots];
       float block_amax[kSlots];
@@ -321,34 +288,62 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
       using GroupMax = LaneGroupMax<kSlots, kBlockLanes>;
       const float amax_of_lane = GroupMax::reduce(block_amax, lane);
       const int slot_of_lane = GroupMax::value_of_lane(lane);
-      const float scale_of_lane =
-          detail::block_scale(amax_of_lane, kFp8Max, params.block_epsilon,
-                              params.power_of_2_scale != 0, BlockScaleValueForInf<Input>::kValue);
-      if (GroupMax::lane_of_value(lane, slot_of_lane) == lane && slot_of_lane < kSlots && valid &&
-          params.y != nullptr) {
-        const int vector = Shape::vector_index(
-            (thread_in_row & ~31) + (lane & ~(kBlockLanes - 1)), slot_of_lane);
-        if (Shape::slot_in_row(vector)) {
-          const long long grid_inner =
-              launch::block_scale_grid_inner(params.rows, kHidden, /*two_d=*/false);
-          params.y_scale_inv[(vector / kBlockLanes) * grid_inner + row] =
-              __fdiv_rn(1.0f, scale_of_lane);
-        }
-      }
+      if constexpr (kMicro) {
+        // MXFP8: each block's E8M0 exponent back to its lanes, and each value quantized and
+        // decoded with micro_scale_cast's functions (common/micro_scale_math.cuh).
+        const int exponent_of_lane = static_cast<int>(
+            detail::micro_block_scale<kMicroFormat>(amax_of_lane, 1.0f, 1.0f).bits);
 #pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        const float scale_value =
-            __shfl_sync(kFullWarpMask, scale_of_lane, GroupMax::lane_of_value(lane, s));
-        const int vector = Shape::vector_index(thread_in_row, s);
-        if (!valid || !Shape::slot_in_row(vector)) continue;
-        if (params.y != nullptr) {
-          float y[kVec];
-          vec_to_float(rounded[s], y);
-          store_vec(params.y + row * kHidden + vector * kVec,
-                    float_to_vec<Output, kVec>(y, scale_value));
+        for (int s = 0; s < kSlots; ++s) {
+          const detail::MicroBlockScale scale = detail::mxfp8_block_scale(
+              __shfl_sync(kFullWarpMask, exponent_of_lane, GroupMax::lane_of_value(lane, s)));
+          const int vector = Shape::vector_index(thread_in_row, s);
+          if (!valid || !Shape::slot_in_row(vector)) continue;
+          if (params.y != nullptr) {
+            float y[kVec];
+            vec_to_float(rounded[s], y);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              y[j] = detail::micro_decode<kMicroFormat>(
+                  detail::micro_encode<kMicroFormat, false>(y[j], scale, 0u), scale, 1.0f);
+            }
+            store_vec(params.y + row * kHidden + vector * kVec, float_to_vec<Input, kVec>(y, 1.0f));
+          }
+          if constexpr (kWriteSource) {
+            store_vec(params.y_hp + row * kHidden + vector * kVec, rounded[s]);
+          }
         }
-        if constexpr (kWriteSource) {
-          store_vec(params.y_hp + row * kHidden + vector * kVec, rounded[s]);
+      } else {
+        constexpr float kFp8Max = DtypeTraits<Output>::kMax;
+        const float scale_of_lane = detail::block_scale(
+            amax_of_lane, kFp8Max, params.block_epsilon, params.power_of_2_scale != 0,
+            BlockScaleValueForInf<Input>::kValue);
+        if (GroupMax::lane_of_value(lane, slot_of_lane) == lane && slot_of_lane < kSlots &&
+            valid && params.y != nullptr) {
+          const int vector = Shape::vector_index(
+              (thread_in_row & ~31) + (lane & ~(kBlockLanes - 1)), slot_of_lane);
+          if (Shape::slot_in_row(vector)) {
+            const long long grid_inner =
+                launch::block_scale_grid_inner(params.rows, kHidden, /*two_d=*/false);
+            params.y_scale_inv[(vector / kBlockLanes) * grid_inner + row] =
+                __fdiv_rn(1.0f, scale_of_lane);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          const float scale_value =
+              __shfl_sync(kFullWarpMask, scale_of_lane, GroupMax::lane_of_value(lane, s));
+          const int vector = Shape::vector_index(thread_in_row, s);
+          if (!valid || !Shape::slot_in_row(vector)) continue;
+          if (params.y != nullptr) {
+            float y[kVec];
+            vec_to_float(rounded[s], y);
+            store_vec(params.y + row * kHidden + vector * kVec,
+                      float_to_vec<Output, kVec>(y, scale_value));
+          }
+          if constexpr (kWriteSource) {
+            store_vec(params.y_hp + row * kHidden + vector * kVec, rounded[s]);
+          }
         }
       }
     }
@@ -475,228 +470,6 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
   }
 }
 
-template <bool kIsRms, typename Input, int kHidden, bool kZeroCenteredGamma>
-__device__ __forceinline__ void norm_bwd(const NormBwdParams<Input>& params) {
-  using Shape = NormBwdShape<Input, kHidden>;
-  constexpr int kVec = Shape::kVec;
-  constexpr int kSlots = Shape::kVecsPerThread;
-  constexpr int kRowsPerBlock = Shape::kRowsPerBlock;
-  constexpr int kBlockThreads = Shape::kBlockThreads;
-  constexpr int kSums = kIsRms ? 1 : 2;  // dgamma, and dbeta for LayerNorm
-  constexpr bool kSharedPartials =
-      launch::norm_bwd_partials_shared_bytes(kHidden, Shape::kInputBytes, kIsRms) > 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-  // sm_100's ptxas spills the two-row step of the bf16 4096 LayerNorm (12 bytes at 64 registers)
-  // and it is not measured there: one row per step, partials where the rule puts them.
-  constexpr int kRowsPerStep = 1;
-#else
-  constexpr int kRowsPerStep = launch::norm_bwd_rows_per_step(kHidden, Shape::kInputBytes, kIsRms);
-#endif
-  static_assert(kRowsPerStep == 1 || kRowsPerStep == 2, "one or two rows per step");
-
-  __shared__ float4 reduce_scratch[kRowsPerBlock][2 * Shape::kWarpsPerRow];
-  const int group = threadIdx.x / Shape::kThreadsPerRow;
-  const int thread_in_row = threadIdx.x % Shape::kThreadsPerRow;
-  GroupReducer<Shape::kWarpsPerRow, kRowsPerBlock, float4> reducer(reduce_scratch[group], group);
-
-  // The thread's column partial sums (launch::norm_bwd_partials_shared_bytes): in shared memory
-  // as float4 planes [sum][slot][kVec / 4][thread], so a warp's accesses are contiguous; else in
-  // registers.
-  constexpr int kPlanesPerSlot = kVec / 4;
-  constexpr int kSharedPlanes = kSharedPartials ? kSums * kSlots * kPlanesPerSlot : 1;
-  __shared__ float4 shared_partials[kSharedPlanes][kSharedPartials ? kBlockThreads : 1];
-  float register_partials[kSharedPartials ? 1 : kSums][kSharedPartials ? 1 : kSlots][kVec];
-  auto plane = [&](int sum, int s, int p) -> float4& {
-    return shared_partials[(sum * kSlots + s) * kPlanesPerSlot + p][threadIdx.x];
-  };
-  auto read_partials = [&](int sum, int s, float(&out)[kVec]) {
-    if constexpr (kSharedPartials) {
-#pragma unroll
-      for (int p = 0; p < kPlanesPerSlot; ++p) {
-        const float4 v = plane(sum, s, p);
-        out[4 * p] = v.x;
-        out[4 * p + 1] = v.y;
-        out[4 * p + 2] = v.z;
-        out[4 * p + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) out[j] = register_partials[sum][s][j];
-    }
-  };
-  auto write_partials = [&](int sum, int s, const float(&in)[kVec]) {
-    if constexpr (kSharedPartials) {
-#pragma unroll
-      for (int p = 0; p < kPlanesPerSlot; ++p) {
-        plane(sum, s, p) = make_float4(in[4 * p], in[4 * p + 1], in[4 * p + 2], in[4 * p + 3]);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) register_partials[sum][s][j] = in[j];
-    }
-  };
-  {
-    const float zeros[kVec] = {};
-#pragma unroll
-    for (int sum = 0; sum < kSums; ++sum) {
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) write_partials(sum, s, zeros);
-    }
-  }
-
-  // A row group owns rows first, first + stride, first + 2 * stride, ... and takes kRowsPerStep
-  // of them per step; each partial sum still adds the rows in that order.
-  const long long stride = static_cast<long long>(gridDim.x) * kRowsPerBlock;
-  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerBlock + group;
-       first - group < params.rows; first += kRowsPerStep * stride) {
-    // Row r of the step, derived where used rather than held across the barrier.
-    auto row_of = [&](int r) { return first + r * stride; };
-    bool valid[kRowsPerStep];
-    Vec<Input, kVec> x_raw[kRowsPerStep][kSlots], dy_raw[kRowsPerStep][kSlots];
-#pragma unroll
-    for (int r = 0; r < kRowsPerStep; ++r) {
-      const long long row = row_of(r);
-      valid[r] = row < params.rows;
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        const int vector = Shape::vector_index(thread_in_row, s);
-        if (valid[r] && Shape::slot_in_row(vector)) {
-          x_raw[r][s] = load_vec<Input, kVec>(params.x + row * kHidden + vector * kVec);
-          dy_raw[r][s] = load_vec<Input, kVec>(params.dy + row * kHidden + vector * kVec);
-        }
-      }
-    }
-    float mean[kRowsPerStep], rstd[kRowsPerStep];
-#pragma unroll
-    for (int r = 0; r < kRowsPerStep; ++r) {
-      mean[r] = (!kIsRms && valid[r]) ? params.mean[row_of(r)] : 0.0f;
-      rstd[r] = valid[r] ? params.rstd[row_of(r)] : 0.0f;
-    }
-
-    // x_hat = (x - mean) * rstd and g = dy * w are formed twice (before and after the reduction)
-    // from the packed inputs, one element at a time: keeping them as floats across the barrier
-    // would cost 2 * kRowsPerStep * kSlots * kVec registers. Idle slots and invalid rows hold
-    // zeros, so every contribution there vanishes.
-    // gamma is read per slot (an L1 hit) and kept packed: w = gamma (+ 1 when zero-centered).
-    auto element = [&](int r, int s, int j, const Vec<Input, kVec>& gamma, float& x_hat, float& g,
-                       float& dys) {
-      const bool present = valid[r] && Shape::slot_in_row(Shape::vector_index(thread_in_row, s));
-      const float xs = present ? to_float(x_raw[r][s].elems[j]) : 0.0f;
-      dys = present ? to_float(dy_raw[r][s].elems[j]) : 0.0f;
-      const float w = to_float(gamma.elems[j]);
-      // Rounded products (never contracted into a consumer's fused multiply-add), so the
-      // recomputed values after the barrier equal the first pass's whatever ptxas fuses.
-      x_hat = __fmul_rn(xs - mean[r], rstd[r]);
-      g = __fmul_rn(dys, kZeroCenteredGamma ? w + 1.0f : w);
-    };
-    int gamma_offset = 0;
-    auto load_gamma = [&](int s) {
-      const int vector = Shape::vector_index(thread_in_row, s);
-      return Shape::slot_in_row(vector)
-                 ? load_vec<Input, kVec>(params.gamma + gamma_offset + vector * kVec)
-                 : zero_vec<Input, kVec>();
-    };
-
-    float2 sums[kRowsPerStep];  // per row: (sum g, sum g * x_hat)
-#pragma unroll
-    for (int r = 0; r < kRowsPerStep; ++r) sums[r] = make_float2(0.0f, 0.0f);
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const Vec<Input, kVec> gamma = load_gamma(s);
-      // dgamma, then dbeta: one partial vector live at a time.
-      float partial[kVec];
-      read_partials(0, s, partial);
-#pragma unroll
-      for (int r = 0; r < kRowsPerStep; ++r) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          float x_hat, g, dys;
-          element(r, s, j, gamma, x_hat, g, dys);
-          sums[r].x += g;
-          sums[r].y += g * x_hat;
-          partial[j] += dys * x_hat;
-        }
-      }
-      write_partials(0, s, partial);
-      if constexpr (!kIsRms) {
-        read_partials(1, s, partial);
-#pragma unroll
-        for (int r = 0; r < kRowsPerStep; ++r) {
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            float x_hat, g, dys;
-            element(r, s, j, gamma, x_hat, g, dys);
-            partial[j] += dys;
-          }
-        }
-        write_partials(1, s, partial);
-      }
-    }
-    // The rows' raw words pass through an empty asm so the compiler cannot prove the second
-    // pass's x_hat and g equal to the first's and keep those floats across the barrier.
-#pragma unroll
-    for (int r = 0; r < kRowsPerStep; ++r) {
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        hide_from_optimizer(x_raw[r][s]);
-        hide_from_optimizer(dy_raw[r][s]);
-      }
-    }
-    hide_from_optimizer(gamma_offset);  // gamma is read again, not held across the barrier
-    if constexpr (kRowsPerStep == 2) {
-      const float4 both =
-          reducer.allreduce_sum4(make_float4(sums[0].x, sums[0].y, sums[1].x, sums[1].y));
-      sums[0] = make_float2(both.x, both.y);
-      sums[1] = make_float2(both.z, both.w);
-    } else {
-      sums[0] = reducer.allreduce_sum2(sums[0]);
-    }
-
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int vector = Shape::vector_index(thread_in_row, s);
-      if (!Shape::slot_in_row(vector)) continue;
-      const Vec<Input, kVec> gamma = load_gamma(s);
-#pragma unroll
-      for (int r = 0; r < kRowsPerStep; ++r) {
-        if (!valid[r]) continue;
-        const float mean_g = kIsRms ? 0.0f : sums[r].x / static_cast<float>(kHidden);
-        const float mean_g_x_hat = sums[r].y / static_cast<float>(kHidden);
-        const long long offset = row_of(r) * kHidden + vector * kVec;
-        float dx[kVec];
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          float x_hat, g, dys;
-          element(r, s, j, gamma, x_hat, g, dys);
-          dx[j] = rstd[r] * (g - mean_g - x_hat * mean_g_x_hat);
-        }
-        if (params.dresidual != nullptr) {
-          float extra[kVec];
-          vec_to_float(load_vec<Input, kVec>(params.dresidual + offset), extra);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) dx[j] += extra[j];
-        }
-        store_vec(params.dx + offset, float_to_vec<Input, kVec>(dx, 1.0f));
-      }
-    }
-  }
-
-  // One partial row per row group (every one is written, zeros if it saw no rows).
-  const long long partial_row = static_cast<long long>(blockIdx.x) * kRowsPerBlock + group;
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    const int vector = Shape::vector_index(thread_in_row, s);
-    if (!Shape::slot_in_row(vector)) continue;
-    const long long offset = partial_row * kHidden + vector * kVec;
-#pragma unroll
-    for (int sum = 0; sum < kSums; ++sum) {
-      Vec<float, kVec> partial;
-      read_partials(sum, s, partial.elems);
-      store_vec((sum == 0 ? params.dgamma_partial : params.dbeta_partial) + offset, partial);
-    }
-  }
-}
-
 }  // namespace detail
 
 // Forward. Block: NormFwdShape<Input, kHidden>::kBlockThreads; grid: any gridDim.x >= 1, see
@@ -746,22 +519,31 @@ __global__ void __launch_bounds__(
                    NormBlockFwdParams<Input, Output>, kWriteColumnwiseSource>(params);
 }
 
-// Backward. Block: NormBwdShape<Input, kHidden>::kBlockThreads; grid: any gridDim.x >= 1; the
-// partial buffers hold gridDim.x * NormBwdShape<Input, kHidden>::kRowsPerBlock rows.
-template <typename Input, int kHidden, bool kZeroCenteredGamma = false>
-__global__ void __launch_bounds__(NormBwdShape<Input, kHidden>::kBlockThreads,
-                                  launch::min_blocks(NormBwdShape<Input, kHidden>::kBlockThreads,
-                                                     launch::kNormBwdRegisterBudget))
-    layernorm_bwd(NormBwdParams<Input> params) {
-  detail::norm_bwd<false, Input, kHidden, kZeroCenteredGamma>(params);
+// Forward under mxfp8_block_scaling (emulated on Hopper): the output's 1 x 32 row-wise MXFP8 copy
+// decoded to Input, the values micro_scale_cast<Input, Input, kFormat> writes from the norm's
+// output (and, with kWriteColumnwiseSource, that output, which the column-wise cast reads).
+// kFormat: launch::kMicroScaleE4M3 or kMicroScaleE5M2. Block and grid as the forward without
+// kWriteTranspose; hidden a multiple of 32.
+template <typename Input, int kFormat, int kHidden, bool kZeroCenteredGamma = false,
+          bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    NormFwdShape<Input, kHidden>::kBlockThreads,
+    launch::min_blocks(NormFwdShape<Input, kHidden>::kBlockThreads,
+                       launch::norm_fwd_register_budget(false, false)))
+    layernorm_micro_fwd(NormMicroFwdParams<Input> params) {
+  detail::norm_fwd<false, Input, Input, kHidden, kZeroCenteredGamma, false,
+                   NormMicroFwdParams<Input>, kWriteColumnwiseSource, kFormat>(params);
 }
 
-template <typename Input, int kHidden, bool kZeroCenteredGamma = false>
-__global__ void __launch_bounds__(NormBwdShape<Input, kHidden>::kBlockThreads,
-                                  launch::min_blocks(NormBwdShape<Input, kHidden>::kBlockThreads,
-                                                     launch::kNormBwdRegisterBudget))
-    rmsnorm_bwd(NormBwdParams<Input> params) {
-  detail::norm_bwd<true, Input, kHidden, kZeroCenteredGamma>(params);
+template <typename Input, int kFormat, int kHidden, bool kZeroCenteredGamma = false,
+          bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    NormFwdShape<Input, kHidden>::kBlockThreads,
+    launch::min_blocks(NormFwdShape<Input, kHidden>::kBlockThreads,
+                       launch::norm_fwd_register_budget(true, false)))
+    rmsnorm_micro_fwd(NormMicroFwdParams<Input> params) {
+  detail::norm_fwd<true, Input, Input, kHidden, kZeroCenteredGamma, false,
+                   NormMicroFwdParams<Input>, kWriteColumnwiseSource, kFormat>(params);
 }
 
 }  // namespace opfuse

@@ -24,6 +24,38 @@ GridRule block_cast_grid(const SymExpr& rows, int64_t cols) {
           {{"rows", rows}, {"cols", cols}}};
 }
 
+// The saved statistics of a norm forward (mean for LayerNorm, rstd): their buffers, -1 where
+// nothing keeps them.
+struct NormSaved {
+  int mean = -1;
+  int rstd = -1;
+};
+NormSaved norm_saved(SequenceBuilder& b, const ir::Operation& norm) {
+  const bool rms = norm.kind == OpKind::RMSNorm;
+  const size_t rstd_at = rms ? 1 : 2;
+  return {!rms && norm.results.size() > 1 ? b.buffer(norm.results[1], norm) : -1,
+          norm.results.size() > rstd_at ? b.buffer(norm.results[rstd_at], norm) : -1};
+}
+
+// The launch of a norm forward without the transposed copy (norm_fwd's plain geometry, which the
+// block-scaled and MXFP8 variants share): one wave of resident blocks at most.
+struct NormFwdLaunch {
+  GridRule grid;
+  int block = 0;
+};
+NormFwdLaunch plain_norm_fwd_launch(bool rms, int64_t hidden, DType in, const SymExpr& rows) {
+  const int bytes = ir::dtype_bytes(in);
+  const int block = rules::norm_fwd_block_threads(int(hidden), bytes, false);
+  const int rows_per_block = rules::norm_fwd_rows_per_block(int(hidden), bytes, false);
+  const int resident = rules::min_blocks(block, rules::norm_fwd_register_budget(rms, false));
+  return {
+      GridRule{"norm_fwd",
+               min_of(ceil_div(rows, rows_per_block), SymExpr::symbol(kNumSmsSymbol) * resident),
+               1,
+               {{"rows", rows}, {"rows_per_block", rows_per_block}, {"blocks_per_sm", resident}}},
+      block};
+}
+
 }  // namespace
 
 // A block-scaled cast (note "Block scale grids" in runtime/cpu/block_quantization.h): one kernel
@@ -145,9 +177,8 @@ void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
   const ir::Value& xv = b.value(x);
   const DType in = xv.type.dtype, out = quantizer_format(b, cast);
   const int64_t hidden = ir::attr_int(norm.attrs, "size");
-  const int bytes = ir::dtype_bytes(in);
   if (cast.operands.at(0) != norm.results.at(0) || b.value(norm.results.at(0)).type.dtype != in ||
-      hidden % rules::kBlockScaleLength != 0 || bytes != 2) {
+      hidden % rules::kBlockScaleLength != 0) {
     no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/norm_cast.cpp)
   }
   require_vector_width(b, norm, hidden, in, name_of(norm.kind));
@@ -155,21 +186,13 @@ void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
   const CastOutputs y = cast_outputs(b, cast);
   const bool columnwise = y.columnwise >= 0;
   auto grid_of = [&](int copy) { return copy >= 0 ? b.plan_buffer(copy).scale_inv.buffer : -1; };
-  const size_t rstd_at = rms ? 1 : 2;
-  const int mean = !rms && norm.results.size() > 1 ? b.buffer(norm.results[1], norm) : -1;
-  const int rstd = norm.results.size() > rstd_at ? b.buffer(norm.results[rstd_at], norm) : -1;
   const SymExpr rows = rows_of(xv);
   const int source =
       columnwise ? b.add_workspace(cast.instance + ".source", in, {rows, hidden}) : -1;
-
-  const int block = rules::norm_fwd_block_threads(int(hidden), bytes, false);
-  const int rows_per_block = rules::norm_fwd_rows_per_block(int(hidden), bytes, false);
-  const int resident = rules::min_blocks(block, rules::norm_fwd_register_budget(rms, false));
-  const GridRule grid{
-      "norm_fwd",
-      min_of(ceil_div(rows, rows_per_block), SymExpr::symbol(kNumSmsSymbol) * resident),
-      1,
-      {{"rows", rows}, {"rows_per_block", rows_per_block}, {"blocks_per_sm", resident}}};
+  const NormSaved saved = norm_saved(b, norm);
+  const NormFwdLaunch shape = plain_norm_fwd_launch(rms, hidden, in, rows);
+  const GridRule& grid = shape.grid;
+  const int block = shape.block;
   const std::string_view pow2 = spec.power_of_2_scale ? ", power-of-2 scales" : "";
   auto what = [&](bool with_source) {
     return fmt::format("{} {} -> {} (1x128 blocks{}){}", name_of(norm.kind), name_of(in),
@@ -187,7 +210,7 @@ void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
       {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
        bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y.rowwise),
        bind_out("y_scale_inv", grid_of(y.rowwise)), bind_copy("y_hp", source),
-       bind_out("mean", mean), bind_out("rstd", rstd),
+       bind_out("mean", saved.mean), bind_out("rstd", saved.rstd),
        bind_float("epsilon", ir::attr_float(norm.attrs, "eps")),
        bind_float("block_epsilon", spec.epsilon),
        bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0), bind_int("rows", rows)},
@@ -209,6 +232,55 @@ void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
                 bind_int("power_of_2_scale", spec.power_of_2_scale ? 1 : 0), bind_int("rows", rows),
                 bind_int("cols", hidden)},
                std::move(none));
+}
+
+// Pattern norm_micro_cast (templates/norm.cuh, layernorm_micro_fwd): the norm kernel rounds its
+// output to the input dtype, quantizes it in 1 x 32 MXFP8 blocks and writes the decoded copy, the
+// values micro_scale_cast writes from the unfused norm's output (note "Emulated micro-scaling" in
+// docs/architecture.md). Where another op reads the norm's output (the column-wise copy's cast,
+// in training) the kernel writes it too (kWriteColumnwiseSource); an inference forward, whose
+// column-wise cast runs nothing, runs the variant without it, so the output is never written
+// there.
+void emit_norm_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
+                          const ir::Operation& cast) {
+  require_only(b, g, {OpKind::LayerNorm, OpKind::RMSNorm, OpKind::EmulatedCast});
+  const bool rms = norm.kind == OpKind::RMSNorm;
+  const ValueId x = norm.operands.at(0), out = norm.results.at(0);
+  const DType in = b.value(x).type.dtype;
+  const int64_t hidden = ir::attr_int(norm.attrs, "size");
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
+  if (g.parts.front() != &norm || cast.operands.at(0) != out || !spec.micro_scaled() ||
+      spec.nvfp4() || ir::attr_bool(cast.attrs, "columnwise") ||
+      b.value(cast.results.at(0)).quantizer >= 0 || b.value(out).type.dtype != in ||
+      b.value(cast.results.at(0)).type.dtype != in ||
+      hidden % rules::micro_scale_block_size(rules::kMicroScaleE4M3) != 0) {
+    no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/norm_cast.cpp)
+  }
+  require_vector_width(b, norm, hidden, in, name_of(norm.kind));
+  const int format = spec.format == DType::E5M2 ? rules::kMicroScaleE5M2 : rules::kMicroScaleE4M3;
+  const int y = b.buffer(cast.results.at(0), cast);
+  const int source = b.existing_buffer(out);  // -1: only the fused copy reads the output
+  const NormSaved saved = norm_saved(b, norm);
+  const SymExpr rows = rows_of(b.value(x));
+  NormFwdLaunch shape = plain_norm_fwd_launch(rms, hidden, in, rows);
+  auto what = [&](bool with_source) {
+    return fmt::format("{} {} -> MXFP8 {} row-wise copy (1x32 blocks), decoded to {}{}",
+                       name_of(norm.kind), name_of(in), name_of(spec.format), name_of(in),
+                       with_source ? " + the output" : "");
+  };
+  std::optional<WithoutTranspose> plain;
+  if (source >= 0) plain = WithoutTranspose{what(false), shape.grid, shape.block, 0};
+  const bool zero_centered = ir::attr_bool(norm.attrs, "zero_centered_gamma");
+  b.add_launch(
+      g, what(source >= 0), rms ? "rmsnorm_micro_fwd" : "layernorm_micro_fwd",
+      {spell(in), std::to_string(format), std::to_string(hidden), spell(zero_centered),
+       spell(source >= 0)},
+      std::move(shape.grid), shape.block, 0,
+      {bind_in("x", b.buffer(x, norm)), bind_in("gamma", b.buffer(norm.operands.at(1), norm)),
+       bind_in("beta", rms ? -1 : b.buffer(norm.operands.at(2), norm)), bind_out("y", y),
+       bind_copy("y_hp", source), bind_out("mean", saved.mean), bind_out("rstd", saved.rstd),
+       bind_float("epsilon", ir::attr_float(norm.attrs, "eps")), bind_int("rows", rows)},
+      std::move(plain));
 }
 
 }  // namespace opfuse::codegen::emitters

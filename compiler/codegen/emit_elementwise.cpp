@@ -195,8 +195,10 @@ void emit_bias_add(SequenceBuilder& b, const Group& g) {
 }
 
 void emit_norm_fwd(SequenceBuilder& b, const Group& g) {
-  require_only(b, g, {OpKind::LayerNorm, OpKind::RMSNorm, OpKind::CastFp8});
   const ir::Operation& norm = *g.find({OpKind::LayerNorm, OpKind::RMSNorm});
+  if (const ir::Operation* emulated = g.find({OpKind::EmulatedCast}))
+    return emit_norm_micro_cast(b, g, norm, *emulated);
+  require_only(b, g, {OpKind::LayerNorm, OpKind::RMSNorm, OpKind::CastFp8});
   const ir::Operation* cast = g.find({OpKind::CastFp8});
   if (g.parts.front() != &norm) no_kernel(b, g);
   if (cast &&

@@ -139,6 +139,10 @@ void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operati
 // writes the row-wise copy; in training a column-wise block cast reads its 16-bit output.
 void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
                           const ir::Operation& cast);
+// A norm whose output's MXFP8 row-wise copy is emulated (pattern norm_micro_cast): the norm kernel
+// writes the decoded copy, and its output where another op reads it.
+void emit_norm_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
+                          const ir::Operation& cast);
 // Note "Emulated block scaling" (docs/architecture.md): one Float8 block-scaled copy of x
 // quantized and decoded to y (x's dtype and layout); `columnwise`: 128 x 1 blocks (128 x 128 for
 // 2-D specs either way), a copy only backward reads (emit_emulated_blocks.cpp).

@@ -33,6 +33,15 @@ constexpr TemplateParam kNormBlockFwdParams[] = {
     {"kZeroCenteredGamma", Kind::Bool, "false"},
     {"kWriteColumnwiseSource", Kind::Bool, "false"},
 };
+// Under mxfp8_block_scaling (emulated): the 1 x 32 row-wise copy decoded to Input; kFormat as
+// micro_scale_cast's (0 E4M3, 1 E5M2); kWriteColumnwiseSource as above.
+constexpr TemplateParam kNormMicroFwdParams[] = {
+    {"Input", Kind::DType, ""},
+    {"kFormat", Kind::Int, ""},
+    {"kHidden", Kind::Int, ""},
+    {"kZeroCenteredGamma", Kind::Bool, "false"},
+    {"kWriteColumnwiseSource", Kind::Bool, "false"},
+};
 // A norm-like user-defined op's row programs (templates/row_expr.cuh): Fn is its generated
 // functor (ir::row_functor_name), an Activation-kind argument as a pointwise op's.
 constexpr TemplateParam kRowExprParams[] = {
@@ -160,6 +169,7 @@ constexpr std::string_view kRmsNormFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4
                                                    "false", "true"};
 constexpr std::string_view kNormBlockFwdExample[] = {"__nv_bfloat16", "__nv_fp8_e4m3", "4096",
                                                      "false", "true"};
+constexpr std::string_view kNormMicroFwdExample[] = {"__nv_bfloat16", "0", "4096", "false", "true"};
 constexpr std::string_view kLayerNormBwdExample[] = {"__half", "1000", "true"};
 constexpr std::string_view kRmsNormBwdExample[] = {"__nv_bfloat16", "4096"};
 constexpr std::string_view kRowExprExample[] = {"opfuse::ExampleRowL2", "__nv_bfloat16",
@@ -223,6 +233,10 @@ constexpr KernelTemplate kTable[] = {
           kNormBlockFwdParams, kNormBlockFwdExample),
     entry("rmsnorm_block_fwd", "norm.cuh", KernelFamily::Norm, "NormBlockFwdParams",
           kNormBlockFwdParams, kNormBlockFwdExample),
+    entry("layernorm_micro_fwd", "norm.cuh", KernelFamily::Norm, "NormMicroFwdParams",
+          kNormMicroFwdParams, kNormMicroFwdExample),
+    entry("rmsnorm_micro_fwd", "norm.cuh", KernelFamily::Norm, "NormMicroFwdParams",
+          kNormMicroFwdParams, kNormMicroFwdExample),
     entry("layernorm_bwd", "norm.cuh", KernelFamily::Norm, "NormBwdParams", kNormBwdParams,
           kLayerNormBwdExample),
     entry("rmsnorm_bwd", "norm.cuh", KernelFamily::Norm, "NormBwdParams", kNormBwdParams,

@@ -63,10 +63,14 @@ void BlockSummaries::after_step(int index, bool inference,
   const plan::Step& step = plan_.steps.at(static_cast<std::size_t>(index));
   for (int i : found->second) {
     const SummaryCopy& t = targets_[static_cast<std::size_t>(i)];
-    // An inference variant leaves out the copies only backward reads.
-    if (inference && step.inference &&
-        std::ranges::find(step.inference->writes, t.copy) == step.inference->writes.end())
-      continue;
+    // An inference variant leaves out the copies only backward reads, and where a fused norm
+    // writes an MXFP8 row-wise copy (norm_micro_cast) its variant leaves out the norm's output,
+    // the source that copy is summarized from: no summary of either there.
+    auto left_out = [&](int buffer) {
+      return std::ranges::find(step.writes, buffer) != step.writes.end() &&
+             std::ranges::find(step.inference->writes, buffer) == step.inference->writes.end();
+    };
+    if (inference && step.inference && (left_out(t.copy) || left_out(t.source))) continue;
     // The matrix the kernel reads, as the plan lays it out (a transposed copy is [k, rows...]:
     // its first dimension against the rest, as codegen's scale grids take it).
     const std::vector<plan::SymExpr>& shape =

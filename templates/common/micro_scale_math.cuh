@@ -6,6 +6,8 @@
 #ifndef OPFUSE_TEMPLATES_COMMON_MICRO_SCALE_MATH_CUH_
 #define OPFUSE_TEMPLATES_COMMON_MICRO_SCALE_MATH_CUH_
 
+#include "fp8.cuh"
+#include "launch_rules.h"
 #include "types.cuh"
 
 namespace opfuse {
@@ -125,6 +127,84 @@ __device__ __forceinline__ void rht16(float (&v)[16]) {
 #pragma unroll
   for (int k = 0; k < 16; ++k) v[k] = __fmul_rn(v[k], 0.25f);
 }
+
+// One block's scale and one element's code and decoded value, shared by micro_scale.cuh's casts
+// and the norm that writes its output's MXFP8 copy (norm.cuh).
+namespace detail {
+
+template <int kFormat>
+struct MicroFp8;
+template <>
+struct MicroFp8<launch::kMicroScaleE4M3> {
+  using Type = __nv_fp8_e4m3;
+};
+template <>
+struct MicroFp8<launch::kMicroScaleE5M2> {
+  using Type = __nv_fp8_e5m2;
+};
+template <>
+struct MicroFp8<launch::kMicroScaleE2M1> {
+  using Type = __nv_fp8_e4m3;  // the block scales' type
+};
+
+// The value of FP8 bits.
+template <typename Fp8>
+__device__ __forceinline__ float fp8_bits_to_float(unsigned int bits) {
+  Fp8 value;
+  value.__x = static_cast<__nv_fp8_storage_t>(bits);
+  return to_float(value);
+}
+
+// The scale of one block and what decoding needs of it.
+struct MicroBlockScale {
+  unsigned int bits;  // E8M0 exponent or E4M3 bits, as stored
+  float multiplier;   // x * multiplier is cast
+  float decode;       // MXFP8: 2^(e - 127); NVFP4: float(s_b)
+  bool zero;          // NVFP4: s_b == 0, the block's codes are 0
+};
+
+// An MXFP8 block's scale from its E8M0 exponent e (what micro_block_scale derives from the amax).
+__device__ __forceinline__ MicroBlockScale mxfp8_block_scale(int e) {
+  return {static_cast<unsigned int>(e), pow2_float(127 - e), pow2_float(e - 127), false};
+}
+
+template <int kFormat>
+__device__ __forceinline__ MicroBlockScale micro_block_scale(float amax, float tensor_scale,
+                                                             float tensor_decode) {
+  if constexpr (kFormat == launch::kMicroScaleE2M1) {
+    const unsigned int bits = nvfp4_block_scale(amax, tensor_scale);
+    const float block = fp8_bits_to_float<__nv_fp8_e4m3>(bits);
+    return {bits, nvfp4_encode_multiplier(block, tensor_decode), block, block == 0.0f};
+  } else {
+    constexpr float kFp8Max = DtypeTraits<typename MicroFp8<kFormat>::Type>::kMax;
+    // Never 0xFF: amax skips NaN.
+    return mxfp8_block_scale(e8m0_round_up(__fdiv_rn(amax, kFp8Max)));
+  }
+}
+
+// One element: its code (FP8 bits, or the E2M1 code in the low 4 bits) and decoded value.
+template <int kFormat, bool kStochastic>
+__device__ __forceinline__ unsigned int micro_encode(float v, const MicroBlockScale& s,
+                                                     unsigned int random_bits) {
+  const float scaled = __fmul_rn(v, s.multiplier);
+  if constexpr (kFormat == launch::kMicroScaleE2M1) {
+    if (s.zero) return 0u;
+    return kStochastic ? e2m1_stochastic(scaled, random_bits) : e2m1_rne(scaled);
+  } else {
+    return float_to_fp8_bits<typename MicroFp8<kFormat>::Type>(scaled);
+  }
+}
+template <int kFormat>
+__device__ __forceinline__ float micro_decode(unsigned int code, const MicroBlockScale& s,
+                                              float tensor_decode) {
+  if constexpr (kFormat == launch::kMicroScaleE2M1) {
+    return __fmul_rn(__fmul_rn(e2m1_to_float(code), s.decode), tensor_decode);
+  } else {
+    return __fmul_rn(fp8_bits_to_float<typename MicroFp8<kFormat>::Type>(code), s.decode);
+  }
+}
+
+}  // namespace detail
 
 }  // namespace opfuse
 

@@ -219,32 +219,54 @@ TEST(BlockSummariesSession, OffByDefaultAndRefusedWhereTheyCannotBeRight) {
 
 // `fusec run` prints the same block lines on both devices where both cast the same values: the
 // first step's forward copies (input and weight) under each recipe.
+// `fusec run --steps 1` of `file` under `recipe` on `device`: its block summary lines of fc's
+// input and weight copies.
+std::vector<std::string> summary_lines(const std::string& file, const std::string& recipe,
+                                       const std::string& device) {
+  const test::CommandResult r =
+      test::fusec("run " + test::shell_quoted(file) + " --bind tokens=96 --steps 1 --recipe " +
+                  recipe + " --device " + device);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> found;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("  blocks fc.input.") || line.starts_with("  blocks fc.weight."))
+      found.push_back(line);
+  return found;
+}
+
+std::string write_program(const std::string& name, const char* text) {
+  const std::string file = test::make_temp_dir("block-summaries") + "/" + name + ".fuse";
+  std::ofstream(file) << text;
+  return file;
+}
+
 TEST(BlockSummariesFusec, TheFirstStepsForwardLinesMatchTheCpuRun) {
   std::string why;
   if (!gpu_available(&why)) GTEST_SKIP() << "skipping GPU block summary tests: " << why;
-  const std::string dir = test::make_temp_dir("block-summaries");
-  const std::string file = dir + "/one.fuse";
-  {
-    std::ofstream out(file);
-    out << kOne;
-  }
+  const std::string file = write_program("one", kOne);
   for (const std::string recipe : {"blocks", "blocks_exact", "mx", "fp4", "fp4_plain"}) {
-    auto lines = [&](const std::string& device) {
-      const test::CommandResult r =
-          test::fusec("run " + test::shell_quoted(file) + " --bind tokens=96 --steps 1 --recipe " +
-                      recipe + " --device " + device);
-      EXPECT_EQ(r.exit_code, 0) << r.output;
-      std::vector<std::string> found;
-      std::istringstream in(r.output);
-      for (std::string line; std::getline(in, line);)
-        if (line.starts_with("  blocks fc.input.") || line.starts_with("  blocks fc.weight."))
-          found.push_back(line);
-      return found;
-    };
-    const std::vector<std::string> cpu = lines("cpu");
+    const std::vector<std::string> cpu = summary_lines(file, recipe, "cpu");
     EXPECT_GE(cpu.size(), 2u) << recipe;
-    EXPECT_EQ(lines("gpu"), cpu) << recipe;
+    EXPECT_EQ(summary_lines(file, recipe, "gpu"), cpu) << recipe;
   }
+}
+
+// Under MXFP8 the norm writes fc's decoded row-wise input copy (pattern norm_micro_cast): the copy
+// is summarized from the norm's output, which the fused kernel writes too, as the CPU does.
+TEST(BlockSummariesFusec, ANormWritingTheMxfp8CopyMatchesTheCpuRun) {
+  std::string why;
+  if (!gpu_available(&why)) GTEST_SKIP() << "skipping GPU block summary tests: " << why;
+  const std::string file = write_program("normed", R"(
+recipe mx = mxfp8_block_scaling(format = hybrid)
+sequence normed(x: bf16[tokens, 192]) -> (y: bf16[tokens, 160]) uses mx {
+  layernorm(192)
+  linear(192, 160, bias = false) as fc
+}
+)");
+  const std::vector<std::string> cpu = summary_lines(file, "mx", "cpu");
+  EXPECT_EQ(cpu.size(), 4u) << "fc.input and fc.weight, row-wise and column-wise";
+  EXPECT_EQ(summary_lines(file, "mx", "gpu"), cpu);
 }
 
 }  // namespace

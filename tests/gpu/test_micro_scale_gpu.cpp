@@ -27,26 +27,12 @@
 #include "cpu/numerics.h"
 #include "emulated_values.h"
 #include "gpu_test_support.h"
+#include "template_params.h"
 
 namespace opfuse {
 namespace {
 
-// Mirrors templates/micro_scale.cuh's MicroScaleParams<Input, Output> field for field.
-struct MicroScaleParams {
-  const void* x;
-  unsigned char* codes;
-  unsigned char* scales;
-  void* y;
-  const float* tensor_scale;
-  const unsigned int* step;
-  float* amax;
-  const void* scale_record;
-  unsigned long long seed;
-  unsigned int stream;
-  int rows;
-  int cols;
-};
-static_assert(sizeof(MicroScaleParams) == 88);
+using test::MicroScaleParams;
 
 // Mirrors templates/common/quantizer_record.cuh's QuantizerRecord.
 struct QuantizerRecord {

@@ -284,21 +284,27 @@ sequence mlp(x: bf16[tokens, 256]) -> (y: bf16[tokens, 256], n: bf16[tokens, 256
   EXPECT_EQ(launches_of(r.plan, "layernorm_fwd"), 1u);
 }
 
-// The block-scaled norm takes 2-byte inputs (templates/norm.cuh): an fp32 norm and its block cast
-// stay two kernels.
-TEST(BlockScaling, AnFp32NormStaysUnfused) {
+// An fp32 norm fuses too (an fp32 1 x 128 block spans the 32 lanes of one slot): one
+// rmsnorm_block_fwd with the fp32 source for the column-wise cast, which keeps its own launch.
+TEST(BlockScaling, AnFp32NormWritesItsRowwiseCopy) {
   constexpr const char* kFp32 = R"(
 recipe blocks = float8_block_scaling()
 sequence mlp(x: fp32[tokens, 256]) -> (y: fp32[tokens, 256]) uses blocks {
-  layernorm(256)
+  rmsnorm(256)
   linear(256, 256, bias = false) as fc
 }
 )";
   const driver::CompileResult r = compile("", kFp32);
   ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
-  EXPECT_EQ(launches_of(r.plan, "layernorm_block_fwd"), 0u);
-  EXPECT_EQ(launches_of(r.plan, "layernorm_fwd"), 1u);
-  EXPECT_EQ(launches_of(r.plan, "block_cast_transpose"), 3u) << "fc's x, W and dy";
+  EXPECT_EQ(launches_of(r.plan, "rmsnorm_block_fwd"), 1u);
+  EXPECT_EQ(launches_of(r.plan, "rmsnorm_fwd"), 0u);
+  EXPECT_EQ(launches_of(r.plan, "block_cast_transpose"), 3u)
+      << "fc's x (column-wise only), W and dy";
+  bool fp32_source = false;
+  for (const plan::Kernel& k : r.plan.kernels) {
+    if (k.template_name == "rmsnorm_block_fwd") fp32_source = k.template_args.at(0) == "float";
+  }
+  EXPECT_TRUE(fp32_source) << "the kernel is instantiated for fp32 inputs";
 }
 
 // The CPU reference's block GEMM is TE's semantics over the block casts of its operands: the

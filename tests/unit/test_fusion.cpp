@@ -26,6 +26,8 @@ constexpr const char* kDelayed = "recipe fp8 = delayed_scaling(amax_history = 4)
 constexpr const char* kCurrent = "recipe fp8 = current_scaling()\n";
 constexpr const char* kBf16 = "recipe fp8 = bf16()\n";
 constexpr const char* kBlocks = "recipe fp8 = float8_block_scaling(format = hybrid)\n";
+constexpr const char* kMxfp8 = "recipe fp8 = mxfp8_block_scaling(format = hybrid)\n";
+constexpr const char* kNvfp4 = "recipe fp8 = nvfp4_block_scaling()\n";
 
 // Runs the whole pipeline (verifier after every pass), or stops before the fusion passes.
 ir::Sequence lower(const std::string& text, bool fuse) {
@@ -195,6 +197,22 @@ TEST(FusionStructure, ABlockCastFoldsIntoTheNormWhoseRowsHoldWholeBlocks) {
   EXPECT_EQ(fused(delayed, "norm_cast"), (Parts{{"rmsnorm", "cast_fp8"}}));
 }
 
+// MXFP8 (emulated): the norm writes its output's decoded 1x32 row-wise copy (norm_micro_cast);
+// the column-wise copy's cast stays apart and reads the norm's output. NVFP4's copies need the
+// tensor's amax first, so its norm stays unfused.
+TEST(FusionStructure, TheMxfp8RowwiseCopyFoldsIntoTheNorm) {
+  const ir::Sequence mx = lower(program(kMxfp8, kWideSig, kWideMlp), true);
+  EXPECT_EQ(fused(mx, "norm_micro_cast"), (Parts{{"rmsnorm", "emulated_cast"}}));
+  size_t columnwise_casts_of_the_norm = 0;
+  for (const ir::Operation& op : mx.ops) {
+    if (op.kind == ir::OpKind::EmulatedCast && op.instance == "up.input")
+      columnwise_casts_of_the_norm += ir::attr_bool(op.attrs, "columnwise") ? 1 : 0;
+  }
+  EXPECT_EQ(columnwise_casts_of_the_norm, 1u) << "the column-wise copy stays its own op";
+  EXPECT_TRUE(fused(lower(program(kNvfp4, kWideSig, kWideMlp), true), "norm_micro_cast").empty());
+  EXPECT_TRUE(fused(lower(program(kBlocks, kWideSig, kWideMlp), true), "norm_micro_cast").empty());
+}
+
 TEST(FusionStructure, AGatedBackwardWhosePlanesSplitABlockStaysUnfused) {
   // SwiGLU of width 64: a 1x128 row block of its [tokens, 128] gradient would hold 64 columns of
   // d gate and 64 of d linear, which the fused kernel's planes cannot share. The forward (one
@@ -232,8 +250,9 @@ struct Run {
 };
 
 // Two training steps from one seed (the second uses the delayed scales the first set).
-Run train(const ir::Sequence& s) {
-  cpu::ReferenceExecutor<float> exec(s, {{"tokens", 48}});
+// tokens: 48, or a multiple of 32 where MXFP8's column-wise blocks need it.
+Run train(const ir::Sequence& s, int64_t tokens = 48) {
+  cpu::ReferenceExecutor<float> exec(s, {{"tokens", tokens}});
   cpu::init_params_from_seed(exec, 3);
   // Nonzero biases: with the seed's zero biases a dropped rounding after the GEMM would vanish.
   for (size_t i = 0; i < exec.param_names().size(); ++i)
@@ -273,7 +292,8 @@ struct Agreement {
 // Runs `text` unfused, and fused by `pattern` alone (after `prerequisite`, a forward pattern a
 // backward one builds on), so each pattern's numerics are measured in isolation.
 Agreement compare(const std::string& text, const passes::fusion::FusionPattern& pattern,
-                  const passes::fusion::FusionPattern* prerequisite = nullptr) {
+                  const passes::fusion::FusionPattern* prerequisite = nullptr,
+                  int64_t tokens = 48) {
   const ir::Sequence unfused = lower(text, false);
   ir::Sequence fused_seq = unfused;
   for (const auto* p : {prerequisite, &pattern}) {
@@ -283,7 +303,7 @@ Agreement compare(const std::string& text, const passes::fusion::FusionPattern& 
   }
   EXPECT_TRUE(ir::verify_sequence(fused_seq).empty());
   EXPECT_FALSE(fused(fused_seq, pattern.name).empty()) << pattern.name << " did not form";
-  const Run a = train(fused_seq), b = train(unfused);
+  const Run a = train(fused_seq, tokens), b = train(unfused, tokens);
   Agreement out;
   auto add = [&](const cpu::Tensor<float>& x, const cpu::Tensor<float>& y) {
     out.worst = std::max(out.worst, relative_error(x, y));
@@ -409,6 +429,10 @@ TEST(FusedVsUnfusedExact, BlockCastsFoldedIntoActivationsAreBitIdenticalToTheirP
   // The norm likewise rounds its output to bf16 before the blocks' scales.
   EXPECT_TRUE(
       compare(program(kBlocks, kWideSig, kWideMlp), passes::fusion::norm_block_cast()).identical);
+  // MXFP8: the norm quantizes its output as rounded to bf16, as micro_scale_cast reads it.
+  EXPECT_TRUE(
+      compare(program(kMxfp8, kWideSig, kWideMlp), passes::fusion::norm_micro_cast(), nullptr, 64)
+          .identical);
   // With a bias gradient, dbias sums the unrounded values (as activation_bwd does): close, and
   // different, so the bias gradient really comes from the fused kernel.
   const Agreement a = compare(program(kBlocks, kSig, kMlpGelu), passes::fusion::dact_block_cast());

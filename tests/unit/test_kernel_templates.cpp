@@ -203,7 +203,8 @@ TEST(KernelTemplateTable, FamiliesMapToTheirTemplates) {
   EXPECT_TRUE(names(ir::KernelFamily::Cast).contains("amax_reduce"));
   EXPECT_EQ(names(ir::KernelFamily::Norm),
             (std::set<std::string_view>{"layernorm_fwd", "rmsnorm_fwd", "layernorm_block_fwd",
-                                        "rmsnorm_block_fwd", "layernorm_bwd", "rmsnorm_bwd",
+                                        "rmsnorm_block_fwd", "layernorm_micro_fwd",
+                                        "rmsnorm_micro_fwd", "layernorm_bwd", "rmsnorm_bwd",
                                         "reduce_column_partials", "row_expr_fwd", "row_expr_bwd"}));
   EXPECT_TRUE(names(ir::KernelFamily::Residual).contains("bias_add"));
   EXPECT_TRUE(names(ir::KernelFamily::Bias).contains("bias_add"));

@@ -158,7 +158,9 @@ TEST(MicroRecipes, TheGemmsReadDecodedCopiesInBf16) {
     const driver::CompileResult r = compile(recipe);
     ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
     const plan::SequencePlan& s = r.plan.sequences.at(0);
-    EXPECT_EQ(launches(r.plan, "micro_scale_cast").size(), 12u) << recipe << ": 2 x 3 x 2 copies";
+    // 2 linears x 3 operands x 2 copies; under MXFP8 the norm writes fc1's input row-wise copy.
+    EXPECT_EQ(launches(r.plan, "micro_scale_cast").size(), recipe[0] == 0 ? 11u : 12u) << recipe;
+    EXPECT_EQ(launches(r.plan, "layernorm_micro_fwd").size(), recipe[0] == 0 ? 1u : 0u) << recipe;
     EXPECT_TRUE(launches(r.plan, "cast_transpose").empty()) << recipe;
     EXPECT_TRUE(launches(r.plan, "block_cast_transpose").empty()) << recipe;
     size_t gemms = 0;
@@ -255,6 +257,61 @@ TEST(MicroRecipes, TheInferenceVariantMakesNoColumnwiseCopy) {
   EXPECT_EQ(dropped, 2u) << "x^T of fc1 and fc2 (the weights' copies are cached instead)";
 }
 
+// Pattern norm_micro_cast: under MXFP8 the norm kernel writes fc1's decoded 1x32 row-wise input
+// copy (the operand of fc1's fprop GEMM) and, for the column-wise copy's cast, its own output; the
+// inference variant writes the decoded copy only. The E5M2 of a hybrid recipe is the gradients'.
+TEST(MicroRecipes, TheNormWritesTheDecodedRowwiseCopy) {
+  for (const char* recipe : {"", "mx_hybrid"}) {
+    const driver::CompileResult r = compile(recipe);
+    ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
+    const plan::SequencePlan& s = r.plan.sequences.at(0);
+    const std::vector<const plan::LaunchStep*> norms = launches(r.plan, "layernorm_micro_fwd");
+    ASSERT_EQ(norms.size(), 1u) << recipe;
+    EXPECT_EQ(norms[0]->name_expression,
+              "opfuse::layernorm_micro_fwd<__nv_bfloat16, 0, 256, false, true>");
+    auto bound = [&](const plan::LaunchStep& l, std::string_view field) {
+      for (const plan::ParamBinding& p : l.params)
+        if (p.field == field) return p.kind == plan::ParamKind::Buffer ? p.buffers.at(0) : -1;
+      return -2;
+    };
+    const int copy = bound(*norms[0], "y"), output = bound(*norms[0], "y_hp");
+    ASSERT_GE(copy, 0);
+    ASSERT_GE(output, 0);
+    EXPECT_NE(copy, output);
+    const plan::Step* norm_step = nullptr;
+    bool fprop_reads_copy = false, columnwise_reads_output = false;
+    for (const plan::Step& step : s.steps) {
+      if (std::holds_alternative<plan::GemmStep>(step.body)) {
+        if (step.what.find("fprop GEMM of fc1") != std::string::npos)
+          fprop_reads_copy =
+              std::find(step.reads.begin(), step.reads.end(), copy) != step.reads.end();
+        continue;
+      }
+      const auto& l = std::get<plan::LaunchStep>(step.body);
+      if (&l == norms[0]) norm_step = &step;
+      if (r.plan.find_kernel(l.kernel)->template_name == "micro_scale_cast" &&
+          bound(l, "x") == output) {
+        EXPECT_NE(l.name_expression.find(", true,"), std::string::npos)
+            << "only the column-wise cast reads the norm's output: " << l.name_expression;
+        columnwise_reads_output = true;
+      }
+    }
+    EXPECT_TRUE(fprop_reads_copy) << recipe;
+    EXPECT_TRUE(columnwise_reads_output) << recipe;
+    ASSERT_NE(norm_step, nullptr);
+    ASSERT_TRUE(norm_step->inference.has_value());
+    EXPECT_EQ(norm_step->inference->launch.name_expression,
+              "opfuse::layernorm_micro_fwd<__nv_bfloat16, 0, 256, false, false>");
+    const std::vector<int>& writes = norm_step->inference->writes;
+    EXPECT_NE(std::find(writes.begin(), writes.end(), copy), writes.end());
+    EXPECT_EQ(std::find(writes.begin(), writes.end(), output), writes.end());
+  }
+  const driver::CompileResult fp4 = compile("fp4");
+  ASSERT_EQ(fp4.status, driver::CompileStatus::Ok) << fp4.error;
+  EXPECT_TRUE(launches(fp4.plan, "layernorm_micro_fwd").empty()) << "NVFP4 needs the amax first";
+  EXPECT_EQ(launches(fp4.plan, "layernorm_fwd").size(), 1u);
+}
+
 // NVFP4's Hadamard-transformed copies are wgrad's: an inference forward makes none, so it measures
 // no amax for them either (the micro_scale_rht_amax launches of the forward get an empty-grid
 // variant). The backward's (the gradients' transformed copies) have no variant.
@@ -314,7 +371,14 @@ TEST(MicroRecipes, EveryDecodedCopyNamesItsQuantizerAndCopy) {
           writers.push_back(&step);
       ASSERT_EQ(writers.size(), 1u) << b.name;
       const auto& launch = std::get<plan::LaunchStep>(writers[0]->body);
-      EXPECT_EQ(r.plan.find_kernel(launch.kernel)->template_name, "micro_scale_cast") << b.name;
+      // Under MXFP8 the norm writes fc1's row-wise input copy (pattern norm_micro_cast).
+      const std::string& writer = r.plan.find_kernel(launch.kernel)->template_name;
+      if (recipe.empty() && !columnwise &&
+          b.emulated_quantizer == quantizer(s, "fc1.input").index) {
+        EXPECT_EQ(writer, "layernorm_micro_fwd") << b.name;
+        continue;
+      }
+      EXPECT_EQ(writer, "micro_scale_cast") << b.name;
       for (const plan::ParamBinding& p : launch.params) {
         if (p.field == "stream") {
           EXPECT_EQ(p.int_value.value(), 2 * b.emulated_quantizer + (columnwise ? 1 : 0)) << b.name;

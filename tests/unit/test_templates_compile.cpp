@@ -83,13 +83,16 @@ TemplateCase norm_case(const std::string& arch, const Dtype& in) {
                   "opfuse::rmsnorm_bwd<" + args({t, h, "true"}) + ">",
                   "opfuse::reduce_column_partials<" + t + ">"},
                  arch};
-  // float8_block_scaling's norm: rows a multiple of 128 wide, 2-byte inputs.
-  if (in.type != "float") {
-    c.name_expressions.push_back("opfuse::layernorm_block_fwd<" +
-                                 args({t, kE4m3, "1024", "false", "true"}) + ">");
-    c.name_expressions.push_back("opfuse::rmsnorm_block_fwd<" +
-                                 args({t, kE5m2, "1024", "true", "false"}) + ">");
-  }
+  // float8_block_scaling's norm: rows a multiple of 128 wide.
+  c.name_expressions.push_back("opfuse::layernorm_block_fwd<" +
+                               args({t, kE4m3, "1024", "false", "true"}) + ">");
+  c.name_expressions.push_back("opfuse::rmsnorm_block_fwd<" +
+                               args({t, kE5m2, "1024", "true", "false"}) + ">");
+  // mxfp8_block_scaling's norm (the decoded 1 x 32 row-wise copy): rows a multiple of 32 wide.
+  c.name_expressions.push_back("opfuse::layernorm_micro_fwd<" +
+                               args({t, "0", "1024", "false", "true"}) + ">");
+  c.name_expressions.push_back("opfuse::rmsnorm_micro_fwd<" +
+                               args({t, "1", "640", "true", "false"}) + ">");
   return c;
 }
 
@@ -362,6 +365,9 @@ std::vector<TemplateCase> seed_mlp_cases() {
       {"rmsnorm_block_fwd_e4m3", "norm.cuh",
        "opfuse::rmsnorm_block_fwd<" + args({bf16, kE4m3, "4096", "false", "false"}) + ">",
        launch::norm_fwd_register_budget(true, false)},
+      {"layernorm_micro_fwd_e4m3_src", "norm.cuh",
+       "opfuse::layernorm_micro_fwd<" + args({bf16, "0", "4096", "false", "true"}) + ">",
+       launch::norm_fwd_register_budget(false, false)},
       {"rmsnorm_bwd", "norm.cuh", "opfuse::rmsnorm_bwd<" + args({bf16, "4096"}) + ">",
        launch::kNormBwdRegisterBudget},
       {"layernorm_bwd", "norm.cuh", "opfuse::layernorm_bwd<" + args({bf16, "4096"}) + ">",

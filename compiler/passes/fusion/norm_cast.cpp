@@ -5,6 +5,10 @@
 // writes the row-wise copy and its scale grid; in training it also writes its output in 16 bits,
 // from which a column-wise block cast makes the 128 x 1 copy (an inference forward runs the norm
 // alone). TE leaves the norm and the block cast apart.
+// norm_micro_cast: a norm whose output's MXFP8 row-wise copy is emulated (quantized in 1 x 32
+// blocks and decoded back, for the BF16 GEMM that runs instead) -> the norm kernel writes the
+// decoded copy; its output still goes to memory where another op reads it (the column-wise
+// copy's cast, in training). NVFP4 cannot: its tensor scale needs the whole output's amax first.
 #include "passes/fusion/patterns.h"
 
 namespace opfuse::passes::fusion {
@@ -29,14 +33,36 @@ constexpr Step kBlockSteps[] = {
 
 // The kernel's shapes (templates/norm.cuh, layernorm_block_fwd): rows a multiple of 128 wide,
 // so every 1 x 128 block lies in one warp's lanes; the output in the input dtype (the value the
-// cast quantizes); 2-byte inputs (bf16, fp16: the ones verified on the GPU; an fp32 input keeps
-// the norm and the cast apart, see templates/README.md).
+// cast quantizes).
 bool block_kernel_fits(const ir::Sequence& seq, const Match& m) {
   const ir::Operation& norm = *m.front();
   const ir::TensorType& in = seq.value(norm.operands.at(0)).type;
   const ir::TensorType& out = seq.value(norm.results.at(0)).type;
-  const int bytes = ir::dtype_bytes(in.dtype);
-  return out.dtype == in.dtype && bytes == 2 && ir::attr_int(norm.attrs, "size") % 128 == 0;
+  return out.dtype == in.dtype && ir::attr_int(norm.attrs, "size") % 128 == 0;
+}
+
+// An emulated MXFP8 row-wise copy decoded to the source's dtype (not a quantized output's codes
+// and scales, note "Quantized boundaries" in docs/architecture.md).
+bool mxfp8_rowwise_decoded(const ir::Sequence& seq, const ir::Operation& cast) {
+  if (cast.quantizer < 0 || size_t(cast.quantizer) >= seq.quantizers.size()) return false;
+  const plan::QuantSpec& spec = seq.quantizers[size_t(cast.quantizer)].spec;
+  return spec.micro_scaled() && !spec.nvfp4() && !ir::attr_bool(cast.attrs, "columnwise") &&
+         seq.value(cast.results.at(0)).quantizer < 0;
+}
+constexpr OpKind kEmulatedCast[] = {OpKind::EmulatedCast};
+constexpr Step kMicroSteps[] = {
+    {.kinds = kNorms, .link = Link::Start, .escapes_ok = true},
+    {.kinds = kEmulatedCast, .link = Link::Consumes, .from = 0, .when = mxfp8_rowwise_decoded},
+};
+
+// templates/norm.cuh, layernorm_micro_fwd: rows a multiple of 32 wide (whole 1 x 32 blocks in
+// consecutive lanes), the copy in the norm's output dtype, which is the input's.
+bool micro_kernel_fits(const ir::Sequence& seq, const Match& m) {
+  const ir::Operation& norm = *m.front();
+  const ir::DType in = seq.value(norm.operands.at(0)).type.dtype;
+  return seq.value(norm.results.at(0)).type.dtype == in &&
+         seq.value(m.back()->results.at(0)).type.dtype == in &&
+         ir::attr_int(norm.attrs, "size") % 32 == 0;
 }
 }  // namespace
 
@@ -51,6 +77,14 @@ const FusionPattern& norm_block_cast() {
                                block_kernel_fits,
                                "norm + 1x128 block cast (row-wise copy; + 16-bit output for the "
                                "column-wise cast in training)"};
+  return p;
+}
+
+const FusionPattern& norm_micro_cast() {
+  static const FusionPattern p{"norm_micro_cast", ir::Phase::Forward, kMicroSteps,
+                               micro_kernel_fits,
+                               "norm + MXFP8 row-wise emulated cast (the decoded 1x32 copy; + the "
+                               "output where the column-wise cast reads it)"};
   return p;
 }
 

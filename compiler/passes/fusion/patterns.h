@@ -10,6 +10,7 @@ namespace opfuse::passes::fusion {
 // Forward.
 const FusionPattern& norm_cast();
 const FusionPattern& norm_block_cast();
+const FusionPattern& norm_micro_cast();
 const FusionPattern& activation_cast();
 const FusionPattern& activation_block_cast();
 const FusionPattern& linear_bias_gelu();
