@@ -21,7 +21,9 @@
 // reduce_column_partials (and, for a scalar, learned_scalar_sum) add up as for dbias.
 //
 // Entry points: activation_fwd, gated_activation_fwd, activation_bwd, gated_activation_bwd, each
-// <Act, Input, Output, kWriteTranspose[, kDbias]>, and learned_scalar_sum<Output>.
+// <Act, Input, Output, kWriteTranspose[, kDbias]>; activation_micro_fwd, gated_activation_micro_fwd
+// <Act, Input, kFormat, kWriteColumnwiseSource> (MXFP8's decoded row-wise copy); and
+// learned_scalar_sum<Output>.
 // ExampleIdentity, ExampleProduct and ExampleLearnedScale below are the contract's examples (so
 // this header compiles and instantiates on its own).
 // Launch rules, shapes and alignment: templates/README.md ("Tiled elementwise families").
@@ -184,6 +186,17 @@ __device__ __forceinline__ void write_learned_partials(
 // ---------------------------------------------------------------------------------------------
 // Params. cols is always the width n of one output plane (for gated ops the input is [rows, 2n]).
 // ---------------------------------------------------------------------------------------------
+// The MXFP8 forward's params (activation_micro_fwd, gated_activation_micro_fwd).
+template <typename Input>
+struct ActivationMicroFwdParams {
+  const Input* x;  // plain: [rows, cols]; gated: [rows, 2 * cols] (gate | linear)
+  Input* y;        // [rows, cols] the 1 x 32 MXFP8 row-wise copy, decoded; nullptr: not written
+  Input* y_hp;     // [rows, cols] the output itself (kWriteColumnwiseSource)
+  int rows;
+  int cols;  // multiple of 32
+  const void* learned[kMaxLearnedParams];  // Act's learned parameters (Act::param reads them)
+};
+
 // StatsAs: the dtype whose values the output's statistics see (kStats); the struct names it so a
 // kernel's parameter carries every dtype the kernel is built on.
 template <typename Input, typename Output, typename StatsAs = float>
@@ -480,6 +493,57 @@ __global__ void __launch_bounds__(
 #pragma unroll
   for (int k = 0; k < kMaxLearnedParams; ++k) op.learned[k] = params.learned[k];
   run_elementwise_tiles<Output, kWriteTranspose, false, kStats, StatsAs>(outputs, op);
+}
+
+// Forward under mxfp8_block_scaling (emulated on Hopper): the output's 1 x 32 row-wise MXFP8 copy
+// decoded to Input, the bytes micro_scale_cast<Input, Input, kFormat> writes from the output
+// (and, with kWriteColumnwiseSource, the output, which the column-wise cast reads). kFormat:
+// launch::kMicroScaleE4M3 or kMicroScaleE5M2. Block and grid as activation_fwd's; cols a multiple
+// of 32.
+template <typename Act, typename Input, int kFormat, bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    launch::kTileThreads,
+    launch::min_blocks(launch::kTileThreads,
+                       launch::tile_register_budget(sizeof(Input),
+                                                    detail::ActivationFwdOp<Act, Input>::kLoads,
+                                                    false, false, false)))
+    activation_micro_fwd(ActivationMicroFwdParams<Input> params) {
+  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.y_hp : nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             params.rows,
+                             params.cols};
+  outputs.out_micro = params.y;
+  detail::ActivationFwdOp<Act, Input> op{params.x, params.cols, {}};
+#pragma unroll
+  for (int k = 0; k < kMaxLearnedParams; ++k) op.learned[k] = params.learned[k];
+  run_elementwise_tiles<Input, false, false, 0, float, kFormat>(outputs, op);
+}
+
+template <typename Act, typename Input, int kFormat, bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    launch::kTileThreads,
+    launch::min_blocks(launch::kTileThreads,
+                       launch::tile_register_budget(
+                           sizeof(Input), detail::GatedActivationFwdOp<Act, Input>::kLoads, false,
+                           false, false)))
+    gated_activation_micro_fwd(ActivationMicroFwdParams<Input> params) {
+  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.y_hp : nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             params.rows,
+                             params.cols};
+  outputs.out_micro = params.y;
+  detail::GatedActivationFwdOp<Act, Input> op{params.x, params.cols, {}};
+#pragma unroll
+  for (int k = 0; k < kMaxLearnedParams; ++k) op.learned[k] = params.learned[k];
+  run_elementwise_tiles<Input, false, false, 0, float, kFormat>(outputs, op);
 }
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = false,

@@ -348,8 +348,10 @@ ParamBinding bind_learned(SequenceBuilder& b, const ir::Operation& act, size_t f
 }
 
 void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
-  require_only(b, g, ir::is_pointwise, {OpKind::CastFp8, OpKind::TensorStats});
   const ir::Operation& act = *find_part(g, ir::is_pointwise);
+  if (const ir::Operation* emulated = g.find({OpKind::EmulatedCast}))
+    return emit_activation_micro_cast(b, g, act, *emulated);
+  require_only(b, g, ir::is_pointwise, {OpKind::CastFp8, OpKind::TensorStats});
   const ir::Operation* cast = g.find({OpKind::CastFp8});
   if (g.parts.front() != &act) no_kernel(b, g);
   if (cast && !b.seq().quantizers.at(size_t(cast->quantizer)).spec.per_tensor()) {

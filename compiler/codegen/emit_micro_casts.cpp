@@ -9,6 +9,7 @@
 
 #include "codegen/emit_groups.h"
 #include "codegen/kernel_templates.h"
+#include "ir/pointwise_ops.h"
 #include "support/assert.h"
 
 namespace opfuse::codegen::emitters {
@@ -193,6 +194,49 @@ void emit_micro_decode(SequenceBuilder& b, const Group& g, const ir::Operation& 
        columnwise ? bind_copy("y", y) : bind_out("y", y), bind_int("rows", rows),
        bind_int("cols", cols)},
       std::move(none));
+}
+
+// Pattern activation_micro_cast (templates/activation.cuh, activation_micro_fwd): the activation
+// kernel quantizes its output, as rounded to its dtype, in 1 x 32 MXFP8 blocks and writes the
+// decoded copy, the values micro_scale_cast writes from the unfused activation's output. Where
+// another op reads the output (the column-wise copy's cast, in training) the kernel writes it too;
+// an inference forward runs the variant without it.
+void emit_activation_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& act,
+                                const ir::Operation& cast) {
+  require_only(b, g, ir::is_pointwise, {OpKind::EmulatedCast});
+  const ir::PointwiseDef& def = *ir::pointwise_def(act.kind);
+  const ValueId x = act.operands.at(0), out = act.results.at(0);
+  const DType in = b.value(x).type.dtype;
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
+  const int64_t cols = width_of(b, act, b.value(out));  // the output width n
+  const int format = micro_format(spec.format);
+  if (g.parts.front() != &act || cast.operands.at(0) != out || !spec.micro_scaled() ||
+      spec.nvfp4() || ir::attr_bool(cast.attrs, "columnwise") ||
+      b.value(cast.results.at(0)).quantizer >= 0 || b.value(out).type.dtype != in ||
+      b.value(cast.results.at(0)).type.dtype != in ||
+      cols % rules::micro_scale_block_size(format) != 0) {
+    no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/activation_cast.cpp)
+  }
+  require_vector_width(b, act, cols, in, name_of(act.kind));
+  const int y = b.buffer(cast.results.at(0), cast);
+  const int source = b.existing_buffer(out);  // -1: only the fused copy reads the output
+  const SymExpr rows = rows_of(b.value(x));
+  auto what = [&](bool with_source) {
+    return fmt::format("{} {} -> MXFP8 {} row-wise copy (1x32 blocks), decoded to {}{}",
+                       ir::written_op_name(act.kind, act.attrs), name_of(in), name_of(spec.format),
+                       name_of(in), with_source ? " + the output" : "");
+  };
+  std::optional<WithoutTranspose> plain;
+  if (source >= 0)
+    plain = WithoutTranspose{what(false), tile_grid(rows, cols), rules::kTileThreads, 0};
+  b.add_launch(g, what(source >= 0),
+               def.gated ? "gated_activation_micro_fwd" : "activation_micro_fwd",
+               {ir::pointwise_functor_name(def, act.attrs), spell(in), std::to_string(format),
+                spell(source >= 0)},
+               tile_grid(rows, cols), rules::kTileThreads, 0,
+               {bind_in("x", b.buffer(x, act)), bind_out("y", y), bind_copy("y_hp", source),
+                bind_int("rows", rows), bind_int("cols", cols), bind_learned(b, act, 1)},
+               std::move(plain));
 }
 
 }  // namespace opfuse::codegen::emitters

@@ -61,6 +61,14 @@ constexpr TemplateParam kActivationFwdParams[] = {
     {"Output", Kind::DType, ""},   {"kWriteTranspose", Kind::Bool, "false"},
     {"kStats", Kind::Int, "0"},    {"StatsAs", Kind::DType, "float"},
 };
+// Under mxfp8_block_scaling (emulated): the decoded 1 x 32 row-wise copy of the output; kFormat
+// as micro_scale_cast's (0 E4M3, 1 E5M2); kWriteColumnwiseSource also writes the output.
+constexpr TemplateParam kActivationMicroFwdParams[] = {
+    {"Act", Kind::Activation, ""},
+    {"Input", Kind::DType, ""},
+    {"kFormat", Kind::Int, ""},
+    {"kWriteColumnwiseSource", Kind::Bool, "false"},
+};
 constexpr TemplateParam kActivationBwdParams[] = {
     {"Act", Kind::Activation, ""},     {"Input", Kind::DType, ""},
     {"Output", Kind::DType, ""},       {"kWriteTranspose", Kind::Bool, "false"},
@@ -178,6 +186,10 @@ constexpr std::string_view kActivationFwdExample[] = {"opfuse::ExampleIdentity",
                                                       "__nv_fp8_e4m3", "true"};
 constexpr std::string_view kGatedActivationFwdExample[] = {
     "opfuse::ExampleProduct", "__nv_bfloat16", "__nv_fp8_e4m3", "true"};
+constexpr std::string_view kActivationMicroFwdExample[] = {"opfuse::ExampleIdentity",
+                                                           "__nv_bfloat16", "0", "true"};
+constexpr std::string_view kGatedActivationMicroFwdExample[] = {"opfuse::ExampleProduct",
+                                                                "__nv_bfloat16", "0", "true"};
 constexpr std::string_view kActivationBwdExample[] = {"opfuse::ExampleIdentity", "__nv_bfloat16",
                                                       "__nv_bfloat16", "false", "true"};
 constexpr std::string_view kGatedActivationBwdExample[] = {
@@ -249,6 +261,10 @@ constexpr KernelTemplate kTable[] = {
           kActivationFwdParams, kActivationFwdExample),
     entry("gated_activation_fwd", "activation.cuh", KernelFamily::GatedActivation,
           "ActivationFwdParams", kActivationFwdParams, kGatedActivationFwdExample),
+    entry("activation_micro_fwd", "activation.cuh", KernelFamily::Activation,
+          "ActivationMicroFwdParams", kActivationMicroFwdParams, kActivationMicroFwdExample),
+    entry("gated_activation_micro_fwd", "activation.cuh", KernelFamily::GatedActivation,
+          "ActivationMicroFwdParams", kActivationMicroFwdParams, kGatedActivationMicroFwdExample),
     entry("activation_bwd", "activation.cuh", KernelFamily::Activation, "ActivationBwdParams",
           kActivationBwdParams, kActivationBwdExample),
     entry("gated_activation_bwd", "activation.cuh", KernelFamily::GatedActivation,

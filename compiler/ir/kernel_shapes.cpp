@@ -24,7 +24,7 @@ bool dgrad_allows(OpKind k) {
   return has_gelu_epilogue(k) || one_of<OpKind::LinearDgrad, OpKind::GradAdd, OpKind::BiasGrad>(k);
 }
 bool activation_forward_allows(OpKind k) {
-  return is_pointwise(k) || one_of<OpKind::CastFp8, OpKind::TensorStats>(k);
+  return is_pointwise(k) || one_of<OpKind::CastFp8, OpKind::TensorStats, OpKind::EmulatedCast>(k);
 }
 bool activation_backward_allows(OpKind k) {
   return is_pointwise_backward(k) ||
@@ -55,8 +55,9 @@ constexpr std::array kShapes = {
                     "a norm-like user op's backward alone", one_of<OpKind::UserNormBackward>,
                     one_of<OpKind::UserNormBackward>},
     KernelShapeInfo{KernelShape::ActivationForward, "activation kernel",
-                    "one pointwise op (built-in or user-defined), cast_fp8", is_pointwise,
-                    activation_forward_allows},
+                    "one pointwise op (built-in or user-defined), cast_fp8 or an MXFP8 row-wise "
+                    "emulated_cast",
+                    is_pointwise, activation_forward_allows},
     KernelShapeInfo{KernelShape::ActivationBackward, "activation backward kernel",
                     "one pointwise op's backward, bias_grad, cast_fp8", is_pointwise_backward,
                     activation_backward_allows},

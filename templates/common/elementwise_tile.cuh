@@ -32,6 +32,7 @@
 
 #include "fp8.cuh"
 #include "launch_rules.h"
+#include "micro_scale_math.cuh"
 #include "quantizer_record.cuh"
 #include "stat_record.cuh"
 #include "transpose.cuh"
@@ -57,6 +58,9 @@ struct TileOutputs {
   // tensor_stats_final; nullptr where the bit is not set.
   StatRecord* in_stats = nullptr;
   StatRecord* out_stats = nullptr;
+  // kMicroFormat >= 0 only: [rows, kPlanes * cols] the output's 1 x 32 MXFP8 row-wise copy,
+  // decoded to Output (quantized from the values as Output stores them); nullptr: not written.
+  Output* out_micro = nullptr;
 };
 
 namespace detail {
@@ -124,8 +128,11 @@ struct OpSumsColumns<Op, decltype(void(Op::kSumsColumns))> {
   static constexpr bool value = Op::kSumsColumns;
 };
 
+// kMicroFormat (launch::kMicroScaleE4M3 / E5M2; -1: none): also the output's MXFP8 row-wise copy,
+// decoded (TileOutputs::out_micro): a 1 x 32 block is the vectors of 32 / kVec consecutive lanes
+// (tile columns start at multiples of 64), whose amax is one butterfly among them.
 template <typename Output, bool kTranspose, bool kDbias, int kStats = 0, typename StatsAs = float,
-          typename Op>
+          int kMicroFormat = -1, typename Op>
 __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>& args,
                                                       const Op& op) {
   constexpr int kVec = Op::kVec;
@@ -145,6 +152,11 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
   static_assert(kVec == 4 || kVec == 8, "16-byte vectors of a 2- or 4-byte input dtype");
   static_assert(kPlanes == 1 || kPlanes == 2, "one or two output planes");
   static_assert(!kTranspose || kIsFp8, "the transposed copy is an FP8 output");
+  constexpr bool kMicro = kMicroFormat >= 0;
+  static_assert(!kMicro || (!kIsFp8 && !kTranspose && (kMicroFormat == launch::kMicroScaleE4M3 ||
+                                                       kMicroFormat == launch::kMicroScaleE5M2)),
+                "the MXFP8 copy is decoded to a 16- or 32-bit output; NVFP4 needs its amax first");
+  constexpr int kMicroLanes = 32 / kVec;  // lanes of one 1 x 32 block
 
   __shared__ __align__(
       16) unsigned char staged[kTranspose ? kPlanes : 1][kTileRows][detail::kTileStagePitch];
@@ -216,9 +228,28 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
             if (valid) out_acc.add_vec(float_to_vec<StatsAs, kVec>(values[plane], 1.0f));
           }
           const Vec<Output, kVec> converted = float_to_vec<Output, kVec>(values[plane], scale);
-          if (valid && args.out != nullptr) {
-            store_vec(args.out + row * out_stride + static_cast<long long>(plane) * args.cols + col,
-                      converted);
+          const long long at = row * out_stride + static_cast<long long>(plane) * args.cols + col;
+          if (valid && args.out != nullptr) store_vec(args.out + at, converted);
+          if constexpr (kMicro) {
+            // Every lane runs the butterfly (an invalid vector holds zeros and stores nothing; a
+            // 1 x 32 block is wholly valid or not, cols being a multiple of 32).
+            float stored[kVec];
+            vec_to_float(converted, stored);
+            float block_amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) block_amax = accumulate_amax(block_amax, stored[j]);
+#pragma unroll
+            for (int mask = 1; mask < kMicroLanes; mask <<= 1)
+              block_amax = fmaxf(block_amax, __shfl_xor_sync(kFullWarpMask, block_amax, mask));
+            const detail::MicroBlockScale s =
+                detail::micro_block_scale<kMicroFormat>(block_amax, 1.0f, 1.0f);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) {
+              stored[j] = detail::micro_decode<kMicroFormat>(
+                  detail::micro_encode<kMicroFormat, false>(stored[j], s, 0u), s, 1.0f);
+            }
+            if (valid && args.out_micro != nullptr)
+              store_vec(args.out_micro + at, float_to_vec<Output, kVec>(stored, 1.0f));
           }
           if constexpr (kTranspose) {
             // kVec FP8 bytes at a 4-byte aligned offset (the pitch is not a multiple of 8).

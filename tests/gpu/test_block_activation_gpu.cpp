@@ -6,8 +6,10 @@
 // scale_inv entry, over SwiGLU (gated: two planes backward) and GELU (plain), forward and
 // backward, with ragged rows, a partial column tile (plain only; the gated backward needs whole
 // tiles) and a strided grid; dbias equal to the unfused kernel's within fp32 summation order.
-// Outputs are poisoned first (0xAB), so a byte not written, or a padding entry written, shows.
-// Label `gpu`: skips (visibly) where no GPU is present.
+// Likewise the MXFP8 forward activations (activation_micro_fwd, gated_activation_micro_fwd;
+// pattern activation_micro_cast) against the activation and micro_scale_cast's decoded 1 x 32
+// row-wise copy, bf16 and fp32. Outputs are poisoned first (0xAB), so a byte not written, or a
+// padding entry written, shows. Label `gpu`: skips (visibly) where no GPU is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -70,6 +72,14 @@ struct BlockActivationParams {  // block_activation.cuh
   int cols;
 };
 static_assert(sizeof(BlockActivationParams) == 72);
+struct ActivationMicroFwdParams {  // activation.cuh
+  const void* x;
+  void* y;
+  void* y_hp;
+  int rows;
+  int cols;
+  const void* learned[8] = {};
+};
 
 constexpr uint8_t kPoison = 0xAB;
 
@@ -102,6 +112,107 @@ class BlockActivationGpu : public test::GpuStreamTest {
 
   void poison(const test::DeviceArray& a) {
     OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
+  }
+
+  void same_bytes(const test::DeviceArray& a, const test::DeviceArray& b, const char* what) {
+    const std::vector<uint8_t> wa = test::download_bytes(a.data(), a.bytes());
+    const std::vector<uint8_t> ga = test::download_bytes(b.data(), b.bytes());
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < wa.size(); ++i) {
+      if (wa[i] != ga[i] && differ++ == 0) first = i;
+    }
+    EXPECT_EQ(differ, 0u) << what << ": " << differ << " bytes differ, the first at " << first
+                          << " (unfused " << int(wa[first]) << ", fused " << int(ga[first]) << ")";
+  }
+
+  // MXFP8 (pattern activation_micro_cast): the activation writing its output, then
+  // micro_scale_cast's decoded 1 x 32 row-wise copy of it, against activation_micro_fwd /
+  // gated_activation_micro_fwd writing the decoded copy and the output (and, as the inference
+  // variant, the copy alone). bf16 or fp32; cols a multiple of 32, not necessarily of the
+  // tile's 64.
+  void run_mxfp8(const char* name, bool gated, int rows, int n, bool e5m2, bool fp32) {
+    SCOPED_TRACE(std::string("MXFP8 ") + name + " " + std::to_string(rows) + "x" +
+                 std::to_string(n) + (e5m2 ? " e5m2" : " e4m3") + (fp32 ? " fp32" : " bf16"));
+    const std::string functor = std::string("opfuse::pointwise_") + name;
+    const std::string t = fp32 ? "float" : "__nv_bfloat16";
+    const std::string format = e5m2 ? "1" : "0";
+    const std::string kind = gated ? "opfuse::gated_activation_" : "opfuse::activation_";
+    const test::TemplateKernels loaded = test::load_template_kernels(
+        "#include \"activation.cuh\"\n#include \"micro_scale.cuh\"\n" +
+            *ir::pointwise_functor_source(functor),
+        {kind + "fwd<" + functor + ", " + t + ", " + t + ", false>",
+         "opfuse::micro_scale_cast<" + t + ", " + t + ", " + format +
+             ", false, false, false, false, false>",
+         kind + "micro_fwd<" + functor + ", " + t + ", " + format + ", true>",
+         kind + "micro_fwd<" + functor + ", " + t + ", " + format + ", false>"});
+    ASSERT_EQ(loaded.compiled.spill_store_bytes, 0) << "registers: " << loaded.compiled.registers;
+    for (const cudaKernel_t k : loaded.kernels) ASSERT_NE(k, nullptr);
+
+    const int bytes = fp32 ? 4 : 2;
+    const int x_cols = gated ? 2 * n : n;
+    const size_t elems = size_t(rows) * n;
+    std::mt19937_64 rng(91 + rows + n);
+    test::DeviceArray& x = new_array(size_t(rows) * x_cols * bytes);
+    std::vector<float> xs = test::random_bf16(size_t(rows) * x_cols, 2.0, rng);
+    for (int r = 0; r < rows; r += 5) xs[size_t(r) * x_cols + (r * 7) % x_cols] = 150.0f;
+    test::upload_values(x, xs, fp32 ? plan::DType::FP32 : plan::DType::BF16);
+    struct Outputs {
+      test::DeviceArray *y, *source;
+    };
+    auto outputs = [&] {
+      Outputs o{&new_array(elems * bytes), &new_array(elems * bytes)};
+      poison(*o.y);
+      poison(*o.source);
+      return o;
+    };
+    const Outputs want = outputs(), got = outputs(), inference = outputs();
+    const dim3 tile_grid(launch::tile_grid_x(n), launch::tile_grid_y(rows));
+    ActivationFwdParams p{
+        x.data(), want.source->data(), nullptr, nullptr, nullptr, nullptr, rows, n, nullptr,
+        nullptr};
+    launch(loaded.kernels[0], tile_grid, launch::kTileThreads, &p);
+    const int format_id = e5m2 ? launch::kMicroScaleE5M2 : launch::kMicroScaleE4M3;
+    test::MicroScaleParams cast{want.source->data(),
+                                nullptr,
+                                nullptr,
+                                want.y->data(),
+                                nullptr,
+                                nullptr,
+                                nullptr,
+                                nullptr,
+                                0,
+                                0,
+                                rows,
+                                n};
+    launch(loaded.kernels[1],
+           dim3(unsigned(launch::micro_scale_grid_x(rows, n, format_id, false, false))),
+           launch::kMicroScaleThreads, &cast);
+    for (const bool with_source : {true, false}) {
+      const Outputs& o = with_source ? got : inference;
+      ActivationMicroFwdParams mp{x.data(), o.y->data(), with_source ? o.source->data() : nullptr,
+                                  rows, n};
+      launch(loaded.kernels[with_source ? 2 : 3], tile_grid, launch::kTileThreads, &mp);
+    }
+    OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
+    same_bytes(*want.y, *got.y, "decoded row-wise copy");
+    same_bytes(*want.source, *got.source, "the output");
+    same_bytes(*want.y, *inference.y, "decoded row-wise copy (inference)");
+    const std::vector<uint8_t> untouched =
+        test::download_bytes(inference.source->data(), inference.source->bytes());
+    size_t written = 0;
+    for (const uint8_t b : untouched) written += b != kPoison ? 1 : 0;
+    EXPECT_EQ(written, 0u) << "the inference kernel writes no output";
+    // Not vacuous: quantization moved values, and the copy is not all zeros.
+    const std::vector<uint8_t> copy = test::download_bytes(got.y->data(), got.y->bytes());
+    const std::vector<uint8_t> source =
+        test::download_bytes(got.source->data(), got.source->bytes());
+    size_t moved = 0, nonzero_bytes = 0;
+    for (size_t i = 0; i < copy.size(); ++i) {
+      moved += copy[i] != source[i] ? 1 : 0;
+      nonzero_bytes += copy[i] != 0 ? 1 : 0;
+    }
+    EXPECT_GT(moved, copy.size() / 8);
+    EXPECT_GT(nonzero_bytes, copy.size() / 4);
   }
 
   void run(const Case& c) {
@@ -193,18 +304,6 @@ class BlockActivationGpu : public test::GpuStreamTest {
            &fp, launch::block_activation_smem_bytes(loads, planes, c.backward));
     OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
 
-    auto same_bytes = [&](const test::DeviceArray& a, const test::DeviceArray& b,
-                          const char* what) {
-      const std::vector<uint8_t> wa = test::download_bytes(a.data(), a.bytes());
-      const std::vector<uint8_t> ga = test::download_bytes(b.data(), b.bytes());
-      size_t differ = 0, first = 0;
-      for (size_t i = 0; i < wa.size(); ++i) {
-        if (wa[i] != ga[i] && differ++ == 0) first = i;
-      }
-      EXPECT_EQ(differ, 0u) << what << ": " << differ << " bytes differ, the first at " << first
-                            << " (unfused " << int(wa[first]) << ", fused " << int(ga[first])
-                            << ")";
-    };
     same_bytes(*want.y, *got.y, "row-wise codes");
     same_bytes(*want.y_grid, *got.y_grid, "row-wise scale_inv grid (padding poisoned in both)");
     same_bytes(*want.y_t, *got.y_t, "column-wise codes");
@@ -265,6 +364,15 @@ TEST_F(BlockActivationGpu, GeluForwardAndBackwardMatchTheUnfusedPair) {
         Case{"gelu", false, true, 517, 1024, 2}, Case{"gelu", false, false, 1, 128, 0}}) {
     run(c);
   }
+}
+
+TEST_F(BlockActivationGpu, Mxfp8ForwardMatchesTheUnfusedPair) {
+  run_mxfp8("swiglu", true, 300, 256, false, false);
+  run_mxfp8("swiglu", true, 77, 96, true, false);  // a partial second column tile
+  run_mxfp8("swiglu", true, 1, 32, false, false);
+  run_mxfp8("gelu", false, 129, 384, false, false);
+  run_mxfp8("gelu", false, 64, 160, true, true);
+  run_mxfp8("swiglu", true, 33, 224, false, true);
 }
 
 }  // namespace

@@ -197,19 +197,23 @@ TEST(FusionStructure, ABlockCastFoldsIntoTheNormWhoseRowsHoldWholeBlocks) {
   EXPECT_EQ(fused(delayed, "norm_cast"), (Parts{{"rmsnorm", "cast_fp8"}}));
 }
 
-// MXFP8 (emulated): the norm writes its output's decoded 1x32 row-wise copy (norm_micro_cast);
-// the column-wise copy's cast stays apart and reads the norm's output. NVFP4's copies need the
-// tensor's amax first, so its norm stays unfused.
-TEST(FusionStructure, TheMxfp8RowwiseCopyFoldsIntoTheNorm) {
+// MXFP8 (emulated): the norm and the activation write their outputs' decoded 1x32 row-wise
+// copies (norm_micro_cast, activation_micro_cast); the column-wise copies' casts stay apart and
+// read the outputs. NVFP4's copies need the tensor's amax first, so nothing fuses there.
+TEST(FusionStructure, TheMxfp8RowwiseCopiesFoldIntoTheirProducers) {
   const ir::Sequence mx = lower(program(kMxfp8, kWideSig, kWideMlp), true);
   EXPECT_EQ(fused(mx, "norm_micro_cast"), (Parts{{"rmsnorm", "emulated_cast"}}));
+  // The SwiGLU writes the next linear's (activation_micro_cast).
+  EXPECT_EQ(fused(mx, "activation_micro_cast"), (Parts{{"swiglu", "emulated_cast"}}));
   size_t columnwise_casts_of_the_norm = 0;
   for (const ir::Operation& op : mx.ops) {
     if (op.kind == ir::OpKind::EmulatedCast && op.instance == "up.input")
       columnwise_casts_of_the_norm += ir::attr_bool(op.attrs, "columnwise") ? 1 : 0;
   }
   EXPECT_EQ(columnwise_casts_of_the_norm, 1u) << "the column-wise copy stays its own op";
-  EXPECT_TRUE(fused(lower(program(kNvfp4, kWideSig, kWideMlp), true), "norm_micro_cast").empty());
+  const ir::Sequence fp4 = lower(program(kNvfp4, kWideSig, kWideMlp), true);
+  EXPECT_TRUE(fused(fp4, "norm_micro_cast").empty());
+  EXPECT_TRUE(fused(fp4, "activation_micro_cast").empty());
   EXPECT_TRUE(fused(lower(program(kBlocks, kWideSig, kWideMlp), true), "norm_micro_cast").empty());
 }
 
@@ -433,6 +437,9 @@ TEST(FusedVsUnfusedExact, BlockCastsFoldedIntoActivationsAreBitIdenticalToTheirP
   EXPECT_TRUE(
       compare(program(kMxfp8, kWideSig, kWideMlp), passes::fusion::norm_micro_cast(), nullptr, 64)
           .identical);
+  EXPECT_TRUE(compare(program(kMxfp8, kWideSig, kWideMlp), passes::fusion::activation_micro_cast(),
+                      nullptr, 64)
+                  .identical);
   // With a bias gradient, dbias sums the unrounded values (as activation_bwd does): close, and
   // different, so the bias gradient really comes from the fused kernel.
   const Agreement a = compare(program(kBlocks, kSig, kMlpGelu), passes::fusion::dact_block_cast());

@@ -158,9 +158,11 @@ TEST(MicroRecipes, TheGemmsReadDecodedCopiesInBf16) {
     const driver::CompileResult r = compile(recipe);
     ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
     const plan::SequencePlan& s = r.plan.sequences.at(0);
-    // 2 linears x 3 operands x 2 copies; under MXFP8 the norm writes fc1's input row-wise copy.
-    EXPECT_EQ(launches(r.plan, "micro_scale_cast").size(), recipe[0] == 0 ? 11u : 12u) << recipe;
+    // 2 linears x 3 operands x 2 copies; under MXFP8 the norm writes fc1's input row-wise copy
+    // and the GELU fc2's.
+    EXPECT_EQ(launches(r.plan, "micro_scale_cast").size(), recipe[0] == 0 ? 10u : 12u) << recipe;
     EXPECT_EQ(launches(r.plan, "layernorm_micro_fwd").size(), recipe[0] == 0 ? 1u : 0u) << recipe;
+    EXPECT_EQ(launches(r.plan, "activation_micro_fwd").size(), recipe[0] == 0 ? 1u : 0u) << recipe;
     EXPECT_TRUE(launches(r.plan, "cast_transpose").empty()) << recipe;
     EXPECT_TRUE(launches(r.plan, "block_cast_transpose").empty()) << recipe;
     size_t gemms = 0;
@@ -371,12 +373,17 @@ TEST(MicroRecipes, EveryDecodedCopyNamesItsQuantizerAndCopy) {
           writers.push_back(&step);
       ASSERT_EQ(writers.size(), 1u) << b.name;
       const auto& launch = std::get<plan::LaunchStep>(writers[0]->body);
-      // Under MXFP8 the norm writes fc1's row-wise input copy (pattern norm_micro_cast).
+      // Under MXFP8 the norm writes fc1's row-wise input copy (pattern norm_micro_cast), the GELU
+      // fc2's (activation_micro_cast).
       const std::string& writer = r.plan.find_kernel(launch.kernel)->template_name;
-      if (recipe.empty() && !columnwise &&
-          b.emulated_quantizer == quantizer(s, "fc1.input").index) {
-        EXPECT_EQ(writer, "layernorm_micro_fwd") << b.name;
-        continue;
+      if (recipe.empty() && !columnwise) {
+        const int q = b.emulated_quantizer;
+        if (q == quantizer(s, "fc1.input").index || q == quantizer(s, "fc2.input").index) {
+          EXPECT_EQ(writer, q == quantizer(s, "fc1.input").index ? "layernorm_micro_fwd"
+                                                                 : "activation_micro_fwd")
+              << b.name;
+          continue;
+        }
       }
       EXPECT_EQ(writer, "micro_scale_cast") << b.name;
       for (const plan::ParamBinding& p : launch.params) {

@@ -162,6 +162,11 @@ TemplateCase activation_case(const std::string& arch, const Dtype& in, bool gate
     c.name_expressions.push_back(fwd + f + ">");
     c.name_expressions.push_back(bwd + b + ">");
   }
+  // mxfp8_block_scaling: the decoded 1 x 32 row-wise copy (E4M3 with the output, E5M2 without).
+  const std::string micro =
+      gated ? "opfuse::gated_activation_micro_fwd<" : "opfuse::activation_micro_fwd<";
+  c.name_expressions.push_back(micro + functors.front() + ", " + t + ", 0, true>");
+  c.name_expressions.push_back(micro + functors.back() + ", " + t + ", 1, false>");
   if (!gated) {
     // A functor with a learned parameter (a user-defined op's params): read per column forward,
     // its gradient's column sums backward (with an FP8 output, its transpose and dbias), and the
@@ -376,6 +381,9 @@ std::vector<TemplateCase> seed_mlp_cases() {
        "opfuse::gated_activation_fwd<" + args({silu_gated, bf16, kE4m3, "true"}) + ">",
        launch::tile_register_budget(/*input_bytes=*/2, /*loads_per_element=*/2, /*transpose=*/true,
                                     /*dbias=*/false)},
+      {"swiglu_micro_fwd_e4m3_src", "activation.cuh",
+       "opfuse::gated_activation_micro_fwd<" + args({silu_gated, bf16, "0", "true"}) + ">",
+       launch::tile_register_budget(2, 2, false, false)},
       {"swiglu_bwd_e5m2_transpose", "activation.cuh",
        "opfuse::gated_activation_bwd<" + args({silu_gated, bf16, kE5m2, "true", "false"}) + ">",
        launch::tile_register_budget(2, 3, true, false)},

@@ -214,4 +214,11 @@ bool cast_can_fold(const Sequence& seq, const Operation& cast) {
          seq.quantizers[size_t(cast.quantizer)].spec.delayed();
 }
 
+bool mxfp8_rowwise_decoded(const Sequence& seq, const Operation& cast) {
+  if (cast.quantizer < 0 || size_t(cast.quantizer) >= seq.quantizers.size()) return false;
+  const plan::QuantSpec& spec = seq.quantizers[size_t(cast.quantizer)].spec;
+  return spec.micro_scaled() && !spec.nvfp4() && !ir::attr_bool(cast.attrs, "columnwise") &&
+         seq.value(cast.results.at(0)).quantizer < 0;
+}
+
 }  // namespace opfuse::passes::fusion

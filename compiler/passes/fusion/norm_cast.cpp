@@ -41,14 +41,6 @@ bool block_kernel_fits(const ir::Sequence& seq, const Match& m) {
   return out.dtype == in.dtype && ir::attr_int(norm.attrs, "size") % 128 == 0;
 }
 
-// An emulated MXFP8 row-wise copy decoded to the source's dtype (not a quantized output's codes
-// and scales, note "Quantized boundaries" in docs/architecture.md).
-bool mxfp8_rowwise_decoded(const ir::Sequence& seq, const ir::Operation& cast) {
-  if (cast.quantizer < 0 || size_t(cast.quantizer) >= seq.quantizers.size()) return false;
-  const plan::QuantSpec& spec = seq.quantizers[size_t(cast.quantizer)].spec;
-  return spec.micro_scaled() && !spec.nvfp4() && !ir::attr_bool(cast.attrs, "columnwise") &&
-         seq.value(cast.results.at(0)).quantizer < 0;
-}
 constexpr OpKind kEmulatedCast[] = {OpKind::EmulatedCast};
 constexpr Step kMicroSteps[] = {
     {.kinds = kNorms, .link = Link::Start, .escapes_ok = true},

@@ -70,6 +70,12 @@ std::vector<const FusionPattern*> patterns_in_order(const ir::Program& program, 
 // amax of the whole tensor before the first element is cast (TE computes it in a separate pass).
 bool cast_can_fold(const ir::Sequence& seq, const ir::Operation& cast);
 
+// An emulated_cast making an MXFP8 row-wise copy decoded to its source's dtype (not a quantized
+// output's codes and scales, note "Quantized boundaries" in docs/architecture.md): a producer of
+// the source can write it (norm_micro_cast, activation_micro_cast); NVFP4's cannot, its tensor
+// scale needs the whole tensor's amax first.
+bool mxfp8_rowwise_decoded(const ir::Sequence& seq, const ir::Operation& cast);
+
 // A debug config's statistics op that a kernel reading or producing its tensor can compute
 // instead: a LogTensorStats record of the whole tensor (no blockwise ranges; LogFp8TensorStats
 // casts of its own stay separate kernels).

@@ -9,14 +9,10 @@ std::span<const FusionPattern* const> forward_patterns() {
   // Casts fold into elementwise producers first: a GELU followed by an FP8 cast is cheaper as
   // one activation+cast kernel than as a GELU_AUX_BIAS epilogue (which writes the bf16 output and
   // the aux) plus a separate cast. Longer GEMM epilogues are tried before their prefixes.
-  static const std::array<const FusionPattern*, 8> order = {&norm_cast(),
-                                                            &norm_block_cast(),
-                                                            &norm_micro_cast(),
-                                                            &activation_cast(),
-                                                            &activation_block_cast(),
-                                                            &linear_bias_gelu(),
-                                                            &linear_residual(),
-                                                            &linear_bias()};
+  static const std::array<const FusionPattern*, 9> order = {
+      &norm_cast(),        &norm_block_cast(),       &norm_micro_cast(),
+      &activation_cast(),  &activation_block_cast(), &activation_micro_cast(),
+      &linear_bias_gelu(), &linear_residual(),       &linear_bias()};
   return order;
 }
 

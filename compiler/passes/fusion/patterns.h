@@ -13,6 +13,7 @@ const FusionPattern& norm_block_cast();
 const FusionPattern& norm_micro_cast();
 const FusionPattern& activation_cast();
 const FusionPattern& activation_block_cast();
+const FusionPattern& activation_micro_cast();
 const FusionPattern& linear_bias_gelu();
 const FusionPattern& linear_residual();
 const FusionPattern& linear_bias();
