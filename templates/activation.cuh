@@ -21,9 +21,9 @@
 // reduce_column_partials (and, for a scalar, learned_scalar_sum) add up as for dbias.
 //
 // Entry points: activation_fwd, gated_activation_fwd, activation_bwd, gated_activation_bwd, each
-// <Act, Input, Output, kWriteTranspose[, kDbias]>; activation_micro_fwd, gated_activation_micro_fwd
-// <Act, Input, kFormat, kWriteColumnwiseSource> (MXFP8's decoded row-wise copy); and
-// learned_scalar_sum<Output>.
+// <Act, Input, Output, kWriteTranspose[, kDbias]>; activation_micro_fwd, gated_activation_micro_fwd,
+// activation_micro_bwd, gated_activation_micro_bwd <Act, Input, kFormat, kWriteColumnwiseSource>
+// (MXFP8's decoded row-wise copy); and learned_scalar_sum<Output>.
 // ExampleIdentity, ExampleProduct and ExampleLearnedScale below are the contract's examples (so
 // this header compiles and instantiates on its own).
 // Launch rules, shapes and alignment: templates/README.md ("Tiled elementwise families").
@@ -195,6 +195,18 @@ struct ActivationMicroFwdParams {
   int rows;
   int cols;  // multiple of 32
   const void* learned[kMaxLearnedParams];  // Act's learned parameters (Act::param reads them)
+};
+
+// The MXFP8 backward's params (activation_micro_bwd, gated_activation_micro_bwd).
+template <typename Input>
+struct ActivationMicroBwdParams {
+  const Input* dy;  // [rows, cols]
+  const Input* x;   // saved forward input: plain [rows, cols]; gated [rows, 2 * cols]
+  Input* dx;        // plain [rows, cols]; gated [rows, 2 * cols]: the MXFP8 row-wise copy, decoded
+  Input* dx_hp;     // the gradient itself, same shape (kWriteColumnwiseSource)
+  int rows;
+  int cols;  // multiple of 32
+  const void* learned[kMaxLearnedParams];  // unused: Act has no learned parameters
 };
 
 // StatsAs: the dtype whose values the output's statistics see (kStats); the struct names it so a
@@ -543,6 +555,55 @@ __global__ void __launch_bounds__(
   detail::GatedActivationFwdOp<Act, Input> op{params.x, params.cols, {}};
 #pragma unroll
   for (int k = 0; k < kMaxLearnedParams; ++k) op.learned[k] = params.learned[k];
+  run_elementwise_tiles<Input, false, false, 0, float, kFormat>(outputs, op);
+}
+
+// Backward under mxfp8_block_scaling (emulated on Hopper): the gradient's 1 x 32 row-wise MXFP8
+// copy decoded to Input (gated: both planes, cols a multiple of 32 so no block straddles them),
+// the bytes micro_scale_cast<Input, Input, kFormat> writes from the unfused gradient (and, with
+// kWriteColumnwiseSource, the gradient). Act has no learned parameters (their column sums are
+// activation_bwd's). Block and grid as activation_bwd's without kDbias.
+template <typename Act, typename Input, int kFormat, bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    launch::kTileThreads,
+    launch::min_blocks(launch::kTileThreads,
+                       launch::tile_register_budget(sizeof(Input),
+                                                    detail::ActivationBwdOp<Act, Input>::kLoads,
+                                                    false, false, false)))
+    activation_micro_bwd(ActivationMicroBwdParams<Input> params) {
+  static_assert(detail::LearnedCount<Act>::value == 0, "learned parameters: activation_bwd");
+  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.dx_hp : nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             params.rows,
+                             params.cols};
+  outputs.out_micro = params.dx;
+  detail::ActivationBwdOp<Act, Input> op{params.dy, params.x, params.cols, {}, {}};
+  run_elementwise_tiles<Input, false, false, 0, float, kFormat>(outputs, op);
+}
+
+template <typename Act, typename Input, int kFormat, bool kWriteColumnwiseSource = false>
+__global__ void __launch_bounds__(
+    launch::kTileThreads,
+    launch::min_blocks(launch::kTileThreads,
+                       launch::tile_register_budget(
+                           sizeof(Input), detail::GatedActivationBwdOp<Act, Input>::kLoads, false,
+                           false, false)))
+    gated_activation_micro_bwd(ActivationMicroBwdParams<Input> params) {
+  static_assert(detail::LearnedCount<Act>::value == 0, "learned parameters: activation_bwd");
+  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.dx_hp : nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             nullptr,
+                             params.rows,
+                             params.cols};
+  outputs.out_micro = params.dx;
+  detail::GatedActivationBwdOp<Act, Input> op{params.dy, params.x, params.cols, {}, {}};
   run_elementwise_tiles<Input, false, false, 0, float, kFormat>(outputs, op);
 }
 

@@ -395,9 +395,11 @@ void emit_activation_fwd(SequenceBuilder& b, const Group& g) {
 }
 
 void emit_activation_bwd(SequenceBuilder& b, const Group& g) {
+  const ir::Operation& act = *find_part(g, ir::is_pointwise_backward);
+  if (const ir::Operation* emulated = g.find({OpKind::EmulatedCast}))
+    return emit_dact_micro_cast(b, g, act, *emulated);
   require_only(b, g, ir::is_pointwise_backward,
                {OpKind::BiasGrad, OpKind::CastFp8, OpKind::TensorStats});
-  const ir::Operation& act = *find_part(g, ir::is_pointwise_backward);
   const ir::Operation* dbias = g.find({OpKind::BiasGrad});
   const ir::Operation* cast = g.find({OpKind::CastFp8});
   if (g.parts.front() != &act) no_kernel(b, g);

@@ -147,6 +147,10 @@ void emit_norm_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
 // the activation kernel writes the decoded copy, and its output where another op reads it.
 void emit_activation_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& act,
                                 const ir::Operation& cast);
+// Its backward's (pattern dact_micro_cast): the decoded copy of the gradient, and the gradient
+// where another op reads it.
+void emit_dact_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& act,
+                          const ir::Operation& cast);
 // Note "Emulated block scaling" (docs/architecture.md): one Float8 block-scaled copy of x
 // quantized and decoded to y (x's dtype and layout); `columnwise`: 128 x 1 blocks (128 x 128 for
 // 2-D specs either way), a copy only backward reads (emit_emulated_blocks.cpp).

@@ -239,4 +239,42 @@ void emit_activation_micro_cast(SequenceBuilder& b, const Group& g, const ir::Op
                std::move(plain));
 }
 
+// Pattern dact_micro_cast (templates/activation.cuh, activation_micro_bwd): the activation's
+// backward writes its gradient's decoded 1 x 32 row-wise MXFP8 copy (both planes of a gated one),
+// and the gradient where another op reads it (the column-wise copy's cast, a bias gradient).
+void emit_dact_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& act,
+                          const ir::Operation& cast) {
+  require_only(b, g, ir::is_pointwise_backward, {OpKind::EmulatedCast});
+  const ir::PointwiseDef& forward = *ir::pointwise_def(act.kind);
+  const ValueId dy = act.operands.at(0), x = act.operands.at(1), dx = act.results.at(0);
+  const DType in = b.value(dy).type.dtype;
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
+  const int64_t cols = width_of(b, act, b.value(dy));  // n, dy's width (a plane of dx)
+  const int format = micro_format(spec.format);
+  if (g.parts.front() != &act || cast.operands.at(0) != dx || !spec.micro_scaled() ||
+      spec.nvfp4() || ir::attr_bool(cast.attrs, "columnwise") ||
+      b.value(cast.results.at(0)).quantizer >= 0 || b.value(x).type.dtype != in ||
+      b.value(dx).type.dtype != in || b.value(cast.results.at(0)).type.dtype != in ||
+      !ir::user_params(forward, act.attrs).empty() ||
+      cols % rules::micro_scale_block_size(format) != 0) {
+    no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/dact_cast.cpp)
+  }
+  require_vector_width(b, act, cols, in, name_of(act.kind));
+  const int y = b.buffer(cast.results.at(0), cast);
+  const int source = b.existing_buffer(dx);  // -1: only the fused copy reads the gradient
+  const SymExpr rows = rows_of(b.value(dy));
+  b.add_launch(
+      g,
+      fmt::format("{} backward {} -> MXFP8 {} row-wise copy (1x32 blocks), decoded to {}{}",
+                  ir::pointwise_op_name(forward, act.attrs), name_of(in), name_of(spec.format),
+                  name_of(in), source >= 0 ? " + the gradient" : ""),
+      forward.gated ? "gated_activation_micro_bwd" : "activation_micro_bwd",
+      {ir::pointwise_functor_name(forward, act.attrs), spell(in), std::to_string(format),
+       spell(source >= 0)},
+      tile_grid(rows, cols), rules::kTileThreads, 0,
+      {bind_in("dy", b.buffer(dy, act)), bind_in("x", b.buffer(x, act)), bind_out("dx", y),
+       bind_out("dx_hp", source), bind_int("rows", rows), bind_int("cols", cols),
+       bind_learned(b, act, 2)});
+}
+
 }  // namespace opfuse::codegen::emitters

@@ -61,8 +61,9 @@ constexpr TemplateParam kActivationFwdParams[] = {
     {"Output", Kind::DType, ""},   {"kWriteTranspose", Kind::Bool, "false"},
     {"kStats", Kind::Int, "0"},    {"StatsAs", Kind::DType, "float"},
 };
-// Under mxfp8_block_scaling (emulated): the decoded 1 x 32 row-wise copy of the output; kFormat
-// as micro_scale_cast's (0 E4M3, 1 E5M2); kWriteColumnwiseSource also writes the output.
+// Under mxfp8_block_scaling (emulated): the decoded 1 x 32 row-wise copy of the output (forward)
+// or gradient (backward, the same parameters); kFormat as micro_scale_cast's (0 E4M3, 1 E5M2);
+// kWriteColumnwiseSource also writes the output.
 constexpr TemplateParam kActivationMicroFwdParams[] = {
     {"Act", Kind::Activation, ""},
     {"Input", Kind::DType, ""},
@@ -190,6 +191,10 @@ constexpr std::string_view kActivationMicroFwdExample[] = {"opfuse::ExampleIdent
                                                            "__nv_bfloat16", "0", "true"};
 constexpr std::string_view kGatedActivationMicroFwdExample[] = {"opfuse::ExampleProduct",
                                                                 "__nv_bfloat16", "0", "true"};
+constexpr std::string_view kActivationMicroBwdExample[] = {"opfuse::ExampleIdentity",
+                                                           "__nv_bfloat16", "1", "true"};
+constexpr std::string_view kGatedActivationMicroBwdExample[] = {"opfuse::ExampleProduct",
+                                                                "__nv_bfloat16", "1", "true"};
 constexpr std::string_view kActivationBwdExample[] = {"opfuse::ExampleIdentity", "__nv_bfloat16",
                                                       "__nv_bfloat16", "false", "true"};
 constexpr std::string_view kGatedActivationBwdExample[] = {
@@ -269,6 +274,10 @@ constexpr KernelTemplate kTable[] = {
           kActivationBwdParams, kActivationBwdExample),
     entry("gated_activation_bwd", "activation.cuh", KernelFamily::GatedActivation,
           "ActivationBwdParams", kActivationBwdParams, kGatedActivationBwdExample),
+    entry("activation_micro_bwd", "activation.cuh", KernelFamily::Activation,
+          "ActivationMicroBwdParams", kActivationMicroFwdParams, kActivationMicroBwdExample),
+    entry("gated_activation_micro_bwd", "activation.cuh", KernelFamily::GatedActivation,
+          "ActivationMicroBwdParams", kActivationMicroFwdParams, kGatedActivationMicroBwdExample),
     entry("cast_transpose", "cast_transpose.cuh", KernelFamily::Cast, "CastParams",
           kCastTransposeParams, kCastTransposeExample),
     // The transposed copy of gathered FP8 codes (gather-fp8, tensor-parallel sequences).

@@ -28,7 +28,7 @@ bool activation_forward_allows(OpKind k) {
 }
 bool activation_backward_allows(OpKind k) {
   return is_pointwise_backward(k) ||
-         one_of<OpKind::BiasGrad, OpKind::CastFp8, OpKind::TensorStats>(k);
+         one_of<OpKind::BiasGrad, OpKind::CastFp8, OpKind::TensorStats, OpKind::EmulatedCast>(k);
 }
 
 constexpr std::array kShapes = {
@@ -59,8 +59,9 @@ constexpr std::array kShapes = {
                     "emulated_cast",
                     is_pointwise, activation_forward_allows},
     KernelShapeInfo{KernelShape::ActivationBackward, "activation backward kernel",
-                    "one pointwise op's backward, bias_grad, cast_fp8", is_pointwise_backward,
-                    activation_backward_allows},
+                    "one pointwise op's backward, bias_grad, cast_fp8 or an MXFP8 row-wise "
+                    "emulated_cast",
+                    is_pointwise_backward, activation_backward_allows},
     KernelShapeInfo{KernelShape::BiasAdd, "bias_add kernel",
                     "constant_scale first, then bias, add_extra_input or grad_add, cast_fp8",
                     one_of<OpKind::Bias, OpKind::AddExtraInput, OpKind::GradAdd>,

@@ -3,7 +3,8 @@
 // One pass over memory does everything a fused elementwise group needs at its output: an Op loads
 // its inputs for 16 bytes of one row and computes fp32 values for one or two output planes; the
 // engine tracks amax, stores the row-wise output (cast to bf16/fp16/fp32, or scaled and cast to
-// FP8), stages FP8 bytes in shared memory for the transposed copy, and sums columns for dbias.
+// FP8), stages FP8 bytes in shared memory for the transposed copy, sums columns for dbias, and
+// (kMicroFormat) writes the output's MXFP8 row-wise copy, decoded.
 //
 // Geometry (launch_rules.h): a block of 256 threads owns a 128 x 64 tile of a plane. A thread owns
 // one 16-byte input vector per "pass" (kVec columns of one row); the block covers the tile in 4

@@ -6,10 +6,10 @@
 // scale_inv entry, over SwiGLU (gated: two planes backward) and GELU (plain), forward and
 // backward, with ragged rows, a partial column tile (plain only; the gated backward needs whole
 // tiles) and a strided grid; dbias equal to the unfused kernel's within fp32 summation order.
-// Likewise the MXFP8 forward activations (activation_micro_fwd, gated_activation_micro_fwd;
-// pattern activation_micro_cast) against the activation and micro_scale_cast's decoded 1 x 32
-// row-wise copy, bf16 and fp32. Outputs are poisoned first (0xAB), so a byte not written, or a
-// padding entry written, shows. Label `gpu`: skips (visibly) where no GPU is present.
+// Likewise the MXFP8 activations (activation_micro_fwd / _bwd, gated_activation_micro_fwd / _bwd;
+// patterns activation_micro_cast, dact_micro_cast) against the activation and micro_scale_cast's
+// decoded 1 x 32 row-wise copy, bf16 and fp32. Outputs are poisoned first (0xAB), so a byte not
+// written, or a padding entry written, shows. Label `gpu`: skips (visibly) where no GPU is present.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -72,6 +72,15 @@ struct BlockActivationParams {  // block_activation.cuh
   int cols;
 };
 static_assert(sizeof(BlockActivationParams) == 72);
+struct ActivationMicroBwdParams {  // activation.cuh
+  const void* dy;
+  const void* x;
+  void* dx;
+  void* dx_hp;
+  int rows;
+  int cols;
+  const void* learned[8] = {};
+};
 struct ActivationMicroFwdParams {  // activation.cuh
   const void* x;
   void* y;
@@ -130,9 +139,11 @@ class BlockActivationGpu : public test::GpuStreamTest {
   // gated_activation_micro_fwd writing the decoded copy and the output (and, as the inference
   // variant, the copy alone). bf16 or fp32; cols a multiple of 32, not necessarily of the
   // tile's 64.
-  void run_mxfp8(const char* name, bool gated, int rows, int n, bool e5m2, bool fp32) {
-    SCOPED_TRACE(std::string("MXFP8 ") + name + " " + std::to_string(rows) + "x" +
-                 std::to_string(n) + (e5m2 ? " e5m2" : " e4m3") + (fp32 ? " fp32" : " bf16"));
+  void run_mxfp8(const char* name, bool gated, int rows, int n, bool e5m2, bool fp32,
+                 bool backward = false) {
+    SCOPED_TRACE(std::string("MXFP8 ") + name + (backward ? " backward " : " forward ") +
+                 std::to_string(rows) + "x" + std::to_string(n) + (e5m2 ? " e5m2" : " e4m3") +
+                 (fp32 ? " fp32" : " bf16"));
     const std::string functor = std::string("opfuse::pointwise_") + name;
     const std::string t = fp32 ? "float" : "__nv_bfloat16";
     const std::string format = e5m2 ? "1" : "0";
@@ -140,22 +151,28 @@ class BlockActivationGpu : public test::GpuStreamTest {
     const test::TemplateKernels loaded = test::load_template_kernels(
         "#include \"activation.cuh\"\n#include \"micro_scale.cuh\"\n" +
             *ir::pointwise_functor_source(functor),
-        {kind + "fwd<" + functor + ", " + t + ", " + t + ", false>",
+        {kind + (backward ? "bwd<" : "fwd<") + functor + ", " + t + ", " + t + ", false>",
          "opfuse::micro_scale_cast<" + t + ", " + t + ", " + format +
              ", false, false, false, false, false>",
-         kind + "micro_fwd<" + functor + ", " + t + ", " + format + ", true>",
-         kind + "micro_fwd<" + functor + ", " + t + ", " + format + ", false>"});
+         kind + (backward ? "micro_bwd<" : "micro_fwd<") + functor + ", " + t + ", " + format +
+             ", true>",
+         kind + (backward ? "micro_bwd<" : "micro_fwd<") + functor + ", " + t + ", " + format +
+             ", false>"});
     ASSERT_EQ(loaded.compiled.spill_store_bytes, 0) << "registers: " << loaded.compiled.registers;
     for (const cudaKernel_t k : loaded.kernels) ASSERT_NE(k, nullptr);
 
     const int bytes = fp32 ? 4 : 2;
     const int x_cols = gated ? 2 * n : n;
-    const size_t elems = size_t(rows) * n;
+    const int out_cols = backward ? x_cols : n;  // the quantized tensor's width
+    const size_t elems = size_t(rows) * out_cols;
     std::mt19937_64 rng(91 + rows + n);
     test::DeviceArray& x = new_array(size_t(rows) * x_cols * bytes);
     std::vector<float> xs = test::random_bf16(size_t(rows) * x_cols, 2.0, rng);
     for (int r = 0; r < rows; r += 5) xs[size_t(r) * x_cols + (r * 7) % x_cols] = 150.0f;
     test::upload_values(x, xs, fp32 ? plan::DType::FP32 : plan::DType::BF16);
+    test::DeviceArray& dy = new_array(size_t(rows) * n * bytes);
+    test::upload_values(dy, test::random_bf16(size_t(rows) * n, 0.5, rng),
+                        fp32 ? plan::DType::FP32 : plan::DType::BF16);
     struct Outputs {
       test::DeviceArray *y, *source;
     };
@@ -167,10 +184,18 @@ class BlockActivationGpu : public test::GpuStreamTest {
     };
     const Outputs want = outputs(), got = outputs(), inference = outputs();
     const dim3 tile_grid(launch::tile_grid_x(n), launch::tile_grid_y(rows));
-    ActivationFwdParams p{
-        x.data(), want.source->data(), nullptr, nullptr, nullptr, nullptr, rows, n, nullptr,
-        nullptr};
-    launch(loaded.kernels[0], tile_grid, launch::kTileThreads, &p);
+    if (backward) {
+      ActivationBwdParams p{dy.data(), x.data(), want.source->data(),
+                            nullptr,   nullptr,  nullptr,
+                            nullptr,   nullptr,  rows,
+                            n,         nullptr,  nullptr};
+      launch(loaded.kernels[0], tile_grid, launch::kTileThreads, &p);
+    } else {
+      ActivationFwdParams p{
+          x.data(), want.source->data(), nullptr, nullptr, nullptr, nullptr, rows, n, nullptr,
+          nullptr};
+      launch(loaded.kernels[0], tile_grid, launch::kTileThreads, &p);
+    }
     const int format_id = e5m2 ? launch::kMicroScaleE5M2 : launch::kMicroScaleE4M3;
     test::MicroScaleParams cast{want.source->data(),
                                 nullptr,
@@ -183,15 +208,20 @@ class BlockActivationGpu : public test::GpuStreamTest {
                                 0,
                                 0,
                                 rows,
-                                n};
+                                out_cols};
     launch(loaded.kernels[1],
-           dim3(unsigned(launch::micro_scale_grid_x(rows, n, format_id, false, false))),
+           dim3(unsigned(launch::micro_scale_grid_x(rows, out_cols, format_id, false, false))),
            launch::kMicroScaleThreads, &cast);
     for (const bool with_source : {true, false}) {
       const Outputs& o = with_source ? got : inference;
-      ActivationMicroFwdParams mp{x.data(), o.y->data(), with_source ? o.source->data() : nullptr,
-                                  rows, n};
-      launch(loaded.kernels[with_source ? 2 : 3], tile_grid, launch::kTileThreads, &mp);
+      void* source = with_source ? o.source->data() : nullptr;
+      if (backward) {
+        ActivationMicroBwdParams mp{dy.data(), x.data(), o.y->data(), source, rows, n};
+        launch(loaded.kernels[with_source ? 2 : 3], tile_grid, launch::kTileThreads, &mp);
+      } else {
+        ActivationMicroFwdParams mp{x.data(), o.y->data(), source, rows, n};
+        launch(loaded.kernels[with_source ? 2 : 3], tile_grid, launch::kTileThreads, &mp);
+      }
     }
     OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
     same_bytes(*want.y, *got.y, "decoded row-wise copy");
@@ -201,7 +231,7 @@ class BlockActivationGpu : public test::GpuStreamTest {
         test::download_bytes(inference.source->data(), inference.source->bytes());
     size_t written = 0;
     for (const uint8_t b : untouched) written += b != kPoison ? 1 : 0;
-    EXPECT_EQ(written, 0u) << "the inference kernel writes no output";
+    EXPECT_EQ(written, 0u) << "without kWriteColumnwiseSource the kernel writes no output";
     // Not vacuous: quantization moved values, and the copy is not all zeros.
     const std::vector<uint8_t> copy = test::download_bytes(got.y->data(), got.y->bytes());
     const std::vector<uint8_t> source =
@@ -373,6 +403,14 @@ TEST_F(BlockActivationGpu, Mxfp8ForwardMatchesTheUnfusedPair) {
   run_mxfp8("gelu", false, 129, 384, false, false);
   run_mxfp8("gelu", false, 64, 160, true, true);
   run_mxfp8("swiglu", true, 33, 224, false, true);
+}
+
+TEST_F(BlockActivationGpu, Mxfp8BackwardMatchesTheUnfusedPair) {
+  run_mxfp8("swiglu", true, 300, 256, true, false, true);  // both planes of the gradient
+  run_mxfp8("swiglu", true, 77, 96, true, false, true);
+  run_mxfp8("gelu", false, 129, 384, true, false, true);
+  run_mxfp8("gelu", false, 64, 160, false, true, true);
+  run_mxfp8("swiglu", true, 33, 224, true, true, true);
 }
 
 }  // namespace

@@ -203,8 +203,10 @@ TEST(FusionStructure, ABlockCastFoldsIntoTheNormWhoseRowsHoldWholeBlocks) {
 TEST(FusionStructure, TheMxfp8RowwiseCopiesFoldIntoTheirProducers) {
   const ir::Sequence mx = lower(program(kMxfp8, kWideSig, kWideMlp), true);
   EXPECT_EQ(fused(mx, "norm_micro_cast"), (Parts{{"rmsnorm", "emulated_cast"}}));
-  // The SwiGLU writes the next linear's (activation_micro_cast).
+  // The SwiGLU writes the next linear's (activation_micro_cast), its backward the gradient's of
+  // the linear before it (dact_micro_cast).
   EXPECT_EQ(fused(mx, "activation_micro_cast"), (Parts{{"swiglu", "emulated_cast"}}));
+  EXPECT_EQ(fused(mx, "dact_micro_cast"), (Parts{{"gated_activation_backward", "emulated_cast"}}));
   size_t columnwise_casts_of_the_norm = 0;
   for (const ir::Operation& op : mx.ops) {
     if (op.kind == ir::OpKind::EmulatedCast && op.instance == "up.input")
@@ -214,7 +216,24 @@ TEST(FusionStructure, TheMxfp8RowwiseCopiesFoldIntoTheirProducers) {
   const ir::Sequence fp4 = lower(program(kNvfp4, kWideSig, kWideMlp), true);
   EXPECT_TRUE(fused(fp4, "norm_micro_cast").empty());
   EXPECT_TRUE(fused(fp4, "activation_micro_cast").empty());
+  EXPECT_TRUE(fused(fp4, "dact_micro_cast").empty());
   EXPECT_TRUE(fused(lower(program(kBlocks, kWideSig, kWideMlp), true), "norm_micro_cast").empty());
+}
+
+// The GELU's gradient feeds the bias gradient before its MXFP8 copy's cast: the fused backward
+// takes the activation's place (the engine's fuse_position), and the bias gradient reads the
+// gradient the kernel writes.
+TEST(FusionStructure, AFusedGradientMovesUpBeforeTheBiasGradientThatReadsIt) {
+  const ir::Sequence mx = lower(program(kMxfp8, kSig, kMlpGelu), true);
+  ASSERT_EQ(fused(mx, "dact_micro_cast"), (Parts{{"activation_backward", "emulated_cast"}}));
+  size_t fused_at = 0, bias_grad_at = 0;
+  for (size_t i = 0; i < mx.ops.size(); ++i) {
+    const ir::Operation& op = mx.ops[i];
+    if (op.kind == ir::OpKind::Fused && ir::attr_name(op.attrs, "pattern") == "dact_micro_cast")
+      fused_at = i;
+    if (op.kind == ir::OpKind::BiasGrad) bias_grad_at = i;
+  }
+  EXPECT_LT(fused_at, bias_grad_at);
 }
 
 TEST(FusionStructure, AGatedBackwardWhosePlanesSplitABlockStaysUnfused) {
@@ -440,6 +459,13 @@ TEST(FusedVsUnfusedExact, BlockCastsFoldedIntoActivationsAreBitIdenticalToTheirP
   EXPECT_TRUE(compare(program(kMxfp8, kWideSig, kWideMlp), passes::fusion::activation_micro_cast(),
                       nullptr, 64)
                   .identical);
+  EXPECT_TRUE(
+      compare(program(kMxfp8, kWideSig, kWideMlp), passes::fusion::dact_micro_cast(), nullptr, 64)
+          .identical);
+  // Moved up before the bias gradient that reads its gradient (fuse_position): the same bits.
+  EXPECT_TRUE(
+      compare(program(kMxfp8, kSig, kMlpGelu), passes::fusion::dact_micro_cast(), nullptr, 64)
+          .identical);
   // With a bias gradient, dbias sums the unrounded values (as activation_bwd does): close, and
   // different, so the bias gradient really comes from the fused kernel.
   const Agreement a = compare(program(kBlocks, kSig, kMlpGelu), passes::fusion::dact_block_cast());

@@ -158,9 +158,10 @@ TEST(MicroRecipes, TheGemmsReadDecodedCopiesInBf16) {
     const driver::CompileResult r = compile(recipe);
     ASSERT_EQ(r.status, driver::CompileStatus::Ok) << r.error;
     const plan::SequencePlan& s = r.plan.sequences.at(0);
-    // 2 linears x 3 operands x 2 copies; under MXFP8 the norm writes fc1's input row-wise copy
-    // and the GELU fc2's.
-    EXPECT_EQ(launches(r.plan, "micro_scale_cast").size(), recipe[0] == 0 ? 10u : 12u) << recipe;
+    // 2 linears x 3 operands x 2 copies; under MXFP8 the norm writes fc1's input row-wise copy,
+    // the GELU fc2's and the GELU's backward fc1's gradient's.
+    EXPECT_EQ(launches(r.plan, "micro_scale_cast").size(), recipe[0] == 0 ? 9u : 12u) << recipe;
+    EXPECT_EQ(launches(r.plan, "activation_micro_bwd").size(), recipe[0] == 0 ? 1u : 0u) << recipe;
     EXPECT_EQ(launches(r.plan, "layernorm_micro_fwd").size(), recipe[0] == 0 ? 1u : 0u) << recipe;
     EXPECT_EQ(launches(r.plan, "activation_micro_fwd").size(), recipe[0] == 0 ? 1u : 0u) << recipe;
     EXPECT_TRUE(launches(r.plan, "cast_transpose").empty()) << recipe;
@@ -373,15 +374,19 @@ TEST(MicroRecipes, EveryDecodedCopyNamesItsQuantizerAndCopy) {
           writers.push_back(&step);
       ASSERT_EQ(writers.size(), 1u) << b.name;
       const auto& launch = std::get<plan::LaunchStep>(writers[0]->body);
-      // Under MXFP8 the norm writes fc1's row-wise input copy (pattern norm_micro_cast), the GELU
-      // fc2's (activation_micro_cast).
+      // Under MXFP8 the producers write three row-wise copies: the norm fc1's input's (pattern
+      // norm_micro_cast), the GELU fc2's (activation_micro_cast), its backward fc1's gradient's
+      // (dact_micro_cast).
       const std::string& writer = r.plan.find_kernel(launch.kernel)->template_name;
       if (recipe.empty() && !columnwise) {
         const int q = b.emulated_quantizer;
-        if (q == quantizer(s, "fc1.input").index || q == quantizer(s, "fc2.input").index) {
-          EXPECT_EQ(writer, q == quantizer(s, "fc1.input").index ? "layernorm_micro_fwd"
-                                                                 : "activation_micro_fwd")
-              << b.name;
+        const std::string producer = q == quantizer(s, "fc1.input").index   ? "layernorm_micro_fwd"
+                                     : q == quantizer(s, "fc2.input").index ? "activation_micro_fwd"
+                                     : q == quantizer(s, "fc1.grad_output").index
+                                         ? "activation_micro_bwd"
+                                         : "";
+        if (!producer.empty()) {
+          EXPECT_EQ(writer, producer) << b.name;
           continue;
         }
       }

@@ -167,6 +167,10 @@ TemplateCase activation_case(const std::string& arch, const Dtype& in, bool gate
       gated ? "opfuse::gated_activation_micro_fwd<" : "opfuse::activation_micro_fwd<";
   c.name_expressions.push_back(micro + functors.front() + ", " + t + ", 0, true>");
   c.name_expressions.push_back(micro + functors.back() + ", " + t + ", 1, false>");
+  const std::string micro_bwd =
+      gated ? "opfuse::gated_activation_micro_bwd<" : "opfuse::activation_micro_bwd<";
+  c.name_expressions.push_back(micro_bwd + functors.front() + ", " + t + ", 1, true>");
+  c.name_expressions.push_back(micro_bwd + functors.back() + ", " + t + ", 0, false>");
   if (!gated) {
     // A functor with a learned parameter (a user-defined op's params): read per column forward,
     // its gradient's column sums backward (with an FP8 output, its transpose and dbias), and the
@@ -384,6 +388,9 @@ std::vector<TemplateCase> seed_mlp_cases() {
       {"swiglu_micro_fwd_e4m3_src", "activation.cuh",
        "opfuse::gated_activation_micro_fwd<" + args({silu_gated, bf16, "0", "true"}) + ">",
        launch::tile_register_budget(2, 2, false, false)},
+      {"swiglu_micro_bwd_e5m2_src", "activation.cuh",
+       "opfuse::gated_activation_micro_bwd<" + args({silu_gated, bf16, "1", "true"}) + ">",
+       launch::tile_register_budget(2, 3, false, false)},
       {"swiglu_bwd_e5m2_transpose", "activation.cuh",
        "opfuse::gated_activation_bwd<" + args({silu_gated, bf16, kE5m2, "true", "false"}) + ">",
        launch::tile_register_budget(2, 3, true, false)},

@@ -41,6 +41,31 @@ bool step_accepts(const Sequence& s, const Step& step, const Operation& op) {
   return step.when == nullptr || step.when(s, op);
 }
 
+// Where the fused op of the parts `at` (op indices; -1 for absent steps) can stand: the last
+// part's index when no op between the parts reads a part's result (the usual case: a producer
+// and its consumers), else the first part's when no part reads a result of an op between them (a
+// gradient that a bias gradient reads before its cast: the group moves up to the producer); -1
+// when neither holds.
+int fuse_position(const Sequence& s, const std::vector<int>& at) {
+  int first = INT32_MAX, last = -1;
+  for (int i : at)
+    if (i >= 0) first = std::min(first, i), last = std::max(last, i);
+  auto in_group = [&](int j) { return std::find(at.begin(), at.end(), j) != at.end(); };
+  bool later_read = false, earlier_needed = false;
+  for (int j = first + 1; j < last; ++j) {
+    if (in_group(j)) continue;
+    const Operation& between = s.ops[size_t(j)];
+    for (int i : at) {
+      if (i < 0) continue;
+      for (ValueId r : s.ops[size_t(i)].results) later_read = later_read || uses(between, r);
+      for (ValueId r : between.results)
+        earlier_needed = earlier_needed || uses(s.ops[size_t(i)], r);
+    }
+  }
+  if (!later_read) return last;
+  return earlier_needed ? -1 : first;
+}
+
 class Matcher {
  public:
   Matcher(const Sequence& s, const FusionPattern& p) : s_(s), p_(p) {}
@@ -126,25 +151,16 @@ class Matcher {
 
   // The fused op takes the place of the last part: no op between the first and the last part
   // may read a part's result.
-  bool order_is_safe(const std::vector<int>& at) const {
-    int first = INT32_MAX, last = -1;
-    for (int i : at)
-      if (i >= 0) first = std::min(first, i), last = std::max(last, i);
-    for (int j = first + 1; j < last; ++j) {
-      if (in_group(at, size_t(j))) continue;
-      for (int i : at)
-        if (i >= 0)
-          for (ValueId r : s_.ops[size_t(i)].results)
-            if (uses(s_.ops[size_t(j)], r)) return false;
-    }
-    return true;
-  }
+  // The fused op replaces its parts at the last part's position, or at the first where an op
+  // between them reads a part's result (fuse_position); either way no op may move past one whose
+  // values it needs.
+  bool order_is_safe(const std::vector<int>& at) const { return fuse_position(s_, at) >= 0; }
 
   const Sequence& s_;
   const FusionPattern& p_;
 };
 
-// Replaces the matched ops with one fused op at the last part's position.
+// Replaces the matched ops with one fused op at fuse_position.
 void fuse(Sequence& s, const FusionPattern& p, std::vector<int> at) {
   at.erase(std::remove(at.begin(), at.end(), -1), at.end());
   std::sort(at.begin(), at.end());
@@ -173,10 +189,12 @@ void fuse(Sequence& s, const FusionPattern& p, std::vector<int> at) {
       if (outside) fused.results.push_back(r);
     }
   }
+  const int position = fuse_position(s, at);
+  OPFUSE_ASSERT(position >= 0, "pattern '{}' matched parts that cannot be placed", p.name);
   std::vector<Operation> ops;
   size_t fused_at = 0;
   for (size_t j = 0; j < s.ops.size(); ++j) {
-    if (int(j) == at.back()) {
+    if (int(j) == position) {
       fused_at = ops.size();
     } else if (!group.count(int(j))) {
       ops.push_back(std::move(s.ops[j]));

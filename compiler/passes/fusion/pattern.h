@@ -49,8 +49,10 @@ struct FusionPattern {
   std::string_view doc;
 };
 
-// Applies the patterns in order to the ops of `phase`; each op joins at most one fused op.
-// Returns true when anything fused.
+// Applies the patterns in order to the ops of `phase`; each op joins at most one fused op. The
+// fused op stands at its last part's position, or at its first where an op between the parts
+// reads a part's result and no part needs that op's (engine.cpp, fuse_position). Returns true
+// when anything fused.
 bool apply_patterns(ir::Sequence& seq, ir::Phase phase,
                     std::span<const FusionPattern* const> patterns);
 

@@ -18,8 +18,9 @@ std::span<const FusionPattern* const> forward_patterns() {
 
 std::span<const FusionPattern* const> backward_patterns() {
   // dact_cast takes its bias gradient along before cast_dbias could claim the pair alone.
-  static const std::array<const FusionPattern*, 6> order = {
-      &dgelu_bgrad(),   &dact_cast(), &dact_block_cast(), &cast_dbias(), &norm_backward_residual(),
+  static const std::array<const FusionPattern*, 7> order = {
+      &dgelu_bgrad(),     &dact_cast(),  &dact_block_cast(),
+      &dact_micro_cast(), &cast_dbias(), &norm_backward_residual(),
       &dgrad_residual()};
   return order;
 }

@@ -20,6 +20,7 @@ const FusionPattern& linear_bias();
 // Backward.
 const FusionPattern& dact_cast();
 const FusionPattern& dact_block_cast();
+const FusionPattern& dact_micro_cast();
 const FusionPattern& cast_dbias();
 const FusionPattern& norm_backward_residual();
 const FusionPattern& dgrad_residual();
