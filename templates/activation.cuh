@@ -21,9 +21,9 @@
 // reduce_column_partials (and, for a scalar, learned_scalar_sum) add up as for dbias.
 //
 // Entry points: activation_fwd, gated_activation_fwd, activation_bwd, gated_activation_bwd, each
-// <Act, Input, Output, kWriteTranspose[, kDbias]>; activation_micro_fwd, gated_activation_micro_fwd,
-// activation_micro_bwd, gated_activation_micro_bwd <Act, Input, kFormat, kWriteColumnwiseSource>
-// (MXFP8's decoded row-wise copy); and learned_scalar_sum<Output>.
+// <Act, Input, Output, kWriteTranspose[, kDbias]>; activation_micro_fwd,
+// gated_activation_micro_fwd, activation_micro_bwd, gated_activation_micro_bwd <Act, Input,
+// kFormat, kWriteColumnwiseSource> (MXFP8's decoded row-wise copy); and learned_scalar_sum<Output>.
 // ExampleIdentity, ExampleProduct and ExampleLearnedScale below are the contract's examples (so
 // this header compiles and instantiates on its own).
 // Launch rules, shapes and alignment: templates/README.md ("Tiled elementwise families").
@@ -507,6 +507,18 @@ __global__ void __launch_bounds__(
   run_elementwise_tiles<Output, kWriteTranspose, false, kStats, StatsAs>(outputs, op);
 }
 
+namespace detail {
+// The MXFP8 kernels' outputs: the decoded row-wise copy, and with kWriteSource the output itself.
+template <bool kWriteSource, typename Input>
+__device__ __forceinline__ TileOutputs<Input> micro_outputs(Input* decoded, Input* source, int rows,
+                                                            int cols) {
+  TileOutputs<Input> outputs{kWriteSource ? source : nullptr, nullptr, nullptr, nullptr, nullptr,
+                             nullptr,                         rows,    cols};
+  outputs.out_micro = decoded;
+  return outputs;
+}
+}  // namespace detail
+
 // Forward under mxfp8_block_scaling (emulated on Hopper): the output's 1 x 32 row-wise MXFP8 copy
 // decoded to Input, the bytes micro_scale_cast<Input, Input, kFormat> writes from the output
 // (and, with kWriteColumnwiseSource, the output, which the column-wise cast reads). kFormat:
@@ -520,15 +532,8 @@ __global__ void __launch_bounds__(
                                                     detail::ActivationFwdOp<Act, Input>::kLoads,
                                                     false, false, false)))
     activation_micro_fwd(ActivationMicroFwdParams<Input> params) {
-  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.y_hp : nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             params.rows,
-                             params.cols};
-  outputs.out_micro = params.y;
+  const TileOutputs<Input> outputs = detail::micro_outputs<kWriteColumnwiseSource>(
+      params.y, params.y_hp, params.rows, params.cols);
   detail::ActivationFwdOp<Act, Input> op{params.x, params.cols, {}};
 #pragma unroll
   for (int k = 0; k < kMaxLearnedParams; ++k) op.learned[k] = params.learned[k];
@@ -543,15 +548,8 @@ __global__ void __launch_bounds__(
                            sizeof(Input), detail::GatedActivationFwdOp<Act, Input>::kLoads, false,
                            false, false)))
     gated_activation_micro_fwd(ActivationMicroFwdParams<Input> params) {
-  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.y_hp : nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             params.rows,
-                             params.cols};
-  outputs.out_micro = params.y;
+  const TileOutputs<Input> outputs = detail::micro_outputs<kWriteColumnwiseSource>(
+      params.y, params.y_hp, params.rows, params.cols);
   detail::GatedActivationFwdOp<Act, Input> op{params.x, params.cols, {}};
 #pragma unroll
   for (int k = 0; k < kMaxLearnedParams; ++k) op.learned[k] = params.learned[k];
@@ -572,15 +570,8 @@ __global__ void __launch_bounds__(
                                                     false, false, false)))
     activation_micro_bwd(ActivationMicroBwdParams<Input> params) {
   static_assert(detail::LearnedCount<Act>::value == 0, "learned parameters: activation_bwd");
-  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.dx_hp : nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             params.rows,
-                             params.cols};
-  outputs.out_micro = params.dx;
+  const TileOutputs<Input> outputs = detail::micro_outputs<kWriteColumnwiseSource>(
+      params.dx, params.dx_hp, params.rows, params.cols);
   detail::ActivationBwdOp<Act, Input> op{params.dy, params.x, params.cols, {}, {}};
   run_elementwise_tiles<Input, false, false, 0, float, kFormat>(outputs, op);
 }
@@ -594,15 +585,8 @@ __global__ void __launch_bounds__(
                            false, false)))
     gated_activation_micro_bwd(ActivationMicroBwdParams<Input> params) {
   static_assert(detail::LearnedCount<Act>::value == 0, "learned parameters: activation_bwd");
-  TileOutputs<Input> outputs{kWriteColumnwiseSource ? params.dx_hp : nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             nullptr,
-                             params.rows,
-                             params.cols};
-  outputs.out_micro = params.dx;
+  const TileOutputs<Input> outputs = detail::micro_outputs<kWriteColumnwiseSource>(
+      params.dx, params.dx_hp, params.rows, params.cols);
   detail::GatedActivationBwdOp<Act, Input> op{params.dy, params.x, params.cols, {}, {}};
   run_elementwise_tiles<Input, false, false, 0, float, kFormat>(outputs, op);
 }

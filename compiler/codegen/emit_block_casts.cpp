@@ -249,13 +249,8 @@ void emit_norm_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
   const DType in = b.value(x).type.dtype;
   const int64_t hidden = ir::attr_int(norm.attrs, "size");
   const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
-  if (g.parts.front() != &norm || cast.operands.at(0) != out || !spec.micro_scaled() ||
-      spec.nvfp4() || ir::attr_bool(cast.attrs, "columnwise") ||
-      b.value(cast.results.at(0)).quantizer >= 0 || b.value(out).type.dtype != in ||
-      b.value(cast.results.at(0)).type.dtype != in ||
-      hidden % rules::micro_scale_block_size(rules::kMicroScaleE4M3) != 0) {
+  if (g.parts.front() != &norm || !decoded_mxfp8_rows(b, cast, out, in, hidden))
     no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/norm_cast.cpp)
-  }
   require_vector_width(b, norm, hidden, in, name_of(norm.kind));
   const int format = spec.format == DType::E5M2 ? rules::kMicroScaleE5M2 : rules::kMicroScaleE4M3;
   const int y = b.buffer(cast.results.at(0), cast);

@@ -143,6 +143,11 @@ void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
 // writes the decoded copy, and its output where another op reads it.
 void emit_norm_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
                           const ir::Operation& cast);
+// The conditions of the MXFP8 producer patterns (mxfp8_rowwise_decoded in
+// compiler/passes/fusion/engine.cpp) as the emitters check them again: `cast` makes the decoded
+// row-wise MXFP8 copy of `source`, both of `dtype`, rows `width` wide holding whole 1 x 32 blocks.
+bool decoded_mxfp8_rows(const SequenceBuilder& b, const ir::Operation& cast, ValueId source,
+                        DType dtype, int64_t width);
 // An activation whose output's MXFP8 row-wise copy is emulated (pattern activation_micro_cast):
 // the activation kernel writes the decoded copy, and its output where another op reads it.
 void emit_activation_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& act,

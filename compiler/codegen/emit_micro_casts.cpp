@@ -196,6 +196,15 @@ void emit_micro_decode(SequenceBuilder& b, const Group& g, const ir::Operation& 
       std::move(none));
 }
 
+bool decoded_mxfp8_rows(const SequenceBuilder& b, const ir::Operation& cast, ValueId source,
+                        DType dtype, int64_t width) {
+  const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
+  return cast.operands.at(0) == source && spec.micro_scaled() && !spec.nvfp4() &&
+         !ir::attr_bool(cast.attrs, "columnwise") && b.value(cast.results.at(0)).quantizer < 0 &&
+         b.value(source).type.dtype == dtype && b.value(cast.results.at(0)).type.dtype == dtype &&
+         width % rules::micro_scale_block_size(micro_format(spec.format)) == 0;
+}
+
 // Pattern activation_micro_cast (templates/activation.cuh, activation_micro_fwd): the activation
 // kernel quantizes its output, as rounded to its dtype, in 1 x 32 MXFP8 blocks and writes the
 // decoded copy, the values micro_scale_cast writes from the unfused activation's output. Where
@@ -210,13 +219,8 @@ void emit_activation_micro_cast(SequenceBuilder& b, const Group& g, const ir::Op
   const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
   const int64_t cols = width_of(b, act, b.value(out));  // the output width n
   const int format = micro_format(spec.format);
-  if (g.parts.front() != &act || cast.operands.at(0) != out || !spec.micro_scaled() ||
-      spec.nvfp4() || ir::attr_bool(cast.attrs, "columnwise") ||
-      b.value(cast.results.at(0)).quantizer >= 0 || b.value(out).type.dtype != in ||
-      b.value(cast.results.at(0)).type.dtype != in ||
-      cols % rules::micro_scale_block_size(format) != 0) {
+  if (g.parts.front() != &act || !decoded_mxfp8_rows(b, cast, out, in, cols))
     no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/activation_cast.cpp)
-  }
   require_vector_width(b, act, cols, in, name_of(act.kind));
   const int y = b.buffer(cast.results.at(0), cast);
   const int source = b.existing_buffer(out);  // -1: only the fused copy reads the output
@@ -251,12 +255,8 @@ void emit_dact_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
   const plan::QuantSpec& spec = b.seq().quantizers.at(size_t(cast.quantizer)).spec;
   const int64_t cols = width_of(b, act, b.value(dy));  // n, dy's width (a plane of dx)
   const int format = micro_format(spec.format);
-  if (g.parts.front() != &act || cast.operands.at(0) != dx || !spec.micro_scaled() ||
-      spec.nvfp4() || ir::attr_bool(cast.attrs, "columnwise") ||
-      b.value(cast.results.at(0)).quantizer >= 0 || b.value(x).type.dtype != in ||
-      b.value(dx).type.dtype != in || b.value(cast.results.at(0)).type.dtype != in ||
-      !ir::user_params(forward, act.attrs).empty() ||
-      cols % rules::micro_scale_block_size(format) != 0) {
+  if (g.parts.front() != &act || !decoded_mxfp8_rows(b, cast, dx, in, cols) ||
+      b.value(x).type.dtype != in || !ir::user_params(forward, act.attrs).empty()) {
     no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/dact_cast.cpp)
   }
   require_vector_width(b, act, cols, in, name_of(act.kind));
