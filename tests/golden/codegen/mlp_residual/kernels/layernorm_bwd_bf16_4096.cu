@@ -12,6 +12,6 @@
 //   opfuse::layernorm_bwd<__nv_bfloat16, 4096, false>
 // Parameter, by value (templates/README.md):
 //   opfuse::NormBwdParams<__nv_bfloat16>
-#include "norm.cuh"
+#include "norm_backward.cuh"
 
 template __global__ void opfuse::layernorm_bwd<__nv_bfloat16, 4096, false>(opfuse::NormBwdParams<__nv_bfloat16>);

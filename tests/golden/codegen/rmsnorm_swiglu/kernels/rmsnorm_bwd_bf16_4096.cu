@@ -11,6 +11,6 @@
 //   opfuse::rmsnorm_bwd<__nv_bfloat16, 4096, false>
 // Parameter, by value (templates/README.md):
 //   opfuse::NormBwdParams<__nv_bfloat16>
-#include "norm.cuh"
+#include "norm_backward.cuh"
 
 template __global__ void opfuse::rmsnorm_bwd<__nv_bfloat16, 4096, false>(opfuse::NormBwdParams<__nv_bfloat16>);
