@@ -20,6 +20,14 @@ namespace {
 
 using ir::OpKind;
 
+// In place: the values as a tensor of `dtype` stores them (bf16 and fp16 round; fp32 keeps them).
+// A fused kernel quantizes (or takes statistics of) its producer's value as the unfused pair
+// stores and reads it; rounding is idempotent, so values that were stored already do not move.
+void round_as_stored(std::span<float> values, ir::DType dtype) {
+  if (dtype == ir::DType::BF16) round_to_bf16(values);
+  if (dtype == ir::DType::FP16) round_to_fp16(values);
+}
+
 template <typename T>
 void fake_quantize_values(Quantizer& quantizer, std::span<T> values, int64_t cols) {
   if constexpr (std::is_same_v<T, float>) {
@@ -254,9 +262,7 @@ void block_cast(ReferenceContext<T>& ctx, const ir::Operation& op, Quantizer& q)
   // Folded into an activation (activation_block_cast, dact_block_cast), the source is the
   // activation's unrounded value: the fused kernel quantizes it as stored in its dtype, as the
   // unfused pair does (templates/block_activation.cuh; rounding is idempotent).
-  const ir::DType dtype = ctx.seq.value(source).type.dtype;
-  if (dtype == ir::DType::BF16) round_to_bf16(as_float);
-  if (dtype == ir::DType::FP16) round_to_fp16(as_float);
+  round_as_stored(as_float, ctx.seq.value(source).type.dtype);
   BlockQuantParams params = q.block;
   params.value_for_inf = value_for_inf(ctx.seq.value(source).type.dtype);
   const bool transposed_layout =
@@ -346,9 +352,7 @@ void emulated_cast(ReferenceContext<T>& ctx, const ir::Operation& op) {
   // Folded into a norm (norm_micro_cast), the source is the norm's unrounded value: the fused
   // kernel quantizes it as stored in its dtype, as the unfused pair does (templates/norm.cuh;
   // rounding is idempotent).
-  const ir::DType dtype = ctx.seq.value(op.operands[0]).type.dtype;
-  if (dtype == ir::DType::BF16) round_to_bf16(as_float);
-  if (dtype == ir::DType::FP16) round_to_fp16(as_float);
+  round_as_stored(as_float, ctx.seq.value(op.operands[0]).type.dtype);
   std::vector<float> y;
   if (q.micro_scaled && ctx.seq.value(op.results[0]).quantizer >= 0) {
     const bool measure = !columnwise || !ctx.seq.quantizers.at(size_t(op.quantizer)).usages.rowwise;
@@ -458,9 +462,7 @@ void tensor_stats(ReferenceContext<T>& ctx, const ir::Operation& op) {
   // Inside a fused group the tensor may be one the kernel never stores (the high-precision input
   // of a folded FP8 cast, docs/debugging.md "Statistics fused into kernels"): its statistics are
   // those of the tensor in its dtype, as an unfused run holds it (rounding is idempotent).
-  const ir::DType dtype = ctx.seq.value(op.operands.at(0)).type.dtype;
-  if (dtype == ir::DType::BF16) round_to_bf16(values);
-  if (dtype == ir::DType::FP16) round_to_fp16(values);
+  round_as_stored(values, ctx.seq.value(op.operands.at(0)).type.dtype);
   ctx.stat_records.resize(ctx.seq.inspections.size());
   if (s.record == plan::StatRecordKind::Quantized) {
     const int64_t cols = x.shape.empty() ? 1 : x.shape.back();

@@ -302,11 +302,7 @@ __device__ __forceinline__ void norm_fwd(const Params& params) {
           if (params.y != nullptr) {
             float y[kVec];
             vec_to_float(rounded[s], y);
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) {
-              y[j] = detail::micro_decode<kMicroFormat>(
-                  detail::micro_encode<kMicroFormat, false>(y[j], scale, 0u), scale, 1.0f);
-            }
+            detail::micro_fake_quantize<kMicroFormat>(y, scale);
             store_vec(params.y + row * kHidden + vector * kVec, float_to_vec<Input, kVec>(y, 1.0f));
           }
           if constexpr (kWriteSource) {

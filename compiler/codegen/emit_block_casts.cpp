@@ -252,7 +252,7 @@ void emit_norm_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
   if (g.parts.front() != &norm || !decoded_mxfp8_rows(b, cast, out, in, hidden))
     no_kernel(b, g);  // the pattern's conditions (compiler/passes/fusion/norm_cast.cpp)
   require_vector_width(b, norm, hidden, in, name_of(norm.kind));
-  const int format = spec.format == DType::E5M2 ? rules::kMicroScaleE5M2 : rules::kMicroScaleE4M3;
+  const int format = micro_format(spec.format);
   const int y = b.buffer(cast.results.at(0), cast);
   const int source = b.existing_buffer(out);  // -1: only the fused copy reads the output
   const NormSaved saved = norm_saved(b, norm);

@@ -143,6 +143,9 @@ void emit_norm_block_cast(SequenceBuilder& b, const Group& g, const ir::Operatio
 // writes the decoded copy, and its output where another op reads it.
 void emit_norm_micro_cast(SequenceBuilder& b, const Group& g, const ir::Operation& norm,
                           const ir::Operation& cast);
+// The kFormat of micro_scale_cast and the kernels that write micro-scaled copies
+// (launch::kMicroScaleE4M3 / E5M2 / E2M1) for a quantizer's format.
+int micro_format(DType format);
 // The conditions of the MXFP8 producer patterns (mxfp8_rowwise_decoded in
 // compiler/passes/fusion/engine.cpp) as the emitters check them again: `cast` makes the decoded
 // row-wise MXFP8 copy of `source`, both of `dtype`, rows `width` wide holding whole 1 x 32 blocks.

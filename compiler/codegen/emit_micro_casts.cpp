@@ -14,13 +14,13 @@
 
 namespace opfuse::codegen::emitters {
 
-namespace {
-
 int micro_format(DType format) {
   return format == DType::E2M1   ? rules::kMicroScaleE2M1
          : format == DType::E5M2 ? rules::kMicroScaleE5M2
                                  : rules::kMicroScaleE4M3;
 }
+
+namespace {
 
 // A copy whose blocks run along the rows needs the row width to be a multiple of the block (a
 // CodegenError at `op` otherwise; blocks down the columns are checked at bind: rows_multiple).

@@ -64,7 +64,7 @@ constexpr TemplateParam kActivationFwdParams[] = {
 // Under mxfp8_block_scaling (emulated): the decoded 1 x 32 row-wise copy of the output (forward)
 // or gradient (backward, the same parameters); kFormat as micro_scale_cast's (0 E4M3, 1 E5M2);
 // kWriteColumnwiseSource also writes the output.
-constexpr TemplateParam kActivationMicroFwdParams[] = {
+constexpr TemplateParam kActivationMicroParams[] = {
     {"Act", Kind::Activation, ""},
     {"Input", Kind::DType, ""},
     {"kFormat", Kind::Int, ""},
@@ -267,17 +267,17 @@ constexpr KernelTemplate kTable[] = {
     entry("gated_activation_fwd", "activation.cuh", KernelFamily::GatedActivation,
           "ActivationFwdParams", kActivationFwdParams, kGatedActivationFwdExample),
     entry("activation_micro_fwd", "activation.cuh", KernelFamily::Activation,
-          "ActivationMicroFwdParams", kActivationMicroFwdParams, kActivationMicroFwdExample),
+          "ActivationMicroFwdParams", kActivationMicroParams, kActivationMicroFwdExample),
     entry("gated_activation_micro_fwd", "activation.cuh", KernelFamily::GatedActivation,
-          "ActivationMicroFwdParams", kActivationMicroFwdParams, kGatedActivationMicroFwdExample),
+          "ActivationMicroFwdParams", kActivationMicroParams, kGatedActivationMicroFwdExample),
     entry("activation_bwd", "activation.cuh", KernelFamily::Activation, "ActivationBwdParams",
           kActivationBwdParams, kActivationBwdExample),
     entry("gated_activation_bwd", "activation.cuh", KernelFamily::GatedActivation,
           "ActivationBwdParams", kActivationBwdParams, kGatedActivationBwdExample),
     entry("activation_micro_bwd", "activation.cuh", KernelFamily::Activation,
-          "ActivationMicroBwdParams", kActivationMicroFwdParams, kActivationMicroBwdExample),
+          "ActivationMicroBwdParams", kActivationMicroParams, kActivationMicroBwdExample),
     entry("gated_activation_micro_bwd", "activation.cuh", KernelFamily::GatedActivation,
-          "ActivationMicroBwdParams", kActivationMicroFwdParams, kGatedActivationMicroBwdExample),
+          "ActivationMicroBwdParams", kActivationMicroParams, kGatedActivationMicroBwdExample),
     entry("cast_transpose", "cast_transpose.cuh", KernelFamily::Cast, "CastParams",
           kCastTransposeParams, kCastTransposeExample),
     // The transposed copy of gathered FP8 codes (gather-fp8, tensor-parallel sequences).

@@ -244,11 +244,7 @@ __device__ __forceinline__ void run_elementwise_tiles(const TileOutputs<Output>&
               block_amax = fmaxf(block_amax, __shfl_xor_sync(kFullWarpMask, block_amax, mask));
             const detail::MicroBlockScale s =
                 detail::micro_block_scale<kMicroFormat>(block_amax, 1.0f, 1.0f);
-#pragma unroll
-            for (int j = 0; j < kVec; ++j) {
-              stored[j] = detail::micro_decode<kMicroFormat>(
-                  detail::micro_encode<kMicroFormat, false>(stored[j], s, 0u), s, 1.0f);
-            }
+            detail::micro_fake_quantize<kMicroFormat>(stored, s);
             if (valid && args.out_micro != nullptr)
               store_vec(args.out_micro + at, float_to_vec<Output, kVec>(stored, 1.0f));
           }

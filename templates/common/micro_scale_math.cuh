@@ -204,6 +204,15 @@ __device__ __forceinline__ float micro_decode(unsigned int code, const MicroBloc
   }
 }
 
+// Each of kN values of one block quantized with `s` (no stochastic rounding, no tensor scale:
+// MXFP8) and decoded back: the decoded copy the producers of note "Emulated micro-scaling" write.
+template <int kFormat, int kN>
+__device__ __forceinline__ void micro_fake_quantize(float (&values)[kN], const MicroBlockScale& s) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+    values[j] = micro_decode<kFormat>(micro_encode<kFormat, false>(values[j], s, 0u), s, 1.0f);
+}
+
 }  // namespace detail
 
 }  // namespace opfuse
