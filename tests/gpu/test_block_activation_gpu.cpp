@@ -119,20 +119,7 @@ class BlockActivationGpu : public test::GpuStreamTest {
         cudaLaunchKernel(function, grid, dim3(threads), args, size_t(smem), stream_));
   }
 
-  void poison(const test::DeviceArray& a) {
-    OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
-  }
-
-  void same_bytes(const test::DeviceArray& a, const test::DeviceArray& b, const char* what) {
-    const std::vector<uint8_t> wa = test::download_bytes(a.data(), a.bytes());
-    const std::vector<uint8_t> ga = test::download_bytes(b.data(), b.bytes());
-    size_t differ = 0, first = 0;
-    for (size_t i = 0; i < wa.size(); ++i) {
-      if (wa[i] != ga[i] && differ++ == 0) first = i;
-    }
-    EXPECT_EQ(differ, 0u) << what << ": " << differ << " bytes differ, the first at " << first
-                          << " (unfused " << int(wa[first]) << ", fused " << int(ga[first]) << ")";
-  }
+  void poison(const test::DeviceArray& a) { fill_bytes(a, kPoison); }
 
   // MXFP8 (pattern activation_micro_cast): the activation writing its output, then
   // micro_scale_cast's decoded 1 x 32 row-wise copy of it, against activation_micro_fwd /
@@ -224,14 +211,11 @@ class BlockActivationGpu : public test::GpuStreamTest {
       }
     }
     OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
-    same_bytes(*want.y, *got.y, "decoded row-wise copy");
-    same_bytes(*want.source, *got.source, "the output");
-    same_bytes(*want.y, *inference.y, "decoded row-wise copy (inference)");
-    const std::vector<uint8_t> untouched =
-        test::download_bytes(inference.source->data(), inference.source->bytes());
-    size_t written = 0;
-    for (const uint8_t b : untouched) written += b != kPoison ? 1 : 0;
-    EXPECT_EQ(written, 0u) << "without kWriteColumnwiseSource the kernel writes no output";
+    test::expect_same_bytes(*want.y, *got.y, "decoded row-wise copy");
+    test::expect_same_bytes(*want.source, *got.source, "the output");
+    test::expect_same_bytes(*want.y, *inference.y, "decoded row-wise copy (inference)");
+    EXPECT_EQ(test::bytes_other_than(*inference.source, kPoison), 0u)
+        << "without kWriteColumnwiseSource the kernel writes no output";
     // Not vacuous: quantization moved values, and the copy is not all zeros.
     const std::vector<uint8_t> copy = test::download_bytes(got.y->data(), got.y->bytes());
     const std::vector<uint8_t> source =
@@ -334,10 +318,11 @@ class BlockActivationGpu : public test::GpuStreamTest {
            &fp, launch::block_activation_smem_bytes(loads, planes, c.backward));
     OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
 
-    same_bytes(*want.y, *got.y, "row-wise codes");
-    same_bytes(*want.y_grid, *got.y_grid, "row-wise scale_inv grid (padding poisoned in both)");
-    same_bytes(*want.y_t, *got.y_t, "column-wise codes");
-    same_bytes(*want.y_t_grid, *got.y_t_grid, "column-wise scale_inv grid");
+    test::expect_same_bytes(*want.y, *got.y, "row-wise codes");
+    test::expect_same_bytes(*want.y_grid, *got.y_grid,
+                            "row-wise scale_inv grid (padding poisoned in both)");
+    test::expect_same_bytes(*want.y_t, *got.y_t, "column-wise codes");
+    test::expect_same_bytes(*want.y_t_grid, *got.y_t_grid, "column-wise scale_inv grid");
     // Not a vacuous comparison: the codes are not all one byte.
     const std::vector<uint8_t> codes = test::download_bytes(got.y->data(), got.y->bytes());
     size_t zeros = 0;

@@ -104,20 +104,7 @@ class BlockNormGpu : public test::GpuStreamTest {
     OPFUSE_TEST_CUDA_OK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, dim3(threads),
                                          args, 0, stream_));
   }
-  void poison(const test::DeviceArray& a) {
-    OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(a.data(), kPoison, a.bytes(), stream_));
-  }
-  void same_bytes(const test::DeviceArray& a, const test::DeviceArray& b, const char* what) {
-    const std::vector<uint8_t> wa = test::download_bytes(a.data(), a.bytes());
-    const std::vector<uint8_t> ga = test::download_bytes(b.data(), b.bytes());
-    size_t differ = 0, first = 0;
-    for (size_t i = 0; i < wa.size(); ++i) {
-      if (wa[i] != ga[i] && differ++ == 0) first = i;
-    }
-    EXPECT_EQ(differ, 0u) << what << ": " << differ << " bytes differ, the first at " << first
-                          << " (unfused " << int(wa[first]) << ", fused " << int(ga[first]) << ")";
-  }
-
+  void poison(const test::DeviceArray& a) { fill_bytes(a, kPoison); }
   // x, gamma and beta of a case: random rows with an outlier in one block of every 7th row (its
   // block's scale is small, its neighbours' not).
   struct Inputs {
@@ -239,20 +226,18 @@ class BlockNormGpu : public test::GpuStreamTest {
     fused(inference, false);
     OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
 
-    same_bytes(*want.y, *got.y, "row-wise codes");
-    same_bytes(*want.y_grid, *got.y_grid, "row-wise scale_inv grid (padding poisoned in both)");
-    same_bytes(*want.source, *got.source, "the output in the input dtype");
-    same_bytes(*want.y_t, *got.y_t, "column-wise codes");
-    same_bytes(*want.y_t_grid, *got.y_t_grid, "column-wise scale_inv grid");
-    same_bytes(*want.rstd, *got.rstd, "rstd");
-    if (!c.rms) same_bytes(*want.mean, *got.mean, "mean");
-    same_bytes(*want.y, *inference.y, "row-wise codes (inference)");
-    same_bytes(*want.y_grid, *inference.y_grid, "row-wise grid (inference)");
-    const std::vector<uint8_t> untouched =
-        test::download_bytes(inference.source->data(), inference.source->bytes());
-    size_t written = 0;
-    for (const uint8_t b : untouched) written += b != kPoison ? 1 : 0;
-    EXPECT_EQ(written, 0u) << "the inference kernel writes no output in the input dtype";
+    test::expect_same_bytes(*want.y, *got.y, "row-wise codes");
+    test::expect_same_bytes(*want.y_grid, *got.y_grid,
+                            "row-wise scale_inv grid (padding poisoned in both)");
+    test::expect_same_bytes(*want.source, *got.source, "the output in the input dtype");
+    test::expect_same_bytes(*want.y_t, *got.y_t, "column-wise codes");
+    test::expect_same_bytes(*want.y_t_grid, *got.y_t_grid, "column-wise scale_inv grid");
+    test::expect_same_bytes(*want.rstd, *got.rstd, "rstd");
+    if (!c.rms) test::expect_same_bytes(*want.mean, *got.mean, "mean");
+    test::expect_same_bytes(*want.y, *inference.y, "row-wise codes (inference)");
+    test::expect_same_bytes(*want.y_grid, *inference.y_grid, "row-wise grid (inference)");
+    EXPECT_EQ(test::bytes_other_than(*inference.source, kPoison), 0u)
+        << "the inference kernel writes no output in the input dtype";
     // Not a vacuous comparison: the codes are not all one byte, the scales not all one value.
     const std::vector<uint8_t> codes = test::download_bytes(got.y->data(), got.y->bytes());
     size_t zeros = 0;
@@ -347,16 +332,13 @@ class BlockNormGpu : public test::GpuStreamTest {
     fused(inference, false);
     OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
 
-    same_bytes(*want.y, *got.y, "decoded row-wise copy");
-    same_bytes(*want.source, *got.source, "the output in the input dtype");
-    same_bytes(*want.rstd, *got.rstd, "rstd");
-    if (!c.rms) same_bytes(*want.mean, *got.mean, "mean");
-    same_bytes(*want.y, *inference.y, "decoded row-wise copy (inference)");
-    const std::vector<uint8_t> untouched =
-        test::download_bytes(inference.source->data(), inference.source->bytes());
-    size_t written = 0;
-    for (const uint8_t b : untouched) written += b != kPoison ? 1 : 0;
-    EXPECT_EQ(written, 0u) << "the inference kernel writes no output in the input dtype";
+    test::expect_same_bytes(*want.y, *got.y, "decoded row-wise copy");
+    test::expect_same_bytes(*want.source, *got.source, "the output in the input dtype");
+    test::expect_same_bytes(*want.rstd, *got.rstd, "rstd");
+    if (!c.rms) test::expect_same_bytes(*want.mean, *got.mean, "mean");
+    test::expect_same_bytes(*want.y, *inference.y, "decoded row-wise copy (inference)");
+    EXPECT_EQ(test::bytes_other_than(*inference.source, kPoison), 0u)
+        << "the inference kernel writes no output in the input dtype";
     // Not vacuous: quantization moved some values (the copy is not the output), and the copy is
     // not all zeros.
     const std::vector<uint8_t> copy = test::download_bytes(got.y->data(), got.y->bytes());

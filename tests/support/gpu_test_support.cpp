@@ -133,6 +133,10 @@ DeviceArray& GpuStreamTest::new_array(std::size_t bytes) {
   return *arrays_.back();
 }
 
+void GpuStreamTest::fill_bytes(const DeviceArray& array, std::uint8_t byte) {
+  OPFUSE_TEST_CUDA_OK(cudaMemsetAsync(array.data(), byte, array.bytes(), stream_));
+}
+
 std::map<std::string, DeviceArray*> GpuStreamTest::allocate_tensors(gpu::SequenceExecutor& gpu) {
   std::map<std::string, DeviceArray*> arrays;
   for (const gpu::TensorInfo& info : gpu.tensors()) {
@@ -187,6 +191,24 @@ std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes) 
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
   return out;
+}
+
+void expect_same_bytes(const DeviceArray& a, const DeviceArray& b, const char* what) {
+  const std::vector<std::uint8_t> wa = download_bytes(a.data(), a.bytes());
+  const std::vector<std::uint8_t> ga = download_bytes(b.data(), b.bytes());
+  ASSERT_EQ(wa.size(), ga.size()) << what;
+  std::size_t differ = 0, first = 0;
+  for (std::size_t i = 0; i < wa.size(); ++i) {
+    if (wa[i] != ga[i] && differ++ == 0) first = i;
+  }
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " bytes differ, the first at " << first
+                        << " (unfused " << int(wa[first]) << ", fused " << int(ga[first]) << ")";
+}
+
+std::size_t bytes_other_than(const DeviceArray& array, std::uint8_t byte) {
+  std::size_t count = 0;
+  for (const std::uint8_t b : download_bytes(array.data(), array.bytes())) count += b != byte;
+  return count;
 }
 
 std::vector<std::uint16_t> download_bf16_bits(const void* device, std::size_t count) {

@@ -98,6 +98,9 @@ class GpuStreamTest : public ::testing::Test {
   // Device memory of its size for every tensor `gpu` names but its results (inputs, parameters,
   // output gradients), set on `gpu`; by tensor name.
   std::map<std::string, DeviceArray*> allocate_tensors(gpu::SequenceExecutor& gpu);
+  // Sets every byte of `array` to `byte` on the test's stream (an output poisoned before a kernel
+  // writes it, so a byte not written shows).
+  void fill_bytes(const DeviceArray& array, std::uint8_t byte);
 
   cudaStream_t stream_ = nullptr;
 
@@ -120,6 +123,11 @@ void upload_bytes(const DeviceArray& array, const void* host, std::size_t bytes)
 
 // The first `bytes` bytes (`count` bf16 elements) at `device`, after the whole device finished.
 std::vector<std::uint8_t> download_bytes(const void* device, std::size_t bytes);
+// Every byte of `a` equal to `b`'s (the same size), after the whole device finished; otherwise a
+// test failure naming `what`, how many bytes differ and the first of them.
+void expect_same_bytes(const DeviceArray& a, const DeviceArray& b, const char* what);
+// How many bytes of `array` are not `byte` (one filled with it and never written has none).
+std::size_t bytes_other_than(const DeviceArray& array, std::uint8_t byte);
 std::vector<std::uint16_t> download_bf16_bits(const void* device, std::size_t count);
 std::vector<float> download_bf16(const void* device, std::size_t count);
 // `count` bf16 or fp32 elements at `device` as floats (another dtype fails the current test).
