@@ -1,5 +1,6 @@
 // Tensor parallelism on the GPU (docs/parallel.md): the seed MLP at test sizes, split over 2
-// ranks (one process and one GPU each, through NCCL), equals the CPU reference of the unsharded
+// ranks, and over 4 where the machine has 4 GPUs (one process and one GPU each, through NCCL),
+// equals the CPU reference of the unsharded
 // program: outputs, input gradients, every parameter gradient (sharded ones joined) and the
 // output after a step (the amaxes reduced over the ranks). Also one rank of a one-rank plan
 // needs no NCCL, and misuse is reported before anything runs.
@@ -17,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,7 +86,7 @@ std::string file_name(const std::string& name) {
 // forward, backward, step and forward on its GPU and writes what it computed.
 TEST(ParallelGpuChild, DISABLED_Rank) {
   const ParallelOptions par = ParallelOptions::from_environment();
-  ASSERT_EQ(par.size, 2) << "run by ParallelGpu tests only";
+  ASSERT_GE(par.size, 2) << "run by ParallelGpu tests only";
   ASSERT_EQ(cudaSetDevice(par.rank), cudaSuccess);
   const fs::path dir = std::getenv("OPFUSE_TEST_DATA");
   const std::string recipe = std::getenv("OPFUSE_TEST_RECIPE");
@@ -147,11 +149,11 @@ TEST(ParallelGpuChild, DISABLED_Rank) {
   session.forward(stream);
   write_floats(mine / "y2.bin", test::download_bf16(session.output("y"), size_t(rows * kHidden)));
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  // The rank's checkpoint (its shards, its rank); the parent merges them. A file of the other
-  // rank is refused before anything is copied.
+  // The rank's checkpoint (its shards, its rank); the parent merges them. A file of another
+  // rank (the next one) is refused before anything is copied.
   session.save((mine / "state").string(), stream);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  const fs::path other = dir / ("rank" + std::to_string(1 - par.rank)) / "state";
+  const fs::path other = dir / ("rank" + std::to_string((par.rank + 1) % par.size)) / "state";
   for (int wait = 0; wait < 600 && !fs::exists(other); ++wait)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   try {
@@ -173,8 +175,8 @@ double rms_error(const std::vector<float>& got, const std::vector<float>& want) 
   return std::sqrt(d / w);
 }
 
-void expect_two_ranks_match_the_reference(const std::string& recipe, double tol) {
-  SCOPED_TRACE(recipe);
+void expect_ranks_match_the_reference(int ranks, const std::string& recipe, double tol) {
+  SCOPED_TRACE(fmt::format("{} ranks, {}", ranks, recipe));
   // The unsharded reference, and its data for the ranks.
   SourceManager sources;
   DiagnosticEngine diags(sources);
@@ -183,16 +185,17 @@ void expect_two_ranks_match_the_reference(const std::string& recipe, double tol)
   cpu::ReferenceExecutor<float> ref(whole->sequences.at(0), {{"tokens", kTokens}});
   std::mt19937_64 rng(11);
   // Kept when the test fails, for a rank to be rerun by hand (see the ranks' variables below).
-  const fs::path dir = fs::temp_directory_path() / fmt::format("opfuse-parallel-gpu-{}", recipe);
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("opfuse-parallel-gpu-{}-{}", ranks, recipe);
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::vector<std::string> env = {"OPFUSE_TEST_DATA=" + dir.string(),
                                   "OPFUSE_TEST_RECIPE=" + recipe};
-  // The shards as the two-rank program cuts them.
+  // The shards as the program of `ranks` ranks cuts them.
   SourceManager split_sources;
   DiagnosticEngine split_diags(split_sources);
   const auto split =
-      load_program_from_source("mlp_tp.fuse", mlp(2, recipe), split_sources, split_diags);
+      load_program_from_source("mlp_tp.fuse", mlp(ranks, recipe), split_sources, split_diags);
   ASSERT_TRUE(split) << split_diags.format_all();
   std::map<std::string, plan::ShardSpec> shards;
   for (const ir::Value& v : split->sequences.at(0).values)
@@ -217,16 +220,23 @@ void expect_two_ranks_match_the_reference(const std::string& recipe, double tol)
   ref.step();
   const std::vector<float> y2 = ref.forward({x}).at(0).data;
 
-  const std::string job = fmt::format("parallel-gpu-{}-{}", ::getpid(), recipe);
-  test::run_ranks(2, "ParallelGpuChild.DISABLED_Rank", dir.string(), job, env, 180s);
+  const std::string job = fmt::format("parallel-gpu-{}-{}-{}", ::getpid(), ranks, recipe);
+  test::run_ranks(ranks, "ParallelGpuChild.DISABLED_Rank", dir.string(), job, env, 180s);
   if (::testing::Test::HasFailure()) return;
 
+  auto rank_file = [&](int r, const std::string& file) {
+    return dir / ("rank" + std::to_string(r)) / file;
+  };
+  auto per_rank = [&](const std::string& file) {
+    std::vector<std::vector<float>> parts;
+    parts.reserve(size_t(ranks));
+    for (int r = 0; r < ranks; ++r) parts.push_back(read_floats(rank_file(r, file)));
+    return parts;
+  };
   auto joined = [&](const std::string& file) {
     std::vector<float> out;
-    for (int r = 0; r < 2; ++r) {
-      const std::vector<float> part = read_floats(dir / ("rank" + std::to_string(r)) / file);
+    for (const std::vector<float>& part : per_rank(file))
       out.insert(out.end(), part.begin(), part.end());
-    }
     return out;
   };
   EXPECT_LE(rms_error(joined("y.bin"), y), tol) << "y";
@@ -238,24 +248,23 @@ void expect_two_ranks_match_the_reference(const std::string& recipe, double tol)
     const std::string file = "grad_" + file_name(name) + ".bin";
     const plan::ShardSpec s = shards.at(name);
     if (!s.sharded()) {
-      for (int r = 0; r < 2; ++r)
-        EXPECT_LE(
-            rms_error(read_floats(dir / ("rank" + std::to_string(r)) / file), g.params[i].data),
-            tol);
+      for (int r = 0; r < ranks; ++r)
+        EXPECT_LE(rms_error(read_floats(rank_file(r, file)), g.params[i].data), tol) << r;
       continue;
     }
-    const std::vector<float> a = read_floats(dir / "rank0" / file);
-    const std::vector<float> b = read_floats(dir / "rank1" / file);
     std::vector<int64_t> shape = ref.param(name).shape;
-    shape[size_t(s.dim)] /= 2;
-    EXPECT_LE(rms_error(plan::join_shards<float>({a, b}, shape, s), g.params[i].data), tol);
+    shape[size_t(s.dim)] /= ranks;
+    const std::vector<std::vector<float>> parts = per_rank(file);
+    const std::vector<std::span<const float>> views(parts.begin(), parts.end());
+    EXPECT_LE(rms_error(plan::join_shards<float>(views, shape, s), g.params[i].data), tol);
   }
   // The ranks' checkpoints merge into the whole parameters the run started from (no optimizer
   // step ran), with the quantizer state every rank reduced to the same values.
-  const api::StateFile merged =
-      api::merge_state_shards({api::read_state_file((dir / "rank0" / "state").string()),
-                               api::read_state_file((dir / "rank1" / "state").string())},
-                              "mlp.fuse:mlp");
+  std::vector<api::StateFile> states;
+  states.reserve(size_t(ranks));
+  for (int r = 0; r < ranks; ++r)
+    states.push_back(api::read_state_file(rank_file(r, "state").string()));
+  const api::StateFile merged = api::merge_state_shards(states, "mlp.fuse:mlp");
   for (const api::StateTensor& t : merged.tensors) {
     SCOPED_TRACE(t.name);
     std::vector<float> values(t.bytes.size() / 2);
@@ -269,30 +278,54 @@ void expect_two_ranks_match_the_reference(const std::string& recipe, double tol)
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
+// Skips without `ranks` GPUs (one rank per GPU).
+void require_gpus(int ranks) {
+  std::string why;
+  if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  if (count < ranks)
+    GTEST_SKIP() << "needs " << ranks << " GPUs for " << ranks << " ranks; this machine has "
+                 << count;
+}
+
 class ParallelGpu : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!gpu::gpu_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    int count = 0;
-    ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
-    if (count < 2) GTEST_SKIP() << "needs 2 GPUs for two ranks; this machine has " << count;
-  }
+  void SetUp() override { require_gpus(2); }
 };
 
 TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceBf16) {
-  expect_two_ranks_match_the_reference("bf16", 2e-2);
+  expect_ranks_match_the_reference(2, "bf16", 2e-2);
 }
 
 TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceFp8Delayed) {
-  expect_two_ranks_match_the_reference("delayed", 6e-2);
+  expect_ranks_match_the_reference(2, "delayed", 6e-2);
 }
 
 // Current scaling over the ranks (note "Current scaling over ranks" in
 // runtime/gpu/executor_run.cpp): every measured amax max-reduced before its scale is derived, so
 // each rank casts with the scale of the whole tensor, as the unsharded reference does.
 TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceFp8Current) {
-  expect_two_ranks_match_the_reference("current", 6e-2);
+  expect_ranks_match_the_reference(2, "current", 6e-2);
+}
+
+// Four ranks: 16 tokens, 128 of fc1's outputs (64 of each SwiGLU half) and 64 of fc2's inputs
+// per rank; the collectives and the amax reductions over a group larger than a pair.
+class ParallelGpu4 : public ::testing::Test {
+ protected:
+  void SetUp() override { require_gpus(4); }
+};
+
+TEST_F(ParallelGpu4, FourRanksMatchTheUnshardedReferenceBf16) {
+  expect_ranks_match_the_reference(4, "bf16", 2e-2);
+}
+
+TEST_F(ParallelGpu4, FourRanksMatchTheUnshardedReferenceFp8Delayed) {
+  expect_ranks_match_the_reference(4, "delayed", 6e-2);
+}
+
+TEST_F(ParallelGpu4, FourRanksMatchTheUnshardedReferenceFp8Current) {
+  expect_ranks_match_the_reference(4, "current", 6e-2);
 }
 
 // ---- the data-parallel group's amax reduction (SessionOptions::amax_group) ---------------------
@@ -386,6 +419,7 @@ TEST_F(ParallelGpu, DataParallelReplicasShareTheirDelayedScales) {
     }
     std::vector<std::vector<float>> scales(2), y2(2);
     std::vector<std::thread> threads;
+    threads.reserve(2);
     for (int r = 0; r < 2; ++r)
       threads.emplace_back([&, r] {
         cpu::ReferenceExecutor<float>& e = replicas[size_t(r)];
