@@ -192,6 +192,9 @@ struct CollectiveStep {
 struct InferenceVariant {
   LaunchStep launch;
   std::vector<int> writes;  // the step's writes without the ones left out
+  // One line for readers: what the variant writes (the step's `what` names the training launch's
+  // outputs); empty in plans written before it was recorded.
+  std::string what;
 };
 
 // Forward steps whose reads are all parameters (the FP8 casts of a weight, with their amax step

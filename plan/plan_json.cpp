@@ -248,6 +248,7 @@ Json step_json(const SequencePlan& s, const Step& step) {
   if (step.inference) {
     Json variant = launch_json(s, step.inference->launch);
     variant["writes"] = step.inference->writes;
+    variant["what"] = step.inference->what;
     j["inference"] = std::move(variant);
   }
   if (step.weight_cache_group >= 0) j["weight_cache_group"] = step.weight_cache_group;

@@ -337,6 +337,7 @@ InferenceVariant read_inference(const Json& j, const std::string& path, const St
   InferenceVariant variant;
   variant.launch = read_launch(v, variant_path);
   variant.writes = get<std::vector<int>>(v, variant_path, "writes");
+  if (v.contains("what")) variant.what = get<std::string>(v, variant_path, "what");
   for (int id : variant.writes) {
     if (std::find(step.writes.begin(), step.writes.end(), id) == step.writes.end())
       fail(sub(variant_path, "writes"), fmt::format("buffer {} is not one the step writes", id));

@@ -16,17 +16,14 @@
 
 namespace opfuse::cpu {
 
-namespace {
-
-using ir::OpKind;
-
-// In place: the values as a tensor of `dtype` stores them (bf16 and fp16 round; fp32 keeps them).
-// A fused kernel quantizes (or takes statistics of) its producer's value as the unfused pair
-// stores and reads it; rounding is idempotent, so values that were stored already do not move.
 void round_as_stored(std::span<float> values, ir::DType dtype) {
   if (dtype == ir::DType::BF16) round_to_bf16(values);
   if (dtype == ir::DType::FP16) round_to_fp16(values);
 }
+
+namespace {
+
+using ir::OpKind;
 
 template <typename T>
 void fake_quantize_values(Quantizer& quantizer, std::span<T> values, int64_t cols) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,13 @@
 #include "ir/graph.h"
 
 namespace opfuse::cpu {
+
+// In place: the values as a tensor of `dtype` stores them (bf16 and fp16 round; fp32 keeps them).
+// A fused kernel quantizes (or takes statistics of) its producer's value as the unfused pair
+// stores and reads it, and a run's inputs are rounded as the GPU run stores them (note "Block
+// summaries": their lines agree where the values do); rounding is idempotent, so values that
+// were stored already do not move.
+void round_as_stored(std::span<float> values, ir::DType dtype);
 
 // A block-scaled FP8 value as its cast made it: the stored copy's FP8 bits and scale_inv grid
 // (note "Block scale grids" in runtime/cpu/block_quantization.h), what the GEMMs reading it take.

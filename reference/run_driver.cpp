@@ -9,6 +9,7 @@
 
 #include "debug_config/debug_run.h"
 #include "plan/param_init.h"
+#include "reference_kernels.h"
 #include "run_ranks.h"
 #include "run_steps.h"
 
@@ -110,8 +111,8 @@ std::string run_reference_training(const ir::Sequence& sequence, const RunOption
   const auto input_shapes = current->input_shapes();
   for (size_t i = 0; i < input_shapes.size(); ++i) {
     inputs.push_back(seeded_input(input_shapes[i], options.seed, i));
-    store_as(inputs.back().data,
-             current->sequence().value(current->sequence().inputs[i]).type.dtype);
+    round_as_stored(inputs.back().data,
+                    current->sequence().value(current->sequence().inputs[i]).type.dtype);
   }
 
   std::string out = format_run_header(sequence, options);

@@ -12,6 +12,7 @@
 
 #include "collectives.h"
 #include "plan/parallel.h"
+#include "reference_kernels.h"
 #include "run_steps.h"
 
 namespace opfuse::cpu {
@@ -79,7 +80,7 @@ std::vector<std::vector<Tensor<float>>> rank_inputs(const ReferenceExecutor<floa
     std::vector<int64_t> whole_shape = shapes[i];
     if (cut.sharded()) whole_shape[size_t(cut.dim)] *= tp;
     Tensor<float> all = seeded_input(whole_shape, seed, i);
-    store_as(all.data, s.value(s.inputs.at(i)).type.dtype);
+    round_as_stored(all.data, s.value(s.inputs.at(i)).type.dtype);
     for (int r = 0; r < tp; ++r) {
       inputs[size_t(r)].push_back(
           cut.sharded()

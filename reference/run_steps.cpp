@@ -82,9 +82,4 @@ Tensor<float> seeded_input(const std::vector<int64_t>& shape, uint64_t seed, siz
   return seeded_normal(shape, seed ^ (0x9E3779B97F4A7C15ull + index), 1.0);
 }
 
-void store_as(std::span<float> values, ir::DType dtype) {
-  if (dtype == ir::DType::BF16) round_to_bf16(values);
-  if (dtype == ir::DType::FP16) round_to_fp16(values);
-}
-
 }  // namespace opfuse::cpu

@@ -44,8 +44,5 @@ ir::Sequence lowered_for_run(const ir::Sequence& sequence, const debug::Routing*
 // Input `index` (signature order) of the unsharded sequence: a second stream of the seed per
 // input, so that the inputs do not depend on the number of parameters.
 Tensor<float> seeded_input(const std::vector<int64_t>& shape, uint64_t seed, size_t index);
-// Rounds an input's values to its dtype (bf16, fp16), as the GPU run stores them, so that both
-// runs cast the same values (note "Block summaries": their lines agree where the values do).
-void store_as(std::span<float> values, ir::DType dtype);
 
 }  // namespace opfuse::cpu

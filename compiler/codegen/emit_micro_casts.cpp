@@ -15,9 +15,7 @@
 namespace opfuse::codegen::emitters {
 
 int micro_format(DType format) {
-  return format == DType::E2M1   ? rules::kMicroScaleE2M1
-         : format == DType::E5M2 ? rules::kMicroScaleE5M2
-                                 : rules::kMicroScaleE4M3;
+  return rules::micro_scale_format(format == DType::E2M1, format == DType::E5M2);
 }
 
 namespace {

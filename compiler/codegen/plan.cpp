@@ -219,6 +219,7 @@ void SequenceBuilder::add_launch(const Group& g, const std::string& what,
                   "forward launch of '{}' writes a transposed copy but gives no launch without it",
                   template_name);
     InferenceVariant variant;
+    variant.what = without_transpose->what;
     variant.launch.block_threads = without_transpose->block_threads;
     variant.launch.dynamic_smem_bytes = without_transpose->dynamic_smem_bytes;
     variant.launch.grid = std::move(without_transpose->grid);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "reference/cpu_tensor.h"
+#include "reference/reference_kernels.h"
 #include "reference/run_driver.h"
 #include "reference/run_steps.h"
 
@@ -168,7 +169,7 @@ void ReferenceSession::set_tensor(std::string_view name, const std::vector<std::
   const ir::DType dtype = info->dtype == TensorDType::BF16   ? ir::DType::BF16
                           : info->dtype == TensorDType::FP16 ? ir::DType::FP16
                                                              : ir::DType::FP32;
-  cpu::store_as(tensor.data, dtype);
+  cpu::round_as_stored(tensor.data, dtype);
   if (info->kind == TensorKind::Input) {
     inputs_[index_of(input_names_, name)] = std::move(tensor);
   } else {

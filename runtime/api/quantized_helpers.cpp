@@ -206,9 +206,7 @@ void dequantize(const QuantizedTensorView& from, void* output, cudaStream_t stre
     const bool down_columns = columnwise && !nvfp4;
     const std::int64_t out_rows = columnwise && nvfp4 ? cols : rows;
     const std::int64_t out_cols = columnwise && nvfp4 ? rows : cols;
-    const int format = nvfp4                              ? launch::kMicroScaleE2M1
-                       : from.format == TensorDType::E5M2 ? launch::kMicroScaleE5M2
-                                                          : launch::kMicroScaleE4M3;
+    const int format = launch::micro_scale_format(nvfp4, from.format == TensorDType::E5M2);
     const std::string expression = fmt::format("opfuse::micro_dequantize<__nv_bfloat16, {}, {}>",
                                                format, down_columns ? "true" : "false");
     const gpu::Kernel kernel = dequantize_kernel(expression, "micro_dequantize");

@@ -602,10 +602,9 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     profile.weight_cast = s.cache_group_of_step[static_cast<std::size_t>(step.index)] >= 0;
     const bool variant = mode == RunMode::Inference && step.inference.has_value();
     if (variant) {
-      // "layernorm bf16 -> e4m3 + transposed copy" names what the training launch writes.
-      const auto copy = profile.what.find(" + transposed copy");
-      if (copy != std::string::npos) profile.what.erase(copy, std::strlen(" + transposed copy"));
-      profile.what += " (inference variant: no transposed copy)";
+      // The step's `what` names what the training launch writes; the variant writes less.
+      profile.what = step.inference->what.empty() ? profile.what + " (inference variant)"
+                                                  : step.inference->what + " (inference variant)";
     }
     for (int id : step.reads) profile.bytes_read += s.bytes[static_cast<std::size_t>(id)];
     for (int id : variant ? step.inference->writes : step.writes)

@@ -92,9 +92,7 @@ std::vector<SummaryCopy> find_summary_copies(const plan::SequencePlan& plan) {
     } else {
       const std::string copy = fmt::format("the {} copy of quantizer '{}'",
                                            columnwise ? "column-wise" : "row-wise", quantizer.name);
-      const int format = spec.nvfp4()                       ? launch::kMicroScaleE2M1
-                         : spec.format == plan::DType::E5M2 ? launch::kMicroScaleE5M2
-                                                            : launch::kMicroScaleE4M3;
+      const int format = launch::micro_scale_format(spec.nvfp4(), spec.format == plan::DType::E5M2);
       t.expression = fmt::format("opfuse::micro_block_summary<{}, {}, {}, {}, {}>",
                                  input_type(plan, t.source, copy), format, spell(columnwise),
                                  spell(t.two_d), spell(spec.rht && columnwise));

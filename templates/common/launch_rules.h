@@ -381,6 +381,10 @@ inline constexpr int kMicroScalePatchCols = 2;  // columns per lane in a column 
 inline constexpr int kMicroScaleStripCols = kWarpSize * kMicroScalePatchCols;  // 64
 inline constexpr int kMicroScaleMaxGridX = 1 << 20;
 inline constexpr int kMicroScaleMaxGridY = 65535;
+// kFormat of a copy: NVFP4 (E2M1 elements), else MXFP8 with E5M2 or E4M3 elements.
+OPFUSE_LAUNCH_RULE int micro_scale_format(bool nvfp4, bool e5m2) {
+  return nvfp4 ? kMicroScaleE2M1 : e5m2 ? kMicroScaleE5M2 : kMicroScaleE4M3;
+}
 // Elements per scale block: 32 (MXFP8) or 16 (NVFP4).
 OPFUSE_LAUNCH_RULE int micro_scale_block_size(int format) {
   return format == kMicroScaleE2M1 ? 16 : 32;

@@ -454,6 +454,9 @@ TEST(CodegenInference, Fp8MlpVariantsDropOnlyTheTransposedCopiesOfTheNormAndSwig
   ASSERT_EQ(variants.size(), 2u) << "the weight casts get none: the executor caches them";
   EXPECT_EQ(variants[0]->what, "layernorm bf16 -> e4m3 + transposed copy");
   EXPECT_EQ(variants[1]->what, "swiglu bf16 -> e4m3 + transposed copy");
+  // What the variants write, for reports of inference forwards (fusec bench's step lines).
+  EXPECT_EQ(variants[0]->inference->what, "layernorm bf16 -> e4m3");
+  EXPECT_EQ(variants[1]->inference->what, "swiglu bf16 -> e4m3");
   for (const Step* step : variants) {
     SCOPED_TRACE(step->what);
     EXPECT_EQ(step->phase, ir::Phase::Forward);
@@ -597,6 +600,8 @@ TEST(CodegenInference, VariantsReadBackFromJsonExactly) {
         ASSERT_EQ(got.steps.at(i).inference.has_value(), want.steps[i].inference.has_value());
         if (!want.steps[i].inference) continue;
         EXPECT_EQ(got.steps[i].inference->writes, want.steps[i].inference->writes);
+        EXPECT_EQ(got.steps[i].inference->what, want.steps[i].inference->what);
+        EXPECT_FALSE(want.steps[i].inference->what.empty()) << want.steps[i].what;
         EXPECT_EQ(got.steps[i].inference->launch.kernel, want.steps[i].inference->launch.kernel);
         EXPECT_EQ(got.steps[i].inference->launch.grid.x, want.steps[i].inference->launch.grid.x);
       }
