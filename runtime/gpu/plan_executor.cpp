@@ -603,8 +603,8 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     const bool variant = mode == RunMode::Inference && step.inference.has_value();
     if (variant) {
       // The step's `what` names what the training launch writes; the variant writes less.
-      profile.what = step.inference->what.empty() ? profile.what + " (inference variant)"
-                                                  : step.inference->what + " (inference variant)";
+      if (!step.inference->what.empty()) profile.what = step.inference->what;
+      profile.what += " (inference variant)";
     }
     for (int id : step.reads) profile.bytes_read += s.bytes[static_cast<std::size_t>(id)];
     for (int id : variant ? step.inference->writes : step.writes)
