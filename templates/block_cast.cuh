@@ -13,10 +13,12 @@
 // Geometry (launch_rules.h): a block of 256 threads owns a 128 x 128 tile of x. A thread owns one
 // 16-byte input vector (kVec columns) in each of kPasses rows of the tile (8 rows for 2-byte
 // inputs, 16 threads per tile row; 16 rows for fp32, 32 threads per tile row), all loaded before
-// any is used and held in registers until the column scales are known. Row amax: shuffles among
-// the threads of a tile row; column amax: per thread over its rows, then over the warps through
-// shared memory. The column-wise FP8 bytes are staged in shared memory and written transposed,
-// 16 rows x 4 columns per thread (transpose.cuh), 16-byte stores when rows % 16 == 0.
+// any is used and held in registers until the column scales are known. A thread's own maxima:
+// packed 2-byte maxima (block_cast_packed_absmax). Row amax: LaneGroupMax among the threads of a
+// tile row, one row's scale per lane; column amax: per thread over its rows, then over the warps
+// through shared memory. The column-wise FP8 bytes are staged in shared memory and written
+// transposed, 16 rows x 4 columns per thread (transpose.cuh), 16-byte stores when
+// rows % 16 == 0.
 #ifndef OPFUSE_TEMPLATES_BLOCK_CAST_CUH_
 #define OPFUSE_TEMPLATES_BLOCK_CAST_CUH_
 
@@ -129,6 +131,28 @@ __device__ __forceinline__ void block_cast_widen(
   }
 }
 
+// Packed maxima of |value| for 2-byte inputs: each half of acc raised to the magnitude of the
+// same half of word (bf16x2 / fp16x2 max: NaN ignored as fmaxf ignores it, +0 for zeros). Exact,
+// as a maximum returns one of its inputs: the widened halves equal the fp32 running maxima of the
+// widened values, for half the instructions.
+template <typename Input>
+__device__ __forceinline__ unsigned int block_cast_packed_absmax(unsigned int acc,
+                                                                 unsigned int word) {
+  static_assert(sizeof(Input) == 2, "packed pairs of 2-byte values");
+  const unsigned int magnitude = word & 0x7FFF7FFFu;
+  unsigned int result;
+  if constexpr (kIsSame<Input, __half>) {
+    const __half2 m = __hmax2(*reinterpret_cast<const __half2*>(&acc),
+                              *reinterpret_cast<const __half2*>(&magnitude));
+    result = *reinterpret_cast<const unsigned int*>(&m);
+  } else {
+    const __nv_bfloat162 m = __hmax2(*reinterpret_cast<const __nv_bfloat162*>(&acc),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&magnitude));
+    result = *reinterpret_cast<const unsigned int*>(&m);
+  }
+  return result;
+}
+
 // kVec FP8 bytes of one tile row into the staging buffer as 32-bit words (the pitch is 4-byte,
 // not 8-byte, aligned).
 template <int kVec>
@@ -138,6 +162,13 @@ __device__ __forceinline__ void stage_fp8_bytes(unsigned char* dst, const void* 
   const unsigned int* from = reinterpret_cast<const unsigned int*>(bytes);
 #pragma unroll
   for (int w = 0; w < kVec / 4; ++w) to[w] = from[w];
+}
+
+// The rows of a tile left from `row` on (<= 0: none), capped at one tile: the passes' bounds
+// checks compare it in 32 bits with their row offset instead of each pass's 64-bit row.
+__device__ __forceinline__ int block_cast_rows_left(long long rows, long long row) {
+  const long long left = rows - row;
+  return static_cast<int>(left < launch::kBlockCastTile ? left : launch::kBlockCastTile);
 }
 
 // Rows each thread of a block cast owns in a 128 x 128 tile: 8 for 2-byte inputs, 16 for fp32.
@@ -189,55 +220,95 @@ __device__ __forceinline__ void block_cast_rows_tile(
   const bool write_rowwise = p.y != nullptr;
   const bool write_columnwise = kWriteTranspose && p.y_t != nullptr;
 
-  float col_amax[kVec];
-  float row_amax[kPasses];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) col_amax[j] = 0.0f;
-#pragma unroll
-  for (int b = 0; b < kPasses; ++b) {
-    float values[kVec];
-    block_cast_widen<Input>(raw[b], values);
-    row_amax[b] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      row_amax[b] = accumulate_amax(row_amax[b], values[j]);
-      col_amax[j] = accumulate_amax(col_amax[j], values[j]);
-    }
-  }
+  constexpr bool kPacked = sizeof(Input) == 2;
   if (write_rowwise) {
+    // The amax of each of the thread's rows (2-byte inputs: packed maxima, two per instruction).
+    float row_amax[kPasses];
 #pragma unroll
-    for (int mask = 1; mask < kVecsPerRow; mask <<= 1) {
+    for (int b = 0; b < kPasses; ++b) {
+      if constexpr (kPacked) {
+        unsigned int packed = 0;
 #pragma unroll
-      for (int b = 0; b < kPasses; ++b) {
-        row_amax[b] = fmaxf(row_amax[b], __shfl_xor_sync(kFullWarpMask, row_amax[b], mask));
+        for (int i = 0; i < 4; ++i) {
+          packed = block_cast_packed_absmax<Input>(packed, raw[b].elems[i]);
+        }
+        float halves[kVec];
+        block_cast_widen<Input>(BlockCastWords{{packed, 0u, 0u, 0u}}, halves);
+        row_amax[b] = fmaxf(halves[0], halves[1]);
+      } else {
+        float values[kVec];
+        block_cast_widen<Input>(raw[b], values);
+        row_amax[b] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) row_amax[b] = accumulate_amax(row_amax[b], values[j]);
       }
+    }
+    // Each row's amax, one row per lane at the end (common/reduce.cuh, LaneGroupMax: 8 shuffles
+    // for 8 rows of 16 lanes, where a butterfly per row takes 32); that lane derives the row's
+    // scale, the first of its replicas stores the scale_inv, and the scales go back to the row's
+    // lanes by shuffles: one scale and one division per lane instead of one per row.
+    using RowMax = LaneGroupMax<kPasses, kVecsPerRow>;
+    const int lane = threadIdx.x & 31;
+    const float amax_of_lane = RowMax::reduce(row_amax, lane);
+    const int pass_of_lane = RowMax::value_of_lane(lane);
+    const float scale_of_lane =
+        block_scale(amax_of_lane, kFp8Max, p.epsilon, power_of_2, kValueForInf);
+    const long long row_of_lane = tile_row0 + pass_of_lane * kRowsPerPass + row_in_pass;
+    const long long row_grid_inner = launch::block_scale_grid_inner(rows, cols, false);
+    const unsigned int col_block = static_cast<unsigned int>(tile_col0) / kTile;
+    if (lane % RowMax::kReplicas == 0 && row_of_lane < rows) {
+      p.y_scale_inv[col_block * row_grid_inner + row_of_lane] = __fdiv_rn(1.0f, scale_of_lane);
     }
     // The values are converted again below, not held as floats since the pass above.
 #pragma unroll
     for (int b = 0; b < kPasses; ++b) hide_from_optimizer(raw[b]);
-    const long long row_grid_inner = launch::block_scale_grid_inner(rows, cols, false);
-    const unsigned int col_block = static_cast<unsigned int>(tile_col0) / kTile;
+    // One 64-bit address per tile, then a pass stride; the rows left checked in 32 bits.
+    const int rows_left = block_cast_rows_left(rows, tile_row0 + row_in_pass);
+    Output* const out = p.y + (tile_row0 + row_in_pass) * cols + col;
+    const long long pass_stride = static_cast<long long>(kRowsPerPass) * cols;
 #pragma unroll
     for (int b = 0; b < kPasses; ++b) {
-      const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
-      const float scale = block_scale(row_amax[b], kFp8Max, p.epsilon, power_of_2, kValueForInf);
-      if (row < rows) {
-        if (col_valid) {
-          float values[kVec];
-          block_cast_widen<Input>(raw[b], values);
-          store_vec(p.y + row * cols + col, float_to_vec<Output, kVec>(values, scale));
-        }
-        if (vec_in_row == 0)
-          p.y_scale_inv[col_block * row_grid_inner + row] = __fdiv_rn(1.0f, scale);
+      const float scale =
+          __shfl_sync(kFullWarpMask, scale_of_lane, RowMax::lane_of_value(lane, b));
+      if (b * kRowsPerPass < rows_left && col_valid) {
+        float values[kVec];
+        block_cast_widen<Input>(raw[b], values);
+        store_vec(out + b * pass_stride, float_to_vec<Output, kVec>(values, scale));
       }
     }
   }
   if constexpr (kWriteTranspose) {
     if (write_columnwise) {
-      // Column amax: the threads of one column vector are lanes vec_in_row + k * kVecsPerRow of
-      // every warp; shuffles within the warp, then the warps through shared memory.
+      // Column amax: the thread's own over its rows (2-byte inputs: packed maxima; computed
+      // here rather than beside the rows' amax, which leaves fewer registers live through the
+      // row-wise copy), then the threads of one column vector, lanes vec_in_row + k *
+      // kVecsPerRow of every warp, by shuffles within the warp, then the warps through shared
+      // memory.
       const int lane = threadIdx.x & 31;
       const int warp = threadIdx.x >> 5;
+      float col_amax[kVec];
+      if constexpr (kPacked) {
+        unsigned int packed[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int b = 0; b < kPasses; ++b) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            packed[i] = block_cast_packed_absmax<Input>(packed[i], raw[b].elems[i]);
+          }
+        }
+        block_cast_widen<Input>(BlockCastWords{{packed[0], packed[1], packed[2], packed[3]}},
+                                col_amax);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) col_amax[j] = 0.0f;
+#pragma unroll
+        for (int b = 0; b < kPasses; ++b) {
+          float values[kVec];
+          block_cast_widen<Input>(raw[b], values);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) col_amax[j] = accumulate_amax(col_amax[j], values[j]);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
 #pragma unroll
@@ -341,12 +412,14 @@ __global__ void __launch_bounds__(
   // The whole tile's loads in flight before any arithmetic; rows and columns past the tensor
   // read as 0, which no amax notices.
   auto load_tile = [&](long long tile_row0, detail::BlockCastWords(&raw)[kPasses]) {
+    const int rows_left = detail::block_cast_rows_left(rows, tile_row0 + row_in_pass);
+    const Input* const in = p.x + (tile_row0 + row_in_pass) * cols + col;
+    const long long pass_stride = static_cast<long long>(kRowsPerPass) * cols;
 #pragma unroll
     for (int b = 0; b < kPasses; ++b) {
-      const long long row = tile_row0 + b * kRowsPerPass + row_in_pass;
-      raw[b] = col_valid && row < rows
+      raw[b] = col_valid && b * kRowsPerPass < rows_left
                    ? load_vec<unsigned int, 4>(
-                         reinterpret_cast<const unsigned int*>(p.x + row * cols + col))
+                         reinterpret_cast<const unsigned int*>(in + b * pass_stride))
                    : zero_vec<unsigned int, 4>();
     }
   };

@@ -5,11 +5,11 @@
 #   bench/kernels/run.sh [transpose_kernels arguments]   # build, check bit-exactness, time
 #   BUILD_ONLY=1 bench/kernels/run.sh                    # build only
 #
-# The original templates (templates/ of ORIGINAL_REV, default 36fe987: the norm backward's two rows
-# per step, whose fp32 dx rounds differently from earlier revisions' (explicitly rounded products);
-# taken from git) are written into the build directory with their namespace renamed to
-# opfuse_original (in $BUILD/opfuse_original/) and their include guards and macro renamed, so
-# the program holds both versions and checks the current outputs against them byte for byte.
+# The original templates (templates/ of ORIGINAL_REV, default HEAD: the working tree's changes
+# against the last commit; a revision before the block-scaled kernels (templates/block_cast.cuh)
+# no longer builds with the program; taken from git) are written into the build directory with
+# their namespace renamed to opfuse_original (in $BUILD/opfuse_original/) and their include
+# guards and macro renamed, so the program holds both versions and checks the current outputs against them byte for byte.
 # BUILD (default build/kbench) is the build directory; NVCC_FLAGS are added to the nvcc line
 # (e.g. -Xptxas -v for the register report); NAME names the binary (default transpose_kernels);
 # TEMPLATES (default templates/) is the current version's tree, e.g. a patched copy to compare.
@@ -23,7 +23,7 @@ templates=${TEMPLATES:-$root/templates}
 
 original=$build/original-templates
 rm -rf "$original" && mkdir -p "$original" "$build/opfuse_original/common"
-git -C "$root" archive "${ORIGINAL_REV:-36fe987}" templates | tar -x -C "$original"
+git -C "$root" archive "${ORIGINAL_REV:-HEAD}" templates | tar -x -C "$original"
 (cd "$original/templates" && find . -name '*.cuh' -o -name '*.h') | while read -r file; do
   sed -e 's/^namespace opfuse {/namespace opfuse_original {/' \
     -e 's/OPFUSE_TEMPLATES_/OPFUSE_ORIGINAL_TEMPLATES_/g' \

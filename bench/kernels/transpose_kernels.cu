@@ -1,6 +1,7 @@
 // Microbenchmark of the FP8 cast kernels that also write a transposed copy (issue 6: every fused
-// memory-bound kernel at >= 85% of the device copy bandwidth), built by nvcc straight from
-// templates/ (bench/kernels/run.sh).
+// memory-bound kernel at >= 85% of the device copy bandwidth) and of float8_block_scaling's block
+// casts and fused block activations (issue 18: the block quantize kernels at >= 85% of copy),
+// built by nvcc straight from templates/ (bench/kernels/run.sh).
 //
 // Each kernel runs twice per case: as the templates are now ("current") and as they were at a
 // reference commit ("original": templates/ of ORIGINAL_REV from git, see run.sh, renamed to
@@ -34,11 +35,44 @@
 #include <vector>
 
 #include "activation.cuh"
+#include "block_activation.cuh"
+#include "block_cast.cuh"
 #include "cast_transpose.cuh"
 #include "norm.cuh"
 #include "opfuse_original/activation.cuh"
+#include "opfuse_original/block_activation.cuh"
+#include "opfuse_original/block_cast.cuh"
 #include "opfuse_original/cast_transpose.cuh"
 #include "opfuse_original/norm.cuh"
+
+// The activations of the cases, in activation.cuh's functor contract (codegen generates these
+// for a program's ops, e.g. tests/golden/codegen/mlp/kernels/gated_activation_bwd_swiglu_*.cu;
+// both versions' kernels take the same functor).
+namespace opfuse {
+struct BenchSwiglu {  // silu(gate) * linear, as codegen writes the built-in swiglu
+  static constexpr int kInputs = 2;
+  __device__ __forceinline__ static float forward(const float (&in)[2]) {
+    return in[0] * sigmoid(in[0]) * in[1];
+  }
+  __device__ __forceinline__ static void backward(const float (&in)[2], float dy,
+                                                  float (&grad)[2]) {
+    const float s = sigmoid(in[0]);
+    grad[0] = s * (1.0f + in[0] * (1.0f - s)) * in[1] * dy;
+    grad[1] = in[0] * s * dy;
+  }
+};
+struct BenchGelu {  // the sigmoid approximation x * sigmoid(1.702 x)
+  static constexpr int kInputs = 1;
+  __device__ __forceinline__ static float forward(const float (&in)[1]) {
+    return in[0] * sigmoid(1.702f * in[0]);
+  }
+  __device__ __forceinline__ static void backward(const float (&in)[1], float dy,
+                                                  float (&grad)[1]) {
+    const float s = sigmoid(1.702f * in[0]);
+    grad[0] = dy * s * (1.0f + 1.702f * in[0] * (1.0f - s));
+  }
+};
+}  // namespace opfuse
 
 namespace {
 
@@ -193,6 +227,13 @@ struct Rules;
     }                                                                                         \
     static int norm_bwd_rows_per_block(int hidden, int bytes) {                               \
       return NS::launch::norm_bwd_rows_per_block(hidden, bytes);                              \
+    }                                                                                         \
+    static dim3 block_grid(long long rows, int cols) {                                        \
+      return dim3(NS::launch::block_cast_grid_x(cols), NS::launch::block_cast_grid_y(rows));  \
+    }                                                                                         \
+    static int block_threads() { return NS::launch::kBlockCastThreads; }                      \
+    static std::size_t block_activation_smem(int loads, int planes) {                         \
+      return NS::launch::block_activation_smem_bytes(loads, planes, false);                   \
     }                                                                                         \
   };
 OPFUSE_BENCH_RULES(false, opfuse)
@@ -400,16 +441,19 @@ Case gated_fwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0)
 // plain activation_bwd (dy, x [rows, n] -> dx [rows, n]).
 template <bool kGated, typename Act, typename In, typename Out, bool kTranspose, bool kDbias>
 Case act_bwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0) {
-  const void* current = kGated
-                            ? reinterpret_cast<const void*>(
-                                  &opfuse::gated_activation_bwd<Act, In, Out, kTranspose, kDbias>)
-                            : reinterpret_cast<const void*>(
-                                  &opfuse::activation_bwd<Act, In, Out, kTranspose, kDbias>);
-  const void* original =
-      kGated ? reinterpret_cast<const void*>(
-                   &opfuse_original::gated_activation_bwd<Act, In, Out, kTranspose, kDbias>)
-             : reinterpret_cast<const void*>(
-                   &opfuse_original::activation_bwd<Act, In, Out, kTranspose, kDbias>);
+  const void* current = nullptr;
+  const void* original = nullptr;
+  if constexpr (kGated) {
+    current = reinterpret_cast<const void*>(
+        &opfuse::gated_activation_bwd<Act, In, Out, kTranspose, kDbias>);
+    original = reinterpret_cast<const void*>(
+        &opfuse_original::gated_activation_bwd<Act, In, Out, kTranspose, kDbias>);
+  } else {
+    current =
+        reinterpret_cast<const void*>(&opfuse::activation_bwd<Act, In, Out, kTranspose, kDbias>);
+    original = reinterpret_cast<const void*>(
+        &opfuse_original::activation_bwd<Act, In, Out, kTranspose, kDbias>);
+  }
   const std::size_t n = static_cast<std::size_t>(rows) * n_cols;
   const std::size_t planes = kGated ? 2 : 1;
   const unsigned partial_rows = tile_launch<false>(current, rows, n_cols, grid_y).grid.y;
@@ -452,9 +496,107 @@ Case act_bwd_case(long long rows, int n_cols, bool timed, unsigned grid_y = 0) {
   return c;
 }
 
+// The scale_inv grid bytes of a [rows, cols] block-scaled copy (launch_rules.h; padding entries
+// are not written, so the grids start zeroed in both versions).
+std::size_t block_grid_bytes(long long rows, long long cols, bool two_d) {
+  return static_cast<std::size_t>(opfuse::launch::block_scale_grid_outer(rows, cols, two_d) *
+                                  opfuse::launch::block_scale_grid_inner(rows, cols, two_d)) *
+         4;
+}
+
+template <bool kOriginal>
+Launch block_launch(const void* kernel, long long rows, int cols, std::size_t smem = 0) {
+  return {kernel, Rules<kOriginal>::block_grid(rows, cols), dim3(Rules<kOriginal>::block_threads()),
+          smem};
+}
+
+// block_cast_transpose (float8_block_scaling): x [rows, cols] -> the row-wise copy (1 x 128 or
+// 128 x 128 blocks; `rowwise` false: not written, as after a norm that wrote it) and the
+// column-wise copy [cols, rows], power-of-2 scales.
+template <typename In, typename Out, bool kTwoD, bool kTranspose>
+Case block_cast_case(long long rows, int cols, bool timed, bool rowwise = true) {
+  const void* current =
+      reinterpret_cast<const void*>(&opfuse::block_cast_transpose<In, Out, kTwoD, kTranspose>);
+  const void* original = reinterpret_cast<const void*>(
+      &opfuse_original::block_cast_transpose<In, Out, kTwoD, kTranspose>);
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  Case c;
+  c.name = std::string("block_cast") + (kTwoD ? "128x128" : "1x128") + (rowwise ? "" : "-rows") +
+           (kTranspose ? "+T" : "") + (std::is_same_v<Out, e5m2> ? "->e5m2" : "");
+  c.shape = "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  c.timed = timed;
+  c.inputs = {{"x", dtype_of<In>(), n, -300.0f, 300.0f}};
+  c.outputs = {{"y", rowwise ? n * sizeof(Out) : 0, false},
+               {"y_scale_inv", rowwise ? block_grid_bytes(rows, cols, kTwoD) : 0, true},
+               {"y_t", kTranspose ? n * sizeof(Out) : 0, false},
+               {"y_t_scale_inv", kTranspose ? block_grid_bytes(cols, rows, kTwoD) : 0, true}};
+  c.counted_bytes = n * sizeof(In) + n * sizeof(Out) * ((rowwise ? 1 : 0) + (kTranspose ? 1 : 0)) +
+                    c.outputs[1].bytes + c.outputs[3].bytes;
+  c.launch = [=](bool orig) {
+    return orig ? block_launch<true>(original, rows, cols)
+                : block_launch<false>(current, rows, cols);
+  };
+  c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
+    return bytes_of(opfuse::BlockCastParams<In, Out>{
+        static_cast<const In*>(p[0]), rowwise ? static_cast<Out*>(p[1]) : nullptr,
+        rowwise ? static_cast<float*>(p[2]) : nullptr,
+        kTranspose ? static_cast<Out*>(p[3]) : nullptr,
+        kTranspose ? static_cast<float*>(p[4]) : nullptr, 0.0f, 1, static_cast<int>(rows), cols});
+  };
+  return c;
+}
+
+// The fused block-scaled SwiGLU (block_activation.cuh): forward x [rows, 2n] -> y [rows, n] and
+// y_t [n, rows]; backward dy [rows, n], x [rows, 2n] -> dx [rows, 2n] and dx_t [2n, rows]; both
+// with their 1 x 128 / 128 x 1 grids.
+template <bool kBackward, typename In, typename Out>
+Case block_swiglu_case(long long rows, int n_cols, bool timed) {
+  using Act = opfuse::BenchSwiglu;
+  const void* current =
+      kBackward
+          ? reinterpret_cast<const void*>(
+                &opfuse::block_gated_activation_bwd<Act, In, Out, true, false>)
+          : reinterpret_cast<const void*>(&opfuse::block_gated_activation_fwd<Act, In, Out, true>);
+  const void* original =
+      kBackward ? reinterpret_cast<const void*>(
+                      &opfuse_original::block_gated_activation_bwd<Act, In, Out, true, false>)
+                : reinterpret_cast<const void*>(
+                      &opfuse_original::block_gated_activation_fwd<Act, In, Out, true>);
+  const std::size_t n = static_cast<std::size_t>(rows) * n_cols;
+  const int planes = kBackward ? 2 : 1;
+  const int loads = kBackward ? 3 : 2;
+  const long long out_cols = static_cast<long long>(planes) * n_cols;
+  Case c;
+  c.name = std::string(kBackward ? "block_swiglu_bwd" : "block_swiglu_fwd") + "+T";
+  c.shape = "x [" + std::to_string(rows) + ", 2*" + std::to_string(n_cols) + "]";
+  c.timed = timed;
+  c.inputs = {{"x", dtype_of<In>(), 2 * n, -4.0f, 4.0f}};
+  if (kBackward) c.inputs.push_back({"dy", dtype_of<In>(), n, -1.0f, 1.0f});
+  c.outputs = {{"y", planes * n * sizeof(Out), false},
+               {"y_scale_inv", block_grid_bytes(rows, out_cols, false), true},
+               {"y_t", planes * n * sizeof(Out), false},
+               {"y_t_scale_inv", block_grid_bytes(out_cols, rows, false), true}};
+  c.counted_bytes = (kBackward ? 3 : 2) * n * sizeof(In) + 2 * planes * n * sizeof(Out) +
+                    c.outputs[1].bytes + c.outputs[3].bytes;
+  c.launch = [=](bool orig) {
+    return orig ? block_launch<true>(original, rows, n_cols,
+                                     Rules<true>::block_activation_smem(loads, planes))
+                : block_launch<false>(current, rows, n_cols,
+                                      Rules<false>::block_activation_smem(loads, planes));
+  };
+  c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
+    const std::size_t o = kBackward ? 2 : 1;  // first output
+    return bytes_of(opfuse::BlockActivationParams<In, Out>{
+        kBackward ? static_cast<const In*>(p[1]) : nullptr, static_cast<const In*>(p[0]),
+        static_cast<Out*>(p[o]), static_cast<float*>(p[o + 1]), static_cast<Out*>(p[o + 2]),
+        static_cast<float*>(p[o + 3]), nullptr, 0.0f, 1, static_cast<int>(rows), n_cols});
+  };
+  return c;
+}
+
 std::vector<Case> all_cases() {
-  using opfuse::Gelu;
-  using opfuse::Silu;
+  using Gelu = opfuse::BenchGelu;
+  using Silu = opfuse::BenchSwiglu;
   std::vector<Case> cases;
   // The large cases of bench/RESULTS.md (H100), each with its no-transpose twin where one exists.
   cases.push_back(norm_fwd_case<false, bf16, e4m3, 4096, false, true>(16384, true));
@@ -471,6 +613,15 @@ std::vector<Case> all_cases() {
   cases.push_back(cast_case<bf16, e4m3, false, false>(16384, 28672, true));
   cases.push_back(gated_fwd_case<Silu, bf16, e4m3, true>(16384, 28672, true));
   cases.push_back(gated_fwd_case<Silu, bf16, e4m3, false>(16384, 28672, true));
+  // float8_block_scaling's kernels at bench/workloads/mlp_large.fuse's sizes: fc2's output
+  // gradient (both 1 x 128 copies), fc1's input after the norm wrote its row-wise copy, the
+  // weights' 128 x 128 casts, and the fused SwiGLU forward and backward.
+  cases.push_back(block_cast_case<bf16, e5m2, false, true>(16384, 4096, true));
+  cases.push_back(block_cast_case<bf16, e4m3, false, false>(16384, 4096, true));
+  cases.push_back(block_cast_case<bf16, e4m3, false, true>(16384, 4096, true, false));
+  cases.push_back(block_cast_case<bf16, e4m3, true, true>(28672, 4096, true));
+  cases.push_back(block_swiglu_case<false, bf16, e4m3>(16384, 14336, true));
+  cases.push_back(block_swiglu_case<true, bf16, e5m2>(16384, 14336, true));
   // Small checks: tails (rows not a multiple of 16 or of the tile, partial column tiles), other
   // dtypes and widths (idle slots, several row groups per block: named barriers), dbias, and
   // grids with fewer row tiles than the tensor (strided row tiles).
@@ -494,6 +645,12 @@ std::vector<Case> all_cases() {
   cases.push_back(act_bwd_case<false, Gelu, bf16, e5m2, true, true>(600, 2056, false));
   cases.push_back(gated_fwd_case<Silu, bf16, e4m3, true>(1037, 4104, false));
   cases.push_back(gated_fwd_case<Silu, bf16, e4m3, true>(4096, 4096, false, 13));
+  cases.push_back(block_cast_case<bf16, e4m3, false, true>(1037, 4104, false));
+  cases.push_back(block_cast_case<bf16, e5m2, false, true>(300, 1000, false, false));
+  cases.push_back(block_cast_case<float, e4m3, false, true>(515, 1000, false));
+  cases.push_back(block_cast_case<bf16, e4m3, true, true>(1037, 4104, false));
+  cases.push_back(block_swiglu_case<false, bf16, e4m3>(1037, 1032, false));
+  cases.push_back(block_swiglu_case<true, bf16, e5m2>(1037, 1024, false));
   return cases;
 }
 
