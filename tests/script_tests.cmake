@@ -60,3 +60,16 @@ if(Python3_Interpreter_FOUND)
                        FIXTURES_REQUIRED python_package
                        SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endif()
+
+# bench/kernels/run.sh builds the kernel bench (bench/kernels/transpose_kernels.cu) against
+# templates/ and the last commit's templates, so the bench cannot fall behind the templates it
+# times (it had: the activations' functor contract changed under it). Build only: timing needs a
+# GPU.
+find_program(OPFUSE_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)
+find_program(OPFUSE_GIT git)
+if(OPFUSE_NVCC AND OPFUSE_GIT AND EXISTS ${PROJECT_SOURCE_DIR}/.git)
+  add_test(NAME kernel_bench_builds
+    COMMAND ${CMAKE_COMMAND} -E env BUILD_ONLY=1 BUILD=${CMAKE_CURRENT_BINARY_DIR}/kbench
+            NVCC=${OPFUSE_NVCC} ${PROJECT_SOURCE_DIR}/bench/kernels/run.sh)
+  set_tests_properties(kernel_bench_builds PROPERTIES LABELS "cpu;bench" TIMEOUT 900)
+endif()
