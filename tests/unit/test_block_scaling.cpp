@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codegen/plan.h"
@@ -63,10 +64,11 @@ driver::CompileResult compile(const std::string& recipe, const char* text = kMlp
 
 driver::CompileResult compile_one(const std::string& recipe) { return compile(recipe, kOne); }
 
-const plan::QuantizerPlan& quantizer(const plan::SequencePlan& s, const std::string& name) {
+// The name by value: GCC 13's -Wdangling-reference (note in test_quantized_boundary.cpp).
+const plan::QuantizerPlan& quantizer(const plan::SequencePlan& s, std::string_view name) {
   for (const plan::QuantizerPlan& q : s.quantizers)
     if (q.name == name) return q;
-  throw std::runtime_error("no quantizer " + name);
+  throw std::runtime_error("no quantizer " + std::string(name));
 }
 
 size_t launches_of(const plan::Plan& p, const std::string& template_name) {

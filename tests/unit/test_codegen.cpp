@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../../runtime/jit/nvrtc_compiler.h"
@@ -96,7 +97,8 @@ std::vector<const Step*> launches_of(const Plan& plan, const SequencePlan& s,
   return found;
 }
 
-const codegen::ParamBinding& param(const Step& step, const std::string& field) {
+const codegen::ParamBinding& param(
+    const Step& step, std::string_view field) {  // by value: note in test_quantized_boundary.cpp
   for (const auto& p : std::get<LaunchStep>(step.body).params)
     if (p.field == field) return p;
   static const codegen::ParamBinding none;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codegen/plan.h"
@@ -70,10 +71,12 @@ driver::CompileResult compile(const std::string& text, driver::Stage stage) {
   return r;
 }
 
-const plan::SequencePlan& sequence(const plan::Plan& p, const std::string& name) {
+// The name by value (std::string_view): GCC 13's -Wdangling-reference flags a returned reference
+// whose call bound a temporary std::string to a const reference parameter.
+const plan::SequencePlan& sequence(const plan::Plan& p, std::string_view name) {
   for (const plan::SequencePlan& s : p.sequences)
     if (s.name == name) return s;
-  throw std::runtime_error("no sequence " + name);
+  throw std::runtime_error("no sequence " + std::string(name));
 }
 
 const plan::Buffer* buffer(const plan::SequencePlan& s, const std::string& name) {
