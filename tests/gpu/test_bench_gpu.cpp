@@ -218,5 +218,53 @@ TEST_F(BenchGpu, ForwardBenchmarkCalibratesTheScalesAndSaysSo) {
       << "a training benchmark updates the quantizers every iteration";
 }
 
+// fusec bench --trace (gpu/activity_trace.h): the CUPTI timeline of the traced iterations holds
+// every GEMM and generated kernel of each of them, as Chrome trace JSON, and its summary is
+// consistent (the GPU busy at most the span; the events inside it).
+TEST_F(BenchGpu, TraceRecordsEveryKernelOfTheTracedIterations) {
+  const Program program = Program::compile(kProgram, "bench_mlp.fuse");
+  api::BenchOptions options;
+  options.bindings = {{"tokens", kTokens}};
+  options.mode = api::BenchMode::ForwardBackward;
+  options.iterations = 5;
+  options.warmup = 1;
+  options.trace_iterations = 3;
+  const api::BenchReport report = api::run_benchmark(program, options);
+  const api::BenchReport::Trace& t = report.trace;
+  ASSERT_EQ(t.iterations, 3);
+  EXPECT_FALSE(t.library.empty());
+  EXPECT_EQ(t.dropped, 0u);
+  std::size_t launches = 0;  // every step of a training iteration launches one kernel or GEMM
+  for (const api::BenchStep& step : report.steps) launches += step.ran ? 1 : 0;
+  EXPECT_GE(t.kernels, 3 * launches) << "a GEMM may run more than one kernel, never fewer";
+  EXPECT_GT(t.span_ms, 0);
+  EXPECT_GT(t.busy_ms, 0);
+  EXPECT_LE(t.busy_ms, t.span_ms);
+
+  const nlohmann::json json = nlohmann::json::parse(t.json);
+  std::size_t complete = 0, kernels = 0;
+  double first = 0, last = 0;
+  for (const nlohmann::json& e : json["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+    EXPECT_GE(dur, 0) << e.dump();
+    first = complete == 0 ? ts : std::min(first, ts);
+    last = std::max(last, ts + dur);
+    ++complete;
+    kernels += e["cat"] == "kernel" ? 1 : 0;
+  }
+  EXPECT_EQ(complete, t.activities);
+  EXPECT_EQ(kernels, t.kernels);
+  EXPECT_NEAR((last - first) * 1e-3, t.span_ms, 1e-6 + 1e-9 * last);
+  bool saw_gemm_or_cast = false;
+  for (const nlohmann::json& e : json["traceEvents"]) {
+    const std::string name = e.value("name", "");
+    saw_gemm_or_cast |= name.find("opfuse::") != std::string::npos;
+  }
+  EXPECT_TRUE(saw_gemm_or_cast) << "the generated kernels appear under their demangled names";
+  EXPECT_NE(api::format_bench_report(report).find("GPU trace"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(api::bench_report_json(report))["trace"]["kernels"], t.kernels);
+}
+
 }  // namespace
 }  // namespace opfuse

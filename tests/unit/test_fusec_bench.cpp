@@ -28,7 +28,8 @@ TEST(FusecBench, HelpNamesEveryOptionAndTheExitCodes) {
   EXPECT_EQ(r.exit_code, kExitOk) << r.output;
   for (const char* option :
        {"--sequence", "--bind", "--mode", "fwdbwd", "--recipe", "--graph", "--iterations",
-        "--warmup", "--calibrate", "--json", "--recast-weights", "--nproc"}) {
+        "--warmup", "--calibrate", "--json", "--recast-weights", "--nproc", "--trace",
+        "--trace-iterations", "Chrome trace JSON"}) {
     EXPECT_TRUE(contains(r.output, option)) << option << " missing from:\n" << r.output;
   }
   EXPECT_TRUE(contains(r.output, "Exit codes:")) << r.output;
@@ -57,6 +58,19 @@ TEST(FusecBench, NegativeCountsAreUsageErrors) {
   }
 }
 
+// --trace-iterations counts the iterations of a --trace: alone, or below 1, it is a usage error.
+TEST(FusecBench, TraceIterationsNeedATraceAndAPositiveCount) {
+  const auto alone = bench(mlp() + " --bind tokens=64 --trace-iterations 3");
+  EXPECT_EQ(alone.exit_code, kExitUsage) << alone.output;
+  EXPECT_TRUE(contains(alone.output, "--trace")) << alone.output;
+  const std::string out = test::make_temp_dir("bench") + "/t.json";
+  for (const char* count : {"0", "-1", "many"}) {
+    const auto r =
+        bench(mlp() + " --bind tokens=64 --trace '" + out + "' --trace-iterations " + count);
+    EXPECT_EQ(r.exit_code, kExitUsage) << count << ": " << r.output;
+  }
+}
+
 TEST(FusecBench, MissingFileIsAUsageError) {
   const auto missing = bench("'" + test::make_temp_dir("bench") + "/absent.fuse'");
   EXPECT_EQ(missing.exit_code, kExitUsage) << missing.output;
@@ -74,6 +88,12 @@ TEST(FusecBench, WithoutAGpuSaysSoAndExitsOne) {
   EXPECT_TRUE(contains(r.output, "fusec: error: bench needs a GPU: " + why)) << r.output;
   EXPECT_FALSE(test::run_command("test -e '" + out + "'").exit_code == 0)
       << "no JSON is written when nothing was measured";
+  const std::string trace = test::make_temp_dir("bench") + "/trace.json";
+  const auto traced = bench(mlp() + " --bind tokens=64 --trace '" + trace + "'");
+  EXPECT_EQ(traced.exit_code, kExitUserError) << traced.output;
+  EXPECT_TRUE(contains(traced.output, "bench needs a GPU")) << traced.output;
+  EXPECT_FALSE(test::run_command("test -e '" + trace + "'").exit_code == 0)
+      << "no trace is written when nothing ran";
 }
 
 // `fusec bench --nproc N` (docs/parallel.md) starts a process per GPU: without N GPUs it says

@@ -14,6 +14,7 @@
 #include "api/session_access.h"
 #include "comm/communicator.h"
 #include "cpu/numerics.h"
+#include "gpu/activity_trace.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
@@ -444,6 +445,38 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
 
 }  // namespace
 
+// options.trace_iterations iterations issued back to back under a GPU trace (CUPTI), after
+// everything timed: the timeline and its summary into report.trace.
+void trace_pass(const BenchOptions& options, Iteration& iteration, BenchReport& report) {
+  iteration.sync();
+  gpu::ActivityTrace trace;
+  std::vector<gpu::TraceEvent> events;
+  try {
+    for (int i = 0; i < options.trace_iterations; ++i) iteration.run(i);
+    iteration.sync();
+    events = trace.finish();
+  } catch (...) {
+    (void)trace.finish();
+    throw;
+  }
+  BenchReport::Trace& t = report.trace;
+  t.iterations = options.trace_iterations;
+  t.library = gpu::ActivityTrace::library_path();
+  t.dropped = trace.dropped();
+  const gpu::TraceSummary summary = gpu::summarize_trace(events);
+  t.activities = summary.activities;
+  t.kernels = summary.kernels;
+  t.span_ms = double(summary.span_ns) * 1e-6;
+  t.busy_ms = double(summary.busy_ns) * 1e-6;
+  for (const gpu::TraceGap& gap : summary.largest_gaps) {
+    t.largest_gaps.push_back(
+        fmt::format("{:.1f} us after {} before {}", double(gap.ns) * 1e-3, gap.before, gap.after));
+  }
+  t.json = gpu::chrome_trace_json(
+      events, report.rank,
+      fmt::format("sequence {} ({}, recipe {})", report.sequence, report.mode, report.recipe));
+}
+
 BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   if (std::string why; !gpu::gpu_available(&why))
     throw UsageError(fmt::format("fusec bench needs a GPU: {}", why));
@@ -603,6 +636,8 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
         "too short); it is not free of launch gaps",
         gap_us));
   }
+
+  if (options.trace_iterations > 0) trace_pass(options, iteration, report);
 
   for (const BenchStep& step : report.steps) {
     if (step.kind == "gemm") report.gemm_flops += step.flops;

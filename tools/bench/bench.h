@@ -46,6 +46,9 @@ struct BenchOptions {
   // For a program compiled with a debug config (fusec bench --debug-config): how its session
   // logs. Every timed iteration is a debug iteration (its statistics logged behind the GPU).
   DebugSessionOptions debug;
+  // After the timed passes: this many iterations issued back to back under a GPU trace
+  // (gpu/activity_trace.h, CUPTI), kept as BenchReport::trace_json; 0: no trace.
+  int trace_iterations = 0;
   // Only for the report: the program's compile wall time as the caller measured it.
   double compile_wall_ms = 0;
   // A rank of a tensor-parallel sequence (`fusec bench --nproc N`, docs/parallel.md): every rank
@@ -119,6 +122,18 @@ struct BenchReport {
   std::size_t kernel_bytes = 0;
   double kernel_gb_per_s = 0, kernel_copy_share = 0;  // generated kernels together
   std::vector<std::string> notes;
+
+  // BenchOptions::trace_iterations > 0: the GPU timeline of those iterations (Chrome trace JSON,
+  // gpu::chrome_trace_json) and its summary: every activity's interval joined over all streams,
+  // so span - busy is the time the GPU sat idle between the iterations' work.
+  struct Trace {
+    int iterations = 0;
+    std::string library;  // the CUPTI that recorded it
+    std::size_t activities = 0, kernels = 0, dropped = 0;
+    double span_ms = 0, busy_ms = 0;
+    std::vector<std::string> largest_gaps;  // "12.3 us after <kernel> before <kernel>"
+    std::string json;
+  } trace;
 };
 
 // Runs the benchmark on the current GPU. Throws UsageError (no GPU, unbound or unknown sizes,
@@ -127,6 +142,9 @@ struct BenchReport {
 BenchReport run_benchmark(const Program& program, const BenchOptions& options);
 
 std::string format_bench_report(const BenchReport& report);  // the text fusec bench prints
-std::string bench_report_json(const BenchReport& report);    // every number, indented JSON
+// Where rank `rank` writes its GPU trace given `path`: the path itself for rank 0, else
+// ".rank<r>" inserted before the extension ("t.json" -> "t.rank1.json"; "t" -> "t.rank1").
+std::string rank_trace_path(const std::string& path, int rank);
+std::string bench_report_json(const BenchReport& report);  // every number, indented JSON
 
 }  // namespace opfuse::api

@@ -104,6 +104,17 @@ std::string format_bench_report(const BenchReport& r) {
                : "",
       steps_ms, r.device_time.median);
   for (const std::string& note : r.notes) out += "note: " + note + "\n";
+  if (r.trace.iterations > 0) {
+    const BenchReport::Trace& t = r.trace;
+    const double per = 1.0 / t.iterations;
+    out += fmt::format(
+        "GPU trace           {} iterations back to back: {} activities ({} kernels), the GPU busy "
+        "{:.4f} of {:.4f} ms per iteration, idle {:.4f} ms (CUPTI {}{})\n",
+        t.iterations, t.activities, t.kernels, t.busy_ms * per, t.span_ms * per,
+        (t.span_ms - t.busy_ms) * per, t.library,
+        t.dropped > 0 ? fmt::format("; {} records dropped", t.dropped) : "");
+    for (const std::string& gap : t.largest_gaps) out += "  idle " + gap + "\n";
+  }
   return out;
 }
 
@@ -142,7 +153,7 @@ std::string bench_report_json(const BenchReport& r) {
   }
   Json bindings = Json::object();
   for (const auto& [name, size] : r.bindings) bindings[name] = size;
-  const Json json{
+  Json json{
       {"tool", "fusec bench"},
       {"file", r.file},
       {"sequence", r.sequence},
@@ -189,7 +200,23 @@ std::string bench_report_json(const BenchReport& r) {
       {"steps", steps},
       {"notes", r.notes},
   };
+  if (r.trace.iterations > 0) {
+    json["trace"] = {{"iterations", r.trace.iterations}, {"library", r.trace.library},
+                     {"activities", r.trace.activities}, {"kernels", r.trace.kernels},
+                     {"dropped", r.trace.dropped},       {"span_ms", r.trace.span_ms},
+                     {"busy_ms", r.trace.busy_ms},       {"largest_gaps", r.trace.largest_gaps}};
+  }
   return json.dump(1) + "\n";
+}
+
+std::string rank_trace_path(const std::string& path, int rank) {
+  if (rank == 0) return path;
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  const bool has_extension =
+      dot != std::string::npos && dot > 0 && (slash == std::string::npos || dot > slash + 1);
+  const std::string suffix = fmt::format(".rank{}", rank);
+  return has_extension ? path.substr(0, dot) + suffix + path.substr(dot) : path + suffix;
 }
 
 }  // namespace opfuse::api

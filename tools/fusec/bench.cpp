@@ -33,6 +33,8 @@ struct BenchCommandOptions {
   std::string debug_config;
   std::string debug_log_dir;
   int nproc = 1;  // tensor-parallel ranks, one process per GPU
+  std::string trace;
+  int trace_iterations = 5;
 };
 
 int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
@@ -70,6 +72,7 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     bench.warmup = opts.warmup;
     bench.calibrate = opts.calibrate;
     bench.seed = opts.seed;
+    if (!opts.trace.empty()) bench.trace_iterations = opts.trace_iterations;
     opfuse::api::BenchReport report = opfuse::api::run_benchmark(program, bench);
     report.file = opts.file;
     std::fputs(opfuse::api::format_bench_report(report).c_str(), stdout);
@@ -78,6 +81,14 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
       const fs::path parent = fs::path(opts.json).parent_path();
       if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
       if (!write_output(opts.json, opfuse::api::bench_report_json(report))) return kExitUserError;
+    }
+    // Every rank writes its own timeline (api::rank_trace_path).
+    if (!opts.trace.empty()) {
+      const std::string path = opfuse::api::rank_trace_path(opts.trace, bench.parallel.rank);
+      const fs::path parent = fs::path(path).parent_path();
+      if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
+      if (!write_output(path, report.trace.json)) return kExitUserError;
+      std::printf("GPU trace written to %s\n", path.c_str());
     }
   } catch (const opfuse::CompileError& e) {
     std::fputs(e.what(), stderr);
@@ -143,6 +154,19 @@ Command add_bench_command(CLI::App& app, CommonOptions& common) {
                    "processes, one GPU each, for a sequence `with parallel(tp = N)`: every rank "
                    "times its part and rank 0 prints its report (docs/parallel.md)")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  auto* trace =
+      bench->add_option("--trace", opts->trace,
+                        "after the timed passes, record a GPU timeline (CUPTI: every kernel, copy "
+                        "and memset with its start, end and stream) of --trace-iterations "
+                        "iterations and write it here as Chrome trace JSON (chrome://tracing, "
+                        "Perfetto); under --nproc rank r > 0 writes FILE with .rank<r> before its "
+                        "extension (docs/embedding.md, \"Timelines\")");
+  bench
+      ->add_option("--trace-iterations", opts->trace_iterations,
+                   "iterations issued back to back under --trace")
+      ->check(CLI::Range(1, 1000))
+      ->needs(trace)
       ->capture_default_str();
   auto* debug_config =
       bench
