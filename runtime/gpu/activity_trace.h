@@ -61,10 +61,10 @@ class ActivityTrace {
 };
 
 // The events as Chrome trace JSON (the "traceEvents" array format, which chrome://tracing and
-// Perfetto open): one complete ("X") event per activity, ts and dur in microseconds on CUPTI's
-// clock (absolute, so the files of several ranks on one host line up), pid the rank, tid the
-// stream, args the device, bytes or grid and block. `label` names the process (the program and
-// sequence). Throws nothing; names are escaped as JSON strings.
+// Perfetto open): one complete ("X") event per activity, ts and dur in microseconds, ts from the
+// earliest start, whose CUPTI time is "otherData"."origin_ns" (the ranks of one host share that
+// clock: their files line up by it), pid the rank, tid the stream, args the device, bytes or grid
+// and block. `label` names the process (the sequence, mode, recipe). Names are JSON strings.
 std::string chrome_trace_json(const std::vector<TraceEvent>& events, int rank,
                               std::string_view label);
 

@@ -93,12 +93,15 @@ TEST(ActivityTrace, ChromeJsonHasOneCompleteEventPerActivity) {
     EXPECT_EQ(e["name"], events[i].name);
     EXPECT_EQ(e["pid"], 3);
     EXPECT_EQ(e["tid"], events[i].stream);
-    EXPECT_DOUBLE_EQ(e["ts"].get<double>(), double(events[i].start_ns) / 1e3);
+    EXPECT_DOUBLE_EQ(e["ts"].get<double>(), double(events[i].start_ns - 1'000) / 1e3)
+        << "microseconds from the earliest start";
     EXPECT_DOUBLE_EQ(e["dur"].get<double>(), double(events[i].end_ns - events[i].start_ns) / 1e3);
   }
   EXPECT_EQ(list[1]["cat"], "kernel");
   EXPECT_EQ(list[1]["args"]["grid"], nlohmann::json::array({132, 0, 0}));
   EXPECT_EQ(list[1]["args"]["block"], nlohmann::json::array({256, 0, 0}));
+  EXPECT_EQ(json["otherData"]["origin_ns"], 1'000);
+  EXPECT_EQ(json["otherData"]["rank"], 3);
   EXPECT_EQ(list[5]["cat"], "memcpy");
   EXPECT_EQ(list[5]["args"]["bytes"], 1 << 20);
 }

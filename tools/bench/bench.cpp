@@ -449,16 +449,10 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
 // everything timed: the timeline and its summary into report.trace.
 void trace_pass(const BenchOptions& options, Iteration& iteration, BenchReport& report) {
   iteration.sync();
-  gpu::ActivityTrace trace;
-  std::vector<gpu::TraceEvent> events;
-  try {
-    for (int i = 0; i < options.trace_iterations; ++i) iteration.run(i);
-    iteration.sync();
-    events = trace.finish();
-  } catch (...) {
-    (void)trace.finish();
-    throw;
-  }
+  gpu::ActivityTrace trace;  // on an exception its destructor stops the recording
+  for (int i = 0; i < options.trace_iterations; ++i) iteration.run(i);
+  iteration.sync();
+  const std::vector<gpu::TraceEvent> events = trace.finish();
   BenchReport::Trace& t = report.trace;
   t.iterations = options.trace_iterations;
   t.library = gpu::ActivityTrace::library_path();
