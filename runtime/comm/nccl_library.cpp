@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 #include <fmt/format.h>
-#include <link.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -10,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "gpu/dynamic_library.h"
 #include "opfuse/error.h"
 
 namespace opfuse::comm {
@@ -20,51 +20,25 @@ constexpr const char* kWhatToDo =
     "install NCCL >= 2.19 (Debian/Ubuntu: libnccl2) or set "
     "OPFUSE_NCCL_LIBRARY=/path/to/libnccl.so.2";
 
-std::string environment_value(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? std::string() : std::string(value);
-}
-
-std::string dlerror_text() {
-  const char* text = ::dlerror();
-  return text == nullptr ? std::string("unknown error") : std::string(text);
-}
-
-// Resolves one function into `slot`; returns false (and appends its name to `missing`) when the
-// library lacks it.
-template <typename Function>
-bool resolve(void* handle, const char* name, Function& slot, std::string& missing) {
-  ::dlerror();  // dlsym reports failure through dlerror, not through a null result alone
-  void* symbol = ::dlsym(handle, name);
-  if (symbol == nullptr) {
-    if (!missing.empty()) missing += ", ";
-    missing += name;
-    return false;
-  }
-  // POSIX guarantees that a data pointer from dlsym converts to a function pointer.
-  slot = reinterpret_cast<Function>(symbol);
-  return true;
-}
-
 // Resolves every function of `library` from `handle` and checks the version. Throws UsageError
 // naming `library.path` when the library is unusable.
 void bind_functions(void* handle, NcclLibrary& library) {
   std::string missing;
   bool ok = true;
-  ok &= resolve(handle, "ncclGetVersion", library.get_version, missing);
-  ok &= resolve(handle, "ncclGetUniqueId", library.get_unique_id, missing);
-  ok &= resolve(handle, "ncclCommInitRank", library.comm_init_rank, missing);
-  ok &= resolve(handle, "ncclCommDestroy", library.comm_destroy, missing);
-  ok &= resolve(handle, "ncclCommAbort", library.comm_abort, missing);
-  ok &= resolve(handle, "ncclCommGetAsyncError", library.comm_get_async_error, missing);
-  ok &= resolve(handle, "ncclGetErrorString", library.get_error_string, missing);
-  ok &= resolve(handle, "ncclGetLastError", library.get_last_error, missing);
-  ok &= resolve(handle, "ncclAllReduce", library.all_reduce, missing);
-  ok &= resolve(handle, "ncclAllGather", library.all_gather, missing);
-  ok &= resolve(handle, "ncclReduceScatter", library.reduce_scatter, missing);
-  ok &= resolve(handle, "ncclBroadcast", library.broadcast, missing);
-  ok &= resolve(handle, "ncclGroupStart", library.group_start, missing);
-  ok &= resolve(handle, "ncclGroupEnd", library.group_end, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclGetVersion", library.get_version, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclGetUniqueId", library.get_unique_id, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclCommInitRank", library.comm_init_rank, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclCommDestroy", library.comm_destroy, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclCommAbort", library.comm_abort, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclCommGetAsyncError", library.comm_get_async_error, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclGetErrorString", library.get_error_string, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclGetLastError", library.get_last_error, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclAllReduce", library.all_reduce, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclAllGather", library.all_gather, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclReduceScatter", library.reduce_scatter, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclBroadcast", library.broadcast, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclGroupStart", library.group_start, missing);
+  ok &= gpu::resolve_symbol(handle, "ncclGroupEnd", library.group_end, missing);
   if (!ok) {
     throw UsageError(fmt::format(
         "the NCCL library {} lacks the functions {}: it is not NCCL, or an NCCL older than 2.19; "
@@ -87,16 +61,11 @@ void bind_functions(void* handle, NcclLibrary& library) {
 std::optional<NcclLibrary> try_load(const std::string& path, std::string* why) {
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    *why = dlerror_text();
+    *why = gpu::dlerror_text();
     return std::nullopt;
   }
   NcclLibrary library;
-  library.path = path;
-  // The file the loader chose ("libnccl.so.2" alone says nothing of which copy was found).
-  if (link_map* map = nullptr; ::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr &&
-                               map->l_name != nullptr && *map->l_name != '\0') {
-    library.path = map->l_name;
-  }
+  library.path = gpu::loaded_library_path(handle, path);
   try {
     bind_functions(handle, library);
   } catch (...) {
@@ -110,8 +79,8 @@ std::optional<NcclLibrary> try_load(const std::string& path, std::string* why) {
 
 NcclSearchInputs NcclSearchInputs::from_environment() {
   NcclSearchInputs inputs;
-  inputs.library_env = environment_value("OPFUSE_NCCL_LIBRARY");
-  inputs.cuda_home = environment_value("CUDA_HOME");
+  inputs.library_env = gpu::environment_value("OPFUSE_NCCL_LIBRARY");
+  inputs.cuda_home = gpu::environment_value("CUDA_HOME");
   return inputs;
 }
 

@@ -4,7 +4,6 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
-#include <link.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "gpu/dynamic_library.h"
 #include "opfuse/error.h"
 
 namespace opfuse::gpu {
@@ -33,38 +33,6 @@ struct CuptiLibrary {
   decltype(&::cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
   decltype(&::cuptiGetResultString) result_string = nullptr;
 };
-
-std::string environment_value(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr ? std::string() : std::string(value);
-}
-
-std::string dlerror_text() {
-  const char* text = ::dlerror();
-  return text == nullptr ? std::string("unknown error") : std::string(text);
-}
-
-template <typename Function>
-void resolve(void* handle, const char* name, Function& slot, std::string& missing) {
-  ::dlerror();
-  void* symbol = ::dlsym(handle, name);
-  if (symbol == nullptr) {
-    missing += missing.empty() ? name : fmt::format(", {}", name);
-    return;
-  }
-  // POSIX guarantees that a data pointer from dlsym converts to a function pointer.
-  slot = reinterpret_cast<Function>(symbol);
-}
-
-// The path the dynamic loader found for `handle`.
-std::string loaded_path(void* handle, const std::string& fallback) {
-  const link_map* map = nullptr;
-  if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-      map->l_name[0] != '\0') {
-    return map->l_name;
-  }
-  return fallback;
-}
 
 // Loads CUPTI on the first call (the search order of activity_trace.h); throws UsageError naming
 // what was tried when nothing usable loads. Later calls return the same library.
@@ -98,14 +66,14 @@ const CuptiLibrary& cupti() {
     }
     auto library = std::make_unique<CuptiLibrary>();
     std::string missing;
-    resolve(handle, "cuptiActivityRegisterCallbacks", library->register_callbacks, missing);
-    resolve(handle, "cuptiActivityEnable", library->enable, missing);
-    resolve(handle, "cuptiActivityDisable", library->disable, missing);
-    resolve(handle, "cuptiActivityFlushAll", library->flush_all, missing);
-    resolve(handle, "cuptiActivityGetNextRecord", library->next_record, missing);
-    resolve(handle, "cuptiActivityGetNumDroppedRecords", library->dropped_records, missing);
-    resolve(handle, "cuptiGetResultString", library->result_string, missing);
-    library->path = loaded_path(handle, candidate);
+    resolve_symbol(handle, "cuptiActivityRegisterCallbacks", library->register_callbacks, missing);
+    resolve_symbol(handle, "cuptiActivityEnable", library->enable, missing);
+    resolve_symbol(handle, "cuptiActivityDisable", library->disable, missing);
+    resolve_symbol(handle, "cuptiActivityFlushAll", library->flush_all, missing);
+    resolve_symbol(handle, "cuptiActivityGetNextRecord", library->next_record, missing);
+    resolve_symbol(handle, "cuptiActivityGetNumDroppedRecords", library->dropped_records, missing);
+    resolve_symbol(handle, "cuptiGetResultString", library->result_string, missing);
+    library->path = loaded_library_path(handle, candidate);
     if (!missing.empty()) {
       // Why no dlclose: CUPTI may have hooked the driver on load; unloading it is not safe.
       throw UsageError(
@@ -159,6 +127,15 @@ const char* copy_kind_name(std::uint8_t kind) {
   }
 }
 
+// The fields every kept record has (CUPTI's kernel, memcpy and memset records name them alike).
+template <typename Record>
+void copy_interval(const Record& r, TraceEvent& event) {
+  event.start_ns = r.start;
+  event.end_ns = r.end;
+  event.device = r.deviceId;
+  event.stream = r.streamId;
+}
+
 // One record as an event; false for kinds a trace does not keep.
 bool to_event(const CUpti_Activity* record, TraceEvent& event) {
   switch (record->kind) {
@@ -167,10 +144,7 @@ bool to_event(const CUpti_Activity* record, TraceEvent& event) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
       event.kind = TraceEvent::Kind::Kernel;
       event.name = demangle_kernel_name(k->name);
-      event.start_ns = k->start;
-      event.end_ns = k->end;
-      event.device = k->deviceId;
-      event.stream = k->streamId;
+      copy_interval(*k, event);
       event.grid[0] = static_cast<std::uint32_t>(k->gridX);
       event.grid[1] = static_cast<std::uint32_t>(k->gridY);
       event.grid[2] = static_cast<std::uint32_t>(k->gridZ);
@@ -183,10 +157,7 @@ bool to_event(const CUpti_Activity* record, TraceEvent& event) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       event.kind = TraceEvent::Kind::Memcpy;
       event.name = copy_kind_name(m->copyKind);
-      event.start_ns = m->start;
-      event.end_ns = m->end;
-      event.device = m->deviceId;
-      event.stream = m->streamId;
+      copy_interval(*m, event);
       event.bytes = m->bytes;
       return true;
     }
@@ -194,10 +165,7 @@ bool to_event(const CUpti_Activity* record, TraceEvent& event) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       event.kind = TraceEvent::Kind::Memset;
       event.name = "memset";
-      event.start_ns = m->start;
-      event.end_ns = m->end;
-      event.device = m->deviceId;
-      event.stream = m->streamId;
+      copy_interval(*m, event);
       event.bytes = m->bytes;
       return true;
     }
