@@ -14,7 +14,10 @@
 # tp.json and tp_results.tar.gz (every report and log).
 #
 # FUSEC: a built fusec (default: build it into build/bench, Release). BUDGET_S (default 560): the
-# peers stop where the time runs out (what they measured is kept). PEERS=0 skips them.
+# peers stop where the time runs out (what they measured is kept). PEERS=0 skips them. TRACE=1
+# adds `--trace` to every opfuse run: each rank's GPU timeline (trace_tp<N>[_sp]_<recipe>.json,
+# .rank<r>.json for the other ranks; docs/embedding.md, "Timelines") goes into the archive, and
+# its idle-time line into the report.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/opfuse-tp}
@@ -61,18 +64,23 @@ if [[ -z $fusec ]]; then
   fusec=build/bench/tools/fusec
 fi
 
+# `--trace FILE` for a run's name when TRACE=1, nothing otherwise.
+trace_args() { [[ ${TRACE:-0} == 1 ]] && echo "--trace $work/trace_$1.json"; }
+
 status=0
 for recipe in $recipes; do
   stamp "opfuse tp 1, $recipe"
+  # shellcheck disable=SC2046  # trace_args is empty or two words without spaces ($work has none)
   "$fusec" bench bench/workloads/mlp_large.fuse --bind tokens=16384 --mode fwdbwd \
-    --recipe "$recipe" --json "$work/opfuse_tp1_${recipe}.json" \
+    --recipe "$recipe" --json "$work/opfuse_tp1_${recipe}.json" $(trace_args "tp1_${recipe}") \
     >"$work/opfuse_tp1_${recipe}.txt" 2>&1 || { echo "opfuse tp 1 $recipe failed"; status=1; }
   for tp in $tps; do
     for sp in "" _sp; do
       stamp "opfuse tp $tp$sp, $recipe"
+      # shellcheck disable=SC2046  # as above
       "$fusec" bench bench/workloads/mlp_large_tp.fuse --sequence "mlp_tp${tp}${sp}" --nproc "$tp" \
         --bind tokens=16384 --mode fwdbwd --recipe "$recipe" \
-        --json "$work/opfuse_tp${tp}${sp}_${recipe}.json" \
+        --json "$work/opfuse_tp${tp}${sp}_${recipe}.json" $(trace_args "tp${tp}${sp}_${recipe}") \
         >"$work/opfuse_tp${tp}${sp}_${recipe}.txt" 2>&1 ||
         { echo "opfuse tp $tp$sp $recipe failed"; tail -20 "$work/opfuse_tp${tp}${sp}_${recipe}.txt"; status=1; }
     done
