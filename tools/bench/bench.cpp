@@ -443,8 +443,6 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
   }
 }
 
-}  // namespace
-
 // options.trace_iterations iterations issued back to back under a GPU trace (CUPTI), after
 // everything timed: the timeline and its summary into report.trace.
 void trace_pass(const BenchOptions& options, Iteration& iteration, BenchReport& report) {
@@ -470,6 +468,8 @@ void trace_pass(const BenchOptions& options, Iteration& iteration, BenchReport& 
       events, report.rank,
       fmt::format("sequence {} ({}, recipe {})", report.sequence, report.mode, report.recipe));
 }
+
+}  // namespace
 
 BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   if (std::string why; !gpu::gpu_available(&why))

@@ -47,7 +47,7 @@ struct BenchOptions {
   // logs. Every timed iteration is a debug iteration (its statistics logged behind the GPU).
   DebugSessionOptions debug;
   // After the timed passes: this many iterations issued back to back under a GPU trace
-  // (gpu/activity_trace.h, CUPTI), kept as BenchReport::trace_json; 0: no trace.
+  // (gpu/activity_trace.h, CUPTI), kept in BenchReport::trace; 0: no trace.
   int trace_iterations = 0;
   // Only for the report: the program's compile wall time as the caller measured it.
   double compile_wall_ms = 0;
@@ -142,9 +142,9 @@ struct BenchReport {
 BenchReport run_benchmark(const Program& program, const BenchOptions& options);
 
 std::string format_bench_report(const BenchReport& report);  // the text fusec bench prints
+std::string bench_report_json(const BenchReport& report);    // every number, indented JSON
 // Where rank `rank` writes its GPU trace given `path`: the path itself for rank 0, else
 // ".rank<r>" inserted before the extension ("t.json" -> "t.rank1.json"; "t" -> "t.rank1").
 std::string rank_trace_path(const std::string& path, int rank);
-std::string bench_report_json(const BenchReport& report);  // every number, indented JSON
 
 }  // namespace opfuse::api

@@ -1,7 +1,6 @@
 // `fusec bench FILE --bind N=SIZE`: time forward or forward+backward on the GPU (the measurement
 // and the report are bench/bench.h's).
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 
 #include "bench/bench.h"
@@ -13,8 +12,6 @@
 namespace opfuse::fusec {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 struct BenchCommandOptions {
   std::string file;
@@ -77,17 +74,14 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     report.file = opts.file;
     std::fputs(opfuse::api::format_bench_report(report).c_str(), stdout);
     // Every rank prints its report (rank r > 0 to its log); rank 0 writes the JSON.
-    if (!opts.json.empty() && bench.parallel.rank == 0) {
-      const fs::path parent = fs::path(opts.json).parent_path();
-      if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
-      if (!write_output(opts.json, opfuse::api::bench_report_json(report))) return kExitUserError;
+    if (!opts.json.empty() && bench.parallel.rank == 0 &&
+        !write_output_with_parents(opts.json, opfuse::api::bench_report_json(report))) {
+      return kExitUserError;
     }
     // Every rank writes its own timeline (api::rank_trace_path).
     if (!opts.trace.empty()) {
       const std::string path = opfuse::api::rank_trace_path(opts.trace, bench.parallel.rank);
-      const fs::path parent = fs::path(path).parent_path();
-      if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
-      if (!write_output(path, report.trace.json)) return kExitUserError;
+      if (!write_output_with_parents(path, report.trace.json)) return kExitUserError;
       std::printf("GPU trace written to %s\n", path.c_str());
     }
   } catch (const opfuse::CompileError& e) {

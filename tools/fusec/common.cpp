@@ -104,4 +104,10 @@ bool write_output(const std::string& path, std::string_view bytes) {
   return false;
 }
 
+bool write_output_with_parents(const std::string& path, std::string_view bytes) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !make_directory(parent.string())) return false;
+  return write_output(path, bytes);
+}
+
 }  // namespace opfuse::fusec

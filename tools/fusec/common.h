@@ -75,5 +75,7 @@ double milliseconds_since(Clock::time_point start);
 bool make_directory(const std::string& dir);
 // Writes `bytes` to `path` atomically; false (reported) when that fails.
 bool write_output(const std::string& path, std::string_view bytes);
+// The same after creating the file's parent directories (make_directory).
+bool write_output_with_parents(const std::string& path, std::string_view bytes);
 
 }  // namespace opfuse::fusec

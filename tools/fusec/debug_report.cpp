@@ -3,7 +3,6 @@
 // HTML page (debug/report.h). Malformed logs are reported as file:line: error: ... and write
 // nothing, so a stale page is never mistaken for the current run's.
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 
 #include "commands.h"
@@ -34,9 +33,7 @@ int run_debug_report(const DebugReportOptions& options) {
     return kExitUserError;
   }
   const std::string html = debug::render_report(logs.records, options.report);
-  const std::filesystem::path parent = std::filesystem::path(options.output).parent_path();
-  if (!parent.empty() && !make_directory(parent.string())) return kExitUserError;
-  return write_output(options.output, html) ? kExitOk : kExitUserError;
+  return write_output_with_parents(options.output, html) ? kExitOk : kExitUserError;
 }
 
 }  // namespace
