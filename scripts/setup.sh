@@ -38,3 +38,6 @@ if [ ! -x "$cuda/bin/nvcc" ] && [ ! -f "$cuda/include/nvrtc.h" ]; then
   echo "setup: error: no CUDA toolkit at $cuda (set CUDA_HOME)" >&2
   exit 1
 fi
+
+# CUTLASS's headers for the fused-epilogue GEMMs (runtime/cutlass/fused_gemm.h), from PyPI.
+"$(dirname "$0")/cutlass_headers.sh"

@@ -1,0 +1,96 @@
+// fused_gemm.h over the kernels the build has (fused_gemm_kernels.h).
+#include "fused_gemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "fused_gemm_kernels.h"
+
+#include "gpu/cuda_check.h"
+#include "opfuse/error.h"
+
+namespace opfuse::gpu {
+
+std::span<const std::string_view> gated_gemm_activations() {
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    const auto kernels = fused_gemm_detail::compiled_gated_kernels();
+    for (size_t i = 0; i < kernels.size; ++i) out.push_back(kernels.data[i].activation);
+    return out;
+  }();
+  return names;
+}
+
+std::string gated_gemm_refusal(std::string_view activation, int64_t m, int64_t n, int64_t k,
+                               int sm) {
+  const std::span<const std::string_view> compiled = gated_gemm_activations();
+  if (compiled.empty())
+    return "this build of opfuse has no CUTLASS GEMMs (configured with OPFUSE_CUTLASS_GEMMS=OFF)";
+  if (std::find(compiled.begin(), compiled.end(), activation) == compiled.end())
+    return fmt::format(
+        "no fused gated GEMM is compiled for {} (only for the built-in gated "
+        "activations without attributes)",
+        activation);
+  if (sm != 90) return fmt::format("the fused gated GEMMs are sm_90a code; this GPU is sm_{}", sm);
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (m <= 0 || n <= 0 || k <= 0 || m > kMax || n > kMax || k > kMax)
+    return fmt::format("m={} n={} k={} is not a product it takes (each in 1..{})", m, n, k, kMax);
+  if (n % 32 != 0)
+    return fmt::format(
+        "n={} is not a multiple of 32 (its output rows of n / 2 E4M3 bytes are "
+        "stored as 16-byte vectors)",
+        n);
+  if (k % 16 != 0)
+    return fmt::format(
+        "k={} is not a multiple of 16 (the operands' rows must be 16-byte "
+        "aligned for the tensor-memory copies)",
+        k);
+  return {};
+}
+
+void launch_gated_gemm(const GatedGemmArgs& args, cudaStream_t stream) {
+  int device = 0, major = 0, minor = 0;
+  OPFUSE_CUDA_CHECK(cudaGetDevice(&device));
+  OPFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  OPFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (const std::string why =
+          gated_gemm_refusal(args.activation, args.m, args.n, args.k, major * 10 + minor);
+      !why.empty())
+    throw UsageError("the fused gated GEMM cannot run: " + why);
+  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  const std::pair<const void*, const char*> pointers[] = {
+      {args.a, "A"}, {args.b, "B"}, {args.out, "the output"}};
+  for (const auto& [pointer, what] : pointers)
+    if (pointer == nullptr || !aligned(pointer))
+      throw UsageError(
+          fmt::format("the fused gated GEMM needs {} at a 16-byte aligned device "
+                      "address (got {})",
+                      what, pointer));
+  if (args.a_scale_inv == nullptr || args.b_scale_inv == nullptr || args.out_scale == nullptr)
+    throw UsageError("the fused gated GEMM needs both scale_inv pointers and the output scale");
+  const auto kernels = fused_gemm_detail::compiled_gated_kernels();
+  for (size_t i = 0; i < kernels.size; ++i)
+    if (kernels.data[i].activation == args.activation) return kernels.data[i].launch(args, stream);
+}
+
+void interleave_gated_rows(const void* src, void* dst, int64_t rows, int64_t row_bytes,
+                           cudaStream_t stream) {
+  if (rows % 2 != 0)
+    throw UsageError(
+        fmt::format("interleave_gated_rows: {} rows are not gate and linear halves", rows));
+  const int64_t half = rows / 2;
+  const auto bytes = static_cast<size_t>(row_bytes);
+  const auto* source = static_cast<const char*>(src);
+  auto* target = static_cast<char*>(dst);
+  // Gate rows to the even rows, linear rows to the odd ones: two strided copies.
+  OPFUSE_CUDA_CHECK(cudaMemcpy2DAsync(target, 2 * bytes, source, bytes, bytes,
+                                      static_cast<size_t>(half), cudaMemcpyDeviceToDevice, stream));
+  OPFUSE_CUDA_CHECK(cudaMemcpy2DAsync(target + bytes, 2 * bytes, source + half * row_bytes, bytes,
+                                      bytes, static_cast<size_t>(half), cudaMemcpyDeviceToDevice,
+                                      stream));
+}
+
+}  // namespace opfuse::gpu
