@@ -153,6 +153,19 @@ struct GemmOperand {
   CopyUsage usage = CopyUsage::Rowwise;  // FP8: which copy of its quantizer
 };
 
+// An inference forward's epilogue for an FP8 fprop GEMM whose BF16 output only a gated activation
+// reads, which casts it to E4M3 with a per-tensor scale (note "Fused GEMM epilogues" in
+// docs/architecture.md): the GEMM computes that step's output itself (runtime/cutlass/
+// fused_gemm.h) and the step runs nothing, where the runtime has the kernel for this GPU and
+// product; elsewhere both run as planned. Training forwards always run both.
+struct GatedEpilogue {
+  std::string activation;  // the functor, "opfuse::pointwise_swiglu"
+  int step = -1;           // the activation step it folds in
+  int output = -1;         // that step's E4M3 output (rows of n / 2)
+  int quantizer = -1;      // whose scale it casts with and whose amax it raises
+  friend bool operator==(const GatedEpilogue&, const GatedEpilogue&) = default;
+};
+
 // D[m, n] = op(A)[m, k] op(B)[k, n] in row-major terms (note "Row-major GEMMs" in
 // runtime/gpu/gemm_desc.h): A stored [m, k] or, a_transposed, [k, m]; B stored [k, n] or,
 // b_transposed, [n, k]. FP8 GEMMs on TN-only architectures need a_transposed = false and
@@ -172,6 +185,7 @@ struct GemmStep {
   int c = -1;               // C when accumulating (D's dtype and layout)
   bool fast_accum = false;  // FP8 fprop only (TE's defaults)
   int d_quantizer = -1;     // FP8 D: its scale and amax
+  std::optional<GatedEpilogue> inference_epilogue;  // absent from plan.json when absent
 };
 
 // A collective over the sequence's tensor-parallel group (runtime/comm, NCCL), enqueued on the

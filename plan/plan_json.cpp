@@ -206,20 +206,27 @@ Json gemm_json(const SequencePlan& s, const GemmStep& g) {
     d["scale"] = quantizer_ref(s, g.d_quantizer);
     d["amax"] = quantizer_ref(s, g.d_quantizer);
   }
-  return Json{{"role", name(g.role)},
-              {"m", expr(g.m)},
-              {"n", expr(g.n)},
-              {"k", expr(g.k)},
-              {"a", operand_json(g.a, g.a_transposed)},
-              {"b", operand_json(g.b, g.b_transposed)},
-              {"d", d},
-              {"epilogue", name(g.epilogue)},
-              {"bias", g.bias >= 0 ? Json(g.bias) : Json(nullptr)},
-              {"aux", g.aux >= 0 ? Json(g.aux) : Json(nullptr)},
-              {"accumulate", g.accumulate},
-              {"c", g.c >= 0 ? Json(g.c) : Json(nullptr)},
-              {"fast_accum", g.fast_accum},
-              {"cublaslt", cublaslt_json(g)}};
+  Json j{{"role", name(g.role)},
+         {"m", expr(g.m)},
+         {"n", expr(g.n)},
+         {"k", expr(g.k)},
+         {"a", operand_json(g.a, g.a_transposed)},
+         {"b", operand_json(g.b, g.b_transposed)},
+         {"d", d},
+         {"epilogue", name(g.epilogue)},
+         {"bias", g.bias >= 0 ? Json(g.bias) : Json(nullptr)},
+         {"aux", g.aux >= 0 ? Json(g.aux) : Json(nullptr)},
+         {"accumulate", g.accumulate},
+         {"c", g.c >= 0 ? Json(g.c) : Json(nullptr)},
+         {"fast_accum", g.fast_accum},
+         {"cublaslt", cublaslt_json(g)}};
+  if (const auto& e = g.inference_epilogue) {
+    j["inference_epilogue"] = {{"activation", e->activation},
+                               {"step", e->step},
+                               {"output", e->output},
+                               {"quantizer", quantizer_ref(s, e->quantizer)}};
+  }
+  return j;
 }
 
 Json step_json(const SequencePlan& s, const Step& step) {

@@ -324,6 +324,20 @@ GemmStep read_gemm(const Json& j, const std::string& path,
   g.accumulate = get<bool>(j, path, "accumulate");
   g.c = optional_index(j, path, "c");
   g.fast_accum = get<bool>(j, path, "fast_accum");
+  if (j.contains("inference_epilogue")) {
+    const std::string e_path = sub(path, "inference_epilogue");
+    const Json& e = field(j, path, "inference_epilogue");
+    GatedEpilogue epilogue;
+    epilogue.activation = get<std::string>(e, e_path, "activation");
+    epilogue.step = get<int>(e, e_path, "step");
+    epilogue.output = get<int>(e, e_path, "output");
+    const std::string name = get<std::string>(e, e_path, "quantizer");
+    for (const QuantizerPlan& q : quantizers)
+      if (q.name == name) epilogue.quantizer = q.index;
+    if (epilogue.quantizer < 0)
+      fail(sub(e_path, "quantizer"), fmt::format("no quantizer \"{}\"", name));
+    g.inference_epilogue = std::move(epilogue);
+  }
   return g;
 }
 
@@ -464,6 +478,21 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
       if (s.steps.back().index != static_cast<int>(s.steps.size() - 1))
         fail(at(sub(phase_path, "steps"), i), "steps out of order");
     }
+  }
+  // A fused epilogue names a later forward launch of its sequence and one of its buffers.
+  for (const Step& step : s.steps) {
+    const auto* gemm = std::get_if<GemmStep>(&step.body);
+    if (gemm == nullptr || !gemm->inference_epilogue) continue;
+    const GatedEpilogue& e = *gemm->inference_epilogue;
+    const std::string e_path =
+        fmt::format("{}.steps[index {}].gemm.inference_epilogue", path, step.index);
+    if (step.phase != Phase::Forward || e.step <= step.index ||
+        e.step >= static_cast<int>(s.steps.size()) ||
+        !std::holds_alternative<LaunchStep>(s.steps[static_cast<std::size_t>(e.step)].body) ||
+        s.steps[static_cast<std::size_t>(e.step)].phase != Phase::Forward)
+      fail(sub(e_path, "step"), "not a later forward launch of a forward GEMM");
+    if (e.output < 0 || e.output >= static_cast<int>(s.buffers.size()))
+      fail(sub(e_path, "output"), fmt::format("no buffer {}", e.output));
   }
   return s;
 }

@@ -530,6 +530,7 @@ SequencePlan SequenceBuilder::build() {
       {"scale-update", &SequenceBuilder::add_scale_update},
       {"weight-cache", &SequenceBuilder::find_weight_cache_groups},
       {"inference-variants", &SequenceBuilder::add_inference_variants},
+      {"gated-epilogues", &SequenceBuilder::add_gated_epilogues},
       {"lifetimes", &SequenceBuilder::compute_lifetimes},
   };
   for (const auto& [name, run] : passes) {
@@ -578,6 +579,10 @@ const std::vector<PlanPass>& plan_passes() {
        false},
       {"inference-variants",
        "inference forwards run launches without the column-wise copies only backward reads", false},
+      {"gated-epilogues",
+       "inference forwards fold a gated activation's E4M3 cast into the epilogue of the FP8 GEMM "
+       "before it, where the runtime has the kernel",
+       false},
       {"lifetimes", "each buffer's memory lifetime per run mode (read by the executor)", true},
   };
   return passes;

@@ -108,6 +108,7 @@ class SequenceBuilder {
   void add_scale_update();
   void find_weight_cache_groups();
   void add_inference_variants();
+  void add_gated_epilogues();  // plan_epilogues.cpp
   void compute_lifetimes();
 
   const ir::Sequence& seq_;

@@ -32,6 +32,9 @@ bool SequenceExecutor::Impl::graph_forward(cudaStream_t stream) {
   std::vector<char> skips(cache_groups.size());
   for (std::size_t g = 0; g < cache_groups.size(); ++g)
     skips[g] = cache_valid(cache_groups[g]) ? 1 : 0;
+  // Note "Fused GEMM epilogues": a recording holds an interleaving of B only if it was stale
+  // then; a weight cast since (a training step) makes it stale again, so record anew.
+  for (const FusedGemm& f : fused_gemms) skips.push_back(f.fresh(cache_groups) ? 1 : 0);
   const bool allocated = memory.size() >= needed_bytes[mode_index(RunMode::Inference)];
   if (graph == nullptr || key != graph_key || skips != graph_skips || !allocated) {
     const bool seen =

@@ -99,6 +99,28 @@ struct WeightCacheGroup {
   std::vector<int> quantizers;  // the quantizers of the FP8 copies it writes
   bool valid = false;
   std::vector<const void*> cast_from;  // their pointers when it last ran
+  std::uint64_t casts = 0;             // times it was enqueued (fused GEMMs' interleaved copies)
+};
+
+// Note "Fused GEMM epilogues" (executor_fused.cpp): an inference forward's FP8 GEMM that runs the
+// plan's gated epilogue (plan::GatedEpilogue) through runtime/cutlass/fused_gemm.h, so that the
+// activation step it folds in runs nothing. Chosen by bind() where gated_gemm_refusal accepts the
+// bound product on this GPU and B is a cached weight copy.
+struct FusedGemm {
+  int step = -1;    // the GEMM
+  int folded = -1;  // the activation step
+  std::string activation;
+  std::int64_t m = 0, n = 0, k = 0;
+  int output = -1;       // the activation's E4M3 output buffer
+  int cache_group = -1;  // the weight-cast group writing B
+  const float* out_scale = nullptr;
+  float* amax = nullptr;
+  DeviceBuffer interleaved;          // B with gate and linear rows interleaved
+  std::uint64_t interleaved_at = 0;  // cache_groups[cache_group].casts when it was made
+  bool fresh(const std::vector<WeightCacheGroup>& groups) const {
+    return interleaved_at == groups[static_cast<std::size_t>(cache_group)].casts &&
+           interleaved_at != 0;
+  }
 };
 
 // ---- SequenceExecutor::Impl ---------------------------------------------------------------------
@@ -141,6 +163,13 @@ struct SequenceExecutor::Impl {
   void learn_buffers();
   void find_weight_cache_groups();
   const void* state_pointer(const ParamBinding& param) const;
+
+  // ---- fused GEMM epilogues (executor_fused.cpp) ----
+  void bind_fused_gemms(const std::map<std::string, std::int64_t>& values);
+  // Whether an inference forward runs step `index` as a fused GEMM / skips it as folded in.
+  bool runs_fused(int index) const;
+  bool folded(int index) const;
+  void run_fused(int index, const GemmArgs& args, cudaStream_t stream);
 
   // ---- bind ----
   BoundStep bind_launch(const LaunchStep& launch,
@@ -211,6 +240,7 @@ struct SequenceExecutor::Impl {
   // training_forward_done): a quantized output's column-wise copy exists only then.
   bool outputs_from_training = false;
   int num_sms = 0;
+  int sm = 0;                                 // compute capability, major * 10 + minor
   const plan::GemmCaps* gemm_caps = nullptr;  // the device's row of plan/gemm_caps (bind checks)
   int first_backward = 0;  // index of the first backward step (steps.size() without backward)
 
@@ -247,6 +277,13 @@ struct SequenceExecutor::Impl {
   std::vector<std::size_t> bytes;  // per buffer
   std::vector<BoundStep> steps;
   std::vector<std::optional<BoundStep>> inference_steps;  // per step: its bound variant
+  // Note "Fused GEMM epilogues": per binding; per step, its FusedGemm as a GEMM (fused_of_step)
+  // or as the activation it folds in (folded_by_step), -1 otherwise; and per GEMM step with a
+  // plan epilogue that does not run fused, why.
+  std::vector<FusedGemm> fused_gemms;
+  std::vector<int> fused_of_step, folded_by_step;
+  std::map<int, std::string> fused_refusals;
+  bool fused_epilogues = true;  // set_fused_epilogues()
   // Per run mode, per buffer id: the root's offset in `memory`, and the bytes each mode needs.
   std::vector<std::size_t> offsets[kModes];
   std::size_t needed_bytes[kModes] = {0, 0};

@@ -77,8 +77,10 @@ void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stre
       }
     }
     const int group = cache_group_of_step[i];
-    if (group >= 0 && cache_groups[static_cast<std::size_t>(group)].steps.back() == index)
+    if (group >= 0 && cache_groups[static_cast<std::size_t>(group)].steps.back() == index) {
       keep_cast_scale_inv(cache_groups[static_cast<std::size_t>(group)], stream);
+      ++cache_groups[static_cast<std::size_t>(group)].casts;  // note "Fused GEMM epilogues"
+    }
   }
   for (int root : free_after[m][i]) mark_dead(root);
 }
@@ -98,7 +100,7 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
       layout == RunMode::Inference && inference_steps[i] ? *inference_steps[i] : steps[i];
   const OperationScope scope(step_labels[i]);  // note "Faulted context" (gpu/cuda_check.h)
   if (std::holds_alternative<LaunchStep>(step.body)) {
-    if (bound_step.skip) return;
+    if (bound_step.skip || folded(index)) return;
     bound_step.params.set_buffers([this](int buffer) { return pointer(buffer); });
     gpu::launch(*bound_step.kernel, bound_step.grid, bound_step.block, bound_step.dynamic_smem,
                 stream, bound_step.params.bytes.data(), bound_step.params.bytes.size());
@@ -122,6 +124,11 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
         args.a_scale_inv = cast_scale_inv_slot(gemm.a.scale_inv.quantizer);
       if (args.b_scale_inv != nullptr && cached(gemm.b))
         args.b_scale_inv = cast_scale_inv_slot(gemm.b.scale_inv.quantizer);
+    }
+    if (runs_fused(index)) {
+      run_fused(index, args, stream);
+      if (check_each_step()) synchronize_after(index, "the fused gated GEMM (CUTLASS)", stream);
+      return;
     }
     // Note "Overlapped collectives": beside a collective in flight, the GEMM leaves it SMs.
     GemmDesc desc = bound_step.gemm;
@@ -314,8 +321,9 @@ void SequenceExecutor::Impl::observed_step(int index, cudaStream_t stream) {
   const auto i = static_cast<std::size_t>(index);
   const BoundStep& bound_step =
       layout == RunMode::Inference && inference_steps[i] ? *inference_steps[i] : steps[i];
-  const bool observe = observer != nullptr &&
-                       !(std::holds_alternative<LaunchStep>(plan.steps[i].body) && bound_step.skip);
+  const bool observe =
+      observer != nullptr && !(std::holds_alternative<LaunchStep>(plan.steps[i].body) &&
+                               (bound_step.skip || folded(index)));
   if (observe) observer->before(index, stream);
   run_step(index, stream);
   if (observe) observer->after(index, stream);

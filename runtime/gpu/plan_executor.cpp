@@ -98,6 +98,7 @@ SequenceExecutor::Impl::Impl(const SequencePlan& plan_in, const PlanModules& mod
   const DeviceInfo info = current_device();
   device = info.ordinal;
   num_sms = info.sm_count;
+  sm = info.major * 10 + info.minor;
   gemm_caps = &plan::gemm_caps(info.arch);
   first_backward = static_cast<int>(plan.steps.size());
   for (const Step& step : plan.steps) {
@@ -204,6 +205,7 @@ void SequenceExecutor::bind(const std::map<std::string, std::int64_t>& symbols) 
   s.steps = std::move(steps);
   s.inference_steps = std::move(inference_steps);
   s.place_buffers();
+  s.bind_fused_gemms(s.symbols);
   s.staging.clear();
   s.input_bytes = 0;
   for (int root : s.input_roots) s.input_bytes += s.bytes[static_cast<std::size_t>(root)];
@@ -585,6 +587,16 @@ void SequenceExecutor::set_auto_graph(bool enabled) {
 
 std::size_t SequenceExecutor::graph_replays() const { return impl_->graph_replays; }
 
+void SequenceExecutor::set_fused_epilogues(bool enabled) {
+  if (impl_->fused_epilogues == enabled) return;
+  impl_->fused_epilogues = enabled;
+  impl_->drop_graph();  // a recording holds one choice
+}
+
+std::map<int, std::string> SequenceExecutor::fused_gemm_refusals() const {
+  return impl_->fused_refusals;
+}
+
 std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
   const Impl& s = *impl_;
   if (!s.bound) {
@@ -609,6 +621,22 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     for (int id : step.reads) profile.bytes_read += s.bytes[static_cast<std::size_t>(id)];
     for (int id : variant ? step.inference->writes : step.writes)
       profile.bytes_written += s.bytes[static_cast<std::size_t>(id)];
+    // Note "Fused GEMM epilogues": what an inference forward runs instead.
+    const auto i = static_cast<std::size_t>(step.index);
+    const bool fusing = mode == RunMode::Inference && s.fused_epilogues;
+    if (fusing && s.fused_of_step[i] >= 0) {
+      const FusedGemm& f = s.fused_gemms[static_cast<std::size_t>(s.fused_of_step[i])];
+      const Step& act = s.plan.steps[static_cast<std::size_t>(f.folded)];
+      profile.what += fmt::format(
+          " + {} in its epilogue (CUTLASS)",
+          act.inference && !act.inference->what.empty() ? act.inference->what : act.what);
+      profile.bytes_written = s.bytes[static_cast<std::size_t>(f.output)];
+    } else if (fusing && s.folded_by_step[i] >= 0) {
+      profile.folded = true;
+      profile.what +=
+          fmt::format(" (folded into step {}'s GEMM)",
+                      s.fused_gemms[static_cast<std::size_t>(s.folded_by_step[i])].step);
+    }
     if (const LaunchStep* launch = launch_of(step, mode)) {
       profile.kind = StepProfile::Kind::Kernel;
       profile.kernel = launch->kernel;

@@ -87,6 +87,8 @@ struct StepProfile {
   std::size_t bytes_written = 0;
   bool end_of_step = false;  // the scale update end_step() runs
   bool weight_cast = false;  // in a weight-cast group: skipped while the FP8 weights are cached
+  // Inference: folded into another step's GEMM (note "Fused GEMM epilogues"), so never run.
+  bool folded = false;
 };
 
 // Called around every step the executor enqueues (forward, backward, end_step), on the stream it
@@ -239,6 +241,13 @@ class SequenceExecutor {
   // graph_replays() counts the forwards that replayed one.
   void set_auto_graph(bool enabled);
   std::size_t graph_replays() const;
+
+  // Note "Fused GEMM epilogues" (executor_fused.cpp): inference forwards run an FP8 GEMM with the
+  // gated activation after it in its epilogue where the plan allows it and this GPU has the
+  // kernel; on by default (the same values up to the GEMM's FP32 summation order). Off runs
+  // every planned step. fused_gemm_refusals() says, per planned pair bind() did not fuse, why.
+  void set_fused_epilogues(bool enabled);
+  std::map<int, std::string> fused_gemm_refusals() const;
 
  private:
   struct Impl;

@@ -288,6 +288,9 @@ TEST_P(InferenceForward, MatchesTrainingWithoutTheTransposedCopies) {
   const cpu::Bindings bindings = {{"tokens", 96}};
   SideBySide run(*c, 0, bindings, *gemms_, stream_, 11);
   SequenceExecutor& gpu = run.gpu();
+  // The planned steps, as training runs them (FusedEpilogueMatchesThePlannedSteps covers the
+  // fused GEMM, whose summation order is its own).
+  gpu.set_fused_epilogues(false);
   run.new_inputs();
   const std::size_t count = 96 * 256;
 
@@ -314,6 +317,67 @@ TEST_P(InferenceForward, MatchesTrainingWithoutTheTransposedCopies) {
   EXPECT_GE(gpu.memory().reserved_bytes, gpu.memory().peak_bytes);
   gpu.backward(stream_);
   gpu.end_step(stream_);
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+// Note "Fused GEMM epilogues": under delayed scaling an inference forward on an sm_90 runs fc1 with
+// the SwiGLU and its E4M3 cast in the GEMM's epilogue (a CUTLASS kernel) and skips the activation
+// step: the planned steps' output and amax up to the GEMM's FP32 summation order, also after new
+// weights are cast (the kernel's interleaved copy of them follows) and after a training forward.
+TEST_F(ExecutorGpu, FusedEpilogueMatchesThePlannedSteps) {
+  const auto c = compile("mlp", kMlp, "delayed");
+  ASSERT_NE(c, nullptr);
+  const cpu::Bindings bindings = {{"tokens", 96}};
+  SideBySide fused(*c, 0, bindings, *gemms_, stream_, 11);
+  SideBySide planned(*c, 0, bindings, *gemms_, stream_, 11);  // same seed: same weights, inputs
+  planned.gpu().set_fused_epilogues(false);
+  if (const auto refused = fused.gpu().fused_gemm_refusals(); !refused.empty())
+    GTEST_SKIP() << "step " << refused.begin()->first << ": " << refused.begin()->second;
+  const auto profiles = fused.gpu().step_profiles(RunMode::Inference);
+  const auto fused_step = std::find_if(profiles.begin(), profiles.end(), [](const auto& p) {
+    return p.what.find("in its epilogue (CUTLASS)") != std::string::npos;
+  });
+  ASSERT_NE(fused_step, profiles.end()) << "no GEMM runs fused";
+  EXPECT_NE(fused_step->what.find("fc1"), std::string::npos) << fused_step->what;
+  // Scales from the data: two training steps on each side.
+  for (int step = 0; step < 2; ++step) {
+    fused.train_step(step, 0.5);
+    planned.train_step(step, 0.5);
+  }
+  const std::size_t count = 96 * 256;
+  auto compare = [&](const char* when) {
+    SCOPED_TRACE(when);
+    fused.new_inputs();
+    planned.new_inputs();
+    fused.gpu().forward(stream_, RunMode::Inference);
+    planned.gpu().forward(stream_, RunMode::Inference);
+    const std::vector<float> got = download_bf16(fused.gpu().output("y"), count);
+    const std::vector<float> want = download_bf16(planned.gpu().output("y"), count);
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < count; ++i) same += got[i] == want[i];
+    // A bf16 rounding of fc1's output that goes the other way moves an E4M3 code of fc2's input
+    // by one step; each output mixes 512 of them.
+    EXPECT_LT(relative_error(got, want), 5e-3) << same << " of " << count << " outputs equal";
+    const auto qf = fused.gpu().download_quantizers(stream_);
+    const auto qp = planned.gpu().download_quantizers(stream_);
+    for (std::size_t q = 0; q < qf.size(); ++q)
+      EXPECT_NEAR(qf[q].amax_history[0], qp[q].amax_history[0], 2e-2 * qp[q].amax_history[0])
+          << c->plan.sequences[0].quantizers[q].name;
+    return got;
+  };
+  const std::vector<float> first = compare("after two training steps");
+  // New fc1 weights, cast again: the fused GEMM must read the new ones.
+  std::mt19937_64 rng(5);
+  const std::vector<float> changed = random_bf16(1024 * 256, 0.0625, rng);
+  for (SideBySide* side : {&fused, &planned}) {
+    upload_bf16(side->array("fc1.weight"), changed);
+    side->gpu().invalidate_weight_cache();
+  }
+  EXPECT_GT(relative_error(compare("after new weights"), first), 1e-2);
+  // A training forward casts the weights again in between.
+  fused.gpu().forward(stream_, RunMode::Training);
+  planned.gpu().forward(stream_, RunMode::Training);
+  compare("after a training forward");
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 

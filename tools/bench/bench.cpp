@@ -488,6 +488,7 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   SessionOptions session_options;
   session_options.gemm_autotune = options.gemm_autotune;
   session_options.auto_graph = options.auto_graph;
+  session_options.fused_epilogues = options.fused_epilogues;
   session_options.debug = options.debug;
   session_options.parallel = options.parallel;
   if (program.has_debug_config() && options.graph) {
@@ -606,6 +607,11 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   report.weights = casts_weights ? "cast every call" : "cast once, cached";
   report.gemm_algorithms = options.gemm_autotune ? "autotuned" : "cuBLASLt heuristic";
   report.auto_graph = options.auto_graph;
+  report.fused_epilogues = options.fused_epilogues;
+  if (options.fused_epilogues && options.mode == BenchMode::Forward) {
+    for (const auto& [step, why] : executor.fused_gemm_refusals())
+      report.notes.push_back(fmt::format("step {} runs without its fused epilogue: {}", step, why));
+  }
   if (options.graph && options.mode == BenchMode::Forward && !options.recast_weights) {
     report.notes.push_back("graph replay: the recording casts the FP8 weights on every replay");
   }

@@ -163,6 +163,7 @@ std::string bench_report_json(const BenchReport& r) {
       {"weights", r.weights},
       {"gemm_algorithms", r.gemm_algorithms},
       {"auto_graph", r.auto_graph},
+      {"fused_epilogues", r.fused_epilogues},
       {"device",
        {{"name", r.device}, {"arch", r.arch}, {"sm_count", r.sm_count}, {"l2_bytes", r.l2_bytes}}},
       {"bindings", bindings},

@@ -22,6 +22,7 @@ struct BenchCommandOptions {
   bool recast_weights = false;
   bool gemm_autotune = false;
   bool no_auto_graph = false;
+  bool no_fused_epilogues = false;
   int iterations = 0;
   int warmup = 10;
   int calibrate = 4;
@@ -65,6 +66,7 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     bench.recast_weights = opts.recast_weights;
     bench.gemm_autotune = opts.gemm_autotune;
     bench.auto_graph = !opts.no_auto_graph;
+    bench.fused_epilogues = !opts.no_fused_epilogues;
     bench.iterations = opts.iterations;
     bench.warmup = opts.warmup;
     bench.calibrate = opts.calibrate;
@@ -123,6 +125,10 @@ Command add_bench_command(CLI::App& app, CommonOptions& common) {
   bench->add_flag("--no-auto-graph", opts->no_auto_graph,
                   "fwd: run every forward step by step, also when its inputs are small enough "
                   "for the session's automatic CUDA graph (SessionOptions::auto_graph)");
+  bench->add_flag("--no-fused-epilogues", opts->no_fused_epilogues,
+                  "fwd: run the planned GEMM and gated activation as two steps where the GPU "
+                  "could fold the activation into the GEMM's epilogue "
+                  "(SessionOptions::fused_epilogues)");
   bench->add_flag("--recast-weights", opts->recast_weights,
                   "fwd: cast the FP8 weights on every call instead of once (cached)");
   bench

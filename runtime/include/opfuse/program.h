@@ -375,6 +375,13 @@ struct SessionOptions {
   // the inputs into the recording's own buffers (a few us of device time). Same results; false
   // runs every forward step by step.
   bool auto_graph = true;
+  // Inference forwards run an FP8 GEMM with the gated activation after it (SwiGLU, GeGLU, ReGLU,
+  // QGeGLU, SReGLU with their E4M3 cast under delayed scaling) in the GEMM's epilogue, one CUTLASS
+  // kernel instead of cuBLASLt's GEMM and the activation kernel, where the plan marks the pair
+  // and the GPU is an sm_90 (docs/architecture.md, "Fused GEMM epilogues"). The same values up to
+  // the GEMM's FP32 summation order; it keeps one more copy of that weight (n x k bytes). False
+  // runs every planned step.
+  bool fused_epilogues = true;
   // Used when the program was compiled with a debug config: each iteration (from one step() to
   // the next) runs the plan variant its routing asks for, and step() logs its statistics.
   DebugSessionOptions debug;
