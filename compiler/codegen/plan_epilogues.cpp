@@ -13,12 +13,10 @@ namespace opfuse::codegen {
 
 namespace {
 
-// The functors the runtime's gated GEMMs are compiled for: the built-in gated activations
-// without attributes (runtime/cutlass/gen_gated_functors.cpp makes the same list).
+// The functors the runtime's gated GEMMs are compiled for (ir::fused_gemm_activation).
 bool compiled_gated_functor(std::string_view functor) {
   for (const ir::PointwiseDef* def : ir::pointwise_defs()) {
-    if (def->gated && def->attrs.empty() && !def->user_defined &&
-        ir::pointwise_functor_name(*def, {}) == functor)
+    if (ir::fused_gemm_activation(*def) && ir::pointwise_functor_name(*def, {}) == functor)
       return true;
   }
   return false;

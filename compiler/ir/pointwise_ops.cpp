@@ -235,6 +235,10 @@ bool has_gelu_epilogue(OpKind kind) {
   return def != nullptr && def->cublaslt_gelu_epilogue;
 }
 
+bool fused_gemm_activation(const PointwiseDef& def) {
+  return def.gated && def.attrs.empty() && !def.user_defined;
+}
+
 PointwiseExpr::PointwiseExpr(const PointwiseDef& def, const AttrList& attrs, bool device) {
   inputs_ = def.gated ? 2 : 1;
   params_ = int(user_params(def, attrs).size());

@@ -404,6 +404,7 @@ void bind_session(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("gemm_autotune", &SessionOptions::gemm_autotune)
       .def_rw("auto_graph", &SessionOptions::auto_graph)
+      .def_rw("fused_epilogues", &SessionOptions::fused_epilogues)
       .def_rw("block_summaries", &SessionOptions::block_summaries)
       .def_rw("debug", &SessionOptions::debug)
       .def_rw("parallel", &SessionOptions::parallel)

@@ -1,5 +1,5 @@
 // Build-time generator of gated_functors.cuh for fused_gemm.cu: the CUDA functor of every
-// built-in gated activation without attributes, from its definition in the op registry
+// activation ir::fused_gemm_activation names, from its definition in the op registry
 // (compiler/ir/pointwise_defs.cpp), exactly as codegen emits it for the activation kernels, and
 // OPFUSE_GATED_FUNCTORS(X), which calls X(functor type, "functor name") for each.
 //
@@ -20,15 +20,20 @@ int main(int argc, char** argv) {
       "#pragma once\n\n";
   std::string list = "#define OPFUSE_GATED_FUNCTORS(X)";
   for (const opfuse::ir::PointwiseDef* def : opfuse::ir::pointwise_defs()) {
-    if (!def->gated || !def->attrs.empty() || def->user_defined) continue;
+    if (!opfuse::ir::fused_gemm_activation(*def)) continue;
     const std::string name = opfuse::ir::pointwise_functor_name(*def, {});
     const auto source = opfuse::ir::pointwise_functor_source(name);
     if (!source) {
       std::fprintf(stderr, "gen_gated_functors: no functor source for %s\n", name.c_str());
       return 1;
     }
-    text += *source + "\n";
-    list += " \\\n  X(" + name + ", \"" + name + "\")";
+    text += *source;
+    text += "\n";
+    list += " \\\n  X(";
+    list += name;
+    list += ", \"";
+    list += name;
+    list += "\")";
   }
   text += list + "\n";
   const std::string out = argv[1];

@@ -32,6 +32,7 @@ struct CuptiLibrary {
   decltype(&::cuptiActivityGetNextRecord) next_record = nullptr;
   decltype(&::cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
   decltype(&::cuptiGetResultString) result_string = nullptr;
+  decltype(&::cuptiGetTimestamp) timestamp = nullptr;
 };
 
 // Loads CUPTI on the first call (the search order of activity_trace.h); throws UsageError naming
@@ -73,6 +74,7 @@ const CuptiLibrary& cupti() {
     resolve_symbol(handle, "cuptiActivityGetNextRecord", library->next_record, missing);
     resolve_symbol(handle, "cuptiActivityGetNumDroppedRecords", library->dropped_records, missing);
     resolve_symbol(handle, "cuptiGetResultString", library->result_string, missing);
+    resolve_symbol(handle, "cuptiGetTimestamp", library->timestamp, missing);
     library->path = loaded_library_path(handle, candidate);
     if (!missing.empty()) {
       // Why no dlclose: CUPTI may have hooked the driver on load; unloading it is not safe.
@@ -250,6 +252,19 @@ ActivityTrace::~ActivityTrace() {
     (void)finish();
   } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor reports nothing
   }
+}
+
+std::vector<TraceEvent> events_from(std::vector<TraceEvent> events, std::uint64_t ns) {
+  std::erase_if(events, [ns](const TraceEvent& e) { return e.start_ns < ns; });
+  return events;
+}
+
+std::uint64_t ActivityTrace::now_ns() const {
+  std::uint64_t ns = 0;
+  if (const CUptiResult result = cupti().timestamp(&ns); result != CUPTI_SUCCESS)
+    throw CudaError(fmt::format("cuptiGetTimestamp failed ({})", int(result)), "CUPTI",
+                    int(result));
+  return ns;
 }
 
 std::vector<TraceEvent> ActivityTrace::finish() {

@@ -40,6 +40,10 @@ struct TraceEvent {
 // Construction loads CUPTI if needed and enables the kernel, memcpy and memset records; it throws
 // UsageError when CUPTI cannot be loaded or refuses (another tracer holds it, no driver), before
 // anything is recorded. finish() flushes and returns the events by start time.
+// The events that started at or after `ns`: a trace without the work before a point (the first
+// iteration after recording starts pays for CUPTI's setup: fusec bench's trace pass drops it).
+std::vector<TraceEvent> events_from(std::vector<TraceEvent> events, std::uint64_t ns);
+
 class ActivityTrace {
  public:
   ActivityTrace();
@@ -50,6 +54,9 @@ class ActivityTrace {
   // Waits for the records of finished work (synchronize the streams first), stops recording and
   // returns every event in start order. Call once.
   std::vector<TraceEvent> finish();
+  // CUPTI's clock now, in the events' time base (the start of work enqueued after this call is
+  // later).
+  std::uint64_t now_ns() const;
   // Records CUPTI dropped for want of buffer space (0 normally); known after finish().
   std::size_t dropped() const { return dropped_; }
   // The CUPTI library that loaded.

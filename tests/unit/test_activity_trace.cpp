@@ -68,6 +68,18 @@ TEST(ActivityTrace, SummaryJoinsStreamsAndNamesTheLargestGaps) {
   EXPECT_EQ(all.largest_gaps[2].after, "swiglu");
 }
 
+// fusec bench's trace pass drops the settling iteration: what started before the point goes,
+// whatever it overlaps.
+TEST(ActivityTrace, EventsFromAPointKeepOnlyLaterStarts) {
+  const std::vector<gpu::TraceEvent> kept = gpu::events_from(timeline(), 5'000);
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[0].name, "swiglu");
+  EXPECT_EQ(kept[1].name, "late_tail");
+  EXPECT_EQ(kept[2].name, "memcpy DtoD");
+  EXPECT_EQ(gpu::events_from(timeline(), 1'000).size(), 5u);  // a start at the point stays
+  EXPECT_TRUE(gpu::events_from(timeline(), 20'000).empty());
+}
+
 TEST(ActivityTrace, EmptyTimelineSummarizesToZeros) {
   const gpu::TraceSummary s = gpu::summarize_trace({});
   EXPECT_EQ(s.activities, 0u);

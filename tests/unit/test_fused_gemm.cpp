@@ -18,7 +18,7 @@ constexpr std::string_view kSwiglu = "opfuse::pointwise_swiglu";
 std::vector<std::string> registry_gated_functors() {
   std::vector<std::string> names;
   for (const ir::PointwiseDef* def : ir::pointwise_defs())
-    if (def->gated && def->attrs.empty() && !def->user_defined)
+    if (def->gated && def->attrs.empty() && !def->user_defined)  // spelled out, not the rule's
       names.push_back(ir::pointwise_functor_name(*def, {}));
   return names;
 }

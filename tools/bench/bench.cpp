@@ -444,13 +444,18 @@ void summarize_steps(const std::vector<gpu::StepProfile>& profiles,
 }
 
 // options.trace_iterations iterations issued back to back under a GPU trace (CUPTI), after
-// everything timed: the timeline and its summary into report.trace.
+// everything timed: the timeline and its summary into report.trace. One more iteration first,
+// recorded and dropped: the first launches after recording starts wait for CUPTI's setup (4-6 ms
+// of idle GPU after the first kernel on an H200, bench/RESULTS.md).
 void trace_pass(const BenchOptions& options, Iteration& iteration, BenchReport& report) {
   iteration.sync();
   gpu::ActivityTrace trace;  // on an exception its destructor stops the recording
+  iteration.run(0);
+  iteration.sync();
+  const std::uint64_t from = trace.now_ns();
   for (int i = 0; i < options.trace_iterations; ++i) iteration.run(i);
   iteration.sync();
-  const std::vector<gpu::TraceEvent> events = trace.finish();
+  const std::vector<gpu::TraceEvent> events = gpu::events_from(trace.finish(), from);
   BenchReport::Trace& t = report.trace;
   t.iterations = options.trace_iterations;
   t.library = gpu::ActivityTrace::library_path();
