@@ -465,9 +465,15 @@ void trace_pass(const BenchOptions& options, Iteration& iteration, BenchReport& 
   t.kernels = summary.kernels;
   t.span_ms = double(summary.span_ns) * 1e-6;
   t.busy_ms = double(summary.busy_ns) * 1e-6;
+  // A CUTLASS kernel's demangled name runs to thousands of characters: the report line keeps
+  // the start (the JSON timeline has them whole).
+  const auto shown = [](const std::string& name) {
+    constexpr std::size_t kShown = 120;
+    return name.size() <= kShown ? name : name.substr(0, kShown) + "...";
+  };
   for (const gpu::TraceGap& gap : summary.largest_gaps) {
-    t.largest_gaps.push_back(
-        fmt::format("{:.1f} us after {} before {}", double(gap.ns) * 1e-3, gap.before, gap.after));
+    t.largest_gaps.push_back(fmt::format("{:.1f} us after {} before {}", double(gap.ns) * 1e-3,
+                                         shown(gap.before), shown(gap.after)));
   }
   t.json = gpu::chrome_trace_json(
       events, report.rank,
