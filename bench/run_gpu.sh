@@ -23,6 +23,8 @@
 # gets three files, since the device tool brings back at most eight: compare.txt, compare.json,
 # and bench_results.tar.gz with every opfuse_*.json/.txt, peers_*.json/.txt, build times and logs
 # (packed on exit, also when a step fails or the time runs out).
+# The machine needs CUTLASS's headers for the build: carry build/third_party, or an archive of them
+# (scripts/cutlass_headers.sh --archive) named by OPFUSE_CUTLASS_ARCHIVE, which fits beside TE_KIT.
 # BUDGET_S (default 520) is the wall time the whole script may take. Nothing is cached across
 # calls: the kernel cache starts empty (the first run per recipe is a cold JIT compile).
 set -uo pipefail
@@ -70,6 +72,9 @@ else
 fi
 git status --short 2>/dev/null | head -40 >"$work/uncommitted.txt"
 
+# CUTLASS's headers for the fused-epilogue GEMMs: carried (build/third_party) or unpacked from
+# OPFUSE_CUTLASS_ARCHIVE (scripts/cutlass_headers.sh); the machine has no network to fetch them.
+scripts/cutlass_headers.sh >"$work/cutlass.txt" 2>&1 || { cat "$work/cutlass.txt"; exit 1; }
 stamp "build fusec (background) while the copy and GEMM peers run"
 (cmake -S . -B build/bench -DCMAKE_BUILD_TYPE=Release -DOPFUSE_BUILD_TESTS=OFF \
   >"$work/configure.log" 2>&1 && cmake --build build/bench -j16 --target fusec opfuse_reference \

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 out="${OUT:-build/gpu-logs}"
 mkdir -p "$out"
 export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+# CUTLASS's headers (no network on the device machines: carry build/third_party, or an archive
+# named by OPFUSE_CUTLASS_ARCHIVE; scripts/cutlass_headers.sh).
+scripts/cutlass_headers.sh >"$out/cutlass.log" 2>&1 || { tail -5 "$out/cutlass.log"; exit 1; }
 cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPFUSE_WERROR=ON >"$out/configure.log" 2>&1 ||
   { tail -30 "$out/configure.log"; exit 1; }
 cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
