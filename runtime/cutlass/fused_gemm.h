@@ -7,8 +7,8 @@
 // gated activation's functor, j < n / 2; and amax = max |f(...)| (atomically into *amax). Every
 // value is what the unfused pair computes, step by step: the GEMM's BF16 output, the activation
 // kernel's functor on its two BF16 inputs, the same rounded product before the saturating cast
-// (templates/common/fp8.cuh). Only the FP32 accumulation order is the kernel's own (docs/
-// architecture.md, "Fused GEMM epilogues"; tests/gpu/test_fused_gemm_gpu.cpp).
+// (templates/common/fp8.cuh). Only the FP32 accumulation order is the kernel's own
+// (docs/architecture.md, "Fused GEMM epilogues"; tests/gpu/test_fused_gemm_gpu.cpp).
 //
 // B is read with its rows interleaved: row 2j is the weight's row j (gate), row 2j + 1 its row
 // n / 2 + j (linear), so a thread's accumulator pairs (columns 2j, 2j + 1 of one row, as Hopper's
