@@ -42,10 +42,7 @@ const ParamBinding* param(const LaunchStep& launch, std::string_view field) {
 // a per-tensor delayed-scaling scale, no transposed copy, no statistics or learned parameters,
 // one of the compiled functors. Then the epilogue computes exactly that launch's output.
 void SequenceBuilder::add_gated_epilogues() {
-  auto root_of = [&](int id) {
-    while (out_.buffers[size_t(id)].alias_of >= 0) id = out_.buffers[size_t(id)].alias_of;
-    return id;
-  };
+  auto root_of = [&](int id) { return out_.buffers[size_t(id)].root; };  // set before the passes
   std::vector<std::vector<int>> forward_readers(out_.buffers.size());
   for (const Step& s : out_.steps) {
     if (s.phase != ir::Phase::Forward) continue;

@@ -19,10 +19,7 @@ namespace opfuse::codegen {
 // only parameters: the executor caches its outputs across forwards, so a variant would only cost
 // a compile).
 void SequenceBuilder::add_inference_variants() {
-  auto root_of = [&](int id) {
-    while (out_.buffers[size_t(id)].alias_of >= 0) id = out_.buffers[size_t(id)].alias_of;
-    return id;
-  };
+  auto root_of = [&](int id) { return out_.buffers[size_t(id)].root; };  // set before the passes
   std::vector<bool> read_in_forward(out_.buffers.size()), interface(out_.buffers.size());
   for (const Buffer& b : out_.buffers)
     if (!b.interface.empty()) interface[size_t(root_of(b.id))] = true;

@@ -16,6 +16,7 @@
 
 #include "cpu/numerics.h"
 #include "cutlass/fused_gemm.h"
+#include "gpu/device.h"
 #include "gpu_test_support.h"
 #include "ir/pointwise_ops.h"
 #include "opfuse/error.h"
@@ -26,14 +27,6 @@ namespace {
 using test::DeviceArray;
 
 constexpr std::string_view kSwiglu = "opfuse::pointwise_swiglu";
-
-int device_sm() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major * 10 + minor;
-}
 
 const ir::PointwiseDef& def_of(std::string_view functor) {
   for (const ir::PointwiseDef* def : ir::pointwise_defs())
@@ -46,7 +39,9 @@ class FusedGemmGpu : public test::GpuStreamTest {
   void SetUp() override {
     test::GpuStreamTest::SetUp();
     if (IsSkipped()) return;
-    const std::string why = gpu::gated_gemm_refusal(kSwiglu, 64, 64, 64, device_sm());
+    const gpu::DeviceInfo device = gpu::current_device();
+    const std::string why =
+        gpu::gated_gemm_refusal(kSwiglu, 64, 64, 64, device.major * 10 + device.minor);
     if (!why.empty()) GTEST_SKIP() << why;
   }
   // Scalars each at their own 16-byte aligned allocation.
