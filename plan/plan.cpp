@@ -20,6 +20,9 @@ std::vector<int> buffers_named_by(const Step& step, bool inference) {
   } else if (const auto* gemm = std::get_if<GemmStep>(&step.body)) {
     ids.insert(ids.end(),
                {gemm->a.buffer, gemm->b.buffer, gemm->d, gemm->c, gemm->bias, gemm->aux});
+    // A fused epilogue writes the activation step's outputs here already (GatedEpilogue).
+    if (const auto& e = inference ? gemm->inference_epilogue : gemm->training_epilogue)
+      ids.insert(ids.end(), {e->output, e->output_t});
   } else if (const auto* collective = std::get_if<CollectiveStep>(&step.body)) {
     ids.insert(ids.end(), {collective->input, collective->output});
   }

@@ -153,15 +153,18 @@ struct GemmOperand {
   CopyUsage usage = CopyUsage::Rowwise;  // FP8: which copy of its quantizer
 };
 
-// An inference forward's epilogue for an FP8 fprop GEMM whose BF16 output only a gated activation
-// reads, which casts it to E4M3 with a per-tensor scale (note "Fused GEMM epilogues" in
+// An epilogue for an FP8 fprop GEMM whose BF16 output only a gated activation reads in the
+// forward, which casts it to E4M3 with a per-tensor scale (note "Fused GEMM epilogues" in
 // docs/architecture.md): the GEMM computes that step's output itself (runtime/cutlass/
 // fused_gemm.h) and the step runs nothing, where the runtime has the kernel for this GPU and
-// product; elsewhere both run as planned. Training forwards always run both.
+// product; elsewhere both run as planned. An inference forward's (GemmStep::inference_epilogue)
+// writes the E4M3 output only; a training forward's (GemmStep::training_epilogue) also its
+// transposed copy and the GEMM's own BF16 output, which backward reads.
 struct GatedEpilogue {
   std::string activation;  // the functor, "opfuse::pointwise_swiglu"
   int step = -1;           // the activation step it folds in
   int output = -1;         // that step's E4M3 output (rows of n / 2)
+  int output_t = -1;       // training: that step's transposed copy ([n / 2, m]); else -1
   int quantizer = -1;      // whose scale it casts with and whose amax it raises
   friend bool operator==(const GatedEpilogue&, const GatedEpilogue&) = default;
 };
@@ -186,6 +189,7 @@ struct GemmStep {
   bool fast_accum = false;  // FP8 fprop only (TE's defaults)
   int d_quantizer = -1;     // FP8 D: its scale and amax
   std::optional<GatedEpilogue> inference_epilogue;  // absent from plan.json when absent
+  std::optional<GatedEpilogue> training_epilogue;   // likewise
 };
 
 // A collective over the sequence's tensor-parallel group (runtime/comm, NCCL), enqueued on the
@@ -235,9 +239,10 @@ struct Step {
   int weight_cache_group = -1;  // index into SequencePlan::weight_cache_groups
 };
 
-// Every buffer a step names (its reads and writes, its params' and its GEMM's buffers) as it runs
-// in an inference forward (`inference`: its inference variant where it has one) or otherwise,
-// sorted and without duplicates. A variant with an empty grid runs nothing and names none.
+// Every buffer a step names (its reads and writes, its params' and its GEMM's buffers, and that
+// mode's fused epilogue's outputs, which the GEMM may write) as it runs in an inference forward
+// (`inference`: its inference variant where it has one) or otherwise, sorted and without
+// duplicates. A variant with an empty grid runs nothing and names none.
 std::vector<int> buffers_named_by(const Step& step, bool inference);
 
 struct SequencePlan {

@@ -220,12 +220,16 @@ Json gemm_json(const SequencePlan& s, const GemmStep& g) {
          {"c", g.c >= 0 ? Json(g.c) : Json(nullptr)},
          {"fast_accum", g.fast_accum},
          {"cublaslt", cublaslt_json(g)}};
-  if (const auto& e = g.inference_epilogue) {
-    j["inference_epilogue"] = {{"activation", e->activation},
-                               {"step", e->step},
-                               {"output", e->output},
-                               {"quantizer", quantizer_ref(s, e->quantizer)}};
-  }
+  const auto epilogue_json = [&](const GatedEpilogue& e) {
+    Json out{{"activation", e.activation},
+             {"step", e.step},
+             {"output", e.output},
+             {"quantizer", quantizer_ref(s, e.quantizer)}};
+    if (e.output_t >= 0) out["output_t"] = e.output_t;
+    return out;
+  };
+  if (const auto& e = g.inference_epilogue) j["inference_epilogue"] = epilogue_json(*e);
+  if (const auto& e = g.training_epilogue) j["training_epilogue"] = epilogue_json(*e);
   return j;
 }
 

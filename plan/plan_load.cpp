@@ -324,19 +324,25 @@ GemmStep read_gemm(const Json& j, const std::string& path,
   g.accumulate = get<bool>(j, path, "accumulate");
   g.c = optional_index(j, path, "c");
   g.fast_accum = get<bool>(j, path, "fast_accum");
-  if (j.contains("inference_epilogue")) {
-    const std::string e_path = sub(path, "inference_epilogue");
-    const Json& e = field(j, path, "inference_epilogue");
+  for (const char* key : {"inference_epilogue", "training_epilogue"}) {
+    if (!j.contains(key)) continue;
+    const std::string e_path = sub(path, key);
+    const Json& e = field(j, path, key);
     GatedEpilogue epilogue;
     epilogue.activation = get<std::string>(e, e_path, "activation");
     epilogue.step = get<int>(e, e_path, "step");
     epilogue.output = get<int>(e, e_path, "output");
+    const bool training = std::string_view(key) == "training_epilogue";
+    if (training)
+      epilogue.output_t = get<int>(e, e_path, "output_t");
+    else if (e.contains("output_t"))
+      fail(sub(e_path, "output_t"), "an inference forward's epilogue writes no transposed copy");
     const std::string name = get<std::string>(e, e_path, "quantizer");
     for (const QuantizerPlan& q : quantizers)
       if (q.name == name) epilogue.quantizer = q.index;
     if (epilogue.quantizer < 0)
       fail(sub(e_path, "quantizer"), fmt::format("no quantizer \"{}\"", name));
-    g.inference_epilogue = std::move(epilogue);
+    (training ? g.training_epilogue : g.inference_epilogue) = std::move(epilogue);
   }
   return g;
 }
@@ -479,20 +485,27 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
         fail(at(sub(phase_path, "steps"), i), "steps out of order");
     }
   }
-  // A fused epilogue names a later forward launch of its sequence and one of its buffers.
+  // A fused epilogue names a later forward launch of its sequence and some of its buffers.
   for (const Step& step : s.steps) {
     const auto* gemm = std::get_if<GemmStep>(&step.body);
-    if (gemm == nullptr || !gemm->inference_epilogue) continue;
-    const GatedEpilogue& e = *gemm->inference_epilogue;
-    const std::string e_path =
-        fmt::format("{}.steps[index {}].gemm.inference_epilogue", path, step.index);
-    if (step.phase != Phase::Forward || e.step <= step.index ||
-        e.step >= static_cast<int>(s.steps.size()) ||
-        !std::holds_alternative<LaunchStep>(s.steps[static_cast<std::size_t>(e.step)].body) ||
-        s.steps[static_cast<std::size_t>(e.step)].phase != Phase::Forward)
-      fail(sub(e_path, "step"), "not a later forward launch of a forward GEMM");
-    if (e.output < 0 || e.output >= static_cast<int>(s.buffers.size()))
-      fail(sub(e_path, "output"), fmt::format("no buffer {}", e.output));
+    if (gemm == nullptr) continue;
+    for (const auto* epilogue : {&gemm->inference_epilogue, &gemm->training_epilogue}) {
+      if (!*epilogue) continue;
+      const GatedEpilogue& e = **epilogue;
+      const std::string e_path = fmt::format(
+          "{}.steps[index {}].gemm.{}", path, step.index,
+          epilogue == &gemm->inference_epilogue ? "inference_epilogue" : "training_epilogue");
+      if (step.phase != Phase::Forward || e.step <= step.index ||
+          e.step >= static_cast<int>(s.steps.size()) ||
+          !std::holds_alternative<LaunchStep>(s.steps[static_cast<std::size_t>(e.step)].body) ||
+          s.steps[static_cast<std::size_t>(e.step)].phase != Phase::Forward)
+        fail(sub(e_path, "step"), "not a later forward launch of a forward GEMM");
+      const auto buffers = static_cast<int>(s.buffers.size());
+      if (e.output < 0 || e.output >= buffers)
+        fail(sub(e_path, "output"), fmt::format("no buffer {}", e.output));
+      if (epilogue == &gemm->training_epilogue && (e.output_t < 0 || e.output_t >= buffers))
+        fail(sub(e_path, "output_t"), fmt::format("no buffer {}", e.output_t));
+    }
   }
   return s;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Puts NVIDIA CUTLASS's C++ headers (cute/ and cutlass/, from PyPI's nvidia-cutlass wheel, checked
 # against its SHA-256) under DIR/include, where CMake's OPFUSE_CUTLASS_INCLUDE_DIR finds them:
-# the fused-epilogue GEMMs (runtime/cutlass/fused_gemm.cu) are CUTLASS kernels. Does nothing when
+# the fused-epilogue GEMMs (runtime/cutlass/fused_gemm_kernel.cuh) are CUTLASS kernels. Does nothing when
 # they are there.
 #
 #   scripts/cutlass_headers.sh [DIR]                  # default build/third_party/cutlass-4.2.0.0

@@ -109,6 +109,8 @@ class SequenceBuilder {
   void find_weight_cache_groups();
   void add_inference_variants();
   void add_gated_epilogues();  // plan_epilogues.cpp
+  std::optional<GatedEpilogue> match_gated_epilogue(const GemmStep& gemm, const Step& act,
+                                                    const LaunchStep* launch, bool training) const;
   void compute_lifetimes();
 
   const ir::Sequence& seq_;

@@ -405,6 +405,7 @@ void bind_session(nb::module_& m) {
       .def_rw("gemm_autotune", &SessionOptions::gemm_autotune)
       .def_rw("auto_graph", &SessionOptions::auto_graph)
       .def_rw("fused_epilogues", &SessionOptions::fused_epilogues)
+      .def_rw("fused_training_epilogues", &SessionOptions::fused_training_epilogues)
       .def_rw("block_summaries", &SessionOptions::block_summaries)
       .def_rw("debug", &SessionOptions::debug)
       .def_rw("parallel", &SessionOptions::parallel)

@@ -123,6 +123,7 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
   s.executor = std::make_unique<gpu::SequenceExecutor>(*s.plan, *s.modules, *s.gemms, stream);
   s.executor->set_auto_graph(options.auto_graph);
   s.executor->set_fused_epilogues(options.fused_epilogues);
+  s.executor->set_fused_training_epilogues(options.fused_training_epilogues);
   // A one-rank sequence given an NCCL id runs its collectives through a one-rank communicator
   // (ParallelOptions::nccl_id): the path of N ranks, on one GPU.
   // The group's communicator: from the application's NCCL id, or rank 0's id exchanged through

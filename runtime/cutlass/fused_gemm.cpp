@@ -24,8 +24,8 @@ std::span<const std::string_view> gated_gemm_activations() {
   return names;
 }
 
-std::string gated_gemm_refusal(std::string_view activation, int64_t m, int64_t n, int64_t k,
-                               int sm) {
+std::string gated_gemm_refusal(std::string_view activation, int64_t m, int64_t n, int64_t k, int sm,
+                               bool training) {
   const std::span<const std::string_view> compiled = gated_gemm_activations();
   if (compiled.empty())
     return "this build of opfuse has no CUTLASS GEMMs (configured with OPFUSE_CUTLASS_GEMMS=OFF)";
@@ -48,6 +48,11 @@ std::string gated_gemm_refusal(std::string_view activation, int64_t m, int64_t n
         "k={} is not a multiple of 16 (the operands' rows must be 16-byte "
         "aligned for the tensor-memory copies)",
         k);
+  if (training && m % 16 != 0)
+    return fmt::format(
+        "m={} is not a multiple of 16 (the training form's transposed copy has rows of m E4M3 "
+        "bytes, stored as 16-byte vectors)",
+        m);
   return {};
 }
 
@@ -56,22 +61,35 @@ void launch_gated_gemm(const GatedGemmArgs& args, cudaStream_t stream) {
   OPFUSE_CUDA_CHECK(cudaGetDevice(&device));
   OPFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   OPFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if ((args.out_t == nullptr) != (args.d == nullptr))
+    throw UsageError(
+        "the fused gated GEMM's training form needs both the transposed copy and the BF16 "
+        "output (out_t and d), its inference form neither");
+  const bool training = args.out_t != nullptr;
   if (const std::string why =
-          gated_gemm_refusal(args.activation, args.m, args.n, args.k, major * 10 + minor);
+          gated_gemm_refusal(args.activation, args.m, args.n, args.k, major * 10 + minor, training);
       !why.empty())
     throw UsageError("the fused gated GEMM cannot run: " + why);
   auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  const std::pair<const void*, const char*> pointers[] = {
-      {args.a, "A"}, {args.b, "B"}, {args.out, "the output"}};
-  for (const auto& [pointer, what] : pointers)
-    if (pointer == nullptr || !aligned(pointer))
+  struct Pointer {
+    const void* pointer;
+    const char* what;
+    bool needed;
+  };
+  const Pointer pointers[] = {{args.a, "A", true},
+                              {args.b, "B", true},
+                              {args.out, "the output", true},
+                              {args.out_t, "the transposed copy", training},
+                              {args.d, "the BF16 output", training}};
+  for (const Pointer& p : pointers)
+    if (p.needed && (p.pointer == nullptr || !aligned(p.pointer)))
       throw UsageError(
-          fmt::format("the fused gated GEMM needs {} at a 16-byte aligned device "
-                      "address (got {})",
-                      what, pointer));
+          fmt::format("the fused gated GEMM needs {} at a 16-byte aligned device address (got {})",
+                      p.what, p.pointer));
   if (args.a_scale_inv == nullptr || args.b_scale_inv == nullptr || args.out_scale == nullptr)
     throw UsageError("the fused gated GEMM needs both scale_inv pointers and the output scale");
-  const auto kernels = fused_gemm_detail::compiled_gated_kernels();
+  const auto kernels = training ? fused_gemm_detail::compiled_gated_training_kernels()
+                                : fused_gemm_detail::compiled_gated_kernels();
   for (size_t i = 0; i < kernels.size; ++i)
     if (kernels.data[i].activation == args.activation) return kernels.data[i].launch(args, stream);
 }
@@ -81,6 +99,15 @@ void interleave_gated_rows(const void* src, void* dst, int64_t rows, int64_t row
   if (rows % 2 != 0)
     throw UsageError(
         fmt::format("interleave_gated_rows: {} rows are not gate and linear halves", rows));
+  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  if (row_bytes % 16 == 0 && aligned(src) && aligned(dst)) {
+    const cudaError_t status =
+        fused_gemm_detail::launch_interleave_rows(src, dst, rows, row_bytes, stream);
+    if (status != cudaErrorNotSupported) {
+      OPFUSE_CUDA_CHECK(status, "interleaving a gated weight's rows");
+      return;
+    }
+  }
   const int64_t half = rows / 2;
   const auto bytes = static_cast<size_t>(row_bytes);
   const auto* source = static_cast<const char*>(src);

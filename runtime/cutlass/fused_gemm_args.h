@@ -17,6 +17,11 @@ struct GatedGemmArgs {
   const float* out_scale = nullptr;  // the output quantizer's scale
   float* amax = nullptr;             // maxed into, never reset here; nullptr: not tracked
   void* out = nullptr;               // e4m3 [m, n / 2], row-major
+  // A training forward's kernel (both set) also writes what backward reads; an inference
+  // forward's (both null) does not.
+  void* out_t = nullptr;  // e4m3 [n / 2, m]: out's transposed copy
+  void* d = nullptr;      // bf16 [m, n]: the GEMM's output in the unfused GEMM's layout (B's rows
+                          // not interleaved: gate columns [0, n / 2), linear columns after)
 };
 
 }  // namespace opfuse::gpu

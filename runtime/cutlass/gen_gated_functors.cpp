@@ -1,4 +1,4 @@
-// Build-time generator of gated_functors.cuh for fused_gemm.cu: the CUDA functor of every
+// Build-time generator of gated_functors.cuh for fused_gemm_kernel.cuh: the CUDA functor of every
 // activation ir::fused_gemm_activation names, from its definition in the op registry
 // (compiler/ir/pointwise_defs.cpp), exactly as codegen emits it for the activation kernels, and
 // OPFUSE_GATED_FUNCTORS(X), which calls X(functor type, "functor name") for each.

@@ -1,13 +1,17 @@
-// Note "Fused GEMM epilogues" (docs/architecture.md): an inference forward runs an FP8 fprop GEMM
-// with the gated activation after it folded into its epilogue (runtime/cutlass/fused_gemm.h)
-// where the plan marks the pair (plan::GatedEpilogue), this GPU and the bound product are ones
-// the compiled kernels take, B is a cached FP8 weight copy and set_fused_epilogues() has not
-// turned it off. The activation step then runs nothing. Training forwards run both steps as
-// planned (backward reads the GEMM's BF16 output).
+// Note "Fused GEMM epilogues" (docs/architecture.md): a forward runs an FP8 fprop GEMM with the
+// gated activation after it folded into its epilogue (runtime/cutlass/fused_gemm.h) where the
+// plan marks the pair for that run mode (plan::GatedEpilogue), this GPU and the bound product are
+// ones the compiled kernels take, B is a cached FP8 weight copy and set_fused_epilogues() has not
+// turned it off. The activation step then runs nothing. An inference forward's kernel writes the
+// activation's E4M3 output; a training forward's also its transposed copy and the GEMM's BF16
+// output, which backward reads. Training forwards fuse only when set_fused_training_epilogues()
+// asks: on the H200 that kernel is slower than the pair it replaces (bench/RESULTS.md).
 //
 // The kernel reads B with its gate and linear rows interleaved: the executor keeps that copy
 // beside the weight cache (n x k bytes) and remakes it whenever the weight-cast group has been
 // enqueued since (WeightCacheGroup::casts), in the stream order of the forward that reads it.
+#include <fmt/format.h>
+
 #include "cutlass/fused_gemm.h"
 #include "gpu/executor_impl.h"
 #include "gpu/plan_gemm.h"
@@ -21,8 +25,9 @@ void SequenceExecutor::Impl::bind_fused_gemms(const std::map<std::string, std::i
   folded_by_step.assign(plan.steps.size(), -1);
   for (const Step& step : plan.steps) {
     const auto* gemm = std::get_if<GemmStep>(&step.body);
-    if (gemm == nullptr || !gemm->inference_epilogue) continue;
-    const plan::GatedEpilogue& e = *gemm->inference_epilogue;
+    if (gemm == nullptr || (!gemm->inference_epilogue && !gemm->training_epilogue)) continue;
+    const plan::GatedEpilogue& e =
+        gemm->inference_epilogue ? *gemm->inference_epilogue : *gemm->training_epilogue;
     FusedGemm fused;
     fused.step = step.index;
     fused.folded = e.step;
@@ -31,7 +36,6 @@ void SequenceExecutor::Impl::bind_fused_gemms(const std::map<std::string, std::i
     fused.n = evaluate_expr(gemm->n, values);
     fused.k = evaluate_expr(gemm->k, values);
     fused.output = e.output;
-    std::string why = gated_gemm_refusal(e.activation, fused.m, fused.n, fused.k, sm);
     const int b_root = facts[static_cast<std::size_t>(gemm->b.buffer)].root;
     for (std::size_t g = 0; g < cache_groups.size() && fused.cache_group < 0; ++g) {
       for (int cast : cache_groups[g].steps) {
@@ -40,12 +44,32 @@ void SequenceExecutor::Impl::bind_fused_gemms(const std::map<std::string, std::i
             fused.cache_group = static_cast<int>(g);
       }
     }
-    if (why.empty() && fused.cache_group < 0)
-      why = "its B operand is not a cached FP8 weight copy (a weight-cast group's output)";
-    if (!why.empty()) {
+    // Why each mode's epilogue does not run fused (empty: it does).
+    auto refusal = [&](const std::optional<plan::GatedEpilogue>& epilogue, bool training) {
+      if (!epilogue) return std::string();
+      if (epilogue->step != e.step || epilogue->output != e.output ||
+          epilogue->quantizer != e.quantizer || epilogue->activation != e.activation)
+        return std::string("the plan's inference and training epilogues fold different steps");
+      std::string why = gated_gemm_refusal(e.activation, fused.m, fused.n, fused.k, sm, training);
+      if (why.empty() && fused.cache_group < 0)
+        why = "its B operand is not a cached FP8 weight copy (a weight-cast group's output)";
+      return why;
+    };
+    const std::string inference_why = refusal(gemm->inference_epilogue, false);
+    const std::string training_why = refusal(gemm->training_epilogue, true);
+    fused.inference = gemm->inference_epilogue && inference_why.empty();
+    fused.training = gemm->training_epilogue && training_why.empty();
+    if (!inference_why.empty() && inference_why == training_why) {
+      fused_refusals[step.index] = inference_why;
+    } else if (!inference_why.empty() || !training_why.empty()) {
+      std::string why;
+      if (!inference_why.empty()) why = "in inference forwards: " + inference_why;
+      if (!training_why.empty())
+        why += fmt::format("{}in training forwards: {}", why.empty() ? "" : "; ", training_why);
       fused_refusals[step.index] = std::move(why);
-      continue;
     }
+    if (!fused.inference && !fused.training) continue;
+    if (fused.training) fused.output_t = gemm->training_epilogue->output_t;
     plan::ParamBinding value;
     value.kind = plan::ParamKind::Quantizer;
     value.quantizer = e.quantizer;
@@ -61,13 +85,13 @@ void SequenceExecutor::Impl::bind_fused_gemms(const std::map<std::string, std::i
 }
 
 bool SequenceExecutor::Impl::runs_fused(int index) const {
-  return fused_epilogues && layout == RunMode::Inference &&
-         fused_of_step[static_cast<std::size_t>(index)] >= 0;
+  const int f = fused_of_step[static_cast<std::size_t>(index)];
+  return fusing_in(layout) && f >= 0 && fused_gemms[static_cast<std::size_t>(f)].runs_in(layout);
 }
 
 bool SequenceExecutor::Impl::folded(int index) const {
-  return fused_epilogues && layout == RunMode::Inference &&
-         folded_by_step[static_cast<std::size_t>(index)] >= 0;
+  const int f = folded_by_step[static_cast<std::size_t>(index)];
+  return fusing_in(layout) && f >= 0 && fused_gemms[static_cast<std::size_t>(f)].runs_in(layout);
 }
 
 void SequenceExecutor::Impl::run_fused(int index, const GemmArgs& args, cudaStream_t stream) {
@@ -87,6 +111,10 @@ void SequenceExecutor::Impl::run_fused(int index, const GemmArgs& args, cudaStre
   gated.out_scale = f.out_scale;
   gated.amax = f.amax;
   gated.out = pointer(f.output);
+  if (layout == RunMode::Training) {
+    gated.out_t = pointer(f.output_t);
+    gated.d = args.d;
+  }
   launch_gated_gemm(gated, stream);
 }
 

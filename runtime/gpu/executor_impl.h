@@ -102,17 +102,20 @@ struct WeightCacheGroup {
   std::uint64_t casts = 0;             // times it was enqueued (fused GEMMs' interleaved copies)
 };
 
-// Note "Fused GEMM epilogues" (executor_fused.cpp): an inference forward's FP8 GEMM that runs the
-// plan's gated epilogue (plan::GatedEpilogue) through runtime/cutlass/fused_gemm.h, so that the
-// activation step it folds in runs nothing. Chosen by bind() where gated_gemm_refusal accepts the
-// bound product on this GPU and B is a cached weight copy.
+// Note "Fused GEMM epilogues" (executor_fused.cpp): a forward's FP8 GEMM that runs the plan's
+// gated epilogue for that run mode (plan::GatedEpilogue) through runtime/cutlass/fused_gemm.h, so
+// that the activation step it folds in runs nothing. Chosen per mode by bind() where
+// gated_gemm_refusal accepts the bound product on this GPU and B is a cached weight copy.
 struct FusedGemm {
   int step = -1;    // the GEMM
   int folded = -1;  // the activation step
   std::string activation;
   std::int64_t m = 0, n = 0, k = 0;
-  int output = -1;       // the activation's E4M3 output buffer
-  int cache_group = -1;  // the weight-cast group writing B
+  int output = -1;         // the activation's E4M3 output buffer
+  int output_t = -1;       // its transposed copy (training forwards)
+  bool inference = false;  // whether inference forwards run it fused
+  bool training = false;   // whether training forwards do (also writing D and output_t)
+  int cache_group = -1;    // the weight-cast group writing B
   const float* out_scale = nullptr;
   float* amax = nullptr;
   DeviceBuffer interleaved;          // B with gate and linear rows interleaved
@@ -121,6 +124,7 @@ struct FusedGemm {
     return interleaved_at == groups[static_cast<std::size_t>(cache_group)].casts &&
            interleaved_at != 0;
   }
+  bool runs_in(RunMode mode) const { return mode == RunMode::Inference ? inference : training; }
 };
 
 // ---- SequenceExecutor::Impl ---------------------------------------------------------------------
@@ -283,7 +287,12 @@ struct SequenceExecutor::Impl {
   std::vector<FusedGemm> fused_gemms;
   std::vector<int> fused_of_step, folded_by_step;
   std::map<int, std::string> fused_refusals;
-  bool fused_epilogues = true;  // set_fused_epilogues()
+  bool fused_epilogues = false;           // set_fused_epilogues()
+  bool fused_training_epilogues = false;  // set_fused_training_epilogues()
+  // Whether a forward in `mode` runs the fused GEMMs those switches allow.
+  bool fusing_in(RunMode mode) const {
+    return fused_epilogues && (mode == RunMode::Inference || fused_training_epilogues);
+  }
   // Per run mode, per buffer id: the root's offset in `memory`, and the bytes each mode needs.
   std::vector<std::size_t> offsets[kModes];
   std::size_t needed_bytes[kModes] = {0, 0};

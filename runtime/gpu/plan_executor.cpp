@@ -593,6 +593,10 @@ void SequenceExecutor::set_fused_epilogues(bool enabled) {
   impl_->drop_graph();  // a recording holds one choice
 }
 
+void SequenceExecutor::set_fused_training_epilogues(bool enabled) {
+  impl_->fused_training_epilogues = enabled;  // graphs record inference forwards only
+}
+
 std::map<int, std::string> SequenceExecutor::fused_gemm_refusals() const {
   return impl_->fused_refusals;
 }
@@ -621,17 +625,26 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     for (int id : step.reads) profile.bytes_read += s.bytes[static_cast<std::size_t>(id)];
     for (int id : variant ? step.inference->writes : step.writes)
       profile.bytes_written += s.bytes[static_cast<std::size_t>(id)];
-    // Note "Fused GEMM epilogues": what an inference forward runs instead.
+    // Note "Fused GEMM epilogues": what a forward of this mode runs instead.
     const auto i = static_cast<std::size_t>(step.index);
-    const bool fusing = mode == RunMode::Inference && s.fused_epilogues;
-    if (fusing && s.fused_of_step[i] >= 0) {
+    auto fused_in_mode = [&](int f) {
+      return s.fusing_in(mode) && f >= 0 &&
+             s.fused_gemms[static_cast<std::size_t>(f)].runs_in(mode);
+    };
+    if (fused_in_mode(s.fused_of_step[i])) {
       const FusedGemm& f = s.fused_gemms[static_cast<std::size_t>(s.fused_of_step[i])];
       const Step& act = s.plan.steps[static_cast<std::size_t>(f.folded)];
-      profile.what += fmt::format(
-          " + {} in its epilogue (CUTLASS)",
-          act.inference && !act.inference->what.empty() ? act.inference->what : act.what);
-      profile.bytes_written = s.bytes[static_cast<std::size_t>(f.output)];
-    } else if (fusing && s.folded_by_step[i] >= 0) {
+      const bool act_variant = mode == RunMode::Inference && act.inference;
+      profile.what +=
+          fmt::format(" + {} in its epilogue (CUTLASS)",
+                      act_variant && !act.inference->what.empty() ? act.inference->what : act.what);
+      if (mode == RunMode::Inference) {
+        profile.bytes_written = s.bytes[static_cast<std::size_t>(f.output)];
+      } else {
+        profile.bytes_written += s.bytes[static_cast<std::size_t>(f.output)] +
+                                 s.bytes[static_cast<std::size_t>(f.output_t)];
+      }
+    } else if (fused_in_mode(s.folded_by_step[i])) {
       profile.folded = true;
       profile.what +=
           fmt::format(" (folded into step {}'s GEMM)",

@@ -242,11 +242,15 @@ class SequenceExecutor {
   void set_auto_graph(bool enabled);
   std::size_t graph_replays() const;
 
-  // Note "Fused GEMM epilogues" (executor_fused.cpp): inference forwards run an FP8 GEMM with the
-  // gated activation after it in its epilogue where the plan allows it and this GPU has the
-  // kernel; on by default (the same values up to the GEMM's FP32 summation order). Off runs
-  // every planned step. fused_gemm_refusals() says, per planned pair bind() did not fuse, why.
+  // Note "Fused GEMM epilogues" (executor_fused.cpp): forwards run an FP8 GEMM with the gated
+  // activation after it in its epilogue where the plan allows it and this GPU has the kernel (the
+  // same values up to the GEMM's FP32 summation order). set_fused_epilogues: inference forwards;
+  // set_fused_training_epilogues: training forwards too (it needs set_fused_epilogues). Both off
+  // by default: on the H200 both kernels are slower than the planned pair so far
+  // (bench/RESULTS.md). fused_gemm_refusals() says, per planned pair bind() did not fuse in some
+  // mode, why.
   void set_fused_epilogues(bool enabled);
+  void set_fused_training_epilogues(bool enabled);
   std::map<int, std::string> fused_gemm_refusals() const;
 
  private:

@@ -330,7 +330,10 @@ TEST_F(ExecutorGpu, FusedEpilogueMatchesThePlannedSteps) {
   const cpu::Bindings bindings = {{"tokens", 96}};
   SideBySide fused(*c, 0, bindings, *gemms_, stream_, 11);
   SideBySide planned(*c, 0, bindings, *gemms_, stream_, 11);  // same seed: same weights, inputs
-  planned.gpu().set_fused_epilogues(false);
+  const auto off = fused.gpu().step_profiles(RunMode::Inference);
+  EXPECT_EQ(std::count_if(off.begin(), off.end(), [](const auto& p) { return p.folded; }), 0)
+      << "off by default";
+  fused.gpu().set_fused_epilogues(true);
   if (const auto refused = fused.gpu().fused_gemm_refusals(); !refused.empty())
     GTEST_SKIP() << "step " << refused.begin()->first << ": " << refused.begin()->second;
   const auto profiles = fused.gpu().step_profiles(RunMode::Inference);
@@ -378,6 +381,97 @@ TEST_F(ExecutorGpu, FusedEpilogueMatchesThePlannedSteps) {
   fused.gpu().forward(stream_, RunMode::Training);
   planned.gpu().forward(stream_, RunMode::Training);
   compare("after a training forward");
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+}
+
+// Note "Fused GEMM epilogues", training: fc1's fused kernel also writes the SwiGLU's transposed
+// E4M3 copy (fc2's wgrad reads it) and the GEMM's BF16 output (the SwiGLU backward reads it). Both
+// sides train on the same weights and inputs (SideBySide takes the reference's updates); each
+// step's output and gradients agree with the CPU reference as closely as the planned steps'; then
+// a training forward on both: fc1's BF16 output and the transposed copy agree up to the GEMM's
+// FP32 summation order (test_fused_gemm_gpu checks the copy's transpose byte for byte).
+TEST_F(ExecutorGpu, FusedTrainingEpilogueMatchesThePlannedSteps) {
+  const auto c = compile("mlp", kMlp, "delayed");
+  ASSERT_NE(c, nullptr);
+  const plan::SequencePlan& plan = c->plan.sequences[0];
+  const cpu::Bindings bindings = {{"tokens", 96}};
+  SideBySide fused(*c, 0, bindings, *gemms_, stream_, 13);
+  SideBySide planned(*c, 0, bindings, *gemms_, stream_, 13);
+  planned.gpu().set_fused_epilogues(false);
+  planned.gpu().set_fused_training_epilogues(true);  // needs set_fused_epilogues
+  if (const auto refused = fused.gpu().fused_gemm_refusals(); !refused.empty())
+    GTEST_SKIP() << "step " << refused.begin()->first << ": " << refused.begin()->second;
+  const plan::GemmStep* fc1 = nullptr;
+  int fc1_step = -1;
+  for (const plan::Step& step : plan.steps)
+    if (const auto* gemm = std::get_if<plan::GemmStep>(&step.body);
+        gemm != nullptr && gemm->training_epilogue) {
+      fc1 = gemm;
+      fc1_step = step.index;
+    }
+  ASSERT_NE(fc1, nullptr) << "the plan marks no training epilogue";
+  const plan::GatedEpilogue& e = *fc1->training_epilogue;
+  EXPECT_FALSE(fused.gpu().step_profiles(RunMode::Training).at(size_t(e.step)).folded)
+      << "training forwards fuse only when asked";
+  fused.gpu().set_fused_epilogues(true);
+  fused.gpu().set_fused_training_epilogues(true);
+  const auto profiles = fused.gpu().step_profiles(RunMode::Training);
+  EXPECT_NE(profiles.at(size_t(fc1_step)).what.find("in its epilogue (CUTLASS)"), std::string::npos)
+      << profiles.at(size_t(fc1_step)).what;
+  EXPECT_TRUE(profiles.at(size_t(e.step)).folded);
+  EXPECT_FALSE(planned.gpu().step_profiles(RunMode::Training).at(size_t(e.step)).folded);
+
+  const std::size_t count = 96 * 256, d_count = 96 * 1024, act_count = 96 * 512;
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepErrors f = fused.train_step(step, 0.5, /*update_params=*/false);
+    const StepErrors p = planned.train_step(step, 0.5, /*update_params=*/false);
+    // Against the CPU reference, as close as the planned steps (the bounds of the training tests).
+    EXPECT_LT(f.outputs, std::max(2 * p.outputs, 3e-2));
+    EXPECT_LT(f.input_grads, std::max(2 * p.input_grads, 3e-2));
+    EXPECT_LT(f.param_grads, std::max(2 * p.param_grads, 3e-2)) << fused.worst_param();
+    // New weights for both: the fused GEMM's interleaved copy follows them.
+    for (SideBySide* side : {&fused, &planned}) {
+      for (const std::string& name : side->ref().param_names()) {
+        cpu::Tensor<float>& w = side->ref().param(name);
+        for (float& v : w.data) v *= 0.875f;
+      }
+      side->upload_params();
+      side->ref().params_changed();
+      side->gpu().invalidate_weight_cache();
+    }
+  }
+  // A last training forward on both sides, the same inputs: what backward would read.
+  fused.new_inputs();
+  planned.new_inputs();
+  fused.gpu().forward(stream_, RunMode::Training);
+  planned.gpu().forward(stream_, RunMode::Training);
+  EXPECT_LT(relative_error(download_bf16(fused.gpu().output("y"), count),
+                           download_bf16(planned.gpu().output("y"), count)),
+            5e-3);
+  const std::vector<float> d_fused = download_bf16(fused.gpu().debug_buffer(fc1->d), d_count);
+  const std::vector<float> d_planned = download_bf16(planned.gpu().debug_buffer(fc1->d), d_count);
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < d_count; ++i) same += d_fused[i] == d_planned[i];
+  EXPECT_LT(relative_error(d_fused, d_planned), 4e-3) << same << " of " << d_count << " equal";
+  EXPECT_GT(same, d_count * 9 / 10) << "fc1's BF16 output, value by value";
+  // The transposed copies (the copy itself is dead once fc2 has read it): the fused kernel's,
+  // cast from its own BF16 values, against the activation kernel's from cuBLASLt's. A rounding of
+  // D that goes the other way moves a code by one step at most.
+  const std::vector<std::uint8_t> t_fused =
+      download_bytes(fused.gpu().debug_buffer(e.output_t), act_count);
+  const std::vector<std::uint8_t> t_planned =
+      download_bytes(planned.gpu().debug_buffer(e.output_t), act_count);
+  std::size_t equal = 0, far = 0;
+  for (std::size_t i = 0; i < act_count; ++i) {
+    equal += t_fused[i] == t_planned[i];
+    const int a = t_fused[i], b = t_planned[i];
+    far += (a & 0x80) != (b & 0x80) && (a & 0x7f) + (b & 0x7f) > 1 ? 1
+           : std::abs((a & 0x7f) - (b & 0x7f)) > 1                 ? 1
+                                                                   : 0;
+  }
+  EXPECT_GT(equal, act_count * 9 / 10) << "the transposed copies, byte by byte";
+  EXPECT_EQ(far, 0u);
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 

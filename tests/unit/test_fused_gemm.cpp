@@ -70,5 +70,19 @@ TEST(FusedGemm, RefusalsSayWhy) {
   }
 }
 
+TEST(FusedGemm, TheTrainingFormAlsoNeedsRowsInSixteens) {
+  if (!OPFUSE_CUTLASS_GEMMS_BUILT) GTEST_SKIP() << "a build without CUTLASS GEMMs refuses all";
+  EXPECT_EQ(gpu::gated_gemm_refusal(kSwiglu, 16384, 28672, 4096, 90, true), "");
+  EXPECT_EQ(gpu::gated_gemm_refusal(kSwiglu, 16, 32, 16, 90, true), "");
+  // The inference form takes ragged rows; the training form's transposed copy does not.
+  EXPECT_EQ(gpu::gated_gemm_refusal(kSwiglu, 200, 512, 256, 90, false), "");
+  const std::string why = gpu::gated_gemm_refusal(kSwiglu, 200, 512, 256, 90, true);
+  EXPECT_NE(why.find("m=200 is not a multiple of 16"), std::string::npos) << why;
+  EXPECT_NE(why.find("transposed copy"), std::string::npos) << why;
+  // The shared reasons come first.
+  EXPECT_NE(gpu::gated_gemm_refusal(kSwiglu, 200, 100, 256, 90, true).find("n=100"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace opfuse

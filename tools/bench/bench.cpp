@@ -500,6 +500,7 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   session_options.gemm_autotune = options.gemm_autotune;
   session_options.auto_graph = options.auto_graph;
   session_options.fused_epilogues = options.fused_epilogues;
+  session_options.fused_training_epilogues = options.fused_training_epilogues;
   session_options.debug = options.debug;
   session_options.parallel = options.parallel;
   if (program.has_debug_config() && options.graph) {
@@ -619,7 +620,8 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   report.gemm_algorithms = options.gemm_autotune ? "autotuned" : "cuBLASLt heuristic";
   report.auto_graph = options.auto_graph;
   report.fused_epilogues = options.fused_epilogues;
-  if (options.fused_epilogues && options.mode == BenchMode::Forward) {
+  report.fused_training_epilogues = options.fused_training_epilogues;
+  if (options.fused_epilogues) {
     for (const auto& [step, why] : executor.fused_gemm_refusals())
       report.notes.push_back(fmt::format("step {} runs without its fused epilogue: {}", step, why));
   }

@@ -32,10 +32,11 @@ struct BenchOptions {
   // Forward only: mark the parameters changed before every forward, so the FP8 weights are cast
   // on every call (as a peer that casts per call does) instead of once and cached.
   bool recast_weights = false;
-  bool gemm_autotune = false;   // SessionOptions::gemm_autotune
-  bool auto_graph = true;       // SessionOptions::auto_graph
-  bool fused_epilogues = true;  // SessionOptions::fused_epilogues
-  int iterations = 0;           // timed iterations per pass; 0: about 0.3 s worth, 50 to 2000
+  bool gemm_autotune = false;             // SessionOptions::gemm_autotune
+  bool auto_graph = true;                 // SessionOptions::auto_graph
+  bool fused_epilogues = false;           // SessionOptions::fused_epilogues
+  bool fused_training_epilogues = false;  // SessionOptions::fused_training_epilogues
+  int iterations = 0;  // timed iterations per pass; 0: about 0.3 s worth, 50 to 2000
   int warmup = 10;
   // Forward only: untimed forwards, each followed by a quantizer update (Session::step), before
   // the warm-up. A loop of inference forwards never updates the quantizers, so under delayed
@@ -93,10 +94,11 @@ struct BenchReport {
   std::map<std::string, std::int64_t> bindings;
   int tp = 1, rank = 0;  // the tensor-parallel group size and this report's rank
   bool graph = false;
-  std::string weights;          // "cached" (cast once, reused) or "recast every call"
-  std::string gemm_algorithms;  // "cuBLASLt heuristic" or "autotuned"
-  bool auto_graph = true;       // SessionOptions::auto_graph of the session
-  bool fused_epilogues = true;  // SessionOptions::fused_epilogues of the session
+  std::string weights;                    // "cached" (cast once, reused) or "recast every call"
+  std::string gemm_algorithms;            // "cuBLASLt heuristic" or "autotuned"
+  bool auto_graph = true;                 // SessionOptions::auto_graph of the session
+  bool fused_epilogues = false;           // SessionOptions::fused_epilogues of the session
+  bool fused_training_epilogues = false;  // and its fused_training_epilogues
   BuildStats build;
   double compile_wall_ms = 0;
 

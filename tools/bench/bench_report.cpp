@@ -164,6 +164,7 @@ std::string bench_report_json(const BenchReport& r) {
       {"gemm_algorithms", r.gemm_algorithms},
       {"auto_graph", r.auto_graph},
       {"fused_epilogues", r.fused_epilogues},
+      {"fused_training_epilogues", r.fused_training_epilogues},
       {"device",
        {{"name", r.device}, {"arch", r.arch}, {"sm_count", r.sm_count}, {"l2_bytes", r.l2_bytes}}},
       {"bindings", bindings},

@@ -22,7 +22,8 @@ struct BenchCommandOptions {
   bool recast_weights = false;
   bool gemm_autotune = false;
   bool no_auto_graph = false;
-  bool no_fused_epilogues = false;
+  bool fused_epilogues = false;
+  bool fused_training_epilogues = false;
   int iterations = 0;
   int warmup = 10;
   int calibrate = 4;
@@ -66,7 +67,8 @@ int run_bench(const BenchCommandOptions& opts, const CommonOptions& common) {
     bench.recast_weights = opts.recast_weights;
     bench.gemm_autotune = opts.gemm_autotune;
     bench.auto_graph = !opts.no_auto_graph;
-    bench.fused_epilogues = !opts.no_fused_epilogues;
+    bench.fused_epilogues = opts.fused_epilogues || opts.fused_training_epilogues;
+    bench.fused_training_epilogues = opts.fused_training_epilogues;
     bench.iterations = opts.iterations;
     bench.warmup = opts.warmup;
     bench.calibrate = opts.calibrate;
@@ -125,10 +127,13 @@ Command add_bench_command(CLI::App& app, CommonOptions& common) {
   bench->add_flag("--no-auto-graph", opts->no_auto_graph,
                   "fwd: run every forward step by step, also when its inputs are small enough "
                   "for the session's automatic CUDA graph (SessionOptions::auto_graph)");
-  bench->add_flag("--no-fused-epilogues", opts->no_fused_epilogues,
-                  "fwd: run the planned GEMM and gated activation as two steps where the GPU "
-                  "could fold the activation into the GEMM's epilogue "
-                  "(SessionOptions::fused_epilogues)");
+  bench->add_flag("--fused-epilogues", opts->fused_epilogues,
+                  "fwd: fold a gated activation into the GEMM's epilogue where the plan marks "
+                  "the pair and this GPU has the kernel (SessionOptions::fused_epilogues)");
+  bench->add_flag("--fused-training-epilogues", opts->fused_training_epilogues,
+                  "fwdbwd: fold the gated activation into the GEMM's epilogue in training "
+                  "forwards too (SessionOptions::fused_training_epilogues; implies "
+                  "--fused-epilogues)");
   bench->add_flag("--recast-weights", opts->recast_weights,
                   "fwd: cast the FP8 weights on every call instead of once (cached)");
   bench

@@ -379,9 +379,14 @@ struct SessionOptions {
   // QGeGLU, SReGLU with their E4M3 cast under delayed scaling) in the GEMM's epilogue, one CUTLASS
   // kernel instead of cuBLASLt's GEMM and the activation kernel, where the plan marks the pair
   // and the GPU is an sm_90 (docs/architecture.md, "Fused GEMM epilogues"). The same values up to
-  // the GEMM's FP32 summation order; it keeps one more copy of that weight (n x k bytes). False
-  // runs every planned step.
-  bool fused_epilogues = true;
+  // the GEMM's FP32 summation order; it keeps one more copy of that weight (n x k bytes). Off by
+  // default: measured correctly (after the fix of its output's memory placement) it is slower
+  // than the two steps on the H200 so far (bench/RESULTS.md).
+  bool fused_epilogues = false;
+  // Training forwards too, with the kernel that also writes the activation's transposed copy and
+  // the GEMM's BF16 output for backward. Off by default: on the H200 it is slower than the two
+  // steps it replaces (bench/RESULTS.md). Needs fused_epilogues.
+  bool fused_training_epilogues = false;
   // Used when the program was compiled with a debug config: each iteration (from one step() to
   // the next) runs the plan variant its routing asks for, and step() logs its statistics.
   DebugSessionOptions debug;
