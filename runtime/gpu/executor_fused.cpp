@@ -77,10 +77,21 @@ void SequenceExecutor::Impl::bind_fused_gemms(const std::map<std::string, std::i
     fused.out_scale = static_cast<const float*>(state_pointer(value));
     value.quantizer_value = plan::QuantizerValue::Amax;
     fused.amax = static_cast<float*>(const_cast<void*>(state_pointer(value)));
-    fused.interleaved = DeviceBuffer(bytes[static_cast<std::size_t>(b_root)], last_stream);
+    fused.interleaved_bytes = bytes[static_cast<std::size_t>(b_root)];
     fused_of_step[static_cast<std::size_t>(step.index)] = static_cast<int>(fused_gemms.size());
     folded_by_step[static_cast<std::size_t>(e.step)] = static_cast<int>(fused_gemms.size());
     fused_gemms.push_back(std::move(fused));
+  }
+  if (fused_epilogues) allocate_fused_gemms();
+}
+
+// The interleaved weight copies, made when fusing is on (bind() or set_fused_epilogues(true)), so
+// that a session that never fuses holds no copy and no allocation happens inside a forward (an
+// application may be capturing it).
+void SequenceExecutor::Impl::allocate_fused_gemms() {
+  for (FusedGemm& f : fused_gemms) {
+    if (f.interleaved.data() == nullptr)
+      f.interleaved = DeviceBuffer(f.interleaved_bytes, last_stream);
   }
 }
 

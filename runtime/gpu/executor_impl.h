@@ -118,7 +118,8 @@ struct FusedGemm {
   int cache_group = -1;    // the weight-cast group writing B
   const float* out_scale = nullptr;
   float* amax = nullptr;
-  DeviceBuffer interleaved;          // B with gate and linear rows interleaved
+  DeviceBuffer interleaved;  // B with gate and linear rows interleaved, made while fusing is on
+  std::size_t interleaved_bytes = 0;
   std::uint64_t interleaved_at = 0;  // cache_groups[cache_group].casts when it was made
   bool fresh(const std::vector<WeightCacheGroup>& groups) const {
     return interleaved_at == groups[static_cast<std::size_t>(cache_group)].casts &&
@@ -170,7 +171,9 @@ struct SequenceExecutor::Impl {
 
   // ---- fused GEMM epilogues (executor_fused.cpp) ----
   void bind_fused_gemms(const std::map<std::string, std::int64_t>& values);
-  // Whether an inference forward runs step `index` as a fused GEMM / skips it as folded in.
+  void allocate_fused_gemms();
+  // Whether a forward of the current layout runs step `index` as a fused GEMM / skips it as
+  // folded in.
   bool runs_fused(int index) const;
   bool folded(int index) const;
   void run_fused(int index, const GemmArgs& args, cudaStream_t stream);

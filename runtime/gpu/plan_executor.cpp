@@ -590,6 +590,7 @@ std::size_t SequenceExecutor::graph_replays() const { return impl_->graph_replay
 void SequenceExecutor::set_fused_epilogues(bool enabled) {
   if (impl_->fused_epilogues == enabled) return;
   impl_->fused_epilogues = enabled;
+  if (enabled) impl_->allocate_fused_gemms();
   impl_->drop_graph();  // a recording holds one choice
 }
 
