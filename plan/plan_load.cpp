@@ -505,6 +505,20 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
         fail(sub(e_path, "output"), fmt::format("no buffer {}", e.output));
       if (epilogue == &gemm->training_epilogue && (e.output_t < 0 || e.output_t >= buffers))
         fail(sub(e_path, "output_t"), fmt::format("no buffer {}", e.output_t));
+      // The GEMM writes them: their memory must be live from its step (an older plan placed
+      // them from the activation's step, over the GEMM's own operands).
+      const bool training = epilogue == &gemm->training_epilogue;
+      for (const int id : {e.output, training ? e.output_t : e.output}) {
+        const int root = s.buffers[static_cast<std::size_t>(id)].root;
+        if (root < 0 || root >= buffers) continue;  // the buffers' own checks name it
+        const Lifetime& life = training ? s.buffers[static_cast<std::size_t>(root)].training
+                                        : s.buffers[static_cast<std::size_t>(root)].inference;
+        if (life.first < 0 || life.first > step.index)
+          fail(sub(e_path, id == e.output ? "output" : "output_t"),
+               fmt::format("buffer {} is live only from step {}, after the GEMM (step {}) that "
+                           "writes it: a plan from an older opfuse; rebuild it",
+                           id, life.first, step.index));
+      }
     }
   }
   return s;

@@ -253,5 +253,29 @@ TEST(GatedEpilogues, PlanJsonRefusesABadTransposedCopy) {
   EXPECT_TRUE(test::contains(refusal("inference_epilogue", 24), "writes no transposed copy"));
 }
 
+// A plan written before the folded outputs' lifetimes started at the GEMM's step (the race the
+// test above guards against) is refused with a message to rebuild it.
+TEST(GatedEpilogues, PlanJsonRefusesLifetimesThatStartAfterTheGemm) {
+  nlohmann::ordered_json json = plan::plan_to_json(compile(mlp(kDelayed, "swiglu()")));
+  int gemm_step = -1, output = -1;
+  for (auto& phase : json["sequences"][0]["phases"])
+    for (auto& step : phase["steps"])
+      if (step.contains("gemm") && step["gemm"].contains("inference_epilogue")) {
+        gemm_step = step["index"].get<int>();
+        output = step["gemm"]["inference_epilogue"]["output"].get<int>();
+      }
+  ASSERT_GE(output, 0);
+  auto& buffer = json["sequences"][0]["buffers"][size_t(output)];
+  ASSERT_EQ(buffer["inference"][0].get<int>(), gemm_step);
+  buffer["inference"][0] = gemm_step + 1;  // as the older opfuse wrote it
+  try {
+    plan::plan_from_json(json);
+    ADD_FAILURE() << "a plan with the racy lifetimes was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(test::contains(e.what(), "inference_epilogue.output")) << e.what();
+    EXPECT_TRUE(test::contains(e.what(), "rebuild it")) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace opfuse
