@@ -69,8 +69,8 @@ struct GatedFp8Epilogue {
     const float* b_scale_inv = nullptr;
     const float* out_scale = nullptr;
     float* amax = nullptr;
-    uint8_t* out_t = nullptr;       // kTraining: [n / 2, m]
-    __nv_bfloat16* d = nullptr;     // kTraining: [m, n]
+    uint8_t* out_t = nullptr;    // kTraining: [n / 2, m]
+    __nv_bfloat16* d = nullptr;  // kTraining: [m, n]
   };
   using Params = Arguments;
 
@@ -115,14 +115,15 @@ struct GatedFp8Epilogue {
 
   // Pass kPass of the training form's BF16 output: the gate (kPass 0, 1) or linear (2, 3) values
   // of the warp's output columns [64 (kPass % 2), + 64), staged as 16 rows of 128 bytes and stored
-  // at dst (row r at dst + r * ld elements), `columns` of them in range. Addressed by wgmma's
-  // accumulator layout: a thread's pair p holds row lane / 4 + 8 (p % 2) and output column
+  // into D [m, n] from `tile` (the warp's first row at its first gate column; the linear columns
+  // are `half` further), `rows` and `columns` (from the tile's first) in range. Addressed by
+  // wgmma's accumulator layout: a thread's pair p holds row lane / 4 + 8 (p % 2) and output column
   // 4 (p / 2) + lane % 4 of the warp's 16 x 128, so a pass touches only its own 32 pairs, all
   // known at compile time (through `coords` in loops over every pair the four passes kept each
   // pair's address live and spilled).
   template <int kPass, int kPairs>
   CUTLASS_DEVICE static void bf16_pass(const uint32_t (&packed)[kPairs], uint8_t* stage,
-                                       __nv_bfloat16* dst, int64_t ld, int64_t rows,
+                                       __nv_bfloat16* tile, int64_t n, int64_t half, int64_t rows,
                                        int64_t columns, int lane) {
     constexpr int kHalf = kPass / 2, kPart = kPass % 2;
     __syncwarp();  // the previous pass has been read out of `stage`
@@ -135,7 +136,8 @@ struct GatedFp8Epilogue {
           static_cast<uint16_t>(packed[p] >> (16 * kHalf));
     }
     __syncwarp();
-    store_rows(stage, reinterpret_cast<uint8_t*>(dst), 2 * ld, rows, 2 * columns, lane);
+    store_rows(stage, reinterpret_cast<uint8_t*>(tile + kHalf * half + kPart * kPassColumns),
+               2 * n, rows, 2 * (columns - kPart * kPassColumns), lane);
   }
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
@@ -203,15 +205,12 @@ struct GatedFp8Epilogue {
       }
       // The BF16 output, in four passes through `stage`.
       static_assert(kPairs == 2 * kRowBytes / 4, "a 64 x 256 tile's pairs per thread");
-      const int64_t row_d = out_row0 * n_total;
-      bf16_pass<0>(packed, stage, params_.d + row_d + out_col0, n_total, rows_left,
-                   out_cols - out_col0, lane);
-      bf16_pass<1>(packed, stage, params_.d + row_d + out_col0 + kPassColumns, n_total, rows_left,
-                   out_cols - out_col0 - kPassColumns, lane);
-      bf16_pass<2>(packed, stage, params_.d + row_d + out_cols + out_col0, n_total, rows_left,
-                   out_cols - out_col0, lane);
-      bf16_pass<3>(packed, stage, params_.d + row_d + out_cols + out_col0 + kPassColumns, n_total,
-                   rows_left, out_cols - out_col0 - kPassColumns, lane);
+      __nv_bfloat16* tile = params_.d + out_row0 * n_total + out_col0;
+      const int64_t columns = out_cols - out_col0;
+      bf16_pass<0>(packed, stage, tile, n_total, out_cols, rows_left, columns, lane);
+      bf16_pass<1>(packed, stage, tile, n_total, out_cols, rows_left, columns, lane);
+      bf16_pass<2>(packed, stage, tile, n_total, out_cols, rows_left, columns, lane);
+      bf16_pass<3>(packed, stage, tile, n_total, out_cols, rows_left, columns, lane);
     }
     if (params_.amax != nullptr) {
       for (int offset = 16; offset > 0; offset >>= 1)
