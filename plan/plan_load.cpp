@@ -508,7 +508,9 @@ SequencePlan read_sequence(const Json& j, const std::string& path) {
       // The GEMM writes them: their memory must be live from its step (an older plan placed
       // them from the activation's step, over the GEMM's own operands).
       const bool training = epilogue == &gemm->training_epilogue;
-      for (const int id : {e.output, training ? e.output_t : e.output}) {
+      std::vector<int> written = {e.output};
+      if (training) written.push_back(e.output_t);
+      for (const int id : written) {
         const int root = s.buffers[static_cast<std::size_t>(id)].root;
         if (root < 0 || root >= buffers) continue;  // the buffers' own checks name it
         const Lifetime& life = training ? s.buffers[static_cast<std::size_t>(root)].training

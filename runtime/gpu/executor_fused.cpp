@@ -95,14 +95,19 @@ void SequenceExecutor::Impl::allocate_fused_gemms() {
   }
 }
 
+const FusedGemm* SequenceExecutor::Impl::fused_at(int index, RunMode mode, bool as_gemm) const {
+  const int f = (as_gemm ? fused_of_step : folded_by_step)[static_cast<std::size_t>(index)];
+  if (!fusing_in(mode) || f < 0) return nullptr;
+  const FusedGemm& fused = fused_gemms[static_cast<std::size_t>(f)];
+  return fused.runs_in(mode) ? &fused : nullptr;
+}
+
 bool SequenceExecutor::Impl::runs_fused(int index) const {
-  const int f = fused_of_step[static_cast<std::size_t>(index)];
-  return fusing_in(layout) && f >= 0 && fused_gemms[static_cast<std::size_t>(f)].runs_in(layout);
+  return fused_at(index, layout, true) != nullptr;
 }
 
 bool SequenceExecutor::Impl::folded(int index) const {
-  const int f = folded_by_step[static_cast<std::size_t>(index)];
-  return fusing_in(layout) && f >= 0 && fused_gemms[static_cast<std::size_t>(f)].runs_in(layout);
+  return fused_at(index, layout, false) != nullptr;
 }
 
 void SequenceExecutor::Impl::run_fused(int index, const GemmArgs& args, cudaStream_t stream) {

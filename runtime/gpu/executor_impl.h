@@ -176,6 +176,9 @@ struct SequenceExecutor::Impl {
   // folded in.
   bool runs_fused(int index) const;
   bool folded(int index) const;
+  // The FusedGemm a forward of `mode` runs as step `index` (as_gemm) or folds step `index` into;
+  // nullptr when it runs the step as planned.
+  const FusedGemm* fused_at(int index, RunMode mode, bool as_gemm) const;
   void run_fused(int index, const GemmArgs& args, cudaStream_t stream);
 
   // ---- bind ----

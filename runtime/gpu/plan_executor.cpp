@@ -627,29 +627,21 @@ std::vector<StepProfile> SequenceExecutor::step_profiles(RunMode mode) const {
     for (int id : variant ? step.inference->writes : step.writes)
       profile.bytes_written += s.bytes[static_cast<std::size_t>(id)];
     // Note "Fused GEMM epilogues": what a forward of this mode runs instead.
-    const auto i = static_cast<std::size_t>(step.index);
-    auto fused_in_mode = [&](int f) {
-      return s.fusing_in(mode) && f >= 0 &&
-             s.fused_gemms[static_cast<std::size_t>(f)].runs_in(mode);
-    };
-    if (fused_in_mode(s.fused_of_step[i])) {
-      const FusedGemm& f = s.fused_gemms[static_cast<std::size_t>(s.fused_of_step[i])];
-      const Step& act = s.plan.steps[static_cast<std::size_t>(f.folded)];
+    if (const FusedGemm* f = s.fused_at(step.index, mode, true)) {
+      const Step& act = s.plan.steps[static_cast<std::size_t>(f->folded)];
       const bool act_variant = mode == RunMode::Inference && act.inference;
       profile.what +=
           fmt::format(" + {} in its epilogue (CUTLASS)",
                       act_variant && !act.inference->what.empty() ? act.inference->what : act.what);
       if (mode == RunMode::Inference) {
-        profile.bytes_written = s.bytes[static_cast<std::size_t>(f.output)];
+        profile.bytes_written = s.bytes[static_cast<std::size_t>(f->output)];
       } else {
-        profile.bytes_written += s.bytes[static_cast<std::size_t>(f.output)] +
-                                 s.bytes[static_cast<std::size_t>(f.output_t)];
+        profile.bytes_written += s.bytes[static_cast<std::size_t>(f->output)] +
+                                 s.bytes[static_cast<std::size_t>(f->output_t)];
       }
-    } else if (fused_in_mode(s.folded_by_step[i])) {
+    } else if (const FusedGemm* folding = s.fused_at(step.index, mode, false)) {
       profile.folded = true;
-      profile.what +=
-          fmt::format(" (folded into step {}'s GEMM)",
-                      s.fused_gemms[static_cast<std::size_t>(s.folded_by_step[i])].step);
+      profile.what += fmt::format(" (folded into step {}'s GEMM)", folding->step);
     }
     if (const LaunchStep* launch = launch_of(step, mode)) {
       profile.kind = StepProfile::Kind::Kernel;
