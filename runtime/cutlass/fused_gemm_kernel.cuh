@@ -14,6 +14,8 @@
 #include <cuda_fp8.h>
 
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "common/transpose.cuh"  // templates/: the activation kernels' byte transpose
 #include "cute/tensor.hpp"
@@ -31,20 +33,47 @@ namespace opfuse::gpu::fused_gemm_detail {
 
 using namespace cute;
 
-// The epilogue, called by each consumer warp group with its 64 x 256 tile's accumulators. A warp
-// holds 16 rows of them (wgmma's layout); with B's rows interleaved its accumulators (i, i + 1)
-// are one row's (gate, linear) pair of output column n / 2. It stages its 16 x 128 output bytes in
-// its own shared-memory rows (so only __syncwarp orders it), then stores them as 16-byte vectors,
-// 8 lanes per 128-byte row.
-//
-// kTraining also writes what a training forward's backward reads: the transposed E4M3 copy, read
-// out of the same staged rows (each lane transposes a 16 x 4 byte block as the activation kernels
-// do), and the GEMM's BF16 output in the unfused GEMM's layout (gate columns then linear columns),
-// staged through the same rows in four passes of 16 x 64 values.
-template <class Act, bool kTraining>
-struct GatedFp8Epilogue {
+// Stores a warp's 16 staged rows of kRowBytes bytes (row r at stage + r * kPitch) at dst (row r
+// at dst + r * ld bytes) where the row is below `rows` and the 16-byte chunk starts below
+// `row_bytes` (whole chunks: the refusals keep every row length a multiple of 16 bytes).
+template <int kRowBytes, int kPitch>
+CUTLASS_DEVICE void store_staged_rows(const uint8_t* stage, uint8_t* dst, int64_t ld, int64_t rows,
+                                      int64_t row_bytes, int lane) {
+  constexpr int kChunks = kRowBytes / 16;
+  static_assert(16 * kChunks % 32 == 0, "whole rounds of the warp's lanes");
+  CUTLASS_PRAGMA_UNROLL
+  for (int it = 0; it < 16 * kChunks / 32; ++it) {
+    const int index = it * 32 + lane;
+    const int r = index / kChunks;
+    const int c = (index % kChunks) * 16;
+    if (r < rows && c < row_bytes)
+      *reinterpret_cast<uint4*>(dst + r * ld + c) =
+          *reinterpret_cast<const uint4*>(stage + r * kPitch + c);
+  }
+}
+
+// Lane `group`'s 16 x 4 block of a warp's 16 staged rows (columns 4 group .. + 3), transposed:
+// column c of the block goes to dst + c * ld as 16 bytes (the 16 rows).
+template <int kPitch>
+CUTLASS_DEVICE void store_staged_transpose(const uint8_t* stage, int group, uint8_t* dst,
+                                           int64_t ld) {
+  unsigned int words[16];
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < 16; ++r)
+    words[r] = *reinterpret_cast<const unsigned int*>(stage + r * kPitch + 4 * group);
+  uint4 columns[4];
+  opfuse::transpose_16x4_bytes(words, columns);
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < 4; ++c) *reinterpret_cast<uint4*>(dst + c * ld) = columns[c];
+}
+
+// What CUTLASS's kernel asks of an epilogue that is not one of its collectives
+// (Sm90TmaWarpSpecializedAdapter): the types its checks name, and host hooks with nothing to do;
+// the arguments are the parameters.
+template <class ElementD_, class Arguments_>
+struct OwnEpilogue {
   using ElementC = cutlass::bfloat16_t;  // unused; the kernel's type checks name them
-  using ElementD = cutlass::float_e4m3_t;
+  using ElementD = ElementD_;
   using StrideC = cute::Stride<int64_t, cute::Int<1>, int64_t>;
   using StrideD = StrideC;
   using ElementAccumulator = float;
@@ -53,26 +82,8 @@ struct GatedFp8Epilogue {
   using GmemTiledCopyC = void;
   using GmemTiledCopyD = void;
   using ThreadEpilogueOp = void;
-  static constexpr int kTileM = 64;
-  static constexpr int kTileN = 256;
-  static constexpr int kConsumerWarps = 8;  // two warp groups of four
-  static constexpr int kRowBytes = kTileN / 2;
-  static constexpr int kPitch = kRowBytes + 16;  // the padding spreads a warp's rows over banks
-  static constexpr int kPassColumns = kRowBytes / 2;  // BF16 values per staged row
-  struct SharedStorage {
-    alignas(16) uint8_t stage[kConsumerWarps][16 * kPitch];
-  };
-  struct Arguments {
-    uint8_t* out = nullptr;
-    int64_t ld_out = 0;
-    const float* a_scale_inv = nullptr;
-    const float* b_scale_inv = nullptr;
-    const float* out_scale = nullptr;
-    float* amax = nullptr;
-    uint8_t* out_t = nullptr;    // kTraining: [n / 2, m]
-    __nv_bfloat16* d = nullptr;  // kTraining: [m, n]
-  };
-  using Params = Arguments;
+  using Arguments = Arguments_;
+  using Params = Arguments_;
 
   template <class Problem>
   static constexpr Params to_underlying_arguments(Problem const&, Arguments const& args, void*) {
@@ -91,27 +102,45 @@ struct GatedFp8Epilogue {
   static bool can_implement(Problem const&, Arguments const&) {
     return true;
   }
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+};
+
+struct GatedFp8Arguments {
+  uint8_t* out = nullptr;
+  int64_t ld_out = 0;
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
+  const float* out_scale = nullptr;
+  float* amax = nullptr;
+  uint8_t* out_t = nullptr;    // kTraining: [n / 2, m]
+  __nv_bfloat16* d = nullptr;  // kTraining: [m, n]
+};
+
+// The fprop GEMM's epilogue, called by each consumer warp group with its 64 x 256 tile's
+// accumulators. A warp holds 16 rows of them (wgmma's layout); with B's rows interleaved its
+// accumulators (i, i + 1) are one row's (gate, linear) pair of output column n / 2. It stages its
+// 16 x 128 output bytes in its own shared-memory rows (so only __syncwarp orders it), then stores
+// them as 16-byte vectors, 8 lanes per 128-byte row.
+//
+// kTraining also writes what a training forward's backward reads: the transposed E4M3 copy, read
+// out of the same staged rows (each lane transposes a 16 x 4 byte block as the activation kernels
+// do), and the GEMM's BF16 output in the unfused GEMM's layout (gate columns then linear columns),
+// staged through the same rows in four passes of 16 x 64 values.
+template <class Act, bool kTraining>
+struct GatedFp8Epilogue : OwnEpilogue<cutlass::float_e4m3_t, GatedFp8Arguments> {
+  using Params = GatedFp8Arguments;
+  static constexpr int kTileM = 64;
+  static constexpr int kTileN = 256;
+  static constexpr int kConsumerWarps = 8;  // two warp groups of four
+  static constexpr int kRowBytes = kTileN / 2;
+  static constexpr int kPitch = kRowBytes + 16;  // the padding spreads a warp's rows over banks
+  static constexpr int kPassColumns = kRowBytes / 2;  // BF16 values per staged row
+  struct SharedStorage {
+    alignas(16) uint8_t stage[kConsumerWarps][16 * kPitch];
+  };
   CUTLASS_HOST_DEVICE explicit GatedFp8Epilogue(Params const& params,
                                                 SharedStorage const& = SharedStorage())
       : params_(params) {}
-  CUTLASS_DEVICE bool is_source_needed() { return false; }
-
-  // Stores the warp's 16 staged rows of 128 bytes at dst (row r at dst + r * ld bytes) where the
-  // row is below `rows` and the 16-byte chunk starts below `row_bytes` (whole chunks: the
-  // refusals keep every row length a multiple of 16 bytes).
-  CUTLASS_DEVICE static void store_rows(const uint8_t* stage, uint8_t* dst, int64_t ld,
-                                        int64_t rows, int64_t row_bytes, int lane) {
-    constexpr int kChunks = kRowBytes / 16;
-    CUTLASS_PRAGMA_UNROLL
-    for (int it = 0; it < 16 * kChunks / 32; ++it) {
-      const int index = it * 32 + lane;
-      const int r = index / kChunks;
-      const int c = (index % kChunks) * 16;
-      if (r < rows && c < row_bytes)
-        *reinterpret_cast<uint4*>(dst + r * ld + c) =
-            *reinterpret_cast<const uint4*>(stage + r * kPitch + c);
-    }
-  }
 
   // Pass kPass of the training form's BF16 output: the gate (kPass 0, 1) or linear (2, 3) values
   // of the warp's output columns [64 (kPass % 2), + 64), staged as 16 rows of 128 bytes and stored
@@ -136,8 +165,9 @@ struct GatedFp8Epilogue {
           static_cast<uint16_t>(packed[p] >> (16 * kHalf));
     }
     __syncwarp();
-    store_rows(stage, reinterpret_cast<uint8_t*>(tile + kHalf * half + kPart * kPassColumns),
-               2 * n, rows, 2 * (columns - kPart * kPassColumns), lane);
+    store_staged_rows<kRowBytes, kPitch>(
+        stage, reinterpret_cast<uint8_t*>(tile + kHalf * half + kPart * kPassColumns), 2 * n, rows,
+        2 * (columns - kPart * kPassColumns), lane);
   }
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
@@ -187,22 +217,14 @@ struct GatedFp8Epilogue {
     const int64_t out_col0 = int64_t(n_coord) * kRowBytes;
     const int64_t out_cols = n_total / 2;
     const int64_t rows_left = m_total - out_row0;
-    store_rows(stage, params_.out + out_row0 * params_.ld_out + out_col0, params_.ld_out,
-               rows_left, out_cols - out_col0, lane);
+    store_staged_rows<kRowBytes, kPitch>(stage, params_.out + out_row0 * params_.ld_out + out_col0,
+                                         params_.ld_out, rows_left, out_cols - out_col0, lane);
     if constexpr (kTraining) {
       // Lane g transposes columns 4g..4g + 3 of the 16 rows (m % 16 == 0: all or none are in).
       const int64_t col = out_col0 + 4 * lane;
-      if (rows_left > 0 && col < out_cols) {
-        unsigned int words[16];
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < 16; ++r)
-          words[r] = *reinterpret_cast<const unsigned int*>(stage + r * kPitch + 4 * lane);
-        uint4 columns[4];
-        opfuse::transpose_16x4_bytes(words, columns);
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 4; ++c)
-          *reinterpret_cast<uint4*>(params_.out_t + (col + c) * m_total + out_row0) = columns[c];
-      }
+      if (rows_left > 0 && col < out_cols)
+        store_staged_transpose<kPitch>(stage, lane, params_.out_t + col * m_total + out_row0,
+                                       m_total);
       // The BF16 output, in four passes through `stage`.
       static_assert(kPairs == 2 * kRowBytes / 4, "a 64 x 256 tile's pairs per thread");
       __nv_bfloat16* tile = params_.d + out_row0 * n_total + out_col0;
@@ -224,6 +246,28 @@ struct GatedFp8Epilogue {
  private:
   Params params_;
 };
+
+// Runs a CUTLASS device GEMM that needs no workspace (a plain GEMM: neither split-K nor
+// stream-K) on `stream`; a failed step throws CudaError with describe(step, status) and the CUDA
+// error, if any.
+template <class Device, class Describe>
+void run_gemm(typename Device::Arguments const& arguments, cudaStream_t stream,
+              Describe const& describe) {
+  auto check = [&](cutlass::Status status, std::string_view what) {
+    if (status == cutlass::Status::kSuccess) return;
+    const cudaError_t cuda = cudaGetLastError();
+    const std::string detail =
+        cuda != cudaSuccess ? std::string(" (") + cudaGetErrorString(cuda) + ")" : std::string();
+    throw CudaError(describe(what, status) + detail, "CUTLASS", static_cast<int>(status));
+  };
+  Device gemm;
+  check(gemm.can_implement(arguments), "can_implement");
+  check(Device::get_workspace_size(arguments) == 0 ? cutlass::Status::kSuccess
+                                                   : cutlass::Status::kErrorWorkspaceNull,
+        "get_workspace_size");
+  check(gemm.initialize(arguments, nullptr, stream), "initialize");
+  check(gemm.run(stream), "run");
+}
 
 template <class Act, bool kTraining>
 struct GatedGemm {
@@ -266,26 +310,180 @@ struct GatedGemm {
         {static_cast<const cutlass::float_e4m3_t*>(args.a), stride_a,
          static_cast<const cutlass::float_e4m3_t*>(args.b), stride_b},
         epilogue};
-    Device gemm;
-    check(gemm.can_implement(arguments), "can_implement", args);
-    // The ping-pong kernel needs no workspace for a plain (not split-K, not stream-K) GEMM.
-    check(Device::get_workspace_size(arguments) == 0 ? cutlass::Status::kSuccess
-                                                     : cutlass::Status::kErrorWorkspaceNull,
-          "get_workspace_size", args);
-    check(gemm.initialize(arguments, nullptr, stream), "initialize", args);
-    check(gemm.run(stream), "run", args);
+    run_gemm<Device>(arguments, stream, [&](std::string_view what, cutlass::Status status) {
+      return std::string("the fused gated GEMM (") + std::string(args.activation) +
+             (kTraining ? ", training" : "") + ", m=" + std::to_string(args.m) +
+             " n=" + std::to_string(args.n) + " k=" + std::to_string(args.k) + "): CUTLASS " +
+             std::string(what) + " failed: " + cutlassGetStatusString(status);
+    });
+  }
+};
+
+struct GatedDgradArguments {
+  uint8_t* out = nullptr;            // [m, 2n]
+  uint8_t* out_t = nullptr;          // [2n, m]
+  const __nv_bfloat16* d = nullptr;  // [m, 2n]
+  const float* a_scale_inv = nullptr;
+  const float* b_scale_inv = nullptr;
+  const float* out_scale = nullptr;
+  float* amax = nullptr;
+};
+
+// The dgrad GEMM's epilogue: the gated activation's backward and the gradient's FP8 cast. The
+// accumulators are the activation's output gradient dy (columns of the tile, B not interleaved);
+// each thread loads its pairs' forward inputs, gate = d[row, col] and linear = d[row, n + col]
+// (adjacent columns as one 4-byte load), all before computing so that their latencies overlap.
+// The two gradient planes are staged as 16 rows of kTileN bytes a warp, then stored row-wise and
+// transposed as the fprop epilogue stores its output.
+template <class Act, class Grad, int kTileN_>
+struct GatedDgradEpilogue : OwnEpilogue<Grad, GatedDgradArguments> {
+  using Params = GatedDgradArguments;
+  static constexpr int kTileM = 64;
+  static constexpr int kTileN = kTileN_;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kPitch = kTileN + 16;
+  static constexpr __nv_fp8_interpretation_t kFormat =
+      std::is_same_v<Grad, cutlass::float_e5m2_t> ? __NV_E5M2 : __NV_E4M3;
+  struct SharedStorage {
+    alignas(16) uint8_t stage[kConsumerWarps][2][16 * kPitch];
+  };
+  CUTLASS_HOST_DEVICE explicit GatedDgradEpilogue(Params const& params,
+                                                  SharedStorage const& = SharedStorage())
+      : params_(params) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
+            class FrgLayout, class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK,
+                                 BlockCoordMNKL blk_coord_mnkl,
+                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char* smem) {
+    static_assert(size<0>(BlockShapeMNK{}) == kTileM && size<1>(BlockShapeMNK{}) == kTileN);
+    const int64_t m_total = get<0>(problem_shape_mnkl);
+    const int64_t n_total = get<1>(problem_shape_mnkl);
+    auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+    Tensor coords = thr_mma.partition_C(make_identity_tensor(Shape<Int<kTileM>, Int<kTileN>>{}));
+    const int warp = (static_cast<int>(threadIdx.x) >> 5) - 4;  // after the producer warp group
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    uint8_t(&stage)[2][16 * kPitch] = reinterpret_cast<SharedStorage*>(smem)->stage[warp];
+    const int row0 = get<0>(coords(0)) & ~15;  // the warp's 16 rows of the tile
+    const int64_t out_row0 = int64_t(get<0>(blk_coord_mnkl)) * kTileM + row0;
+    const int64_t out_col0 = int64_t(get<1>(blk_coord_mnkl)) * kTileN;
+    const int64_t rows_left = m_total - out_row0;
+    const int64_t ld = 2 * n_total;
+    constexpr int kPairs = cute::size(FrgLayout{}) / 2;
+    // The forward's inputs of every pair, as bf16x2 words; zeros outside the product (ragged m,
+    // n % kTileN != 0), whose outputs are not stored.
+    uint32_t gate[kPairs], linear[kPairs];
+    const __nv_bfloat16* d = params_.d + out_row0 * ld + out_col0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int p = 0; p < kPairs; ++p) {
+      const auto coord = coords(2 * p);
+      const int r = get<0>(coord) & 15, c = get<1>(coord);
+      const bool in = r < rows_left && out_col0 + c < n_total;
+      const __nv_bfloat16* at = d + r * ld + c;
+      gate[p] = in ? __ldg(reinterpret_cast<const unsigned int*>(at)) : 0u;
+      linear[p] = in ? __ldg(reinterpret_cast<const unsigned int*>(at + n_total)) : 0u;
+    }
+    const float alpha = __fmul_rn(*params_.a_scale_inv, *params_.b_scale_inv);
+    const float scale = *params_.out_scale;
+    float amax = 0.0f;
+    __syncwarp();  // the warp's previous tile has been read out of `stage`
+    CUTLASS_PRAGMA_UNROLL
+    for (int p = 0; p < kPairs; ++p) {
+      const auto coord = coords(2 * p);
+      const int at = (get<0>(coord) & 15) * kPitch + get<1>(coord);
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        // The unfused GEMM's output as the activation kernel reads it: rounded to bf16.
+        const float dy = __bfloat162float(__float2bfloat16_rn(alpha * accumulators(2 * p + h)));
+        const float in[2] = {
+            __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(gate[p] >> 16 * h))),
+            __bfloat162float(
+                __ushort_as_bfloat16(static_cast<unsigned short>(linear[p] >> 16 * h)))};
+        float grad[2];
+        Act::backward(in, dy, grad);
+        amax = fmaxf(amax, fmaxf(fabsf(grad[0]), fabsf(grad[1])));
+        CUTLASS_PRAGMA_UNROLL
+        for (int plane = 0; plane < 2; ++plane)
+          stage[plane][at + h] =
+              __nv_cvt_float_to_fp8(__fmul_rn(grad[plane], scale), __NV_SATFINITE, kFormat);
+      }
+    }
+    __syncwarp();
+    const int64_t columns = n_total - out_col0;
+    uint8_t* out = params_.out + out_row0 * ld + out_col0;
+    store_staged_rows<kTileN, kPitch>(stage[0], out, ld, rows_left, columns, lane);
+    store_staged_rows<kTileN, kPitch>(stage[1], out + n_total, ld, rows_left, columns, lane);
+    // Lane g transposes columns 4g..4g + 3 of each plane's 16 rows (m % 16 == 0: all rows or none
+    // are in), then the next 32 groups.
+    if (rows_left > 0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int plane = 0; plane < 2; ++plane) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int group = lane; group < kTileN / 4; group += 32) {
+          const int64_t col = out_col0 + 4 * group;
+          if (col < n_total)
+            store_staged_transpose<kPitch>(
+                stage[plane], group, params_.out_t + (plane * n_total + col) * m_total + out_row0,
+                m_total);
+        }
+      }
+    }
+    if (params_.amax != nullptr) {
+      for (int offset = 16; offset > 0; offset >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+      if (lane == 0 && amax > 0.0f)
+        atomicMax(reinterpret_cast<unsigned*>(params_.amax), __float_as_uint(amax));
+    }
   }
 
-  static void check(cutlass::Status status, const char* what, const GatedGemmArgs& args) {
-    if (status == cutlass::Status::kSuccess) return;
-    const cudaError_t cuda = cudaGetLastError();
-    throw CudaError(std::string("the fused gated GEMM (") + std::string(args.activation) +
-                    (kTraining ? ", training" : "") + ", m=" + std::to_string(args.m) +
-                    " n=" + std::to_string(args.n) + " k=" + std::to_string(args.k) +
-                    "): CUTLASS " + what + " failed: " + cutlassGetStatusString(status) +
-                    (cuda != cudaSuccess ? std::string(" (") + cudaGetErrorString(cuda) + ")"
-                                         : std::string()),
-                    "CUTLASS", static_cast<int>(status));
+ private:
+  Params params_;
+};
+
+// Backward GEMMs accumulate as cuBLASLt's do under opfuse's default (no fast accumulation: the
+// wgmma partial sums are promoted to FP32 every few k-blocks), which keeps a second set of
+// accumulators live: 64 x kTileN per warp group.
+template <class Act, class Grad, int kTileN>
+struct GatedDgradGemm {
+  using Epilogue = GatedDgradEpilogue<Act, Grad, kTileN>;
+  using TileShape = Shape<_64, Int<kTileN>, _128>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using CollectiveEpilogue =
+      cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epilogue>;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Grad, cutlass::layout::RowMajor, 16,
+      cutlass::float_e4m3_t, cutlass::layout::ColumnMajor, 16, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
+                                                      CollectiveMainloop, CollectiveEpilogue>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static void launch(const GatedDgradArgs& args, cudaStream_t stream) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    StrideA stride_a{};
+    get<0>(stride_a) = args.k;
+    StrideB stride_b{};
+    get<0>(stride_b) = args.k;
+    const GatedDgradArguments epilogue{
+        static_cast<uint8_t*>(args.out), static_cast<uint8_t*>(args.out_t),
+        static_cast<const __nv_bfloat16*>(args.d), args.a_scale_inv, args.b_scale_inv,
+        args.out_scale, args.amax};
+    typename Device::Arguments arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {static_cast<int>(args.m), static_cast<int>(args.n), static_cast<int>(args.k), 1},
+        {static_cast<const Grad*>(args.a), stride_a,
+         static_cast<const cutlass::float_e4m3_t*>(args.b), stride_b},
+        epilogue};
+    run_gemm<Device>(arguments, stream, [&](std::string_view what, cutlass::Status status) {
+      return "the fused gated dgrad GEMM (" + std::string(args.activation) +
+             ", m=" + std::to_string(args.m) + " n=" + std::to_string(args.n) +
+             " k=" + std::to_string(args.k) + "): CUTLASS " + std::string(what) +
+             " failed: " + cutlassGetStatusString(status);
+    });
   }
 };
 
