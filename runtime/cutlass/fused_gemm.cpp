@@ -116,42 +116,6 @@ void launch_gated_gemm(const GatedGemmArgs& args, cudaStream_t stream) {
     if (kernels.data[i].activation == args.activation) return kernels.data[i].launch(args, stream);
 }
 
-std::string gated_dgrad_refusal(std::string_view activation, int64_t m, int64_t n, int64_t k,
-                                int sm) {
-  if (std::string why = common_refusal(activation, m, n, k, sm); !why.empty()) return why;
-  if (n % 16 != 0)
-    return fmt::format(
-        "n={} is not a multiple of 16 (each gradient plane's rows of n FP8 bytes are stored as "
-        "16-byte vectors)",
-        n);
-  if (m % 16 != 0)
-    return fmt::format(
-        "m={} is not a multiple of 16 (the transposed copy has rows of m FP8 bytes, stored as "
-        "16-byte vectors)",
-        m);
-  return {};
-}
-
-void launch_gated_dgrad_gemm(const GatedDgradArgs& args, cudaStream_t stream) {
-  if (const std::string why =
-          gated_dgrad_refusal(args.activation, args.m, args.n, args.k, current_sm());
-      !why.empty())
-    throw UsageError("the fused gated dgrad GEMM cannot run: " + why);
-  check_pointers("fused gated dgrad GEMM", {{args.a, "A", true},
-                                            {args.b, "B", true},
-                                            {args.d, "the forward's BF16 inputs", true},
-                                            {args.out, "the output", true},
-                                            {args.out_t, "the transposed copy", true}});
-  if (args.a_scale_inv == nullptr || args.b_scale_inv == nullptr || args.out_scale == nullptr)
-    throw UsageError(
-        "the fused gated dgrad GEMM needs both scale_inv pointers and the output scale");
-  const auto kernels = fused_gemm_detail::compiled_gated_dgrad_kernels();
-  for (size_t i = 0; i < kernels.size; ++i)
-    if (kernels.data[i].activation == args.activation &&
-        kernels.data[i].e4m3_gradients == args.e4m3_gradients)
-      return kernels.data[i].launch(args, stream);
-}
-
 void interleave_gated_rows(const void* src, void* dst, int64_t rows, int64_t row_bytes,
                            cudaStream_t stream) {
   if (rows % 2 != 0)

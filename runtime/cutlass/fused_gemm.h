@@ -47,23 +47,6 @@ std::string gated_gemm_refusal(std::string_view activation, int64_t m, int64_t n
 // d are both set or both null (throws UsageError otherwise, before launching anything).
 void launch_gated_gemm(const GatedGemmArgs& args, cudaStream_t stream);
 
-// The gated dgrad GEMM (fc2's dgrad with the activation's backward): dy = bf16(a_scale_inv *
-// b_scale_inv * A B^T), A the output gradient [m, k] (e5m2, or e4m3 with e4m3_gradients), B e4m3
-// [n, k]; then for j < n, with gate = d[i, j] and linear = d[i, n + j] the forward's BF16 inputs,
-// (dgate, dlinear) = the activation functor's backward(gate, linear, dy[i, j]), cast with
-// out_scale (saturating) into out[i, j] and out[i, n + j], transposed into out_t, their largest
-// magnitude maxed into *amax: what the dgrad GEMM and the activation's backward kernel compute.
-// Only the FP32 accumulation order is the kernel's own (split accumulation, as cuBLASLt's backward
-// GEMMs run without fast accumulation).
-//
-// Why it cannot run (empty if it can): as gated_gemm_refusal, with n % 16 == 0 (16-byte stores of
-// each plane's rows) and m % 16 == 0 (the transposed copy's rows).
-std::string gated_dgrad_refusal(std::string_view activation, int64_t m, int64_t n, int64_t k,
-                                int sm);
-// Enqueues it; throws UsageError before launching anything when it cannot run or a pointer is
-// missing or not 16-byte aligned.
-void launch_gated_dgrad_gemm(const GatedDgradArgs& args, cudaStream_t stream);
-
 // dst[2j] = src[j], dst[2j + 1] = src[rows / 2 + j] for rows of `row_bytes` bytes (`rows` even):
 // the B operand launch_gated_gemm reads, from a weight stored [gate rows; linear rows]. One pass
 // of a kernel where rows are multiples of 16 bytes and both pointers 16-byte aligned.

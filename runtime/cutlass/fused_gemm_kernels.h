@@ -26,19 +26,6 @@ struct GatedKernels {
 GatedKernels compiled_gated_kernels();           // inference: fused_gemm.cu
 GatedKernels compiled_gated_training_kernels();  // training: fused_gemm_training.cu
 
-// The dgrad GEMMs with the activation's backward in the epilogue (fused_gemm_dgrad.cu), one per
-// activation and gradient format.
-struct GatedDgradKernel {
-  std::string_view activation;
-  bool e4m3_gradients;
-  void (*launch)(const GatedDgradArgs& args, cudaStream_t stream);  // checked arguments only
-};
-struct GatedDgradKernels {
-  const GatedDgradKernel* data = nullptr;
-  size_t size = 0;
-};
-GatedDgradKernels compiled_gated_dgrad_kernels();
-
 // interleave_gated_rows (fused_gemm.h) as one kernel over 16-byte vectors: rows even, row_bytes a
 // multiple of 16, both pointers 16-byte aligned (checked by the caller); cudaErrorNotSupported in
 // a build without CUTLASS GEMMs, where the caller copies with cudaMemcpy2DAsync instead.

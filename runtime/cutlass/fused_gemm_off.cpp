@@ -7,7 +7,6 @@ namespace opfuse::gpu::fused_gemm_detail {
 
 GatedKernels compiled_gated_kernels() { return {}; }
 GatedKernels compiled_gated_training_kernels() { return {}; }
-GatedDgradKernels compiled_gated_dgrad_kernels() { return {}; }
 cudaError_t launch_interleave_rows(const void*, void*, int64_t, int64_t, cudaStream_t) {
   return cudaErrorNotSupported;
 }
