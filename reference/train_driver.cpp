@@ -223,6 +223,15 @@ TrainCurve train_reference(const ir::Sequence& student_sequence,
     if (!evaluate(options.steps)) stop(options.steps);
     report();
   }
+  if (!curve.diverged) {
+    // The final weights in the teacher's (bf16) executor, whose targets are computed already.
+    for (const std::string& name : student.param_names())
+      teacher.param(name).data = student.param(name).data;
+    teacher.params_changed();
+    const std::vector<float> y = teacher.forward(eval_inputs)[0].data;
+    std::vector<float> unused(y.size());
+    curve.final_bf16_forward_loss = loss_and_gradient(y, eval_target, unused);
+  }
   curve.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return curve;
 }

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,7 +50,12 @@ struct TrainCurve {
                                    // update); at the final point, the last step's
   double noise_floor = 0;          // 0.5 * mean(noise^2) of the evaluation batch
   double teacher_rms = 0;          // root mean square of teacher(x) on the evaluation batch
-  bool diverged = false;           // a non-finite loss stopped the run
+  // The held-out loss of the final weights with the forward in bf16 (the teacher's recipe, the
+  // same sequence): what the trained weights are worth without the recipe's quantization at
+  // evaluation, which separates how well a recipe trains from how much its forward's quantization
+  // adds to the loss. NaN when the run diverged.
+  double final_bf16_forward_loss = std::numeric_limits<double>::quiet_NaN();
+  bool diverged = false;  // a non-finite loss stopped the run
   int diverged_step = -1;
   double seconds = 0;
 };

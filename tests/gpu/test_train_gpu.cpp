@@ -47,6 +47,16 @@ TEST(TrainGpu, Bf16CurveMatchesTheCpuReference) {
   // FP8 delayed scaling on the GPU ends near the GPU's bf16 run.
   const double fp8 = gpu["recipes"][1]["final_eval_loss"].get<double>();
   EXPECT_NEAR(fp8, g.back(), 0.05 * g.back());
+  // The final weights in the bf16 teacher's session: bf16's agree with its own last point (an
+  // inference forward against the training forward of the same weights) and with the CPU's;
+  // fp8's are its trained weights without its forward's quantization.
+  const double bf16_in_bf16 = gpu["recipes"][0]["final_bf16_forward_loss"].get<double>();
+  EXPECT_NEAR(bf16_in_bf16, g.back(), 1e-6 * g.back());
+  EXPECT_NEAR(bf16_in_bf16, cpu["recipes"][0]["final_bf16_forward_loss"].get<double>(),
+              0.02 * bf16_in_bf16);
+  const double fp8_in_bf16 = gpu["recipes"][1]["final_bf16_forward_loss"].get<double>();
+  EXPECT_NE(fp8_in_bf16, fp8);
+  EXPECT_NEAR(fp8_in_bf16, fp8, 0.05 * fp8);
 }
 
 }  // namespace

@@ -100,6 +100,31 @@ TEST(FusecTrain, RecipesStartFromTheSameParametersAndData) {
   }
 }
 
+TEST(FusecTrain, EveryRecipesFinalWeightsAreAlsoEvaluatedInBf16) {
+  const Files files;
+  const nlohmann::json j = train_json(files, " --recipe fp8 --recipe cur");
+  // bf16's own forward is the bf16 forward: the same loss to the last bit.
+  const auto& bf16 = j["recipes"][0];
+  EXPECT_EQ(bf16["final_bf16_forward_loss"].get<double>(), bf16["final_eval_loss"].get<double>());
+  EXPECT_EQ(bf16["bf16_forward_vs_bf16_percent"].get<double>(), 0.0);
+  const double reference = bf16["final_bf16_forward_loss"].get<double>();
+  for (std::size_t i = 1; i < 3; ++i) {
+    const auto& r = j["recipes"][i];
+    const double in_bf16 = r["final_bf16_forward_loss"].get<double>();
+    // The recipe's own trained weights (not bf16's: those would give `reference`), without its
+    // forward's FP8 quantization (which the recipe's final eval loss has).
+    EXPECT_NE(in_bf16, reference) << r["name"];
+    EXPECT_NE(in_bf16, r["final_eval_loss"].get<double>()) << r["name"];
+    EXPECT_NEAR(in_bf16, r["final_eval_loss"].get<double>(), 0.05 * in_bf16) << r["name"];
+    EXPECT_NEAR(r["bf16_forward_vs_bf16_percent"].get<double>(), 100 * (in_bf16 / reference - 1),
+                1e-9);
+  }
+  const auto out = fusec_stdout("train " + shell_quoted(files.write("s.fuse", test::kTrainStack)) +
+                                kTrain + " --recipe fp8");
+  EXPECT_TRUE(contains(out.output, "final weights, eval loss with the forward in bf16"))
+      << out.output;
+}
+
 TEST(FusecTrain, JsonHasTheDocumentedFields) {
   const Files files;
   const nlohmann::json j = train_json(files, " --recipe cur --momentum 0.5 --noise 0.25");
@@ -119,7 +144,8 @@ TEST(FusecTrain, JsonHasTheDocumentedFields) {
   EXPECT_NEAR(j["noise_floor"].get<double>(), 0.5 * 0.25 * 0.25, 0.005);
   for (const auto& r : j["recipes"]) {
     for (const char* key : {"name", "recipe", "steps", "eval_loss", "train_loss", "diverged",
-                            "diverged_step", "final_eval_loss", "vs_bf16_percent", "seconds"})
+                            "diverged_step", "final_eval_loss", "vs_bf16_percent", "seconds",
+                            "final_bf16_forward_loss", "bf16_forward_vs_bf16_percent"})
       EXPECT_TRUE(r.contains(key)) << key;
     EXPECT_EQ(r["steps"].size(), r["eval_loss"].size());
     EXPECT_EQ(r["steps"].size(), r["train_loss"].size());
@@ -145,6 +171,7 @@ TEST(FusecTrain, DivergingRecipeStopsAndIsReported) {
     EXPECT_TRUE(recipe["diverged"].get<bool>()) << recipe["name"];
     EXPECT_LT(recipe["diverged_step"].get<int>(), 40);
     EXPECT_TRUE(recipe["final_eval_loss"].is_null());
+    EXPECT_TRUE(recipe["final_bf16_forward_loss"].is_null());
   }
 }
 

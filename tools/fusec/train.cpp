@@ -127,6 +127,17 @@ std::string format_report(const std::vector<cpu::TrainCurve>& curves) {
       vs = fmt::format("  {:+.2f}%", 100.0 * (last / bf16.eval_loss.back() - 1.0));
     out += fmt::format("  {:<14} {}{:<10}  {}\n", c.recipe, format_loss(last), vs, c.recipe_text);
   }
+  // The same weights with the forward in bf16: a recipe's training apart from its forward's
+  // quantization at evaluation (reference/train_driver.h, TrainCurve::final_bf16_forward_loss).
+  out += "\nfinal weights, eval loss with the forward in bf16 (change vs bf16):\n";
+  for (const cpu::TrainCurve& c : curves) {
+    if (c.diverged) continue;
+    std::string vs = "";
+    if (&c != &bf16 && !bf16.diverged)
+      vs = fmt::format("  {:+.2f}%",
+                       100.0 * (c.final_bf16_forward_loss / bf16.final_bf16_forward_loss - 1.0));
+    out += fmt::format("  {:<14} {}{}\n", c.recipe, format_loss(c.final_bf16_forward_loss), vs);
+  }
   return out;
 }
 
@@ -155,15 +166,28 @@ nlohmann::json curves_json(const TrainCommandOptions& opts, const std::string& s
   out["teacher"]["output_rms"] = bf16.teacher_rms;
   out["noise_floor"] = bf16.noise_floor;
   for (const cpu::TrainCurve& c : curves) {
-    nlohmann::json r = {
-        {"name", c.recipe},           {"recipe", c.recipe_text},    {"steps", c.steps},
-        {"eval_loss", c.eval_loss},  // a non-finite value is written as null
-        {"train_loss", c.train_loss}, {"diverged", c.diverged},     {"diverged_step", nullptr},
-        {"final_eval_loss", nullptr}, {"vs_bf16_percent", nullptr}, {"seconds", c.seconds}};
+    nlohmann::json r = {{"name", c.recipe},
+                        {"recipe", c.recipe_text},
+                        {"steps", c.steps},
+                        {"eval_loss", c.eval_loss},  // a non-finite value is written as null
+                        {"train_loss", c.train_loss},
+                        {"diverged", c.diverged},
+                        {"diverged_step", nullptr},
+                        {"final_eval_loss", nullptr},
+                        {"vs_bf16_percent", nullptr},
+                        {"seconds", c.seconds},
+                        {"final_bf16_forward_loss", nullptr},
+                        {"bf16_forward_vs_bf16_percent", nullptr}};
     if (c.diverged) r["diverged_step"] = c.diverged_step;
-    if (!c.diverged) r["final_eval_loss"] = c.eval_loss.back();
-    if (!c.diverged && !bf16.diverged)
+    if (!c.diverged) {
+      r["final_eval_loss"] = c.eval_loss.back();
+      r["final_bf16_forward_loss"] = c.final_bf16_forward_loss;
+    }
+    if (!c.diverged && !bf16.diverged) {
       r["vs_bf16_percent"] = 100.0 * (c.eval_loss.back() / bf16.eval_loss.back() - 1.0);
+      r["bf16_forward_vs_bf16_percent"] =
+          100.0 * (c.final_bf16_forward_loss / bf16.final_bf16_forward_loss - 1.0);
+    }
     out["recipes"].push_back(std::move(r));
   }
   return out;

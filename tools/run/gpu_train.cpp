@@ -279,6 +279,14 @@ cpu::TrainCurve train_on_gpu(const Program& student_program, const Program& teac
     }
     report();
   }
+  if (!curve.diverged) {
+    // The final weights in the teacher's (bf16) session, whose targets are computed already.
+    upload_params(teacher, teacher_in, download_params(student, in, stream), stream);
+    put_batch(eval);
+    teacher.forward(stream, RunMode::Inference);
+    const std::vector<float> y = download(teacher.output(in.output.name), in.output, stream);
+    curve.final_bf16_forward_loss = cpu::loss_and_gradient(y, eval_target, dy);
+  }
   sync(stream);
   curve.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return curve;
