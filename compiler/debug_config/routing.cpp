@@ -27,7 +27,8 @@ std::vector<LayerInfo> program_layers(const ir::Program& program) {
   for (const ir::Sequence& seq : program.sequences) {
     for (const ir::Operation& op : seq.ops) {
       if (op.kind == ir::OpKind::Linear && op.phase == ir::Phase::Forward) {
-        out.push_back({op.instance, op.loc, seq.recipe.is_fp8()});
+        out.push_back(
+            {op.instance, op.loc, seq.recipe.is_fp8() && !ir::linear_high_precision(op.attrs)});
       }
     }
   }

@@ -232,6 +232,24 @@ std::optional<ValueId> Builder::build_op(
   const bool parallel_linear = info.kind == OpKind::Linear && s.parallel.active() &&
                                linear_parallel(*attrs) != LinearParallel::None &&
                                linear_parallel(*attrs) != LinearParallel::Invalid;
+  const bool high_precision = info.kind == OpKind::Linear && linear_high_precision(*attrs);
+  if (high_precision && parallel_linear && s.recipe.is_fp8()) {
+    diags_.error(attr_loc(stmt, info, "precision"),
+                 fmt::format("linear '{}' is tensor-parallel: its GEMMs cannot run in high "
+                             "precision under the FP8 recipe '{}' yet (the tensor-parallel "
+                             "collectives of an FP8 sequence carry FP8 copies)",
+                             instance, s.recipe.name),
+                 "leave out precision = high, or run the sequence under bf16");
+    return std::nullopt;
+  }
+  if (high_precision && s.fp8_weights && s.recipe.is_fp8()) {
+    diags_.error(attr_loc(stmt, info, "precision"),
+                 fmt::format("linear '{}' runs in high precision, but sequence '{}' keeps its "
+                             "weights in FP8 only (with fp8_weights)",
+                             instance, s.name),
+                 "leave out precision = high, or fp8_weights");
+    return std::nullopt;
+  }
   bool row_bias = false;
   if (parallel_linear && linear_parallel(*attrs) == LinearParallel::Column &&
       sc.layouts.at(cur) == Layout::SplitTokens) {
@@ -264,7 +282,7 @@ std::optional<ValueId> Builder::build_op(
       if (a.name == "in") a.value = w[1].size;
     }
   }
-  if (info.kind == OpKind::Linear && s.recipe.is_fp8()) {
+  if (info.kind == OpKind::Linear && s.recipe.is_fp8() && !high_precision) {
     // The strictest FP8 rule of the architectures the compiler targets (plan/gemm_caps.h).
     // Micro-scaled formats block `in` (K) and `out` (the weight's column-wise blocks) by 32
     // (MXFP8) or 16 (NVFP4).
@@ -305,6 +323,12 @@ std::optional<ValueId> Builder::build_op(
     s.outputs[sc.extra_outputs[attr_name(op.attrs, "name")]].value = result;
   }
   s.ops.push_back(std::move(op));
+  if (high_precision && s.recipe.is_fp8()) {
+    QuantOverride keep;
+    keep.layer = instance;
+    keep.high_precision = true;
+    s.quant_overrides.push_back(std::move(keep));
+  }
   if (!check_layout(sc, stmt.loc)) return std::nullopt;
   if (s.parallel.active() && info.family == KernelFamily::GatedActivation &&
       sc.layouts.at(cur) == Layout::SplitFeatures) {

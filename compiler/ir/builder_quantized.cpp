@@ -172,6 +172,16 @@ bool Builder::check_quantized_boundaries(SequenceScope& sc, const dsl::SequenceD
       for (size_t k = 0; k < op.operands.size(); ++k) {
         if (op.operands[k] != in) continue;
         if (op.kind == OpKind::Linear && k == 0) {
+          if (linear_high_precision(op.attrs)) {
+            diags_.error(op.loc,
+                         fmt::format("linear '{}' runs in high precision (precision = high) but "
+                                     "reads the quantized input '{}', whose FP8 copies only an "
+                                     "FP8 GEMM takes",
+                                     op.instance, name),
+                         "leave out precision = high, or pass the input in bf16");
+            ok = false;
+            continue;
+          }
           if (!b.usages.rowwise || !b.usages.columnwise) {
             diags_.error(b.loc,
                          fmt::format("linear '{}' reads '{}' in its forward (the row-wise copy) "

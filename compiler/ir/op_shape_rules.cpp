@@ -77,6 +77,13 @@ ShapeResult linear_shape(const ShapeInput& in) {
                         "(split the input features)"});
     return r;
   }
+  if (const std::string& precision = attr_name(in.attrs, "precision");
+      !precision.empty() && precision != "high") {
+    r.errors.push_back({"precision", fmt::format("precision = {} is not a precision", precision),
+                        "write precision = high (the layer's GEMMs in high precision under any "
+                        "recipe) or leave it out (as the recipe says)"});
+    return r;
+  }
   plan::ShardSpec weight_shard, bias_shard;
   if (mode == LinearParallel::Column && in.tp > 1) {
     if (out_features % in.tp != 0) {

@@ -32,6 +32,9 @@ constexpr AttrSpec kLinearAttrs[] = {
     {"bias", AttrType::Bool, false, 1, 0, 1, "add a learned bias of size out"},
     {"parallel", AttrType::Name, false, 0, 0, 0,
      "tensor parallelism: column (weight split on out) or row (split on in); unset: none"},
+    {"precision", AttrType::Name, false, 0, 0, 0,
+     "high: its GEMMs run in the sequence's dtype under any recipe (a layer TE runs outside "
+     "fp8_autocast); unset: as the recipe says"},
 };
 constexpr AttrSpec kCollectiveDimAttrs[] = {
     {"dim", AttrType::Int, false, 0, 0, 7, "the dimension gathered or scattered (0: the tokens)"},
@@ -329,6 +332,10 @@ LinearParallel linear_parallel(const AttrList& attrs) {
   if (mode == "column") return LinearParallel::Column;
   if (mode == "row") return LinearParallel::Row;
   return LinearParallel::Invalid;
+}
+
+bool linear_high_precision(const AttrList& attrs) {
+  return attr_name(attrs, "precision") == "high";
 }
 
 bool is_collective(OpKind kind) {

@@ -2,7 +2,8 @@
 // same compiled (fused) sequences: outputs, input and parameter gradients and the quantizer state
 // over several training steps, for small copies of every dsl_examples program under bf16, FP8
 // delayed scaling, FP8 current scaling and the block-scaled and micro-scaled recipes (Float8
-// block scaling also emulated: "blocks_emulated"); FP8 weight casts bit for bit; the FP8 weight
+// block scaling also emulated: "blocks_emulated"), and the seed MLP with one linear kept out of
+// the recipe (`precision = high`); FP8 weight casts bit for bit; the FP8 weight
 // cache; misuse caught before any launch; memory returning to its baseline. Label `gpu`: skips
 // (visibly) where no GPU is present.
 #include <cuda_runtime.h>
@@ -51,6 +52,19 @@ sequence mlp(x: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden]) uses delayed 
   linear(hidden, ffn, bias = false) as fc1
   swiglu()
   linear(ffn / 2, hidden, bias = false) as fc2
+}
+)";
+
+// The seed MLP with its output layer kept out of the recipe (`precision = high`): fc1's GEMMs
+// under the recipe, fc2's in bf16, in one sequence.
+constexpr const char* kMlpFc2High = R"(
+const hidden = 256
+const ffn = 1024
+sequence mlp(x: bf16[tokens, hidden]) -> (y: bf16[tokens, hidden]) uses delayed {
+  layernorm(hidden, eps = 1e-5)
+  linear(hidden, ffn, bias = false) as fc1
+  swiglu()
+  linear(ffn / 2, hidden, bias = false, precision = high) as fc2
 }
 )";
 
@@ -106,7 +120,8 @@ std::vector<ProgramCase> program_cases() {
   return {{"mlp", kMlp, {{"tokens", 128}}},
           {"gelu_bias_mlp", kGeluBiasMlp, {{"tokens", 128}}},
           {"mlp_residual", kResidual, {{"tokens", 96}}},
-          {"rmsnorm_swiglu", kLlama, {{"batch", 2}, {"seq", 64}}}};
+          {"rmsnorm_swiglu", kLlama, {{"batch", 2}, {"seq", 64}}},
+          {"mlp_fc2_high", kMlpFc2High, {{"tokens", 128}}}};
 }
 
 class ExecutorMatchesReference : public ExecutorGpu,

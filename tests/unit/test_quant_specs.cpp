@@ -3,12 +3,15 @@
 // IR, the plan and the CPU reference, the plan's typed vocabulary and its JSON, and the GEMM
 // capability table.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "codegen/plan.h"
@@ -184,6 +187,79 @@ TEST(QuantSpecs, EveryGemmInHighPrecisionMatchesTheBf16RecipeBitForBit) {
   cpu::ReferenceExecutor<float> c(fp8->seq(), bindings);
   cpu::init_params_from_seed(c, 7);
   EXPECT_NE(c.forward({x}).at(0).data, ya.at(0).data);
+}
+
+// `precision = high` on a linear (docs/language.md, section 6) keeps that layer's GEMMs out of the
+// recipe under any recipe, as the debug configs' DisableFP8Layer does.
+TEST(QuantSpecs, APrecisionHighLinearKeepsItsGemmsOutOfTheRecipe) {
+  constexpr const char* kSource = R"(
+recipe fp8 = delayed_scaling(format = hybrid)
+recipe fp4 = nvfp4_block_scaling()
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
+  layernorm(64)
+  linear(64, 128, bias = false) as fc1
+  gelu()
+  linear(128, 64, bias = false, precision = high) as fc2
+}
+sequence all_high(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
+  layernorm(64)
+  linear(64, 128, bias = false, precision = high) as fc1
+  gelu()
+  linear(128, 64, bias = false, precision = high) as fc2
+}
+)";
+  struct Built {
+    SourceManager sources;
+    ir::Program program;
+  };
+  auto compile = [&](const std::string& recipe) {
+    auto out = std::make_unique<Built>();
+    DiagnosticEngine diags(out->sources);
+    ir::BuildOptions options;
+    options.recipe_override = recipe;
+    auto program = load_program_from_source("p.fuse", kSource, out->sources, diags, options);
+    EXPECT_TRUE(program.has_value()) << diags.format_all();
+    if (!program) return out;
+    passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
+    out->program = std::move(*program);
+    return out;
+  };
+  for (const std::string recipe : {"", "fp4"}) {
+    SCOPED_TRACE("recipe " + (recipe.empty() ? std::string("fp8 (uses)") : recipe));
+    const auto built = compile(recipe);
+    const ir::Sequence& s = built->program.sequences.at(0);
+    std::vector<std::string> names;
+    for (const ir::QuantizerDecl& q : s.quantizers) names.push_back(q.name);
+    EXPECT_TRUE(quantizer(s, "fc1.input") && quantizer(s, "fc1.weight") &&
+                quantizer(s, "fc1.grad_output"))
+        << fmt::format("{}", fmt::join(names, ", "));
+    for (const std::string& name : names) EXPECT_NE(name.rfind("fc2.", 0), 0u) << name;
+    const plan::Plan p = codegen::build_plan(built->program, {"sm_90a", &built->sources});
+    // Under fp8 fc1's GEMMs read FP8 copies and fc2's bf16 tensors; under NVFP4 (emulated on
+    // Hopper) every GEMM reads bf16, fc1's the decoded copies its quantizers make (above).
+    int gemms = 0;
+    for (const plan::Step& step : p.sequences.at(0).steps) {
+      const auto* g = std::get_if<plan::GemmStep>(&step.body);
+      if (!g) continue;
+      ++gemms;
+      const bool bf16 = g->a.dtype == plan::DType::BF16 && g->b.dtype == plan::DType::BF16;
+      EXPECT_EQ(bf16, recipe == "fp4" || step.what.find("of fc2") != std::string::npos)
+          << step.what;
+    }
+    EXPECT_EQ(gemms, 6);
+  }
+  // Every linear in high precision under FP8 computes what the bf16 recipe does, bit for bit.
+  const auto high = compile(""), plain = compile("bf16");
+  const cpu::Bindings bindings{{"tokens", 8}};
+  cpu::ReferenceExecutor<float> a(high->program.sequences.at(1), bindings),
+      b(plain->program.sequences.at(1), bindings), c(high->program.sequences.at(0), bindings);
+  for (auto* e : {&a, &b, &c}) cpu::init_params_from_seed(*e, 7);
+  const cpu::Tensor<float> x = cpu::seeded_normal({8, 64}, 3, 1.0);
+  const auto ya = a.forward({x}), yb = b.forward({x});
+  EXPECT_EQ(ya.at(0).data, yb.at(0).data);
+  EXPECT_EQ(a.backward({ya.at(0)}).inputs.at(0).data, b.backward({yb.at(0)}).inputs.at(0).data);
+  // With fc1 under FP8 the output moves.
+  EXPECT_NE(c.forward({x}).at(0).data, yb.at(0).data);
 }
 
 TEST(QuantSpecs, TheCpuReferenceScalesTheOverriddenTensorFromItsOwnAmax) {
