@@ -233,12 +233,12 @@ std::optional<ValueId> Builder::build_op(
                                linear_parallel(*attrs) != LinearParallel::None &&
                                linear_parallel(*attrs) != LinearParallel::Invalid;
   const bool high_precision = info.kind == OpKind::Linear && linear_high_precision(*attrs);
-  if (high_precision && parallel_linear && s.recipe.is_fp8()) {
+  if (high_precision && s.parallel.active() && s.recipe.is_fp8()) {
     diags_.error(attr_loc(stmt, info, "precision"),
-                 fmt::format("linear '{}' is tensor-parallel: its GEMMs cannot run in high "
-                             "precision under the FP8 recipe '{}' yet (the tensor-parallel "
-                             "collectives of an FP8 sequence carry FP8 copies)",
-                             instance, s.recipe.name),
+                 fmt::format("sequence '{}' is tensor-parallel: linear '{}' cannot run in high "
+                             "precision under the FP8 recipe '{}' yet (the collectives of an FP8 "
+                             "tensor-parallel sequence carry FP8 copies)",
+                             s.name, instance, s.recipe.name),
                  "leave out precision = high, or run the sequence under bf16");
     return std::nullopt;
   }

@@ -123,7 +123,7 @@ std::string attr_value_string(const AttrValue& v);
 enum class LinearParallel : uint8_t { None, Column, Row, Invalid };
 LinearParallel linear_parallel(const AttrList& attrs);
 // `precision = high`: the linear's GEMMs run in the sequence's dtype whatever the recipe (its
-// sequence gets a high-precision QuantOverride for the layer; docs/language.md, section 6).
+// sequence gets a high-precision QuantOverride for the layer; docs/language.md, `linear`).
 bool linear_high_precision(const AttrList& attrs);
 bool is_collective(OpKind kind);  // all_reduce, all_gather, reduce_scatter
 
