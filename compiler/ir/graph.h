@@ -81,7 +81,8 @@ struct QuantizedBoundary {
 
 // Where an override applies: the quantizers of layers whose instance name matches `layer`
 // (empty: every layer), of one GEMM of the layer's (fprop / dgrad / wgrad; none: all three) and
-// one tensor role (none: all). The precision-debug features and tests write these.
+// one tensor role (none: all). The precision-debug features, `linear(..., precision = high)` (the
+// builder) and tests write these.
 struct QuantOverride {
   std::string layer;
   std::optional<plan::GemmRole> gemm;
