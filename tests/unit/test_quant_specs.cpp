@@ -45,7 +45,8 @@ sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
 }
 )";
 
-// The program through every pass, with `overrides` on its sequence before plan-quantization.
+// The program (kMlp unless given) through every pass, with `overrides` on its first sequence
+// before plan-quantization.
 struct Lowered {
   SourceManager sources;
   ir::Program program;
@@ -53,15 +54,17 @@ struct Lowered {
 };
 
 std::unique_ptr<Lowered> lower(const std::vector<QuantOverride>& overrides,
-                               const std::string& recipe = "") {
+                               const std::string& recipe = "", const char* source = kMlp) {
   auto out = std::make_unique<Lowered>();
   DiagnosticEngine diags(out->sources);
   ir::BuildOptions options;
   options.recipe_override = recipe;
-  auto program = load_program_from_source("mlp.fuse", kMlp, out->sources, diags, options);
+  auto program = load_program_from_source("mlp.fuse", source, out->sources, diags, options);
   EXPECT_TRUE(program.has_value()) << diags.format_all();
   if (!program) return out;
-  program->sequences.at(0).quant_overrides = overrides;
+  // After the builder's own (a `precision = high` linear's), as a debug config's come.
+  std::vector<QuantOverride>& all = program->sequences.at(0).quant_overrides;
+  all.insert(all.end(), overrides.begin(), overrides.end());
   passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
   out->program = std::move(*program);
   return out;
@@ -208,22 +211,7 @@ sequence all_high(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses fp8 {
   linear(128, 64, bias = false, precision = high) as fc2
 }
 )";
-  struct Built {
-    SourceManager sources;
-    ir::Program program;
-  };
-  auto compile = [&](const std::string& recipe) {
-    auto out = std::make_unique<Built>();
-    DiagnosticEngine diags(out->sources);
-    ir::BuildOptions options;
-    options.recipe_override = recipe;
-    auto program = load_program_from_source("p.fuse", kSource, out->sources, diags, options);
-    EXPECT_TRUE(program.has_value()) << diags.format_all();
-    if (!program) return out;
-    passes::PassManager(passes::default_pipeline()).run(*program, {}, nullptr);
-    out->program = std::move(*program);
-    return out;
-  };
+  auto compile = [&](const std::string& recipe) { return lower({}, recipe, kSource); };
   for (const std::string recipe : {"", "fp4"}) {
     SCOPED_TRACE("recipe " + (recipe.empty() ? std::string("fp8 (uses)") : recipe));
     const auto built = compile(recipe);
