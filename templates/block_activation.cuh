@@ -47,10 +47,11 @@ struct BlockActivationParams {
 namespace detail {
 
 // Dynamic shared memory (launch::block_activation_smem_bytes): the tile's input vectors, per
-// input [kPasses][kThreads] 16-byte slots, each thread's own (filled by its cp.async copies and
-// read back by the same thread: no barrier between); the rounded values of output plane p
-// overwrite input p's slots as they are computed. Then, with kDbias, the warps' column sums.
-// block_cast_rows_tile's shared area overlays plane 0's values once they are back in registers.
+// input 128 rows x 16 16-byte slots, slot (row, vector) at row * 16 + vector; a thread fills its
+// own slots (its cp.async copies) and reads them back, so no barrier is needed between. The
+// rounded values of output plane p overwrite input p's slots as they are computed. Then, with
+// kDbias, the warps' column sums. Each cast group's block_cast_rows_tile area overlays its plane's
+// values once they are back in registers.
 extern __shared__ __align__(16) unsigned char block_activation_smem[];
 
 // Runs op's tiles: gridDim.x column tiles of 128 over one plane's width, row tiles strided by
@@ -61,36 +62,48 @@ extern __shared__ __align__(16) unsigned char block_activation_smem[];
 // flight were limited by the registers: SwiGLU forward 56%, backward 50% of copy on an H200, now
 // 71% and 57%); the arithmetic of pass b starts when its group has landed. The values go through
 // shared memory rather than staying in registers from their computation to their cast: held across
-// the arithmetic of the whole tile they spill.
+// the arithmetic of the whole tile they spill. A block has
+// launch::block_activation_threads(kPlanes) threads: all of them compute the tile, then group g
+// (threads [256 g, +256)) casts plane g with block_cast.cuh's geometry and its own named barrier,
+// so the gated backward's two casts run at once.
 template <typename Input, typename Output, bool kWriteTranspose, bool kDbias, typename Op>
 __device__ __forceinline__ void run_block_activation(const BlockActivationParams<Input, Output>& p,
                                                      const Op& op) {
   static_assert(DtypeTraits<Output>::kIsFp8, "block scaling casts to an FP8 format");
   static_assert(sizeof(Input) == 2, "2-byte inputs: a tile row is 16 threads' vectors");
   constexpr int kTile = launch::kBlockCastTile;
-  constexpr int kThreads = launch::kBlockCastThreads;
-  constexpr int kWarps = kThreads / 32;
   constexpr int kVec = Op::kVec;
   constexpr int kPlanes = Op::kPlanes;
   constexpr int kLoads = Op::kLoads;
+  constexpr int kThreads = launch::block_activation_threads(kPlanes);
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kCastThreads = launch::kBlockCastThreads;
   constexpr int kVecsPerRow = kTile / kVec;
-  constexpr int kRowsPerPass = kThreads / kVecsPerRow;
-  constexpr int kPasses = block_cast_passes<Input>();
+  constexpr int kSlotsPerInput = kTile * kVecsPerRow;
+  constexpr int kRowsPerPass = kThreads / kVecsPerRow;  // of the computation: 16 or 32 rows
+  constexpr int kPasses = kTile / kRowsPerPass;         // 8 or 4
+  constexpr int kCastPasses = block_cast_passes<Input>();
   static_assert(kVec == launch::vector_elems(sizeof(Input)), "one 16-byte vector per pass");
   static_assert(kPlanes <= kLoads, "each output plane overwrites one input's slots");
   static_assert(kPasses <= 8, "copy_async_wait counts at most 7 groups in flight");
-  static_assert(kPasses * kThreads * sizeof(BlockCastWords) == launch::kBlockActivationPlaneBytes,
+  static_assert(kSlotsPerInput * sizeof(BlockCastWords) == launch::kBlockActivationPlaneBytes,
                 "launch::block_activation_smem_bytes: one input's vectors");
+  static_assert(kCastPasses * kCastThreads == kSlotsPerInput, "a cast group covers the tile");
   static_assert(sizeof(BlockCastRowsShared<kWriteTranspose>) <= launch::kBlockActivationPlaneBytes,
-                "the cast's shared area fits over plane 0's values");
+                "a cast's shared area fits over its plane's values");
 
   BlockCastWords* slots = reinterpret_cast<BlockCastWords*>(block_activation_smem);
   float* dbias_scratch =
       reinterpret_cast<float*>(block_activation_smem + kLoads * launch::kBlockActivationPlaneBytes);
-  auto& shared = *reinterpret_cast<BlockCastRowsShared<kWriteTranspose>*>(block_activation_smem);
   auto slot = [&](int input, int pass) -> BlockCastWords& {
-    return slots[(input * kPasses + pass) * kThreads + threadIdx.x];
+    return slots[input * kSlotsPerInput + pass * kThreads + threadIdx.x];
   };
+  // The cast group of this thread (block_cast_rows_tile's kGrouped): its plane(s) and its area.
+  constexpr int kGroups = kThreads / kCastThreads;
+  constexpr bool kGrouped = kGroups > 1;
+  const int group = static_cast<int>(threadIdx.x) / kCastThreads;
+  auto& shared = *reinterpret_cast<BlockCastRowsShared<kWriteTranspose>*>(
+      block_activation_smem + group * launch::kBlockActivationPlaneBytes);
 
   const int tile_col0 = blockIdx.x * kTile;  // within one plane
   const int vec_in_row = threadIdx.x % kVecsPerRow;
@@ -103,11 +116,20 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
                                             p.y_t_scale_inv, p.epsilon, p.power_of_2_scale, p.rows,
                                             kPlanes * p.cols};
 
-  float dbias[kPlanes][kVec];
+  // kDbias: each warp's column sums in shared memory (dbias_scratch, past the inputs), added to
+  // tile by tile so that no sums stay in registers through the casts. The threads of one column
+  // vector are lanes vec_in_row + k * kVecsPerRow of a warp: the first of them keeps the warp's
+  // sums of that vector's columns (its own entries: no barrier until the warps' sums are added).
+  [[maybe_unused]] const int lane = threadIdx.x & 31;
+  [[maybe_unused]] float* const warp_dbias = dbias_scratch + (threadIdx.x >> 5) * kPlanes * kTile;
+  if constexpr (kDbias) {
+    if (lane < kVecsPerRow) {
 #pragma unroll
-  for (int plane = 0; plane < kPlanes; ++plane) {
+      for (int plane = 0; plane < kPlanes; ++plane) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) dbias[plane][j] = 0.0f;
+        for (int j = 0; j < kVec; ++j) warp_dbias[plane * kTile + vec_in_row * kVec + j] = 0.0f;
+      }
+    }
   }
 
   if (tile_col0 < p.cols) {
@@ -125,6 +147,12 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
           copy_async_16(&slot(k, b), valid ? op.source(k, row, col) : op.source(k, 0, 0), valid);
         }
         copy_async_commit();
+      }
+      float dbias[kPlanes][kVec];
+#pragma unroll
+      for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) dbias[plane][j] = 0.0f;
       }
 #pragma unroll
       for (int b = 0; b < kPasses; ++b) {
@@ -157,44 +185,54 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
           slot(plane, b) = *reinterpret_cast<const BlockCastWords*>(&rounded);
         }
       }
-      // The cast, plane by plane (a loop: unrolled, the two planes' casts spill).
-#pragma unroll 1
-      for (int plane = 0; plane < kPlanes; ++plane) {
-        BlockCastWords raw[kPasses];
+      if constexpr (kDbias) {
 #pragma unroll
-        for (int b = 0; b < kPasses; ++b) raw[b] = slot(plane, b);
-        // Plane 0: every thread has its values before the cast's area overwrites them; plane 1:
-        // the previous plane's transposed write is done with the staging tile.
-        __syncthreads();
-        block_cast_rows_tile<Input, Output, kWriteTranspose>(raw, cast, shared, tile_row0,
-                                                             plane * p.cols + tile_col0);
+        for (int plane = 0; plane < kPlanes; ++plane) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+#pragma unroll
+            for (int mask = kVecsPerRow; mask < 32; mask <<= 1) {
+              dbias[plane][j] += __shfl_xor_sync(kFullWarpMask, dbias[plane][j], mask);
+            }
+            if (lane < kVecsPerRow) {
+              warp_dbias[plane * kTile + vec_in_row * kVec + j] += dbias[plane][j];
+            }
+          }
+        }
       }
-      // The next tile's values overwrite the cast's area.
+      // Several groups: a group casts values other threads computed. One group: a thread's cast
+      // rows are its computed rows (the same slots), no barrier needed.
+      if constexpr (kGrouped) {
+        __syncthreads();
+      }
+      // The casts: with several groups, group g casts plane g; with one group, the planes one
+      // after the other (a loop: unrolled, the two planes' casts spill).
+      auto cast_plane = [&](int plane) {
+        BlockCastWords raw[kCastPasses];
+#pragma unroll
+        for (int b = 0; b < kCastPasses; ++b) {
+          raw[b] = slots[plane * kSlotsPerInput + b * kCastThreads + block_cast_tid<kGrouped>()];
+        }
+        // The group's threads have their values before its cast's area overwrites them (one
+        // group, plane 1: the previous plane's transposed write is done with the area).
+        block_cast_sync<kGrouped>();
+        block_cast_rows_tile<Input, Output, kWriteTranspose, kGrouped>(raw, cast, shared, tile_row0,
+                                                                       plane * p.cols + tile_col0);
+      };
+      if constexpr (kGrouped) {
+        static_assert(kGroups == kPlanes, "a group per plane");
+        cast_plane(group);
+      } else {
+#pragma unroll 1
+        for (int plane = 0; plane < kPlanes; ++plane) cast_plane(plane);
+      }
+      // The next tile's copies overwrite the casts' areas.
       if (tile_row0 + static_cast<long long>(gridDim.y) * kTile < rows) __syncthreads();
     }
   }
 
   if constexpr (kDbias) {
-    // Column sums: the threads of one column vector are lanes vec_in_row + k * kVecsPerRow of
-    // every warp; shuffles within the warp, then the warps through shared memory (past the
-    // values, so no barrier is needed before the writes). Every block writes its partial row,
-    // zeros where it had no tile.
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int plane = 0; plane < kPlanes; ++plane) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-#pragma unroll
-        for (int mask = kVecsPerRow; mask < 32; mask <<= 1) {
-          dbias[plane][j] += __shfl_xor_sync(kFullWarpMask, dbias[plane][j], mask);
-        }
-        if (lane < kVecsPerRow) {
-          dbias_scratch[warp * kPlanes * kTile + plane * kTile + vec_in_row * kVec + j] =
-              dbias[plane][j];
-        }
-      }
-    }
+    // The warps' sums added (every block writes its partial row, zeros where it had no tile).
     __syncthreads();
     const long long stride = static_cast<long long>(kPlanes) * p.cols;
 #pragma unroll 1
@@ -212,51 +250,59 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
 
 }  // namespace detail
 
-// Block: launch::kBlockCastThreads (256). Grid: (launch::block_cast_grid_x(cols),
-// launch::block_cast_grid_y(rows)) or any smaller gridDim.y >= 1. Dynamic shared memory:
-// launch::block_activation_smem_bytes(loads, planes, kDbias).
+// Block: launch::block_activation_threads(planes) (256; 512 for the gated backward). Grid:
+// (launch::block_cast_grid_x(cols), launch::block_cast_grid_y(rows)) or any smaller gridDim.y >= 1.
+// Dynamic shared memory: launch::block_activation_smem_bytes(loads, planes, kDbias).
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
-__global__ void __launch_bounds__(
-    launch::kBlockCastThreads,
-    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(false)))
+__global__ void __launch_bounds__(launch::block_activation_threads(1),
+                                  launch::min_blocks(launch::block_activation_threads(1),
+                                                     launch::block_activation_register_budget(false,
+                                                                                              1)))
     block_activation_fwd(BlockActivationParams<Input, Output> p) {
-  static_assert(detail::LearnedCount<Act>::value == 0,
-                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
+  static_assert(
+      detail::LearnedCount<Act>::value == 0,
+      "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, false>(
       p, detail::ActivationFwdOp<Act, Input>{p.x, p.cols});
 }
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
-__global__ void __launch_bounds__(
-    launch::kBlockCastThreads,
-    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(false)))
+__global__ void __launch_bounds__(launch::block_activation_threads(1),
+                                  launch::min_blocks(launch::block_activation_threads(1),
+                                                     launch::block_activation_register_budget(false,
+                                                                                              1)))
     block_gated_activation_fwd(BlockActivationParams<Input, Output> p) {
-  static_assert(detail::LearnedCount<Act>::value == 0,
-                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
+  static_assert(
+      detail::LearnedCount<Act>::value == 0,
+      "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, false>(
       p, detail::GatedActivationFwdOp<Act, Input>{p.x, p.cols});
 }
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
           bool kDbias = false>
-__global__ void __launch_bounds__(
-    launch::kBlockCastThreads,
-    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(true)))
+__global__ void __launch_bounds__(launch::block_activation_threads(1),
+                                  launch::min_blocks(launch::block_activation_threads(1),
+                                                     launch::block_activation_register_budget(true,
+                                                                                              1)))
     block_activation_bwd(BlockActivationParams<Input, Output> p) {
-  static_assert(detail::LearnedCount<Act>::value == 0,
-                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
+  static_assert(
+      detail::LearnedCount<Act>::value == 0,
+      "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
       p, detail::ActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});
 }
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
           bool kDbias = false>
-__global__ void __launch_bounds__(
-    launch::kBlockCastThreads,
-    launch::min_blocks(launch::kBlockCastThreads, launch::block_activation_register_budget(true)))
+__global__ void __launch_bounds__(launch::block_activation_threads(2),
+                                  launch::min_blocks(launch::block_activation_threads(2),
+                                                     launch::block_activation_register_budget(true,
+                                                                                              2)))
     block_gated_activation_bwd(BlockActivationParams<Input, Output> p) {
-  static_assert(detail::LearnedCount<Act>::value == 0,
-                "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
+  static_assert(
+      detail::LearnedCount<Act>::value == 0,
+      "the block-scaled kernels take no learned parameters (codegen uses the tiled ones)");
   detail::run_block_activation<Input, Output, kWriteTranspose, kDbias>(
       p, detail::GatedActivationBwdOp<Act, Input>{p.dy, p.x, p.cols});
 }

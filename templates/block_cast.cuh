@@ -51,18 +51,39 @@ namespace detail {
 // warp reads in the transposed write phase fall on different banks.
 constexpr int kBlockCastStagePitch = launch::kBlockCastTile + 4;
 
+// The threads of one block_cast_rows_tile call: the whole block (kGrouped = false; a barrier is
+// __syncthreads) or, in a larger block, the group of launch::kBlockCastThreads threads [256 g,
+// +256), whose barrier is named barrier 1 + g (the gated activation's backward casts its two
+// output planes at once, a group each).
+template <bool kGrouped>
+__device__ __forceinline__ unsigned int block_cast_tid() {
+  return kGrouped ? threadIdx.x % launch::kBlockCastThreads : threadIdx.x;
+}
+template <bool kGrouped>
+__device__ __forceinline__ void block_cast_sync() {
+  if constexpr (kGrouped) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / launch::kBlockCastThreads),
+                 "n"(launch::kBlockCastThreads)
+                 : "memory");
+  } else {
+    __syncthreads();
+  }
+}
+
 // Writes the transposed copy of one staged 128 x 128 FP8 tile: thread = (16-row block, 4-column
 // group), 8 x 32 items; a warp covers 2 row blocks x 16 column groups, so lanes (block 2i, g) and
 // (block 2i + 1, g) fill one 32-byte sector of output row g. rows % 16 == 0: 16-byte stores;
 // rows % 4 == 0: 4-byte stores; else byte stores (the segments' alignment is that of c * rows).
+template <bool kGrouped = false>
 __device__ __forceinline__ void write_block_cast_transposed(
     const unsigned char (*staged)[kBlockCastStagePitch], unsigned char* out_t, long long rows,
     int cols, long long tile_row0, int tile_col0) {
   constexpr int kRowBlocks = launch::kBlockCastTile / 16;
   constexpr int kColumnGroups = launch::kBlockCastTile / 4;
   static_assert(kRowBlocks * kColumnGroups == launch::kBlockCastThreads, "one item per thread");
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
+  const unsigned int tid = block_cast_tid<kGrouped>();
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
   const int row_block = 2 * (warp % (kRowBlocks / 2)) + (lane & 1);
   const int column_group = 16 * (warp / (kRowBlocks / 2)) + (lane >> 1);
   const int col = tile_col0 + 4 * column_group;
@@ -196,11 +217,13 @@ struct BlockCastRowsShared {
 // kernel and the cast would). Each row's amax by shuffles among its kVecsPerRow threads, all
 // rows' maxima first (the shuffles of the kPasses rows overlap), then the row-wise copy; the
 // column amax (128 x 1 blocks) is gathered on the way. Ends with the transposed write: the caller
-// holds a barrier before `shared` is used again. Must be called by all threads of the block.
-template <typename Input, typename Output, bool kWriteTranspose>
+// holds a barrier before `shared` is used again. Called by launch::kBlockCastThreads threads at
+// once: the whole block, or with kGrouped one group of a larger block (block_cast_sync).
+template <typename Input, typename Output, bool kWriteTranspose, bool kGrouped = false>
 __device__ __forceinline__ void block_cast_rows_tile(
     BlockCastWords (&raw)[block_cast_passes<Input>()], const BlockCastParams<Input, Output>& p,
     BlockCastRowsShared<kWriteTranspose>& shared, long long tile_row0, int tile_col0) {
+  const unsigned int tid = block_cast_tid<kGrouped>();
   constexpr int kTile = launch::kBlockCastTile;
   constexpr int kWarps = launch::kBlockCastThreads / 32;
   constexpr int kVec = launch::vector_elems(sizeof(Input));
@@ -209,8 +232,8 @@ __device__ __forceinline__ void block_cast_rows_tile(
   constexpr int kPasses = block_cast_passes<Input>();
   constexpr float kFp8Max = DtypeTraits<Output>::kMax;
   constexpr float kValueForInf = BlockScaleValueForInf<Input>::kValue;
-  const int vec_in_row = threadIdx.x % kVecsPerRow;
-  const int row_in_pass = threadIdx.x / kVecsPerRow;
+  const int vec_in_row = tid % kVecsPerRow;
+  const int row_in_pass = tid / kVecsPerRow;
   const int col = tile_col0 + vec_in_row * kVec;
   const bool col_valid = col < p.cols;
   const long long rows = p.rows;
@@ -248,7 +271,7 @@ __device__ __forceinline__ void block_cast_rows_tile(
     // scale, the first of its replicas stores the scale_inv, and the scales go back to the row's
     // lanes by shuffles: one scale and one division per lane instead of one per row.
     using RowMax = LaneGroupMax<kPasses, kVecsPerRow>;
-    const int lane = threadIdx.x & 31;
+    const int lane = tid & 31;
     const float amax_of_lane = RowMax::reduce(row_amax, lane);
     const int pass_of_lane = RowMax::value_of_lane(lane);
     const float scale_of_lane =
@@ -268,8 +291,7 @@ __device__ __forceinline__ void block_cast_rows_tile(
     const long long pass_stride = static_cast<long long>(kRowsPerPass) * cols;
 #pragma unroll
     for (int b = 0; b < kPasses; ++b) {
-      const float scale =
-          __shfl_sync(kFullWarpMask, scale_of_lane, RowMax::lane_of_value(lane, b));
+      const float scale = __shfl_sync(kFullWarpMask, scale_of_lane, RowMax::lane_of_value(lane, b));
       if (b * kRowsPerPass < rows_left && col_valid) {
         float values[kVec];
         block_cast_widen<Input>(raw[b], values);
@@ -284,8 +306,8 @@ __device__ __forceinline__ void block_cast_rows_tile(
       // row-wise copy), then the threads of one column vector, lanes vec_in_row + k *
       // kVecsPerRow of every warp, by shuffles within the warp, then the warps through shared
       // memory.
-      const int lane = threadIdx.x & 31;
-      const int warp = threadIdx.x >> 5;
+      const int lane = tid & 31;
+      const int warp = tid >> 5;
       float col_amax[kVec];
       if constexpr (kPacked) {
         unsigned int packed[4] = {0u, 0u, 0u, 0u};
@@ -323,9 +345,9 @@ __device__ __forceinline__ void block_cast_rows_tile(
               make_float4(col_amax[j], col_amax[j + 1], col_amax[j + 2], col_amax[j + 3]);
         }
       }
-      __syncthreads();
-      if (threadIdx.x < kTile) {
-        const int c = threadIdx.x;
+      block_cast_sync<kGrouped>();
+      if (tid < kTile) {
+        const int c = tid;
         float amax = shared.column_amax[0][c];
 #pragma unroll
         for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, shared.column_amax[w][c]);
@@ -337,7 +359,7 @@ __device__ __forceinline__ void block_cast_rows_tile(
                           tile_col0 + c] = __fdiv_rn(1.0f, scale);
         }
       }
-      __syncthreads();
+      block_cast_sync<kGrouped>();
       // The values are converted again below, not held across the barriers as floats.
 #pragma unroll
       for (int b = 0; b < kPasses; ++b) hide_from_optimizer(raw[b]);
@@ -368,9 +390,9 @@ __device__ __forceinline__ void block_cast_rows_tile(
         }
         stage_fp8_bytes<kVec>(&shared.staged[row_in_tile][vec_in_row * kVec], words);
       }
-      __syncthreads();
-      write_block_cast_transposed(shared.staged, reinterpret_cast<unsigned char*>(p.y_t), rows,
-                                  cols, tile_row0, tile_col0);
+      block_cast_sync<kGrouped>();
+      write_block_cast_transposed<kGrouped>(shared.staged, reinterpret_cast<unsigned char*>(p.y_t),
+                                            rows, cols, tile_row0, tile_col0);
     }
   }
 }

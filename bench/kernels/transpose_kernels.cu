@@ -232,6 +232,9 @@ struct Rules;
       return dim3(NS::launch::block_cast_grid_x(cols), NS::launch::block_cast_grid_y(rows));  \
     }                                                                                         \
     static int block_threads() { return NS::launch::kBlockCastThreads; }                      \
+    static int block_activation_threads(int planes) {                                         \
+      return NS::launch::block_activation_threads(planes);                                    \
+    }                                                                                         \
     static std::size_t block_activation_smem(int loads, int planes) {                         \
       return NS::launch::block_activation_smem_bytes(loads, planes, false);                   \
     }                                                                                         \
@@ -505,9 +508,10 @@ std::size_t block_grid_bytes(long long rows, long long cols, bool two_d) {
 }
 
 template <bool kOriginal>
-Launch block_launch(const void* kernel, long long rows, int cols, std::size_t smem = 0) {
-  return {kernel, Rules<kOriginal>::block_grid(rows, cols), dim3(Rules<kOriginal>::block_threads()),
-          smem};
+Launch block_launch(const void* kernel, long long rows, int cols, std::size_t smem = 0,
+                    int threads = 0) {
+  return {kernel, Rules<kOriginal>::block_grid(rows, cols),
+          dim3(threads ? threads : Rules<kOriginal>::block_threads()), smem};
 }
 
 // block_cast_transpose (float8_block_scaling): x [rows, cols] -> the row-wise copy (1 x 128 or
@@ -580,9 +584,11 @@ Case block_swiglu_case(long long rows, int n_cols, bool timed) {
                     c.outputs[1].bytes + c.outputs[3].bytes;
   c.launch = [=](bool orig) {
     return orig ? block_launch<true>(original, rows, n_cols,
-                                     Rules<true>::block_activation_smem(loads, planes))
+                                     Rules<true>::block_activation_smem(loads, planes),
+                                     Rules<true>::block_activation_threads(planes))
                 : block_launch<false>(current, rows, n_cols,
-                                      Rules<false>::block_activation_smem(loads, planes));
+                                      Rules<false>::block_activation_smem(loads, planes),
+                                      Rules<false>::block_activation_threads(planes));
   };
   c.params = [=](const Pointers& p, bool /*orig: same layout*/) {
     const std::size_t o = kBackward ? 2 : 1;  // first output

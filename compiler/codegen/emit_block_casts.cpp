@@ -151,9 +151,10 @@ void emit_block_activation(SequenceBuilder& b, const Group& g, const ir::Operati
   const int smem = rules::block_activation_smem_bytes(loads, planes, dbias != nullptr);
   // Backward never runs in an inference forward: no variant without the column-wise copy.
   std::optional<WithoutTranspose> plain;
-  if (!backward) plain = WithoutTranspose{what(false), grid, rules::kBlockCastThreads, smem};
-  b.add_launch(g, what(transpose), kernel, args, std::move(grid), rules::kBlockCastThreads, smem,
-               std::move(params), std::move(plain));
+  const int threads = rules::block_activation_threads(planes);
+  if (!backward) plain = WithoutTranspose{what(false), grid, threads, smem};
+  b.add_launch(g, what(transpose), kernel, args, std::move(grid), threads, smem, std::move(params),
+               std::move(plain));
   if (dbias) {
     const ValueId db = dbias->results.at(0);
     emit_column_reduce(b, g, "dbias = column sums of the partials", {partial},

@@ -286,20 +286,27 @@ OPFUSE_LAUNCH_RULE int block_cast_grid_y(long long rows) {
 // Block-scaled activations (block_activation.cuh): block_cast's tiles and grid over one output
 // plane. A block copies its tile's input vectors into shared memory all at once (cp.async: 32 KiB
 // per input in flight, no registers held for them); each output plane's rounded values replace one
-// input's slots until the cast reads them back. Registers: forward 80 (3 blocks per SM), backward
-// 128 (2 blocks: the gated one's 104 KiB of shared memory allows no more, and at 80 the plain
-// one's dbias sums spilled 32-144 bytes).
+// input's slots until the cast reads them back. A block has kBlockCastThreads threads per output
+// plane: the gated backward's 512 threads compute the tile together, then cast its two planes at
+// once, 256 threads each (at 256 threads and one plane after the other it ran at 82-83% of copy on
+// an H200, issue-bound at 16 warps per SM). Registers: forward 80 (3 blocks per SM), plain
+// backward 128 (2 blocks: at 80 its dbias sums spilled 32-144 bytes), gated backward 64 (2 blocks
+// of 512 threads: its 96-112 KiB of shared memory allows no more).
 inline constexpr int kBlockActivationRegisterBudget = 80;
 inline constexpr int kBlockActivationBwdRegisterBudget = 128;
-OPFUSE_LAUNCH_RULE int block_activation_register_budget(bool backward) {
-  return backward ? kBlockActivationBwdRegisterBudget : kBlockActivationRegisterBudget;
+inline constexpr int kBlockActivationGatedBwdRegisterBudget = 64;
+OPFUSE_LAUNCH_RULE int block_activation_threads(int planes) { return planes * kBlockCastThreads; }
+OPFUSE_LAUNCH_RULE int block_activation_register_budget(bool backward, int planes) {
+  return !backward    ? kBlockActivationRegisterBudget
+         : planes > 1 ? kBlockActivationGatedBwdRegisterBudget
+                      : kBlockActivationBwdRegisterBudget;
 }
 // One input's vectors (128 x 128 2-byte values), then with dbias each warp's column sums per
 // output plane.
 inline constexpr int kBlockActivationPlaneBytes = kBlockCastTile * kBlockCastTile * 2;
 OPFUSE_LAUNCH_RULE int block_activation_smem_bytes(int loads, int planes, bool dbias) {
   return loads * kBlockActivationPlaneBytes +
-         (dbias ? planes * kBlockCastTile * (kBlockCastThreads / 32) * 4 : 0);
+         (dbias ? planes * kBlockCastTile * (block_activation_threads(planes) / 32) * 4 : 0);
 }
 // The scale_inv grid of a stored [rows, cols] copy (runtime/cpu/block_quantization.h, note "Block
 // scale grids"; cuBLASLt's VEC128_32F / BLK128x128_32F layouts): 1-D [ceil(cols / 128)]

@@ -314,8 +314,9 @@ class BlockActivationGpu : public test::GpuStreamTest {
                              n};
     const int planes = c.gated && c.backward ? 2 : 1;
     const int loads = (c.gated ? 2 : 1) + (c.backward ? 1 : 0);
-    launch(loaded.kernels[2], dim3(launch::block_cast_grid_x(n), grid_y), launch::kBlockCastThreads,
-           &fp, launch::block_activation_smem_bytes(loads, planes, c.backward));
+    launch(loaded.kernels[2], dim3(launch::block_cast_grid_x(n), grid_y),
+           launch::block_activation_threads(planes), &fp,
+           launch::block_activation_smem_bytes(loads, planes, c.backward));
     OPFUSE_TEST_CUDA_OK(cudaStreamSynchronize(stream_));
 
     test::expect_same_bytes(*want.y, *got.y, "row-wise codes");

@@ -253,8 +253,8 @@ TemplateCase block_cast_case(const std::string& arch, const Dtype& in) {
 
 // Block-scaled activations (float8_block_scaling with the cast folded into the activation):
 // every pointwise op forward into E4M3 and backward into E5M2, with and without the column-wise
-// copy and dbias, within the family's budgets (forward 80, backward 128: a case each). 2-byte
-// inputs only (block_activation.cuh).
+// copy and dbias, within the family's budgets (forward 80, plain backward 128, gated backward 64
+// at 512 threads: a case each). 2-byte inputs only (block_activation.cuh).
 std::vector<TemplateCase> block_activation_cases(const std::string& arch, const Dtype& in) {
   if (in.type == "float") return {};
   const std::string t = in.type;
@@ -265,12 +265,12 @@ std::vector<TemplateCase> block_activation_cases(const std::string& arch, const 
                      "block_activation.cuh",
                      {},
                      arch};
-    fwd.register_budget = launch::block_activation_register_budget(false);
+    fwd.register_budget = launch::block_activation_register_budget(false, 1);
     TemplateCase bwd{"block_" + kind + "activation_bwd_" + in.tag + "_" + arch,
                      "block_activation.cuh",
                      {},
                      arch};
-    bwd.register_budget = launch::block_activation_register_budget(true);
+    bwd.register_budget = launch::block_activation_register_budget(true, gated ? 2 : 1);
     const std::vector<std::string> functors = pointwise_functors(gated, fwd.prelude);
     bwd.prelude = fwd.prelude;
     for (size_t i = 0; i < functors.size(); ++i) {
@@ -676,6 +676,33 @@ TEST(TemplateLaunchRules, BlockCastGridsAndScaleGrids) {
   EXPECT_EQ(launch::block_scale_grid_inner(300, 272, true), 4);
   EXPECT_EQ(launch::block_scale_grid_inner(128, 640, true), 8);  // 5 column blocks -> 8
   EXPECT_EQ(launch::block_scale_grid_outer(0, 128, true), 0);
+}
+
+// Block-scaled activations: 256 threads per output plane (the gated backward's two planes cast
+// at once by two groups), and two blocks of each per SM within the registers and the 228 KiB of
+// shared memory an sm_90 SM has (1 KiB of it reserved per block).
+TEST(TemplateLaunchRules, BlockActivationsKeepTwoBlocksPerSm) {
+  EXPECT_EQ(launch::block_activation_threads(1), launch::kBlockCastThreads);
+  EXPECT_EQ(launch::block_activation_threads(2), 2 * launch::kBlockCastThreads);
+  EXPECT_EQ(launch::block_activation_register_budget(false, 1), 80);
+  EXPECT_EQ(launch::block_activation_register_budget(true, 1), 128);
+  EXPECT_EQ(launch::block_activation_register_budget(true, 2), 64);
+  EXPECT_EQ(launch::block_activation_smem_bytes(3, 2, false), 96 * 1024);
+  // dbias: 16 warps x 2 planes x 128 columns of fp32 sums.
+  EXPECT_EQ(launch::block_activation_smem_bytes(3, 2, true), 96 * 1024 + 16 * 2 * 128 * 4);
+  EXPECT_EQ(launch::block_activation_smem_bytes(2, 1, true), 64 * 1024 + 8 * 128 * 4);
+  for (const bool dbias : {false, true}) {
+    for (const int planes : {1, 2}) {
+      const int loads = planes == 2 ? 3 : 2;
+      const int threads = launch::block_activation_threads(planes);
+      const int blocks =
+          launch::min_blocks(threads, launch::block_activation_register_budget(true, planes));
+      EXPECT_EQ(blocks, 2) << planes << " planes";
+      EXPECT_LE(blocks * (launch::block_activation_smem_bytes(loads, planes, dbias) + 1024),
+                228 * 1024)
+          << planes << " planes, dbias " << dbias;
+    }
+  }
 }
 
 // Micro-scaled casts: row blocks (one scale block per thread) or 64-column patches.
