@@ -255,9 +255,7 @@ __device__ __forceinline__ void run_block_activation(const BlockActivationParams
 // Dynamic shared memory: launch::block_activation_smem_bytes(loads, planes, kDbias).
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
 __global__ void __launch_bounds__(launch::block_activation_threads(1),
-                                  launch::min_blocks(launch::block_activation_threads(1),
-                                                     launch::block_activation_register_budget(false,
-                                                                                              1)))
+                                  launch::block_activation_min_blocks(false, 1))
     block_activation_fwd(BlockActivationParams<Input, Output> p) {
   static_assert(
       detail::LearnedCount<Act>::value == 0,
@@ -268,9 +266,7 @@ __global__ void __launch_bounds__(launch::block_activation_threads(1),
 
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true>
 __global__ void __launch_bounds__(launch::block_activation_threads(1),
-                                  launch::min_blocks(launch::block_activation_threads(1),
-                                                     launch::block_activation_register_budget(false,
-                                                                                              1)))
+                                  launch::block_activation_min_blocks(false, 1))
     block_gated_activation_fwd(BlockActivationParams<Input, Output> p) {
   static_assert(
       detail::LearnedCount<Act>::value == 0,
@@ -282,9 +278,7 @@ __global__ void __launch_bounds__(launch::block_activation_threads(1),
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
           bool kDbias = false>
 __global__ void __launch_bounds__(launch::block_activation_threads(1),
-                                  launch::min_blocks(launch::block_activation_threads(1),
-                                                     launch::block_activation_register_budget(true,
-                                                                                              1)))
+                                  launch::block_activation_min_blocks(true, 1))
     block_activation_bwd(BlockActivationParams<Input, Output> p) {
   static_assert(
       detail::LearnedCount<Act>::value == 0,
@@ -296,9 +290,7 @@ __global__ void __launch_bounds__(launch::block_activation_threads(1),
 template <typename Act, typename Input, typename Output, bool kWriteTranspose = true,
           bool kDbias = false>
 __global__ void __launch_bounds__(launch::block_activation_threads(2),
-                                  launch::min_blocks(launch::block_activation_threads(2),
-                                                     launch::block_activation_register_budget(true,
-                                                                                              2)))
+                                  launch::block_activation_min_blocks(true, 2))
     block_gated_activation_bwd(BlockActivationParams<Input, Output> p) {
   static_assert(
       detail::LearnedCount<Act>::value == 0,

@@ -301,6 +301,11 @@ OPFUSE_LAUNCH_RULE int block_activation_register_budget(bool backward, int plane
          : planes > 1 ? kBlockActivationGatedBwdRegisterBudget
                       : kBlockActivationBwdRegisterBudget;
 }
+// The kernels' __launch_bounds__ minimum: the blocks per SM their threads and budget allow.
+OPFUSE_LAUNCH_RULE int block_activation_min_blocks(bool backward, int planes) {
+  return min_blocks(block_activation_threads(planes),
+                    block_activation_register_budget(backward, planes));
+}
 // One input's vectors (128 x 128 2-byte values), then with dbias each warp's column sums per
 // output plane.
 inline constexpr int kBlockActivationPlaneBytes = kBlockCastTile * kBlockCastTile * 2;

@@ -694,9 +694,7 @@ TEST(TemplateLaunchRules, BlockActivationsKeepTwoBlocksPerSm) {
   for (const bool dbias : {false, true}) {
     for (const int planes : {1, 2}) {
       const int loads = planes == 2 ? 3 : 2;
-      const int threads = launch::block_activation_threads(planes);
-      const int blocks =
-          launch::min_blocks(threads, launch::block_activation_register_budget(true, planes));
+      const int blocks = launch::block_activation_min_blocks(true, planes);
       EXPECT_EQ(blocks, 2) << planes << " planes";
       EXPECT_LE(blocks * (launch::block_activation_smem_bytes(loads, planes, dbias) + 1024),
                 228 * 1024)
