@@ -22,6 +22,7 @@
 #include "comm/communicator.h"
 #include "gpu/binding_check.h"
 #include "gpu/block_summaries.h"
+#include "gpu/collective_overlap.h"
 #include "gpu/cuda_check.h"
 #include "gpu/device.h"
 #include "gpu/device_memory.h"
@@ -142,14 +143,19 @@ class CollectiveStream {
   cudaStream_t stream() const { return stream_; }
   cudaEvent_t ready(std::size_t step);  // made on first use
   cudaEvent_t done(std::size_t step);
+  // Note "Pipelined collectives": the event forking stage `stage` of a pipelined pair.
+  cudaEvent_t stage(std::size_t stage);
 
  private:
   cudaStream_t stream_ = nullptr;
-  std::vector<cudaEvent_t> ready_, done_;
+  std::vector<cudaEvent_t> ready_, done_, stage_;
 };
 
 // The SMs a GEMM beside a collective in flight leaves to it, unless OPFUSE_COLLECTIVE_SMS says.
 inline constexpr int kCollectiveSms = 16;
+// Note "Pipelined collectives": the stages a pipelined GEMM and collective run in, unless
+// OPFUSE_COLLECTIVE_CHUNKS says (1: none pipelined).
+inline constexpr int kCollectiveChunks = 2;
 
 // A collective enqueued on the CollectiveStream that the session's stream has not waited for
 // yet, with the address ranges [begin, end) of its input and output.
@@ -203,13 +209,28 @@ struct SequenceExecutor::Impl {
   void run_step(int index, cudaStream_t stream);
   void run_collective(const plan::CollectiveStep& collective, std::int64_t count,
                       cudaStream_t stream);
+  // The collective's NCCL call (or one rank's copy) on `count` elements this rank sends from `in`
+  // into `out`.
+  void enqueue_collective(const plan::CollectiveStep& collective, const void* in, void* out,
+                          std::int64_t count, cudaStream_t stream);
+  // Step `index`'s GEMM arguments under the current binding (the cached weight copies' scales).
+  GemmArgs bound_gemm_args(int index) const;
+  // The bound step `index` of the current layout (a launch's inference variant in an inference
+  // layout).
+  const BoundStep& bound_at(int index) const;
+  // Note "Pipelined collectives": runs `pair` of run mode `m` in row pieces and stages, both
+  // steps' liveness included; false, with nothing done, where the bound pair cannot be.
+  bool run_overlapped(const OverlapPair& pair, int m, cudaStream_t stream);
+  void run_gemm_piece(int index, const GemmDesc& desc, const GemmArgs& args, const GemmPiece& piece,
+                      const void* a_base, cudaStream_t stream);
   // Note "Overlapped collectives": collective step `index` of run mode `m` forked onto the
   // collective stream; the session's stream waits for a pending collective before the first
   // step whose memory overlaps its input or output (join_overlapping), and for all of them at
   // the end of every run (join_all).
   void fork_collective(int index, int m, cudaStream_t stream);
   void finish_current_scales(const BoundStep& bound_step, cudaStream_t stream);
-  void join_overlapping(int index, int m, cudaStream_t stream);
+  // `except`: a collective step not to wait for (the gather a pipelined GEMM runs beside).
+  void join_overlapping(int index, int m, cudaStream_t stream, int except = -1);
   void join_all(cudaStream_t stream);
   std::pair<std::uintptr_t, std::uintptr_t> range_of(int root) const;
   // Tensor-parallel delayed scaling: the max of every delayed quantizer's amax over the ranks,
@@ -242,6 +263,11 @@ struct SequenceExecutor::Impl {
   std::unique_ptr<CollectiveStream> collective_stream;  // with a communicator
   std::vector<PendingCollective> pending_collectives;
   int collective_sms = 0;  // SMs a GEMM leaves to a collective in flight
+  // Note "Pipelined collectives": the plan's pairs (set_communicator, with a communicator over
+  // more than one rank and collective_chunks > 1), and per step the pair it heads (-1: none).
+  int collective_chunks = 0;
+  std::vector<OverlapPair> overlap_pairs;
+  std::vector<int> overlap_at;
   std::optional<QuantizerState> quantizers;
   // Note "Block summaries" (gpu/block_summaries.h): made by enable_block_summaries() only.
   std::unique_ptr<BlockSummaries> block_summaries;

@@ -49,6 +49,13 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
     if (plan.steps[i].group < 0) continue;  // the end-of-step scale update: end_step() runs it
     const int group = cache_group_of_step[i];
     if (group >= 0 && skip_group[static_cast<std::size_t>(group)] != 0) continue;
+    // Note "Pipelined collectives": a pair's second step is the next one.
+    const int pair = overlap_at.empty() ? -1 : overlap_at[i];
+    if (enqueue && pair >= 0 && index + 1 < end &&
+        run_overlapped(overlap_pairs[static_cast<std::size_t>(pair)], m, stream)) {
+      ++index;
+      continue;
+    }
     run_listed_step(index, m, stream, enqueue);
   }
   if (enqueue) join_all(stream);
@@ -93,6 +100,30 @@ void SequenceExecutor::Impl::mark_cast(WeightCacheGroup& group) {
   }
 }
 
+const BoundStep& SequenceExecutor::Impl::bound_at(int index) const {
+  const auto i = static_cast<std::size_t>(index);
+  return layout == RunMode::Inference && inference_steps[i] ? *inference_steps[i] : steps[i];
+}
+
+GemmArgs SequenceExecutor::Impl::bound_gemm_args(int index) const {
+  const GemmStep& gemm = std::get<GemmStep>(plan.steps[static_cast<std::size_t>(index)].body);
+  GemmArgs args = gemm_args(
+      gemm, bound_at(index).gemm, [this](int buffer) { return pointer(buffer); },
+      quantizers ? &*quantizers : nullptr);
+  if (cast_scale_inv.data() != nullptr) {  // fp8_weights: the scale the copy was cast with
+    const auto cached = [this](const plan::GemmOperand& operand) {
+      return operand.scale_inv.quantizer >= 0 &&
+             facts[static_cast<std::size_t>(facts[static_cast<std::size_t>(operand.buffer)].root)]
+                 .weight_cache;
+    };
+    if (args.a_scale_inv != nullptr && cached(gemm.a))
+      args.a_scale_inv = cast_scale_inv_slot(gemm.a.scale_inv.quantizer);
+    if (args.b_scale_inv != nullptr && cached(gemm.b))
+      args.b_scale_inv = cast_scale_inv_slot(gemm.b.scale_inv.quantizer);
+  }
+  return args;
+}
+
 void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
   const auto i = static_cast<std::size_t>(index);
   const Step& step = plan.steps[i];
@@ -110,21 +141,7 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
     run_collective(*collective, bound_step.collective_count, stream);
     if (check_each_step()) synchronize_after(index, "NCCL's collective", stream);
   } else {
-    const GemmStep& gemm = std::get<GemmStep>(step.body);
-    GemmArgs args = gemm_args(
-        gemm, bound_step.gemm, [this](int buffer) { return pointer(buffer); },
-        quantizers ? &*quantizers : nullptr);
-    if (cast_scale_inv.data() != nullptr) {  // fp8_weights: the scale the copy was cast with
-      const auto cached = [this](const plan::GemmOperand& operand) {
-        return operand.scale_inv.quantizer >= 0 &&
-               facts[static_cast<std::size_t>(facts[static_cast<std::size_t>(operand.buffer)].root)]
-                   .weight_cache;
-      };
-      if (args.a_scale_inv != nullptr && cached(gemm.a))
-        args.a_scale_inv = cast_scale_inv_slot(gemm.a.scale_inv.quantizer);
-      if (args.b_scale_inv != nullptr && cached(gemm.b))
-        args.b_scale_inv = cast_scale_inv_slot(gemm.b.scale_inv.quantizer);
-    }
+    const GemmArgs args = bound_gemm_args(index);
     if (runs_fused(index)) {
       run_fused(index, args, stream);
       if (check_each_step()) synchronize_after(index, "the fused gated GEMM (CUTLASS)", stream);
@@ -147,8 +164,13 @@ void SequenceExecutor::Impl::run_step(int index, cudaStream_t stream) {
 // around it and captured with them in CUDA graphs.
 void SequenceExecutor::Impl::run_collective(const plan::CollectiveStep& collective,
                                             std::int64_t count, cudaStream_t stream) {
-  const void* in = pointer(collective.input);
-  void* out = const_cast<void*>(pointer(collective.output));
+  enqueue_collective(collective, pointer(collective.input),
+                     const_cast<void*>(pointer(collective.output)), count, stream);
+}
+
+void SequenceExecutor::Impl::enqueue_collective(const plan::CollectiveStep& collective,
+                                                const void* in, void* out, std::int64_t count,
+                                                cudaStream_t stream) {
   const auto n = static_cast<std::size_t>(count);
   if (communicator == nullptr) {  // require_set refused a tensor-parallel plan without one
     if (in != out)
@@ -225,10 +247,11 @@ void SequenceExecutor::Impl::fork_collective(int index, int m, cudaStream_t stre
   pending_collectives.push_back(std::move(pending));
 }
 
-void SequenceExecutor::Impl::join_overlapping(int index, int m, cudaStream_t stream) {
+void SequenceExecutor::Impl::join_overlapping(int index, int m, cudaStream_t stream, int except) {
   if (pending_collectives.empty()) return;
   const auto& roots = touched[m][static_cast<std::size_t>(index)];
   std::erase_if(pending_collectives, [&](const PendingCollective& pending) {
+    if (pending.step == except) return false;
     const bool overlaps = std::ranges::any_of(roots, [&](int root) {
       const std::pair<std::uintptr_t, std::uintptr_t> mine = range_of(root);
       return std::ranges::any_of(pending.ranges, [&](const auto& range) {
@@ -255,6 +278,135 @@ void SequenceExecutor::Impl::join_all(cudaStream_t stream) {
   pending_collectives.clear();
 }
 
+// Note "Pipelined collectives": a collective next to the GEMM that makes or reads its tensor need
+// not wait for the whole GEMM, nor the GEMM for the whole collective, when the GEMM's rows are the
+// collective's dim 0 (find_overlap_pairs, gpu/collective_overlap.h). TE's split pipelined
+// comm-GEMM overlap, over NCCL's calls instead of its own transport:
+//  - GemmThenReduce (fc2's fprop and the all_reduce or reduce_scatter ending the forward): the
+//    GEMM runs in stages of row pieces (OPFUSE_COLLECTIVE_CHUNKS, default kCollectiveChunks),
+//    each stage's rows reduced on the collective stream while the next stage computes, so only
+//    the last stage's reduction waits for the end of the GEMM. A reduce_scatter's stage
+//    computes the same piece of every rank's share into contiguous rows of D ([rank][rows],
+//    reduce_schedule), which only the collective reads. fc1's dgrad reduction is not cut: it
+//    already runs beside fc1's wgrad GEMM, and the pieces would only cost (bench/RESULTS.md).
+//  - GatherThenGemm (fc1's fprop under sequence parallelism, fc2's dgrad of the gathered output
+//    gradient): the GEMM computes this rank's rows from its own share while the gather runs,
+//    and the other ranks' rows after it.
+// The collective forks and joins as in note "Overlapped collectives": the pieces beside one in
+// flight leave it collective_sms SMs. Every piece is the plan's GEMM on fewer rows, so each row
+// is the same dot products; cuBLASLt may pick another algorithm for a piece's size, so the
+// results agree with the unpipelined GEMM's to rounding, as any two algorithms do. Not pipelined
+// (run as two plain steps): a fused GEMM, block summaries, a weight-cast group, rows that do not
+// split into granules of 256-byte pointers, and memory the stages would race on
+// (overlap_memory_refusal: the memory plan may place the collective's output where an operand was).
+// A benchmark's observer (whose before and after calls pair up one step at a time) sees the GEMM
+// from its first piece to its last on the session's stream, and the collective as its last stage
+// on the collective stream: the part of it the GEMM did not hide.
+bool SequenceExecutor::Impl::run_overlapped(const OverlapPair& pair, int m, cudaStream_t stream) {
+  if (!collective_stream || communicator == nullptr || block_summaries || runs_fused(pair.gemm) ||
+      cache_group_of_step[static_cast<std::size_t>(pair.gemm)] >= 0 ||
+      cache_group_of_step[static_cast<std::size_t>(pair.collective)] >= 0)
+    return false;
+  const auto c = static_cast<std::size_t>(pair.collective);
+  const auto& collective = std::get<plan::CollectiveStep>(plan.steps[c].body);
+  const GemmDesc& desc = bound_at(pair.gemm).gemm;
+  const std::int64_t a_row = plan::dtype_bytes(desc.a) * desc.k;
+  const std::int64_t d_row = plan::dtype_bytes(desc.d) * desc.n;
+  const OverlapSchedule schedule =
+      pair.kind == OverlapKind::GemmThenReduce
+          ? reduce_schedule(collective.kind, desc.m, plan.parallel.tp, collective_chunks,
+                            overlap_row_granule(a_row, d_row))
+          : gather_schedule(desc.m, plan.parallel.tp, communicator->rank(), a_row, d_row);
+  if (schedule.stages.empty()) return false;
+  const GemmArgs args = bound_gemm_args(pair.gemm);
+  const auto& gemm = std::get<GemmStep>(plan.steps[static_cast<std::size_t>(pair.gemm)].body);
+  const auto root_range = [this](int buffer) {
+    return range_of(facts[static_cast<std::size_t>(buffer)].root);
+  };
+  std::vector<AddressRange> reads = {root_range(gemm.a.buffer), root_range(gemm.b.buffer)};
+  if (gemm.bias >= 0) reads.push_back(root_range(gemm.bias));
+  if (!overlap_memory_refusal(pair.kind, reads, root_range(gemm.d), root_range(collective.input),
+                              root_range(collective.output))
+           .empty())
+    return false;
+
+  CollectiveStream& side = *collective_stream;
+  const auto beside = [this](const GemmDesc& piece) {
+    GemmDesc d = piece;
+    if (!pending_collectives.empty() && collective_sms > 0 && collective_sms < num_sms)
+      d.sm_count_target = num_sms - collective_sms;
+    return d;
+  };
+  const auto* a = static_cast<const char*>(args.a);
+  auto* d = static_cast<char*>(args.d);
+  if (pair.kind == OverlapKind::GatherThenGemm) {
+    run_listed_step(pair.collective, m, stream, true);  // forks the gather
+    const auto g = static_cast<std::size_t>(pair.gemm);
+    for (int root : touched[m][g])
+      if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
+    join_overlapping(pair.gemm, m, stream, pair.collective);
+    if (observer != nullptr) observer->before(pair.gemm, stream);
+    const auto* local = static_cast<const char*>(pointer(collective.input));
+    for (const GemmPiece& piece : schedule.stages[0].pieces)
+      run_gemm_piece(pair.gemm, beside(desc), args, piece, local, stream);
+    OPFUSE_CUDA_CHECK(cudaStreamWaitEvent(stream, side.done(c), 0), "joining a gather");
+    std::erase_if(pending_collectives,
+                  [&](const PendingCollective& p) { return p.step == pair.collective; });
+    for (const GemmPiece& piece : schedule.stages[1].pieces)
+      run_gemm_piece(pair.gemm, beside(desc), args, piece, a, stream);
+    if (observer != nullptr) observer->after(pair.gemm, stream);
+    for (int root : free_after[m][g]) mark_dead(root);
+    return true;
+  }
+
+  for (const int index : {pair.gemm, pair.collective}) {
+    for (int root : touched[m][static_cast<std::size_t>(index)])
+      if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
+  }
+  join_overlapping(pair.gemm, m, stream);
+  join_overlapping(pair.collective, m, stream);
+  if (observer != nullptr) observer->before(pair.gemm, stream);
+  auto* out = static_cast<char*>(const_cast<void*>(pointer(collective.output)));
+  PendingCollective pending{pair.collective, {}};
+  for (int root : touched[m][c]) pending.ranges.push_back(range_of(root));
+  for (std::size_t s = 0; s < schedule.stages.size(); ++s) {
+    const OverlapStage& stage = schedule.stages[s];
+    for (const GemmPiece& piece : stage.pieces)
+      run_gemm_piece(pair.gemm, beside(desc), args, piece, a, stream);
+    const bool last = s + 1 == schedule.stages.size();
+    if (last && observer != nullptr) observer->after(pair.gemm, stream);
+    OPFUSE_CUDA_CHECK(cudaEventRecord(side.stage(s), stream), "forking a pipelined collective");
+    OPFUSE_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), side.stage(s), 0),
+                      "forking a pipelined collective");
+    if (s == 0) pending_collectives.push_back(pending);  // later pieces leave it SMs
+    if (last && observer != nullptr) observer->before(pair.collective, side.stream());
+    // The elements this rank sends: the stage's rows (a reduce_scatter's of every rank).
+    enqueue_collective(collective, d + stage.in_row * d_row, out + stage.out_row * d_row,
+                       stage.in_rows * desc.n, side.stream());
+    if (check_each_step()) synchronize_after(pair.collective, "NCCL's collective", side.stream());
+  }
+  if (observer != nullptr) observer->after(pair.collective, side.stream());
+  OPFUSE_CUDA_CHECK(cudaEventRecord(side.done(c), side.stream()), "forking a collective");
+  for (const int index : {pair.gemm, pair.collective}) {
+    for (int root : free_after[m][static_cast<std::size_t>(index)]) mark_dead(root);
+  }
+  return true;
+}
+
+void SequenceExecutor::Impl::run_gemm_piece(int index, const GemmDesc& desc, const GemmArgs& args,
+                                            const GemmPiece& piece, const void* a_base,
+                                            cudaStream_t stream) {
+  GemmDesc piece_desc = desc;
+  piece_desc.m = piece.rows;
+  GemmArgs piece_args = args;
+  piece_args.a =
+      static_cast<const char*>(a_base) + piece.a_row * desc.k * plan::dtype_bytes(desc.a);
+  piece_args.d = static_cast<char*>(args.d) + piece.d_row * desc.n * plan::dtype_bytes(desc.d);
+  gemms.run(piece_desc, piece_args, stream);
+  if (check_each_step())
+    synchronize_after(index, fmt::format("cuBLASLt's {}", describe(piece_desc)), stream);
+}
+
 CollectiveStream::CollectiveStream(std::size_t steps) : ready_(steps), done_(steps) {
   int least = 0, greatest = 0;
   OPFUSE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "the collective stream");
@@ -266,6 +418,8 @@ CollectiveStream::~CollectiveStream() {
   for (cudaEvent_t event : ready_)
     if (event != nullptr) (void)cudaEventDestroy(event);
   for (cudaEvent_t event : done_)
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  for (cudaEvent_t event : stage_)
     if (event != nullptr) (void)cudaEventDestroy(event);
   (void)cudaStreamDestroy(stream_);
 }
@@ -282,6 +436,10 @@ cudaEvent_t made(cudaEvent_t& event) {
 
 cudaEvent_t CollectiveStream::ready(std::size_t step) { return made(ready_.at(step)); }
 cudaEvent_t CollectiveStream::done(std::size_t step) { return made(done_.at(step)); }
+cudaEvent_t CollectiveStream::stage(std::size_t stage) {
+  if (stage >= stage_.size()) stage_.resize(stage + 1, nullptr);
+  return made(stage_[stage]);
+}
 
 void SequenceExecutor::Impl::synchronize_after(int index, std::string_view work,
                                                cudaStream_t stream) const {

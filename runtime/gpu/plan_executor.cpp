@@ -341,6 +341,26 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
       }
       if (s.plan.parallel.active()) s.collective_sms = static_cast<int>(sms);
     }
+    // Note "Pipelined collectives" (executor_run.cpp).
+    s.collective_chunks = kCollectiveChunks;
+    if (const char* text = std::getenv("OPFUSE_COLLECTIVE_CHUNKS"); text != nullptr) {
+      char* end = nullptr;
+      const long chunks = std::strtol(text, &end, 10);
+      if (end == text || *end != '\0' || chunks < 1 || chunks > 64) {
+        throw UsageError(fmt::format(
+            "OPFUSE_COLLECTIVE_CHUNKS={}: give the stages a GEMM and the collective next to it "
+            "are pipelined in, from 1 (not pipelined) to 64",
+            text));
+      }
+      s.collective_chunks = static_cast<int>(chunks);
+    }
+  }
+  s.overlap_pairs.clear();
+  s.overlap_at.assign(s.plan.steps.size(), -1);
+  if (communicator != nullptr && s.collective_chunks > 1) {
+    s.overlap_pairs = find_overlap_pairs(s.plan);
+    for (std::size_t p = 0; p < s.overlap_pairs.size(); ++p)
+      s.overlap_at[static_cast<std::size_t>(s.overlap_pairs[p].head())] = static_cast<int>(p);
   }
 }
 

@@ -93,8 +93,10 @@ struct StepProfile {
 
 // Called around every step the executor enqueues (forward, backward, end_step), on the stream it
 // enqueues on, e.g. to record CUDA events. Never called for steps that are skipped (cached weight
-// casts, launches with an empty grid). The calls happen during a graph capture too: an observer
-// must not be set then.
+// casts, launches with an empty grid). The calls pair up one step at a time: after(step) comes
+// before the next before(). A pipelined GEMM and collective (note "Pipelined collectives" in
+// executor_run.cpp) are observed as the GEMM's pieces and the collective's last stage. The calls
+// happen during a graph capture too: an observer must not be set then.
 class StepObserver {
  public:
   virtual ~StepObserver() = default;

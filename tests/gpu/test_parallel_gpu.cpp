@@ -6,6 +6,7 @@
 // needs no NCCL, and misuse is reported before anything runs.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -45,9 +46,12 @@ using namespace std::chrono_literals;
 constexpr int64_t kTokens = 64;
 constexpr int64_t kHidden = 128;
 
-std::string mlp(int tp, const std::string& recipe) {
+// sp = false: every rank holds the whole input and output (all-reduces instead of the gather
+// and reduce-scatter).
+std::string mlp(int tp, const std::string& recipe, bool sp = true) {
+  const char* rows = tp > 1 && sp ? "tokens / tp" : "tokens";
   return fmt::format(R"(recipe r = {}
-sequence mlp(x: bf16[{}, {}]) -> (y: bf16[{}, {}]) uses r with parallel(tp = {}, sp = true) {{
+sequence mlp(x: bf16[{}, {}]) -> (y: bf16[{}, {}]) uses r with parallel(tp = {}, sp = {}) {{
   layernorm({})
   linear({}, 512, parallel = column) as fc1
   swiglu()
@@ -57,8 +61,7 @@ sequence mlp(x: bf16[{}, {}]) -> (y: bf16[{}, {}]) uses r with parallel(tp = {},
                      recipe == "delayed"   ? "delayed_scaling(amax_history = 4)"
                      : recipe == "current" ? "current_scaling()"
                                            : "bf16()",
-                     tp > 1 ? "tokens / tp" : "tokens", kHidden, tp > 1 ? "tokens / tp" : "tokens",
-                     kHidden, tp, kHidden, kHidden, kHidden);
+                     rows, kHidden, rows, kHidden, tp, sp, kHidden, kHidden, kHidden);
 }
 
 void write_floats(const fs::path& path, const std::vector<float>& v) {
@@ -90,7 +93,8 @@ TEST(ParallelGpuChild, DISABLED_Rank) {
   ASSERT_EQ(cudaSetDevice(par.rank), cudaSuccess);
   const fs::path dir = std::getenv("OPFUSE_TEST_DATA");
   const std::string recipe = std::getenv("OPFUSE_TEST_RECIPE");
-  const Program program = Program::compile(mlp(par.size, recipe), "mlp_tp.fuse");
+  const bool sp = std::string(std::getenv("OPFUSE_TEST_SP")) == "1";
+  const Program program = Program::compile(mlp(par.size, recipe, sp), "mlp_tp.fuse");
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   struct StreamOwner {  // outlives the session, which frees its memory on the stream
@@ -107,8 +111,9 @@ TEST(ParallelGpuChild, DISABLED_Rank) {
     test::upload_bf16(*memory.back(), values);
     session.set_tensor(name, memory.back()->data());
   };
-  const int64_t rows = kTokens / par.size;
+  const int64_t rows = sp ? kTokens / par.size : kTokens;
   auto rank_rows = [&](const std::vector<float>& all) {
+    if (!sp) return all;
     return std::vector<float>(all.begin() + par.rank * rows * kHidden,
                               all.begin() + (par.rank + 1) * rows * kHidden);
   };
@@ -175,8 +180,11 @@ double rms_error(const std::vector<float>& got, const std::vector<float>& want) 
   return std::sqrt(d / w);
 }
 
-void expect_ranks_match_the_reference(int ranks, const std::string& recipe, double tol) {
-  SCOPED_TRACE(fmt::format("{} ranks, {}", ranks, recipe));
+// `env`: more variables for the ranks (OPFUSE_COLLECTIVE_CHUNKS, ...).
+void expect_ranks_match_the_reference(int ranks, const std::string& recipe, double tol,
+                                      bool sp = true,
+                                      const std::vector<std::string>& env_more = {}) {
+  SCOPED_TRACE(fmt::format("{} ranks, {}, sp {}, {}", ranks, recipe, sp, fmt::join(env_more, " ")));
   // The unsharded reference, and its data for the ranks.
   SourceManager sources;
   DiagnosticEngine diags(sources);
@@ -185,17 +193,20 @@ void expect_ranks_match_the_reference(int ranks, const std::string& recipe, doub
   cpu::ReferenceExecutor<float> ref(whole->sequences.at(0), {{"tokens", kTokens}});
   std::mt19937_64 rng(11);
   // Kept when the test fails, for a rank to be rerun by hand (see the ranks' variables below).
-  const fs::path dir =
-      fs::temp_directory_path() / fmt::format("opfuse-parallel-gpu-{}-{}", ranks, recipe);
+  const std::string variant =
+      fmt::format("{}-{}{}{}", ranks, recipe, sp ? "" : "-nosp", env_more.empty() ? "" : "-env");
+  const fs::path dir = fs::temp_directory_path() / ("opfuse-parallel-gpu-" + variant);
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::vector<std::string> env = {"OPFUSE_TEST_DATA=" + dir.string(),
-                                  "OPFUSE_TEST_RECIPE=" + recipe};
+                                  "OPFUSE_TEST_RECIPE=" + recipe,
+                                  std::string("OPFUSE_TEST_SP=") + (sp ? "1" : "0")};
+  env.insert(env.end(), env_more.begin(), env_more.end());
   // The shards as the program of `ranks` ranks cuts them.
   SourceManager split_sources;
   DiagnosticEngine split_diags(split_sources);
   const auto split =
-      load_program_from_source("mlp_tp.fuse", mlp(ranks, recipe), split_sources, split_diags);
+      load_program_from_source("mlp_tp.fuse", mlp(ranks, recipe, sp), split_sources, split_diags);
   ASSERT_TRUE(split) << split_diags.format_all();
   std::map<std::string, plan::ShardSpec> shards;
   for (const ir::Value& v : split->sequences.at(0).values)
@@ -220,7 +231,7 @@ void expect_ranks_match_the_reference(int ranks, const std::string& recipe, doub
   ref.step();
   const std::vector<float> y2 = ref.forward({x}).at(0).data;
 
-  const std::string job = fmt::format("parallel-gpu-{}-{}-{}", ::getpid(), ranks, recipe);
+  const std::string job = fmt::format("parallel-gpu-{}-{}", ::getpid(), variant);
   test::run_ranks(ranks, "ParallelGpuChild.DISABLED_Rank", dir.string(), job, env, 180s);
   if (::testing::Test::HasFailure()) return;
 
@@ -239,9 +250,18 @@ void expect_ranks_match_the_reference(int ranks, const std::string& recipe, doub
       out.insert(out.end(), part.begin(), part.end());
     return out;
   };
-  EXPECT_LE(rms_error(joined("y.bin"), y), tol) << "y";
-  EXPECT_LE(rms_error(joined("dx.bin"), g.inputs.at(0).data), tol) << "dx";
-  EXPECT_LE(rms_error(joined("y2.bin"), y2), tol) << "y after a step";
+  if (sp) {
+    EXPECT_LE(rms_error(joined("y.bin"), y), tol) << "y";
+    EXPECT_LE(rms_error(joined("dx.bin"), g.inputs.at(0).data), tol) << "dx";
+    EXPECT_LE(rms_error(joined("y2.bin"), y2), tol) << "y after a step";
+  } else {  // every rank holds all of them
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_LE(rms_error(read_floats(rank_file(r, "y.bin")), y), tol) << "y of rank " << r;
+      EXPECT_LE(rms_error(read_floats(rank_file(r, "dx.bin")), g.inputs.at(0).data), tol)
+          << "dx of rank " << r;
+      EXPECT_LE(rms_error(read_floats(rank_file(r, "y2.bin")), y2), tol) << "y2 of rank " << r;
+    }
+  }
   for (size_t i = 0; i < ref.param_names().size(); ++i) {
     const std::string& name = ref.param_names()[i];
     SCOPED_TRACE(name);
@@ -307,6 +327,23 @@ TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceFp8Delayed) {
 // each rank casts with the scale of the whole tensor, as the unsharded reference does.
 TEST_F(ParallelGpu, TwoRanksMatchTheUnshardedReferenceFp8Current) {
   expect_ranks_match_the_reference(2, "current", 6e-2);
+}
+
+// Note "Pipelined collectives" (runtime/gpu/executor_run.cpp): the tests above run fc1's and
+// fc2's GEMMs in row pieces around their gathers and reduce-scatters (the default stages); these
+// run the all-reduces of sp = false pipelined, in uneven stages, and nothing pipelined.
+TEST_F(ParallelGpu, TwoRanksWithoutSequenceParallelismMatchTheUnshardedReference) {
+  expect_ranks_match_the_reference(2, "bf16", 2e-2, false);
+  expect_ranks_match_the_reference(2, "delayed", 6e-2, false);
+}
+
+TEST_F(ParallelGpu, PipelinedInThreeUnevenStagesOrNotAtAllMatchTheUnshardedReference) {
+  // 64 rows (32 per share) in three stages: 21 + 21 + 22 rows, 10 + 10 + 12 per share.
+  for (const bool sp : {true, false}) {
+    expect_ranks_match_the_reference(2, "bf16", 2e-2, sp, {"OPFUSE_COLLECTIVE_CHUNKS=3"});
+    expect_ranks_match_the_reference(2, "current", 6e-2, sp, {"OPFUSE_COLLECTIVE_CHUNKS=3"});
+    expect_ranks_match_the_reference(2, "bf16", 2e-2, sp, {"OPFUSE_COLLECTIVE_CHUNKS=1"});
+  }
 }
 
 // Four ranks: 16 tokens, 128 of fc1's outputs (64 of each SwiGLU half) and 64 of fc2's inputs
