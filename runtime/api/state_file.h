@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -92,5 +93,17 @@ void require_state_fits(const StateFile& file, const StateFile& expected, const 
 // given (empty: the files'). Throws UsageError naming the first problem (a missing or repeated
 // rank, files of different runs, a replicated tensor that differs between ranks).
 StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::string& program = {});
+
+// The inverse: tp rank files of `program` from a one-rank state (docs/parallel.md,
+// "Checkpoints"), to continue a one-GPU run tensor-parallel. `shards` names every parameter of
+// the tensor-parallel program with its cut (plan::ShardSpec; dim < 0: replicated, every rank
+// holds the whole tensor). Rank r's file holds rank r's shard of each cut tensor
+// (plan::take_shard), the others whole, and every quantizer as it is (each rank casts with the
+// whole tensor's scale); program, tp and rank as given, recipe and step from `whole`. Throws
+// UsageError, nothing returned, for a file that is already a rank's, tp < 2, a parameter the file
+// lacks, a tensor that is not a parameter of the program, or a dimension that does not divide.
+std::vector<StateFile> split_state_file(const StateFile& whole, int tp,
+                                        const std::map<std::string, plan::ShardSpec>& shards,
+                                        const std::string& program);
 
 }  // namespace opfuse::api

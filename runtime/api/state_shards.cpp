@@ -1,12 +1,15 @@
-// merge_state_shards (api/state_file.h): every tensor-parallel rank's state file joined into the
-// one-rank state (docs/parallel.md, "Checkpoints"). Split from state_file.cpp, which reads and
-// writes the files.
+// merge_state_shards and split_state_file (api/state_file.h): every tensor-parallel rank's state
+// file joined into the one-rank state, and a one-rank state cut into the ranks' files
+// (docs/parallel.md, "Checkpoints"). Split from state_file.cpp, which reads and writes the files.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -35,7 +38,91 @@ std::vector<unsigned char> join_bytes(const std::vector<const StateTensor*>& par
   return out;
 }
 
+template <typename T>
+std::vector<unsigned char> shard_bytes(const StateTensor& whole, const plan::ShardSpec& spec,
+                                       int tp, int rank) {
+  std::vector<T> values(whole.bytes.size() / sizeof(T));
+  std::memcpy(values.data(), whole.bytes.data(), whole.bytes.size());
+  const std::vector<T> part = plan::take_shard<T>(values, whole.shape, spec, tp, rank);
+  std::vector<unsigned char> out(part.size() * sizeof(T));
+  std::memcpy(out.data(), part.data(), out.size());
+  return out;
+}
+
 }  // namespace
+
+std::vector<StateFile> split_state_file(const StateFile& whole, int tp,
+                                        const std::map<std::string, plan::ShardSpec>& shards,
+                                        const std::string& program) {
+  if (tp < 2) throw UsageError(fmt::format("splitting a state file needs tp >= 2, got {}", tp));
+  if (whole.tp != 1) {
+    throw UsageError(fmt::format(
+        "the state file holds rank {} of {} ranks' shards, not one rank's whole parameters: "
+        "merge the ranks' files first (fusec merge-state)",
+        whole.rank, whole.tp));
+  }
+  std::vector<std::string> problems;
+  if (!whole.quantizers_only) {
+    for (const auto& entry : shards) {
+      const std::string& name = entry.first;
+      if (std::none_of(whole.tensors.begin(), whole.tensors.end(),
+                       [&](const StateTensor& t) { return t.name == name; }))
+        problems.push_back(fmt::format("it lacks parameter '{}' of {}", name, program));
+    }
+  }
+  for (const StateTensor& t : whole.tensors) {
+    const auto found = shards.find(t.name);
+    if (found == shards.end()) {
+      problems.push_back(fmt::format("its tensor '{}' is not a parameter of {}", t.name, program));
+      continue;
+    }
+    if (!found->second.sharded()) continue;
+    try {
+      (void)plan::shard_shape(t.shape, found->second, tp);
+    } catch (const std::invalid_argument& e) {
+      problems.push_back(fmt::format("'{}' cannot be cut over {} ranks: {}", t.name, tp, e.what()));
+    }
+  }
+  if (!problems.empty()) {
+    throw UsageError(fmt::format("the state file does not split into {}'s {} ranks: {}", program,
+                                 tp, fmt::join(problems, "; ")));
+  }
+  std::vector<StateFile> ranks;
+  for (int rank = 0; rank < tp; ++rank) {
+    StateFile f;
+    f.program = program;
+    f.recipe = whole.recipe;
+    f.step = whole.step;
+    f.tp = tp;
+    f.rank = rank;
+    f.quantizers_only = whole.quantizers_only;
+    f.quantizers = whole.quantizers;
+    for (const StateTensor& t : whole.tensors) {
+      const plan::ShardSpec& spec = shards.at(t.name);
+      if (!spec.sharded()) {
+        f.tensors.push_back(t);
+        continue;
+      }
+      StateTensor part = t;
+      part.shard = spec;
+      part.shape = plan::shard_shape(t.shape, spec, tp);
+      switch (plan::dtype_bytes(t.dtype)) {
+        case 1:
+          part.bytes = shard_bytes<std::uint8_t>(t, spec, tp, rank);
+          break;
+        case 2:
+          part.bytes = shard_bytes<std::uint16_t>(t, spec, tp, rank);
+          break;
+        default:
+          part.bytes = shard_bytes<float>(t, spec, tp, rank);
+          break;
+      }
+      f.tensors.push_back(std::move(part));
+    }
+    ranks.push_back(std::move(f));
+  }
+  return ranks;
+}
 
 StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::string& program) {
   if (ranks.empty()) throw UsageError("merging shards needs every rank's state file, got none");

@@ -122,7 +122,7 @@ TEST(FusecExitCodes, CommandLineErrorsArePrintedAsFusecErrors) {
       {"ir --after", "--after: 1 required TEXT missing", "fusec ir"},
       {"frobnicate " + example("mlp"),
        "unknown command 'frobnicate'; commands: check ir run build dump-kernels bench "
-       "debug-plan debug-report merge-state train",
+       "debug-plan debug-report merge-state split-state train",
        "fusec"},
       {"--nope", "a command is required; commands: check ir", "fusec"},
   };

@@ -15,11 +15,14 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "api/state_file.h"
+#include "driver/compile.h"
+#include "gpu/binding_check.h"
 #include "jit/nvrtc_compiler.h"
 #include "jit/sha256.h"
 #include "opfuse/error.h"
@@ -507,6 +510,197 @@ TEST(StateFile, RankFilesMergeIntoTheWholeParameters) {
   StateFile other_step = ranks[1];
   other_step.step = 4;
   EXPECT_THROW((void)merge_state_shards({ranks[0], other_step}), UsageError);
+}
+
+// Splitting a one-rank file into a tensor-parallel program's rank files (fusec split-state): each
+// cut tensor as plan::take_shard cuts it, the rest and the quantizers whole on every rank, and the
+// ranks' files merge back into the same bytes.
+TEST(StateFile, OneRankFileSplitsIntoRankFilesThatMergeBack) {
+  StateFile whole;
+  whole.program = "mlp.fuse:mlp";
+  whole.recipe = "delayed_scaling(...)";
+  whole.step = 7;
+  const auto tensor = [](std::string name, plan::DType dtype, std::vector<std::int64_t> shape) {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    StateTensor t{std::move(name), dtype, std::move(shape), {}, {}};
+    t.bytes.resize(static_cast<std::size_t>(n * plan::dtype_bytes(dtype)));
+    for (std::size_t i = 0; i < t.bytes.size(); ++i)
+      t.bytes[i] = static_cast<unsigned char>(i * 7 + t.name.size());
+    return t;
+  };
+  whole.tensors = {tensor("fc1.weight", plan::DType::BF16, {8, 4}),
+                   tensor("fc2.weight", plan::DType::BF16, {4, 4}),
+                   tensor("norm.weight", plan::DType::FP32, {4})};
+  whole.quantizers = {{"fc1.input", {{1.5f, 3.0f}, 2.0f, 0.5f}}};
+  const std::map<std::string, plan::ShardSpec> shards = {
+      {"fc1.weight", {0, 2}}, {"fc2.weight", {1, 1}}, {"norm.weight", {}}};
+  const std::vector<StateFile> ranks = split_state_file(whole, 2, shards, "mlp_tp.fuse:mlp_tp2");
+  ASSERT_EQ(ranks.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    const StateFile& f = ranks[static_cast<std::size_t>(r)];
+    EXPECT_EQ(f.tp, 2);
+    EXPECT_EQ(f.rank, r);
+    EXPECT_EQ(f.program, "mlp_tp.fuse:mlp_tp2");
+    EXPECT_EQ(f.recipe, whole.recipe);
+    EXPECT_EQ(f.step, 7);
+    ASSERT_EQ(f.tensors.size(), 3u);
+    EXPECT_EQ(f.tensors[0].shape, (std::vector<std::int64_t>{4, 4}));
+    EXPECT_EQ(f.tensors[0].shard, (plan::ShardSpec{0, 2}));
+    std::vector<std::uint16_t> w(32);
+    std::memcpy(w.data(), whole.tensors[0].bytes.data(), 64);
+    const std::vector<std::uint16_t> mine =
+        plan::take_shard<std::uint16_t>(w, {8, 4}, plan::ShardSpec{0, 2}, 2, r);
+    ASSERT_EQ(f.tensors[0].bytes.size(), mine.size() * 2);
+    EXPECT_EQ(std::memcmp(f.tensors[0].bytes.data(), mine.data(), 32), 0);
+    EXPECT_EQ(f.tensors[1].shape, (std::vector<std::int64_t>{4, 2}));
+    EXPECT_EQ(f.tensors[2].bytes, whole.tensors[2].bytes);
+    EXPECT_FALSE(f.tensors[2].shard.sharded());
+    EXPECT_EQ(f.quantizers[0].state.amax_history, whole.quantizers[0].state.amax_history);
+  }
+  // Through files, then merged back: the same bytes.
+  const std::string dir = test::make_temp_dir("split_ranks");
+  std::vector<StateFile> read;
+  for (const StateFile& f : ranks) {
+    const std::string path = dir + "/rank" + std::to_string(f.rank) + ".state";
+    write_state_file(path, f);
+    read.push_back(read_state_file(path));
+  }
+  const StateFile merged = merge_state_shards(read, "mlp.fuse:mlp");
+  ASSERT_EQ(merged.tensors.size(), whole.tensors.size());
+  for (std::size_t i = 0; i < whole.tensors.size(); ++i) {
+    EXPECT_EQ(merged.tensors[i].shape, whole.tensors[i].shape) << i;
+    EXPECT_EQ(merged.tensors[i].bytes, whole.tensors[i].bytes) << i;
+  }
+  EXPECT_EQ(merged.quantizers[0].state.amax_history, whole.quantizers[0].state.amax_history);
+
+  const auto refusal = [&](const StateFile& file, int tp,
+                           const std::map<std::string, plan::ShardSpec>& cuts) {
+    try {
+      (void)split_state_file(file, tp, cuts, "mlp_tp.fuse:mlp_tp2");
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(split)");
+  };
+  EXPECT_TRUE(test::contains(refusal(ranks[0], 2, shards), "merge the ranks' files first"));
+  EXPECT_TRUE(test::contains(refusal(whole, 1, shards), "tp >= 2"));
+  std::map<std::string, plan::ShardSpec> more = shards;
+  more["fc3.weight"] = {0, 1};
+  EXPECT_TRUE(test::contains(refusal(whole, 2, more), "lacks parameter 'fc3.weight'"));
+  std::map<std::string, plan::ShardSpec> fewer = shards;
+  fewer.erase("norm.weight");
+  EXPECT_TRUE(test::contains(refusal(whole, 2, fewer), "'norm.weight' is not a parameter"));
+  const std::string three = refusal(whole, 3, shards);  // 8 rows in 2 blocks over 3 ranks
+  EXPECT_TRUE(test::contains(three, "'fc1.weight' cannot be cut over 3 ranks")) << three;
+  EXPECT_TRUE(test::contains(three, "'fc2.weight' cannot be cut over 3 ranks")) << three;
+}
+
+// `fusec split-state` on a real program: the one-rank sequence's state cut for the
+// tensor-parallel sequence's ranks (checked against their layouts before anything is written),
+// merged back by `fusec merge-state` into the same bytes; a sequence that is not tensor-parallel
+// and a file without one of the parameters refused, nothing written.
+TEST(StateFile, FusecSplitStateCutsAOneRankRunForTheRanksOfATensorParallelSequence) {
+  const std::string dir = test::make_temp_dir("split_state_cli");
+  const std::string program = dir + "/mlp.fuse";
+  {
+    std::ofstream out(program);
+    out << R"(recipe delayed = delayed_scaling(amax_history = 4)
+sequence mlp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses delayed {
+  layernorm(64)
+  linear(64, 256) as fc1
+  swiglu()
+  linear(128, 64) as fc2
+}
+sequence mlp_tp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses delayed with parallel(tp = 2, sp = false) {
+  layernorm(64)
+  linear(64, 256, parallel = column) as fc1
+  swiglu()
+  linear(128, 64, parallel = row) as fc2
+}
+)";
+  }
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.sequence = "mlp";
+  options.last_stage = driver::Stage::Plan;
+  const driver::CompileResult one = driver::compile_file(program, sources, diags, options);
+  ASSERT_TRUE(one.ok()) << diags.format_all();
+  const plan::SequencePlan& plan = one.plan.sequences.at(0);
+  StateFile whole;
+  whole.program = "mlp.fuse:mlp";
+  whole.recipe = plan.recipe;
+  whole.step = 5;
+  for (const auto& [name, id] : gpu::caller_tensors(plan)) {
+    const plan::Buffer& b = plan.buffers.at(static_cast<std::size_t>(id));
+    if (b.role != plan::BufferRole::Param) continue;
+    StateTensor t{name, b.dtype, {}, {}, {}};
+    std::int64_t n = 1;
+    for (const plan::SymExpr& d : b.shape) {
+      t.shape.push_back(d.value().value());
+      n *= t.shape.back();
+    }
+    t.bytes.resize(static_cast<std::size_t>(n * plan::dtype_bytes(b.dtype)));
+    for (std::size_t i = 0; i < t.bytes.size(); ++i)
+      t.bytes[i] = static_cast<unsigned char>((i * 31 + name.size()) % 251);
+    whole.tensors.push_back(std::move(t));
+  }
+  ASSERT_GE(whole.tensors.size(), 4u);  // the norm's two, fc1's and fc2's weights and biases
+  for (const plan::QuantizerPlan& q : plan.quantizers) {
+    StateQuantizer quantizer{q.name, {}};
+    quantizer.state.amax_history.assign(static_cast<std::size_t>(q.spec.history_slots()), 0.25f);
+    whole.quantizers.push_back(quantizer);
+  }
+  write_state_file(dir + "/whole.state", whole);
+
+  const std::string args = "split-state " + test::shell_quoted(dir + "/whole.state") +
+                           " --program " + test::shell_quoted(program);
+  const test::CommandResult split =
+      test::fusec(args + " --sequence mlp_tp -o " + test::shell_quoted(dir + "/ranks"));
+  ASSERT_EQ(split.exit_code, 0) << split.output;
+  EXPECT_TRUE(test::contains(split.output, "split into 2 ranks' files for 'mlp.fuse:mlp_tp'"))
+      << split.output;
+  std::size_t cut = 0;
+  for (int r = 0; r < 2; ++r) {
+    const StateFile f = read_state_file(dir + "/ranks/rank" + std::to_string(r) + ".state");
+    EXPECT_EQ(f.rank, r);
+    EXPECT_EQ(f.tp, 2);
+    EXPECT_EQ(f.program, "mlp.fuse:mlp_tp");
+    for (const StateTensor& t : f.tensors) cut += t.shard.sharded() ? 1 : 0;
+  }
+  EXPECT_GE(cut, 2u * 3u);  // fc1's weight and bias, fc2's weight, on each rank
+  const test::CommandResult merged =
+      test::fusec("merge-state -o " + test::shell_quoted(dir + "/merged.state") +
+                  " --program mlp.fuse:mlp " + test::shell_quoted(dir + "/ranks/rank1.state") +
+                  " " + test::shell_quoted(dir + "/ranks/rank0.state"));
+  ASSERT_EQ(merged.exit_code, 0) << merged.output;
+  const StateFile back = read_state_file(dir + "/merged.state");
+  ASSERT_EQ(back.tensors.size(), whole.tensors.size());
+  for (std::size_t i = 0; i < whole.tensors.size(); ++i) {
+    EXPECT_EQ(back.tensors[i].name, whole.tensors[i].name);
+    EXPECT_EQ(back.tensors[i].bytes, whole.tensors[i].bytes) << whole.tensors[i].name;
+  }
+  EXPECT_EQ(back.step, 5);
+
+  const test::CommandResult plain =
+      test::fusec(args + " --sequence mlp -o " + test::shell_quoted(dir + "/plain"));
+  EXPECT_EQ(plain.exit_code, 1);
+  EXPECT_TRUE(test::contains(plain.output, "is not tensor-parallel")) << plain.output;
+  StateFile lacking = whole;
+  lacking.tensors.pop_back();
+  write_state_file(dir + "/lacking.state", lacking);
+  const test::CommandResult partial = test::fusec(
+      "split-state " + test::shell_quoted(dir + "/lacking.state") + " --program " +
+      test::shell_quoted(program) + " --sequence mlp_tp -o " + test::shell_quoted(dir + "/no"));
+  EXPECT_EQ(partial.exit_code, 1);
+  EXPECT_TRUE(test::contains(partial.output, "lacks parameter")) << partial.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/no"));
+  const test::CommandResult which = test::fusec(args + " -o " + test::shell_quoted(dir + "/w"));
+  EXPECT_EQ(which.exit_code, 2);
+  EXPECT_TRUE(test::contains(which.output, "name one with --sequence: mlp, mlp_tp"))
+      << which.output;
 }
 
 TEST(StateFile, MismatchesListEveryReason) {

@@ -15,6 +15,7 @@ Command add_bench_command(CLI::App& app, CommonOptions& common);
 Command add_debug_plan_command(CLI::App& app, CommonOptions& common);
 Command add_debug_report_command(CLI::App& app, CommonOptions& common);
 Command add_merge_state_command(CLI::App& app, CommonOptions& common);
+Command add_split_state_command(CLI::App& app, CommonOptions& common);
 Command add_train_command(CLI::App& app, CommonOptions& common);
 
 }  // namespace opfuse::fusec

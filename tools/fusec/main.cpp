@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
       add_run_command(app, common),          add_build_command(app, common),
       add_dump_kernels_command(app, common), add_bench_command(app, common),
       add_debug_plan_command(app, common),   add_debug_report_command(app, common),
-      add_merge_state_command(app, common),  add_train_command(app, common),
+      add_merge_state_command(app, common),  add_split_state_command(app, common),
+      add_train_command(app, common),
   };
 
   set_process_args(argc, argv);
