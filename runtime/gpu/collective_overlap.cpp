@@ -145,6 +145,35 @@ OverlapSchedule gather_schedule(std::int64_t m, int tp, int rank, std::int64_t a
   return schedule;
 }
 
+std::vector<std::string> describe_overlap(const plan::SequencePlan& plan,
+                                          const std::vector<OverlapPair>& pairs, int chunks,
+                                          int collective_sms, int num_sms) {
+  std::vector<std::string> lines;
+  lines.push_back(collective_sms > 0
+                      ? fmt::format("a GEMM beside a collective in flight leaves it {} of the {} "
+                                    "SMs (OPFUSE_COLLECTIVE_SMS)",
+                                    collective_sms, num_sms)
+                      : std::string("a GEMM beside a collective in flight takes every SM "
+                                    "(OPFUSE_COLLECTIVE_SMS=0)"));
+  if (pairs.empty()) {
+    lines.push_back(chunks > 1 ? std::string("no GEMM pipelined with a collective (none qualifies)")
+                               : std::string("no GEMM pipelined with a collective "
+                                             "(OPFUSE_COLLECTIVE_CHUNKS=1)"));
+  }
+  for (const OverlapPair& pair : pairs) {
+    const std::string& gemm = plan.steps.at(static_cast<std::size_t>(pair.gemm)).what;
+    const std::string& collective = plan.steps.at(static_cast<std::size_t>(pair.collective)).what;
+    lines.push_back(pair.kind == OverlapKind::GemmThenReduce
+                        ? fmt::format("steps {} and {} pipelined in {} stages "
+                                      "(OPFUSE_COLLECTIVE_CHUNKS): {}, then {}",
+                                      pair.gemm, pair.collective, chunks, gemm, collective)
+                        : fmt::format("steps {} and {} pipelined: {} beside {} (this rank's rows "
+                                      "first)",
+                                      pair.collective, pair.gemm, collective, gemm));
+  }
+  return lines;
+}
+
 std::string overlap_memory_refusal(OverlapKind kind, const std::vector<AddressRange>& gemm_reads,
                                    AddressRange d, AddressRange collective_in,
                                    AddressRange collective_out) {

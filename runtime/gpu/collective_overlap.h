@@ -89,4 +89,11 @@ std::string overlap_memory_refusal(OverlapKind kind, const std::vector<AddressRa
                                    AddressRange d, AddressRange collective_in,
                                    AddressRange collective_out);
 
+// One line each for reports (SequenceExecutor::collective_overlap): the SMs a GEMM leaves a
+// collective in flight (`collective_sms` of `num_sms`, 0: none), then each of `pairs` with the
+// steps' descriptions and, for a GemmThenReduce, its `chunks` stages; or why none is pipelined.
+std::vector<std::string> describe_overlap(const plan::SequencePlan& plan,
+                                          const std::vector<OverlapPair>& pairs, int chunks,
+                                          int collective_sms, int num_sms);
+
 }  // namespace opfuse::gpu

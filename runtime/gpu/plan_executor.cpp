@@ -364,6 +364,13 @@ void SequenceExecutor::set_communicator(comm::Communicator* communicator) {
   }
 }
 
+std::vector<std::string> SequenceExecutor::collective_overlap() const {
+  const Impl& s = *impl_;
+  if (s.communicator == nullptr || !s.plan.parallel.active()) return {};
+  return describe_overlap(s.plan, s.overlap_pairs, s.collective_chunks, s.collective_sms,
+                          s.num_sms);
+}
+
 // Note "Amax reduction": every rank must cast with the scale of the whole tensor (TE's amax
 // reduction over the group), so the amax each delayed-scaling quantizer's kernels raised this
 // step is replaced by the max over the ranks before the one scale-update launch. The amaxes of

@@ -130,6 +130,11 @@ class SequenceExecutor {
   // amaxes over it too, after the tensor-parallel ranks', so every replica updates the same
   // scales (note "Amax reduction"). Must outlive the executor; null: none.
   void set_amax_communicator(comm::Communicator* communicator);
+  // How this executor runs its collectives beside the other steps (note "Pipelined collectives"
+  // in executor_run.cpp), one line each for reports: the SMs a GEMM leaves a collective in
+  // flight, and each GEMM pipelined with a collective, in how many stages. Empty without a
+  // communicator over more than one rank.
+  std::vector<std::string> collective_overlap() const;
 
   // Sets the run-time sizes (every symbol of plan.symbols but num_sms, which comes from the
   // device) and places the buffers for them. Throws UsageError, launching nothing, for a missing

@@ -2,6 +2,7 @@
 // tensor-parallel plan offers (gpu/collective_overlap.h), and that every schedule of row pieces
 // and stages computes what the unpipelined pair does, with the collectives simulated over ranks.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -194,6 +195,32 @@ TEST(CollectiveOverlap, PairsNeedTheReductionToBeDsOnlyReaderAndAPlainGemm) {
   EXPECT_TRUE(
       without_fc2([](plan::GemmStep& gemm) { gemm.epilogue = plan::GemmEpilogue::GeluAuxBias; }));
   EXPECT_FALSE(without_fc2([](plan::GemmStep& gemm) { gemm.epilogue = plan::GemmEpilogue::Bias; }));
+}
+
+// What `fusec bench --nproc` prints as its "collectives:" notes.
+TEST(CollectiveOverlap, ReportsSayWhatRunsBesideWhat) {
+  const plan::SequencePlan s = planned("mlp_sp", "bf16");
+  const std::vector<OverlapPair> pairs = gpu::find_overlap_pairs(s);
+  const std::vector<std::string> lines = gpu::describe_overlap(s, pairs, 2, 16, 132);
+  ASSERT_EQ(lines.size(), 4u) << testing::PrintToString(lines);
+  EXPECT_EQ(lines[0],
+            "a GEMM beside a collective in flight leaves it 16 of the 132 SMs "
+            "(OPFUSE_COLLECTIVE_SMS)");
+  EXPECT_EQ(lines[1],
+            fmt::format("steps {} and {} pipelined: {} beside {} (this rank's rows first)",
+                        pairs[0].collective, pairs[0].gemm, what(s, pairs[0].collective),
+                        what(s, pairs[0].gemm)));
+  EXPECT_TRUE(test::contains(lines[2],
+                             "pipelined in 2 stages (OPFUSE_COLLECTIVE_CHUNKS): fprop "
+                             "GEMM of fc2"))
+      << lines[2];
+  const std::vector<std::string> off = gpu::describe_overlap(s, {}, 1, 0, 132);
+  EXPECT_EQ(off, (std::vector<std::string>{
+                     "a GEMM beside a collective in flight takes every SM "
+                     "(OPFUSE_COLLECTIVE_SMS=0)",
+                     "no GEMM pipelined with a collective (OPFUSE_COLLECTIVE_CHUNKS=1)"}));
+  EXPECT_EQ(gpu::describe_overlap(planned("mlp", "blocks"), {}, 2, 16, 132).back(),
+            "no GEMM pipelined with a collective (none qualifies)");
 }
 
 TEST(CollectiveOverlap, RowGranuleKeepsEveryPiece256ByteAligned) {

@@ -587,6 +587,8 @@ BenchReport run_benchmark(const Program& program, const BenchOptions& options) {
   const int probe_iterations = agreed(choose_iterations(options, iteration), session, stream);
   report.profile_iterations = std::min(probe_iterations, kProfileIterations);
   gpu::SequenceExecutor& executor = SessionAccess::executor(session);
+  for (const std::string& line : executor.collective_overlap())
+    report.notes.push_back("collectives: " + line);
   const std::vector<gpu::StepProfile> profiles = executor.step_profiles(
       options.mode == BenchMode::Forward ? gpu::RunMode::Inference : gpu::RunMode::Training);
   events.reserve(2 * profiles.size() * std::size_t(report.profile_iterations));
