@@ -149,7 +149,7 @@ Session::Session(const Program& program, std::string_view sequence, cudaStream_t
     s.rank = par.rank;
     s.executor->set_communicator(s.communicator.get());
   }
-  // The data-parallel group (note "Amax reduction" in gpu/plan_executor.cpp).
+  // The data-parallel group (note "Amax reduction" in gpu/executor_comm.cpp).
   const ParallelOptions& dp = options.amax_group;
   if (dp.size > 1 || !dp.nccl_id.empty()) {
     s.amax_communicator = connect(dp, "amax_group");

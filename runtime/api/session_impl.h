@@ -108,24 +108,11 @@ struct Session::Impl {
 
   // The layout a state file of this session has (bytes left empty).
   api::StateFile state_layout() const {
-    api::StateFile state;
-    state.program = fmt::format("{}:{}", program->source_name, plan->name);
-    state.recipe = plan->recipe;
-    state.tp = plan->parallel.tp;
-    state.rank = rank;
-    const auto callers = gpu::caller_tensors(*plan);
-    for (const gpu::TensorInfo& info : params()) {
-      // With its cut over the ranks (docs/parallel.md).
-      const plan::ShardSpec shard = plan->buffers.at(std::size_t(callers.at(info.name))).shard;
-      state.tensors.push_back({info.name, info.dtype, info.shape, {}, shard});
-    }
-    for (const plan::QuantizerPlan& q : plan->quantizers) {
-      api::StateQuantizer quantizer;
-      quantizer.name = q.name;
-      quantizer.state.amax_history.assign(static_cast<std::size_t>(q.spec.history_slots()), 0.0f);
-      state.quantizers.push_back(std::move(quantizer));
-    }
-    return state;
+    std::map<std::string, std::vector<std::int64_t>, std::less<>> shapes;
+    for (gpu::TensorInfo& info : params()) shapes.emplace(info.name, std::move(info.shape));
+    return api::plan_state_layout(
+        *plan, fmt::format("{}:{}", program->source_name, plan->name), rank,
+        [&](const plan::Buffer& buffer) { return shapes.at(gpu::ir_name(buffer.name)); });
   }
 };
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "opfuse/error.h"
 #include "plan/enums.h"
 #include "plan/parallel.h"
+#include "plan/plan.h"
 
 namespace opfuse::api {
 
@@ -93,6 +95,15 @@ void require_state_fits(const StateFile& file, const StateFile& expected, const 
 // given (empty: the files'). Throws UsageError naming the first problem (a missing or repeated
 // rank, files of different runs, a replicated tensor that differs between ranks).
 StateFile merge_state_shards(const std::vector<StateFile>& ranks, const std::string& program = {});
+
+// The layout (bytes and amaxes left empty) of the state file that rank `rank` of `plan` saves and
+// loads under the name `program`: every parameter in buffer order, with its dtype, the shape
+// `shape_of` gives for its buffer and its cut over the ranks; every quantizer with its history
+// length. Session::save and Session::load use it, and `fusec split-state` checks its files
+// against it.
+StateFile plan_state_layout(
+    const plan::SequencePlan& plan, const std::string& program, int rank,
+    const std::function<std::vector<std::int64_t>(const plan::Buffer&)>& shape_of);
 
 // The inverse: tp rank files of `program` from a one-rank state (docs/parallel.md,
 // "Checkpoints"), to continue a one-GPU run tensor-parallel. `shards` names every parameter of

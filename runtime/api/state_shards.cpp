@@ -1,6 +1,7 @@
-// merge_state_shards and split_state_file (api/state_file.h): every tensor-parallel rank's state
-// file joined into the one-rank state, and a one-rank state cut into the ranks' files
-// (docs/parallel.md, "Checkpoints"). Split from state_file.cpp, which reads and writes the files.
+// plan_state_layout, merge_state_shards and split_state_file (api/state_file.h): the layout of a
+// rank's state file, every tensor-parallel rank's state file joined into the one-rank state, and a
+// one-rank state cut into the ranks' files (docs/parallel.md, "Checkpoints"). Split from
+// state_file.cpp, which reads and writes the files.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "api/state_file.h"
+#include "gpu/binding_check.h"
 #include "plan/enums.h"
 #include "plan/parallel.h"
 
@@ -50,6 +52,29 @@ std::vector<unsigned char> shard_bytes(const StateTensor& whole, const plan::Sha
 }
 
 }  // namespace
+
+StateFile plan_state_layout(
+    const plan::SequencePlan& plan, const std::string& program, int rank,
+    const std::function<std::vector<std::int64_t>(const plan::Buffer&)>& shape_of) {
+  StateFile state;
+  state.program = program;
+  state.recipe = plan.recipe;
+  state.tp = plan.parallel.tp;
+  state.rank = rank;
+  for (const plan::Buffer& buffer : plan.buffers) {
+    if (buffer.role != plan::BufferRole::Param || buffer.alias_of >= 0) continue;
+    // With its cut over the ranks (docs/parallel.md).
+    state.tensors.push_back(
+        {gpu::ir_name(buffer.name), buffer.dtype, shape_of(buffer), {}, buffer.shard});
+  }
+  for (const plan::QuantizerPlan& q : plan.quantizers) {
+    StateQuantizer quantizer;
+    quantizer.name = q.name;
+    quantizer.state.amax_history.assign(static_cast<std::size_t>(q.spec.history_slots()), 0.0f);
+    state.quantizers.push_back(std::move(quantizer));
+  }
+  return state;
+}
 
 std::vector<StateFile> split_state_file(const StateFile& whole, int tp,
                                         const std::map<std::string, plan::ShardSpec>& shards,

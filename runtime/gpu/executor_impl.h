@@ -3,7 +3,8 @@
 // The definitions are split by concern: construction and the public API (plan_executor.cpp, which
 // holds the design notes "Executor buffers", "Automatic graphs" and "Weight cache"), the plan
 // checks (executor_checks.cpp), bind and memory (executor_bind.cpp), running steps
-// (executor_run.cpp) and the automatic graph (executor_graph.cpp). Included by those files only.
+// (executor_run.cpp), the automatic graph (executor_graph.cpp) and the communicators with the
+// amax reduction (executor_comm.cpp). Included by those files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -249,6 +250,9 @@ struct SequenceExecutor::Impl {
   float* cast_scale_inv_slot(int quantizer) const;
   void mark_live(int root);
   void mark_dead(int root);
+  // Step `index` of run mode `m`: the owned roots it uses marked live; those it uses last dead.
+  void mark_step_live(int index, int m);
+  void mark_step_done(int index, int m);
   void mark_all_dead(bool keep_weight_cache);
   bool cache_valid(const WeightCacheGroup& group) const;
   const void* result(const std::map<std::string, int, std::less<>>& names, std::string_view name,

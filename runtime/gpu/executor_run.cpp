@@ -65,11 +65,19 @@ void SequenceExecutor::Impl::run_steps(int begin, int end, cudaStream_t stream, 
   }
 }
 
-void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stream, bool enqueue) {
-  const auto i = static_cast<std::size_t>(index);
-  for (int root : touched[m][i]) {
+void SequenceExecutor::Impl::mark_step_live(int index, int m) {
+  for (int root : touched[m][static_cast<std::size_t>(index)]) {
     if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
   }
+}
+
+void SequenceExecutor::Impl::mark_step_done(int index, int m) {
+  for (int root : free_after[m][static_cast<std::size_t>(index)]) mark_dead(root);
+}
+
+void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stream, bool enqueue) {
+  const auto i = static_cast<std::size_t>(index);
+  mark_step_live(index, m);
   if (enqueue) {
     join_overlapping(index, m, stream);
     if (collective_stream && std::holds_alternative<plan::CollectiveStep>(plan.steps[i].body)) {
@@ -89,7 +97,7 @@ void SequenceExecutor::Impl::run_listed_step(int index, int m, cudaStream_t stre
       ++cache_groups[static_cast<std::size_t>(group)].casts;  // note "Fused GEMM epilogues"
     }
   }
-  for (int root : free_after[m][i]) mark_dead(root);
+  mark_step_done(index, m);
 }
 
 void SequenceExecutor::Impl::mark_cast(WeightCacheGroup& group) {
@@ -341,9 +349,7 @@ bool SequenceExecutor::Impl::run_overlapped(const OverlapPair& pair, int m, cuda
   auto* d = static_cast<char*>(args.d);
   if (pair.kind == OverlapKind::GatherThenGemm) {
     run_listed_step(pair.collective, m, stream, true);  // forks the gather
-    const auto g = static_cast<std::size_t>(pair.gemm);
-    for (int root : touched[m][g])
-      if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
+    mark_step_live(pair.gemm, m);
     join_overlapping(pair.gemm, m, stream, pair.collective);
     if (observer != nullptr) observer->before(pair.gemm, stream);
     const auto* local = static_cast<const char*>(pointer(collective.input));
@@ -355,14 +361,12 @@ bool SequenceExecutor::Impl::run_overlapped(const OverlapPair& pair, int m, cuda
     for (const GemmPiece& piece : schedule.stages[1].pieces)
       run_gemm_piece(pair.gemm, beside(desc), args, piece, a, stream);
     if (observer != nullptr) observer->after(pair.gemm, stream);
-    for (int root : free_after[m][g]) mark_dead(root);
+    mark_step_done(pair.gemm, m);
     return true;
   }
 
-  for (const int index : {pair.gemm, pair.collective}) {
-    for (int root : touched[m][static_cast<std::size_t>(index)])
-      if (!facts[static_cast<std::size_t>(root)].callers) mark_live(root);
-  }
+  mark_step_live(pair.gemm, m);
+  mark_step_live(pair.collective, m);
   join_overlapping(pair.gemm, m, stream);
   join_overlapping(pair.collective, m, stream);
   if (observer != nullptr) observer->before(pair.gemm, stream);
@@ -387,9 +391,8 @@ bool SequenceExecutor::Impl::run_overlapped(const OverlapPair& pair, int m, cuda
   }
   if (observer != nullptr) observer->after(pair.collective, side.stream());
   OPFUSE_CUDA_CHECK(cudaEventRecord(side.done(c), side.stream()), "forking a collective");
-  for (const int index : {pair.gemm, pair.collective}) {
-    for (int root : free_after[m][static_cast<std::size_t>(index)]) mark_dead(root);
-  }
+  mark_step_done(pair.gemm, m);
+  mark_step_done(pair.collective, m);
   return true;
 }
 

@@ -64,7 +64,7 @@ static_assert(sizeof(QuantizerRecord) == 56, "must match templates/common/quanti
 // amaxes (delayed scaling's slot 0 of the history: the amax the step in progress raises), then
 // each history's older slots; every section starts 16-byte aligned, and so does every scale,
 // scale_inv and amax (the amaxes section is one contiguous array of 16-byte slots, so one
-// all-reduce covers every quantizer's amax: note "Amax reduction" in plan_executor.cpp):
+// all-reduce covers every quantizer's amax: note "Amax reduction" in executor_comm.cpp):
 // cuBLASLt 13 rejects FP8 GEMMs (CUBLAS_STATUS_NOT_SUPPORTED at cublasLtMatmul, after the
 // heuristic accepted them) whose scale or amax pointers are only 4-byte aligned (measured on an
 // H100, bench/RESULTS.md).

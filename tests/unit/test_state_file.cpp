@@ -597,6 +597,58 @@ TEST(StateFile, OneRankFileSplitsIntoRankFilesThatMergeBack) {
   EXPECT_TRUE(test::contains(three, "'fc2.weight' cannot be cut over 3 ranks")) << three;
 }
 
+// The layout a rank's session saves and loads (Session::save / load, fusec split-state): the
+// parameters in buffer order with the sizes given and their cuts, every quantizer with its history.
+TEST(StateFile, PlanLayoutListsTheParametersWithTheirCutsAndTheQuantizers) {
+  SourceManager sources;
+  DiagnosticEngine diags(sources);
+  driver::CompileOptions options;
+  options.last_stage = driver::Stage::Plan;
+  const driver::CompileResult r = driver::compile_source("tp.fuse", R"(
+recipe delayed = delayed_scaling(amax_history = 4)
+sequence mlp_tp(x: bf16[tokens, 64]) -> (y: bf16[tokens, 64]) uses delayed with parallel(tp = 2, sp = false) {
+  layernorm(64)
+  linear(64, 256, parallel = column) as fc1
+  swiglu()
+  linear(128, 64, parallel = row) as fc2
+}
+)",
+                                                         sources, diags, options);
+  ASSERT_TRUE(r.ok()) << diags.format_all();
+  const plan::SequencePlan& plan = r.plan.sequences.at(0);
+  std::vector<std::string> asked;
+  const StateFile layout = plan_state_layout(plan, "tp.fuse:mlp_tp", 1, [&](const plan::Buffer& b) {
+    asked.push_back(b.name);
+    return std::vector<std::int64_t>{static_cast<std::int64_t>(asked.size())};
+  });
+  EXPECT_EQ(layout.program, "tp.fuse:mlp_tp");
+  EXPECT_EQ(layout.recipe, plan.recipe);
+  EXPECT_EQ(layout.tp, 2);
+  EXPECT_EQ(layout.rank, 1);
+  std::vector<std::string> params;
+  for (const plan::Buffer& b : plan.buffers) {
+    if (b.role == plan::BufferRole::Param && b.alias_of < 0) params.push_back(b.name);
+  }
+  EXPECT_EQ(asked, params);
+  ASSERT_EQ(layout.tensors.size(), params.size());
+  int cut = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(layout.tensors[i].name, gpu::ir_name(params[i]));
+    EXPECT_EQ(layout.tensors[i].shape,
+              (std::vector<std::int64_t>{static_cast<std::int64_t>(i + 1)}));
+    EXPECT_TRUE(layout.tensors[i].bytes.empty());
+    cut += layout.tensors[i].shard.sharded() ? 1 : 0;
+  }
+  EXPECT_GE(cut, 3);  // fc1's weight and bias, fc2's weight
+  ASSERT_EQ(layout.quantizers.size(), plan.quantizers.size());
+  ASSERT_FALSE(layout.quantizers.empty());
+  for (std::size_t i = 0; i < plan.quantizers.size(); ++i) {
+    EXPECT_EQ(layout.quantizers[i].name, plan.quantizers[i].name);
+    EXPECT_EQ(layout.quantizers[i].state.amax_history.size(),
+              static_cast<std::size_t>(plan.quantizers[i].spec.history_slots()));
+  }
+}
+
 // `fusec split-state` on a real program: the one-rank sequence's state cut for the
 // tensor-parallel sequence's ranks (checked against their layouts before anything is written),
 // merged back by `fusec merge-state` into the same bytes; a sequence that is not tensor-parallel

@@ -28,37 +28,23 @@ struct SplitOptions {
   std::string program_name;
 };
 
-// The state file layout rank `rank` of `plan` loads (the session's, api/session_impl.h
-// state_layout): its parameters with their cuts and sizes, its quantizers' history lengths.
+// The state file layout rank `rank` of `plan` loads (api::plan_state_layout, as its session
+// does): parameter sizes are the plan's, which must not depend on bound symbols.
 api::StateFile rank_layout(const plan::SequencePlan& plan, const std::string& program, int rank) {
-  api::StateFile layout;
-  layout.program = program;
-  layout.recipe = plan.recipe;
-  layout.tp = plan.parallel.tp;
-  layout.rank = rank;
-  for (const auto& [name, id] : gpu::caller_tensors(plan)) {
-    const plan::Buffer& buffer = plan.buffers.at(static_cast<std::size_t>(id));
-    if (buffer.role != plan::BufferRole::Param) continue;
-    api::StateTensor tensor{name, buffer.dtype, {}, {}, buffer.shard};
+  return api::plan_state_layout(plan, program, rank, [&](const plan::Buffer& buffer) {
+    std::vector<std::int64_t> shape;
     for (const plan::SymExpr& dim : buffer.shape) {
       const std::optional<std::int64_t> size = dim.value();
       if (!size) {
         throw UsageError(fmt::format(
             "parameter '{}' of {} has the size '{}', which depends on a bound symbol: its shards "
             "have no size before the run",
-            name, program, dim.text()));
+            gpu::ir_name(buffer.name), program, dim.text()));
       }
-      tensor.shape.push_back(*size);
+      shape.push_back(*size);
     }
-    layout.tensors.push_back(std::move(tensor));
-  }
-  for (const plan::QuantizerPlan& q : plan.quantizers) {
-    api::StateQuantizer quantizer;
-    quantizer.name = q.name;
-    quantizer.state.amax_history.assign(static_cast<std::size_t>(q.spec.history_slots()), 0.0f);
-    layout.quantizers.push_back(std::move(quantizer));
-  }
-  return layout;
+    return shape;
+  });
 }
 
 int run_split(const SplitOptions& opts, const CommonOptions& common) {
